@@ -1,0 +1,60 @@
+"""The rank record: who this process is in the job. Frozen, computed once, never mutated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["LAUNCHERS", "Launcher", "RankInfo"]
+
+Launcher = Literal["torchrun", "slurm", "submitit", "mpi", "single"]
+LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "slurm", "submitit", "mpi", "single")
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job.
+
+    ``rank``/``world_size`` are global; ``local_rank``/``local_world_size`` count the processes on
+    this node; ``node_rank``/``num_nodes`` count nodes. ``master_addr``/``master_port`` are where
+    rank 0 hosts the rendezvous store. ``launcher`` names the environment that started us.
+    ``notes`` carries warnings detection wants the user to see (shown once by ``ddpkit.init``);
+    detection itself never prints or warns.
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    launcher: Launcher
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+    def to_env(self) -> dict[str, str]:
+        """The torchrun-style variables describing this rank, for child processes.
+
+        ddpkit never writes these into ``os.environ`` itself; pass them to a subprocess's
+        ``env=`` when a child must see the same view.
+        """
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }

@@ -1,0 +1,38 @@
+"""Suite-wide guards: a test must leave no environment variable and no process group behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+@pytest.fixture(autouse=True)
+def _no_env_leak() -> Iterator[None]:
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    if after != before:
+        added = sorted(set(after) - set(before))
+        removed = sorted(set(before) - set(after))
+        changed = sorted(k for k in set(after) & set(before) if after[k] != before[k])
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(
+            f"test leaked environment changes: added={added} removed={removed} changed={changed}"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_leak() -> Iterator[None]:
+    yield
+    dist_mod = sys.modules.get("torch.distributed")
+    if dist_mod is not None and dist_mod.is_available() and dist_mod.is_initialized():
+        dist_mod.destroy_process_group()
+        pytest.fail("test leaked an initialized torch.distributed process group")
