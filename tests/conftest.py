@@ -13,17 +13,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+# pytest itself rewrites this one between a test's phases
+_PYTEST_OWN = {"PYTEST_CURRENT_TEST"}
+
+
+def _environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _PYTEST_OWN}
+
+
 @pytest.fixture(autouse=True)
 def _no_env_leak() -> Iterator[None]:
-    before = dict(os.environ)
+    before = _environ()
     yield
-    after = dict(os.environ)
+    after = _environ()
     if after != before:
         added = sorted(set(after) - set(before))
         removed = sorted(set(before) - set(after))
         changed = sorted(k for k in set(after) & set(before) if after[k] != before[k])
-        os.environ.clear()
-        os.environ.update(before)
+        for key in added:
+            del os.environ[key]
+        os.environ.update({k: before[k] for k in removed + changed})
         pytest.fail(
             f"test leaked environment changes: added={added} removed={removed} changed={changed}"
         )

@@ -1,0 +1,51 @@
+"""The fallback: one process on its own (``python train.py``), no launcher at all."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from ddpkit.cluster.environments import parse_port
+from ddpkit.cluster.environments.base import ClusterEnvironment
+from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rankinfo import Launcher, RankInfo
+
+__all__ = ["SingleEnvironment", "single_rank_info"]
+
+LOCALHOST = "127.0.0.1"
+
+
+def single_rank_info(env: Mapping[str, str], notes: tuple[str, ...] = ()) -> RankInfo:
+    """Rank 0 of a world of one; MASTER_PORT when set, else a port that is free now.
+
+    Also used by SLURM for a batch script run without srun, which is one process too.
+    """
+    # MASTER_ADDR is ignored: a world of one only ever talks to itself.
+    raw_port = env.get("MASTER_PORT")
+    port = None if raw_port is None else parse_port("MASTER_PORT", raw_port)
+    return RankInfo(
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=LOCALHOST,
+        master_port=free_port(LOCALHOST) if port is None else port,
+        launcher="single",
+        notes=notes,
+    )
+
+
+class SingleEnvironment(ClusterEnvironment):
+    """Always detected; last in the detection order."""
+
+    launcher: ClassVar[Launcher] = "single"
+    _VARS: ClassVar[dict[str, str]] = {"master_port": "MASTER_PORT"}
+
+    @staticmethod
+    def detect(env: Mapping[str, str]) -> bool:
+        return True
+
+    def rank_info(self) -> RankInfo:
+        return single_rank_info(self.env)
