@@ -27,7 +27,7 @@ def make_data(n: int, *, classes: int, dim: int, seed: int) -> TensorDataset:
     centres = torch.randn(classes, dim, generator=gen) * 2.0
     gen = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, classes, (n,), generator=gen)
-    features = centres[labels] + torch.randn(n, dim, generator=gen) * 1.5
+    features = centres[labels] + torch.randn(n, dim, generator=gen) * 4.0
     return TensorDataset(features, labels)
 
 

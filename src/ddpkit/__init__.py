@@ -36,7 +36,22 @@ _EXPORTS: dict[str, str] = {
     "seed_everything": "ddpkit.rankzero",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "Context",
+    "RankInfo",
+    "__version__",
+    "current",
+    "detect",
+    "expand_nodelist",
+    "gather",
+    "get_logger",
+    "init",
+    "loader",
+    "print",
+    "seed_everything",
+    "shutdown",
+    "wrap",
+]
 
 if TYPE_CHECKING:
     from ddpkit.cluster.detect import detect

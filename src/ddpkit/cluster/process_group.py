@@ -1,0 +1,214 @@
+"""Joining the torch.distributed process group: backend, rendezvous URL, master probe, GPU check.
+
+The only module of :mod:`ddpkit.cluster` that imports torch. Policy (which backend, which URL,
+how long to wait) is in small pure functions; :func:`join` strings them together.
+
+Before a rank other than 0 joins, :func:`probe_master` checks that rank 0's store accepts TCP
+connections, retrying until a deadline, so a missing or crashed rank 0 becomes a
+:class:`RendezvousError` naming the address instead of a long silent wait inside torch
+(pytorch#118369, #116974). The probe connects and closes normally (FIN): torch's TCPStore,
+libuv or classic, logs nothing for that even at ``TORCH_CPP_LOG_LEVEL=INFO``, whereas an
+abortive close (RST) makes the libuv store print a warning.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import cast
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.cluster.devices import check_distinct_gpus
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.errors import ConfigError, RendezvousError
+
+__all__ = [
+    "CONNECT_TIMEOUT_VAR",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "check_exclusive_gpus",
+    "connect_timeout",
+    "destroy",
+    "format_host",
+    "init_method",
+    "join",
+    "probe_master",
+    "resolve_backend",
+]
+
+CONNECT_TIMEOUT_VAR = "DDPKIT_CONNECT_TIMEOUT"
+# What torch's env:// handler reads from os.environ.
+_ENV_METHOD_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _positive_seconds(value: float, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name}={value!r} is not a number of seconds", hint=f"e.g. {name}=60")
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(
+            f"{name}={value!r} must be a positive, finite number of seconds", hint=f"e.g. {name}=60"
+        )
+    return float(value)
+
+
+DEFAULT_CONNECT_TIMEOUT_S = 60.0
+
+
+def connect_timeout(env: Mapping[str, str], explicit_s: float | None) -> float:
+    """Seconds to wait for the master: the caller's ``connect_timeout_s`` when given, else
+    ``DDPKIT_CONNECT_TIMEOUT`` from ``env`` (so operators can lengthen it without editing the
+    script), else 60 s."""
+    if explicit_s is not None:
+        return _positive_seconds(explicit_s, "connect_timeout_s")
+    raw = env.get(CONNECT_TIMEOUT_VAR, "").strip()
+    if not raw:
+        return DEFAULT_CONNECT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{CONNECT_TIMEOUT_VAR}={raw!r} is not a number of seconds",
+            hint=f"e.g. {CONNECT_TIMEOUT_VAR}=120",
+        ) from None
+    return _positive_seconds(value, CONNECT_TIMEOUT_VAR)
+
+
+def resolve_backend(backend: str, device_type: str) -> str:
+    """``"auto"`` → ``nccl`` on CUDA, ``gloo`` otherwise; any other string passes through."""
+    name = backend.strip()
+    if not name:
+        raise ConfigError(f"backend={backend!r} is empty", hint="use 'auto', 'gloo' or 'nccl'")
+    if name == "auto":
+        return "nccl" if device_type == "cuda" else "gloo"
+    if name == "nccl" and device_type != "cuda":
+        raise ConfigError(
+            f"backend='nccl' needs a CUDA device but this rank's device is {device_type!r}",
+            hint="use backend='auto' or 'gloo' without GPUs, or pass a CUDA device=",
+        )
+    return name
+
+
+def format_host(addr: str) -> str:
+    """``addr`` as it goes into a URL: IPv6 literals get brackets."""
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
+def init_method(info: RankInfo, env: Mapping[str, str]) -> str:
+    """``env://`` for torchrun workers, ``tcp://host:port`` otherwise.
+
+    env:// reads ``os.environ``, so it is used only when ``os.environ`` agrees with the mapping
+    detection read (always true for ``env=None``); a caller-supplied mapping gets tcp:// with
+    the same values. Both go through torch's store factory, which connects to torchrun's agent
+    store when ``TORCHELASTIC_USE_AGENT_STORE`` is set instead of hosting one on rank 0.
+    """
+    if info.launcher == "torchrun" and all(
+        env.get(name) is not None and os.environ.get(name) == env.get(name)
+        for name in _ENV_METHOD_VARS
+    ):
+        return "env://"
+    return f"tcp://{format_host(info.master_addr)}:{info.master_port}"
+
+
+def _try_connect(addr: str, port: int, timeout_s: float) -> OSError | None:
+    try:
+        # Leaving the block closes normally (FIN); see the module docstring on log noise.
+        with socket.create_connection((addr, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        return exc
+    return None
+
+
+def probe_master(
+    info: RankInfo,
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Wait until ``info.master_addr:master_port`` accepts a TCP connection, or raise."""
+    deadline = clock() + timeout_s
+    delay_s = 0.1
+    while True:
+        error = _try_connect(
+            info.master_addr, info.master_port, min(5.0, max(0.1, deadline - clock()))
+        )
+        if error is None:
+            return
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise _unreachable(info, timeout_s, error)
+        sleep(min(delay_s, remaining))
+        delay_s = min(2 * delay_s, 1.0)
+
+
+def _unreachable(info: RankInfo, timeout_s: float, error: OSError) -> RendezvousError:
+    where = f"{info.master_addr}:{info.master_port}"
+    return RendezvousError(
+        f"rank {info.rank} cannot reach the rendezvous master at MASTER_ADDR={info.master_addr} "
+        f"MASTER_PORT={info.master_port} (launcher {info.launcher}) within {timeout_s:g} s: "
+        f"{error}",
+        hint=(
+            f"likely causes: rank 0 has not started or crashed (check its log); a wrong "
+            f"MASTER_ADDR (e.g. localhost/127.0.0.1 on a multi-node job: use rank 0's hostname); "
+            f"a firewall blocking {where}; port {info.master_port} taken by another job so "
+            f"rank 0 could not listen. If rank 0 is only slow, raise {CONNECT_TIMEOUT_VAR}"
+        ),
+    )
+
+
+def join(
+    info: RankInfo,
+    *,
+    backend: str,
+    device: torch.device,
+    method: str,
+    timeout_s: float | None,
+    connect_timeout_s: float,
+) -> None:
+    """Probe the master (ranks != 0), then ``init_process_group`` with explicit rank/world."""
+    if timeout_s is not None:
+        _positive_seconds(timeout_s, "timeout_s")
+    if info.rank != 0 and info.world_size > 1:
+        probe_master(info, connect_timeout_s)
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=method,
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=None if timeout_s is None else timedelta(seconds=timeout_s),
+            # Binds NCCL eagerly to this rank's GPU; other backends do not need it.
+            device_id=device if "nccl" in backend and device.type == "cuda" else None,
+        )
+    except dist.DistNetworkError as exc:
+        raise RendezvousError(
+            f"rank {info.rank} could not set up the rendezvous store at "
+            f"{info.master_addr}:{info.master_port} (launcher {info.launcher}): {exc}",
+            hint=(
+                f"EADDRINUSE means port {info.master_port} is taken (another job on this node?): "
+                "set MASTER_PORT to a free port, or let ddpkit derive one per job"
+            ),
+        ) from exc
+
+
+def check_exclusive_gpus(device: torch.device) -> None:
+    """After joining on CUDA: all-gather (hostname, GPU uuid) and reject two ranks on one GPU.
+
+    Needs CUDA and a formed group; the pure check is :func:`check_distinct_gpus`.
+    """
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    identities: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(identities, (socket.gethostname(), uuid))
+    check_distinct_gpus([cast(tuple[str, str], identity) for identity in identities])
+
+
+def destroy() -> None:
+    """Destroy the default process group if one exists."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

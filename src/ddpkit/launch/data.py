@@ -1,0 +1,260 @@
+"""Per-rank data loading whose epoch advances by itself, and the bookkeeping ``gather`` reads.
+
+``loader()`` returns a :class:`DistributedLoader`: a ``DataLoader`` over an
+:class:`EpochSampler`, a ``DistributedSampler`` that moves to the next epoch each time a pass
+starts, so the shuffle changes every epoch without a ``set_epoch`` call (pytorch#11324,
+#31232) and stays identical across ranks. ``set_epoch(e)`` names the epoch of the *next* pass
+(for resuming); the standard ``sampler.set_epoch(epoch)`` before each loop still works.
+
+Each batch the loader's iterator yields marks that iterator as the active one (through weak
+references, so a finished loop leaves nothing behind; after an inner loop ends, the outer one
+is active again) together with its step number; ``gather`` uses it to know how many rows each
+rank holds at that step and which are padding.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Sized
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+
+from ddpkit.errors import ConfigError
+from ddpkit.runtime import current
+
+__all__ = ["DistributedLoader", "EpochSampler", "ShardLayout", "active_step", "loader"]
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How one epoch's samples are spread over ranks and steps.
+
+    ``DistributedSampler`` pads the (shuffled) index list to ``per_rank * world_size`` by
+    repeating its head, then gives rank ``r`` positions ``r, r + W, r + 2W, ...``: rank r's
+    j-th sample sits at position ``j * W + r``, and positions ``>= dataset_len`` are padding.
+    """
+
+    dataset_len: int
+    world_size: int
+    per_rank: int  # samples per rank per epoch (the sampler's num_samples)
+    batch_size: int
+    drop_last_batch: bool  # the DataLoader drops a final partial batch
+
+    @property
+    def steps(self) -> int:
+        """Batches per rank per epoch."""
+        full, rest = divmod(self.per_rank, self.batch_size)
+        return full if self.drop_last_batch or rest == 0 else full + 1
+
+    def rows(self, step: int) -> int:
+        """Rows every rank holds at ``step`` (the same on all ranks)."""
+        if not 0 <= step < self.steps:
+            return 0
+        return min(self.batch_size, self.per_rank - step * self.batch_size)
+
+    def real_rows(self, step: int) -> int:
+        """Rows of ``step`` over all ranks, in position order, that are not padding."""
+        first = step * self.batch_size * self.world_size
+        return max(0, min(self.rows(step) * self.world_size, self.dataset_len - first))
+
+
+class EpochSampler(DistributedSampler[Any]):
+    """A ``DistributedSampler`` whose epoch advances each time a pass (``iter``) starts.
+
+    ``epoch`` is the epoch of the pass in progress (before the first pass: the one it will
+    use); ``set_epoch(e)`` sets the epoch of the next pass, after which passes count up again.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        *,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        epoch: int = 0,
+    ) -> None:
+        super().__init__(
+            dataset,  # type: ignore[arg-type]  # torch types it Dataset; it only needs len()
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        self.epoch = _check_epoch(epoch)
+        self._next_epoch = self.epoch
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next pass will use."""
+        return self._next_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._next_epoch = _check_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.epoch = self._next_epoch
+        self._next_epoch += 1
+        return super().__iter__()
+
+
+class DistributedLoader(DataLoader[Any]):
+    """A ``DataLoader`` over an :class:`EpochSampler`; iterate it like any DataLoader."""
+
+    def __init__(self, dataset: Dataset[Any], sampler: EpochSampler, **kwargs: Any) -> None:
+        super().__init__(dataset, sampler=sampler, **kwargs)
+        self._epoch_sampler = sampler
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current pass (before the first pass: the one it will use)."""
+        return self._epoch_sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass use ``epoch`` (e.g. when resuming from a checkpoint)."""
+        self._epoch_sampler.set_epoch(epoch)
+
+    @property
+    def layout(self) -> ShardLayout:
+        sampler = self._epoch_sampler
+        return ShardLayout(
+            dataset_len=len(sampler.dataset),  # type: ignore[arg-type]
+            world_size=sampler.num_replicas,
+            per_rank=sampler.num_samples,
+            batch_size=self.batch_size or 1,
+            drop_last_batch=self.drop_last,
+        )
+
+    # torch annotates its private iterator class; ours wraps it and keeps its interface.
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return _TrackedIterator(self, super().__iter__())
+
+
+class _TrackedIterator(Iterator[Any]):
+    """Counts the batches of one pass and marks itself active on each one."""
+
+    def __init__(self, owner: DistributedLoader, inner: Iterator[Any]) -> None:
+        self.loader = owner
+        self.step = -1
+        self._inner = inner
+
+    def __iter__(self) -> _TrackedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            _ACTIVE.finish(self)
+            raise
+        self.step += 1
+        _ACTIVE.mark(self)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class _ActiveSlot:
+    """Weak references to the live iterators, the one that yielded the latest batch on top.
+
+    Weak, so a finished or abandoned loop (and its loader and dataset) is never kept alive;
+    a stack, so when an inner loop (evaluation inside training) ends or is left with
+    ``break``, the outer loop's step is the active one again.
+    """
+
+    def __init__(self) -> None:
+        self._stack: list[weakref.ref[_TrackedIterator]] = []
+
+    def _prune(self, drop: _TrackedIterator | None = None) -> None:
+        self._stack = [ref for ref in self._stack if ref() is not None and ref() is not drop]
+
+    def mark(self, iterator: _TrackedIterator) -> None:
+        self._prune(drop=iterator)
+        self._stack.append(weakref.ref(iterator))
+
+    def finish(self, iterator: _TrackedIterator) -> None:
+        self._prune(drop=iterator)
+
+    def get(self) -> _TrackedIterator | None:
+        self._prune()
+        return self._stack[-1]() if self._stack else None
+
+
+_ACTIVE = _ActiveSlot()
+
+
+def active_step() -> tuple[DistributedLoader, int] | None:
+    """The loader whose iterator yielded the latest batch, and that batch's step; or None."""
+    iterator = _ACTIVE.get()
+    return None if iterator is None else (iterator.loader, iterator.step)
+
+
+def _check_epoch(epoch: int) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ConfigError(f"epoch={epoch!r} must be a non-negative int", hint="epochs count from 0")
+    return epoch
+
+
+def loader(
+    dataset: Dataset[Any],
+    batch_size: int,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    seed: int = 0,
+    *,
+    epoch: int = 0,
+    **dataloader_kwargs: Any,
+) -> DistributedLoader:
+    """A DataLoader that gives this rank its shard of ``dataset``; needs ``ddpkit.init()``.
+
+    Every rank must pass the same ``seed`` (the shuffle is the same permutation everywhere,
+    sharded by rank). ``drop_last`` applies twice, like Lightning's: the sampler drops the tail
+    that does not divide evenly over ranks (instead of padding with repeated samples) and the
+    DataLoader drops a final partial batch. ``epoch`` is the epoch of the first pass (resume).
+    Other keyword arguments (``num_workers``, ``collate_fn``, ``pin_memory``...) go to
+    ``DataLoader``; ``sampler``/``batch_sampler`` cannot, the loader owns the sampling.
+    """
+    context = current()
+    _check_arguments(dataset, batch_size, dataloader_kwargs)
+    sampler = EpochSampler(
+        dataset,  # type: ignore[arg-type]  # _check_arguments verified len()
+        num_replicas=context.world_size,
+        rank=context.rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        epoch=epoch,
+    )
+    return DistributedLoader(
+        dataset, sampler, batch_size=batch_size, drop_last=drop_last, **dataloader_kwargs
+    )
+
+
+def _check_arguments(dataset: object, batch_size: int, kwargs: dict[str, Any]) -> None:
+    for name in ("sampler", "batch_sampler"):
+        if name in kwargs:
+            raise ConfigError(
+                f"{name}={kwargs[name]!r} cannot be passed to ddpkit.loader",
+                hint="ddpkit.loader builds its own distributed sampler; use shuffle=, seed=, "
+                "drop_last= and epoch=, or build a plain DataLoader yourself",
+            )
+    if isinstance(dataset, IterableDataset):
+        raise ConfigError(
+            f"dataset={type(dataset).__name__} is an IterableDataset, which has no indices "
+            "to shard",
+            hint="use a map-style Dataset (__getitem__ and __len__), or shard the stream "
+            "yourself by ctx.rank/ctx.world_size and use a plain DataLoader",
+        )
+    if not isinstance(dataset, Sized):
+        raise ConfigError(
+            f"dataset={type(dataset).__name__} has no __len__",
+            hint="ddpkit.loader shards by index and needs len(dataset)",
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} must be a positive int", hint="e.g. 32")

@@ -1,0 +1,133 @@
+"""One call that wraps a model for the job at hand: DDP, DataParallel or the plain model.
+
+``"auto"`` picks DDP when the world has more than one process, DataParallel when one process
+sees several GPUs, and the plain model otherwise, so the same script runs under a launcher,
+on one multi-GPU machine, or on a laptop. The choice is the pure :func:`resolve_strategy`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpkit.errors import ConfigError
+from ddpkit.runtime import Context, current
+
+__all__ = ["STRATEGIES", "resolve_strategy", "wrap"]
+
+STRATEGIES: tuple[str, ...] = ("auto", "ddp", "dp", "single")
+
+# Keyword arguments DistributedDataParallel accepts besides the module itself.
+_DDP_OPTIONS = frozenset(inspect.signature(DistributedDataParallel.__init__).parameters) - {
+    "self",
+    "module",
+}
+
+
+def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
+    listed = ", ".join(repr(choice) for choice in choices)
+    return f"did you mean {close[0]!r}? (choices: {listed})" if close else f"choose {listed}"
+
+
+def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device_count: int) -> str:
+    """The concrete strategy (``ddp``, ``dp`` or ``single``) for ``strategy`` in this job.
+
+    ``device_count`` is the number of GPUs this process sees (0 without CUDA).
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(
+            f"strategy={strategy!r} is not a known strategy",
+            hint=_did_you_mean(str(strategy), STRATEGIES),
+        )
+    if strategy == "dp" and world_size > 1:
+        raise ConfigError(
+            f"strategy='dp' with world_size={world_size}: DataParallel does not synchronize "
+            "gradients between processes",
+            hint="use strategy='ddp' (or 'auto') when a launcher starts several processes",
+        )
+    if strategy != "auto":
+        return strategy
+    if world_size > 1:
+        return "ddp"
+    if device_type == "cuda" and device_count > 1:
+        return "dp"
+    return "single"
+
+
+def wrap(
+    model: nn.Module, strategy: str = "auto", *, sync_batchnorm: bool = False, **ddp_kwargs: Any
+) -> nn.Module:
+    """Move ``model`` to this rank's device and wrap it for ``strategy``; needs ``ddpkit.init()``.
+
+    ``ddp_kwargs`` go to ``DistributedDataParallel`` (``device_ids`` defaults to this rank's
+    GPU). With ``strategy="auto"`` they are ignored when auto does not pick DDP, so one script
+    serves every world size; with an explicit ``"dp"``/``"single"`` they are an error.
+    ``sync_batchnorm=True`` converts BatchNorm layers to ``SyncBatchNorm``; that only means
+    something under DDP on GPUs (batch statistics synchronized across processes): the other
+    strategies, and DDP on CPU (which torch refuses), ignore it with a warning.
+    """
+    context = current()
+    if isinstance(model, DistributedDataParallel | nn.DataParallel):
+        raise ConfigError(
+            f"model is already wrapped in {type(model).__name__}",
+            hint="pass the bare nn.Module to ddpkit.wrap",
+        )
+    visible = torch.cuda.device_count() if context.device.type == "cuda" else 0
+    chosen = resolve_strategy(
+        strategy,
+        world_size=context.world_size,
+        device_type=context.device.type,
+        device_count=visible,
+    )
+    _check_ddp_kwargs(ddp_kwargs, strategy, chosen)
+    model = model.to(context.device)
+    if chosen == "ddp":
+        return _wrap_ddp(model, context, sync_batchnorm, ddp_kwargs)
+    if sync_batchnorm:
+        warnings.warn(
+            f"sync_batchnorm=True ignored: strategy resolved to {chosen!r}, and SyncBatchNorm "
+            "only synchronizes across DDP processes",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return nn.DataParallel(model) if chosen == "dp" else model
+
+
+def _check_ddp_kwargs(ddp_kwargs: dict[str, Any], strategy: str, chosen: str) -> None:
+    for name, value in ddp_kwargs.items():
+        if name not in _DDP_OPTIONS:
+            raise ConfigError(
+                f"{name}={value!r} is not a DistributedDataParallel option",
+                hint=_did_you_mean(name, sorted(_DDP_OPTIONS)),
+            )
+    if ddp_kwargs and chosen != "ddp" and strategy != "auto":
+        raise ConfigError(
+            f"DDP options {sorted(ddp_kwargs)} given with strategy={strategy!r}",
+            hint="they only apply to strategy='ddp' or 'auto'; drop them or change strategy",
+        )
+
+
+def _wrap_ddp(
+    model: nn.Module, context: Context, sync_batchnorm: bool, ddp_kwargs: dict[str, Any]
+) -> nn.Module:
+    if sync_batchnorm and context.device.type == "cpu":
+        # DDP raises for SyncBatchNorm in CPU modules; keep the same script usable on a laptop.
+        warnings.warn(
+            "sync_batchnorm=True ignored on cpu: DDP supports SyncBatchNorm only for GPU "
+            "modules, so BatchNorm keeps per-rank statistics",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    elif sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+    options = dict(ddp_kwargs)
+    if context.device.type == "cuda":
+        options.setdefault("device_ids", [context.device.index])
+    return DistributedDataParallel(model, **options)

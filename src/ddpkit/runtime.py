@@ -1,0 +1,213 @@
+"""The process's distributed context: ``init()`` joins the job once, ``current()`` returns it.
+
+``init`` runs the steps in a fixed order: detect the launcher (pure, from a mapping), warn each
+detection note once, choose the device, resolve the backend, probe the master, join the process
+group, and on CUDA check that no two ranks share a GPU. It is idempotent, adopts a process
+group someone else created, never writes ``os.environ``, and destroys at exit only a group it
+created itself.
+
+The one piece of process-wide state is :data:`_STATE` (the context and whether ddpkit owns the
+group): a process is in at most one job, and ``wrap``/``loader``/``gather`` need to find it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.cluster import process_group
+from ddpkit.cluster.detect import detect
+from ddpkit.cluster.devices import choose_device
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.errors import UsageError
+
+__all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who this process is (``info``), which device it computes on, which backend it talks."""
+
+    info: RankInfo
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the rank that logs, prints and saves)."""
+        return self.info.rank == 0
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.info.local_rank
+
+
+@dataclass
+class _State:
+    context: Context | None = None
+    owns_group: bool = False  # True only when ddpkit called init_process_group itself
+    atexit_registered: bool = False
+    warned: set[str] = field(default_factory=set)
+
+
+_STATE = _State()
+
+
+def init(
+    backend: str = "auto",
+    timeout_s: float | None = None,
+    *,
+    connect_timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    device: str | torch.device | None = None,
+) -> Context:
+    """Join the job (once) and return its :class:`Context`.
+
+    ``backend``: ``"auto"`` (nccl on CUDA, gloo otherwise) or any torch backend string, e.g.
+    ``"gloo"`` or ``"cpu:gloo,cuda:nccl"``. ``timeout_s``: collective timeout (torch's default
+    when None). ``connect_timeout_s``: how long ranks other than 0 wait for the master to accept
+    connections (None: ``DDPKIT_CONNECT_TIMEOUT`` from ``env``,
+    else 60 s). ``env``: the variables to
+    detect the launcher from (default ``os.environ``; never written). ``device``: overrides the
+    device choice (``cuda:<local_rank>``, ``cuda:0`` under one-GPU-per-task isolation, else cpu).
+
+    A second call returns the same context (its arguments are not looked at again). If a
+    process group already exists, it is adopted as is; ``shutdown()`` will not destroy it.
+    """
+    if _STATE.context is not None:
+        if dist.is_initialized():
+            return _STATE.context
+        _STATE.context, _STATE.owns_group = None, False  # the group was destroyed behind us
+    snapshot = dict(os.environ if env is None else env)
+    info = detect(snapshot)
+    _warn_notes(info.notes)
+    if dist.is_initialized():
+        return _remember(_adopt(info, device), owns_group=False)
+    return _join(
+        info,
+        snapshot,
+        backend=backend,
+        device=device,
+        timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
+    )
+
+
+def _join(
+    info: RankInfo,
+    env: Mapping[str, str],
+    *,
+    backend: str,
+    device: str | torch.device | None,
+    timeout_s: float | None,
+    connect_timeout_s: float | None,
+) -> Context:
+    """Device, backend, probe, init_process_group, GPU check: a group ddpkit owns."""
+    chosen = _pick_device(info, device)
+    resolved = process_group.resolve_backend(backend, chosen.type)
+    wait_s = process_group.connect_timeout(env, connect_timeout_s)
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
+    process_group.join(
+        info,
+        backend=resolved,
+        device=chosen,
+        method=process_group.init_method(info, env),
+        timeout_s=timeout_s,
+        connect_timeout_s=wait_s,
+    )
+    context = _remember(Context(info, chosen, resolved), owns_group=True)
+    if chosen.type == "cuda" and info.world_size > 1:
+        # Not exercised by the CPU-only test suite: it needs several GPUs.
+        try:
+            process_group.check_exclusive_gpus(chosen)
+        except BaseException:
+            shutdown()
+            raise
+    return context
+
+
+def current() -> Context:
+    """The context ``init()`` returned; raises :class:`UsageError` before ``init()``."""
+    if _STATE.context is None:
+        raise UsageError(
+            "ddpkit.init() has not been called in this process",
+            hint="call ctx = ddpkit.init() at the start of the script, before wrap/loader/gather",
+        )
+    return _STATE.context
+
+
+def current_or_none() -> Context | None:
+    """The context if ``init()`` was called, else None (for helpers that work either way)."""
+    return _STATE.context
+
+
+def shutdown() -> None:
+    """Forget the context; destroy the process group if ddpkit created it. Safe to repeat."""
+    owned = _STATE.owns_group
+    _STATE.context, _STATE.owns_group = None, False
+    if owned:
+        process_group.destroy()
+
+
+def _remember(context: Context, *, owns_group: bool) -> Context:
+    _STATE.context, _STATE.owns_group = context, owns_group
+    if owns_group and not _STATE.atexit_registered:
+        atexit.register(_destroy_at_exit)
+        _STATE.atexit_registered = True
+    return context
+
+
+def _destroy_at_exit() -> None:
+    if _STATE.owns_group:
+        shutdown()
+
+
+def _warn_notes(notes: tuple[str, ...]) -> None:
+    for note in notes:
+        if note not in _STATE.warned:
+            _STATE.warned.add(note)
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
+
+
+def _pick_device(info: RankInfo, override: str | torch.device | None) -> torch.device:
+    if override is not None:
+        return torch.device(override)
+    available = torch.cuda.is_available()
+    name = choose_device(
+        info.local_rank,
+        info.local_world_size,
+        available,
+        torch.cuda.device_count() if available else 0,
+        # The CUDA runtime of *this* process obeys os.environ, whatever mapping detection read.
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    return torch.device(name)
+
+
+def _adopt(info: RankInfo, override: str | torch.device | None) -> Context:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if (rank, world_size) != (info.rank, info.world_size):
+        warnings.warn(
+            f"adopting the existing process group as rank {rank} of {world_size}, although "
+            f"the environment (launcher {info.launcher}) says rank {info.rank} of "
+            f"{info.world_size}; the group's numbers win",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        info = replace(info, rank=rank, world_size=world_size)
+    return Context(info, _pick_device(info, override), str(dist.get_backend()))

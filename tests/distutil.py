@@ -1,0 +1,119 @@
+"""Run a test function in N spawned processes that form a real gloo group on 127.0.0.1.
+
+``run_workers(fn, world_size, *args)`` starts ``world_size`` processes with the spawn start
+method, calls ``fn(rank, world_size, port, *args)`` in each (``fn`` must be a module-level
+function so the child can import it), and returns the results ordered by rank. The first
+worker that raises fails the test with that worker's traceback; a worker that dies without
+reporting, or a run past ``timeout_s``, fails it too, and every worker is killed on the way out.
+
+Workers describe themselves with :func:`torchrun_env` passed to ``ddpkit.init(env=...)``;
+nothing here or in the workers writes ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+__all__ = ["free_port", "run_workers", "torchrun_env"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def torchrun_env(rank: int, world_size: int, port: int, **extra: str) -> dict[str, str]:
+    """The variables torchrun gives worker ``rank`` of a one-node job, plus ``extra``."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        **extra,
+    }
+
+
+def _entry(
+    fn: Callable[..., Any], where: tuple[int, int, int], args: tuple[Any, ...], out: Any
+) -> None:
+    rank, world_size, port = where
+    try:
+        result = fn(rank, world_size, port, *args)
+    except BaseException:
+        out.put((rank, False, traceback.format_exc()))
+    else:
+        out.put((rank, True, result))
+
+
+def run_workers(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
+) -> list[Any]:
+    """``[fn(rank, world_size, port, *args) for each rank]``, run in parallel processes."""
+    context = mp.get_context("spawn")
+    results_queue = context.Queue()
+    port = free_port()
+    workers = [
+        context.Process(
+            target=_entry,
+            args=(fn, (rank, world_size, port), args, results_queue),
+            name=f"ddpkit-test-rank{rank}",
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        results = _collect(results_queue, workers, time.monotonic() + timeout_s, fn.__name__)
+    except BaseException:
+        _stop(workers, grace_s=0.0)  # peers of a failed rank may wait forever in a collective
+        raise
+    _stop(workers, grace_s=10.0)
+    return [results[rank] for rank in range(world_size)]
+
+
+def _collect(
+    results_queue: Any, workers: list[BaseProcess], deadline: float, name: str
+) -> dict[int, Any]:
+    results: dict[int, Any] = {}
+    while len(results) < len(workers):
+        missing = [rank for rank in range(len(workers)) if rank not in results]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}: ranks {missing} did not finish in time")
+        try:
+            rank, ok, payload = results_queue.get(timeout=0.5)
+        except queue.Empty:
+            dead = [rank for rank in missing if not workers[rank].is_alive()]
+            if dead:
+                # A final look: a worker's result may land just after it exits.
+                time.sleep(0.5)
+                if results_queue.empty():
+                    codes = {rank: workers[rank].exitcode for rank in dead}
+                    raise AssertionError(f"{name}: ranks died without a result: {codes}") from None
+            continue
+        if not ok:
+            raise AssertionError(f"{name}: rank {rank} raised:\n{payload}")
+        results[rank] = payload
+    return results
+
+
+def _stop(workers: list[BaseProcess], grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    for worker in workers:
+        worker.join(timeout=max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
