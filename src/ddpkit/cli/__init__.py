@@ -1,0 +1,57 @@
+"""The ``ddpkit`` command: one argparse parser with a subcommand per feature.
+
+This module owns the process-level contract of the CLI: exit codes and how errors look.
+``main`` returns instead of exiting (``python -m ddpkit`` and the console script exit with its
+value), so tests can call it in-process. Importing it never imports torch: subcommands import
+their heavy parts only when they run, so ``ddpkit --help`` answers at once.
+
+Exit codes: 0 success; 2 bad input (argparse usage errors and any ``DdpkitError``, printed as one
+line ``ddpkit: error: <message>`` without a traceback); otherwise what the subcommand returns
+(``ddpkit run``: the failed worker's exit code, 128 + N when it died of signal N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ddpkit import __version__
+from ddpkit.cli import run as run_cmd
+from ddpkit.errors import DdpkitError
+
+__all__ = ["build_parser", "main"]
+
+USAGE_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``ddpkit`` parser; each subcommand stores its handler as ``args.handler``."""
+    parser = argparse.ArgumentParser(
+        prog="ddpkit",
+        description="Distributed PyTorch training without the boilerplate.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"ddpkit {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run_cmd.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``ddpkit`` command line (``argv`` defaults to ``sys.argv[1:]``); return the code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        code: int = args.handler(args)
+    except SystemExit as stop:  # argparse: --help/--version (0) and usage errors (2)
+        return _exit_code(stop.code)
+    except DdpkitError as exc:
+        print(f"ddpkit: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return USAGE_ERROR
+    return code
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
