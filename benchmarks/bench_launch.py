@@ -46,8 +46,12 @@ def main() -> None:
     t_torch: list[float] = []
     t_kit: list[float] = []
     for i in range(args.runs):
-        t_torch.append(wall(torchrun))
-        t_kit.append(wall(ddpkit_run))
+        if i % 2:  # alternate which goes first
+            t_kit.append(wall(ddpkit_run))
+            t_torch.append(wall(torchrun))
+        else:
+            t_torch.append(wall(torchrun))
+            t_kit.append(wall(ddpkit_run))
         print(f"run {i}: torchrun {t_torch[-1]:.3f} s   ddpkit run {t_kit[-1]:.3f} s")
     a, b = statistics.median(t_torch), statistics.median(t_kit)
     print(f"median: torchrun {a:.3f} s, ddpkit run {b:.3f} s, ratio {b / a:.3f} (goal <= 1.05)")

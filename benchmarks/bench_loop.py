@@ -6,7 +6,7 @@ Launch with two processes, e.g.::
     torchrun --nproc-per-node 2 benchmarks/bench_loop.py      # same figures
 
 Both loops use the same process group, model, data, batch size and optimizer, and run
-alternately (plain, ddpkit, plain, ddpkit, ...) so that machine noise hits both alike. Rank 0
+alternately (plain, ddpkit, ddpkit, plain, ...) so that machine noise hits both alike. Rank 0
 prints samples/s per trial, the medians and the ratio ddpkit / plain (goal: >= 0.98).
 """
 
@@ -104,10 +104,15 @@ def main() -> None:
     plain: list[float] = []
     kit: list[float] = []
     for trial in range(args.trials):
-        plain.append(
-            timed(epoch_plain, plain_model, plain_data, plain_sampler, trial + 1, plain_opt)
-        )
-        kit.append(timed(epoch_ddpkit, kit_model, kit_data, kit_opt))
+        # Alternate which loop goes first so neither always runs on a warmer machine.
+        runs = [
+            lambda epoch=trial + 1: plain.append(
+                timed(epoch_plain, plain_model, plain_data, plain_sampler, epoch, plain_opt)
+            ),
+            lambda: kit.append(timed(epoch_ddpkit, kit_model, kit_data, kit_opt)),
+        ]
+        for run in runs if trial % 2 == 0 else runs[::-1]:
+            run()
         ddpkit.print(
             f"trial {trial}: plain {plain[-1]:9.0f} samples/s   ddpkit {kit[-1]:9.0f} samples/s"
         )
