@@ -7,6 +7,7 @@ naming the variables involved and their values, with a hint. The environments ca
 
 from __future__ import annotations
 
+from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import TopologyError
 
 __all__ = [
@@ -68,6 +69,20 @@ def check_rank_ranges(
         ("node_rank", node_rank, "num_nodes", num_nodes),
     ):
         check_index(names.get(field, field), value, names.get(size_field, size_field), size)
+
+
+def check_rank_info(info: RankInfo, names: dict[str, str]) -> RankInfo:
+    """:func:`check_rank_ranges` over a built record (``names`` maps fields to variables)."""
+    check_rank_ranges(
+        names=names,
+        rank=info.rank,
+        world_size=info.world_size,
+        local_rank=info.local_rank,
+        local_world_size=info.local_world_size,
+        node_rank=info.node_rank,
+        num_nodes=info.num_nodes,
+    )
+    return info
 
 
 def check_slurm_layout(

@@ -84,17 +84,8 @@ class MpiEnvironment(ClusterEnvironment):
         names |= {"node_rank": f"{names['rank']} // {names['local_world_size']}"}
         names |= {"num_nodes": f"ceil({names['world_size']} / {names['local_world_size']})"}
         node_rank = rank // local_world_size
-        validate.check_rank_ranges(
-            names=names,
-            rank=rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
-        )
         addr, port = self._master(num_nodes)
-        return RankInfo(
+        info = RankInfo(
             rank=rank,
             local_rank=local_rank,
             world_size=world_size,
@@ -105,6 +96,7 @@ class MpiEnvironment(ClusterEnvironment):
             master_port=port,
             launcher=self.launcher,
         )
+        return validate.check_rank_info(info, names)
 
     def _master(self, num_nodes: int) -> tuple[str, int]:
         addr, port = master_from_env(self.env)

@@ -242,18 +242,9 @@ def slurm_rank_info(env: Mapping[str, str], launcher: Launcher) -> RankInfo:
     validate.check_index(names["node_rank"], node_rank, names["num_nodes"], layout.num_nodes)
     local_world_size = layout.tasks_per_node[node_rank]
     names["local_world_size"] = f"{names['tasks_per_node']}[{node_rank}]"
-    validate.check_rank_ranges(
-        names=names,
-        rank=rank,
-        world_size=layout.num_tasks,
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-        node_rank=node_rank,
-        num_nodes=layout.num_nodes,
-    )
     _check_stray_vars(env, names, rank, layout.num_tasks)
     addr, port = _master(env, layout)
-    return RankInfo(
+    info = RankInfo(
         rank=rank,
         local_rank=local_rank,
         world_size=layout.num_tasks,
@@ -264,6 +255,7 @@ def slurm_rank_info(env: Mapping[str, str], launcher: Launcher) -> RankInfo:
         master_port=port,
         launcher=launcher,
     )
+    return validate.check_rank_info(info, names)
 
 
 class SlurmEnvironment(ClusterEnvironment):

@@ -57,18 +57,9 @@ class TorchrunEnvironment(ClusterEnvironment):
             node_rank = rank // local_world_size
         if num_nodes is None:
             num_nodes = -(-world_size // local_world_size)  # ceil without floats
-        validate.check_rank_ranges(
-            names=names,
-            rank=rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
-        )
         self._check_not_nested_in_srun(rank, world_size, local_world_size)
         addr, port = self._master(world_size)
-        return RankInfo(
+        info = RankInfo(
             rank=rank,
             local_rank=local_rank,
             world_size=world_size,
@@ -79,6 +70,7 @@ class TorchrunEnvironment(ClusterEnvironment):
             master_port=port,
             launcher=self.launcher,
         )
+        return validate.check_rank_info(info, names)
 
     def _check_not_nested_in_srun(self, rank: int, world_size: int, nproc: int) -> None:
         """Inside a SLURM step, torchrun must be the only srun task on its node."""
