@@ -1,0 +1,76 @@
+"""The rank layout of a job spec, and ``ddpkit plan``'s text: pure, no SLURM.
+
+Ranks are node-major in both launch modes, so one table describes both:
+
+- ``launch: srun`` asks for ``procs`` tasks per node; SLURM's default block distribution gives
+  node *n* the tasks ``n*procs .. n*procs+procs-1`` (SLURM_PROCID), SLURM_LOCALID counting from
+  0 on each node. (``sbatch: {distribution: ...}`` is refused by the spec for that reason.)
+- ``launch: torchrun`` runs one torchrun per node; it gives its workers
+  ``rank = node_rank*procs + local_rank``. With the c10d rendezvous the node rank follows the
+  order in which nodes join, so the host behind ``node1`` is known only at run time.
+
+Host names are placeholders (``node0``, ``node1``, ...): SLURM picks the hosts at submission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from ddpkit.jobs.spec import JobSpec
+
+__all__ = ["LayoutRow", "format_layout", "format_plan", "rank_layout"]
+
+_COLUMNS = ("node", "host", "local_rank", "rank", "device")
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    """One process of the job: where it runs and which ranks and device it gets."""
+
+    node: int  # node index (torchrun: the node rank)
+    host: str  # placeholder name, "node<index>"
+    local_rank: int
+    rank: int
+    device: str  # "cuda:<local_rank>" on GPU nodes, else "cpu"
+
+
+def rank_layout(spec: JobSpec) -> list[LayoutRow]:
+    """Every process of ``spec``, ordered by global rank."""
+    procs = spec.procs
+    return [
+        LayoutRow(
+            node=node,
+            host=f"node{node}",
+            local_rank=local,
+            rank=node * procs + local,
+            device=f"cuda:{local}" if spec.gpus_per_node > 0 else "cpu",
+        )
+        for node in range(spec.nodes)
+        for local in range(procs)
+    ]
+
+
+def format_layout(rows: list[LayoutRow]) -> str:
+    """``rows`` as a table with aligned columns, a header line first."""
+    cells = [list(_COLUMNS)]
+    cells += [[str(getattr(row, column)) for column in _COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in cells
+    )
+
+
+def format_plan(spec: JobSpec) -> str:
+    """The resolved spec as YAML (every field, defaults filled in) and its rank layout."""
+    resolved = yaml.safe_dump(
+        spec.model_dump(), sort_keys=False, default_flow_style=False, allow_unicode=True
+    )
+    tasks = "one SLURM task per process" if spec.launch == "srun" else "one torchrun per node"
+    summary = (
+        f"# rank layout: {spec.nodes} node(s) x {spec.procs} process(es) = world size "
+        f"{spec.world_size} (launch: {spec.launch}, {tasks})"
+    )
+    return f"# resolved job spec\n{resolved}\n{summary}\n{format_layout(rank_layout(spec))}\n"

@@ -1,0 +1,384 @@
+"""Job specs and cluster profiles: the typed, validated, frozen description of a SLURM job.
+
+This module owns the field names, types and defaults of a job spec (``JobSpec``) and of a site
+profile (``ClusterProfile``), every check on one value or between values, and the values derived
+from them (``procs``, ``world_size``, ``is_module``, ...). Reading YAML, finding profiles and
+merging the layers is ``ddpkit.jobs.load``; nothing here touches a file or the environment (the
+only impure bits are two defaults: ``python`` is ``sys.executable``, ``workdir`` the current
+directory).
+
+Validators raise pydantic errors of type ``"ddpkit"`` whose context carries a ``hint`` (and, for
+checks spanning fields, the ``field`` path and its ``value``); ``ddpkit.jobs.load`` turns the
+first error into one ``ConfigError`` line. Field descriptions double as the hint for type errors.
+
+Quoting is not this module's job: values that are legitimate in a shell word (quotes, ``;``,
+``$()``, spaces) are accepted and the renderer quotes them. Rejected are only values that cannot
+be carried at all: NUL anywhere, and line breaks in anything that reaches an ``#SBATCH`` line or
+a file name (``name``, ``partition``, ``log_dir``, ``workdir``, ``sbatch`` values, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shlex
+import sys
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "ERROR_TYPE",
+    "RESERVED_ENV",
+    "RESERVED_SBATCH",
+    "ClusterProfile",
+    "JobSpec",
+    "Launch",
+]
+
+ERROR_TYPE = "ddpkit"
+Launch = Literal["srun", "torchrun"]
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+# Set by the job script itself; a spec value would silently fight it.
+RESERVED_ENV: dict[str, str] = {
+    "DDPKIT_EXPECTED_WORLD_SIZE": "the job script sets it from nodes x procs_per_node",
+    "DDPKIT_HOST_TEMPLATE": "set host_template instead",
+}
+# #SBATCH options that a spec field already sets: one source of truth for each.
+RESERVED_SBATCH: dict[str, str] = {
+    "job-name": "set name instead",
+    "nodes": "set nodes instead",
+    "ntasks": "set nodes and procs_per_node instead",
+    "ntasks-per-node": "set procs_per_node instead",
+    "cpus-per-task": "set cpus_per_task instead",
+    "gpus-per-node": "set gpus_per_node instead",
+    "time": "set time_min instead",
+    "mem": "set mem_gb instead",
+    "partition": "set partition instead",
+    "account": "set account instead",
+    "qos": "set qos instead",
+    "constraint": "set constraint instead",
+    "output": "set log_dir instead; ddpkit names the files",
+    "error": "set log_dir instead; ddpkit names the files",
+    "chdir": "set workdir instead",
+    # ranks are laid out node by node (block), which rank_layout and the templates rely on
+    "distribution": "remove it: ddpkit places ranks node by node",
+}
+
+
+def invalid(
+    problem: str, hint: str, *, field: str | None = None, value: object = ...
+) -> PydanticCustomError:
+    """A validation error ``ddpkit.jobs.load`` turns into ``<field>=<value>: <problem> (hint)``.
+
+    ``field``/``value`` are for checks spanning fields (pydantic has no location for those).
+    """
+    ctx: dict[str, object] = {"problem": problem, "hint": hint}
+    if field is not None:
+        ctx["field"] = field
+    if value is not ...:
+        ctx["value"] = value
+    return PydanticCustomError(ERROR_TYPE, "{problem}", ctx)
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise invalid("contains a NUL character", "remove it: no shell or file name can hold it")
+    return text
+
+
+def _one_line(text: str) -> str:
+    _no_nul(text)
+    if "".join(text.splitlines()) != text:
+        raise invalid(
+            "contains a line break, which would end its #SBATCH line or file name",
+            "write it on one line",
+        )
+    if not text.strip():
+        raise invalid("is empty", "remove the key (or write null) to leave it unset")
+    return text
+
+
+def _check_name(text: str) -> str:
+    if not _NAME.match(text):
+        fixed = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "my-job"
+        raise invalid(
+            "may only contain letters, digits, '.', '_' and '-' (it names files and the job)",
+            f"e.g. {fixed!r}",
+        )
+    return text
+
+
+def _number_to_str(value: object) -> object:
+    """YAML reads ``4`` and ``0.1`` as numbers; where a string is meant, take their text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _split_command(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as exc:
+            raise invalid(
+                f"cannot be split into words ({exc})",
+                "balance the quotes, or write the command as a YAML list",
+            ) from None
+    if isinstance(value, list | tuple):
+        return [_number_to_str(item) for item in value]
+    return value
+
+
+def _check_command(words: list[str]) -> list[str]:
+    example = "command: train.py --lr 0.1 (a script) or command: -m pkg.train (a module)"
+    if not words or not words[0]:
+        raise invalid("is empty", f"e.g. {example}")
+    first = words[0]
+    if first == "-m":
+        if len(words) < 2:
+            raise invalid("has '-m' without a module name", "e.g. command: -m pkg.train --lr 0.1")
+        if not _MODULE.match(words[1]):
+            raise invalid(
+                f"has {words[1]!r} after '-m', which is not a module name",
+                "a dotted Python name, e.g. -m pkg.train",
+            )
+    elif first.startswith("-"):
+        hint = f"write '-m {first[2:]}'" if first.startswith("-m") else f"e.g. {example}"
+        raise invalid(f"starts with {first!r}: only '-m' may come before the program", hint)
+    return words
+
+
+def _one_line_list(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+def _check_env_key(key: str) -> str:
+    if not _ENV_KEY.match(key):
+        fixed = re.sub(r"\W", "_", key)
+        fixed = fixed if _ENV_KEY.match(fixed) else "_" + fixed
+        raise invalid(
+            "is not a valid environment variable name",
+            f"letters, digits and '_', not starting with a digit, e.g. {fixed!r}",
+        )
+    if key in RESERVED_ENV:
+        raise invalid("is set by ddpkit", RESERVED_ENV[key])
+    return key
+
+
+def _check_sbatch_key(key: str) -> str:
+    if key.startswith("-"):
+        raise invalid("starts with '-'", f"write {key.lstrip('-')!r}: ddpkit adds the dashes")
+    if not _SBATCH_KEY.match(key):
+        raise invalid(
+            "is not an sbatch long option name",
+            "lower-case words joined by '-', e.g. exclusive or mail-type",
+        )
+    if key in RESERVED_SBATCH:
+        raise invalid("is set by ddpkit from a spec field", RESERVED_SBATCH[key])
+    return key
+
+
+def _check_sbatch_value(value: object) -> object:
+    if isinstance(value, str):
+        return _one_line(value)
+    if not isinstance(value, int | bool):
+        raise invalid(
+            f"is a {type(value).__name__}, not a string, integer or true/false",
+            "e.g. exclusive: true, or gres: 'gpu:2' (true writes the bare flag, false omits it)",
+        )
+    return value
+
+
+def _check_port(value: object) -> object:
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise invalid(
+            "is not a TCP port or 'auto'",
+            "set rdzv_port: auto (derived from the job id) or a port number 1..65535",
+        )
+    return value
+
+
+def _check_absolute(path: str) -> str:
+    _one_line(path)
+    if not posixpath.isabs(path):
+        raise invalid("is not an absolute path", "ddpkit.jobs.load_spec resolves relative ones")
+    return path
+
+
+def _check_host_template(template: str) -> str:
+    _one_line(template)
+    if "{host}" not in template:
+        raise invalid("does not contain '{host}'", "e.g. '{host}-ib' or '{host}.ib.cluster'")
+    return template
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+Line = Annotated[str, AfterValidator(_one_line)]
+Name = Annotated[str, AfterValidator(_check_name)]
+Command = Annotated[list[Text], BeforeValidator(_split_command), AfterValidator(_check_command)]
+Setup = Annotated[list[Text], BeforeValidator(_one_line_list)]
+EnvMap = dict[
+    Annotated[str, AfterValidator(_check_env_key)],
+    Annotated[Text, BeforeValidator(_number_to_str)],
+]
+SbatchMap = dict[
+    Annotated[str, AfterValidator(_check_sbatch_key)],
+    Annotated[str | int | bool, BeforeValidator(_check_sbatch_value)],
+]
+HostTemplate = Annotated[str, AfterValidator(_check_host_template)]
+RdzvPort = Annotated[int | Literal["auto"] | None, BeforeValidator(_check_port)]
+
+# Field descriptions: documentation, and the hint for a value of the wrong type.
+_D_NAME = "letters, digits, '.', '_' and '-', e.g. name: train-resnet"
+_D_PYTHON = "the interpreter on the nodes, e.g. python: /opt/venv/bin/python"
+_D_CPUS = "CPUs per process, a whole number >= 1, e.g. cpus_per_task: 4"
+_D_CPUS_NODE = "CPUs one node has (a site fact, usually from the profile), e.g. cpus_per_node: 64"
+_D_MEM = "memory per node in GB, e.g. mem_gb: 32"
+_D_TIME = "time limit in minutes, a whole number >= 1, e.g. time_min: 120"
+_D_SLURM = "a SLURM name on one line, e.g. partition: gpu"
+_D_ENV = "a mapping of strings; quote yes/no/true/false/on/off, e.g. env: {NCCL_DEBUG: INFO}"
+_D_SETUP = "shell lines run before the job, e.g. setup: ['module load cuda/12.4']"
+_D_LOG = "a directory, relative to workdir, e.g. log_dir: logs"
+_D_SBATCH = "other #SBATCH options, e.g. sbatch: {exclusive: true, gres: 'gpu:2'}"
+_D_TEMPLATE = "the path of an sbatch Jinja2 template, e.g. template: my-sbatch.sh.j2"
+_D_HOST = "how to name a node on the fast network, e.g. host_template: '{host}-ib'"
+
+
+class _Model(BaseModel):
+    # strict: YAML already has types; no 'yes' -> 1 or '2' -> 2 guessing behind the user's back
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class JobSpec(_Model):
+    """One job: what to run, on how many nodes and processes, and how SLURM should place it.
+
+    Ranks are node-major: global rank = node * procs + local rank, in both launch modes.
+    ``launch: srun`` starts one SLURM task per process; ``launch: torchrun`` one task per node
+    that runs ``ddpkit run`` (torchrun) with a c10d rendezvous at the first node.
+    """
+
+    name: Name = Field(description=_D_NAME)
+    command: Command = Field(description="a script or -m and a module, e.g. train.py --lr 0.1")
+    python: Line = Field(default_factory=lambda: sys.executable, description=_D_PYTHON)
+    nodes: int = Field(1, ge=1, description="a whole number >= 1, e.g. nodes: 2")
+    gpus_per_node: int = Field(0, ge=0, description="0 on CPU nodes, e.g. gpus_per_node: 8")
+    procs_per_node: int | None = Field(
+        None, ge=1, description="default: one per GPU, or 1; e.g. procs_per_node: 4"
+    )
+    cpus_per_task: int = Field(1, ge=1, description=_D_CPUS)
+    cpus_per_node: int | None = Field(None, ge=1, description=_D_CPUS_NODE)
+    mem_gb: float | None = Field(None, gt=0, allow_inf_nan=False, description=_D_MEM)
+    time_min: int = Field(60, ge=1, description=_D_TIME)
+    partition: Line | None = Field(None, description=_D_SLURM)
+    account: Line | None = Field(None, description=_D_SLURM)
+    qos: Line | None = Field(None, description=_D_SLURM)
+    constraint: Line | None = Field(None, description=_D_SLURM)
+    env: EnvMap = Field(default_factory=dict, description=_D_ENV)
+    setup: Setup = Field(default_factory=list, description=_D_SETUP)
+    launch: Launch = Field("srun", description="srun: a task per process; torchrun: per node")
+    rdzv_port: RdzvPort = Field(None, description="torchrun's port: auto or 1..65535")
+    log_dir: Line = Field("ddpkit-logs", description=_D_LOG)
+    workdir: Annotated[str, AfterValidator(_check_absolute)] = Field(
+        default_factory=os.getcwd, description="the job's directory, an absolute path"
+    )
+    sbatch: SbatchMap = Field(default_factory=dict, description=_D_SBATCH)
+    profile: Line | None = Field(None, description="a profile name or path, e.g. profile: site")
+    template: Line | None = Field(None, description=_D_TEMPLATE)
+    host_template: HostTemplate | None = Field(None, description=_D_HOST)
+
+    @model_validator(mode="after")
+    def _check_topology(self) -> JobSpec:
+        if self.gpus_per_node > 0 and self.procs_per_node not in (None, self.gpus_per_node):
+            raise invalid(
+                f"differs from gpus_per_node={self.gpus_per_node}",
+                f"ddpkit runs one process per GPU: drop procs_per_node or set it to "
+                f"{self.gpus_per_node}",
+                field="procs_per_node",
+                value=self.procs_per_node,
+            )
+        needed = self.procs * self.cpus_per_task
+        if self.cpus_per_node is not None and needed > self.cpus_per_node:
+            raise invalid(
+                f"{self.procs} processes x cpus_per_task={self.cpus_per_task} need {needed} CPUs "
+                f"per node, more than cpus_per_node={self.cpus_per_node}",
+                "lower procs_per_node or cpus_per_task, or fix cpus_per_node",
+                field="procs_per_node",
+                value=self.procs,
+            )
+        if self.launch == "torchrun" and self.nodes > 1 and self.rdzv_port is None:
+            raise invalid(
+                f"is not set, but launch=torchrun on nodes={self.nodes} needs a rendezvous port",
+                "set rdzv_port: auto (derived from the job id) or a port number",
+                field="rdzv_port",
+                value=None,
+            )
+        return self
+
+    @property
+    def procs(self) -> int:
+        """Processes per node: ``procs_per_node``, else one per GPU, else 1."""
+        if self.procs_per_node is not None:
+            return self.procs_per_node
+        return self.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs
+
+    @property
+    def is_module(self) -> bool:
+        """True for ``-m pkg.mod ...`` (run as a module), False for ``script.py ...``."""
+        return self.command[0] == "-m"
+
+    @property
+    def tasks_per_node(self) -> int:
+        """SLURM tasks per node: one per process (srun), or one torchrun per node."""
+        return self.procs if self.launch == "srun" else 1
+
+    @property
+    def cpus_per_slurm_task(self) -> int:
+        """``--cpus-per-task`` for SLURM: a torchrun task hosts all processes of its node."""
+        return self.cpus_per_task if self.launch == "srun" else self.cpus_per_task * self.procs
+
+    @property
+    def log_path(self) -> str:
+        """``log_dir`` made absolute against ``workdir`` (SLURM resolves it the same way)."""
+        return posixpath.normpath(posixpath.join(self.workdir, self.log_dir))
+
+
+class ClusterProfile(_Model):
+    """A site's defaults, named by a spec (``profile: site``); any field left out stays unset.
+
+    Every field has the meaning and checks of the ``JobSpec`` field of the same name.
+    """
+
+    name: Name = Field(description=_D_NAME)
+    partition: Line | None = Field(None, description=_D_SLURM)
+    account: Line | None = Field(None, description=_D_SLURM)
+    qos: Line | None = Field(None, description=_D_SLURM)
+    constraint: Line | None = Field(None, description=_D_SLURM)
+    setup: Setup = Field(default_factory=list, description=_D_SETUP)
+    env: EnvMap = Field(default_factory=dict, description=_D_ENV)
+    host_template: HostTemplate | None = Field(None, description=_D_HOST)
+    template: Line | None = Field(None, description=_D_TEMPLATE)
+    sbatch: SbatchMap = Field(default_factory=dict, description=_D_SBATCH)
+    python: Line | None = Field(None, description=_D_PYTHON)
+    cpus_per_task: int | None = Field(None, ge=1, description=_D_CPUS)
+    cpus_per_node: int | None = Field(None, ge=1, description=_D_CPUS_NODE)
+    mem_gb: float | None = Field(None, gt=0, allow_inf_nan=False, description=_D_MEM)
+    time_min: int | None = Field(None, ge=1, description=_D_TIME)
+    log_dir: Line | None = Field(None, description=_D_LOG)
+
+    def defaults(self) -> dict[str, object]:
+        """The spec fields this profile sets (those written in its file), ``name`` excluded."""
+        return self.model_dump(exclude_unset=True, exclude={"name"})
