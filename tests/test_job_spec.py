@@ -239,6 +239,7 @@ ERRORS: list[tuple[dict[str, Any], list[str]]] = [
     ({"env": {"X": "a\x00b"}}, ["env.X='a\\x00b': contains a NUL"]),
     ({"env": {"DDPKIT_EXPECTED_WORLD_SIZE": "4"}}, ["env.DDPKIT_EXPECTED_WORLD_SIZE", "nodes x"]),
     ({"env": {"DDPKIT_HOST_TEMPLATE": "{host}"}}, ["set host_template instead"]),
+    ({"env": {"DDPKIT_JOB_LAUNCH": "srun"}}, ["env.DDPKIT_JOB_LAUNCH", "from launch"]),
     ({"setup": ["ok", 3]}, ["setup[1]=3: is not a string"]),
     ({"setup": ["ok", "bad\x00"]}, ["setup[1]='bad\\x00': contains a NUL"]),
     ({"sbatch": {"--exclusive": True}}, ["sbatch.--exclusive: starts with '-'", "'exclusive'"]),

@@ -5,6 +5,10 @@ because it is often started inside a SLURM step (its workers then see both sets 
 variables, and torchrun's describe them); submitit before SLURM because submitit jobs are
 SLURM jobs too; MPI after SLURM (SLURM's own ``detect`` steps aside for processes started by
 mpirun inside an allocation); ``single`` is the fallback and always matches.
+
+``detect`` also holds the launcher to the world size a ddpkit job script asked for
+(DDPKIT_EXPECTED_WORLD_SIZE), so a script that starts the wrong number of processes fails
+before anything trains alone.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ddpkit.cluster import validate
+from ddpkit.cluster.environments import env_int
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.mpi import MpiEnvironment
 from ddpkit.cluster.environments.single import SingleEnvironment
@@ -19,6 +25,7 @@ from ddpkit.cluster.environments.slurm import SlurmEnvironment
 from ddpkit.cluster.environments.submitit import SubmititEnvironment
 from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.errors import ConfigError
 
 __all__ = ["DETECTION_ORDER", "detect", "detect_environment"]
 
@@ -45,5 +52,28 @@ def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironme
 
 
 def detect(env: Mapping[str, str] | None = None) -> RankInfo:
-    """This process's :class:`RankInfo`, from ``env`` (default ``os.environ``); pure."""
-    return detect_environment(env).rank_info()
+    """This process's :class:`RankInfo`, from ``env`` (default ``os.environ``); pure.
+
+    Raises TopologyError when DDPKIT_EXPECTED_WORLD_SIZE is set and the launcher's world size
+    differs from it.
+    """
+    snapshot = dict(os.environ if env is None else env)
+    info = detect_environment(snapshot).rank_info()
+    expected = _expected_world_size(snapshot)
+    if expected is not None:
+        validate.check_expected_world_size(
+            expected=expected,
+            world_size=info.world_size,
+            launcher=info.launcher,
+            job_launch=snapshot.get(validate.JOB_LAUNCH_VAR),
+        )
+    return info
+
+
+def _expected_world_size(env: Mapping[str, str]) -> int | None:
+    name = validate.EXPECTED_WORLD_SIZE_VAR
+    hint = f"ddpkit job scripts export {name}=<nodes * procs_per_node>; unset it or fix it"
+    expected = env_int(env, name, hint=hint)
+    if expected is not None and expected < 1:
+        raise ConfigError(f"{name}={expected} must be at least 1", hint=hint)
+    return expected

@@ -11,6 +11,9 @@ from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import TopologyError
 
 __all__ = [
+    "EXPECTED_WORLD_SIZE_VAR",
+    "JOB_LAUNCH_VAR",
+    "check_expected_world_size",
     "check_index",
     "check_rank_ranges",
     "check_sizes",
@@ -21,6 +24,11 @@ __all__ = [
 
 
 _HINT = "these variables are set by the launcher; do not override them by hand"
+
+# Exported by ddpkit's generated job scripts (ddpkit.jobs.render): the world size the job spec
+# asks for (nodes * procs_per_node), and the spec's launch mode ("srun" or "torchrun").
+EXPECTED_WORLD_SIZE_VAR = "DDPKIT_EXPECTED_WORLD_SIZE"
+JOB_LAUNCH_VAR = "DDPKIT_JOB_LAUNCH"
 
 
 def check_sizes(*, names: dict[str, str], **sizes: int) -> None:
@@ -179,3 +187,42 @@ def check_stray_torch_vars(
                 f"{stray_name}={stray!r} contradicts {own_name}={own}",
                 hint=f"unset {stray_name} (ddpkit reads {own_name} from the launcher)",
             )
+
+
+def _expected_world_size_hint(launcher: str, job_launch: str | None) -> str:
+    """What most likely went wrong, given who started us and what the spec asked for."""
+    if job_launch == "srun" and launcher == "single":
+        return (
+            "the job spec says launch: srun — start the tasks with srun (the generated script "
+            "does), not `python` directly in the batch script"
+        )
+    if job_launch == "torchrun" and launcher != "torchrun":
+        return (
+            "the job spec says launch: torchrun — each node's task must start its workers "
+            "through `python -m ddpkit run` (the generated script does), not `python` directly"
+        )
+    return (
+        "the job started a different number of processes than its spec asks for "
+        "(nodes × procs_per_node): were the srun options or the allocation changed by hand? "
+        f"for a deliberately smaller step (e.g. `srun -n1` preprocessing) unset "
+        f"{EXPECTED_WORLD_SIZE_VAR} for that step"
+    )
+
+
+def check_expected_world_size(
+    *, expected: int, world_size: int, launcher: str, job_launch: str | None
+) -> None:
+    """The detected world size equals the one the job spec asked for.
+
+    ``expected`` comes from DDPKIT_EXPECTED_WORLD_SIZE, ``job_launch`` from DDPKIT_JOB_LAUNCH
+    (None when unset); both are exported by ddpkit's job scripts. Catches the quiet failure of a
+    ``launch: srun`` spec whose script runs ``python train.py`` without srun: SLURM then gives
+    one process that would train alone as rank 0 of 1.
+    """
+    if expected != world_size:
+        spec = "" if job_launch is None else f", {JOB_LAUNCH_VAR}={job_launch}"
+        raise TopologyError(
+            f"{EXPECTED_WORLD_SIZE_VAR}={expected}{spec} but the {launcher} launcher started "
+            f"a world of {world_size} process{'es' if world_size != 1 else ''}",
+            hint=_expected_world_size_hint(launcher, job_launch),
+        )

@@ -50,6 +50,7 @@ _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 RESERVED_ENV: dict[str, str] = {
     "DDPKIT_EXPECTED_WORLD_SIZE": "the job script sets it from nodes x procs_per_node",
     "DDPKIT_HOST_TEMPLATE": "set host_template instead",
+    "DDPKIT_JOB_LAUNCH": "the job script sets it from launch",
 }
 # #SBATCH options that a spec field already sets: one source of truth for each.
 RESERVED_SBATCH: dict[str, str] = {

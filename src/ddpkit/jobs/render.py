@@ -1,0 +1,337 @@
+"""Job specs to sbatch scripts: the template context, the quoting filters, the torchrun line.
+
+This module owns everything between a validated ``JobSpec`` and the script text: the
+``#SBATCH`` option list, quoting for the two parsers the text meets, SLURM filename patterns,
+the command each node runs under ``launch: torchrun``, and loading the built-in or a user's
+Jinja2 template (its errors become ``ConfigError`` naming the template file and line).
+Rendering is deterministic: the same spec gives the same text (no timestamps).
+
+Quoting, as checked on SLURM 22.05.8:
+
+* bash: every user value goes through ``q`` (``shlex.quote``); ``setup`` lines are verbatim.
+* ``#SBATCH`` lines are read by sbatch's own directive parser, not bash: it rejects unquoted
+  whitespace ("Invalid directive"), silently cuts the line at an unquoted ``#``, strips single
+  and double quotes, and treats a backslash as an escape even inside single quotes, so
+  ``shlex.quote`` is wrong there (``'a\\b'`` reaches SLURM as ``ab``). ``sbatch_q`` writes such
+  values in double quotes with ``\\`` and ``"`` escaped; newlines cannot be expressed at all.
+* ``--output`` file names (sbatch and srun): ``%%`` is a literal ``%``; a backslash anywhere
+  in the name turns every pattern off (``%j`` stays literal) and is dropped, so it is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import traceback
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+
+from ddpkit.cluster.environments.slurm import HOST_TEMPLATE_VAR
+from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
+from ddpkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ddpkit.jobs.spec import JobSpec
+
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "ENDPOINT_EXPANSION",
+    "JOB_ID_EXPANSION",
+    "batch_output_path",
+    "endpoint_command",
+    "render_sbatch",
+    "sbatch_options",
+    "sbatch_quote",
+    "shell_quote",
+    "task_output_pattern",
+    "template_context",
+    "torchrun_command",
+]
+
+BUILTIN_TEMPLATES = {"srun": "sbatch_srun.sh.j2", "torchrun": "sbatch_torchrun.sh.j2"}
+
+
+class _ShellExpansion(str):
+    """Text the batch shell must expand (``"$endpoint"``); ``q`` writes it as it is.
+
+    Only this module creates these, so no user value can pass unquoted through ``q``.
+    """
+
+    __slots__ = ()
+
+
+ENDPOINT_EXPANSION: str = _ShellExpansion('"$endpoint"')
+JOB_ID_EXPANSION: str = _ShellExpansion('"$SLURM_JOB_ID"')
+
+# What sbatch's directive parser reads back unchanged without any quoting.
+_SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_UNWRITABLE = ("\n", "\r", "\x00")
+_SLURM_NAMES = ("partition", "account", "qos", "constraint")
+# Extras that already say how many GPUs a node gets: then no --gpus-per-node is added.
+_GPU_OPTIONS = ("gres", "gpus", "gpus-per-task")
+
+
+# ---- quoting -----------------------------------------------------------------------------
+
+
+def shell_quote(value: object) -> str:
+    """``value`` as one bash word (the template filter ``q``)."""
+    if type(value) is _ShellExpansion:
+        return str.__str__(value)
+    text = str(value)
+    if "\x00" in text:
+        raise ConfigError(
+            f"value {text!r} contains a NUL character",
+            hint="bash cannot pass NUL bytes; remove it from the spec",
+        )
+    return shlex.quote(text)
+
+
+def sbatch_quote(value: object) -> str:
+    """``value`` as one word of an ``#SBATCH`` line (the template filter ``sbatch_q``)."""
+    text = str(value)
+    if any(char in text for char in _UNWRITABLE):
+        raise ConfigError(
+            f"#SBATCH value {text!r} contains a newline, carriage return or NUL",
+            hint="an #SBATCH directive is one line; remove the line break from the spec",
+        )
+    if _SBATCH_PLAIN.fullmatch(text):
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _pattern_literal(field: str, value: str) -> str:
+    """``value`` inside a SLURM filename pattern, standing for itself."""
+    if "\\" in value:
+        raise ConfigError(
+            f"{field}={value!r} contains a backslash",
+            hint="SLURM turns off %j/%t/%n in a log path with a backslash in it; "
+            "choose a path without one",
+        )
+    return value.replace("%", "%%")
+
+
+# ---- the pieces of the script -----------------------------------------------------------------
+# Values arrive validated by JobSpec (names, env keys, reserved options, one-line values,
+# absolute workdir); what is checked here is what only the rendering knows about.
+
+
+def _log_pattern(spec: JobSpec, suffix: str) -> str:
+    """A SLURM ``--output`` pattern for a file ``<name>-<suffix>`` in the log directory."""
+    # workdir and log_dir are checked apart so that the error names the field at fault.
+    _pattern_literal("workdir", spec.workdir)
+    _pattern_literal("log_dir", spec.log_dir)
+    return f"{_pattern_literal('log_dir', spec.log_path)}/{spec.name}-{suffix}"
+
+
+def batch_output_path(spec: JobSpec, job_id: str | None = None) -> str:
+    """The batch script's output file: the SLURM pattern, or the real path for ``job_id``.
+
+    It lies in ``spec.log_path``, which must exist before ``sbatch``: SLURM opens it before the
+    script runs and fails the job (JobLaunchFailure) when it cannot.
+    """
+    pattern = _log_pattern(spec, "%j.out")
+    if job_id is None:
+        return pattern
+    # One pass, as SLURM reads it: "%%" is a "%", "%j" the job id ("%%j" is "%j").
+    return re.sub("%([%j])", lambda m: "%" if m[1] == "%" else job_id, pattern)
+
+
+def task_output_pattern(spec: JobSpec) -> str:
+    """srun's ``--output``: a file per rank (srun mode) or per node (torchrun mode)."""
+    return _log_pattern(spec, "%j-node%n.out" if spec.launch == "torchrun" else "%j-rank%t.out")
+
+
+def _mem(mem_gb: float) -> str:
+    # SLURM's G is 1024 M; whole gigabytes stay readable, the rest is rounded up to a MiB.
+    if float(mem_gb).is_integer():
+        return f"{int(mem_gb)}G"
+    return f"{math.ceil(mem_gb * 1024)}M"
+
+
+def _extra_options(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """``sbatch:`` from the spec, sorted; true is a bare flag, false leaves the option out."""
+    options: list[tuple[str, str | None]] = []
+    for key in sorted(spec.sbatch):
+        value = spec.sbatch[key]
+        if value is True:
+            options.append((key, None))
+        elif value is not False:
+            options.append((key, str(value)))
+    return options
+
+
+def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """The ``#SBATCH --key=value`` options in order (value None: a bare ``--key`` flag)."""
+    options: list[tuple[str, str | None]] = [
+        ("job-name", spec.name),
+        ("nodes", str(spec.nodes)),
+        ("ntasks-per-node", str(spec.tasks_per_node)),
+        ("cpus-per-task", str(spec.cpus_per_slurm_task)),
+    ]
+    extras = _extra_options(spec)
+    if spec.gpus_per_node > 0 and not any(key in _GPU_OPTIONS for key, _ in extras):
+        options.append(("gpus-per-node", str(spec.gpus_per_node)))
+    if spec.mem_gb is not None:
+        options.append(("mem", _mem(spec.mem_gb)))
+    options.append(("time", str(spec.time_min)))
+    options += [(f, getattr(spec, f)) for f in _SLURM_NAMES if getattr(spec, f) is not None]
+    options.append(("chdir", spec.workdir))
+    options.append(("output", batch_output_path(spec)))
+    return options + extras
+
+
+def _exports(spec: JobSpec) -> list[tuple[str, str]]:
+    """``export`` lines: the spec's env (sorted), then the variables ddpkit's detection reads.
+
+    JobSpec refuses env keys ddpkit sets itself (``RESERVED_ENV``), so these cannot collide."""
+    exports = [(key, spec.env[key]) for key in sorted(spec.env)]
+    exports.append((EXPECTED_WORLD_SIZE_VAR, str(spec.world_size)))
+    if spec.host_template is not None:
+        exports.append((HOST_TEMPLATE_VAR, spec.host_template))
+    exports.append((JOB_LAUNCH_VAR, spec.launch))
+    return exports
+
+
+def endpoint_command(spec: JobSpec) -> list[str]:
+    """The command printing the c10d endpoint ``host:port`` inside the job (torchrun mode)."""
+    port = "auto" if spec.rdzv_port in (None, "auto") else str(spec.rdzv_port)
+    return [spec.python, "-m", "ddpkit.jobs.endpoint", "--port", port]
+
+
+def torchrun_command(
+    spec: JobSpec, *, endpoint: str = ENDPOINT_EXPANSION, rdzv_id: str = JOB_ID_EXPANSION
+) -> list[str]:
+    """The argv each node's single task runs under ``launch: torchrun``.
+
+    By default the endpoint and the rendezvous id are the shell expansions the generated
+    script provides (``"$endpoint"``, ``"$SLURM_JOB_ID"``; ``q`` writes them unquoted); pass
+    real values for a command to run elsewhere. ``command`` starts with a script or ``-m``
+    (JobSpec checks it), which ``ddpkit run`` takes as torchrun does.
+    """
+    return [
+        spec.python,
+        "-u",
+        "-m",
+        "ddpkit",
+        "run",
+        "--nnodes",
+        str(spec.nodes),
+        "--nproc-per-node",
+        str(spec.procs),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        *spec.command,
+    ]
+
+
+def template_context(spec: JobSpec) -> dict[str, Any]:
+    """Everything a template (built-in or the user's) can use, besides the filters."""
+    torchrun = spec.launch == "torchrun"
+    return {
+        "spec": spec,
+        "name": spec.name,
+        "launch": spec.launch,
+        "nodes": spec.nodes,
+        "procs": spec.procs,
+        "world_size": spec.world_size,
+        "sbatch_options": sbatch_options(spec),
+        "workdir": spec.workdir,
+        "log_dir": spec.log_path,
+        "batch_output": batch_output_path(spec),
+        "task_output": task_output_pattern(spec),
+        "setup": list(spec.setup),
+        "exports": _exports(spec),
+        "python": spec.python,
+        "command": list(spec.command),
+        "cpus_per_srun_task": spec.cpus_per_slurm_task,
+        "endpoint_command": endpoint_command(spec) if torchrun else [],
+        "torchrun_argv": torchrun_command(spec) if torchrun else [],
+    }
+
+
+# ---- templates ----------------------------------------------------------------------------
+
+_TEMPLATE_HINT = (
+    "a template can use {names} and the filters q (bash) and sbatch_q (#SBATCH); "
+    "see the built-in ones in ddpkit/templates/"
+)
+
+
+def _template_path(spec: JobSpec) -> Path | None:
+    """The user's template file (relative paths are relative to ``workdir``), or None."""
+    if spec.template is None:
+        return None
+    path = Path(spec.template).expanduser()
+    return path if path.is_absolute() else Path(spec.workdir) / path
+
+
+def _load_source(name: str) -> tuple[str, str, Any]:
+    """Jinja2 loader: a built-in template by file name, anything else as a file path."""
+    if name in BUILTIN_TEMPLATES.values():
+        resource = resources.files("ddpkit") / "templates" / name
+        return resource.read_text(encoding="utf-8"), str(resource), lambda: True
+    try:
+        source = Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else str(err)
+        raise ConfigError(
+            f"template={name!r} cannot be read: {reason}",
+            hint="give the path of a Jinja2 sbatch template (absolute, or relative to "
+            "workdir), or drop `template` to use the built-in one",
+        ) from err
+    return source, name, lambda: False
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(_load_source),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # shell, not HTML: the q filters do the escaping
+    )
+    env.filters["q"] = shell_quote
+    env.filters["sbatch_q"] = sbatch_quote
+    return env
+
+
+def _template_error(err: jinja2.TemplateError, filename: str, names: list[str]) -> ConfigError:
+    """A ConfigError naming the template file and line of ``err``."""
+    hint = _TEMPLATE_HINT.format(names=", ".join(names))
+    if isinstance(err, jinja2.TemplateSyntaxError):
+        where = f"{err.filename or err.name or filename}, line {err.lineno}"
+        hint = "fix the Jinja2 syntax there; " + hint
+    else:
+        # Jinja2 rewrites render tracebacks so that template frames carry the template's own
+        # file name and line: the last such frame is where it failed.
+        frames = traceback.extract_tb(err.__traceback__)
+        lines = [frame.lineno for frame in frames if frame.filename == filename]
+        where = f"{filename}, line {lines[-1]}" if lines else filename
+    return ConfigError(f"sbatch template {where}: {err.message}", hint=hint)
+
+
+def render_sbatch(spec: JobSpec) -> str:
+    """The sbatch script for ``spec``: the user's template if the spec names one, else ours."""
+    user_path = _template_path(spec)
+    name = str(user_path) if user_path is not None else BUILTIN_TEMPLATES[spec.launch]
+    context = template_context(spec)
+    names = sorted(context)
+    try:
+        template = _environment().get_template(name)
+    except jinja2.TemplateError as err:
+        raise _template_error(err, name, names) from err
+    try:
+        return template.render(context)
+    except jinja2.TemplateError as err:
+        raise _template_error(err, template.filename or name, names) from err

@@ -1,0 +1,73 @@
+"""``python -m ddpkit.jobs.endpoint``: the c10d rendezvous host:port inside a SLURM job."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ddpkit.cluster.ports import port_for_job
+from ddpkit.errors import ConfigError
+from ddpkit.jobs.endpoint import endpoint, main
+
+JOB_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[07-09],gpu-b1"}
+AUTO = port_for_job("4242", "rdzv")
+
+
+@pytest.mark.parametrize(
+    ("env", "port", "expected"),
+    [
+        (JOB_ENV, "auto", f"gpu-a07:{AUTO}"),
+        (JOB_ENV, "29400", "gpu-a07:29400"),
+        (JOB_ENV | {"DDPKIT_HOST_TEMPLATE": "{host}-ib"}, "auto", f"gpu-a07-ib:{AUTO}"),
+        ({"SLURM_JOBID": "4242", "SLURM_NODELIST": "n1"}, "auto", f"n1:{AUTO}"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]"}, "1234", "n1:1234"),  # no job id needed
+        ({"SLURM_JOB_NODELIST": "fe80::1"}, "1234", "[fe80::1]:1234"),
+        (JOB_ENV | {"SLURM_JOB_ID": "4243"}, "auto", f"gpu-a07:{port_for_job('4243', 'rdzv')}"),
+    ],
+)
+def test_endpoint(env: dict[str, str], port: str, expected: str) -> None:
+    assert endpoint(env, port) == expected
+    assert port_for_job("4242") != AUTO  # apart from the srun steps' MASTER_PORT
+
+
+@pytest.mark.parametrize(
+    ("env", "port", "message"),
+    [
+        ({}, "auto", "SLURM_JOB_NODELIST / SLURM_NODELIST is not set"),
+        ({"SLURM_JOB_NODELIST": "n[1-2"}, "auto", "SLURM_JOB_NODELIST='n[1-2' is malformed"),
+        ({"SLURM_JOB_NODELIST": "n1"}, "auto", "SLURM_JOB_ID / SLURM_JOBID is not set"),
+        (JOB_ENV, "70000", "--port='70000' is not a TCP port"),
+        (JOB_ENV, "http", "--port='http' is not an integer"),
+        (JOB_ENV | {"DDPKIT_HOST_TEMPLATE": "ib"}, "auto", "does not contain '{host}'"),
+    ],
+)
+def test_endpoint_errors(
+    env: dict[str, str], port: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        endpoint(env, port)
+    assert caught.value.hint
+    assert main(["--port", port], env) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("python -m ddpkit.jobs.endpoint: error: ")
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_endpoint_module_runs_without_heavy_imports() -> None:
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"} | JOB_ENV
+    command = [sys.executable, "-m", "ddpkit.jobs.endpoint"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"gpu-a07:{AUTO}\n", "")
+    bad = subprocess.run(command, env={}, capture_output=True, text=True, check=False)
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert "SLURM_JOB_NODELIST" in bad.stderr
+    heavy = "{'torch', 'pydantic', 'jinja2'}"
+    code = f"import ddpkit.jobs.endpoint, sys; print(sorted({heavy} & set(sys.modules)))"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert probe.stdout == "[]\n"
