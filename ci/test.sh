@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
 # The project's test command (the README quotes it, .ci/run calls it): installs what the suite
-# needs on a bare machine, then runs the linters, the type checker and the whole test suite.
+# needs on a bare machine, runs the linters and the type checker, starts the real SLURM test
+# cluster (ci/slurm-up: 2 nodes, accounting, installed with apt-get when missing), runs the whole
+# test suite against it, and stops it again (ci/slurm-down) however pytest ends. Arguments go to
+# pytest, e.g. `bash ci/test.sh -m slurm -q`.
+#
+# The whole suite runs against a cluster whose nodes each have their own network namespace
+# (NETNS=1; DDPKIT_SLURM_NETNS=0 turns it off): like real nodes, they share no `localhost`, so a job
+# that reaches another node through localhost fails here, and tests/test_slurm_backend.py checks it.
+# DDPKIT_SLURM_KEEP=1 leaves the cluster running afterwards (for re-running tests by hand).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -13,6 +21,26 @@ ruff format --check src tests examples benchmarks
 
 echo "== mypy (strict on src/)"
 mypy
+
+echo "== SLURM test cluster (ci/slurm-up)"
+export DDPKIT_SLURM_DIR=${DDPKIT_SLURM_DIR:-/tmp/ddpkit-slurm}
+export DDPKIT_SLURM_NETNS=${DDPKIT_SLURM_NETNS:-${NETNS:-1}}
+stop_cluster() {
+  if [ "${DDPKIT_SLURM_KEEP:-0}" = 1 ]; then
+    echo "== SLURM test cluster left running (DDPKIT_SLURM_KEEP=1): ci/slurm-down stops it"
+  else
+    echo "== stopping the SLURM test cluster"
+    bash ci/slurm-down || true
+  fi
+}
+trap stop_cluster EXIT
+trap 'exit 130' INT # so that the EXIT trap runs on Ctrl-C and on kill too
+trap 'exit 143' TERM
+if ! bash ci/slurm-up; then
+  # the SLURM tests then fail under CI=true, and are skipped saying why elsewhere
+  echo "ci/test.sh: warning: ci/slurm-up failed (see above); SLURM tests cannot run" >&2
+fi
+export DDPKIT_TEST_SLURM_ENV=$DDPKIT_SLURM_DIR/env.sh
 
 echo "== pytest"
 python3 -m pytest "$@"

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from slurm_cluster import slurm, slurm_cluster  # noqa: E402, F401  (fixtures of the SLURM tests)
 
 # pytest itself rewrites this one between a test's phases
 _PYTEST_OWN = {"PYTEST_CURRENT_TEST"}

@@ -5,6 +5,7 @@
     │   └── NodelistError            a SLURM hostlist that cannot be expanded
     ├── TopologyError (ValueError)   the environment describes an impossible or inconsistent job
     ├── RendezvousError              the master cannot be reached / the process group cannot form
+    ├── SchedulerError (RuntimeError) a scheduler command (sbatch, squeue, sacct, scancel) failed
     └── UsageError (RuntimeError)    an API called in the wrong order (e.g. wrap() before init())
 
 Every message names the offending field or variable and its value, and ends with a hint.
@@ -19,6 +20,7 @@ __all__ = [
     "DdpkitError",
     "NodelistError",
     "RendezvousError",
+    "SchedulerError",
     "TopologyError",
     "UsageError",
 ]
@@ -47,6 +49,10 @@ class TopologyError(DdpkitError, ValueError):
 
 class RendezvousError(DdpkitError, RuntimeError):
     """The process group could not form: master unreachable, peers missing."""
+
+
+class SchedulerError(DdpkitError, RuntimeError):
+    """A scheduler command failed or answered something unusable; the message quotes both."""
 
 
 class UsageError(DdpkitError, RuntimeError):
