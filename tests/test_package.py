@@ -30,3 +30,21 @@ def test_import_does_not_import_torch() -> None:
     code = "import ddpkit, ddpkit.cluster, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_jobs_all_lists_exactly_the_lazy_exports() -> None:
+    import ddpkit.jobs
+
+    assert sorted(ddpkit.jobs.__all__) == sorted(ddpkit.jobs._EXPORTS)
+    for name in ddpkit.jobs._EXPORTS:
+        assert getattr(ddpkit.jobs, name) is not None, name
+
+
+def test_every_subpackage_is_a_regular_package() -> None:
+    # setuptools' find_packages (what a wheel ships) skips folders without __init__.py
+    from pathlib import Path
+
+    root = Path(ddpkit.__file__).parent
+    for folder in root.rglob("*"):
+        if folder.is_dir() and any(folder.glob("*.py")):
+            assert (folder / "__init__.py").exists(), f"{folder} has no __init__.py"

@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from ddpkit import __version__
+from ddpkit.cli import jobs as jobs_cmd
 from ddpkit.cli import run as run_cmd
 from ddpkit.errors import DdpkitError
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ddpkit {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run_cmd.add_parser(commands)
+    jobs_cmd.add_parsers(commands)
     return parser
 
 

@@ -1,0 +1,165 @@
+"""Submission overhead: `ddpkit submit` vs a plain `sbatch` of the same rendered script.
+
+    ci/slurm-up && python benchmarks/bench_submit.py [--runs 7] [--payload trivial|torch]
+        [--settle-s 0.5] [--slurm-env /tmp/ddpkit-slurm/env.sh]
+
+Both submit the same job (1 node, 1 process; the script is what `ddpkit submit --dry-run`
+prints, so the two jobs run identical scripts) to the running test cluster, alternately, each
+on an idle cluster (previous job ended, every node idle again, then a short pause). The time
+taken is from starting the command to the first complete line in the job's rank-0 output file
+(polled every 5 ms); the medians and the ratio ddpkit / sbatch are printed (goal: <= 1.20),
+then how long each command itself took (ddpkit's own cost: Python start-up, validation,
+rendering, the record). --settle-s is the pause on the idle cluster before each run.
+The payload prints one line at once (``trivial``) or after ``import torch`` (``torch``, what a
+training job does first). `ddpkit` runs as `python -m ddpkit` (what its console script does,
+without a pyenv shim in front).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ddpkit.jobs import slurm
+
+POLL_S = 0.005
+PAYLOADS = {
+    "trivial": "print('first line', flush=True)\n",
+    "torch": "import torch\n\nprint('first line', torch.__version__, flush=True)\n",
+}
+FIRST_LINE_TIMEOUT_S = 60.0
+DEFAULT_ENV_FILE = os.environ.get("DDPKIT_TEST_SLURM_ENV", "/tmp/ddpkit-slurm/env.sh")
+
+
+def cluster_env(env_file: Path) -> dict[str, str]:
+    """os.environ plus the ``export K=V`` lines of the cluster's env file (SLURM_CONF)."""
+    if not env_file.is_file():
+        raise SystemExit(f"no {env_file}: start the test cluster with ci/slurm-up first")
+    env = dict(os.environ)
+    for line in env_file.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+    return env
+
+
+def first_line_after(
+    submit: Callable[[], str], output: Callable[[str], Path]
+) -> tuple[float, float, str]:
+    """Seconds from calling ``submit`` to its return and to the first line in ``output(job)``."""
+    start = time.perf_counter()
+    job_id = submit()
+    returned = time.perf_counter() - start
+    path = output(job_id)
+    deadline = start + FIRST_LINE_TIMEOUT_S
+    while time.perf_counter() < deadline:
+        try:
+            if b"\n" in path.read_bytes():
+                return time.perf_counter() - start, returned, job_id
+        except FileNotFoundError:
+            pass
+        time.sleep(POLL_S)
+    raise SystemExit(f"job {job_id}: no output line in {path} after {FIRST_LINE_TIMEOUT_S} s")
+
+
+def wait_idle(env: dict[str, str], settle_s: float) -> None:
+    """Until every node is idle (the last job's cleanup done), then a pause for the scheduler."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states = subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--format", "%T"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        if states and all(state == "idle" for state in states):
+            time.sleep(settle_s)
+            return
+        time.sleep(0.05)
+    raise SystemExit("the cluster's nodes did not become idle within 60 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--slurm-env", type=Path, default=Path(DEFAULT_ENV_FILE))
+    parser.add_argument("--payload", choices=sorted(PAYLOADS), default="trivial")
+    parser.add_argument("--settle-s", type=float, default=0.5)
+    args = parser.parse_args()
+    env = cluster_env(args.slurm_env)
+    # /tmp: the nodes of the test cluster see it (a job's files must be reachable from them)
+    work = Path(tempfile.mkdtemp(prefix="ddpkit-bench-submit-", dir="/tmp"))
+    try:
+        bench(args, env, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(args: argparse.Namespace, env: dict[str, str], work: Path) -> None:
+    env["DDPKIT_HOME"] = str(work / "home")
+    (work / "first_line.py").write_text(PAYLOADS[args.payload])
+    spec = work / "bench.yaml"
+    spec.write_text("name: bench\ncommand: first_line.py\nnodes: 1\ntime_min: 5\n")
+    log_dir = work / "ddpkit-logs"
+    log_dir.mkdir()  # plain sbatch needs it too: SLURM opens the batch output before the script
+
+    def run(argv: list[str], stdin: str | None = None) -> str:
+        done = subprocess.run(
+            argv, input=stdin, cwd=work, env=env, capture_output=True, text=True, check=True
+        )
+        return done.stdout
+
+    ddpkit = [sys.executable, "-m", "ddpkit"]
+    script = run([*ddpkit, "submit", str(spec), "--dry-run"])
+    sbatch = ["sbatch", "--parsable", f"--chdir={work}"]
+    contenders: dict[str, Callable[[], str]] = {
+        "sbatch": lambda: run(sbatch, stdin=script).strip().split(";")[0],
+        "ddpkit submit": lambda: run([*ddpkit, "submit", str(spec)]).strip(),
+    }
+
+    def output(job_id: str) -> Path:
+        return log_dir / f"bench-{job_id}-rank0.out"
+
+    def timed(name: str) -> float:
+        seconds, returned, job_id = first_line_after(contenders[name], output)
+        commands[name].append(returned)
+        slurm.wait(job_id, 60, 0.05, env=env)  # the next run starts on an idle cluster
+        wait_idle(env, args.settle_s)
+        return seconds
+
+    commands: dict[str, list[float]] = {name: [] for name in contenders}
+    for name in contenders:  # warm the page cache and SLURM for both
+        timed(name)
+        commands[name].clear()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for i in range(args.runs):
+        order = list(contenders) if i % 2 == 0 else list(reversed(contenders))
+        for name in order:
+            times[name].append(timed(name))
+        print(f"run {i}: sbatch {times['sbatch'][-1]:.3f} s   ddpkit submit "
+              f"{times['ddpkit submit'][-1]:.3f} s")  # fmt: skip
+    plain, kit = statistics.median(times["sbatch"]), statistics.median(times["ddpkit submit"])
+    print(
+        f"payload {args.payload}: median command -> first output line over {args.runs} runs: "
+        f"sbatch {plain:.3f} s, "
+        f"ddpkit submit {kit:.3f} s, ratio {kit / plain:.3f} (goal <= 1.20)"
+    )
+    print(
+        "median time until the command returned the job id: "
+        + ", ".join(f"{name} {statistics.median(commands[name]):.3f} s" for name in contenders)
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""``ddpkit plan|submit|status|logs|cancel``: YAML job specs on SLURM, from the command line.
+
+This module owns the argparse side of the job subcommands and what they print. Arguments become
+a :class:`JobsRequest` in one place (:func:`request_from_args`); the jobs API, and with it
+pydantic, Jinja2 and submitit, is imported only after parsing, so ``ddpkit --help`` stays cheap.
+stdout carries only the result (``JOB=$(ddpkit submit spec.yaml)`` works); notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ddpkit.errors import ConfigError
+from ddpkit.jobs.records import Via
+from ddpkit.jobs.slurm import JobState, JobStatus, parse_job_id
+
+__all__ = ["JobsRequest", "add_parsers", "describe_status", "request_from_args", "run_jobs_command"]
+
+_SPEC_HELP = "YAML job spec (name, command, nodes, ...); `ddpkit plan SPEC` shows it resolved"
+_SET_HELP = "override a spec field: --set nodes=2 --set env.FOO=bar (repeatable; beats the spec)"
+
+_SUBMIT_EPILOG = """\
+stdout is only the job id, so JOB=$(ddpkit submit job.yaml) works; the job is recorded under
+$DDPKIT_HOME/jobs (default ~/.cache/ddpkit) for status, logs and cancel.
+examples:
+  ddpkit submit job.yaml --set nodes=2
+  ddpkit submit job.yaml --dry-run              # the exact sbatch script; nothing is submitted
+  ddpkit submit job.yaml --via submitit --dry-run
+"""
+_LOGS_EPILOG = """\
+srun jobs write one file per rank (<log_dir>/<name>-<id>-rank<N>.out); torchrun jobs one per
+node whose lines start with "[rankN]: " (--rank N keeps those lines); submitit jobs
+<log_dir>/<id>_<N>_log.out. Without --rank: the batch output, then every file with a header.
+"""
+
+
+@dataclass(frozen=True)
+class JobsRequest:
+    """One job subcommand's arguments, checked and typed."""
+
+    command: str  # plan | submit | status | logs | cancel
+    spec_path: str | None = None
+    overrides: tuple[str, ...] = ()
+    via: Via = "sbatch"
+    dry_run: bool = False
+    job_id: str | None = None
+    rank: int | None = None
+    follow: bool = False
+
+
+def request_from_args(args: argparse.Namespace) -> JobsRequest:
+    """The only place where argparse values become a request (job id and rank are checked)."""
+    job = getattr(args, "job", None)
+    rank = getattr(args, "rank", None)
+    if rank is not None and rank < 0:
+        raise ConfigError(f"--rank {rank} is negative", hint="ranks count from 0")
+    return JobsRequest(
+        command=args.command,
+        spec_path=getattr(args, "spec", None),
+        overrides=tuple(getattr(args, "overrides", None) or ()),
+        via="submitit" if getattr(args, "via", None) == "submitit" else "sbatch",
+        dry_run=bool(getattr(args, "dry_run", False)),
+        job_id=None if job is None else parse_job_id(job),
+        rank=rank,
+        follow=bool(getattr(args, "follow", False)),
+    )
+
+
+def add_parsers(commands: Any) -> None:
+    """Register the job subcommands on the top-level ``add_subparsers()`` object."""
+    plan = _add(commands, "plan", "show the resolved job spec and its rank layout")
+    _spec_arguments(plan)
+    submit = _add(commands, "submit", "submit a job spec to SLURM; print the job id")
+    submit.epilog = _SUBMIT_EPILOG
+    _spec_arguments(submit)
+    submit.add_argument(
+        "--via",
+        choices=("sbatch", "submitit"),
+        default="sbatch",
+        help="plain sbatch script (default) or submitit's executor",
+    )
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print exactly what would be submitted (script or submitit parameters)",
+    )
+    status = _add(commands, "status", "print a job's state (and exit code when known)")
+    _job_argument(status)
+    logs = _add(commands, "logs", "print a job's output files")
+    logs.epilog = _LOGS_EPILOG
+    _job_argument(logs)
+    logs.add_argument("--rank", type=int, default=None, metavar="N", help="only rank N's output")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new output until the job ends"
+    )
+    cancel = _add(commands, "cancel", "cancel a job (every step and process of it)")
+    _job_argument(cancel)
+
+
+def _add(commands: Any, name: str, text: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=text,
+        description=text[0].upper() + text[1:] + ".",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.set_defaults(handler=run_jobs_command)
+    return parser
+
+
+def _spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC", help=_SPEC_HELP)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=_SET_HELP,
+    )
+
+
+def _job_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="SLURM job id (as `ddpkit submit` printed)")
+
+
+def run_jobs_command(args: argparse.Namespace) -> int:
+    """Handler of every job subcommand: type the arguments, then import the API and act."""
+    request = request_from_args(args)
+    if request.command in ("plan", "submit"):
+        return _spec_command(request)
+    if request.command == "logs":
+        return _logs(request)
+    from ddpkit.jobs import api
+
+    job_id = request.job_id or ""
+    if request.command == "cancel":
+        api.cancel(job_id)
+        return 0
+    status = api.status(job_id)
+    print(describe_status(status))
+    if status.hint:
+        print(f"ddpkit: {status.hint}", file=sys.stderr)
+    return 1 if status.state is JobState.UNKNOWN else 0
+
+
+def _spec_command(request: JobsRequest) -> int:
+    from ddpkit.jobs import api
+
+    spec = api.load(request.spec_path or "", request.overrides)
+    if request.command == "plan":
+        _write(api.plan(spec))
+    elif request.dry_run:
+        _write(api.dry_run(spec, request.via))
+    else:
+        print(api.submit(spec, request.via).job_id)
+    return 0
+
+
+def describe_status(status: JobStatus) -> str:
+    """``COMPLETED (exit code 0)``: the state, then what SLURM knows of how it ended."""
+    ending = []
+    if status.exit_code is not None:
+        ending.append(f"exit code {status.exit_code}")
+    if status.signal:
+        ending.append(f"signal {status.signal}")
+    return f"{status.state.name} ({', '.join(ending)})" if ending else status.state.name
+
+
+def _logs(request: JobsRequest) -> int:
+    from ddpkit.jobs import api
+
+    job_id = request.job_id or ""
+    if request.follow:
+        try:
+            for chunk in api.follow_logs(job_id, request.rank):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            return 130
+        return 0
+    logs = api.read_logs(job_id, request.rank)
+    if not logs.files:
+        print(f"ddpkit: no output files of job {job_id}; looked for {logs.looked}", file=sys.stderr)
+        return 1
+    sys.stdout.write(logs.text)
+    return 0
+
+
+def _write(text: str) -> None:
+    """Print ``text`` exactly: a dry run must be byte for byte what would be submitted."""
+    sys.stdout.write(text)
+    sys.stdout.flush()

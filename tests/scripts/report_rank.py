@@ -1,0 +1,46 @@
+"""Job payload for the real-SLURM tests: join the job with ddpkit.init(), report, all_reduce.
+
+Prints one JSON line ``{"rank", "local_rank", "world_size", "node", "launcher", "master_port",
+"sum"}`` where ``node`` is this host's name and ``sum`` the all_reduce of ``rank + 1`` over the
+world (so the right answer is ``world_size * (world_size + 1) / 2``). ``--sleep S`` waits S
+seconds after reporting, with the process group still up (a job to cancel, or two jobs holding
+their ports at once); any other argument is ignored, so tests can add a unique marker to find
+the job's processes with ``ps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+import ddpkit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sleep", type=float, default=0.0)
+    opts, _ = parser.parse_known_args()  # unknown arguments are markers
+    ctx = ddpkit.init(backend="gloo")
+    value = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(value)
+    report = {
+        "rank": ctx.rank,
+        "local_rank": ctx.local_rank,
+        "world_size": ctx.world_size,
+        "node": socket.gethostname(),
+        "launcher": ctx.info.launcher,
+        "master_port": ctx.info.master_port,
+        "sum": int(value.item()),
+    }
+    print(json.dumps(report), flush=True)
+    time.sleep(opts.sleep)
+    ddpkit.shutdown()
+
+
+if __name__ == "__main__":
+    main()
