@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.records import Via
-from ddpkit.jobs.slurm import JobState, JobStatus, parse_job_id
+from ddpkit.jobs.records import Via, parse_job
+from ddpkit.jobs.slurm import JobState, JobStatus
 
 __all__ = ["JobsRequest", "add_parsers", "describe_status", "request_from_args", "run_jobs_command"]
 
@@ -29,11 +29,19 @@ examples:
   ddpkit submit job.yaml --set nodes=2
   ddpkit submit job.yaml --dry-run              # the exact sbatch script; nothing is submitted
   ddpkit submit job.yaml --via submitit --dry-run
+  ddpkit submit job.yaml --via torchx --scheduler slurm --dry-run   # torchx's sbatch script
+via torchx (pip install ddpkit[torchx]) the job id is torchx's app handle, e.g.
+slurm://torchx/1234 (the SLURM job id 1234 names it too) or local_cwd://torchx/demo-x7k2.
+--scheduler local_cwd (the default) runs the job on this machine in the foreground: submit
+returns when it has ended (exit 1 unless it succeeded; Ctrl-C cancels it).
 """
 _LOGS_EPILOG = """\
 srun jobs write one file per rank (<log_dir>/<name>-<id>-rank<N>.out); torchrun jobs one per
 node whose lines start with "[rankN]: " (--rank N keeps those lines); submitit jobs
 <log_dir>/<id>_<N>_log.out. Without --rank: the batch output, then every file with a header.
+torchx jobs: torchx's files per replica (one per node; slurm: slurm-<id>-<role>-<k>.out/.err in
+the submitting directory); --rank N keeps the "[rankN]: " lines of every replica's files (the
+rendezvous, not the replica index, decides which node a rank is on).
 """
 
 
@@ -45,6 +53,7 @@ class JobsRequest:
     spec_path: str | None = None
     overrides: tuple[str, ...] = ()
     via: Via = "sbatch"
+    scheduler: str | None = None  # torchx's scheduler (via torchx only)
     dry_run: bool = False
     job_id: str | None = None
     rank: int | None = None
@@ -57,13 +66,21 @@ def request_from_args(args: argparse.Namespace) -> JobsRequest:
     rank = getattr(args, "rank", None)
     if rank is not None and rank < 0:
         raise ConfigError(f"--rank {rank} is negative", hint="ranks count from 0")
+    via: Via = getattr(args, "via", None) or "sbatch"
+    scheduler = getattr(args, "scheduler", None)
+    if scheduler is not None and via != "torchx":
+        raise ConfigError(
+            f"--scheduler {scheduler} is for --via torchx, not --via {via}",
+            hint="add --via torchx, or drop --scheduler",
+        )
     return JobsRequest(
         command=args.command,
         spec_path=getattr(args, "spec", None),
         overrides=tuple(getattr(args, "overrides", None) or ()),
-        via="submitit" if getattr(args, "via", None) == "submitit" else "sbatch",
+        via=via,
+        scheduler=scheduler,
         dry_run=bool(getattr(args, "dry_run", False)),
-        job_id=None if job is None else parse_job_id(job),
+        job_id=None if job is None else parse_job(job),
         rank=rank,
         follow=bool(getattr(args, "follow", False)),
     )
@@ -78,14 +95,20 @@ def add_parsers(commands: Any) -> None:
     _spec_arguments(submit)
     submit.add_argument(
         "--via",
-        choices=("sbatch", "submitit"),
+        choices=("sbatch", "submitit", "torchx"),
         default="sbatch",
-        help="plain sbatch script (default) or submitit's executor",
+        help="plain sbatch script (default), submitit's executor, or torchx's runner",
+    )
+    submit.add_argument(
+        "--scheduler",
+        choices=("local_cwd", "slurm"),
+        default=None,
+        help="torchx's scheduler, with --via torchx only (default local_cwd: this machine)",
     )
     submit.add_argument(
         "--dry-run",
         action="store_true",
-        help="print exactly what would be submitted (script or submitit parameters)",
+        help="print exactly what would be submitted (script, submitit parameters, torchx dryrun)",
     )
     status = _add(commands, "status", "print a job's state (and exit code when known)")
     _job_argument(status)
@@ -125,7 +148,9 @@ def _spec_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _job_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", metavar="JOB", help="SLURM job id (as `ddpkit submit` printed)")
+    parser.add_argument(
+        "job", metavar="JOB", help="SLURM job id or torchx app handle (as `ddpkit submit` printed)"
+    )
 
 
 def run_jobs_command(args: argparse.Namespace) -> int:
@@ -155,9 +180,13 @@ def _spec_command(request: JobsRequest) -> int:
     if request.command == "plan":
         _write(api.plan(spec))
     elif request.dry_run:
-        _write(api.dry_run(spec, request.via))
+        _write(api.dry_run(spec, request.via, scheduler=request.scheduler))
     else:
-        print(api.submit(spec, request.via).job_id)
+        record = api.submit(spec, request.via, scheduler=request.scheduler)
+        print(record.torchx_handle or record.job_id, flush=True)
+        if record.torchx_state is not None:  # a local torchx app has run in the foreground
+            print(f"ddpkit: {record.torchx_handle} ended {record.torchx_state}", file=sys.stderr)
+            return 0 if record.torchx_state == "SUCCEEDED" else 1
     return 0
 
 

@@ -5,6 +5,8 @@ a thin layer over it) and the Python-only ``submit_function``. Submission is "dr
 schedule": :func:`dry_run` returns exactly the text a submission would hand over (the sbatch
 script, or submitit's parameters), and :func:`submit` submits that and writes the job record.
 Following a job works from its record when ddpkit submitted it, and from SLURM alone otherwise.
+Jobs submitted ``via="torchx"`` are named by torchx's app handle (a slurm one also by its SLURM
+job id) and followed by ``ddpkit.jobs.torchx_jobs``, which this module hands them to.
 Nothing here prints; following logs yields text for the caller to print.
 """
 
@@ -21,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import slurm
 from ddpkit.jobs.load import load_spec
-from ddpkit.jobs.records import JobRecord, Via, load_record, record_path, save_record
+from ddpkit.jobs.records import (
+    JobRecord,
+    Via,
+    is_torchx_handle,
+    load_record,
+    parse_job,
+    record_path,
+    save_record,
+)
 from ddpkit.jobs.render import render_sbatch
 from ddpkit.jobs.slurm import JobState, JobStatus, SlurmError, parse_job_id
 
@@ -47,7 +57,7 @@ __all__ = [
     "wait",
 ]
 
-VIAS: tuple[Via, ...] = ("sbatch", "submitit")
+VIAS: tuple[Via, ...] = ("sbatch", "submitit", "torchx")
 
 
 def load(path: str | Path, overrides: Sequence[str] = (), *, cwd: Path | None = None) -> JobSpec:
@@ -62,19 +72,32 @@ def plan(spec: JobSpec) -> str:
     return format_plan(spec)
 
 
-def dry_run(spec: JobSpec, via: Via = "sbatch") -> str:
-    """Exactly what :func:`submit` would hand over: the sbatch script or submitit's parameters."""
-    if _check_via(via) == "submitit":
+def dry_run(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None) -> str:
+    """Exactly what :func:`submit` would hand over: the sbatch script, submitit's parameters or
+    torchx's dry run (``scheduler``: torchx's scheduler, only with ``via="torchx"``)."""
+    if _check_via(via, scheduler) == "torchx":
+        from ddpkit.jobs import torchx_jobs
+
+        return torchx_jobs.dry_run(spec, scheduler or torchx_jobs.DEFAULT_SCHEDULER)
+    if via == "submitit":
         from ddpkit.jobs import submitit_backend
 
         return submitit_backend.dry_run(spec)
     return render_sbatch(spec)
 
 
-def submit(spec: JobSpec, via: Via = "sbatch") -> JobRecord:
-    """Submit ``spec`` through sbatch or submitit; write and return the job's record."""
+def submit(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None) -> JobRecord:
+    """Submit ``spec`` through sbatch, submitit or torchx; write and return the job's record.
+
+    via torchx the job id is torchx's app handle (``record.torchx_handle``).
+    """
+    if _check_via(via, scheduler) == "torchx":
+        from ddpkit.jobs import torchx_jobs
+
+        # no _log_dir: torchx's local scheduler makes its own, slurm's writes to the cwd
+        return torchx_jobs.submit(spec, scheduler or torchx_jobs.DEFAULT_SCHEDULER)
     with _log_dir(spec):
-        if _check_via(via) == "submitit":
+        if via == "submitit":
             from ddpkit.jobs import submitit_backend
 
             job_id, script = submitit_backend.submit_command(spec)
@@ -102,12 +125,26 @@ def submit_function(
 
 
 def status(job_id: str) -> JobStatus:
-    """The job's state (and exit code when SLURM knows it), with or without accounting."""
+    """The job's state (and exit code when SLURM knows it), with or without accounting.
+
+    ``job_id`` may be a torchx app handle; torchx's failures become UNKNOWN with a hint.
+    """
+    record = _torchx_record(job_id)
+    if record is not None:
+        from ddpkit.jobs import torchx_jobs
+
+        return torchx_jobs.status(record)
     return slurm.query_state(parse_job_id(job_id))
 
 
 def cancel(job_id: str) -> None:
     """Cancel the job: SLURM signals every step and the batch script."""
+    record = _torchx_record(job_id)
+    if record is not None:
+        from ddpkit.jobs import torchx_jobs
+
+        torchx_jobs.cancel(record)
+        return
     slurm.cancel(parse_job_id(job_id))
 
 
@@ -116,13 +153,43 @@ def wait(job_id: str, timeout_s: float = 3600.0, poll_s: float = 1.0) -> JobStat
 
     Raises ``SlurmError`` when it is still not finished after ``timeout_s``.
     """
-    return slurm.wait(parse_job_id(job_id), timeout_s, poll_s)
+    if _torchx_record(job_id) is None:
+        return slurm.wait(parse_job_id(job_id), timeout_s, poll_s)
+    deadline = time.monotonic() + timeout_s
+    while not (last := status(job_id)).state.is_finished:
+        if time.monotonic() >= deadline:
+            raise SlurmError(
+                f"job {job_id} is still {last.state.value} after timeout_s={timeout_s:g}",
+                hint=last.hint or f"wait longer, or stop it with `ddpkit cancel {job_id}`",
+            )
+        time.sleep(poll_s)
+    return last
 
 
-def _check_via(via: str) -> Via:
+def _check_via(via: str, scheduler: str | None = None) -> Via:
     if via not in VIAS:
-        raise ConfigError(f"via {via!r} is not a backend", hint="use 'sbatch' or 'submitit'")
-    return "submitit" if via == "submitit" else "sbatch"
+        raise ConfigError(
+            f"via {via!r} is not a backend", hint="use 'sbatch', 'submitit' or 'torchx'"
+        )
+    if scheduler is not None and via != "torchx":
+        raise ConfigError(
+            f"scheduler={scheduler!r} is for via 'torchx', not via {via!r}",
+            hint="add --via torchx, or drop --scheduler",
+        )
+    return "torchx" if via == "torchx" else "submitit" if via == "submitit" else "sbatch"
+
+
+def _torchx_record(job: str) -> JobRecord | None:
+    """The record of a job submitted via torchx (guessed for a handle ddpkit did not submit)."""
+    text = parse_job(job)
+    record = load_record(text)
+    if record is not None and record.via == "torchx":
+        return record
+    if not is_torchx_handle(text):
+        return None
+    from ddpkit.jobs import torchx_jobs
+
+    return torchx_jobs.record_for(text)
 
 
 def _record(spec: JobSpec, job_id: str, via: Via, script: str | None) -> JobRecord:
@@ -188,6 +255,11 @@ def log_files(job_id: str, rank: int | None = None) -> tuple[list[LogFile], str]
     ``[rankN]: `` lines. The place comes from the job record, else from SLURM (the batch
     output path), else ``./ddpkit-logs``.
     """
+    record = _torchx_record(job_id)
+    if record is not None:
+        from ddpkit.jobs import torchx_jobs
+
+        return torchx_jobs.log_files(record, rank)
     directory, stem, via, source = _locate(parse_job_id(job_id))
     if via == "submitit":  # <id>_<task>_log.out; the batch output is task 0's file
         batch: list[LogFile] = []

@@ -7,12 +7,20 @@ minutes): the backend, the job name, the absolute log directory, the launch mode
 the submitted script (or the submitit folder). ``status``/``logs``/``cancel`` use it when it is
 there and fall back to SLURM when it is not. Writes are atomic (temporary file + rename), so a
 reader never sees half a record.
+
+Jobs submitted through torchx (``via="torchx"``) also keep torchx's app handle
+(``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``). Either a SLURM job id or such a handle
+names a record (:func:`record_key`): a slurm handle shares the file of its SLURM job id, so
+``ddpkit status 1234`` and ``ddpkit status slurm://torchx/1234`` read the same record; other
+schedulers' handles get ``<scheduler>-<app id>.json``. A local_cwd job runs in the foreground of
+the submitting process, which rewrites its record once more with torchx's final state.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -26,12 +34,19 @@ __all__ = [
     "JobRecord",
     "Via",
     "ddpkit_home",
+    "is_torchx_handle",
     "load_record",
+    "parse_job",
+    "record_key",
     "record_path",
     "save_record",
 ]
 
-Via = Literal["sbatch", "submitit"]
+Via = Literal["sbatch", "submitit", "torchx"]
+
+# A torchx app handle as ddpkit accepts it: <scheduler>://<session>/<app id>. Stricter than torchx's
+# own parser (any characters): the app id becomes part of a file name, so no '/' and no leading '.'.
+_HANDLE = re.compile(r"([a-z][a-z0-9_]*)://([A-Za-z0-9_.-]+)/([A-Za-z0-9_-][A-Za-z0-9_.-]*)")
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,8 @@ class JobRecord:
     workdir: str
     script: str | None = None  # the sbatch text that was submitted (as submitit wrote it)
     submitted_at: float = 0.0  # time.time() of the submission
+    torchx_handle: str | None = None  # via torchx: the app handle `ddpkit submit` printed
+    torchx_state: str | None = None  # via torchx, local schedulers: torchx's final AppState name
 
 
 def ddpkit_home(env: Mapping[str, str] | None = None) -> Path:
@@ -57,19 +74,48 @@ def ddpkit_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "ddpkit"
 
 
+def is_torchx_handle(job: str) -> bool:
+    """Whether ``job`` looks like a torchx app handle (``scheduler://session/app_id``)."""
+    return "://" in job
+
+
+def parse_job(job: str) -> str:
+    """A SLURM job id (see ``parse_job_id``) or a torchx app handle, checked; else ConfigError."""
+    text = job.strip()
+    if not is_torchx_handle(text):
+        return parse_job_id(text)
+    if _HANDLE.fullmatch(text) is None:
+        raise ConfigError(
+            f"job={job!r} is not a torchx app handle ddpkit can follow",
+            hint="use the handle `ddpkit submit --via torchx` printed, like slurm://torchx/1234",
+        )
+    return text
+
+
+def record_key(job: str) -> str:
+    """The file stem of ``job``'s record: the SLURM job id (slurm handles included), else
+    ``<scheduler>-<app id>`` for another scheduler's handle."""
+    text = parse_job(job)
+    match = _HANDLE.fullmatch(text)
+    if match is None:
+        return text
+    scheduler, _, app_id = match.groups()
+    return parse_job_id(app_id) if scheduler == "slurm" else f"{scheduler}-{app_id}"
+
+
 def record_path(job_id: str, *, home: Path | None = None) -> Path:
-    """Where the record of ``job_id`` lives (whether or not it exists)."""
-    # parse_job_id admits digits, '_' and '+' only: the path stays inside the jobs folder
-    return (ddpkit_home() if home is None else home) / "jobs" / f"{parse_job_id(job_id)}.json"
+    """Where the record of ``job_id`` (a SLURM job id or torchx app handle) lives."""
+    # record_key admits no '/' and no leading '.': the path stays inside the jobs folder
+    return (ddpkit_home() if home is None else home) / "jobs" / f"{record_key(job_id)}.json"
 
 
 def save_record(record: JobRecord, *, home: Path | None = None) -> Path:
     """Write ``record`` atomically and return its path."""
-    path = record_path(record.job_id, home=home)
+    path = record_path(record.torchx_handle or record.job_id, home=home)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(asdict(record), indent=2, sort_keys=True) + "\n"
     # Same directory as the target: rename is atomic only within one file system.
-    fd, tmp = tempfile.mkstemp(prefix=f".{record.job_id}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -170,7 +170,7 @@ def state_from_slurm(raw: str) -> JobState:
     return JobState.UNKNOWN
 
 
-Source = Literal["squeue", "sacct", "scontrol", "none"]
+Source = Literal["squeue", "sacct", "scontrol", "torchx", "none"]
 
 
 @dataclass(frozen=True)

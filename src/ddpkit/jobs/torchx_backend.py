@@ -1,0 +1,301 @@
+"""Job specs to torchx ``AppDef``s: the one conversion, shared by ``ddpkit.components``.
+
+``spec_to_appdef(spec)`` is what both the ``ddpkit.ddp`` torchx component (``spec=job.yaml``)
+and ``ddpkit submit --via torchx`` use; ``ddp_appdef(...)`` is the builder underneath, which the
+component also calls with its own flags. ``appdef_to_dict`` is a stable, JSON-able view of an
+``AppDef`` for golden files and records.
+
+What every replica (one per node) runs, whichever torchx scheduler starts it::
+
+    bash -c '<cd workdir>; <setup lines>; <export of comma values>;
+             exec python -u -m ddpkit run --nnodes N --nproc-per-node P ... <command>'
+
+* One node: ``ddpkit run --standalone`` (a free local port, as torchx's ``dist.ddp`` uses
+  ``localhost:0``). Several nodes: a c10d rendezvous at ``${<rank0_env>:=localhost}:<port>``
+  with ``--rdzv-id <app_id>``, torchx's macros exactly as ``dist.ddp`` uses them: the
+  scheduler names the variable holding rank 0's host (local: ``TORCHX_RANK0_HOST=localhost``;
+  slurm: ``SLURM_JOB_NODELIST_HET_GROUP_0``, the first het group's single node) and the app id
+  (slurm: ``$SLURM_JOB_ID``). A spec's ``rdzv_port: auto`` (or unset) derives the port from the
+  app id with ``ddpkit.cluster.ports.port_for_job``, so two jobs sharing a node do not collide.
+* Always ``bash -c`` (never the bare command): the endpoint needs the shell, and ``setup`` lines
+  are verbatim shell that must run in the same process that then ``exec``s ``ddpkit run`` (so
+  ``source venv/bin/activate`` or ``module load`` affects it). Every other word is
+  ``shlex.quote``d; every ``$`` of user text is doubled, because torchx runs args and env values
+  through ``string.Template`` (its macros) and would otherwise eat ``$$`` or expand
+  ``${app_id}``.
+* Env values containing a comma are exported by the wrapper instead of ``Role.env``: torchx's
+  slurm scheduler passes ``Role.env`` as ``srun --export=ALL,K=V,...``, which silently cuts a
+  value at its first comma (``A=x,y`` arrives as ``A=x``; checked on SLURM 22.05).
+* The spec's ``launch`` does not apply: under torchx every node runs one ``ddpkit run``
+  (``DDPKIT_JOB_LAUNCH=torchrun``). SLURM-only fields (partition, time, ...) are scheduler
+  options, not part of an AppDef: ``scheduler_cfg`` gives them; ``log_dir``, ``account``,
+  ``qos``, ``sbatch`` and ``template`` have no torchx equivalent and are not used.
+
+torchx is an optional extra: it is imported only inside these functions, and its absence is a
+``ConfigError`` naming ``pip install ddpkit[torchx]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.cluster.environments.slurm import HOST_TEMPLATE_VAR
+from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
+from ddpkit.errors import ConfigError
+from ddpkit.jobs.endpoint import RDZV_STEP
+
+if TYPE_CHECKING:
+    from torchx.specs import AppDef  # type: ignore[import-untyped]
+
+    from ddpkit.jobs.spec import JobSpec
+
+__all__ = [
+    "INSTALL_HINT",
+    "appdef_to_dict",
+    "ddp_appdef",
+    "parse_j",
+    "replica_script",
+    "require_torchx",
+    "scheduler_cfg",
+    "spec_to_appdef",
+]
+
+INSTALL_HINT = "install the torchx extra: pip install ddpkit[torchx]"
+_J = re.compile(r"^(?:(\d+)x)?(\d+)$")
+_ROLE_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+class _Shell(str):
+    """A word the replica's bash must expand (the endpoint); written without quotes."""
+
+    __slots__ = ()
+
+
+def require_torchx() -> Any:
+    """``torchx.specs``, or a ConfigError saying which extra to install."""
+    try:
+        from torchx import specs  # type: ignore[import-untyped]
+    except ImportError as err:
+        raise ConfigError(f"torchx is not installed ({err})", hint=INSTALL_HINT) from err
+    return specs
+
+
+def parse_j(j: str) -> tuple[int, int]:
+    """torchx's ``-j``: ``NxM`` (N nodes x M processes per node) or ``M`` (one node)."""
+    match = _J.match(j.strip())
+    nodes, procs = (int(match[1] or 1), int(match[2])) if match else (0, 0)
+    if nodes < 1 or procs < 1:
+        raise ConfigError(
+            f"-j={j!r} is not NODESxPROCS",
+            hint="e.g. -j 2x4 (2 nodes, 4 processes each) or -j 4 (1 node); both at least 1",
+        )
+    return nodes, procs
+
+
+def _template_literal(text: str) -> str:
+    """``text`` surviving torchx's ``string.Template`` macro pass unchanged."""
+    return text.replace("$", "$$")
+
+
+def _word(word: str) -> str:
+    return str.__str__(word) if type(word) is _Shell else shlex.quote(_template_literal(word))
+
+
+def _endpoint(specs: Any, rdzv_port: int | None, python: str) -> _Shell:
+    """``${<rank0 host var>:=localhost}:<port>``; port None: derived from the app id."""
+    host = f"$${{{specs.macros.rank0_env}:=localhost}}"
+    if rdzv_port is not None:
+        return _Shell(f"{host}:{rdzv_port}")
+    code = (
+        "import sys; from ddpkit.cluster.ports import port_for_job; "
+        f"print(port_for_job(sys.argv[1], {json.dumps(RDZV_STEP)}))"
+    )
+    port = f"$$({_word(python)} -c {_word(code)} {specs.macros.app_id})"
+    return _Shell(f'"{host}:{port}"')
+
+
+def replica_script(
+    *,
+    python: str,
+    command: Sequence[str],
+    nodes: int,
+    procs: int,
+    rdzv_port: int | None = 29500,
+    setup: Sequence[str] = (),
+    exports: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+) -> str:
+    """The ``bash -c`` text each replica runs (torchx macros still in it; see the module doc)."""
+    specs = require_torchx()
+    argv: list[str] = [python, "-u", "-m", "ddpkit", "run", "--nnodes", str(nodes)]
+    argv += ["--nproc-per-node", str(procs)]
+    if nodes == 1:
+        argv.append("--standalone")
+    else:
+        endpoint = _endpoint(specs, rdzv_port, python)
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+        argv += ["--rdzv-id", _Shell(specs.macros.app_id)]
+    lines = [f"cd -- {_word(workdir)}"] if workdir is not None else []
+    lines += [_template_literal(line) for line in setup]  # verbatim shell, by design
+    lines += [f"export {key}={_word(value)}" for key, value in (exports or {}).items()]
+    lines.append("exec " + " ".join(_word(word) for word in [*argv, *command]))
+    return "\n".join(lines)
+
+
+def ddp_appdef(
+    *,
+    name: str,
+    command: Sequence[str],
+    nodes: int,
+    procs: int,
+    python: str = "python",
+    role_name: str | None = None,
+    cpu: int = 1,
+    gpu: int = 0,
+    mem_mb: int = 1024,
+    h: str | None = None,
+    env: Mapping[str, str] | None = None,
+    max_retries: int = 0,
+    rdzv_port: int | None = 29500,
+    setup: Sequence[str] = (),
+    workdir: str | None = None,
+) -> AppDef:
+    """One role of ``nodes`` replicas, each running ``ddpkit run`` for ``procs`` processes.
+
+    ``command`` is a script and its arguments, or ``-m module ...``. ``env`` is copied, never
+    modified (torchx's local scheduler writes PATH into ``Role.env``).
+    """
+    specs = require_torchx()
+    if nodes < 1 or procs < 1:
+        raise ConfigError(
+            f"nodes={nodes}, procs per node={procs}: both must be at least 1",
+            hint="e.g. -j 2x4 (2 nodes, 4 processes each)",
+        )
+    env = dict(env or {})
+    exports = {key: env.pop(key) for key in sorted(env) if "," in env[key]}
+    script = replica_script(
+        python=python,
+        command=command,
+        nodes=nodes,
+        procs=procs,
+        rdzv_port=rdzv_port,
+        setup=setup,
+        exports=exports,
+        workdir=workdir,
+    )
+    role = specs.Role(
+        name=role_name or _role_name(command, name),
+        image="",
+        entrypoint="bash",
+        args=["-c", script],
+        env={key: _template_literal(value) for key, value in env.items()},
+        num_replicas=nodes,
+        max_retries=max_retries,
+        # not specs.resource(): it turns 0 into its defaults (cpu 2, memMB 1024)
+        resource=specs.resource(h=h) if h else specs.Resource(cpu=cpu, gpu=gpu, memMB=mem_mb),
+        port_map={"c10d": rdzv_port} if nodes > 1 and rdzv_port is not None else {},
+    )
+    return specs.AppDef(name=name, roles=[role])
+
+
+def _role_name(command: Sequence[str], fallback: str) -> str:
+    """The script's stem or the module's last part (as ``dist.ddp`` names its role)."""
+    target = command[1] if command[:1] == ["-m"] and len(command) > 1 else command[0]
+    stem = target.rsplit("/", 1)[-1].removesuffix(".py").rsplit(".", 1)[-1]
+    return _ROLE_NAME.sub("-", stem).strip("-") or fallback
+
+
+def _mem_mb(mem_gb: float | None) -> int:
+    # 0: no memory request (torchx's slurm scheduler then leaves out --mem)
+    return 0 if mem_gb is None else math.ceil(mem_gb * 1024)
+
+
+def _check_scheduler(scheduler: str) -> None:
+    from torchx.schedulers import get_scheduler_factories  # type: ignore[import-untyped]
+
+    known = sorted(get_scheduler_factories())
+    if scheduler not in known:
+        raise ConfigError(
+            f"scheduler={scheduler!r} is not a torchx scheduler",
+            hint=f"one of {', '.join(known)}",
+        )
+
+
+def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
+    """THE conversion of a job spec to a torchx AppDef (see the module doc for the choices).
+
+    One role named after the spec, ``num_replicas = nodes``, each replica runs ``ddpkit run``
+    for ``procs`` processes; resources per node (cpu = procs x cpus_per_task, gpu =
+    gpus_per_node, memMB from mem_gb); env = the spec's env plus the variables ddpkit's
+    detection checks. The AppDef is the same for every scheduler (torchx fills in its macros);
+    ``scheduler`` is checked so that a typo fails before anything is submitted.
+    """
+    require_torchx()
+    _check_scheduler(scheduler)
+    env = dict(spec.env)
+    env[EXPECTED_WORLD_SIZE_VAR] = str(spec.world_size)
+    env[JOB_LAUNCH_VAR] = "torchrun"
+    if spec.host_template is not None:
+        env[HOST_TEMPLATE_VAR] = spec.host_template
+    port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else None
+    return ddp_appdef(
+        name=spec.name,
+        role_name=spec.name,
+        command=spec.command,
+        nodes=spec.nodes,
+        procs=spec.procs,
+        python=spec.python,
+        cpu=spec.procs * spec.cpus_per_task,
+        gpu=spec.gpus_per_node,
+        mem_mb=_mem_mb(spec.mem_gb),
+        env=env,
+        max_retries=0,
+        rdzv_port=port,
+        setup=spec.setup,
+        workdir=spec.workdir,
+    )
+
+
+def scheduler_cfg(spec: JobSpec, scheduler: str) -> dict[str, str]:
+    """The spec's scheduler options torchx knows (slurm: partition, time, constraint)."""
+    if scheduler != "slurm":
+        return {}
+    cfg = {"time": str(spec.time_min)}
+    for key in ("partition", "constraint"):
+        value = getattr(spec, key)
+        if value is not None:
+            cfg[key] = value
+    return cfg
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, enums and containers of an AppDef as JSON values (dict keys sorted)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, Mapping):
+        return {str(key): _plain(value[key]) for key in sorted(value, key=str)}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def appdef_to_dict(app: AppDef) -> dict[str, Any]:
+    """A stable, JSON-able view of ``app`` (every field of AppDef/Role/Resource, keys sorted).
+
+    The replica script is also given split into lines (``script_lines``) for readable diffs.
+    """
+    data: dict[str, Any] = _plain(app)
+    for role in data["roles"]:
+        args = role["args"]
+        if role["entrypoint"] == "bash" and len(args) == 2 and args[0] == "-c":
+            role["script_lines"] = args[1].splitlines()
+    return data

@@ -1,0 +1,311 @@
+"""Jobs through torchx: ``ddpkit submit SPEC --via torchx [--scheduler local_cwd|slurm]`` and then
+``status``, ``logs``, ``cancel`` of what it printed.
+
+This module owns the torchx side of the jobs API: the scheduler run config, dry run and
+submission through ``torchx.runner`` (the AppDef comes from the one conversion,
+``ddpkit.jobs.torchx_backend.spec_to_appdef``), the ONE table :data:`TORCHX_STATES` from torchx's
+``AppState`` to ddpkit's :class:`JobState`, and where torchx's log files are.
+
+The job id is torchx's app handle (``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``);
+its record says how to follow it. Two torchx facts shape what follows:
+
+* ``local_cwd`` runs the app as children of the submitting process and forgets it when that
+  process ends (a later ``Runner`` knows nothing of it, and closing one kills its apps). So a
+  local_cwd submission runs in the foreground, like ``torchx run -s local_cwd``: it returns when
+  the app has ended (Ctrl-C cancels it) and records torchx's final state; its output goes to
+  files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the process.
+* torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
+  ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
+  job id, ddpkit asks SLURM itself (``ddpkit.jobs.slurm``); torchx is asked only when SLURM does
+  not know the job, and any exception of torchx becomes an UNKNOWN state with a hint.
+
+Logs are read from the files torchx's ``log_iter`` reads (``log_lines`` cannot serve a later
+process for either scheduler, see above), so ``ddpkit logs -f`` follows them like any job's.
+torchx itself is imported only when a function here needs it; without it the error names the
+extra to install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.errors import ConfigError, DdpkitError
+from ddpkit.jobs import slurm
+from ddpkit.jobs.records import JobRecord, parse_job, save_record
+from ddpkit.jobs.slurm import JobState, JobStatus
+
+if TYPE_CHECKING:
+    from ddpkit.jobs.api import LogFile
+    from ddpkit.jobs.spec import JobSpec
+
+__all__ = [
+    "DEFAULT_SCHEDULER",
+    "SCHEDULERS",
+    "TORCHX_STATES",
+    "cancel",
+    "dry_run",
+    "import_torchx",
+    "log_files",
+    "record_for",
+    "run_config",
+    "split_handle",
+    "state_from_torchx",
+    "status",
+    "submit",
+]
+
+SCHEDULERS = ("local_cwd", "slurm")
+# local_cwd works anywhere (no cluster needed); `--scheduler slurm` asks for the cluster explicitly
+DEFAULT_SCHEDULER = "local_cwd"
+INSTALL_HINT = "pip install ddpkit[torchx]"
+SESSION = "torchx"  # get_runner()'s session name: the middle part of every handle it makes
+
+# torchx.specs.AppState names -> JobState. Names, not the enum, so records and tests need no torchx.
+TORCHX_STATES: Mapping[str, JobState] = {
+    "UNSUBMITTED": JobState.PENDING,
+    "SUBMITTED": JobState.PENDING,
+    "PENDING": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "SUCCEEDED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    "UNKNOWN": JobState.UNKNOWN,
+}
+
+
+def state_from_torchx(name: str) -> JobState:
+    """Map a torchx ``AppState`` name (``SUCCEEDED``) to a :class:`JobState`; else UNKNOWN."""
+    return TORCHX_STATES.get(name.upper(), JobState.UNKNOWN)
+
+
+def import_torchx() -> ModuleType:
+    """``import torchx.runner``, or a ConfigError naming the extra to install."""
+    try:
+        import torchx.runner  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise ConfigError(
+            f"via 'torchx' needs the torchx package, which cannot be imported ({exc})",
+            hint=f"{INSTALL_HINT}, or submit with --via sbatch",
+        ) from exc
+    runner: ModuleType = torchx.runner
+    return runner
+
+
+def split_handle(handle: str) -> tuple[str, str]:
+    """``(scheduler, app id)`` of a torchx app handle (checked by ``records.parse_job``)."""
+    scheduler, _, rest = parse_job(handle).partition("://")
+    return scheduler, rest.rpartition("/")[2]
+
+
+def run_config(spec: JobSpec, scheduler: str) -> dict[str, str]:
+    """The scheduler's run options (torchx ``cfg``): the spec's SLURM options (``scheduler_cfg``),
+    and for local_cwd the spec's ``log_dir``, so the output files outlive the submitting process.
+    """
+    from ddpkit.jobs.torchx_backend import scheduler_cfg
+
+    cfg = scheduler_cfg(spec, scheduler)
+    if scheduler == "local_cwd":
+        cfg["log_dir"] = spec.log_path
+    return cfg
+
+
+def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, Any, dict[str, str]]:
+    """(a torchx Runner, the spec's AppDef, the run config), after checking the request."""
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(
+            f"scheduler={scheduler!r} is not supported by ddpkit's torchx jobs",
+            hint=f"use one of {', '.join(SCHEDULERS)}",
+        )
+    runner_module = import_torchx()
+    from ddpkit.jobs.torchx_backend import spec_to_appdef
+
+    app = spec_to_appdef(spec, scheduler=scheduler)
+    return runner_module.get_runner(), app, run_config(spec, scheduler)
+
+
+def dry_run(spec: JobSpec, scheduler: str = DEFAULT_SCHEDULER) -> str:
+    """torchx's dry run of the spec's AppDef: for slurm the sbatch command and script."""
+    runner, app, cfg = _prepare(spec, scheduler)
+    try:
+        info = runner.dryrun(app, scheduler, cfg=cfg)
+    finally:
+        runner.close()
+    return f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}\n{info}\n"
+
+
+def submit(spec: JobSpec, scheduler: str = DEFAULT_SCHEDULER) -> JobRecord:
+    """Run the spec's AppDef on ``scheduler``; write and return the record (job id: the handle).
+
+    slurm returns once sbatch has accepted the job; local_cwd once the app has ended.
+    """
+    runner, app, cfg = _prepare(spec, scheduler)
+    try:
+        info = runner.dryrun(app, scheduler, cfg=cfg)
+        script = str(info)  # before schedule(), which adds the script's path to the command
+        handle: str = runner.schedule(info)  # dryrun + schedule: what Runner.run does
+        record = replace(_record(spec, handle), script=script)
+        save_record(record)
+        if scheduler == "slurm":
+            return record
+        final = _run_in_foreground(runner, handle)
+        record = replace(record, torchx_state=final)
+        save_record(record)
+        return record
+    finally:
+        runner.close()  # local_cwd: its apps have ended by now; closing kills nothing alive
+
+
+def _run_in_foreground(runner: Any, handle: str) -> str:
+    """Wait for a local app to end; its final AppState name. Ctrl-C cancels it first."""
+    try:
+        final = runner.wait(handle, wait_interval=0.2)
+    except KeyboardInterrupt:
+        runner.cancel(handle)
+        return "CANCELLED"
+    return "UNKNOWN" if final is None else str(final.state.name)
+
+
+def _record(spec: JobSpec, handle: str) -> JobRecord:
+    scheduler, app_id = split_handle(handle)
+    # slurm: srun's output files land in sbatch's working directory, where torchx ran it (the
+    # replicas then cd to the workdir); local: <log_dir cfg>/<session>/<app id>/<role>/<k>/*.log
+    local = os.path.join(spec.log_path, SESSION, app_id)
+    log_dir = str(Path.cwd()) if scheduler == "slurm" else local
+    return JobRecord(
+        job_id=app_id,
+        via="torchx",
+        name=spec.name,
+        log_dir=log_dir,
+        launch="torchx",
+        nodes=spec.nodes,
+        procs_per_node=spec.procs,
+        workdir=spec.workdir,
+        submitted_at=time.time(),
+        torchx_handle=handle,
+    )
+
+
+def record_for(handle: str) -> JobRecord:
+    """A record for a handle ddpkit did not submit (``torchx run`` did): what can be guessed."""
+    app_id = split_handle(handle)[1]
+    cwd = str(Path.cwd())
+    return JobRecord(app_id, "torchx", app_id, cwd, "torchx", 0, 0, cwd, torchx_handle=handle)
+
+
+# --- status and cancel ------------------------------------------------------------------------
+
+
+def status(record: JobRecord) -> JobStatus:
+    """The job's state: SLURM's own answer for slurm apps, the recorded one for local apps.
+
+    Never raises for torchx's failures: they become UNKNOWN with a hint.
+    """
+    handle = record.torchx_handle or ""
+    scheduler, app_id = split_handle(handle)
+    if scheduler == "slurm":
+        try:
+            found = slurm.query_state(app_id)
+        except DdpkitError as exc:  # no SLURM tools here: torchx may still know
+            found = JobStatus(JobState.UNKNOWN, "", None, "none", hint=str(exc))
+        if found.state is not JobState.UNKNOWN:
+            return found
+        return _ask_torchx(handle, found.hint or "")
+    if record.torchx_state is not None:
+        state = state_from_torchx(record.torchx_state)
+        return JobStatus(state, record.torchx_state, _local_exit_code(record), "torchx")
+    return _ask_torchx(
+        handle,
+        f"{scheduler} apps live in the process that submitted them and no final state is "
+        "recorded: that `ddpkit submit` is still running it, or was killed",
+    )
+
+
+def _ask_torchx(handle: str, why: str) -> JobStatus:
+    """torchx's status of ``handle`` mapped by TORCHX_STATES; any failure is UNKNOWN + hint."""
+    try:
+        runner = import_torchx().get_runner()
+        try:
+            answer = runner.status(handle)
+        finally:
+            runner.close()
+    except Exception as exc:  # torchx's own bugs included (AssertionError on CANCELLED by 0)
+        hint = f"{why}; torchx's status failed too: {type(exc).__name__}: {exc}".lstrip("; ")
+        return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
+    if answer is None:
+        hint = f"{why}; torchx does not know {handle} either".lstrip("; ")
+        return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
+    name = str(answer.state.name)
+    return JobStatus(state_from_torchx(name), name, None, "torchx")
+
+
+def _local_exit_code(record: JobRecord) -> int | None:
+    """The first non-zero replica exit code (else 0) from the SUCCESS file torchx leaves."""
+    try:
+        info = json.loads(Path(record.log_dir, "SUCCESS").read_text(encoding="utf-8"))
+        codes = [r["exitcode"] for rs in info["roles"].values() for r in rs]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not all(isinstance(code, int) for code in codes):
+        return None
+    return next((code for code in codes if code != 0), 0)
+
+
+def cancel(record: JobRecord) -> None:
+    """Cancel the job: ``scancel`` for slurm apps; a local app only its own submitter can stop."""
+    scheduler, app_id = split_handle(record.torchx_handle or "")
+    if scheduler == "slurm":  # not torchx's cancel: it asks the asserting describe first
+        slurm.cancel(app_id)
+        return
+    if record.torchx_state is None:
+        raise ConfigError(
+            f"job={record.torchx_handle!r} runs in the process of the `ddpkit submit` that "
+            "started it, which this one cannot reach",
+            hint="stop it with Ctrl-C where it runs (torchx then cancels the app)",
+        )
+    # already ended: nothing to do, as scancel leaves an ended job alone
+
+
+# --- logs -------------------------------------------------------------------------------------
+
+_REPLICA_FILE = re.compile(r"slurm-(?P<id>\d+)-(?P<role>.+)-(?P<k>\d+)\.(?P<ext>out|err)")
+
+
+def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile], str]:
+    """The job's output files that exist (torchx's own files) and where they were looked for.
+
+    Files come per replica (one replica per node, each running ``ddpkit run``, whose output
+    lines start with ``[rankN]: ``). Which replica gets which ranks is the rendezvous' choice,
+    not the replica index, so ``rank`` keeps that rank's lines of every replica's files.
+    """
+    from ddpkit.jobs.api import LogFile
+
+    scheduler, app_id = split_handle(record.torchx_handle or "")
+    directory = Path(record.log_dir)
+    replicas: list[tuple[int, str, Path]] = []  # (replica, label, path)
+    batch: list[LogFile] = []
+    if scheduler == "slurm":
+        looked = f"{directory}/slurm-{app_id}{{,-<role>-<k>.out,-<role>-<k>.err}}"
+        batch = [LogFile(p, "batch") for p in sorted(directory.glob(f"slurm-{app_id}.out"))]
+        for path in directory.glob(f"slurm-{app_id}-*-*.*"):
+            match = _REPLICA_FILE.fullmatch(path.name)
+            if match is not None and match["id"] == app_id:
+                k = int(match["k"])
+                replicas.append((k, f"{match['role']} replica {k} std{match['ext']}", path))
+    else:
+        looked = f"{directory}/<role>/<k>/combined.log"
+        for path in directory.glob("*/*/combined.log"):
+            if path.parent.name.isdigit():
+                k = int(path.parent.name)
+                replicas.append((k, f"{path.parent.parent.name} replica {k}", path))
+    replicas.sort(key=lambda item: (item[0], item[1]))
+    if rank is None:
+        return batch + [LogFile(path, label) for _, label, path in replicas], looked
+    return [LogFile(path, label, rank) for _, label, path in replicas], looked
