@@ -8,7 +8,6 @@ and ``torchx run -s slurm`` on the test cluster (marker ``slurm``).
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from golden import GOLDEN, check_golden
 
 pytest.importorskip("torchx", reason="torchx is in the dev extra: pip install -e .[dev]")
 
@@ -33,9 +34,7 @@ from slurm_cluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
-GOLDEN = ROOT / "tests" / "golden"
 REPORT = ROOT / "tests" / "scripts" / "report_rank.py"
-REGEN_VAR = "DDPKIT_REGEN_GOLDEN"
 TORCHX = [sys.executable, "-m", "torchx.cli.main"]
 REPORT_LINE = re.compile(r"\[rank(\d+)\]: (\{.*\})")
 
@@ -209,19 +208,8 @@ GOLDEN_SPECS = {
 
 
 def assert_golden(name: str, data: dict[str, Any]) -> None:
-    path = GOLDEN / f"{name}.appdef.json"
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    if os.environ.get(REGEN_VAR) == "1":
-        path.write_text(text, encoding="utf-8")
-        return
-    if not path.exists():
-        pytest.fail(f"golden file {path} is missing; create it with {REGEN_VAR}=1")
-    expected = path.read_text(encoding="utf-8")
-    if text != expected:
-        diff = difflib.unified_diff(
-            expected.splitlines(True), text.splitlines(True), str(path), "converted"
-        )
-        pytest.fail(f"AppDef differs from {path} (if intended: {REGEN_VAR}=1):\n" + "".join(diff))
+    check_golden(GOLDEN / f"{name}.appdef.json", text, what="AppDef")
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_SPECS))

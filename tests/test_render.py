@@ -10,7 +10,6 @@ cluster's view is in test_render_slurm.py.
 
 from __future__ import annotations
 
-import difflib
 import os
 import shlex
 import subprocess
@@ -25,9 +24,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
 from ddpkit.jobs.endpoint import endpoint
 from ddpkit.jobs.spec import JobSpec
-
-GOLDEN = Path(__file__).parent / "golden"
-REGEN_VAR = "DDPKIT_REGEN_GOLDEN"
+from golden import GOLDEN, REGEN_VAR, check_golden
 
 # Relative `touch` targets: any injection that runs leaves a file named pwned* behind.
 EVIL = 'it\'s "dq"; $(touch pwned1) `touch pwned2` $HOME * ünï ☃ 100% \\back'
@@ -103,30 +100,11 @@ GOLDEN_SPECS = {
 # ---- golden files ------------------------------------------------------------------------
 
 
-def check_golden(name: str, text: str, directory: Path = GOLDEN) -> None:
-    """``text`` equals the golden file, or a unified diff fails the test; REGEN rewrites it."""
-    path = directory / f"{name}.sbatch"
-    if os.environ.get(REGEN_VAR) == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        return
-    if not path.exists():
-        pytest.fail(f"golden file {path} is missing; create it with {REGEN_VAR}=1")
-    expected = path.read_text(encoding="utf-8")
-    if text != expected:
-        diff = difflib.unified_diff(
-            expected.splitlines(True), text.splitlines(True), str(path), "rendered"
-        )
-        pytest.fail(
-            f"rendered script differs from {path} (if intended: {REGEN_VAR}=1):\n" + "".join(diff)
-        )
-
-
 @pytest.mark.parametrize("name", sorted(GOLDEN_SPECS))
 def test_golden(name: str) -> None:
     text = render.render_sbatch(GOLDEN_SPECS[name]())
     assert text == render.render_sbatch(GOLDEN_SPECS[name]())  # deterministic
-    check_golden(name, text)
+    check_golden(GOLDEN / f"{name}.sbatch", text, what="rendered script")
 
 
 def test_golden_mismatch_shows_a_unified_diff(
@@ -135,13 +113,13 @@ def test_golden_mismatch_shows_a_unified_diff(
     monkeypatch.delenv(REGEN_VAR, raising=False)
     (tmp_path / "x.sbatch").write_text("a\nb\nc\n")
     with pytest.raises(pytest.fail.Exception) as caught:
-        check_golden("x", "a\nB\nc\n", tmp_path)
+        check_golden(tmp_path / "x.sbatch", "a\nB\nc\n", what="rendered script")
     assert "-b\n+B\n" in str(caught.value)
     assert f"{REGEN_VAR}=1" in str(caught.value)
     with pytest.raises(pytest.fail.Exception, match="missing"):
-        check_golden("y", "a\n", tmp_path)
+        check_golden(tmp_path / "y.sbatch", "a\n", what="rendered script")
     monkeypatch.setenv(REGEN_VAR, "1")
-    check_golden("y", "new\n", tmp_path)
+    check_golden(tmp_path / "y.sbatch", "new\n", what="rendered script")
     assert (tmp_path / "y.sbatch").read_text() == "new\n"
 
 
