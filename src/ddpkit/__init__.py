@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "wrap": "ddpkit.launch.wrap",
     "loader": "ddpkit.launch.data",
     "gather": "ddpkit.launch.gather",
+    "save_checkpoint": "ddpkit.checkpoint",
+    "load_checkpoint": "ddpkit.checkpoint",
     "print": "ddpkit.rankzero",
     "get_logger": "ddpkit.rankzero",
     "seed_everything": "ddpkit.rankzero",
@@ -46,14 +48,17 @@ __all__ = [
     "gather",
     "get_logger",
     "init",
+    "load_checkpoint",
     "loader",
     "print",
+    "save_checkpoint",
     "seed_everything",
     "shutdown",
     "wrap",
 ]
 
 if TYPE_CHECKING:
+    from ddpkit.checkpoint import load_checkpoint, save_checkpoint
     from ddpkit.cluster.detect import detect
     from ddpkit.cluster.nodelist import expand_nodelist
     from ddpkit.cluster.rankinfo import RankInfo

@@ -10,12 +10,16 @@ Each batch the loader's iterator yields marks that iterator as the active one (t
 references, so a finished loop leaves nothing behind; after an inner loop ends, the outer one
 is active again) together with its step number; ``gather`` uses it to know how many rows each
 rank holds at that step and which are padding.
+
+``state_dict()``/``load_state_dict()`` save and restore the position (epoch of the pass and
+batches yielded); a restored loader skips the consumed batches at the sampler, so their
+samples are never read, and its steps keep counting from there so ``gather`` stays right.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +92,7 @@ class EpochSampler(DistributedSampler[Any]):
         )
         self.epoch = _check_epoch(epoch)
         self._next_epoch = self.epoch
+        self._skip_next = 0  # samples the next pass leaves out at its head (resume)
 
     @property
     def next_epoch(self) -> int:
@@ -97,10 +102,22 @@ class EpochSampler(DistributedSampler[Any]):
     def set_epoch(self, epoch: int) -> None:
         self._next_epoch = _check_epoch(epoch)
 
+    @property
+    def pending_skip(self) -> int:
+        """The samples the next pass will leave out at its head."""
+        return self._skip_next
+
+    def skip_next(self, samples: int) -> None:
+        """Leave out the first ``samples`` indices of the next pass (they are never read)."""
+        self._skip_next = samples
+
     def __iter__(self) -> Iterator[Any]:
         self.epoch = self._next_epoch
         self._next_epoch += 1
-        return super().__iter__()
+        skip, self._skip_next = self._skip_next, 0
+        indices = super().__iter__()
+        # DistributedSampler builds the whole index list anyway; slicing it reads no sample.
+        return iter(list(indices)[skip:]) if skip else indices
 
 
 class DistributedLoader(DataLoader[Any]):
@@ -109,6 +126,10 @@ class DistributedLoader(DataLoader[Any]):
     def __init__(self, dataset: Dataset[Any], sampler: EpochSampler, **kwargs: Any) -> None:
         super().__init__(dataset, sampler=sampler, **kwargs)
         self._epoch_sampler = sampler
+        # (epoch, batches yielded) of the pass in progress; None before a pass or after one
+        # ended (its iterator raised StopIteration): then the position is the next pass's.
+        self._position: tuple[int, int] | None = None
+        self._resume_batches = 0
 
     @property
     def epoch(self) -> int:
@@ -130,17 +151,79 @@ class DistributedLoader(DataLoader[Any]):
             drop_last_batch=self.drop_last,
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """The position: epoch of the current pass and the batches of it already yielded.
+
+        After a finished pass (its loop ran to the end), the next epoch and 0 batches. A pass
+        whose last batch was yielded but whose loop has not ended yet reports all its batches;
+        resuming from that gives an empty pass, then the next epoch, as the loop would have.
+        """
+        sampler = self._epoch_sampler
+        epoch, batches = self._position or (sampler.next_epoch, self._resume_batches)
+        return {
+            "epoch": epoch,
+            "batches": batches,
+            "seed": sampler.seed,
+            "world_size": sampler.num_replicas,
+            "batch_size": self.batch_size or 1,
+            "dataset_len": len(sampler.dataset),  # type: ignore[arg-type]
+            "shuffle": sampler.shuffle,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next pass resume at ``state``'s epoch, skipping its first batches unread."""
+        mine = self.state_dict()
+        for key, hint in _MUST_MATCH.items():
+            if key in state and state[key] != mine[key]:
+                raise ConfigError(
+                    f"loader state {key}={state[key]!r} does not match this loader's "
+                    f"{key}={mine[key]!r}",
+                    hint=hint,
+                )
+        batches = state["batches"]
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise ConfigError(
+                f"loader state batches={batches!r} must be a non-negative int",
+                hint="pass a dict that DistributedLoader.state_dict() returned",
+            )
+        self._epoch_sampler.set_epoch(state["epoch"])
+        self._epoch_sampler.skip_next(batches * mine["batch_size"])
+        self._position, self._resume_batches = None, batches
+
     # torch annotates its private iterator class; ours wraps it and keeps its interface.
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        return _TrackedIterator(self, super().__iter__())
+        # Read before the pass starts: torch iterates the sampler lazily, on the first batch.
+        sampler = self._epoch_sampler
+        epoch, first = sampler.next_epoch, sampler.pending_skip // (self.batch_size or 1)
+        inner = super().__iter__()
+        self._position, self._resume_batches = (epoch, first), 0
+        return _TrackedIterator(self, inner, epoch, first)
+
+    def _advance(self, epoch: int, batches: int, finished: bool) -> None:
+        self._position = None if finished else (epoch, batches)
+
+
+_MUST_MATCH = {
+    "world_size": "the position is per rank of a sharded epoch; resume with the world size "
+    "the checkpoint was written with (or start the epoch over: load without the loader state)",
+    "batch_size": "batches are counted in the saved batch size; resume with the same "
+    "batch_size (or start the epoch over: load without the loader state)",
+    "dataset_len": "the checkpoint's position belongs to a dataset of another size; resume "
+    "with the same dataset",
+    "seed": "the shuffle depends on the seed; pass the checkpoint's seed to ddpkit.loader",
+    "shuffle": "resume with the same shuffle= as the run that saved the checkpoint",
+}
 
 
 class _TrackedIterator(Iterator[Any]):
     """Counts the batches of one pass and marks itself active on each one."""
 
-    def __init__(self, owner: DistributedLoader, inner: Iterator[Any]) -> None:
+    def __init__(
+        self, owner: DistributedLoader, inner: Iterator[Any], epoch: int, first: int
+    ) -> None:
         self.loader = owner
-        self.step = -1
+        self.step = first - 1  # a resumed pass numbers its batches from where it stopped
+        self.epoch = epoch
         self._inner = inner
 
     def __iter__(self) -> _TrackedIterator:
@@ -151,8 +234,10 @@ class _TrackedIterator(Iterator[Any]):
             batch = next(self._inner)
         except StopIteration:
             _ACTIVE.finish(self)
+            self.loader._advance(self.epoch, self.step + 1, finished=True)
             raise
         self.step += 1
+        self.loader._advance(self.epoch, self.step + 1, finished=False)
         _ACTIVE.mark(self)
         return batch
 

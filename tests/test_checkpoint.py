@@ -1,0 +1,232 @@
+"""ddpkit.save_checkpoint / load_checkpoint: atomic files, keep-last, fallback, RNG, kill -9."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy
+import pytest
+import torch
+
+# torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time torch._dynamo is imported
+# (the optimizers' first step does); import it before the env-leak guard's snapshots.
+import torch._dynamo
+
+import ddpkit
+from ddpkit.checkpoint import checkpoint_files
+from ddpkit.errors import ConfigError
+from distutil import run_workers, torchrun_env
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = _model(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(entry.name for entry in directory.iterdir())
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[ddpkit.Context]:
+    yield ddpkit.init(env={})
+    ddpkit.shutdown()
+
+
+def test_round_trip_without_init(tmp_path: Path) -> None:
+    model, optimizer = _trained(0)
+    path = ddpkit.save_checkpoint(
+        tmp_path, {"model": model, "optim": optimizer, "epoch": 3, "t": torch.arange(4)}, step=7
+    )
+    assert path == tmp_path / "ckpt-000000007.pt" and _names(tmp_path) == [path.name]
+    fresh, fresh_optimizer = _model(1), torch.optim.Adam(_model(1).parameters(), lr=0.5)
+    state: dict[str, Any] = {"model": fresh, "optim": fresh_optimizer, "epoch": 0}
+    assert ddpkit.load_checkpoint(tmp_path, state) == 7
+    assert state["epoch"] == 3 and torch.equal(state["t"], torch.arange(4))
+    for mine, theirs in zip(fresh.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert fresh_optimizer.state_dict()["param_groups"][0]["lr"] == 0.1
+    assert fresh_optimizer.state_dict()["state"][0]["step"] == 1
+
+
+def test_wrapped_model_is_saved_unwrapped(world_of_one: ddpkit.Context, tmp_path: Path) -> None:
+    model = _model(0)
+    ddpkit.save_checkpoint(tmp_path, {"model": torch.nn.DataParallel(model)}, step=1)
+    saved = torch.load(tmp_path / "ckpt-000000001.pt", weights_only=False)
+    assert list(saved["state"]["model"]) == list(model.state_dict())  # no "module." prefix
+    bare, wrapped = _model(5), torch.nn.DataParallel(_model(6))
+    assert ddpkit.load_checkpoint(tmp_path, {"model": bare}) == 1
+    assert ddpkit.load_checkpoint(tmp_path, {"model": wrapped}) == 1
+    for loaded in (bare, wrapped.module):
+        assert torch.equal(loaded[0].weight, model[0].weight)
+
+
+def test_no_checkpoint_leaves_state_untouched(tmp_path: Path) -> None:
+    state: dict[str, Any] = {"epoch": 4}
+    assert ddpkit.load_checkpoint(tmp_path / "missing", state) is None
+    (tmp_path / ".ckpt-000000002.pt.abc.tmp").write_bytes(b"half")  # a killed writer's file
+    assert ddpkit.load_checkpoint(tmp_path, state) is None
+    assert state == {"epoch": 4}
+
+
+def test_keep_last_and_stray_temp_files(tmp_path: Path) -> None:
+    stray = tmp_path / ".ckpt-000000009.pt.x1y2.tmp"
+    stray.write_bytes(b"left by a kill -9")
+    for step in range(1, 6):
+        ddpkit.save_checkpoint(tmp_path, {"step": step}, step=step, keep_last=2)
+    assert _names(tmp_path) == ["ckpt-000000004.pt", "ckpt-000000005.pt"]
+    ddpkit.save_checkpoint(tmp_path, {"step": 6}, step=6, keep_last=1)
+    assert [path.name for path in checkpoint_files(tmp_path)] == ["ckpt-000000006.pt"]
+    state: dict[str, Any] = {}
+    assert ddpkit.load_checkpoint(tmp_path, state) == 6 and state["step"] == 6
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_unloadable_newest_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
+    for step in (10, 20):
+        ddpkit.save_checkpoint(tmp_path, {"w": torch.full((1000,), float(step))}, step=step)
+    newest = tmp_path / "ckpt-000000020.pt"
+    data = newest.read_bytes()
+    newest.write_bytes(
+        {"truncate": data[: len(data) // 2], "garbage": b"\x00" * 100, "empty": b""}[damage]
+    )
+    state: dict[str, Any] = {}
+    with pytest.warns(RuntimeWarning, match="ckpt-000000020.pt"):
+        assert ddpkit.load_checkpoint(tmp_path, state) == 10
+    assert torch.equal(state["w"], torch.full((1000,), 10.0))
+
+
+def test_rng_round_trip(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    random.seed(2)
+    numpy.random.seed(3)
+    ddpkit.save_checkpoint(tmp_path, {}, step=0)
+    expected = (torch.rand(3), random.random(), numpy.random.rand(2))
+    torch.manual_seed(99)
+    random.seed(99)
+    numpy.random.seed(99)
+    assert ddpkit.load_checkpoint(tmp_path, {}) == 0
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1]
+    assert numpy.array_equal(numpy.random.rand(2), expected[2])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"step": -1}, "step=-1"), ({"step": 1, "keep_last": 0}, "keep_last=0")],
+)
+def test_save_rejects(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as caught:
+        ddpkit.save_checkpoint(tmp_path, {}, **kwargs)
+    assert caught.value.hint
+
+
+# --- kill -9 during a write --------------------------------------------------------------------
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import torch
+    import ddpkit
+
+    class Slow:
+        # Pickling it happens inside torch.save, with the temporary file already open.
+        def __reduce__(self):
+            Path(sys.argv[2]).write_text("writing")
+            time.sleep(120)
+            return (dict, ())
+
+    directory = sys.argv[1]
+    ddpkit.save_checkpoint(directory, {"w": torch.full((4,), 1.0)}, step=1)
+    big = torch.randn(8 * 1024 * 1024)  # 32 MB
+    ddpkit.save_checkpoint(directory, {"big": big, "slow": Slow()}, step=2)
+    """
+)
+
+
+def test_kill_9_during_write_keeps_previous_checkpoint(tmp_path: Path) -> None:
+    directory, marker = tmp_path / "ckpt", tmp_path / "marker"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(directory), str(marker)])
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert writer.poll() is None, f"writer exited early with {writer.returncode}"
+            assert time.monotonic() < deadline, "the writer never reached the second save"
+            time.sleep(0.05)
+        temps = [name for name in _names(directory) if name.endswith(".tmp")]
+        assert temps and temps[0].startswith(".ckpt-000000002.pt.")  # mid-write of step 2
+        os.kill(writer.pid, signal.SIGKILL)
+        assert writer.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert _names(directory) == sorted(["ckpt-000000001.pt", *temps])  # the temp file stays
+    state: dict[str, Any] = {}
+    assert ddpkit.load_checkpoint(directory, state) == 1
+    assert torch.equal(state["w"], torch.full((4,), 1.0))
+    ddpkit.save_checkpoint(directory, {"w": torch.zeros(1)}, step=3)
+    assert _names(directory) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
+
+
+# --- world size 2, spawned ---------------------------------------------------------------------
+
+
+def _two_rank_worker(rank: int, world_size: int, port: int, directory: str) -> dict[str, Any]:
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    try:
+        torch.manual_seed(100 + rank)  # every rank its own stream
+        model = _model(0)
+        path = ddpkit.save_checkpoint(directory, {"model": model, "rank_seen": rank}, step=5)
+        expected = torch.rand(4)
+        torch.manual_seed(0)
+        fresh = _model(7)
+        state: dict[str, Any] = {"model": fresh}
+        step = ddpkit.load_checkpoint(directory, state)
+        return {
+            "path": None if path is None else path.name,
+            "step": step,
+            "rng_ok": torch.equal(torch.rand(4), expected),
+            "weights_ok": torch.equal(fresh[0].weight, model[0].weight),
+            "rank_seen": state["rank_seen"],
+            "files": _names(Path(directory)),
+        }
+    finally:
+        ddpkit.shutdown()
+
+
+def test_two_ranks_each_get_their_own_rng(tmp_path: Path) -> None:
+    results = run_workers(_two_rank_worker, 2, str(tmp_path))
+    assert [result["path"] for result in results] == ["ckpt-000000005.pt", None]
+    for result in results:
+        assert result["step"] == 5 and result["rng_ok"] and result["weights_ok"]
+        assert result["rank_seen"] == 0  # the main rank's values are the saved ones
+        assert result["files"] == ["ckpt-000000005.pt"]  # the barrier: written before return
+
+
+def test_world_size_change_skips_rng_with_warning(tmp_path: Path) -> None:
+    run_workers(_two_rank_worker, 2, str(tmp_path))
+    torch.manual_seed(4)
+    expected = torch.rand(2)
+    torch.manual_seed(4)
+    with pytest.warns(RuntimeWarning, match="saved by 2 ranks"):
+        assert ddpkit.load_checkpoint(tmp_path, {}) == 5
+    assert torch.equal(torch.rand(2), expected)  # this process's RNG was left alone
