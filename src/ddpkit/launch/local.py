@@ -41,6 +41,7 @@ __all__ = ["LaunchOutcome", "LaunchPlan", "WorkerFailure", "build_launch_config"
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see _log_tail_interval
+_SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
 _TRACEBACK_MAX_LINES = 60
 _LOG_TAIL_BYTES = 256 * 1024
@@ -164,6 +165,11 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _log_tail_interval(LOG_TAIL_INTERVAL_S),
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
+        # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
+        # workers' keys in it carry no attempt prefix: a group restarted by --max-restarts could
+        # read the previous attempt's gloo addresses and hang (4 runs in 5 here). With sharing
+        # off, each round bootstraps a fresh store. An explicit setting by the user wins.
+        os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
         try:
             elastic_launch(plan.launch_config, plan.entrypoint)(*plan.args)
         except ChildFailedError as exc:
