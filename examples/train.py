@@ -7,12 +7,21 @@ Runs unchanged as one process (`python examples/train.py`), under
 The data is synthetic (Gaussian clusters, generated from a fixed seed), so nothing is downloaded.
 The test set deliberately has a size that does not divide by world size x batch size: the
 evaluation still counts every sample exactly once, which the last lines print.
+
+With `--checkpoint-dir DIR` the script saves a checkpoint every `--checkpoint-every` steps (model,
+optimizer, the loader's position, step, epoch and the epoch's running loss) and, when DIR already
+holds one, resumes from it mid-epoch. On CPU every run is deterministic, so a run that was killed
+and resumed (e.g. under `ddpkit run --max-restarts 1`) ends with bitwise the same weights as an
+uninterrupted one: the last line, `weights sha256: <hex>`, lets any two runs be compared.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,7 +47,7 @@ def make_model(dim: int, classes: int) -> nn.Module:
 
 
 def evaluate(
-    model: nn.Module, test: torch.utils.data.DataLoader, device: torch.device
+    model: nn.Module, test: torch.utils.data.DataLoader[Any], device: torch.device
 ) -> tuple[int, int]:
     """Exact-once evaluation: gather per-sample results, padding duplicates removed."""
     model.eval()
@@ -54,6 +63,33 @@ def evaluate(
     return seen, correct
 
 
+def weights_sha256(model: nn.Module) -> str:
+    """SHA-256 over the raw bytes of every tensor in ``state_dict`` order (CPU, contiguous).
+
+    Names are left out, so a model hashes the same wrapped in DDP or not.
+    """
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype
+        digest.update(raw.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def resume(directory: Path | None, state: dict[str, Any]) -> None:
+    """Restore ``state`` in place from the newest checkpoint in ``directory``, if there is one."""
+    if directory is None:
+        return
+    step = ddpkit.load_checkpoint(directory, state, map_location="cpu")  # loss sum stays on CPU
+    if step is not None:
+        ddpkit.print(f"resumed from {directory} at step {step} (epoch {state['epoch']})")
+
+
+def maybe_checkpoint(directory: Path | None, state: dict[str, Any], every: int) -> None:
+    """Save ``state`` every ``every`` steps (a collective: every rank calls it)."""
+    if directory is not None and state["step"] % every == 0:
+        ddpkit.save_checkpoint(directory, state, step=state["step"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
@@ -62,7 +98,11 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=8000)
     parser.add_argument("--test-size", type=int, default=2001)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume here")
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between saves")
     args = parser.parse_args()
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint-every={args.checkpoint_every} must be at least 1")
 
     ctx = ddpkit.init()
     ddpkit.print(
@@ -80,16 +120,28 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
+    # Everything a resumed run needs to continue exactly where this one stopped; "loss" is the
+    # epoch's running sum (loss x samples, samples), so a resumed epoch prints the same loss.
+    state: dict[str, Any] = {
+        "model": model, "optimizer": optimizer, "train": train,
+        "step": 0, "epoch": 0, "loss": torch.zeros(2),
+    }  # fmt: skip
+    resume(args.checkpoint_dir, state)
+
     start = time.perf_counter()
-    for epoch in range(args.epochs):
-        total = torch.zeros(2)
+    for epoch in range(state["epoch"], args.epochs):
+        if epoch != state["epoch"]:  # a new epoch, not the one a checkpoint resumed mid-way
+            state["epoch"], state["loss"] = epoch, torch.zeros(2)
         for features, labels in train:  # a new pass: the loader advances its epoch by itself
             features, labels = features.to(ctx.device), labels.to(ctx.device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(features), labels)
             loss.backward()
             optimizer.step()
-            total += torch.tensor([loss.item() * len(labels), len(labels)])
+            state["loss"] += torch.tensor([loss.item() * len(labels), len(labels)])
+            state["step"] += 1
+            maybe_checkpoint(args.checkpoint_dir, state, args.checkpoint_every)
+        total = state["loss"].clone()
         if ctx.world_size > 1:
             torch.distributed.all_reduce(total)
         ddpkit.print(f"epoch {epoch}: loss {total[0] / total[1]:.4f}")
@@ -101,6 +153,7 @@ def main() -> None:
     ddpkit.print(f"done in {time.perf_counter() - start:.1f} s")
     if seen != len(test_set):
         raise SystemExit(f"evaluation saw {seen} samples instead of {len(test_set)}")
+    ddpkit.print(f"weights sha256: {weights_sha256(model)}")  # the last line: compare runs
 
 
 if __name__ == "__main__":
