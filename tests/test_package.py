@@ -48,3 +48,10 @@ def test_every_subpackage_is_a_regular_package() -> None:
     for folder in root.rglob("*"):
         if folder.is_dir() and any(folder.glob("*.py")):
             assert (folder / "__init__.py").exists(), f"{folder} has no __init__.py"
+
+
+def test_dir_lists_each_export_once_also_after_first_use() -> None:
+    assert ddpkit.RankInfo is not None  # cached into the namespace now
+    names = dir(ddpkit)
+    assert len(names) == len(set(names))
+    assert set(ddpkit._EXPORTS) <= set(names)

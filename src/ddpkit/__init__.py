@@ -14,8 +14,9 @@ never import torch until a runtime function is used.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ddpkit._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -69,14 +70,4 @@ if TYPE_CHECKING:
     from ddpkit.runtime import Context, current, init, shutdown
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

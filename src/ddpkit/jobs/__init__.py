@@ -13,8 +13,9 @@ imported lazily: pydantic, Jinja2 and submitit load only when a function that ne
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ddpkit._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "JobSpec": "ddpkit.jobs.spec",
@@ -92,14 +93,4 @@ if TYPE_CHECKING:
     from ddpkit.jobs.spec import ClusterProfile, JobSpec
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ddpkit.jobs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

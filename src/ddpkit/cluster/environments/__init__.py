@@ -8,11 +8,11 @@ environment module does not import the others.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ddpkit._lazy import lazy_exports
 from ddpkit.errors import ConfigError
 
 __all__ = [
@@ -96,14 +96,4 @@ def master_from_env(env: Mapping[str, str]) -> tuple[str | None, int | None]:
     return (None if addr is None else addr.strip()), port
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
