@@ -21,7 +21,9 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-__all__ = ["free_port", "run_workers", "torchrun_env"]
+from torch.utils.data import Dataset
+
+__all__ = ["Indices", "free_port", "run_workers", "torchrun_env"]
 
 
 def free_port() -> int:
@@ -117,3 +119,16 @@ def _stop(workers: list[BaseProcess], grace_s: float) -> None:
         if worker.is_alive():
             worker.kill()
             worker.join()
+
+
+class Indices(Dataset[int]):
+    """dataset[i] == i, so a batch says exactly which samples it holds."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index

@@ -13,27 +13,15 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.launch.gather import comm_device
-from distutil import run_workers, torchrun_env
+from distutil import Indices, run_workers, torchrun_env
 
 SIZES = (7, 10, 11)
 BATCHES = (2, 3, 4)
 SEED = 11
-
-
-class Indices(Dataset[int]):
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 def _permutation(size: int, epoch: int) -> list[int]:

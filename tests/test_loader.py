@@ -9,25 +9,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import IterableDataset
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.launch.data import ShardLayout
-from distutil import run_workers, torchrun_env
-
-
-class Indices(Dataset[int]):
-    """dataset[i] == i, so a batch says exactly which samples it holds."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        return index
+from distutil import Indices, run_workers, torchrun_env
 
 
 class Stream(IterableDataset[int]):
