@@ -8,6 +8,8 @@ Four calls make a training script distributed, and the same script runs as one p
     train = ddpkit.loader(dataset, 32)     # per-rank shards; the epoch advances by itself
     preds = ddpkit.gather(preds)           # in an eval loop: every sample exactly once
 
+``save_checkpoint`` / ``load_checkpoint`` and ``preemption_guard`` make it resumable.
+
 Attributes are imported lazily so that ``import ddpkit`` (and ``ddpkit --help``) stay cheap and
 never import torch until a runtime function is used.
 """
@@ -34,6 +36,8 @@ _EXPORTS: dict[str, str] = {
     "gather": "ddpkit.launch.gather",
     "save_checkpoint": "ddpkit.checkpoint",
     "load_checkpoint": "ddpkit.checkpoint",
+    "preemption_guard": "ddpkit.preempt",
+    "PreemptionGuard": "ddpkit.preempt",
     "print": "ddpkit.rankzero",
     "get_logger": "ddpkit.rankzero",
     "seed_everything": "ddpkit.rankzero",
@@ -41,6 +45,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "Context",
+    "PreemptionGuard",
     "RankInfo",
     "__version__",
     "current",
@@ -51,6 +56,7 @@ __all__ = [
     "init",
     "load_checkpoint",
     "loader",
+    "preemption_guard",
     "print",
     "save_checkpoint",
     "seed_everything",
@@ -66,6 +72,7 @@ if TYPE_CHECKING:
     from ddpkit.launch.data import loader
     from ddpkit.launch.gather import gather
     from ddpkit.launch.wrap import wrap
+    from ddpkit.preempt import PreemptionGuard, preemption_guard
     from ddpkit.rankzero import get_logger, print, seed_everything
     from ddpkit.runtime import Context, current, init, shutdown
 

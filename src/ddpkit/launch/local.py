@@ -7,6 +7,9 @@ This module owns three things and nothing else (no process management of its own
   ddpkit defaults on top (rank prefix on every output line).
 * ``launch``: ``elastic_launch`` with torch's process-wide side effects undone afterwards
   (``os.environ`` writes, signal handlers), so an in-process launch leaves its caller as it was.
+  While it runs, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the workers (torch's
+  agent would otherwise die of them, or with ``--signals-to-handle`` shut the workers down):
+  that is how SLURM's warning before the time limit reaches ``ddpkit.preemption_guard()``.
 * ``LaunchOutcome``: the result, with the root cause of a failure (rank, host, exit code or
   signal, traceback) instead of torch's ``ChildFailedError`` box, which without ``@record``
   shows a documentation link where the traceback should be. Torch's one-line agent logs stay.
@@ -34,14 +37,24 @@ from torch.distributed.elastic.multiprocessing.tail_log import TailLog
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ddpkit.cluster.requeue import EXIT_STOPPED
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.launch.config import RunConfig
 
-__all__ = ["LaunchOutcome", "LaunchPlan", "WorkerFailure", "build_launch_config", "launch"]
+__all__ = [
+    "FORWARDED_SIGNALS",
+    "LaunchOutcome",
+    "LaunchPlan",
+    "WorkerFailure",
+    "build_launch_config",
+    "child_pids",
+    "launch",
+]
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see _log_tail_interval
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
 _TRACEBACK_MAX_LINES = 60
 _LOG_TAIL_BYTES = 256 * 1024
@@ -102,6 +115,12 @@ class LaunchOutcome:
         if self.root_cause is None:
             return "ddpkit: all workers finished"
         root = self.root_cause
+        every = (root, *self.other_failures)
+        if all(failure.exit_code == EXIT_STOPPED for failure in every):
+            return (
+                f"ddpkit: the workers stopped early with a checkpoint (exit code {EXIT_STOPPED}, "
+                "e.g. after a stop signal outside SLURM); run the same command again to resume"
+            )
         lines = [f"ddpkit: worker failed (root cause): {root.headline()}"]
         if root.traceback:
             lines.append(f"ddpkit: traceback of rank {root.rank} (from {root.source}):")
@@ -163,6 +182,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _environ_restored(),
         _signal_handlers_restored(handled),
         _log_tail_interval(LOG_TAIL_INTERVAL_S),
+        _signals_forwarded(FORWARDED_SIGNALS),
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
         # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
@@ -331,6 +351,54 @@ def _signal_handlers_restored(names: str) -> Iterator[None]:
         for sig, handler in saved.items():
             with suppress(ValueError, TypeError):  # not the main thread / not a Python handler
                 signal.signal(sig, handler)
+
+
+def child_pids(parent: int | None = None, proc: str = "/proc") -> list[int]:
+    """The direct children of ``parent`` (default: this process), read from ``/proc``.
+
+    The agent starts each worker itself (``subprocess.Popen``), so the workers are exactly its
+    children; their own children (data loader workers) are not signalled. Empty where there is
+    no ``/proc`` (not Linux).
+    """
+    wanted = os.getpid() if parent is None else parent
+    found: list[int] = []
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as stat:
+                text = stat.read()
+        except OSError:  # the process ended meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(wanted):
+            found.append(int(entry))
+    return sorted(found)
+
+
+@contextmanager
+def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """While the block runs, a signal in ``signals`` sent to this process goes to its children."""
+
+    def forward(signum: int, frame: Any) -> None:
+        for pid in child_pids():
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+    saved: dict[signal.Signals, Any] = {}
+    for sig in signals:
+        with suppress(ValueError):  # not the main thread: nothing installed, nothing forwarded
+            saved[sig] = signal.signal(sig, forward)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 class _OmpNoticeFilter(logging.Filter):

@@ -1,0 +1,201 @@
+"""Stop on a warning signal, checkpoint, requeue, resume: ``ddpkit.preemption_guard()``.
+
+SLURM sends a signal some time before it ends a job (``#SBATCH --signal=B:USR2@120``, which
+ddpkit's templates write; ``scancel --signal=USR2`` does the same by hand)::
+
+    guard = ddpkit.preemption_guard()      # after init(), before the loop and loader workers
+    for features, labels in train:
+        ...                                # one training step
+        if guard.should_stop():            # a collective: True on every rank, or on none
+            ddpkit.save_checkpoint(directory, state, step=step)
+            guard.requeue_and_exit()       # never returns
+
+The signal handler only sets a flag. ``should_stop`` turns the flags of all ranks into one
+decision with an ``all_reduce(MAX)`` of one number, so every rank stops after the *same* step
+even though the signal reaches them at different moments: no rank races ahead into a collective
+the others will never join. ``requeue_and_exit`` then has the main rank run
+``scontrol requeue <job>`` (``<array job>_<task>`` inside an array, so only this task goes back
+to the queue), shares the outcome with every rank, destroys the process group and exits with
+code 0. The requeued job runs the same script, which finds the checkpoint and resumes.
+
+Requeues are capped: ``SLURM_RESTART_COUNT`` (how often SLURM restarted this job) must be below
+``max_requeues`` (argument, else ``DDPKIT_MAX_REQUEUES``, else 10). Past the cap, outside SLURM,
+or when ``scontrol`` fails, every rank exits with :data:`EXIT_STOPPED` (75, EX_TEMPFAIL: "stopped
+early, run again to continue") after printing why; the checkpoint is saved either way.
+
+Under SLURM the signal reaches every process of the job step (proctrack signals the whole
+step), the launcher's agent under ``ddpkit run`` forwards it to its workers too, and a Python
+handler is inherited by forked data loader workers: create the guard before the loader starts
+its workers, or they die of the signal's default action.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.cluster import stopsignal
+from ddpkit.cluster.requeue import (
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_SIGNAL,
+    EXIT_STOPPED,
+    MAX_REQUEUES_VAR,
+    SIGNAL_VAR,
+    RequeuePlan,
+    max_requeues_from,
+    parse_signal,
+    plan_requeue,
+)
+from ddpkit.errors import ConfigError, UsageError
+from ddpkit.runtime import current, shutdown
+
+__all__ = [
+    "DEFAULT_MAX_REQUEUES",
+    "DEFAULT_SIGNAL",
+    "EXIT_STOPPED",
+    "MAX_REQUEUES_VAR",
+    "SIGNAL_VAR",
+    "PreemptionGuard",
+    "RequeuePlan",
+    "parse_signal",
+    "plan_requeue",
+    "preemption_guard",
+]
+
+
+def preemption_guard(
+    signal_name: str | int | signal.Signals | None = None,
+    *,
+    max_requeues: int | None = None,
+    check_every: int = 1,
+    env: Mapping[str, str] | None = None,
+) -> PreemptionGuard:
+    """Install the stop-signal handler and return the guard (call after ``ddpkit.init()``).
+
+    ``signal_name``: default ``DDPKIT_SIGNAL`` (set by ddpkit's job scripts), else USR2.
+    ``check_every``: agree every N calls of ``should_stop`` instead of every call (each
+    agreement is one tiny all_reduce). ``env``: where to read ``DDPKIT_*`` and ``SLURM_*``
+    (default ``os.environ``, read once, never written).
+    """
+    return PreemptionGuard(signal_name, max_requeues=max_requeues, check_every=check_every, env=env)
+
+
+class PreemptionGuard:
+    """Turns an asynchronous signal into one agreed stop after a step; see the module doc."""
+
+    def __init__(
+        self,
+        signal_name: str | int | signal.Signals | None = None,
+        *,
+        max_requeues: int | None = None,
+        check_every: int = 1,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._env = dict(os.environ if env is None else env)
+        if signal_name is None:
+            chosen = parse_signal(self._env.get(SIGNAL_VAR, "").strip() or DEFAULT_SIGNAL)
+        else:
+            chosen = parse_signal(signal_name, name="signal_name")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
+            raise ConfigError(
+                f"check_every={check_every!r} must be a whole number >= 1",
+                hint="1 agrees after every step; 10 every tenth call of should_stop()",
+            )
+        if threading.current_thread() is not threading.main_thread():
+            raise UsageError(
+                "preemption_guard() was called outside the main thread",
+                hint="create it in the main thread: only there can Python install a handler",
+            )
+        self.signal = chosen
+        self.max_requeues = max_requeues_from(max_requeues, self._env)
+        self.check_every = check_every
+        self._context = current()
+        self._agreed = False
+        self._calls = 0
+        stopsignal.latch(chosen)  # init() may have latched it already: an early signal counts
+
+    @property
+    def received(self) -> bool:
+        """True once this process got the signal (the agreement may not have happened yet)."""
+        return stopsignal.received(self.signal)
+
+    def should_stop(self) -> bool:
+        """True on every rank once any rank got the signal; call it at the same points on all.
+
+        It is a collective (every ``check_every``-th call): every rank must call it equally
+        often, e.g. once per step. Once True, it stays True without further collectives.
+        """
+        if self._agreed:
+            return True
+        self._calls += 1
+        if self._calls % self.check_every:
+            return False
+        context = self._context
+        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32, device=context.device)
+        if context.world_size > 1 and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self._agreed = bool(flag.item())
+        if self._agreed and context.is_main:
+            _say(f"{self.signal.name} received: every rank stops after this step")
+        return self._agreed
+
+    def requeue_and_exit(self) -> NoReturn:
+        """Requeue this SLURM job from the main rank, then end every rank; never returns.
+
+        Call it on every rank after the checkpoint is saved. Exit code 0 when the job was
+        requeued, :data:`EXIT_STOPPED` (75) otherwise, with the reason printed on the main rank.
+        """
+        context = self._context
+        plan = plan_requeue(self._env, self.max_requeues)
+        if plan.target is not None:
+            # `scontrol requeue` makes SLURM SIGTERM every process of the job at once; ignore
+            # it so that each rank ends on its own terms (SIGKILL still comes after KillWait).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        grouped = context.world_size > 1 and dist.is_initialized()
+        if grouped:
+            dist.barrier()  # everybody is past its checkpoint before the job is touched
+        outcome: list[str | None] = [None]
+        if context.is_main:
+            outcome[0] = _requeue(plan.target) if plan.target is not None else plan.why
+        if grouped:
+            dist.broadcast_object_list(outcome, src=0)
+        failure = outcome[0]
+        if context.is_main:
+            if failure is None:
+                _say(f"{plan.why}: done; the job goes back to the queue and resumes")
+            else:
+                _say(f"stopped with a checkpoint, not requeued: {failure}")
+        shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(0 if failure is None else EXIT_STOPPED)
+
+
+def _requeue(target: str) -> str | None:
+    """``scontrol requeue <target>``; None on success, else why it failed."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "requeue", target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"scontrol requeue {target} could not run ({error})"
+    if done.returncode != 0:
+        output = " ".join((done.stderr or done.stdout).split())[:300]
+        return f"scontrol requeue {target} failed with exit code {done.returncode}: {output}"
+    return None
+
+
+def _say(message: str) -> None:
+    print(f"ddpkit: {message}", file=sys.stderr, flush=True)
