@@ -58,7 +58,7 @@ def test_full_spec_with_profile_found_in_cwd() -> None:
     assert job.partition == "gpu"  # spec over profile
     assert job.env == {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0", "OMP_NUM_THREADS": "8"}
     assert job.setup == ["module load cuda/12.4", "module load nccl", "source .venv/bin/activate"]
-    assert job.sbatch == {"exclusive": True, "mail-type": "END", "requeue": False}
+    assert job.sbatch == {"exclusive": True, "mail-type": "END", "overcommit": False}
     assert (job.python, job.profile, job.host_template) == (
         "/opt/venv/bin/python",
         "site",

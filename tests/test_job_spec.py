@@ -82,7 +82,11 @@ def test_defaults(tmp_path: Path) -> None:
         "profile": None,
         "template": None,
         "host_template": None,
+        "signal": "USR2",
+        "signal_delay_s": None,
+        "max_requeues": 10,
     }
+    assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)
     assert spec(tmp_path).workdir == str(tmp_path)  # load's default workdir is its cwd
 
@@ -138,7 +142,7 @@ def test_setup_string_is_one_line(tmp_path: Path) -> None:
 
 
 def test_sbatch_value_types(tmp_path: Path) -> None:
-    extra = {"exclusive": True, "requeue": False, "gres": "gpu:2", "nice": 10, "x11": "all"}
+    extra = {"exclusive": True, "overcommit": False, "gres": "gpu:2", "nice": 10, "x11": "all"}
     assert spec(tmp_path, sbatch=extra).sbatch == extra
 
 
@@ -240,6 +244,15 @@ ERRORS: list[tuple[dict[str, Any], list[str]]] = [
     ({"env": {"DDPKIT_EXPECTED_WORLD_SIZE": "4"}}, ["env.DDPKIT_EXPECTED_WORLD_SIZE", "nodes x"]),
     ({"env": {"DDPKIT_HOST_TEMPLATE": "{host}"}}, ["set host_template instead"]),
     ({"env": {"DDPKIT_JOB_LAUNCH": "srun"}}, ["env.DDPKIT_JOB_LAUNCH", "from launch"]),
+    ({"env": {"DDPKIT_SIGNAL": "USR1"}}, ["env.DDPKIT_SIGNAL", "set signal instead"]),
+    ({"env": {"DDPKIT_MAX_REQUEUES": "1"}}, ["env.DDPKIT_MAX_REQUEUES", "set max_requeues"]),
+    ({"signal": "TERM"}, ["signal='TERM': ", "USR2 (default) or USR1"]),
+    ({"signal": 12}, ["signal=12: "]),
+    ({"signal_delay_s": 0}, ["signal_delay_s=0: "]),
+    ({"signal_delay_s": 3600}, ["signal_delay_s=3600: is not shorter than the time limit"]),
+    ({"time_min": 2, "signal_delay_s": 120}, ["time_min=2, 120 s", "e.g. signal_delay_s: 60"]),
+    ({"max_requeues": -1}, ["max_requeues=-1: "]),
+    ({"max_requeues": "3"}, ["max_requeues='3': ", "e.g. max_requeues: 10"]),
     ({"setup": ["ok", 3]}, ["setup[1]=3: is not a string"]),
     ({"setup": ["ok", "bad\x00"]}, ["setup[1]='bad\\x00': contains a NUL"]),
     ({"sbatch": {"--exclusive": True}}, ["sbatch.--exclusive: starts with '-'", "'exclusive'"]),

@@ -57,7 +57,7 @@ def hostile_spec(launch: str, root: str, python: str | None = None) -> JobSpec:
         rdzv_port=29400,
         env=EVIL_ENV,
         setup=['echo "setup ran in $PWD" > setup-ran.txt'],
-        sbatch={"comment": EVIL, "exclusive": True, "requeue": False},
+        sbatch={"comment": EVIL, "exclusive": True, "overcommit": False},
         host_template="{host}-ib $(touch pwned6)",
     )
 
@@ -80,7 +80,10 @@ def gpu_spec(launch: str) -> JobSpec:
         rdzv_port="auto",
         env={"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0"},
         setup=["module load cuda/12.4", "source /opt/venv/bin/activate"],
-        sbatch={"exclusive": True, "mail-type": "END,FAIL", "signal": "B:USR1@90"},
+        sbatch={"exclusive": True, "mail-type": "END,FAIL"},
+        signal="USR1",
+        signal_delay_s=90,
+        max_requeues=3,
         host_template="{host}-ib",
     )
 
@@ -153,10 +156,18 @@ def test_golden_mismatch_shows_a_unified_diff(
         ({"log_dir": "l 100%"}, ["--output=/srv/proj/l 100%%/cpu-train-%j.out"], []),
         ({"log_dir": "/abs"}, ["--output=/abs/cpu-train-%j.out", "--chdir=/srv/proj"], []),
         (
-            {"sbatch": {"exclusive": True, "requeue": False, "nice": 5}},
+            {"sbatch": {"exclusive": True, "overcommit": False, "nice": 5}},
             ["--exclusive", "--nice=5"],
-            ["--requeue"],
+            ["--overcommit"],
         ),
+        # the stop signal: 120 s before the limit, at most half of it; requeue unless capped at 0
+        ({}, ["--signal=B:USR2@120", "--requeue", "--open-mode=append"], ["--no-requeue"]),
+        ({"time_min": 3}, ["--signal=B:USR2@90"], []),
+        ({"time_min": 1}, ["--signal=B:USR2@30"], []),
+        ({"signal": "USR1", "signal_delay_s": 300}, ["--signal=B:USR1@300"], []),
+        ({"signal": None}, ["--requeue"], ["--signal"]),
+        ({"max_requeues": 0}, ["--no-requeue"], ["--requeue"]),
+        ({"sbatch": {"open-mode": "truncate"}}, ["--open-mode=truncate"], []),
     ],
 )
 def test_sbatch_options(fields: dict[str, Any], present: list[str], absent: list[str]) -> None:
@@ -349,20 +360,20 @@ def test_rendered_script_runs_with_hostile_values_intact(tmp_path: Path, launch:
     (call,) = calls["srun"]
     log = f"{tmp_path}/work {EVIL_PATH}/logs {EVIL_PATH}".replace("%", "%%")
     if launch == "srun":
-        expected = ["--kill-on-bad-exit=1", "--cpus-per-task=1"]
+        expected = ["--kill-on-bad-exit=1", "--cpus-per-task=1", "--open-mode=append"]
         expected += [f"--output={log}/hostile.job_1-x-%j-rank%t.out", str(python), "-u"]
     else:
         port = port_for_job("4242", "rdzv")
         rdzv = "n3-ib $(touch pwned6):29400"
         assert port != 29400
         expected = ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "--cpus-per-task=2"]
-        expected += [f"--output={log}/hostile.job_1-x-%j-node%n.out", str(python), "-u"]
+        expected += ["--open-mode=append", f"--output={log}/hostile.job_1-x-%j-node%n.out", str(python), "-u"]
         expected += ["-m", "ddpkit", "run", "--nnodes", "2", "--nproc-per-node", "2"]
         expected += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv, "--rdzv-id", "4242"]
         host_env = {"SLURM_JOB_NODELIST": "n[3-4]", "DDPKIT_HOST_TEMPLATE": job.host_template}
         assert endpoint(host_env, "29400") == rdzv
         argv = render.torchrun_command(job, endpoint=rdzv, rdzv_id="4242")
-        assert argv == [*expected[4:], *EVIL_COMMAND]
+        assert argv == [*expected[5:], *EVIL_COMMAND]
     expected += EVIL_COMMAND
     assert nul_list(call / "argv") == expected
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from ddpkit.cluster.environments.slurm import HOST_TEMPLATE_VAR
+from ddpkit.cluster.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
 
@@ -183,6 +184,12 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     options += [(f, getattr(spec, f)) for f in _SLURM_NAMES if getattr(spec, f) is not None]
     options.append(("chdir", spec.workdir))
     options.append(("output", batch_output_path(spec)))
+    if spec.signal is not None:
+        # B: the batch shell gets it and passes it on to the job step (see the templates)
+        options.append(("signal", f"B:{spec.signal}@{spec.warning_s}"))
+    options.append(("requeue", None) if spec.max_requeues > 0 else ("no-requeue", None))
+    if not any(key == "open-mode" for key, _ in extras):
+        options.append(("open-mode", "append"))  # a requeued run adds to its logs
     return options + extras
 
 
@@ -195,6 +202,9 @@ def _exports(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.host_template is not None:
         exports.append((HOST_TEMPLATE_VAR, spec.host_template))
     exports.append((JOB_LAUNCH_VAR, spec.launch))
+    if spec.signal is not None:
+        exports.append((SIGNAL_VAR, spec.signal))
+    exports.append((MAX_REQUEUES_VAR, str(spec.max_requeues)))
     return exports
 
 
@@ -254,6 +264,8 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "python": spec.python,
         "command": list(spec.command),
         "cpus_per_srun_task": spec.cpus_per_slurm_task,
+        "signal": spec.signal,
+        "signal_delay_s": spec.warning_s,
         "endpoint_command": endpoint_command(spec) if torchrun else [],
         "torchrun_argv": torchrun_command(spec) if torchrun else [],
     }

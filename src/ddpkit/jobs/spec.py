@@ -40,6 +40,8 @@ __all__ = [
 
 ERROR_TYPE = "ddpkit"
 Launch = Literal["srun", "torchrun"]
+StopSignal = Literal["USR1", "USR2"]
+DEFAULT_SIGNAL_DELAY_S = 120
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -51,6 +53,8 @@ RESERVED_ENV: dict[str, str] = {
     "DDPKIT_EXPECTED_WORLD_SIZE": "the job script sets it from nodes x procs_per_node",
     "DDPKIT_HOST_TEMPLATE": "set host_template instead",
     "DDPKIT_JOB_LAUNCH": "the job script sets it from launch",
+    "DDPKIT_SIGNAL": "set signal instead",
+    "DDPKIT_MAX_REQUEUES": "set max_requeues instead",
 }
 # #SBATCH options that a spec field already sets: one source of truth for each.
 RESERVED_SBATCH: dict[str, str] = {
@@ -71,6 +75,9 @@ RESERVED_SBATCH: dict[str, str] = {
     "chdir": "set workdir instead",
     # ranks are laid out node by node (block), which rank_layout and the templates rely on
     "distribution": "remove it: ddpkit places ranks node by node",
+    "signal": "set signal and signal_delay_s instead",
+    "requeue": "set max_requeues instead (0: never requeue)",
+    "no-requeue": "set max_requeues: 0 instead",
 }
 
 
@@ -253,6 +260,9 @@ _D_LOG = "a directory, relative to workdir, e.g. log_dir: logs"
 _D_SBATCH = "other #SBATCH options, e.g. sbatch: {exclusive: true, gres: 'gpu:2'}"
 _D_TEMPLATE = "the path of an sbatch Jinja2 template, e.g. template: my-sbatch.sh.j2"
 _D_HOST = "how to name a node on the fast network, e.g. host_template: '{host}-ib'"
+_D_SIGNAL = "USR2 (default) or USR1, sent before the time limit; null: none"
+_D_SIGNAL_DELAY = "seconds before the time limit (default 120, at most half of it), e.g. 300"
+_D_REQUEUES = "how often the job may requeue itself, a whole number >= 0, e.g. max_requeues: 10"
 
 
 class _Model(BaseModel):
@@ -296,6 +306,9 @@ class JobSpec(_Model):
     profile: Line | None = Field(None, description="a profile name or path, e.g. profile: site")
     template: Line | None = Field(None, description=_D_TEMPLATE)
     host_template: HostTemplate | None = Field(None, description=_D_HOST)
+    signal: StopSignal | None = Field("USR2", description=_D_SIGNAL)
+    signal_delay_s: int | None = Field(None, ge=1, description=_D_SIGNAL_DELAY)
+    max_requeues: int = Field(10, ge=0, description=_D_REQUEUES)
 
     @model_validator(mode="after")
     def _check_topology(self) -> JobSpec:
@@ -316,6 +329,15 @@ class JobSpec(_Model):
                 field="procs_per_node",
                 value=self.procs,
             )
+        delay = self.signal_delay_s
+        if self.signal is not None and delay is not None and delay >= self.time_min * 60:
+            raise invalid(
+                f"is not shorter than the time limit (time_min={self.time_min}, "
+                f"{self.time_min * 60} s): the warning would come at once, every run",
+                f"a few minutes at most, e.g. signal_delay_s: {min(120, self.time_min * 30)}",
+                field="signal_delay_s",
+                value=delay,
+            )
         if self.launch == "torchrun" and self.nodes > 1 and self.rdzv_port is None:
             raise invalid(
                 f"is not set, but launch=torchrun on nodes={self.nodes} needs a rendezvous port",
@@ -331,6 +353,14 @@ class JobSpec(_Model):
         if self.procs_per_node is not None:
             return self.procs_per_node
         return self.gpus_per_node or 1
+
+    @property
+    def warning_s(self) -> int:
+        """Seconds between the stop signal and the time limit: ``signal_delay_s``, else 120 s
+        or half the time limit when that is shorter."""
+        if self.signal_delay_s is not None:
+            return self.signal_delay_s
+        return min(DEFAULT_SIGNAL_DELAY_S, self.time_min * 30)
 
     @property
     def world_size(self) -> int:
