@@ -7,16 +7,30 @@ optional dependency, imported only here and only when used; without it the error
 extra to install.
 
 Every task is one process (submitit starts ``nodes * procs`` SLURM tasks), so inside the job
-``ddpkit.init()`` finds its rank through submitit's SLURM environment. The spec's ``env`` goes
-into the batch script as quoted ``export`` lines (``slurm_setup``) rather than into
-CommandFunction's ``env=``: that argument replaces the whole environment, and the tasks would
-lose the SLURM variables they find their ranks from. The spec's ``template`` is for sbatch
+``ddpkit.init()`` finds its rank through submitit's SLURM environment.
+
+Stop signals: submitit asks SLURM for its USR2 warning before the time limit (``--signal``, set
+here from the spec's ``signal`` and ``warning_s``) and, in the job, binds USR2 to a handler
+that on rank 0 requeues the job at once, without waiting for anything. A Python function that
+creates ``ddpkit.preemption_guard()`` replaces that handler in its own process. The spec's
+command runs as a child of submitit's task process (:class:`RunCommand`), whose handler must
+not requeue behind the child's back: RunCommand binds the signal to "pass it on to the child"
+instead, so the child's guard agrees, saves and requeues, and a child that ended with code 0
+after the signal is not reported to submitit as a finished job (the requeued run will be).
+
+The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
+rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
+would lose the SLURM variables they find their ranks from. The spec's ``template`` is for sbatch
 scripts only: submitit writes its own.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ddpkit.cluster.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
 
@@ -33,6 +48,7 @@ if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
+    "RunCommand",
     "command_line",
     "dry_run",
     "executor_parameters",
@@ -45,6 +61,7 @@ __all__ = [
 ]
 
 _INSTALL_HINT = "pip install ddpkit[submitit]"
+SUBMITIT_SIGNAL_VAR = "SUBMITIT_PREEMPT_SIGNAL"  # which signal submitit's job side binds
 HOST_TEMPLATE_VAR = "DDPKIT_HOST_TEMPLATE"  # as ddpkit.jobs.render exports it
 
 
@@ -77,6 +94,10 @@ def _setup_lines(spec: JobSpec) -> list[str]:
     exports = {**spec.env, EXPECTED_WORLD_SIZE_VAR: str(spec.world_size), JOB_LAUNCH_VAR: "srun"}
     if spec.host_template:
         exports[HOST_TEMPLATE_VAR] = spec.host_template
+    if spec.signal is not None:
+        exports[SIGNAL_VAR] = spec.signal
+        exports[SUBMITIT_SIGNAL_VAR] = spec.signal
+    exports[MAX_REQUEUES_VAR] = str(spec.max_requeues)
     return [*spec.setup, *(f"export {k}={shlex.quote(v)}" for k, v in exports.items())]
 
 
@@ -91,6 +112,12 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     # False means "leave the option out" for an #SBATCH switch; submitit would write "=False".
     extras: dict[str, Any] = {k: v for k, v in spec.sbatch.items() if v is not False}
     extras.setdefault("chdir", spec.workdir)
+    if spec.signal is not None:
+        # submitit writes --signal=USR2@90 itself; its additional parameters win. No "B:": the
+        # signal goes to every process of the step, as submitit expects.
+        extras["signal"] = f"{spec.signal}@{spec.warning_s}"
+    if spec.max_requeues == 0:
+        extras["no-requeue"] = True
     params: dict[str, Any] = {
         "name": spec.name,
         "nodes": spec.nodes,
@@ -163,10 +190,8 @@ def _sbatch_text(executor: submitit.AutoExecutor) -> str:
 
 def submit_command(spec: JobSpec) -> tuple[str, str | None]:
     """Submit the spec's command; return the job id and the sbatch text submitit wrote."""
-    module = import_submitit()
     executor = make_executor(spec)
-    task = module.helpers.CommandFunction(command_line(spec), cwd=spec.workdir, verbose=True)
-    job = executor.submit(task)
+    job = executor.submit(RunCommand(command_line(spec), cwd=spec.workdir))
     return str(job.job_id), submitted_script(job)
 
 
@@ -183,3 +208,41 @@ def submitted_script(job: submitit.Job[Any]) -> str | None:
         return job.paths.submission_file.read_text(encoding="utf-8")
     except OSError:
         return None
+
+
+class RunCommand:
+    """Run a command in a submitit task, passing the stop signal on; picklable.
+
+    The child inherits the task's stdout and stderr (nothing is buffered). A nonzero exit
+    raises ``subprocess.CalledProcessError``, which submitit records as the job's error.
+    """
+
+    def __init__(self, command: list[str], *, cwd: str | None = None) -> None:
+        self.command = list(command)
+        self.cwd = cwd
+
+    def __call__(self) -> int:
+        name = os.environ.get(SIGNAL_VAR, "").strip() or "USR2"
+        stop = getattr(signal, f"SIG{name}", signal.SIGUSR2)
+        signalled = False
+        child: subprocess.Popen[bytes] | None = None
+
+        def forward(signum: int, frame: object) -> None:
+            nonlocal signalled
+            signalled = True
+            if child is not None and child.poll() is None:
+                child.send_signal(signum)
+
+        signal.signal(stop, forward)  # replaces submitit's requeue-at-once handler
+        print(f"ddpkit: running {shlex.join(self.command)}", flush=True)
+        child = subprocess.Popen(self.command, cwd=self.cwd)
+        code = child.wait()
+        if code != 0:
+            raise subprocess.CalledProcessError(code, self.command)
+        if signalled:
+            # The child's guard exits 0 once it has requeued the job: no result for submitit
+            # now (SystemExit is not an Exception there); the requeued run writes it.
+            print("ddpkit: stopped after the stop signal; the requeued job continues", flush=True)
+            sys.stdout.flush()
+            raise SystemExit(0)
+        return code
