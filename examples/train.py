@@ -13,12 +13,19 @@ optimizer, the loader's position, step, epoch and the epoch's running loss) and,
 holds one, resumes from it mid-epoch. On CPU every run is deterministic, so a run that was killed
 and resumed (e.g. under `ddpkit run --max-restarts 1`) ends with bitwise the same weights as an
 uninterrupted one: the last line, `weights sha256: <hex>`, lets any two runs be compared.
+
+The loop also asks `ddpkit.preemption_guard()` after every step whether a stop signal arrived
+(SIGUSR2 by default: SLURM's warning before the time limit, or `scancel --signal=USR2`). When
+one did, every rank stops after the same step, saves a checkpoint and the job requeues itself
+(SLURM) or exits with code 75 (elsewhere); the next run resumes. `--step-delay` slows each step
+down, to leave time for sending a signal by hand.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -90,7 +97,17 @@ def maybe_checkpoint(directory: Path | None, state: dict[str, Any], every: int) 
         ddpkit.save_checkpoint(directory, state, step=state["step"])
 
 
-def main() -> None:
+def stop(directory: Path | None, state: dict[str, Any], guard: ddpkit.PreemptionGuard) -> None:
+    """Save where the loop stands, then requeue (SLURM) or exit with code 75; never returns."""
+    if directory is None:
+        ddpkit.print("stop signal: no --checkpoint-dir, so nothing is saved", file=sys.stderr)
+    else:
+        ddpkit.save_checkpoint(directory, state, step=state["step"])
+        ddpkit.print(f"stop signal: saved step {state['step']} in {directory}", file=sys.stderr)
+    guard.requeue_and_exit()
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -100,9 +117,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume here")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between saves")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step")
     args = parser.parse_args()
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint-every={args.checkpoint_every} must be at least 1")
+    if args.step_delay < 0:
+        parser.error(f"--step-delay={args.step_delay} must not be negative")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
 
     ctx = ddpkit.init()
     ddpkit.print(
@@ -127,6 +152,7 @@ def main() -> None:
         "step": 0, "epoch": 0, "loss": torch.zeros(2),
     }  # fmt: skip
     resume(args.checkpoint_dir, state)
+    guard = ddpkit.preemption_guard()  # SIGUSR2 (or DDPKIT_SIGNAL): stop, save, requeue
 
     start = time.perf_counter()
     for epoch in range(state["epoch"], args.epochs):
@@ -141,6 +167,9 @@ def main() -> None:
             state["loss"] += torch.tensor([loss.item() * len(labels), len(labels)])
             state["step"] += 1
             maybe_checkpoint(args.checkpoint_dir, state, args.checkpoint_every)
+            time.sleep(args.step_delay)
+            if guard.should_stop():  # a collective: every rank stops after the same step
+                stop(args.checkpoint_dir, state, guard)
         total = state["loss"].clone()
         if ctx.world_size > 1:
             torch.distributed.all_reduce(total)
