@@ -367,7 +367,8 @@ def test_rendered_script_runs_with_hostile_values_intact(tmp_path: Path, launch:
         rdzv = "n3-ib $(touch pwned6):29400"
         assert port != 29400
         expected = ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "--cpus-per-task=2"]
-        expected += ["--open-mode=append", f"--output={log}/hostile.job_1-x-%j-node%n.out", str(python), "-u"]
+        expected += ["--open-mode=append", f"--output={log}/hostile.job_1-x-%j-node%n.out"]
+        expected += [str(python), "-u"]
         expected += ["-m", "ddpkit", "run", "--nnodes", "2", "--nproc-per-node", "2"]
         expected += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv, "--rdzv-id", "4242"]
         host_env = {"SLURM_JOB_NODELIST": "n[3-4]", "DDPKIT_HOST_TEMPLATE": job.host_template}

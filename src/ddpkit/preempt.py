@@ -155,10 +155,10 @@ class PreemptionGuard:
         """
         context = self._context
         plan = plan_requeue(self._env, self.max_requeues)
-        if plan.target is not None:
-            # `scontrol requeue` makes SLURM SIGTERM every process of the job at once; ignore
-            # it so that each rank ends on its own terms (SIGKILL still comes after KillWait).
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # Every rank ends on its own terms from here: `scontrol requeue` makes SLURM SIGTERM
+        # every process of the job at once (SIGKILL still comes after KillWait), and torch's
+        # agent SIGTERMs the workers that are still exiting once the first one is gone.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         grouped = context.world_size > 1 and dist.is_initialized()
         if grouped:
             dist.barrier()  # everybody is past its checkpoint before the job is touched

@@ -1,0 +1,229 @@
+"""The stop signal under ``ddpkit run``: the launcher passes SIGUSR2 on, the run stops with 75.
+
+``examples/train.py`` runs as 2 workers; once it saved a checkpoint, SIGUSR2 goes to the
+``ddpkit run`` process alone. It must pass the signal on to its workers (whose guard agrees,
+saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behind. Running the
+same command again resumes from the stop's checkpoint and ends with the weights of an
+uninterrupted run, which runs alongside the stopped one to save time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpkit.launch.local import child_pids
+
+ROOT = Path(__file__).resolve().parents[1]
+# 4000 samples over 2 ranks in batches of 64: 32 steps an epoch, 64 in all.
+TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "4000", "--test-size", "501"]
+CHECKPOINT = re.compile(r"ckpt-(\d{9})\.pt")
+HASH = re.compile(r"^\[rank0\]:? ?weights sha256: ([0-9a-f]{64})$", re.MULTILINE)
+RESUMED = re.compile(r"^\[rank0\]:? ?resumed from .* at step (\d+)", re.MULTILINE)
+SAVED = re.compile(r"^\[rank0\]:? ?stop signal: saved step (\d+) in ", re.MULTILINE)
+TIMEOUT_S = 90.0
+
+
+def _env() -> dict[str, str]:
+    kept = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDPKIT_", "SUBMITIT_"))
+    }
+    return {**kept, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+
+
+def _command(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *TRAIN, *extra]
+
+
+def _start(command: list[str], out: Path) -> subprocess.Popen[str]:
+    # into files: a pipe nobody reads while we poll could fill up and stall the run
+    with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as stderr:
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=_env(),
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+
+
+def _logs(out: Path) -> tuple[str, str]:
+    return out.with_suffix(".out").read_text(), out.with_suffix(".err").read_text()
+
+
+def _worker_pids(marker: str) -> list[int]:
+    """Processes other than the launcher with ``marker`` as an argument."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):  # not a process, or it just ended
+            continue
+        if marker in argv and "-m" not in argv:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _kill(run: subprocess.Popen[str], marker: str) -> None:
+    """Kill a launcher and any worker it left (workers run in sessions of their own)."""
+    run.kill()
+    run.wait()
+    for pid in _worker_pids(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _steps_saved(directory: Path) -> list[int]:
+    names = os.listdir(directory) if directory.is_dir() else []
+    return sorted(int(m[1]) for m in map(CHECKPOINT.fullmatch, names) if m)
+
+
+def _final_hash(stdout: str) -> str:
+    found = HASH.findall(stdout)
+    assert len(found) == 1, stdout
+    return str(found[0])
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The stopped run, its rerun on the same directory and an uninterrupted reference."""
+
+    code: int  # the stopped launcher's exit code
+    out: str
+    err: str
+    leftovers: list[int]  # its workers still alive after it exited
+    steps_saved: list[int]
+    rerun: subprocess.CompletedProcess[str]
+    reference_code: int
+    reference_out: str
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    tmp_path = tmp_path_factory.mktemp("preempt-local")
+    directory = tmp_path / "stop-ckpt"  # unique: marks this run's workers in /proc
+    marker = str(directory)
+    command = _command("--checkpoint-dir", marker, "--checkpoint-every", "5")
+    reference = _start(_command(), tmp_path / "reference")  # alongside: saves wall time
+    try:
+        first = _start([*command, "--step-delay", "0.05"], tmp_path / "first")
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while not _steps_saved(directory):
+                assert first.poll() is None, f"ended unsaved (exit {first.returncode})"
+                assert time.monotonic() < deadline, f"no checkpoint in {directory}"
+                time.sleep(0.005)
+            assert len(_worker_pids(marker)) == 2, "expected the 2 workers to be running"
+            first.send_signal(signal.SIGUSR2)  # the launcher only
+            code = first.wait(timeout=TIMEOUT_S)
+            leftovers = _worker_pids(marker)
+        finally:
+            _kill(first, marker)  # and any leftover, before the rerun uses the same directory
+        out, err = _logs(tmp_path / "first")
+        steps_saved = _steps_saved(directory)
+        rerun = subprocess.run(
+            command,
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        reference_code = reference.wait(timeout=TIMEOUT_S)
+    finally:
+        reference.kill()
+        reference.wait()
+    reference_out = _logs(tmp_path / "reference")[0]
+    return Runs(code, out, err, leftovers, steps_saved, rerun, reference_code, reference_out)
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_sigusr2_to_the_launcher_reaches_the_workers_which_stop_with_75(runs: Runs) -> None:
+    assert runs.code == 75, f"exit {runs.code}\n{runs.out}\n{runs.err}"
+    assert runs.leftovers == [], f"workers left behind: {runs.leftovers}"
+    assert "SIGUSR2 received: every rank stops after this step" in runs.err, runs.err
+    assert "not a SLURM job" in runs.err, runs.err
+    assert not HASH.search(runs.out), runs.out  # it did stop before the end
+    saved = [int(step) for step in SAVED.findall(runs.err)]
+    assert len(saved) == 1 and saved[0] < 64, runs.err
+    assert runs.steps_saved[-1:] == saved, (runs.steps_saved, runs.err)
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_launcher_reports_the_stop_as_stopped_early_with_a_checkpoint(runs: Runs) -> None:
+    # Both workers exit 75, a few ms apart: torch's agent must not SIGTERM the slower one
+    # (whose "signal SIGTERM" would turn the report into "worker failed (root cause)").
+    assert runs.code == 75
+    assert "stopped early with a checkpoint" in runs.err, runs.err
+    assert "worker failed" not in runs.err, runs.err
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_rerun_resumes_from_the_stop_to_the_weights_of_an_uninterrupted_run(runs: Runs) -> None:
+    rerun = runs.rerun
+    assert rerun.returncode == 0, f"{rerun.stdout}\n{rerun.stderr}"
+    saved = [int(step) for step in SAVED.findall(runs.err)]
+    assert [int(step) for step in RESUMED.findall(rerun.stdout)] == saved, rerun.stdout
+    assert runs.reference_code == 0, runs.reference_out
+    assert _final_hash(rerun.stdout) == _final_hash(runs.reference_out)
+
+
+def test_child_pids_lists_direct_children_but_not_grandchildren() -> None:
+    plain = subprocess.Popen(["sleep", "60"])
+    parent = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True
+    )
+    grandchild = None
+    try:
+        assert parent.stdout is not None
+        grandchild = int(parent.stdout.readline())
+        found = child_pids()
+        assert {plain.pid, parent.pid} <= set(found), found
+        assert grandchild not in found and os.getpid() not in found, found
+        assert found == sorted(found)
+        assert child_pids(parent.pid) == [grandchild]
+        assert child_pids(grandchild) == []
+    finally:
+        if grandchild is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, signal.SIGKILL)
+        for child in (plain, parent):
+            child.kill()
+            child.wait()
+    assert plain.pid not in child_pids() and parent.pid not in child_pids()
+
+
+def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> None:
+    """``/proc/<pid>/stat`` is ``pid (comm) state ppid``; comm may hold spaces and ')'."""
+    stats = {
+        "100": "100 (python) S 1 100 100 0",
+        "101": "101 (odd name) S 100 1 1 0",
+        "102": "102 (tricky) S 100 (x) S 7 1 1 0",  # its parent is 7, not 100
+        "103": "103 (w) S 100",
+        "104": "104 (w) S 1000 1 1 0",
+        "105": "105 (ok) S 100 1 1 0",
+    }
+    for pid, text in stats.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "stat").write_text(text + "\n")
+    (tmp_path / "106").mkdir()  # ended meanwhile: no stat
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "stat").write_text("100 (python) S 100 1 1 0\n")
+    assert child_pids(100, proc=str(tmp_path)) == [101, 103, 105]
+    assert child_pids(7, proc=str(tmp_path)) == [102]
+    assert child_pids(100, proc=str(tmp_path / "missing")) == []
