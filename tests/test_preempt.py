@@ -263,3 +263,26 @@ def test_bad_signal_or_cap_is_a_config_error() -> None:
         ddpkit.preemption_guard("KILL", env={})
     with pytest.raises(ConfigError, match="DDPKIT_MAX_REQUEUES"):
         ddpkit.preemption_guard(env={"DDPKIT_MAX_REQUEUES": "many"})
+
+
+def _early_signal_worker(rank: int, world_size: int, port: int, variable: str) -> bool:
+    env = torchrun_env(rank, world_size, port)
+    if variable:
+        env["DDPKIT_SIGNAL"] = variable
+    ddpkit.init(backend="gloo", env=env)  # latches DDPKIT_SIGNAL before anything else
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)  # before the guard exists: must not end the process
+        time.sleep(0.1)
+        return ddpkit.preemption_guard(env=env).should_stop()
+    finally:
+        ddpkit.shutdown()
+
+
+def test_init_latches_the_job_signal_so_an_early_one_is_not_lost() -> None:
+    assert run_workers(_early_signal_worker, 1, "USR2", timeout_s=60) == [True]
+
+
+def test_without_the_job_variable_init_leaves_the_signal_alone() -> None:
+    # no DDPKIT_SIGNAL: USR2 keeps its default action and ends the worker
+    with pytest.raises(BaseException, match="died|exit|signal|-12"):
+        run_workers(_early_signal_worker, 1, "", timeout_s=60)

@@ -1,13 +1,17 @@
 """The process's distributed context: ``init()`` joins the job once, ``current()`` returns it.
 
-``init`` runs the steps in a fixed order: detect the launcher (pure, from a mapping), warn each
-detection note once, choose the device, resolve the backend, probe the master, join the process
-group, and on CUDA check that no two ranks share a GPU. It is idempotent, adopts a process
-group someone else created, never writes ``os.environ``, and destroys at exit only a group it
+``init`` runs the steps in a fixed order: latch the stop signal ``DDPKIT_SIGNAL`` names (see
+:mod:`ddpkit.cluster.stopsignal`), detect the launcher (pure, from a mapping), warn each
+detection note once, choose the device, resolve the backend and the timeouts, probe the master,
+join the process group, on CUDA check that no two ranks share a GPU, and start the peer
+watchdog (:mod:`ddpkit.cluster.watchdog`). It is idempotent, adopts a process group someone else
+created (without a watchdog), never writes ``os.environ``, and destroys at exit only a group it
 created itself.
 
-The one piece of process-wide state is :data:`_STATE` (the context and whether ddpkit owns the
-group): a process is in at most one job, and ``wrap``/``loader``/``gather`` need to find it.
+The one piece of process-wide state is :data:`_STATE` (the context, whether ddpkit owns the
+group, its watchdog): a process is in at most one job, and ``wrap``/``loader``/``gather`` need
+to find it. At exit the watchdog's own atexit handler (registered later, so it runs first) writes
+this rank's exit marker before ``_destroy_at_exit`` destroys the group and wakes the peers.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from ddpkit.cluster import process_group
+from ddpkit.cluster import process_group, stopsignal, watchdog
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device
 from ddpkit.cluster.rankinfo import RankInfo
@@ -60,6 +64,7 @@ class Context:
 class _State:
     context: Context | None = None
     owns_group: bool = False  # True only when ddpkit called init_process_group itself
+    peer_watchdog: watchdog.Watchdog | None = None  # in a group ddpkit owns, of world size > 1
     atexit_registered: bool = False
     warned: set[str] = field(default_factory=set)
 
@@ -74,16 +79,23 @@ def init(
     connect_timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     device: str | torch.device | None = None,
+    peer_timeout_s: float | None = None,
 ) -> Context:
     """Join the job (once) and return its :class:`Context`.
 
     ``backend``: ``"auto"`` (nccl on CUDA, gloo otherwise) or any torch backend string, e.g.
-    ``"gloo"`` or ``"cpu:gloo,cuda:nccl"``. ``timeout_s``: collective timeout (torch's default
-    when None). ``connect_timeout_s``: how long ranks other than 0 wait for the master to accept
-    connections (None: ``DDPKIT_CONNECT_TIMEOUT`` from ``env``,
-    else 60 s). ``env``: the variables to
-    detect the launcher from (default ``os.environ``; never written). ``device``: overrides the
-    device choice (``cuda:<local_rank>``, ``cuda:0`` under one-GPU-per-task isolation, else cpu).
+    ``"gloo"`` or ``"cpu:gloo,cuda:nccl"``. ``timeout_s``: the collective timeout, which bounds
+    a rank that hangs while alive (None: ``DDPKIT_COLLECTIVE_TIMEOUT`` from ``env``, else
+    torch's default, 10-30 min by backend; keep it above the longest wait of your program, e.g.
+    ranks waiting at a barrier while rank 0 prepares data). ``connect_timeout_s``: how long
+    ranks other than 0 wait for the master to accept connections (None:
+    ``DDPKIT_CONNECT_TIMEOUT`` from ``env``, else 60 s). ``env``: the variables to detect the
+    launcher from (default ``os.environ``; never written). ``device``: overrides the device
+    choice (``cuda:<local_rank>``, ``cuda:0`` under one-GPU-per-task isolation, else cpu).
+    ``peer_timeout_s``: the watchdog's bound: when a peer has exited, died or stopped sending
+    heartbeats and this rank stays blocked that long, it ends with a line naming the peer
+    (None: ``DDPKIT_PEER_TIMEOUT`` from ``env``, else 60 s; 0, or ``off`` in the variable,
+    turns the watchdog off; see :mod:`ddpkit.cluster.watchdog`).
 
     A second call returns the same context (its arguments are not looked at again). If a
     process group already exists, it is adopted as is; ``shutdown()`` will not destroy it.
@@ -91,8 +103,10 @@ def init(
     if _STATE.context is not None:
         if dist.is_initialized():
             return _STATE.context
-        _STATE.context, _STATE.owns_group = None, False  # the group was destroyed behind us
+        _stop_watchdog("destroyed the process group")  # it was destroyed behind us
+        _STATE.context, _STATE.owns_group = None, False
     snapshot = dict(os.environ if env is None else env)
+    stopsignal.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
     info = detect(snapshot)
     _warn_notes(info.notes)
     if dist.is_initialized():
@@ -104,6 +118,7 @@ def init(
         device=device,
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
+        peer_timeout_s=peer_timeout_s,
     )
 
 
@@ -115,11 +130,14 @@ def _join(
     device: str | torch.device | None,
     timeout_s: float | None,
     connect_timeout_s: float | None,
+    peer_timeout_s: float | None,
 ) -> Context:
-    """Device, backend, probe, init_process_group, GPU check: a group ddpkit owns."""
+    """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
     wait_s = process_group.connect_timeout(env, connect_timeout_s)
+    collective_s = process_group.collective_timeout(env, timeout_s)
+    bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
     process_group.join(
@@ -127,7 +145,7 @@ def _join(
         backend=resolved,
         device=chosen,
         method=process_group.init_method(info, env),
-        timeout_s=timeout_s,
+        timeout_s=collective_s,
         connect_timeout_s=wait_s,
     )
     context = _remember(Context(info, chosen, resolved), owns_group=True)
@@ -138,7 +156,30 @@ def _join(
         except BaseException:
             shutdown()
             raise
+    if bound_s is not None and info.world_size > 1:
+        _start_watchdog(info, bound_s)
     return context
+
+
+def _start_watchdog(info: RankInfo, bound_s: float) -> None:
+    """Start the watchdog; training goes on without one (with a warning) if it cannot start."""
+    try:
+        _STATE.peer_watchdog = watchdog.start(
+            rank=info.rank, world_size=info.world_size, bound_s=bound_s
+        )
+    except Exception as exc:
+        warnings.warn(
+            f"ddpkit: the peer watchdog could not start ({type(exc).__name__}: {exc}); a rank "
+            "that dies will leave the others waiting for the collective timeout",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _stop_watchdog(how: str) -> None:
+    dog, _STATE.peer_watchdog = _STATE.peer_watchdog, None
+    if dog is not None:
+        watchdog.stop(how)
 
 
 def current() -> Context:
@@ -157,7 +198,12 @@ def current_or_none() -> Context | None:
 
 
 def shutdown() -> None:
-    """Forget the context; destroy the process group if ddpkit created it. Safe to repeat."""
+    """Stop the watchdog, forget the context, destroy the process group if ddpkit created it.
+
+    Safe to repeat. Peers still in the job see this rank leave ("left the job"); call it
+    before long solo work after the others have finished, so no watchdog is left to judge it.
+    """
+    _stop_watchdog("left the job (ddpkit.shutdown())")
     owned = _STATE.owns_group
     _STATE.context, _STATE.owns_group = None, False
     if owned:

@@ -29,9 +29,11 @@ from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, RendezvousError
 
 __all__ = [
+    "COLLECTIVE_TIMEOUT_VAR",
     "CONNECT_TIMEOUT_VAR",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "check_exclusive_gpus",
+    "collective_timeout",
     "connect_timeout",
     "destroy",
     "format_host",
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT_VAR = "DDPKIT_CONNECT_TIMEOUT"
+COLLECTIVE_TIMEOUT_VAR = "DDPKIT_COLLECTIVE_TIMEOUT"
 # What torch's env:// handler reads from os.environ.
 _ENV_METHOD_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -65,17 +68,32 @@ def connect_timeout(env: Mapping[str, str], explicit_s: float | None) -> float:
     script), else 60 s."""
     if explicit_s is not None:
         return _positive_seconds(explicit_s, "connect_timeout_s")
-    raw = env.get(CONNECT_TIMEOUT_VAR, "").strip()
+    value = _seconds_from_env(env, CONNECT_TIMEOUT_VAR, example="120")
+    return DEFAULT_CONNECT_TIMEOUT_S if value is None else value
+
+
+def collective_timeout(env: Mapping[str, str], explicit_s: float | None) -> float | None:
+    """The collective timeout for ``init_process_group``: the caller's ``timeout_s`` when
+    given, else ``DDPKIT_COLLECTIVE_TIMEOUT`` from ``env``, else None (torch's default, 10 min
+    for NCCL, 30 min otherwise). It bounds a rank that hangs while alive; ddpkit does not lower
+    it by default, since ranks legitimately wait at a barrier while rank 0 prepares data."""
+    if explicit_s is not None:
+        return _positive_seconds(explicit_s, "timeout_s")
+    return _seconds_from_env(env, COLLECTIVE_TIMEOUT_VAR, example="1800")
+
+
+def _seconds_from_env(env: Mapping[str, str], name: str, *, example: str) -> float | None:
+    """``env[name]`` as a positive number of seconds; None when unset or blank."""
+    raw = env.get(name, "").strip()
     if not raw:
-        return DEFAULT_CONNECT_TIMEOUT_S
+        return None
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(
-            f"{CONNECT_TIMEOUT_VAR}={raw!r} is not a number of seconds",
-            hint=f"e.g. {CONNECT_TIMEOUT_VAR}=120",
+            f"{name}={raw!r} is not a number of seconds", hint=f"e.g. {name}={example}"
         ) from None
-    return _positive_seconds(value, CONNECT_TIMEOUT_VAR)
+    return _positive_seconds(value, name)
 
 
 def resolve_backend(backend: str, device_type: str) -> str:
