@@ -6,6 +6,7 @@
     ├── TopologyError (ValueError)   the environment describes an impossible or inconsistent job
     ├── RendezvousError              the master cannot be reached / the process group cannot form
     ├── SchedulerError (RuntimeError) a scheduler command (sbatch, squeue, sacct, scancel) failed
+    ├── CheckpointError (RuntimeError) a checkpoint could not be saved or restored (every rank)
     └── UsageError (RuntimeError)    an API called in the wrong order (e.g. wrap() before init())
 
 Every message names the offending field or variable and its value, and ends with a hint.
@@ -16,6 +17,7 @@ The CLI prints ``ddpkit: error: <message>`` for any ``DdpkitError`` and exits wi
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "DdpkitError",
     "NodelistError",
@@ -57,3 +59,7 @@ class SchedulerError(DdpkitError, RuntimeError):
 
 class UsageError(DdpkitError, RuntimeError):
     """ddpkit's API was called in an order it does not support."""
+
+
+class CheckpointError(DdpkitError, RuntimeError):
+    """A checkpoint could not be saved or restored; raised on every rank, naming the cause."""
