@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 import ddpkit
 from ddpkit.errors import ConfigError
-from distutil import run_workers, torchrun_env
+from distutil import free_port, run_workers, torchrun_env
 
 
 class Counting(Dataset[int]):
@@ -169,3 +169,47 @@ def test_resume_mid_epoch_two_ranks(k: int) -> None:
         assert result["gather_ok"], rank
         everything = [i for step in result["gathered"] for i in step]
         assert sorted(everything) == list(range(11)), rank  # exactly once, padding cut
+
+
+# --- len(loader) during a resumed pass ---------------------------------------------------------
+
+
+def _len_worker(rank: int, world_size: int, port: int) -> list[str]:
+    """Every mismatch between len() and the batches yielded, over drop_last and positions."""
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    wrong: list[str] = []
+    try:
+        for drop_last in (False, True):
+            full = len(ddpkit.loader(Counting(23), 3, seed=11, drop_last=drop_last))
+            for k in range(full + 1):
+                where = f"rank {rank} of {world_size}, drop_last={drop_last}, k={k}"
+                resumed = ddpkit.loader(Counting(23), 3, seed=11, drop_last=drop_last)
+                resumed.load_state_dict(_interrupted(23, 3, k, drop_last=drop_last))
+                before = len(resumed)
+                for label in ("resumed pass", "next pass"):
+                    iterator = iter(resumed)
+                    expected = [len(resumed), len(iterator)]
+                    during = [(len(resumed), len(iterator)) for _ in iterator]
+                    yielded = len(during)
+                    if label == "resumed pass" and before != yielded:
+                        wrong.append(f"{where}: len {before} before a pass of {yielded}")
+                    if set(during) - {(yielded, yielded)} or expected != [yielded, yielded]:
+                        wrong.append(f"{where}: {label} of {yielded}: {expected}, {during}")
+                    if len(resumed) != full:
+                        wrong.append(f"{where}: len {len(resumed)} after the {label}, not {full}")
+                    if label == "next pass" and yielded != full:
+                        wrong.append(f"{where}: the next pass yielded {yielded}, not {full}")
+                if (k == full) != (before == 0):
+                    wrong.append(f"{where}: len {before} before the resumed pass")
+    finally:
+        ddpkit.shutdown()
+    return wrong
+
+
+def test_len_counts_the_batches_of_a_resumed_pass_world_of_one() -> None:
+    assert _len_worker(0, 1, free_port()) == []
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_len_counts_the_batches_of_a_resumed_pass(world_size: int) -> None:
+    assert run_workers(_len_worker, world_size) == [[]] * world_size

@@ -14,6 +14,8 @@ rank holds at that step and which are padding.
 ``state_dict()``/``load_state_dict()`` save and restore the position (epoch of the pass and
 batches yielded); a restored loader skips the consumed batches at the sampler, so their
 samples are never read, and its steps keep counting from there so ``gather`` stays right.
+``len(loader)`` counts the batches of the current pass (of the next one when no pass is in
+progress), so a resumed pass reports only the batches it still yields.
 """
 
 from __future__ import annotations
@@ -121,7 +123,15 @@ class EpochSampler(DistributedSampler[Any]):
 
 
 class DistributedLoader(DataLoader[Any]):
-    """A ``DataLoader`` over an :class:`EpochSampler`; iterate it like any DataLoader."""
+    """A ``DataLoader`` over an :class:`EpochSampler`; iterate it like any DataLoader.
+
+    ``len(loader)`` is the number of batches the current pass yields, or the next pass when
+    none is in progress (before the first ``iter()``, after a loop ran to its end): the whole
+    epoch, except for a pass resumed by :meth:`load_state_dict`, which yields (and reports)
+    only the batches left after the saved position; the pass after it is whole again. A pass
+    left with ``break`` stays current (its position is what ``state_dict()`` saves) until
+    the next ``iter()``. The iterator's own ``len()`` is its pass's count.
+    """
 
     def __init__(self, dataset: Dataset[Any], sampler: EpochSampler, **kwargs: Any) -> None:
         super().__init__(dataset, sampler=sampler, **kwargs)
@@ -130,6 +140,16 @@ class DistributedLoader(DataLoader[Any]):
         # ended (its iterator raised StopIteration): then the position is the next pass's.
         self._position: tuple[int, int] | None = None
         self._resume_batches = 0
+        self._pass_length = 0  # batches of the pass in progress (when _position is set)
+
+    def __len__(self) -> int:
+        if self._position is not None:
+            return self._pass_length
+        return self._remaining(self._epoch_sampler.pending_skip // (self.batch_size or 1))
+
+    def _remaining(self, skipped: int) -> int:
+        """The batches of a pass that leaves out its first ``skipped`` batches."""
+        return max(0, super().__len__() - skipped)
 
     @property
     def epoch(self) -> int:
@@ -195,9 +215,11 @@ class DistributedLoader(DataLoader[Any]):
         # Read before the pass starts: torch iterates the sampler lazily, on the first batch.
         sampler = self._epoch_sampler
         epoch, first = sampler.next_epoch, sampler.pending_skip // (self.batch_size or 1)
+        length = self._remaining(first)
         inner = super().__iter__()
         self._position, self._resume_batches = (epoch, first), 0
-        return _TrackedIterator(self, inner, epoch, first)
+        self._pass_length = length
+        return _TrackedIterator(self, inner, epoch, first, length)
 
     def _advance(self, epoch: int, batches: int, finished: bool) -> None:
         self._position = None if finished else (epoch, batches)
@@ -219,12 +241,13 @@ class _TrackedIterator(Iterator[Any]):
     """Counts the batches of one pass and marks itself active on each one."""
 
     def __init__(
-        self, owner: DistributedLoader, inner: Iterator[Any], epoch: int, first: int
+        self, owner: DistributedLoader, inner: Iterator[Any], epoch: int, first: int, length: int
     ) -> None:
         self.loader = owner
         self.step = first - 1  # a resumed pass numbers its batches from where it stopped
         self.epoch = epoch
         self._inner = inner
+        self._length = length
 
     def __iter__(self) -> _TrackedIterator:
         return self
@@ -242,7 +265,7 @@ class _TrackedIterator(Iterator[Any]):
         return batch
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return self._length
 
 
 class _ActiveSlot:
