@@ -184,12 +184,26 @@ def test_submitit_dry_run_prints_the_executor_parameters_and_writes_nothing(
             "export A='x y'",
             "export DDPKIT_EXPECTED_WORLD_SIZE=4",
             "export DDPKIT_JOB_LAUNCH=srun",
+            "export DDPKIT_SIGNAL=USR2",
+            "export SUBMITIT_PREEMPT_SIGNAL=USR2",
+            "export DDPKIT_MAX_REQUEUES=10",
         ],
-        "slurm_additional_parameters": {"exclusive": True, "comment": "hi", "chdir": str(tmp_path)},
+        "slurm_additional_parameters": {
+            "exclusive": True,
+            "comment": "hi",
+            "chdir": str(tmp_path),
+            "signal": "USR2@120",  # the spec's signal and delay beat submitit's USR2@90
+        },
         "mem_gb": 1.5,
         "slurm_partition": "debug",
     }
-    for line in ("#SBATCH --ntasks-per-node=2", "#SBATCH --exclusive", "#SBATCH --mem=1536MB"):
+    assert "#SBATCH --signal=USR2@90" not in script.splitlines()
+    for line in (
+        "#SBATCH --ntasks-per-node=2",
+        "#SBATCH --exclusive",
+        "#SBATCH --mem=1536MB",
+        "#SBATCH --signal=USR2@120",
+    ):
         assert line in script.splitlines()
     assert "export A='x y'" in script
     assert_nothing_happened(tmp_path, calls)
