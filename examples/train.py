@@ -118,6 +118,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume here")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between saves")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step")
+    parser.add_argument(
+        "--exact-resume",
+        action="store_true",
+        help="keep DDP's gradient buckets in their first layout (find_unused_parameters=True), "
+        "so that a resumed run is bitwise exact at any world size, not only 2",
+    )
     args = parser.parse_args()
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint-every={args.checkpoint_every} must be at least 1")
@@ -139,7 +145,10 @@ def main() -> None:
     classes, dim = 4, 32
     train_set = make_data(args.train_size, classes=classes, dim=dim, seed=1)
     test_set = make_data(args.test_size, classes=classes, dim=dim, seed=2)
-    model = ddpkit.wrap(make_model(dim, classes))
+    # DDP regroups its gradient buckets after the first backward; a resumed run's first step
+    # then sums in the old layout, and with 3+ gloo ranks that rounds differently.
+    ddp = {"find_unused_parameters": True} if args.exact_resume else {}
+    model = ddpkit.wrap(make_model(dim, classes), **ddp)
     train = ddpkit.loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
     test = ddpkit.loader(test_set, args.batch_size, shuffle=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
