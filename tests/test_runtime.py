@@ -104,8 +104,8 @@ def test_connect_timeout(env: dict[str, str], explicit: float | None, expected: 
     ("env", "default", "match"),
     [
         ({"DDPKIT_CONNECT_TIMEOUT": "soon"}, None, "DDPKIT_CONNECT_TIMEOUT='soon'"),
-        ({"DDPKIT_CONNECT_TIMEOUT": "-1"}, None, "DDPKIT_CONNECT_TIMEOUT=-1.0"),
-        ({"DDPKIT_CONNECT_TIMEOUT": "inf"}, None, "DDPKIT_CONNECT_TIMEOUT=inf"),
+        ({"DDPKIT_CONNECT_TIMEOUT": "-1"}, None, "DDPKIT_CONNECT_TIMEOUT='-1'"),
+        ({"DDPKIT_CONNECT_TIMEOUT": "inf"}, None, "DDPKIT_CONNECT_TIMEOUT='inf'"),
         ({}, 0, "connect_timeout_s=0"),
     ],
 )

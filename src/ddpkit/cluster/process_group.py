@@ -13,7 +13,6 @@ abortive close (RST) makes the libuv store print a warning.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.cluster.devices import check_distinct_gpus
+from ddpkit.cluster.durations import positive_seconds, seconds_from_env
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, RendezvousError
 
@@ -49,16 +49,6 @@ COLLECTIVE_TIMEOUT_VAR = "DDPKIT_COLLECTIVE_TIMEOUT"
 _ENV_METHOD_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _positive_seconds(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name}={value!r} is not a number of seconds", hint=f"e.g. {name}=60")
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(
-            f"{name}={value!r} must be a positive, finite number of seconds", hint=f"e.g. {name}=60"
-        )
-    return float(value)
-
-
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 
 
@@ -67,8 +57,8 @@ def connect_timeout(env: Mapping[str, str], explicit_s: float | None) -> float:
     ``DDPKIT_CONNECT_TIMEOUT`` from ``env`` (so operators can lengthen it without editing the
     script), else 60 s."""
     if explicit_s is not None:
-        return _positive_seconds(explicit_s, "connect_timeout_s")
-    value = _seconds_from_env(env, CONNECT_TIMEOUT_VAR, example="120")
+        return positive_seconds(explicit_s, "connect_timeout_s")
+    value = seconds_from_env(env, CONNECT_TIMEOUT_VAR, example="120")
     return DEFAULT_CONNECT_TIMEOUT_S if value is None else value
 
 
@@ -78,22 +68,8 @@ def collective_timeout(env: Mapping[str, str], explicit_s: float | None) -> floa
     for NCCL, 30 min otherwise). It bounds a rank that hangs while alive; ddpkit does not lower
     it by default, since ranks legitimately wait at a barrier while rank 0 prepares data."""
     if explicit_s is not None:
-        return _positive_seconds(explicit_s, "timeout_s")
-    return _seconds_from_env(env, COLLECTIVE_TIMEOUT_VAR, example="1800")
-
-
-def _seconds_from_env(env: Mapping[str, str], name: str, *, example: str) -> float | None:
-    """``env[name]`` as a positive number of seconds; None when unset or blank."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{name}={raw!r} is not a number of seconds", hint=f"e.g. {name}={example}"
-        ) from None
-    return _positive_seconds(value, name)
+        return positive_seconds(explicit_s, "timeout_s")
+    return seconds_from_env(env, COLLECTIVE_TIMEOUT_VAR, example="1800")
 
 
 def resolve_backend(backend: str, device_type: str) -> str:
@@ -191,7 +167,7 @@ def join(
 ) -> None:
     """Probe the master (ranks != 0), then ``init_process_group`` with explicit rank/world."""
     if timeout_s is not None:
-        _positive_seconds(timeout_s, "timeout_s")
+        positive_seconds(timeout_s, "timeout_s")
     if info.rank != 0 and info.world_size > 1:
         probe_master(info, connect_timeout_s)
     try:

@@ -59,7 +59,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import math
 import multiprocessing
 import os
 import queue
@@ -75,7 +74,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from ddpkit.errors import ConfigError
+from ddpkit.cluster.durations import positive_seconds, seconds_from_env
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import Store
@@ -101,7 +100,6 @@ THREAD_NAME = "ddpkit-watchdog"
 STORE_THREAD_NAME = "ddpkit-watchdog-store"
 KEY_PREFIX = "ddpkit/watchdog/"
 ABORT_EXIT_CODE = 1
-_OFF = ("off", "0", "0.0")
 _HOOK_POLL_S = 0.05
 _SAY_TIMEOUT_S = 2.0  # how long a leaving rank waits for its marker to be written
 # In the RuntimeErrors a collective raises when a peer is gone (NCCL's are DistErrors).
@@ -117,34 +115,24 @@ def peer_timeout(env: Mapping[str, str], explicit_s: float | None) -> float | No
     ``explicit_s`` (``init(peer_timeout_s=)``) wins; else ``DDPKIT_PEER_TIMEOUT`` from ``env``;
     else 60 s. ``0`` (or ``off`` in the variable) turns the watchdog off.
     """
-    hint = f"e.g. {PEER_TIMEOUT_VAR}=120, or {PEER_TIMEOUT_VAR}=off to turn the watchdog off"
     if explicit_s is not None:
-        return _bound(explicit_s, "peer_timeout_s", hint="e.g. peer_timeout_s=120, or 0 for off")
-    raw = env.get(PEER_TIMEOUT_VAR, "").strip()
-    if not raw:
-        return DEFAULT_PEER_TIMEOUT_S
-    if raw.lower() in _OFF:
+        if explicit_s == 0 and not isinstance(explicit_s, bool):
+            return None
+        hint = "e.g. peer_timeout_s=120, or 0 for off"
+        return positive_seconds(explicit_s, "peer_timeout_s", hint=hint)
+    if _is_off(env.get(PEER_TIMEOUT_VAR, "").strip().lower()):
         return None
+    hint = f"e.g. {PEER_TIMEOUT_VAR}=120, or {PEER_TIMEOUT_VAR}=off to turn the watchdog off"
+    value = seconds_from_env(env, PEER_TIMEOUT_VAR, example="120", hint=hint)
+    return DEFAULT_PEER_TIMEOUT_S if value is None else value
+
+
+def _is_off(raw: str) -> bool:
+    """``off``, or a number equal to 0 (``0``, ``0.0``)."""
     try:
-        value = float(raw)
+        return raw == "off" or float(raw) == 0
     except ValueError:
-        raise ConfigError(
-            f"{PEER_TIMEOUT_VAR}={raw!r} is not a number of seconds or 'off'", hint=hint
-        ) from None
-    return _bound(value, PEER_TIMEOUT_VAR, hint=hint, shown=raw)
-
-
-def _bound(value: float, name: str, *, hint: str, shown: str | None = None) -> float | None:
-    text = repr(value) if shown is None else repr(shown)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name}={text} is not a number of seconds", hint=hint)
-    if value == 0:
-        return None
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(
-            f"{name}={text} must be a positive, finite number of seconds (0: off)", hint=hint
-        )
-    return float(value)
+        return False
 
 
 def interval_for(bound_s: float) -> float:

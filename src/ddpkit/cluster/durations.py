@@ -1,0 +1,49 @@
+"""Seconds from keyword arguments and environment variables: one parser for every timeout knob.
+
+``DDPKIT_CONNECT_TIMEOUT``, ``DDPKIT_COLLECTIVE_TIMEOUT`` and ``DDPKIT_PEER_TIMEOUT`` (and their
+keyword arguments) are read here, so they accept the same spellings and fail the same way: a
+``ConfigError`` naming the argument or variable and the value as written, with a hint.
+Pure and torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from ddpkit.errors import ConfigError
+
+__all__ = ["positive_seconds", "seconds_from_env"]
+
+
+def positive_seconds(
+    value: float, name: str, *, hint: str | None = None, shown: str | None = None
+) -> float:
+    """``value`` as a float, if it is a positive, finite number (bools refused).
+
+    ``shown``: the text to quote in the error (an environment variable's raw value).
+    """
+    text = repr(value) if shown is None else repr(shown)
+    advice = hint or f"e.g. {name}=60"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name}={text} is not a number of seconds", hint=advice)
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(
+            f"{name}={text} must be a positive, finite number of seconds", hint=advice
+        )
+    return float(value)
+
+
+def seconds_from_env(
+    env: Mapping[str, str], name: str, *, example: str, hint: str | None = None
+) -> float | None:
+    """``env[name]`` as a positive number of seconds; None when unset or blank."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    advice = hint or f"e.g. {name}={example}"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds", hint=advice) from None
+    return positive_seconds(value, name, hint=advice, shown=raw)
