@@ -35,7 +35,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping
 from typing import NoReturn
 
@@ -53,6 +52,7 @@ from ddpkit.cluster.requeue import (
     max_requeues_from,
     parse_signal,
     plan_requeue,
+    signal_from_env,
 )
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.runtime import current, shutdown
@@ -101,7 +101,7 @@ class PreemptionGuard:
     ) -> None:
         self._env = dict(os.environ if env is None else env)
         if signal_name is None:
-            chosen = parse_signal(self._env.get(SIGNAL_VAR, "").strip() or DEFAULT_SIGNAL)
+            chosen = signal_from_env(self._env)
         else:
             chosen = parse_signal(signal_name, name="signal_name")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
@@ -109,18 +109,18 @@ class PreemptionGuard:
                 f"check_every={check_every!r} must be a whole number >= 1",
                 hint="1 agrees after every step; 10 every tenth call of should_stop()",
             )
-        if threading.current_thread() is not threading.main_thread():
-            raise UsageError(
-                "preemption_guard() was called outside the main thread",
-                hint="create it in the main thread: only there can Python install a handler",
-            )
         self.signal = chosen
         self.max_requeues = max_requeues_from(max_requeues, self._env)
         self.check_every = check_every
         self._context = current()
         self._agreed = False
         self._calls = 0
-        stopsignal.latch(chosen)  # init() may have latched it already: an early signal counts
+        # init() may have latched it already: a signal that came before now still counts.
+        if not stopsignal.latch(chosen):
+            raise UsageError(
+                "preemption_guard() was called outside the main thread",
+                hint="create it in the main thread: only there can Python install a handler",
+            )
 
     @property
     def received(self) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "max_requeues_from",
     "parse_signal",
     "plan_requeue",
+    "signal_from_env",
 ]
 
 SIGNAL_VAR = "DDPKIT_SIGNAL"
@@ -102,3 +103,8 @@ def plan_requeue(env: Mapping[str, str], max_requeues: int) -> RequeuePlan:
     # only "<array>_<task>" names one task for certain.
     target = f"{array_job}_{array_task}" if array_job and array_task else job
     return RequeuePlan(target, f"requeue {target} ({restarts + 1} of {max_requeues})", restarts)
+
+
+def signal_from_env(env: Mapping[str, str]) -> signal.Signals:
+    """The stop signal ``DDPKIT_SIGNAL`` names in ``env``, else the default (USR2)."""
+    return parse_signal(env.get(SIGNAL_VAR, "").strip() or DEFAULT_SIGNAL)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ddpkit.cluster.requeue import DEFAULT_SIGNAL, MAX_REQUEUES_VAR, SIGNAL_VAR, parse_signal
+from ddpkit.cluster.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR, signal_from_env
 from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
 
@@ -222,7 +222,7 @@ class RunCommand:
         self.cwd = cwd
 
     def __call__(self) -> int:
-        stop = parse_signal(os.environ.get(SIGNAL_VAR, "").strip() or DEFAULT_SIGNAL)
+        stop = signal_from_env(os.environ)
         signalled = False
         child: subprocess.Popen[bytes] | None = None
 
