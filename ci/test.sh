@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (the README quotes it, .ci/run calls it): installs what the suite
-# needs on a bare machine, runs the linters and the type checker, starts the real SLURM test
+# needs on a bare machine, proves the README's first command in a brand-new venv (ci/contract.sh),
+# runs the linters and the type checker, starts the real SLURM test
 # cluster (ci/slurm-up: 2 nodes, accounting, installed with apt-get when missing), runs the whole
 # test suite against it, and stops it again (ci/slurm-down) however pytest ends. Arguments go to
 # pytest, e.g. `bash ci/test.sh -m slurm -q`.
@@ -14,6 +15,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 echo "== install (torch pinned by ci/constraints.txt)"
 python3 -m pip install --quiet --disable-pip-version-check -c ci/constraints.txt -e ".[dev]"
+
+echo "== contract: the README's first command in a brand-new venv (ci/contract.sh)"
+bash ci/contract.sh
 
 echo "== ruff"
 ruff check src tests examples benchmarks
