@@ -221,6 +221,10 @@ def test_failing_rank_reports_root_cause_with_traceback(
     assert re.fullmatch(rf"ddpkit: traceback of rank 1 \(from {log}\):", report.splitlines()[1])
     assert "  ValueError: boom from rank 1" in report.splitlines()
     assert "[rank1]" not in report  # the prefixes of the log were stripped
+    # the tee'd traceback: torch's excepthook prefix and the launcher's, once
+    console = err[: err.find("ddpkit: worker failed")].splitlines()
+    assert "[rank1]: Traceback (most recent call last):" in console, err
+    assert not [line for line in console if line.startswith("[rank1]: [rank1]")], err
     assert "ChildFailedError" not in err and "Root Cause" not in err  # no torch box
     assert "ddpkit: worker logs: " in report
 

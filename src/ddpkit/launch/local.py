@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import uuid
@@ -417,17 +418,41 @@ def _omp_notice_muted() -> Iterator[None]:
         logger.removeFilter(muted)
 
 
+# torch's excepthook (installed by init_process_group) prefixes every traceback line with
+# "[rank<N>]: ", the very text of the default tee prefix: one of the two is dropped.
+_DOUBLED_PREFIX = re.compile(r"(\[rank\d+\]: )\1")
+
+
+class _OncePrefixed:
+    """A tee destination that writes ``[rankN]: [rankN]: text`` as ``[rankN]: text``.
+
+    ``TailLog`` writes each worker line as ``f"{header}{line}"`` in one ``write``; only a line
+    whose own text starts with the same header is changed (other templates are left alone).
+    """
+
+    def __init__(self, dst: Any) -> None:
+        self._dst = dst
+
+    def write(self, text: str) -> int:
+        return int(self._dst.write(_DOUBLED_PREFIX.sub(r"\1", text, count=1)))
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, ...
+        return getattr(self._dst, name)
+
+
 @contextmanager
 def _log_tail_interval(interval_s: float) -> Iterator[None]:
-    """Poll tee'd worker logs every ``interval_s`` instead of torch's fixed 0.1 s.
+    """Poll tee'd worker logs every ``interval_s`` instead of torch's fixed 0.1 s, and print
+    torch's own ``[rankN]: `` traceback prefix only once.
 
-    Why: at shutdown torch stops one ``TailLog`` per tee'd stream and each stop waits out a
-    poll sleep, in step with the agent's 0.1 s monitor loop: +0.2 s per launch with stdout and
-    stderr tee'd, ~10% of a trivial 2-process run. ``PContext`` builds its ``TailLog`` with the
-    default interval and offers no parameter, so for the duration of the launch the name it
-    looks up is a subclass with a shorter interval (restored afterwards). Should torch move the
-    class, nothing is replaced and its default applies. Price of 10 ms: polling costs the agent
-    ~1% of a core per tee'd stream (2 ranks, stdout+stderr: ~3-4% of one core, measured).
+    Why the interval: at shutdown torch stops one ``TailLog`` per tee'd stream and each stop
+    waits out a poll sleep, in step with the agent's 0.1 s monitor loop: +0.2 s per launch with
+    stdout and stderr tee'd, ~10% of a trivial 2-process run. ``PContext`` builds its
+    ``TailLog`` with the default interval and offers no parameter, so for the duration of the
+    launch the name it looks up is a subclass with a shorter interval and a destination that
+    drops a doubled prefix (restored afterwards). Should torch move the class, nothing is
+    replaced and its defaults apply. Price of 10 ms: polling costs the agent ~1% of a core per
+    tee'd stream (2 ranks, stdout+stderr: ~3-4% of one core, measured).
     """
     original = getattr(mp_api, "TailLog", None)
     if not (isinstance(original, type) and issubclass(original, TailLog)):
@@ -435,9 +460,9 @@ def _log_tail_interval(interval_s: float) -> Iterator[None]:
         return
 
     class _PromptTailLog(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, name: str, log_files: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("interval_sec", interval_s)
-            super().__init__(*args, **kwargs)
+            super().__init__(name, log_files, _OncePrefixed(dst), *args, **kwargs)
 
     mp_api.TailLog = _PromptTailLog  # type: ignore[attr-defined]
     try:
