@@ -303,7 +303,7 @@ def test_wait_gives_up_after_timeout() -> None:
 
     with pytest.raises(SlurmError, match=r"job 3 is still RUNNING after timeout_s=5") as caught:
         sl.wait("3", 5, 1, runner=fake, clock=lambda: now[0], sleep=sleep)
-    assert "scancel 3" in (caught.value.hint or "")
+    assert "ddpkit cancel 3" in (caught.value.hint or "")
     assert now[0] == 5
 
 

@@ -197,7 +197,7 @@ def test_local_cwd_one_node_two_processes(
     assert f"{handle} ended SUCCEEDED" in err
     record = load_record(handle)
     assert record is not None
-    assert (record.via, record.torchx_handle, record.torchx_state) == (
+    assert (record.via, record.handle, record.final_state) == (
         "torchx",
         handle,
         "SUCCEEDED",
@@ -231,7 +231,7 @@ def test_local_status_without_final_state_is_unknown_with_a_hint(
             1,
             2,
             str(workdir),
-            torchx_handle=handle,
+            handle=handle,
         )
     )
     code, out, err = run(["status", handle], capsys)

@@ -183,10 +183,10 @@ def _spec_command(request: JobsRequest) -> int:
         _write(api.dry_run(spec, request.via, scheduler=request.scheduler))
     else:
         record = api.submit(spec, request.via, scheduler=request.scheduler)
-        print(record.torchx_handle or record.job_id, flush=True)
-        if record.torchx_state is not None:  # a local torchx app has run in the foreground
-            print(f"ddpkit: {record.torchx_handle} ended {record.torchx_state}", file=sys.stderr)
-            return 0 if record.torchx_state == "SUCCEEDED" else 1
+        print(record.name_for_user, flush=True)
+        if record.final_state is not None:  # a local torchx app has run in the foreground
+            print(f"ddpkit: {record.name_for_user} ended {record.final_state}", file=sys.stderr)
+            return 0 if record.final_state == "SUCCEEDED" else 1
     return 0
 
 

@@ -39,8 +39,8 @@ _EXPORTS: dict[str, str] = {
     "log_files": "ddpkit.jobs.api",
     "read_logs": "ddpkit.jobs.api",
     "follow_logs": "ddpkit.jobs.api",
-    "JobLogs": "ddpkit.jobs.api",
-    "LogFile": "ddpkit.jobs.api",
+    "JobLogs": "ddpkit.jobs.logs",
+    "LogFile": "ddpkit.jobs.logs",
 }
 
 __all__ = [
@@ -71,8 +71,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ddpkit.jobs.api import (
-        JobLogs,
-        LogFile,
         cancel,
         dry_run,
         follow_logs,
@@ -87,6 +85,7 @@ if TYPE_CHECKING:
     )
     from ddpkit.jobs.layout import format_plan, rank_layout
     from ddpkit.jobs.load import load_profile, load_spec
+    from ddpkit.jobs.logs import JobLogs, LogFile
     from ddpkit.jobs.records import JobRecord
     from ddpkit.jobs.render import render_sbatch
     from ddpkit.jobs.slurm import JobState, JobStatus

@@ -8,12 +8,13 @@ the submitted script (or the submitit folder). ``status``/``logs``/``cancel`` us
 there and fall back to SLURM when it is not. Writes are atomic (temporary file + rename), so a
 reader never sees half a record.
 
-Jobs submitted through torchx (``via="torchx"``) also keep torchx's app handle
+A backend that names its jobs otherwise keeps that name in ``handle``: torchx's app handle
 (``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``). Either a SLURM job id or such a handle
 names a record (:func:`record_key`): a slurm handle shares the file of its SLURM job id, so
 ``ddpkit status 1234`` and ``ddpkit status slurm://torchx/1234`` read the same record; other
-schedulers' handles get ``<scheduler>-<app id>.json``. A local_cwd job runs in the foreground of
-the submitting process, which rewrites its record once more with torchx's final state.
+schedulers' handles get ``<scheduler>-<app id>.json``. A job that runs in the foreground of the
+submitting process (torchx's local_cwd) gets its record rewritten once more with the backend's
+final state (``final_state``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.slurm import parse_job_id
+
+if TYPE_CHECKING:
+    from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
     "JobRecord",
@@ -36,6 +41,7 @@ __all__ = [
     "ddpkit_home",
     "is_torchx_handle",
     "load_record",
+    "new_record",
     "parse_job",
     "record_key",
     "record_path",
@@ -63,8 +69,36 @@ class JobRecord:
     workdir: str
     script: str | None = None  # the sbatch text that was submitted (as submitit wrote it)
     submitted_at: float = 0.0  # time.time() of the submission
-    torchx_handle: str | None = None  # via torchx: the app handle `ddpkit submit` printed
-    torchx_state: str | None = None  # via torchx, local schedulers: torchx's final AppState name
+    handle: str | None = None  # the backend's own name of the job (torchx's app handle)
+    final_state: str | None = None  # a job run in the foreground: the backend's final state
+
+    @property
+    def name_for_user(self) -> str:
+        """What `ddpkit submit` prints and the other commands take: the handle, else the id."""
+        return self.handle or self.job_id
+
+
+# Keys of records written before the fields were named for every backend.
+_RENAMED = {"torchx_handle": "handle", "torchx_state": "final_state"}
+
+
+def new_record(
+    spec: JobSpec, job_id: str, via: Via, script: str | None, *, launch: str | None = None
+) -> JobRecord:
+    """The record of ``spec`` just submitted as ``job_id`` (``launch``: the spec's, unless
+    the backend starts processes its own way)."""
+    return JobRecord(
+        job_id=job_id,
+        via=via,
+        name=spec.name,
+        log_dir=spec.log_path,
+        launch=launch or spec.launch,
+        nodes=spec.nodes,
+        procs_per_node=spec.procs,
+        workdir=spec.workdir,
+        script=script,
+        submitted_at=time.time(),
+    )
 
 
 def ddpkit_home(env: Mapping[str, str] | None = None) -> Path:
@@ -111,7 +145,7 @@ def record_path(job_id: str, *, home: Path | None = None) -> Path:
 
 def save_record(record: JobRecord, *, home: Path | None = None) -> Path:
     """Write ``record`` atomically and return its path."""
-    path = record_path(record.torchx_handle or record.job_id, home=home)
+    path = record_path(record.name_for_user, home=home)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(asdict(record), indent=2, sort_keys=True) + "\n"
     # Same directory as the target: rename is atomic only within one file system.
@@ -144,4 +178,5 @@ def load_record(job_id: str, *, home: Path | None = None) -> JobRecord | None:
             f"job record {str(path)!r} is not a ddpkit job record",
             hint="delete the file; status, logs and cancel then ask SLURM alone",
         )
+    data = {_RENAMED.get(k, k): v for k, v in data.items()}
     return JobRecord(**{k: v for k, v in data.items() if k in known})

@@ -38,6 +38,7 @@ __all__ = [
     "SlurmError",
     "cancel",
     "parse_job_id",
+    "poll_until_finished",
     "query_state",
     "state_from_slurm",
     "submit_script",
@@ -417,15 +418,36 @@ def wait(
     sleep: Callable[[float], None] = time.sleep,
 ) -> JobStatus:
     """Poll :func:`query_state` every ``poll_s`` until the job is finished; its final status."""
+    return poll_until_finished(
+        lambda: query_state(job_id, runner=runner, env=env),
+        str(job_id),
+        timeout_s,
+        poll_s,
+        clock=clock,
+        sleep=sleep,
+    )
+
+
+def poll_until_finished(
+    query: Callable[[], JobStatus],
+    job: str,
+    timeout_s: float,
+    poll_s: float = 1.0,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobStatus:
+    """Ask ``query`` every ``poll_s`` until the job is finished; its final status. The one
+    waiting loop of every backend; a SlurmError naming ``job`` after ``timeout_s``."""
     deadline = clock() + timeout_s
     while True:
-        status = query_state(job_id, runner=runner, env=env)
+        status = query()
         if status.state.is_finished:
             return status
         if clock() >= deadline:
             raise SlurmError(
-                f"job {job_id} is still {status.state.value} after timeout_s={timeout_s:g}",
-                hint=status.hint or f"wait longer, or stop it with `scancel {job_id}`",
+                f"job {job} is still {status.state.value} after timeout_s={timeout_s:g}",
+                hint=status.hint or f"wait longer, or stop it with `ddpkit cancel {job}`",
             )
         sleep(poll_s)
 

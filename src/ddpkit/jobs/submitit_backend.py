@@ -41,6 +41,9 @@ import yaml
 from ddpkit.cluster.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR, signal_from_env
 from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.backend import Request
+from ddpkit.jobs.records import JobRecord, Via, new_record
+from ddpkit.jobs.sbatch_backend import SlurmJobs, log_dir_made
 
 if TYPE_CHECKING:
     import submitit
@@ -48,7 +51,9 @@ if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
+    "BACKEND",
     "RunCommand",
+    "SubmititBackend",
     "command_line",
     "dry_run",
     "executor_parameters",
@@ -208,6 +213,25 @@ def submitted_script(job: submitit.Job[Any]) -> str | None:
         return job.paths.submission_file.read_text(encoding="utf-8")
     except OSError:
         return None
+
+
+class SubmititBackend(SlurmJobs):
+    """The ``submitit`` backend: the spec's command through submitit's ``AutoExecutor``."""
+
+    via: Via = "submitit"
+
+    def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        return Request(self.via, spec, dry_run(spec))
+
+    def schedule(self, request: Request) -> JobRecord:
+        spec = request.spec
+        with log_dir_made(spec):
+            job_id, script = submit_command(spec)
+        # one task per process, whatever the spec's launch: submitit starts them itself
+        return new_record(spec, job_id, self.via, script, launch="srun")
+
+
+BACKEND = SubmititBackend()
 
 
 class RunCommand:

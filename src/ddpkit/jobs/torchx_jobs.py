@@ -39,19 +39,21 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs import slurm
-from ddpkit.jobs.records import JobRecord, parse_job, save_record
+from ddpkit.jobs.backend import Request
+from ddpkit.jobs.logs import LogFile
+from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record
 from ddpkit.jobs.slurm import JobState, JobStatus
 
 if TYPE_CHECKING:
-    from ddpkit.jobs.api import LogFile
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
+    "BACKEND",
     "DEFAULT_SCHEDULER",
     "SCHEDULERS",
     "TORCHX_STATES",
+    "TorchxBackend",
     "cancel",
-    "dry_run",
     "import_torchx",
     "log_files",
     "record_for",
@@ -59,7 +61,6 @@ __all__ = [
     "split_handle",
     "state_from_torchx",
     "status",
-    "submit",
 ]
 
 SCHEDULERS = ("local_cwd", "slurm")
@@ -131,36 +132,54 @@ def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, Any, dict[str, str]]:
     return runner_module.get_runner(), app, run_config(spec, scheduler)
 
 
-def dry_run(spec: JobSpec, scheduler: str = DEFAULT_SCHEDULER) -> str:
-    """torchx's dry run of the spec's AppDef: for slurm the sbatch command and script."""
-    runner, app, cfg = _prepare(spec, scheduler)
-    try:
-        info = runner.dryrun(app, scheduler, cfg=cfg)
-    finally:
-        runner.close()
-    return f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}\n{info}\n"
+class TorchxBackend:
+    """The ``torchx`` backend: the spec's AppDef through torchx's runner.
 
-
-def submit(spec: JobSpec, scheduler: str = DEFAULT_SCHEDULER) -> JobRecord:
-    """Run the spec's AppDef on ``scheduler``; write and return the record (job id: the handle).
-
-    slurm returns once sbatch has accepted the job; local_cwd once the app has ended.
+    The request carries torchx's own dry-run info, and ``schedule`` hands exactly that to
+    ``Runner.schedule`` (what ``Runner.run`` does in one go). slurm returns once sbatch has
+    accepted the job; local_cwd once the app has ended (its record then says how).
     """
-    runner, app, cfg = _prepare(spec, scheduler)
-    try:
-        info = runner.dryrun(app, scheduler, cfg=cfg)
+
+    via: Via = "torchx"
+
+    def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        scheduler = scheduler or DEFAULT_SCHEDULER
+        runner, app, cfg = _prepare(spec, scheduler)
+        try:
+            info = runner.dryrun(app, scheduler, cfg=cfg)
+        finally:
+            runner.close()
+        head = f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}"
+        text = f"{head}\n{info}\n"
+        return Request(self.via, spec, text, scheduler, payload=info)
+
+    def schedule(self, request: Request) -> JobRecord:
+        info, spec = request.payload, request.spec
         script = str(info)  # before schedule(), which adds the script's path to the command
-        handle: str = runner.schedule(info)  # dryrun + schedule: what Runner.run does
-        record = replace(_record(spec, handle), script=script)
-        save_record(record)
-        if scheduler == "slurm":
-            return record
-        final = _run_in_foreground(runner, handle)
-        record = replace(record, torchx_state=final)
-        save_record(record)
-        return record
-    finally:
-        runner.close()  # local_cwd: its apps have ended by now; closing kills nothing alive
+        runner = import_torchx().get_runner()
+        try:
+            handle: str = runner.schedule(info)
+            record = replace(_record(spec, handle), script=script)
+            if request.scheduler == "slurm":
+                return record
+            save_record(record)  # while it runs in the foreground, status finds it
+            return replace(record, final_state=_run_in_foreground(runner, handle))
+        finally:
+            runner.close()  # local_cwd: its apps have ended by now; closing kills nothing alive
+
+    def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
+        return status(record or record_for(job_id))
+
+    def cancel(self, job_id: str, record: JobRecord | None) -> None:
+        cancel(record or record_for(job_id))
+
+    def log_files(
+        self, job_id: str, record: JobRecord | None, rank: int | None
+    ) -> tuple[list[LogFile], str]:
+        return log_files(record or record_for(job_id), rank)
+
+
+BACKEND = TorchxBackend()
 
 
 def _run_in_foreground(runner: Any, handle: str) -> str:
@@ -189,7 +208,7 @@ def _record(spec: JobSpec, handle: str) -> JobRecord:
         procs_per_node=spec.procs,
         workdir=spec.workdir,
         submitted_at=time.time(),
-        torchx_handle=handle,
+        handle=handle,
     )
 
 
@@ -197,7 +216,7 @@ def record_for(handle: str) -> JobRecord:
     """A record for a handle ddpkit did not submit (``torchx run`` did): what can be guessed."""
     app_id = split_handle(handle)[1]
     cwd = str(Path.cwd())
-    return JobRecord(app_id, "torchx", app_id, cwd, "torchx", 0, 0, cwd, torchx_handle=handle)
+    return JobRecord(app_id, "torchx", app_id, cwd, "torchx", 0, 0, cwd, handle=handle)
 
 
 # --- status and cancel ------------------------------------------------------------------------
@@ -208,7 +227,7 @@ def status(record: JobRecord) -> JobStatus:
 
     Never raises for torchx's failures: they become UNKNOWN with a hint.
     """
-    handle = record.torchx_handle or ""
+    handle = record.handle or ""
     scheduler, app_id = split_handle(handle)
     if scheduler == "slurm":
         try:
@@ -218,9 +237,9 @@ def status(record: JobRecord) -> JobStatus:
         if found.state is not JobState.UNKNOWN:
             return found
         return _ask_torchx(handle, found.hint or "")
-    if record.torchx_state is not None:
-        state = state_from_torchx(record.torchx_state)
-        return JobStatus(state, record.torchx_state, _local_exit_code(record), "torchx")
+    if record.final_state is not None:
+        state = state_from_torchx(record.final_state)
+        return JobStatus(state, record.final_state, _local_exit_code(record), "torchx")
     return _ask_torchx(
         handle,
         f"{scheduler} apps live in the process that submitted them and no final state is "
@@ -260,13 +279,13 @@ def _local_exit_code(record: JobRecord) -> int | None:
 
 def cancel(record: JobRecord) -> None:
     """Cancel the job: ``scancel`` for slurm apps; a local app only its own submitter can stop."""
-    scheduler, app_id = split_handle(record.torchx_handle or "")
+    scheduler, app_id = split_handle(record.handle or "")
     if scheduler == "slurm":  # not torchx's cancel: it asks the asserting describe first
         slurm.cancel(app_id)
         return
-    if record.torchx_state is None:
+    if record.final_state is None:
         raise ConfigError(
-            f"job={record.torchx_handle!r} runs in the process of the `ddpkit submit` that "
+            f"job={record.handle!r} runs in the process of the `ddpkit submit` that "
             "started it, which this one cannot reach",
             hint="stop it with Ctrl-C where it runs (torchx then cancels the app)",
         )
@@ -285,9 +304,7 @@ def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile]
     lines start with ``[rankN]: ``). Which replica gets which ranks is the rendezvous' choice,
     not the replica index, so ``rank`` keeps that rank's lines of every replica's files.
     """
-    from ddpkit.jobs.api import LogFile
-
-    scheduler, app_id = split_handle(record.torchx_handle or "")
+    scheduler, app_id = split_handle(record.handle or "")
     directory = Path(record.log_dir)
     replicas: list[tuple[int, str, Path]] = []  # (replica, label, path)
     batch: list[LogFile] = []
