@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 import ddpkit
-from ddpkit import checkpoint
+from ddpkit.worker import checkpoint
 
 WIDTH = 2048  # one Linear(2048, 2048) layer: 16 MB of float32 weights + 8 KB of bias
 GOAL = 0.9

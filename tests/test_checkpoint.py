@@ -22,8 +22,8 @@ import torch
 import torch._dynamo
 
 import ddpkit
-from ddpkit.checkpoint import checkpoint_files
 from ddpkit.errors import ConfigError
+from ddpkit.worker.checkpoint import checkpoint_files
 from distutil import run_workers, torchrun_env
 
 

@@ -16,8 +16,8 @@ import torch
 import torch._dynamo
 
 import ddpkit
-from ddpkit import checkpoint
-from ddpkit.checkpoint import CheckpointError
+from ddpkit.worker import checkpoint
+from ddpkit.worker.checkpoint import CheckpointError
 from distutil import run_workers, torchrun_env
 
 # A run that hangs in a collective waits for its timeout (30 min); these bound it instead.

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.launch.gather import comm_device
+from ddpkit.worker.gather import comm_device
 from distutil import Indices, run_workers, torchrun_env
 
 SIZES = (7, 10, 11)

@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.launch.data import ShardLayout
+from ddpkit.worker.loader import ShardLayout
 from distutil import Indices, run_workers, torchrun_env
 
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import ddpkit
-from ddpkit.cluster import stopsignal
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.runtime import current_or_none
+from ddpkit.worker import stopsignal
+from ddpkit.worker.context import current_or_none
 from distutil import free_port, run_workers, torchrun_env
 
 pytestmark = pytest.mark.multiproc

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import ddpkit
 from ddpkit.errors import ConfigError
-from ddpkit.rankzero import get_logger, seed_everything
+from ddpkit.worker.rankzero import get_logger, seed_everything
 from distutil import free_port, run_workers, torchrun_env
 
 

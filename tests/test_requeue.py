@@ -1,6 +1,6 @@
 """The pure parts of preemption: signal names, the requeue cap, the requeue plan, the latch.
 
-``ddpkit.cluster.requeue`` is table-tested on plain mappings; ``ddpkit.cluster.stopsignal`` is
+``ddpkit.worker.requeue`` is table-tested on plain mappings; ``ddpkit.worker.stopsignal`` is
 tested in this process with real signals, every handler put back afterwards.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from ddpkit.cluster import stopsignal
-from ddpkit.cluster.requeue import (
+from ddpkit.errors import ConfigError
+from ddpkit.worker import stopsignal
+from ddpkit.worker.requeue import (
     DEFAULT_MAX_REQUEUES,
     EXIT_STOPPED,
     MAX_REQUEUES_VAR,
@@ -25,7 +26,6 @@ from ddpkit.cluster.requeue import (
     parse_signal,
     plan_requeue,
 )
-from ddpkit.errors import ConfigError
 
 # ---------------------------------------------------------------------------- parse_signal
 

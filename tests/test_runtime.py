@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.cluster import process_group
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, RendezvousError, UsageError
+from ddpkit.worker import process_group
 from distutil import free_port, run_workers, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,7 +352,7 @@ def test_under_real_torchrun(tmp_path: Path) -> None:
             """
             import os, sys, torch, torch.distributed as dist, ddpkit
             from pathlib import Path
-            from ddpkit.cluster import process_group
+            from ddpkit.worker import process_group
             ctx = ddpkit.init()
             method = process_group.init_method(ctx.info, os.environ)
             total = torch.tensor([1.0]); dist.all_reduce(total)

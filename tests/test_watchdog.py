@@ -24,10 +24,10 @@ import pytest
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit import runtime
-from ddpkit.cluster import process_group, watchdog
-from ddpkit.cluster.watchdog import Departure
 from ddpkit.errors import ConfigError
+from ddpkit.worker import context as runtime
+from ddpkit.worker import process_group, watchdog
+from ddpkit.worker.watchdog import Departure
 from distutil import free_port, run_workers, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +201,7 @@ def _blocked_for(target_wait: threading.Event, work: threading.Thread) -> float:
     """Sample ``work`` like the watchdog does for ~1 s; how long it looked blocked."""
     work.start()
     time.sleep(0.2)
-    progress = watchdog._Progress(work, time.monotonic)
+    progress = watchdog.Progress(work, time.monotonic)
     start = time.monotonic()
     for _ in range(6):
         time.sleep(0.2)

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.launch.wrap import resolve_strategy
+from ddpkit.worker.wrap import resolve_strategy
 from distutil import run_workers, torchrun_env
 
 

@@ -27,20 +27,20 @@ _EXPORTS: dict[str, str] = {
     "RankInfo": "ddpkit.cluster.rankinfo",
     "detect": "ddpkit.cluster.detect",
     "expand_nodelist": "ddpkit.cluster.nodelist",
-    "Context": "ddpkit.runtime",
-    "init": "ddpkit.runtime",
-    "current": "ddpkit.runtime",
-    "shutdown": "ddpkit.runtime",
-    "wrap": "ddpkit.launch.wrap",
-    "loader": "ddpkit.launch.data",
-    "gather": "ddpkit.launch.gather",
-    "save_checkpoint": "ddpkit.checkpoint",
-    "load_checkpoint": "ddpkit.checkpoint",
-    "preemption_guard": "ddpkit.preempt",
-    "PreemptionGuard": "ddpkit.preempt",
-    "print": "ddpkit.rankzero",
-    "get_logger": "ddpkit.rankzero",
-    "seed_everything": "ddpkit.rankzero",
+    "Context": "ddpkit.worker.context",
+    "init": "ddpkit.worker.context",
+    "current": "ddpkit.worker.context",
+    "shutdown": "ddpkit.worker.context",
+    "wrap": "ddpkit.worker.wrap",
+    "loader": "ddpkit.worker.loader",
+    "gather": "ddpkit.worker.gather",
+    "save_checkpoint": "ddpkit.worker.checkpoint",
+    "load_checkpoint": "ddpkit.worker.checkpoint",
+    "preemption_guard": "ddpkit.worker.preempt",
+    "PreemptionGuard": "ddpkit.worker.preempt",
+    "print": "ddpkit.worker.rankzero",
+    "get_logger": "ddpkit.worker.rankzero",
+    "seed_everything": "ddpkit.worker.rankzero",
 }
 
 __all__ = [
@@ -65,16 +65,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ddpkit.checkpoint import load_checkpoint, save_checkpoint
     from ddpkit.cluster.detect import detect
     from ddpkit.cluster.nodelist import expand_nodelist
     from ddpkit.cluster.rankinfo import RankInfo
-    from ddpkit.launch.data import loader
-    from ddpkit.launch.gather import gather
-    from ddpkit.launch.wrap import wrap
-    from ddpkit.preempt import PreemptionGuard, preemption_guard
-    from ddpkit.rankzero import get_logger, print, seed_everything
-    from ddpkit.runtime import Context, current, init, shutdown
+    from ddpkit.worker.checkpoint import load_checkpoint, save_checkpoint
+    from ddpkit.worker.context import Context, current, init, shutdown
+    from ddpkit.worker.gather import gather
+    from ddpkit.worker.loader import loader
+    from ddpkit.worker.preempt import PreemptionGuard, preemption_guard
+    from ddpkit.worker.rankzero import get_logger, print, seed_everything
+    from ddpkit.worker.wrap import wrap
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

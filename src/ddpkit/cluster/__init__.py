@@ -1,6 +1,10 @@
-"""Where am I, who am I: launcher detection, hostlists, rank arithmetic, process-group setup.
+"""Who and where am I: launcher detection (a module per environment), hostlists, pure rank
+arithmetic, ports, device choice and the consistency checks, all from a snapshot of the
+environment.
 
-Importing this package does not import torch; only :mod:`ddpkit.cluster.process_group` does.
+Nothing here imports torch or does I/O beyond reading the mapping it is given (tests check
+both): the launcher (:mod:`ddpkit.launch`), the job tools (:mod:`ddpkit.jobs`) and the worker
+(:mod:`ddpkit.worker`, which joins the process group) all build on it.
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from ddpkit.cluster.environments.slurm import HOST_TEMPLATE_VAR
-from ddpkit.cluster.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
+from ddpkit.worker.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec

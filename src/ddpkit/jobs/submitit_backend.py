@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ddpkit.cluster.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR, signal_from_env
 from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
 from ddpkit.jobs.records import JobRecord, Via, new_record
 from ddpkit.jobs.sbatch_backend import SlurmJobs, log_dir_made
+from ddpkit.worker.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR, signal_from_env
 
 if TYPE_CHECKING:
     import submitit

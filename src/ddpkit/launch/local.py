@@ -38,9 +38,9 @@ from torch.distributed.elastic.multiprocessing.tail_log import TailLog
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from ddpkit.cluster.requeue import EXIT_STOPPED
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.launch.config import RunConfig
+from ddpkit.worker.requeue import EXIT_STOPPED
 
 __all__ = [
     "FORWARDED_SIGNALS",

@@ -26,7 +26,7 @@ _FORMAT = "[rank %(rank)s] %(levelname)s %(name)s: %(message)s"
 
 def _known_rank() -> int | None:
     """The rank from the ddpkit context or an initialized torch.distributed group, else None."""
-    runtime = sys.modules.get("ddpkit.runtime")
+    runtime = sys.modules.get("ddpkit.worker.context")
     context = None if runtime is None else runtime.current_or_none()
     if context is not None:
         return int(context.rank)

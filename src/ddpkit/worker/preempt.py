@@ -41,8 +41,10 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ddpkit.cluster import stopsignal
-from ddpkit.cluster.requeue import (
+from ddpkit.errors import ConfigError, UsageError
+from ddpkit.worker import stopsignal
+from ddpkit.worker.context import current, shutdown
+from ddpkit.worker.requeue import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SIGNAL,
     EXIT_STOPPED,
@@ -54,8 +56,6 @@ from ddpkit.cluster.requeue import (
     plan_requeue,
     signal_from_env,
 )
-from ddpkit.errors import ConfigError, UsageError
-from ddpkit.runtime import current, shutdown
 
 __all__ = [
     "DEFAULT_MAX_REQUEUES",

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping
 from types import FrameType
 
-from ddpkit.cluster.requeue import SIGNAL_VAR, parse_signal
+from ddpkit.worker.requeue import SIGNAL_VAR, parse_signal
 
 __all__ = ["clear", "latch", "latch_from_env", "received"]
 

@@ -28,7 +28,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from ddpkit.errors import ConfigError
-from ddpkit.runtime import current
+from ddpkit.worker.context import current
 
 __all__ = ["DistributedLoader", "EpochSampler", "ShardLayout", "active_step", "loader"]
 

@@ -1,10 +1,10 @@
 """The process's distributed context: ``init()`` joins the job once, ``current()`` returns it.
 
 ``init`` runs the steps in a fixed order: latch the stop signal ``DDPKIT_SIGNAL`` names (see
-:mod:`ddpkit.cluster.stopsignal`), detect the launcher (pure, from a mapping), warn each
+:mod:`ddpkit.worker.stopsignal`), detect the launcher (pure, from a mapping), warn each
 detection note once, choose the device, resolve the backend and the timeouts, probe the master,
 join the process group, on CUDA check that no two ranks share a GPU, and start the peer
-watchdog (:mod:`ddpkit.cluster.watchdog`). It is idempotent, adopts a process group someone else
+watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent, adopts a process group someone else
 created (without a watchdog), never writes ``os.environ``, and destroys at exit only a group it
 created itself.
 
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from ddpkit.cluster import process_group, stopsignal, watchdog
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import UsageError
+from ddpkit.worker import process_group, stopsignal, watchdog
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
 
@@ -95,7 +95,7 @@ def init(
     ``peer_timeout_s``: the watchdog's bound: when a peer has exited, died or stopped sending
     heartbeats and this rank stays blocked that long, it ends with a line naming the peer
     (None: ``DDPKIT_PEER_TIMEOUT`` from ``env``, else 60 s; 0, or ``off`` in the variable,
-    turns the watchdog off; see :mod:`ddpkit.cluster.watchdog`).
+    turns the watchdog off; see :mod:`ddpkit.worker.watchdog`).
 
     A second call returns the same context (its arguments are not looked at again). If a
     process group already exists, it is adopted as is; ``shutdown()`` will not destroy it.

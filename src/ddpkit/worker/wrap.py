@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
-from ddpkit.runtime import Context, current
+from ddpkit.worker.context import Context, current
 
 __all__ = ["STRATEGIES", "resolve_strategy", "wrap"]
 

@@ -1,6 +1,6 @@
 """SLURM requeue arithmetic, pure and torch-free: the stop signal, the cap, the job to requeue.
 
-``ddpkit.preempt`` acts on it inside the job; the job renderer exports the variables it reads
+``ddpkit.worker.preempt`` acts on it inside the job; the job renderer exports the variables it reads
 (``DDPKIT_SIGNAL``, ``DDPKIT_MAX_REQUEUES``). Inputs are mappings of environment variables, so
 every rule is a table test.
 """

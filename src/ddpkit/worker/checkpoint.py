@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.errors import CheckpointError, ConfigError
-from ddpkit.runtime import current_or_none
+from ddpkit.worker.context import current_or_none
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 

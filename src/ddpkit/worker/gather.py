@@ -5,7 +5,7 @@ all-gather then counts those samples twice (pytorch#25162, accelerate#575). It a
 rank r's j-th sample is position ``j * W + r`` of the (shuffled) epoch, so concatenating the
 ranks' rows and cutting the tail would drop real samples and keep duplicates. ``gather``
 interleaves the gathered rows back into position order and cuts only positions
-``>= len(dataset)`` (see :class:`ddpkit.launch.data.ShardLayout`).
+``>= len(dataset)`` (see :class:`ddpkit.worker.loader.ShardLayout`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.launch.data import ShardLayout, active_step
-from ddpkit.runtime import Context, current
+from ddpkit.worker.context import Context, current
+from ddpkit.worker.loader import ShardLayout, active_step
 
 __all__ = ["comm_device", "gather"]
 

@@ -1,0 +1,18 @@
+"""Everything a training script calls inside a worker process.
+
+    context        init() / current() / shutdown(): detect, choose the device, join the group
+    process_group  the rendezvous itself: master probe, store, init_process_group, timeouts
+    wrap           DDP, DataParallel or the plain model
+    loader         per-rank shards whose epoch advances by itself; resumable position
+    gather         every rank's rows of an evaluation step, padding duplicates removed
+    checkpoint     atomic, collective save / load with every rank's RNG state
+    stopsignal     the stop-signal latch (from init() until the process exits)
+    preempt        the guard: one agreed stop, a checkpoint, requeue or exit 75
+    requeue        the pure rules of requeueing (signal names, the cap, scontrol's argument)
+    watchdog/      the peer watchdog: a dead or frozen rank is named, survivors end
+    rankzero       printing, logging and seeding on the main rank
+
+The public names are re-exported by :mod:`ddpkit` (``ddpkit.init``, ``ddpkit.wrap``, ...).
+Importing this package imports nothing else: ``ddpkit.worker.stopsignal`` and
+``ddpkit.worker.requeue`` stay torch-free, so the launcher and job scripts can use them.
+"""

@@ -1,0 +1,98 @@
+"""The peer watchdog: when a rank exits early, dies or freezes, its peers end within a bound.
+
+Without it, a rank that leaves the job (a bug that skips the loop, a crash, ``kill -9``, a dead
+node) is learned of from the backend: gloo fails at once with "Connection closed by peer
+[address]" (no rank named), NCCL blocks until the collective timeout (10-30 min). ``init()``
+starts a watchdog when it creates a group of several ranks (not when it adopts someone else's);
+``shutdown()`` stops it. The bound is ``init(peer_timeout_s=)``, else ``DDPKIT_PEER_TIMEOUT``
+(seconds; ``0`` or ``off`` disables it), else 60 s; the watchdog polls every
+``min(1 s, bound / 4)``.
+
+It talks over the job's rendezvous store only (its own connection, a ``clone()`` of the default
+group's store, keys under ``ddpkit/watchdog/``), never over a collective, from two daemon
+threads: ``ddpkit-watchdog-store`` does every store operation, ``ddpkit-watchdog`` judges and
+never waits on the store (a store whose host froze blocks an operation for good).
+
+* Exit markers. A rank leaving writes ``exit/<rank>`` (host, pid, how: "exited", "raised
+  ValueError: ...", "left the job (ddpkit.shutdown())"), appends its rank to ``order`` and bumps
+  ``events``: at exit (an atexit handler that runs before ddpkit's own one destroys the group,
+  since destroying it is what wakes the peers), in ``shutdown()``, and from a chained
+  ``sys.excepthook`` for an uncaught exception.
+* Heartbeats. Every rank bumps ``beat/<rank>`` each interval; rank 0 alone reads them all (one
+  ``multi_get``) and writes the marker of a rank whose counter has not moved for the bound
+  ("stopped sending heartbeats N s ago"): ``kill -9``, a frozen process, a dead node. Time is
+  each process's monotonic clock, so clocks need not agree. A store that stops answering means
+  its host is gone: rank 0 (``tcp://``, ``env://`` outside torchrun) or the launcher's agent.
+  Per interval each rank costs the store two operations (a beat and one ``events`` poll) and
+  rank 0 one more of world-size keys. Rank 0, when it hosts the store, waits at its own exit
+  (a few seconds at most) until the other ranks have done their last store operation, so that
+  none of them hits a vanished store (torch logs that with a C++ stack trace).
+* Survivors. A peer's marker alone ends nobody: at the end of a run ranks leave at slightly
+  different times, and rank 0 may work on alone. A rank is ended only when, after a peer left,
+  the thread that called ``init()`` (the main thread, usually) has been *blocked* for the whole
+  bound: the same innermost frame at the same instruction at every sample and, on Linux, no
+  voluntary context switch of that thread (a loop of short sleeps or waits keeps switching; a
+  thread blocked in a collective or a device sync does not; elsewhere only the frame counts).
+  It then prints where it was blocked and one line naming the peer, e.g.
+  ``ddpkit: rank 1 on host nodeB (pid 4242) exited while rank 0 was waiting for it in a
+  collective; ending rank 0 after 5.0 s (bound: DDPKIT_PEER_TIMEOUT=5)``, terminates its own
+  child processes (data loader workers) and exits with code 1.
+* With gloo a survivor usually fails at once ("Connection closed by peer"). The excepthook then
+  waits briefly for the marker of the rank that left first (none when it was killed: then for
+  two heartbeat snapshots, to find the rank whose beats stopped; 2-2.5 s, twice that at most on
+  a slow machine), and prints the same kind of line after the traceback, where launchers look
+  for the cause.
+
+False positives: a rank whose training thread sits in ONE long call (a C call, a single long
+``time.sleep``, a long operation holding the GIL) for longer than the bound after a peer has
+left looks exactly like a blocked rank and is ended. Raise the bound, or call
+``ddpkit.shutdown()`` before such solo work: after it the watchdog is stopped. A rank whose
+threads cannot run for the bound (the GIL held that long) is reported by rank 0 as silent.
+A rank that hangs while alive and keeps sending heartbeats is bounded by the collective timeout
+(``init(timeout_s=)`` or ``DDPKIT_COLLECTIVE_TIMEOUT``), not by this module.
+
+Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.progress` (is the
+training thread blocked), :mod:`.store` (the link to the store), :mod:`.watcher` (the judging
+thread), :mod:`.hooks` (process-wide wiring: start, stop, excepthook, atexit). Only starting a
+watchdog imports torch.
+"""
+
+from __future__ import annotations
+
+from ddpkit.worker.watchdog.hooks import active, start, stop
+from ddpkit.worker.watchdog.policy import (
+    ABORT_EXIT_CODE,
+    DEFAULT_PEER_TIMEOUT_S,
+    PEER_TIMEOUT_VAR,
+    THREAD_NAME,
+    Departure,
+    abort_message,
+    describe_rank,
+    interval_for,
+    looks_like_peer_failure,
+    peer_timeout,
+    pick_cause,
+    raised_message,
+)
+from ddpkit.worker.watchdog.progress import Progress
+from ddpkit.worker.watchdog.watcher import Watchdog
+
+__all__ = [
+    "ABORT_EXIT_CODE",
+    "DEFAULT_PEER_TIMEOUT_S",
+    "PEER_TIMEOUT_VAR",
+    "THREAD_NAME",
+    "Departure",
+    "Progress",
+    "Watchdog",
+    "abort_message",
+    "active",
+    "describe_rank",
+    "interval_for",
+    "looks_like_peer_failure",
+    "peer_timeout",
+    "pick_cause",
+    "raised_message",
+    "start",
+    "stop",
+]

@@ -1,0 +1,148 @@
+"""Process-wide wiring of the watchdog: one per process, a chained ``sys.excepthook``, an
+atexit marker, and ``start`` / ``stop`` / ``active`` for ``ddpkit.init()`` and ``shutdown()``.
+
+The only module of the watchdog with process-global state and the only one importing torch
+(when a watchdog starts: it clones the default group's store, see :mod:`ddpkit.compat`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, cast
+
+from ddpkit.worker.watchdog.policy import KEY_PREFIX, interval_for
+from ddpkit.worker.watchdog.store import KeyValue, StoreLink
+from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
+
+# --- process-wide wiring ------------------------------------------------------------------------
+
+_Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+
+@dataclass
+class _Process:
+    active: Watchdog | None = None
+    generation: int = 0  # watchdogs started by this process: a fresh key namespace each
+    previous_hook: _Hook | None = None
+    atexit_registered: bool = False
+
+
+_PROCESS = _Process()
+
+
+def active() -> Watchdog | None:
+    """The running watchdog of this process, if any."""
+    return _PROCESS.active
+
+
+def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    """Chained ``sys.excepthook``: the marker, the usual traceback, then the culprit's name
+    (last, where launchers such as ``ddpkit run`` look for the cause)."""
+    watchdog, culprit = _PROCESS.active, False
+    if watchdog is not None:
+        try:
+            culprit = watchdog.on_uncaught(kind, error)
+        except Exception:
+            culprit = False
+    (_PROCESS.previous_hook or sys.__excepthook__)(kind, error, tb)
+    if culprit and watchdog is not None:
+        with contextlib.suppress(Exception):
+            write_stderr(watchdog.name_culprit(kind) + "\n")
+
+
+def _at_exit() -> None:
+    """Registered after ddpkit's group destroyer, so it runs first: the marker precedes the
+    closing of the group's sockets, which is what wakes the peers."""
+    watchdog = _PROCESS.active
+    if watchdog is not None:
+        watchdog.stop("exited")
+
+
+def _wire_process() -> None:
+    """Chain the excepthook (again if someone replaced it, e.g. torch's init_process_group)
+    and register the atexit handler, once."""
+    if sys.excepthook is not _excepthook:
+        _PROCESS.previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+    if not _PROCESS.atexit_registered:
+        atexit.register(_at_exit)
+        _PROCESS.atexit_registered = True
+
+
+def _store_address(store: Store) -> str:
+    inner: Any = store
+    while hasattr(inner, "underlying_store"):
+        inner = inner.underlying_store
+    host, port = getattr(inner, "host", None), getattr(inner, "port", None)
+    if host is None or port is None:
+        return type(inner).__name__
+    return f"{host}:{port}"
+
+
+def start(
+    *,
+    rank: int,
+    world_size: int,
+    bound_s: float,
+    store: Store | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Watchdog:
+    """Start this rank's watchdog on the default group's store (or ``store``).
+
+    Rank 0 hosts the store unless the workers use torchrun's agent store (torch decides that
+    from ``TORCHELASTIC_USE_AGENT_STORE`` in ``os.environ``, so this reads it there too). Stops
+    a watchdog this process still runs.
+    """
+    from torch.distributed.distributed_c10d import PrefixStore, _get_default_store
+
+    stop("left the job")
+    base = store if store is not None else _get_default_store()
+    own = base
+    clone = getattr(base, "clone", None)  # torch >= 2.4 for TCPStore
+    if clone is not None:
+        try:
+            own = clone()  # its own connection: never queued behind the program's store calls
+            own.set_timeout(timedelta(seconds=max(10.0, 4 * interval_for(bound_s))))
+        except RuntimeError:
+            own = base
+    missing = [name for name in ("append", "multi_get", "check") if not hasattr(own, name)]
+    if missing:
+        raise RuntimeError(f"the store ({type(own).__name__}) lacks {', '.join(missing)}")
+    host_rank = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) else 0
+    # Restarts of a torchrun job may share one store; so may several init()s of one process.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    _PROCESS.generation += 1
+    prefix = f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/"
+    link = StoreLink(
+        cast(KeyValue, PrefixStore(prefix, own)),
+        rank=rank,
+        world_size=world_size,
+        interval_s=interval_for(bound_s),
+        bound_s=bound_s,
+        host_rank=host_rank,
+        address=_store_address(base),
+        clock=clock,
+    )
+    watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
+    _wire_process()
+    watchdog.start()
+    _PROCESS.active = watchdog
+    return watchdog
+
+
+def stop(how: str = "exited") -> None:
+    """Stop this process's watchdog, if one runs (its exit marker says ``how``)."""
+    watchdog, _PROCESS.active = _PROCESS.active, None
+    if watchdog is not None:
+        watchdog.stop(how)

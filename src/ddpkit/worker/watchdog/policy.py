@@ -1,0 +1,145 @@
+"""The watchdog's policy, pure: its bound and interval, who left first, and what to say.
+
+No threads, no store, no torch: every decision the watchdog makes about a departure is a
+function of values, unit-tested without processes (tests/test_watchdog.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ddpkit.cluster.durations import positive_seconds, seconds_from_env
+
+PEER_TIMEOUT_VAR = "DDPKIT_PEER_TIMEOUT"
+DEFAULT_PEER_TIMEOUT_S = 60.0
+THREAD_NAME = "ddpkit-watchdog"
+STORE_THREAD_NAME = "ddpkit-watchdog-store"
+KEY_PREFIX = "ddpkit/watchdog/"
+ABORT_EXIT_CODE = 1
+HOOK_POLL_S = 0.05
+SAY_TIMEOUT_S = 2.0  # how long a leaving rank waits for its marker to be written
+# In the RuntimeErrors a collective raises when a peer is gone (NCCL's are DistErrors).
+PEER_FAILURE_TEXTS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl")
+
+
+# --- configuration (pure) -----------------------------------------------------------------------
+
+
+def peer_timeout(env: Mapping[str, str], explicit_s: float | None) -> float | None:
+    """The watchdog's bound in seconds, or None when it is off.
+
+    ``explicit_s`` (``init(peer_timeout_s=)``) wins; else ``DDPKIT_PEER_TIMEOUT`` from ``env``;
+    else 60 s. ``0`` (or ``off`` in the variable) turns the watchdog off.
+    """
+    if explicit_s is not None:
+        if explicit_s == 0 and not isinstance(explicit_s, bool):
+            return None
+        hint = "e.g. peer_timeout_s=120, or 0 for off"
+        return positive_seconds(explicit_s, "peer_timeout_s", hint=hint)
+    if _is_off(env.get(PEER_TIMEOUT_VAR, "").strip().lower()):
+        return None
+    hint = f"e.g. {PEER_TIMEOUT_VAR}=120, or {PEER_TIMEOUT_VAR}=off to turn the watchdog off"
+    value = seconds_from_env(env, PEER_TIMEOUT_VAR, example="120", hint=hint)
+    return DEFAULT_PEER_TIMEOUT_S if value is None else value
+
+
+def _is_off(raw: str) -> bool:
+    """``off``, or a number equal to 0 (``0``, ``0.0``)."""
+    try:
+        return raw == "off" or float(raw) == 0
+    except ValueError:
+        return False
+
+
+def interval_for(bound_s: float) -> float:
+    """How often the watchdog polls and samples: ``min(1 s, bound / 4)``."""
+    return min(1.0, bound_s / 4)
+
+
+def hook_wait_for(interval_s: float) -> float:
+    """How long an uncaught peer failure waits for the culprit's marker (>= 2 heartbeats)."""
+    return min(2.5, max(2.0, 2.5 * interval_s))
+
+
+# --- who left, and what to say (pure) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A rank (or the store's host) that left. ``victim``: it left because another one did."""
+
+    rank: int | None  # None: the launcher's store, which no rank hosts
+    who: str  # "rank 1 on host nodeB (pid 4242)"
+    how: str  # "exited", "raised ValueError: bad batch", "stopped sending heartbeats 61 s ago"
+    victim: bool = False
+    left_at: float = 0.0  # this process's monotonic clock
+
+    def subject(self) -> str:
+        return f"{self.who} {self.how}"
+
+
+def describe_rank(rank: int, host: str | None, pid: int | None) -> str:
+    """``rank 1 on host nodeB (pid 4242)``; the unknown parts are left out."""
+    text = f"rank {rank}"
+    if host:
+        text += f" on host {host}"
+    if pid is not None:
+        text += f" (pid {pid})"
+    return text
+
+
+def pick_cause(departures: Sequence[Departure], me: int) -> Departure | None:
+    """The departure to name: the first other rank that left on its own, else the first one."""
+    others = [d for d in departures if d.rank != me]
+    for departure in others:
+        if not departure.victim:
+            return departure
+    return others[0] if others else None
+
+
+def _whose_log(cause: Departure) -> str:
+    return "the launcher's" if cause.rank is None else f"rank {cause.rank}'s"
+
+
+def abort_message(cause: Departure, me: int, waited_s: float, bound_s: float) -> str:
+    """The line a blocked survivor prints before the watchdog ends it."""
+    return (
+        f"ddpkit: {cause.subject()} while rank {me} was waiting for it in a collective; "
+        f"ending rank {me} after {waited_s:.1f} s (bound: {PEER_TIMEOUT_VAR}={bound_s:g}) "
+        f"(hint: start with {_whose_log(cause)} log; if rank {me} was only busy in one long "
+        f"call after its peers had finished, raise {PEER_TIMEOUT_VAR} or call "
+        "ddpkit.shutdown() before such solo work)"
+    )
+
+
+def raised_message(cause: Departure | None, me: int, error: str, waited_s: float) -> str:
+    """The line the excepthook prints after the traceback of a failed collective."""
+    if cause is None:
+        return (
+            f"ddpkit: rank {me} lost a peer in a collective ({error} above), but no rank "
+            f"reported leaving within {waited_s:.1f} s (hint: look for the rank that failed "
+            "first in the other ranks' logs or the launcher's report)"
+        )
+    return (
+        f"ddpkit: {cause.subject()} while rank {me} was waiting for it in a collective; "
+        f"rank {me} fails with the {error} above (hint: start with {_whose_log(cause)} log: "
+        "every rank must reach the same collectives)"
+    )
+
+
+def looks_like_peer_failure(error: BaseException) -> bool:
+    """Whether an exception is what a collective raises when a peer is gone."""
+    if any(kind.__name__ == "DistError" for kind in type(error).__mro__):  # torch.distributed's
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(t in text for t in PEER_FAILURE_TEXTS)
+
+
+def how_it_raised(kind: type[BaseException], error: BaseException) -> str:
+    if issubclass(kind, KeyboardInterrupt):
+        return "was interrupted (KeyboardInterrupt)"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if len(first) > 160:
+        first = first[:157] + "..."
+    return f"raised {kind.__name__}: {first}" if first else f"raised {kind.__name__}"

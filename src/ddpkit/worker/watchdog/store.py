@@ -1,0 +1,339 @@
+"""The watchdog's link to the rendezvous store: markers, heartbeats and the order of departures.
+
+Every store operation runs on one daemon thread (``ddpkit-watchdog-store``), so that the
+judging thread never waits on a store whose host froze. The key layout under
+``ddpkit/watchdog/`` and the order of the operations matter: a leaving rank writes its marker
+``exit/<rank>`` before appending to ``order`` and bumping ``events`` (peers poll ``events``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ddpkit.worker.watchdog.policy import HOOK_POLL_S, STORE_THREAD_NAME, Departure, describe_rank
+
+# --- the store side -----------------------------------------------------------------------------
+
+
+class KeyValue(Protocol):
+    """The store operations the watchdog uses: none of them waits for a key to appear."""
+
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str) -> bytes: ...  # only of keys known to exist
+    def add(self, key: str, value: int) -> int: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...
+    def append(self, key: str, value: str) -> None: ...
+
+
+@dataclass
+class _Request:
+    work: Callable[[], None]
+    done: threading.Event
+
+
+class StoreLink:
+    """The one thread that talks to the store; what it learns is read under ``_lock``."""
+
+    def __init__(
+        self,
+        store: KeyValue,
+        *,
+        rank: int,
+        world_size: int,
+        interval_s: float,
+        bound_s: float,
+        host_rank: int | None,
+        address: str,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self.rank, self.world_size = rank, world_size
+        self._interval_s, self._bound_s = interval_s, bound_s
+        self.host_rank, self.address = host_rank, address
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._departures: list[Departure] = []
+        self._departed: set[int] = set()
+        self._events_seen = 0
+        self._order_seen = 0
+        self.last_ok = clock()
+        self.failure: Departure | None = None
+        self.released = False  # the store's host left: no more store operations
+        self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._hurry_until = 0.0
+        self._snapshot_first: tuple[float, list[int]] | None = None
+        self._silent: list[Departure] | None = None
+        self._beats: dict[int, tuple[int, float]] = {}
+        self._presumed_dead: set[int] = set()  # ranks rank 0 wrote a heartbeat marker for
+        self._thread = threading.Thread(target=self._run, name=STORE_THREAD_NAME, daemon=True)
+
+    # called from other threads
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, wait_s: float = 1.0) -> None:
+        """End the thread after its last store operation (waits up to ``wait_s`` for it)."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(wait_s)
+
+    def alive(self) -> bool:
+        """Whether the store thread still talks to the store."""
+        return self._thread.is_alive() and not self.released and self.failure is None
+
+    def departures(self) -> list[Departure]:
+        with self._lock:
+            return list(self._departures)
+
+    def store_departure(self, now: float) -> Departure | None:
+        """The store's host as a departure: it failed, or has not answered for the bound."""
+        with self._lock:
+            if self.failure is not None or self.released:
+                return self.failure
+            silent_s = now - self.last_ok
+        if silent_s < self._bound_s:
+            return None
+        return self._store_gone(f"has not answered for {silent_s:.0f} s", self.last_ok)
+
+    def call(self, work: Callable[[], None], timeout_s: float) -> bool:
+        """Run ``work`` on the store thread; False if it could not finish within the timeout."""
+        if not self._thread.is_alive():
+            return False
+        request = _Request(work, threading.Event())
+        self._requests.put(request)
+        self._wake.set()
+        return request.done.wait(timeout_s)
+
+    def presume_dead(self, ranks: Iterable[int | None]) -> None:
+        """Ranks the host's ``linger`` should not wait for."""
+        with self._lock:
+            self._presumed_dead.update(rank for rank in ranks if rank is not None)
+
+    def hurry(self, duration_s: float) -> None:
+        """Poll at 20 Hz for a while and take the beat snapshots :meth:`silent` compares."""
+        with self._lock:
+            self._snapshot_first, self._silent = None, None
+        self._hurry_until = self._clock() + duration_s
+        self._wake.set()
+
+    def silent(self) -> list[Departure] | None:
+        """Ranks with no marker whose beats did not move across the two snapshots a hurry
+        takes, >= 2 intervals apart (None until the second one)."""
+        with self._lock:
+            return None if self._silent is None else list(self._silent)
+
+    # the thread
+
+    def _run(self) -> None:
+        try:
+            self._introduce()
+            next_beat = 0.0
+            while True:
+                self._serve()
+                if self._stopping.is_set() or self.released:
+                    break
+                now = self._clock()
+                if now >= next_beat:
+                    self._store.add(f"beat/{self.rank}", 1)
+                    if self.rank == 0:
+                        self._check_beats(now)
+                    next_beat = now + self._interval_s
+                self._poll()
+                hurrying = self._clock() < self._hurry_until
+                if hurrying:
+                    self._snapshot()
+                with self._lock:
+                    self.last_ok = self._clock()
+                wait_s = HOOK_POLL_S if hurrying else max(0.0, next_beat - self._clock())
+                self._wake.wait(wait_s)
+                self._wake.clear()
+            self._store.add("done", 1)  # this rank's last store operation (see linger)
+        except Exception as error:
+            self._fail(error)
+        finally:
+            self._drain()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                request = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                request.work()
+            finally:
+                request.done.set()
+
+    def _drain(self) -> None:
+        """Release whoever waits on a request the dead thread will never run."""
+        while True:
+            try:
+                self._requests.get_nowait().done.set()
+            except queue.Empty:
+                return
+
+    def _fail(self, error: BaseException) -> None:
+        text = " ".join(str(error).split())[:200] or type(error).__name__
+        with self._lock:
+            if self.failure is None and not self.released:
+                self.failure = self._store_gone(
+                    f"stopped answering ({type(error).__name__}: {text})", self._clock()
+                )
+
+    def _store_gone(self, what: str, left_at: float) -> Departure:
+        if self.host_rank is None:
+            return Departure(
+                None,
+                f"the job's store at {self.address}, hosted by the launcher,",
+                f"{what}; the launcher probably exited",
+                left_at=left_at,
+            )
+        return Departure(
+            self.host_rank,
+            f"rank {self.host_rank} (host of the job's store at {self.address})",
+            f"is gone: the store {what}; rank {self.host_rank} probably exited, froze or lost "
+            "its node",
+            left_at=left_at,
+        )
+
+    def _introduce(self) -> None:
+        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        self._store.set(f"who/{self.rank}", me)
+        if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
+            for rank in range(self.world_size):
+                self._store.add(f"beat/{rank}", 0)
+
+    def write_marker(self, rank: int, marker: Mapping[str, Any]) -> None:
+        """``exit/<rank>``, then ``order``, then ``events``: readers rely on that order."""
+        if self.released or self.failure is not None:
+            return
+        self._store.set(f"exit/{rank}", json.dumps(dict(marker)))
+        self._store.append("order", f"{rank},")
+        self._store.add("events", 1)
+
+    def _poll(self) -> None:
+        events = int(self._store.add("events", 0))
+        if events == self._events_seen:
+            return
+        self._events_seen = events
+        ranks = [int(item) for item in self._store.get("order").decode().split(",") if item]
+        fresh, self._order_seen = ranks[self._order_seen :], len(ranks)
+        now = self._clock()
+        for rank in fresh:
+            if rank in self._departed:
+                continue
+            departure = self._read_marker(rank, now)
+            with self._lock:
+                self._departed.add(rank)
+                if rank != self.rank:
+                    self._departures.append(departure)
+        host_left = self.host_rank in self._departed and self.host_rank != self.rank
+        if host_left and self._store.check(["closing"]):  # it waits for our "done", then goes
+            with self._lock:
+                self.released = True
+
+    def _read_marker(self, rank: int, now: float) -> Departure:
+        raw = self._store.get(f"exit/{rank}")
+        try:
+            marker = json.loads(raw.decode())
+            age_s = float(marker.get("age_s", 0.0))
+            pid = marker.get("pid")
+            return Departure(
+                rank,
+                describe_rank(rank, str(marker.get("host") or ""), pid),
+                str(marker.get("how") or "left"),
+                victim=bool(marker.get("victim", False)),
+                left_at=now - age_s,
+            )
+        except (ValueError, TypeError, AttributeError):
+            return Departure(rank, describe_rank(rank, None, None), "left", left_at=now)
+
+    def _who(self, rank: int) -> tuple[str | None, int | None]:
+        key = f"who/{rank}"
+        if not self._store.check([key]):
+            return None, None
+        try:
+            who = json.loads(self._store.get(key).decode())
+            return str(who["host"]), int(who["pid"])
+        except (ValueError, TypeError, KeyError):
+            return None, None
+
+    def _beat_values(self) -> list[int] | None:
+        keys = [f"beat/{rank}" for rank in range(self.world_size)]
+        if not self._store.check(keys):
+            return None
+        return [int(value) for value in self._store.multi_get(keys)]
+
+    def _check_beats(self, now: float) -> None:
+        """Rank 0: mark the ranks whose beat counter has not moved for the bound."""
+        values = self._beat_values()
+        if values is None:
+            return
+        for rank, value in enumerate(values):
+            if rank == self.rank or rank in self._departed:
+                continue
+            last = self._beats.get(rank)
+            if last is None or last[0] != value:
+                self._beats[rank] = (value, now)
+                continue
+            age_s = now - last[1]
+            if age_s >= self._bound_s:
+                host, pid = self._who(rank)
+                how = f"stopped sending heartbeats {age_s:.0f} s ago (killed, or frozen?)"
+                marker = {"host": host, "pid": pid, "how": how, "age_s": age_s}
+                self.write_marker(rank, marker)
+                self.presume_dead([rank])
+
+    def _snapshot(self) -> None:
+        with self._lock:
+            first = self._snapshot_first
+        now = self._clock()
+        if first is not None and (
+            self._silent is not None or now - first[0] < 2.2 * self._interval_s
+        ):
+            return
+        values = self._beat_values()
+        if values is None:
+            return
+        if first is None:
+            with self._lock:
+                self._snapshot_first = (now, values)
+            return
+        found = []
+        for rank, (before, after) in enumerate(zip(first[1], values, strict=True)):
+            if rank != self.rank and rank not in self._departed and before == after:
+                host, pid = self._who(rank)
+                how = "stopped sending heartbeats (killed?)"
+                found.append(Departure(rank, describe_rank(rank, host, pid), how, left_at=first[0]))
+        with self._lock:
+            self._silent = found
+
+    def linger(self, deadline_s: float) -> None:
+        """The store's host, leaving: announce it, then wait until every other rank that may
+        still be alive has done its last store operation, so that none of them hits a vanished
+        store (torch logs each such failure with a C++ stack trace). Bounded by ``deadline_s``:
+        a rank killed without a marker never answers."""
+        if self.failure is not None:
+            return
+        self._store.set("closing", "1")
+        self._store.add("events", 1)  # wakes the pollers' look at "closing"
+        deadline = self._clock() + deadline_s
+        while self._clock() < deadline:
+            with self._lock:
+                expected = self.world_size - 1 - len(self._presumed_dead)
+            if int(self._store.add("done", 0)) >= expected:
+                return
+            time.sleep(HOOK_POLL_S)

@@ -1,0 +1,193 @@
+"""The watchdog thread: judges departures against the bound and ends a blocked survivor.
+
+It reads the store link's departures and the training thread's progress, never the store
+itself; ending a rank prints where it was blocked and names the peer, reaps this rank's child
+processes (data loader workers) and exits with :data:`ABORT_EXIT_CODE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+from ddpkit.worker.watchdog.policy import (
+    ABORT_EXIT_CODE,
+    HOOK_POLL_S,
+    SAY_TIMEOUT_S,
+    THREAD_NAME,
+    Departure,
+    abort_message,
+    hook_wait_for,
+    how_it_raised,
+    interval_for,
+    looks_like_peer_failure,
+    pick_cause,
+    raised_message,
+)
+from ddpkit.worker.watchdog.progress import Progress
+from ddpkit.worker.watchdog.store import StoreLink
+
+# --- the watchdog -------------------------------------------------------------------------------
+
+
+class Watchdog:
+    """One rank's watchdog; :func:`start` makes it, ``stop`` ends it (writing the exit marker)."""
+
+    def __init__(self, link: StoreLink, *, bound_s: float, clock: Callable[[], float]) -> None:
+        self._link = link
+        self.rank, self.world_size = link.rank, link.world_size
+        self.bound_s, self.interval_s = bound_s, interval_for(bound_s)
+        self._clock = clock
+        self._pid = os.getpid()
+        self._main = threading.current_thread()  # the thread that joined: it runs collectives
+        self._stop = threading.Event()
+        self._said = False
+        self._stopped = False
+        self._handled: int | None = None
+        self._judge = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
+
+    @property
+    def owned(self) -> bool:
+        """False in a forked child (a data loader worker): it must not touch the parent's link."""
+        return os.getpid() == self._pid
+
+    def start(self) -> None:
+        self._link.start()
+        self._judge.start()
+
+    def stop(self, how: str = "exited") -> None:
+        """Say that this rank leaves (unless said already), then stop both threads. Idempotent."""
+        if self._stopped or not self.owned:
+            return
+        self._stopped = True
+        self._stop.set()
+        self._say(how)
+        self._linger()
+        self._link.stop()
+
+    # the judge thread
+
+    def _watch(self) -> None:
+        progress = Progress(self._main, self._clock)
+        while not self._stop.wait(self.interval_s):
+            try:
+                now = self._clock()
+                progress.sample(now)
+                cause = self._cause(now)
+                if cause is None:
+                    continue
+                blocked_s = now - max(progress.blocked_since, cause.left_at)
+                if blocked_s >= self.bound_s and not self._stop.is_set():
+                    self._abort(cause, blocked_s)
+            except Exception:  # never into the program; try again next interval
+                continue
+
+    def _cause(self, now: float) -> Departure | None:
+        departures = self._link.departures()
+        store = self._link.store_departure(now)
+        return pick_cause([*departures, *([store] if store else [])], self.rank)
+
+    def _abort(self, cause: Departure, blocked_s: float) -> None:
+        """Say where this rank is blocked and who left, leave a marker, reap, exit."""
+        frame = sys._current_frames().get(self._main.ident or -1)
+        lines = []
+        if frame is not None:
+            lines += [
+                f"ddpkit: rank {self.rank} is blocked here:",
+                "Traceback (most recent call last):",
+                "".join(traceback.format_stack(frame)).rstrip("\n"),
+            ]
+            del frame
+        lines.append(abort_message(cause, self.rank, blocked_s, self.bound_s))
+        write_stderr("\n".join(lines) + "\n")
+        self._stopped = True
+        if self._link.store_departure(self._clock()) is None:  # else a store call may hang
+            self._say("was ended by the ddpkit watchdog", victim=True)
+            self._linger()
+            self._link.stop()
+        _reap_children()
+        os._exit(ABORT_EXIT_CODE)
+
+    # leaving
+
+    def _say(self, how: str, *, victim: bool = False) -> None:
+        """Write this rank's exit marker, once."""
+        if self._said:
+            return
+        self._said = True
+        marker = {"host": socket.gethostname(), "pid": os.getpid(), "how": how, "victim": victim}
+        link = self._link
+        link.call(lambda: link.write_marker(self.rank, marker), SAY_TIMEOUT_S)
+
+    def _linger(self) -> None:
+        """The store's host, leaving: give its peers time to read its marker and let go."""
+        link = self._link
+        if link.host_rank == self.rank:
+            linger_s = max(2.0, 3 * self.interval_s)
+            link.call(lambda: link.linger(linger_s), linger_s + 1.0)
+
+    def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:
+        """Excepthook, before the traceback: write this rank's marker. True when the error
+        looks like a failed collective: then :meth:`name_culprit` after the traceback."""
+        if self._stopped or not self.owned or self._handled == id(error):
+            return False
+        self._handled = id(error)
+        victim = looks_like_peer_failure(error)
+        self._say(how_it_raised(kind, error), victim=victim)
+        return victim
+
+    def name_culprit(self, kind: type[BaseException]) -> str:
+        """The line naming the rank that left first (waits for its marker, briefly)."""
+        waited_s = hook_wait_for(self.interval_s)
+        cause = self._wait_for_cause(waited_s)
+        return raised_message(cause, self.rank, kind.__name__, waited_s)
+
+    def _wait_for_cause(self, wait_s: float) -> Departure | None:
+        """Up to ``wait_s`` for a rank that left on its own, else one whose heartbeats
+        stopped; twice as long at most while a slow store thread still owes its comparison."""
+        started = self._clock()
+        self._link.hurry(2 * wait_s)
+        while True:
+            now = self._clock()
+            cause = self._cause(now)
+            if cause is not None and not cause.victim:
+                return cause
+            silent = self._link.silent()
+            if silent:
+                self._link.presume_dead(departure.rank for departure in silent)
+                return silent[0]
+            late = silent is None and self._link.alive() and now - started < 2 * wait_s
+            if now - started >= wait_s and not late:
+                return cause
+            time.sleep(HOOK_POLL_S)
+
+
+def write_stderr(text: str) -> None:
+    with contextlib.suppress(Exception):
+        if sys.stderr is not None:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+
+def _reap_children(grace_s: float = 1.0) -> None:
+    """Terminate this process's multiprocessing children (data loader workers), then kill."""
+    try:
+        children = multiprocessing.active_children()
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + grace_s
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join(grace_s)
+    except Exception:
+        pass
