@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
+from ddpkit.compat import submitit_sbatch_text
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
 from ddpkit.jobs.records import JobRecord, Via, new_record
@@ -180,17 +181,10 @@ def dry_run(spec: JobSpec) -> str:
         default_flow_style=False,
     )
     try:
-        script = _sbatch_text(make_executor(spec))
+        script = submitit_sbatch_text(make_executor(spec))
     except ConfigError as exc:
         return f"{head}# sbatch script: not shown ({exc.message})\n"
     return f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
-
-
-def _sbatch_text(executor: submitit.AutoExecutor) -> str:
-    # submitit keeps its renderer private; reach it without submitting anything.
-    inner: Any = executor._executor
-    text: str = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
-    return text
 
 
 def submit_command(spec: JobSpec) -> tuple[str, str | None]:

@@ -17,9 +17,7 @@ This module owns three things and nothing else (no process management of its own
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import signal
 import socket
 import uuid
@@ -31,13 +29,17 @@ from typing import Any
 import torch.distributed
 import torch.distributed.run as torch_run
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsSpecs, SignalException
-from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.api import LogsDest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.elastic.multiprocessing.tail_log import TailLog
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ddpkit.compat import (
+    launch_config_from_args,
+    recorded_traceback,
+    tail_logs_tuned,
+    torchrun_notice_muted,
+)
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.launch.config import RunConfig
 from ddpkit.worker.requeue import EXIT_STOPPED
@@ -53,7 +55,7 @@ __all__ = [
 ]
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
-LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see _log_tail_interval
+LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see compat.tail_logs_tuned
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
@@ -159,9 +161,9 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
         args.rdzv_id = str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = STATIC_MASTER_PORT
-    with _environ_restored() as before, _omp_notice_muted():
+    with _environ_restored() as before, torchrun_notice_muted():
         try:
-            launch_config, entrypoint, cmd_args = torch_run.config_from_args(args)
+            launch_config, entrypoint, cmd_args = launch_config_from_args(args)
         except (ValueError, AssertionError, RuntimeError) as exc:
             raise ConfigError(
                 f"--nproc-per-node={config.nproc_per_node!r} (or another flag) rejected by "
@@ -182,7 +184,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
     with (
         _environ_restored(),
         _signal_handlers_restored(handled),
-        _log_tail_interval(LOG_TAIL_INTERVAL_S),
+        tail_logs_tuned(LOG_TAIL_INTERVAL_S),
         _signals_forwarded(FORWARDED_SIGNALS),
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
@@ -255,7 +257,7 @@ def _worker_failure(
     rank: int, failure: ProcessFailure, host: str, logs: LogsDest | None
 ) -> WorkerFailure:
     stderr_log = _stderr_log(failure.local_rank, logs)
-    traceback, source = _recorded_traceback(failure), failure.error_file
+    traceback, source = recorded_traceback(failure), failure.error_file
     if traceback is None and stderr_log:
         traceback, source = _traceback_from_log(stderr_log), stderr_log
     return WorkerFailure(
@@ -269,17 +271,6 @@ def _worker_failure(
         source=source if traceback else None,
         stderr_log=stderr_log,
     )
-
-
-def _recorded_traceback(failure: ProcessFailure) -> str | None:
-    """The traceback a worker decorated with ``@record`` wrote into its error file."""
-    if not os.path.isfile(failure.error_file):  # torch puts "<N/A>" there when none was written
-        return None
-    message: object = failure.message
-    if isinstance(message, dict):
-        extra = message.get("extraInfo", {})
-        message = extra.get("py_callstack") or message.get("message")
-    return str(message).rstrip() if message else None
 
 
 def _stderr_log(local_rank: int, logs: LogsDest | None) -> str | None:
@@ -400,72 +391,3 @@ def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-
-
-class _OmpNoticeFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "OMP_NUM_THREADS" not in str(record.msg)
-
-
-@contextmanager
-def _omp_notice_muted() -> Iterator[None]:
-    """Drop torch's 5-line OMP_NUM_THREADS banner; ``ddpkit run --help`` documents the rule."""
-    logger, muted = logging.getLogger(torch_run.__name__), _OmpNoticeFilter()
-    logger.addFilter(muted)
-    try:
-        yield
-    finally:
-        logger.removeFilter(muted)
-
-
-# torch's excepthook (installed by init_process_group) prefixes every traceback line with
-# "[rank<N>]: ", the very text of the default tee prefix: one of the two is dropped.
-_DOUBLED_PREFIX = re.compile(r"(\[rank\d+\]: )\1")
-
-
-class _OncePrefixed:
-    """A tee destination that writes ``[rankN]: [rankN]: text`` as ``[rankN]: text``.
-
-    ``TailLog`` writes each worker line as ``f"{header}{line}"`` in one ``write``; only a line
-    whose own text starts with the same header is changed (other templates are left alone).
-    """
-
-    def __init__(self, dst: Any) -> None:
-        self._dst = dst
-
-    def write(self, text: str) -> int:
-        return int(self._dst.write(_DOUBLED_PREFIX.sub(r"\1", text, count=1)))
-
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, ...
-        return getattr(self._dst, name)
-
-
-@contextmanager
-def _log_tail_interval(interval_s: float) -> Iterator[None]:
-    """Poll tee'd worker logs every ``interval_s`` instead of torch's fixed 0.1 s, and print
-    torch's own ``[rankN]: `` traceback prefix only once.
-
-    Why the interval: at shutdown torch stops one ``TailLog`` per tee'd stream and each stop
-    waits out a poll sleep, in step with the agent's 0.1 s monitor loop: +0.2 s per launch with
-    stdout and stderr tee'd, ~10% of a trivial 2-process run. ``PContext`` builds its
-    ``TailLog`` with the default interval and offers no parameter, so for the duration of the
-    launch the name it looks up is a subclass with a shorter interval and a destination that
-    drops a doubled prefix (restored afterwards). Should torch move the class, nothing is
-    replaced and its defaults apply. Price of 10 ms: polling costs the agent ~1% of a core per
-    tee'd stream (2 ranks, stdout+stderr: ~3-4% of one core, measured).
-    """
-    original = getattr(mp_api, "TailLog", None)
-    if not (isinstance(original, type) and issubclass(original, TailLog)):
-        yield
-        return
-
-    class _PromptTailLog(original):  # type: ignore[misc, valid-type]
-        def __init__(self, name: str, log_files: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("interval_sec", interval_s)
-            super().__init__(name, log_files, _OncePrefixed(dst), *args, **kwargs)
-
-    mp_api.TailLog = _PromptTailLog  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        mp_api.TailLog = original  # type: ignore[attr-defined]

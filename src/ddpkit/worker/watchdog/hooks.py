@@ -104,10 +104,12 @@ def start(
     from ``TORCHELASTIC_USE_AGENT_STORE`` in ``os.environ``, so this reads it there too). Stops
     a watchdog this process still runs.
     """
-    from torch.distributed.distributed_c10d import PrefixStore, _get_default_store
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    from ddpkit.compat import default_store
 
     stop("left the job")
-    base = store if store is not None else _get_default_store()
+    base = store if store is not None else default_store()
     own = base
     clone = getattr(base, "clone", None)  # torch >= 2.4 for TCPStore
     if clone is not None:

@@ -1,0 +1,160 @@
+"""Every reach into a dependency's private or undocumented internals, in one place.
+
+ddpkit asks for a range of torch (``>=2.4,<3``) and of submitit, and each of the few things it
+takes from their insides can move in any release. Keeping them here means an upgrade breaks
+this one file, loudly: ``tests/test_compat.py`` checks every reach below against the installed
+version and names that version when one has moved.
+
+    reach                          dependency  what ddpkit does with it
+    TailLog in mp_api, its         torch       ``ddpkit run`` polls tee'd logs every 10 ms and
+      (name, files, dst) args                  prints torch's own "[rankN]: " prefix once
+    run.config_from_args           torch       ``ddpkit run`` builds its LaunchConfig with
+                                               torchrun's own parser and logic
+    run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
+    error file "message" keys      torch       the root cause's traceback from ``@record`` files
+    c10d._get_default_store        torch       the peer watchdog's own store connection
+    SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
+      _file_text                               prints the script without submitting
+
+Each function imports its dependency when called: importing this module imports neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
+
+    from torch.distributed.distributed_c10d import Store
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+__all__ = [
+    "default_store",
+    "launch_config_from_args",
+    "recorded_traceback",
+    "submitit_sbatch_text",
+    "tail_logs_tuned",
+    "torchrun_notice_muted",
+]
+
+# torch's excepthook (installed by init_process_group) prefixes every traceback line with
+# "[rank<N>]: ", the very text of the default tee prefix: one of the two is dropped.
+_DOUBLED_PREFIX = re.compile(r"(\[rank\d+\]: )\1")
+
+
+class _OncePrefixed:
+    """A tee destination that writes ``[rankN]: [rankN]: text`` as ``[rankN]: text``.
+
+    ``TailLog`` writes each worker line as ``f"{header}{line}"`` in one ``write``; only a line
+    whose own text starts with the same header is changed (other templates are left alone).
+    """
+
+    def __init__(self, dst: Any) -> None:
+        self._dst = dst
+
+    def write(self, text: str) -> int:
+        return int(self._dst.write(_DOUBLED_PREFIX.sub(r"\1", text, count=1)))
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, ...
+        return getattr(self._dst, name)
+
+
+@contextmanager
+def tail_logs_tuned(interval_s: float) -> Iterator[None]:
+    """While the block runs, torch's tee of worker logs polls every ``interval_s`` (not its
+    fixed 0.1 s) and prints torch's own ``[rankN]: `` traceback prefix only once.
+
+    Why the interval: at shutdown torch stops one ``TailLog`` per tee'd stream and each stop
+    waits out a poll sleep, in step with the agent's 0.1 s monitor loop: +0.2 s per launch with
+    stdout and stderr tee'd, ~10% of a trivial 2-process run. ``PContext`` builds its
+    ``TailLog`` with the default interval and offers no parameter, so for the duration of the
+    launch the name it looks up is a subclass with a shorter interval and a destination that
+    drops a doubled prefix (restored afterwards). Should torch move the class, nothing is
+    replaced and its defaults apply. Price of 10 ms: polling costs the agent ~1% of a core per
+    tee'd stream (2 ranks, stdout+stderr: ~3-4% of one core, measured).
+    """
+    from torch.distributed.elastic.multiprocessing import api as mp_api
+    from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+
+    original = getattr(mp_api, "TailLog", None)
+    if not (isinstance(original, type) and issubclass(original, TailLog)):
+        yield
+        return
+
+    class _PromptTailLog(original):  # type: ignore[misc, valid-type]
+        def __init__(self, name: str, log_files: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("interval_sec", interval_s)
+            super().__init__(name, log_files, _OncePrefixed(dst), *args, **kwargs)
+
+    mp_api.TailLog = _PromptTailLog  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        mp_api.TailLog = original  # type: ignore[attr-defined]
+
+
+def launch_config_from_args(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+    """torchrun's own ``(LaunchConfig, entrypoint, args)`` for parsed torchrun arguments."""
+    import torch.distributed.run as torch_run
+
+    config, entrypoint, cmd_args = torch_run.config_from_args(args)
+    return config, entrypoint, list(cmd_args)
+
+
+class _NoticeFilter(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in str(record.msg)
+
+
+@contextmanager
+def torchrun_notice_muted(text: str = "OMP_NUM_THREADS") -> Iterator[None]:
+    """Drop the records of torchrun's logger that contain ``text`` (its OMP banner)."""
+    import torch.distributed.run as torch_run
+
+    logger, muted = logging.getLogger(torch_run.__name__), _NoticeFilter(text)
+    logger.addFilter(muted)
+    try:
+        yield
+    finally:
+        logger.removeFilter(muted)
+
+
+def recorded_traceback(failure: ProcessFailure) -> str | None:
+    """The traceback a worker decorated with ``@record`` wrote into its error file.
+
+    torch writes ``{"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}``; torch
+    puts "<N/A>" in ``error_file`` when none was written.
+    """
+    import os
+
+    if not os.path.isfile(failure.error_file):
+        return None
+    message: object = failure.message
+    if isinstance(message, dict):
+        extra = message.get("extraInfo", {})
+        message = extra.get("py_callstack") or message.get("message")
+    return str(message).rstrip() if message else None
+
+
+def default_store() -> Store:
+    """The default process group's store (torch offers no public getter)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def submitit_sbatch_text(executor: Any) -> str:
+    """The sbatch text submitit would write for ``executor`` (an AutoExecutor on SLURM),
+    without submitting anything: submitit keeps its renderer private."""
+    inner: Any = executor._executor
+    text: str = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
+    return text

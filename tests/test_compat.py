@@ -1,0 +1,137 @@
+"""Each reach of ddpkit.compat into torch's and submitit's internals still holds.
+
+When torch or submitit moves one of them, the test of that reach fails and names the installed
+version: fix ddpkit/compat.py, nothing else.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import api as mp_api
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from ddpkit import compat
+from ddpkit.cluster.ports import free_port
+
+TORCH = f"torch {torch.__version__}"
+
+
+def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.write_text("")
+    out = io.StringIO()
+    original = getattr(mp_api, "TailLog", None)
+    with compat.tail_logs_tuned(0.01):
+        tuned = mp_api.TailLog
+        assert tuned is not original, f"{TORCH}: mp_api.TailLog is gone or not a TailLog class"
+        tail = tuned("trainer", {0: str(log)}, out, {0: "[rank0]: "}).start()
+        with log.open("a") as handle:
+            handle.write("[rank0]: Traceback (most recent call last):\nplain line\n")
+        deadline = time.monotonic() + 30
+        while out.getvalue().count("\n") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tail.stop()
+    assert mp_api.TailLog is original  # put back afterwards
+    assert out.getvalue().splitlines() == [
+        "[rank0]: Traceback (most recent call last):",
+        "[rank0]: plain line",
+    ], f"{TORCH}: TailLog no longer writes header + line in one write"
+
+
+def test_launch_config_from_torchrun_args() -> None:
+    import torch.distributed.run as torch_run
+
+    args = torch_run.get_args_parser().parse_args(
+        ["--nnodes", "1", "--nproc-per-node", "3", "--master-port", "29511", "train.py", "-x"]
+    )
+    config, entrypoint, cmd_args = compat.launch_config_from_args(args)
+    assert (config.nproc_per_node, config.max_nodes) == (3, 1), TORCH
+    assert entrypoint == sys.executable and cmd_args[-2:] == ["train.py", "-x"], TORCH
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(str(record.msg))
+
+
+def test_torchrun_notice_is_muted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed.run as torch_run
+
+    argv = ["--nproc-per-node", "2", "--standalone", "train.py"]
+    logger, seen = logging.getLogger(torch_run.__name__), _Records()
+    logger.addHandler(seen)  # torch's logger does not propagate: listen on it directly
+    try:
+        # unset, so that torch logs its notice (and writes the variable, undone by monkeypatch)
+        monkeypatch.setenv("OMP_NUM_THREADS", "0")
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        torch_run.config_from_args(torch_run.get_args_parser().parse_args(argv))
+        notices = [m for m in seen.messages if "OMP_NUM_THREADS" in m]
+        assert notices, f"{TORCH}: torchrun's logger no longer logs the OMP_NUM_THREADS notice"
+        seen.messages.clear()
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        with compat.torchrun_notice_muted():
+            torch_run.config_from_args(torch_run.get_args_parser().parse_args(argv))
+        assert not [m for m in seen.messages if "OMP_NUM_THREADS" in m], TORCH
+    finally:
+        logger.removeHandler(seen)
+
+
+def test_recorded_traceback_from_a_real_error_file(tmp_path: Path) -> None:
+    error_file = tmp_path / "error.json"
+    script = (
+        "from torch.distributed.elastic.multiprocessing.errors import record\n"
+        "@record\n"
+        "def main():\n"
+        "    raise ValueError('boom in the worker')\n"
+        "main()\n"
+    )
+    env = {"TORCHELASTIC_ERROR_FILE": str(error_file), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    assert done.returncode != 0 and error_file.is_file(), done.stderr.decode()
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))
+    text = compat.recorded_traceback(failure)
+    assert text is not None, f"{TORCH}: @record's error file has no message/extraInfo keys"
+    assert "Traceback" in text and "ValueError: boom in the worker" in text, TORCH
+    absent = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(tmp_path / "none"))
+    assert compat.recorded_traceback(absent) is None
+
+
+def test_default_store_is_the_groups_store() -> None:
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        found = compat.default_store()
+        found.set("ddpkit/compat", "yes")
+        assert store.get("ddpkit/compat") == b"yes", f"{TORCH}: _get_default_store moved"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_submitit_renders_a_script_without_submitting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import submitit
+    from submitit.slurm import slurm as submitit_slurm
+
+    version = f"submitit {submitit.__version__}"
+    # SlurmExecutor refuses to exist without srun on PATH; the renderer itself needs none
+    monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(nodes=2, tasks_per_node=3, timeout_min=5)
+    text = compat.submitit_sbatch_text(executor)
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=3" in text, version
+    assert "submitit.core._submit" in text, version
+    assert not list(tmp_path.glob("*.sh")) or "dry-run" in text  # nothing was submitted
