@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,8 +115,8 @@ class _Refuses:
         raise ValueError("no state here")
 
 
-def _unlistable(directory: Any) -> list[Path]:
-    raise PermissionError(13, "Permission denied", str(directory))
+def _unlistable(folder: Any) -> list[tuple[int, Path]]:
+    raise PermissionError(13, "Permission denied", str(folder))
 
 
 def _one_rank_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
@@ -132,12 +133,12 @@ def _one_rank_worker(rank: int, world_size: int, port: int, root: str) -> dict[s
         other = _model(0, width=16 if rank == 1 else 8)  # rank 1's model does not fit
         results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
         if rank == 2:  # rank 2 cannot list the directory
-            original, checkpoint.checkpoint_files = checkpoint.checkpoint_files, _unlistable
+            original, checkpoint._numbered = checkpoint._numbered, _unlistable
         try:
             results["list"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {}))
         finally:
             if rank == 2:
-                checkpoint.checkpoint_files = original
+                checkpoint._numbered = original
         state: dict[str, Any] = {"model": _model(1)}
         results["loaded"] = ddpkit.load_checkpoint(directory, state)  # still in step
         results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
@@ -186,7 +187,7 @@ def test_write_failure_in_a_world_of_one(world_of_one: ddpkit.Context, tmp_path:
 
 
 def test_prune_failure_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(folder: Path, keep_last: int) -> None:
+    def refuse(folder: Path, doomed: list[Path]) -> None:
         raise PermissionError(13, "Permission denied", str(folder))
 
     ddpkit.save_checkpoint(tmp_path, {"step": 1}, step=1, keep_last=1)
@@ -228,19 +229,28 @@ def test_real_writeback_hint_is_harmless(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize(
-    ("existing", "step", "keep_last", "doomed"),
+    ("written", "step", "keep_last", "doomed"),
     [
         ([1, 2, 3], 4, 3, [1]),
         ([1, 2, 3], 4, 1, [1, 2, 3]),
         ([1, 2], 3, 3, []),
-        ([1, 2, 3, 4, 5], 3, 3, [1, 2, 3]),  # step 3 is saved again: replaced
-        ([5, 6], 1, 2, []),  # an older step than those kept: no other file goes
+        ([1, 2, 3, 4, 5], 3, 3, [3, 1, 2]),  # step 3 is saved again: replaced
+        ([5, 6], 1, 2, [5]),  # write order, not steps: 6 was written last and stays
+        ([5, 6, 1], 2, 3, [5]),  # a run restarted after step 6
+        ([1, 2, "damaged 9"], 3, 3, [9]),  # unreadable: the oldest, whatever its step
     ],
 )
 def test_doomed_are_the_files_the_save_replaces_or_prunes(
-    tmp_path: Path, existing: list[int], step: int, keep_last: int, doomed: list[int]
+    tmp_path: Path, written: list[int | str], step: int, keep_last: int, doomed: list[int]
 ) -> None:
-    for number in existing:
-        (tmp_path / f"ckpt-{number:09d}.pt").write_bytes(b"x")
-    found = checkpoint._doomed(tmp_path, step, keep_last)
-    assert found == [tmp_path / f"ckpt-{number:09d}.pt" for number in doomed]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the higher-step notices of the setup
+        for number in written:
+            if isinstance(number, str):
+                (tmp_path / f"ckpt-{int(number.split()[1]):09d}.pt").write_bytes(b"x")
+            else:
+                ddpkit.save_checkpoint(tmp_path, {}, step=number, keep_last=10)
+    found = checkpoint._doomed(checkpoint._written(tmp_path), step, keep_last)
+    assert [entry.path for entry in found] == [
+        tmp_path / f"ckpt-{number:09d}.pt" for number in doomed
+    ]
