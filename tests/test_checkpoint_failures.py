@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import itertools
+import random
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
 # torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time torch._dynamo is imported
 # (the optimizers' first step does); import it before the env-leak guard's snapshots.
 import torch._dynamo
+import torch.distributed as dist
 
 import ddpkit
 from ddpkit import checkpoint
@@ -254,3 +257,72 @@ def test_doomed_are_the_files_the_save_replaces_or_prunes(
     assert [entry.path for entry in found] == [
         tmp_path / f"ckpt-{number:09d}.pt" for number in doomed
     ]
+
+
+# --- a group plain torch created (no ddpkit.init()) ---------------------------------------------
+
+
+def _streams() -> list[Any]:
+    """The next draws of every RNG a checkpoint restores (python, numpy, torch)."""
+    return [random.random(), numpy.random.rand(2).tolist(), torch.rand(3).tolist()]
+
+
+def _plain_group_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
+    url = f"tcp://127.0.0.1:{port}"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
+    try:
+        directory, last = Path(root), world_size - 1
+        random.seed(100 + rank)
+        numpy.random.seed(200 + rank)
+        torch.manual_seed(300 + rank)
+        model = _model(0)
+        odd: Any = _Refuses() if rank == last else {"fine": True}
+        results: dict[str, Any] = {
+            "collect": _attempt(
+                lambda: ddpkit.save_checkpoint(directory, {"model": model, "odd": odd}, step=1)
+            )
+        }
+        path = ddpkit.save_checkpoint(directory, {"model": model, "rank_seen": rank}, step=5)
+        results["path"] = None if path is None else path.name
+        results["files"] = _names(directory)  # save returns once the file is in place
+        results["expected"] = _streams()
+        random.seed(0)
+        numpy.random.seed(0)
+        torch.manual_seed(0)
+        state: dict[str, Any] = {"model": _model(1)}
+        results["loaded"] = ddpkit.load_checkpoint(directory, state)
+        results["streams"] = _streams()
+        results["rank_seen"] = state["rank_seen"]
+        results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
+        other = _model(0, width=16 if rank == last else 8)  # the last rank's model does not fit
+        results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_group_plain_torch_created(tmp_path: Path, world_size: int) -> None:
+    results = run_workers(_plain_group_worker, world_size, str(tmp_path), timeout_s=_PROMPT_S)
+    last = world_size - 1
+    # every rank's own RNG streams, distinct, saved and given back to their own rank
+    assert len({repr(result["expected"]) for result in results}) == world_size
+    for rank, result in enumerate(results):
+        assert result["path"] == ("ckpt-000000005.pt" if rank == 0 else None), rank
+        assert result["files"] == ["ckpt-000000005.pt"], rank  # one writer, no stray files
+        assert result["loaded"] == 5 and result["weights_ok"], rank
+        assert result["streams"] == result["expected"], rank
+        assert result["rank_seen"] == 0, rank  # the main rank's values are the saved ones
+        collect, restore = result["collect"], result["restore"]
+        assert collect["message"].startswith(
+            f"rank {last} could not collect its state for checkpoint step 1 in {tmp_path}: "
+            f"rank {last}: ValueError: no state here"
+        ), collect
+        assert restore["message"].startswith(
+            f"rank {last} could not restore checkpoint step 5 from {tmp_path}: rank {last}: "
+        ), restore
+        for attempt in (collect, restore):  # the failing rank chains its own error
+            assert (attempt["cause"] is not None) == (rank == last), (rank, attempt)
+            assert attempt["seconds"] < 20, attempt
+    assert _names(tmp_path) == ["ckpt-000000005.pt"]
