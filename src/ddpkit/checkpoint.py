@@ -110,8 +110,8 @@ def save_checkpoint(
     )
     path: Path | None = None
     if rank == 0:
-        payload = {"step": step, "world_size": world_size, "state": saved}
-        payload["rng"] = [rng for rng, _ in gathered]
+        rngs = [rng for rng, _ in gathered]
+        payload = {"step": step, "world_size": world_size, "state": saved, "rng": rngs}
         try:
             path = _save(Path(directory), payload, step, keep_last)
         except Exception as error:
@@ -140,10 +140,9 @@ def load_checkpoint(
 
     The newest is the one written last, which need not have the highest step (a run restarted
     in a used folder). Call it on every rank. A file that fails to load (truncated, corrupt) is
-    skipped with a
-    warning and the previous one is tried. Returns None, leaving ``state`` untouched, when
-    ``directory`` holds no loadable checkpoint. When one rank cannot list the directory or
-    restore its objects (``load_state_dict`` raising), every rank raises
+    skipped with a warning and the previous one is tried. Returns None, leaving ``state``
+    untouched, when ``directory`` holds no loadable checkpoint. When one rank cannot list the
+    directory or restore its objects (``load_state_dict`` raising), every rank raises
     :class:`CheckpointError`, so that none trains on from a partial restore.
     """
     world_size, rank = _world()
@@ -216,7 +215,10 @@ def _written(folder: Path) -> list[_Found]:
 def _found(path: Path, step: int) -> _Found:
     """``path``'s sequence, read without its tensor data (mmap: only the pickle is read)."""
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except Exception:  # a filesystem that cannot mmap reads it whole; a damaged file fails
+            payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # truncated, empty, garbage, unreadable
         return _Found(-1, step, path, f"it cannot be loaded ({type(error).__name__}: {error})")
     if not isinstance(payload, dict) or payload.get("format") not in _READABLE:
@@ -496,7 +498,7 @@ def _load_newest(folder: Path, map_location: str | torch.device) -> dict[str, An
 
 def _warn_skipped(path: Path, why: str) -> None:
     warnings.warn(
-        f"skipping checkpoint {path}: {why}; the newest loadable one written before it is used",
+        f"skipping checkpoint {path}: {why}; the newest loadable one is used instead",
         RuntimeWarning,
         stacklevel=4,
     )
