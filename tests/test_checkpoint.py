@@ -233,6 +233,22 @@ def test_files_saved_before_the_write_order_are_older(tmp_path: Path) -> None:
     assert _steps(tmp_path) == [500, 100]
 
 
+def test_write_order_without_mmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A filesystem that cannot mmap (some FUSE mounts): a fake, no such mount on demand here.
+    real_load = torch.load
+
+    def no_mmap(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("mmap"):
+            raise RuntimeError("mmap: operation not supported")
+        return real_load(*args, **kwargs)
+
+    _run(tmp_path, [20, 10], 3, "run")
+    monkeypatch.setattr(torch, "load", no_mmap)
+    assert _loaded(tmp_path) == (10, ("run", 10))  # the last written, read whole
+    _run(tmp_path, [5], 2, "run")
+    assert _steps(tmp_path) == [10, 5]
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
 def test_files_follow_the_umask(tmp_path: Path, umask: int) -> None:
     previous = os.umask(umask)
