@@ -421,6 +421,8 @@ def _plain_group_worker(rank: int, world_size: int, port: int, ports: list[int])
         )
         seen["replaced"] = (ddpkit.current().rank, ddpkit.current().world_size)
         seen["replaced_epoch"] = _epoch_gathered(7)
+        ddpkit.shutdown()  # as at exit: init()'s group is gone, this one is not ddpkit's
+        seen["replacement_spared"] = dist.is_initialized()
         adopted = ddpkit.init(env={})  # a full init() still adopts it
         seen["init_after"] = (adopted.rank, adopted is ddpkit.current())
         ddpkit.shutdown()
@@ -439,7 +441,7 @@ def test_ranks_come_from_the_group_that_exists(world_size: int) -> None:
         flipped = world_size - 1 - rank
         assert seen["replaced"] == (flipped, world_size), rank
         assert seen["init_after"] == (flipped, True), rank
-        assert seen["gone"] and seen["left_alone"], rank
+        assert seen["gone"] and seen["replacement_spared"] and seen["left_alone"], rank
         for key, shard_rank in (("epoch", rank), ("replaced_epoch", flipped)):
             mine, every = seen[key]
             padded = (list(range(7)) * 2)[: -(-7 // world_size) * world_size]  # the sampler's

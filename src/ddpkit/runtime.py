@@ -199,7 +199,8 @@ def current() -> Context:
     context = current_or_none()
     if context is None:
         raise UsageError(
-            "ddpkit.init() has not been called in this process",
+            "ddpkit.init() has not been called in this process, and no torch.distributed "
+            "process group exists",
             hint="call ctx = ddpkit.init() at the start of the script, before wrap/loader/gather",
         )
     return context
@@ -239,7 +240,7 @@ def shutdown() -> None:
     before long solo work after the others have finished, so no watchdog is left to judge it.
     """
     _stop_watchdog("left the job (ddpkit.shutdown())")
-    owned = _STATE.owns_group
+    owned = _STATE.owns_group and _lives(_STATE.group)  # not a group that replaced ours
     _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     if owned:
         process_group.destroy()
