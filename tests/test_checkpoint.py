@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import torch._dynamo
 
 import ddpkit
 from ddpkit.errors import ConfigError
+from ddpkit.worker import checkpoint
 from ddpkit.worker.checkpoint import checkpoint_files
 from distutil import run_workers, torchrun_env
 
@@ -136,6 +139,127 @@ def test_save_rejects(tmp_path: Path, kwargs: dict[str, Any], match: str) -> Non
     with pytest.raises(ConfigError, match=match) as caught:
         ddpkit.save_checkpoint(tmp_path, {}, **kwargs)
     assert caught.value.hint
+
+
+# --- the newest written wins ------------------------------------------------------------------
+
+
+def _run(directory: Path, steps: list[int], keep_last: int, tag: str) -> list[Path | None]:
+    """Save ``steps`` in order, each holding its step and ``tag`` (which run wrote it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the higher-step notice is tested on its own
+        return [
+            ddpkit.save_checkpoint(directory, {"run": tag, "at": n}, step=n, keep_last=keep_last)
+            for n in steps
+        ]
+
+
+def _loaded(directory: Path) -> tuple[int | None, Any]:
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # skipped damaged files: tested on their own
+        step = ddpkit.load_checkpoint(directory, state)
+    return step, (state.get("run"), state.get("at"))
+
+
+def _steps(directory: Path) -> list[int]:
+    return [int(path.name[5:14]) for path in checkpoint_files(directory)]  # write order
+
+
+@pytest.mark.parametrize("keep_last", [1, 2, 3])
+def test_restart_from_scratch_in_a_used_folder(tmp_path: Path, keep_last: int) -> None:
+    _run(tmp_path, [100, 200, 300, 400, 500], keep_last, "old")
+    with pytest.warns(RuntimeWarning, match=r"step 100 is saved .* higher steps \[.*500\]"):
+        first = ddpkit.save_checkpoint(
+            tmp_path, {"run": "new", "at": 100}, step=100, keep_last=keep_last
+        )
+    assert first is not None and first.is_file()  # not pruned for the old run's steps
+    assert _loaded(tmp_path) == (100, ("new", 100))  # never the old run's step 500
+    order = [*[200, 300, 400, 500][-keep_last:], 100][-keep_last:]  # write order, oldest first
+    assert _steps(tmp_path) == order
+    for step in (200, 300, 400, 500, 600):
+        (path,) = _run(tmp_path, [step], keep_last, "new")
+        assert path is not None and path.is_file()
+        assert _loaded(tmp_path) == (step, ("new", step))
+        order = [*[n for n in order if n != step], step][-keep_last:]  # the latest saves
+        assert _steps(tmp_path) == order
+    assert order == list(range(700 - 100 * keep_last, 700, 100))  # the old run's all pruned
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("keep_last", [1, 3])
+def test_resume_from_an_older_checkpoint_after_the_newest_is_damaged(
+    tmp_path: Path, keep_last: int
+) -> None:
+    _run(tmp_path, [10, 20, 30], keep_last, "first")
+    newest = tmp_path / "ckpt-000000030.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # damaged
+    with pytest.warns(RuntimeWarning, match="ckpt-000000030.pt"):
+        resumed = ddpkit.load_checkpoint(tmp_path, {})
+    assert resumed == (20 if keep_last == 3 else None)  # keep_last=1: nothing else to load
+    start = 0 if resumed is None else resumed
+    order = [10, 20][: keep_last - 1]  # the loadable files, oldest written first
+    for step in range(start + 5, start + 30, 5):  # a different cadence after the restart
+        (path,) = _run(tmp_path, [step], keep_last, "second")
+        assert path is not None and path.is_file(), step
+        assert _loaded(tmp_path) == (step, ("second", step))
+        order = [*order, step][-keep_last:]
+        assert _steps(tmp_path) == order, step  # the damaged file went first, not a good one
+
+
+@pytest.mark.parametrize("keep_last", [1, 3])
+def test_fine_tune_that_resets_the_step(tmp_path: Path, keep_last: int) -> None:
+    _run(tmp_path, [1000, 2000, 3000], keep_last, "pretrain")
+    assert _loaded(tmp_path) == (3000, ("pretrain", 3000))
+    for step in (0, 50, 100):
+        (path,) = _run(tmp_path, [step], keep_last, "finetune")
+        assert path is not None and path.is_file()
+        assert _loaded(tmp_path) == (step, ("finetune", step))  # a requeue resumes the fine-tune
+    written = [3000, 0, 50, 100] if keep_last == 3 else [100]
+    assert _steps(tmp_path) == written[-keep_last:]
+
+
+def test_files_saved_before_the_write_order_are_older(tmp_path: Path) -> None:
+    # A format-1 file (ddpkit before the sequence): loadable, and older than any later save.
+    rng = [checkpoint._rng_state()]
+    torch.save(
+        {"format": 1, "step": 500, "world_size": 1, "state": {"run": "old"}, "rng": rng},
+        tmp_path / "ckpt-000000500.pt",
+    )
+    state: dict[str, Any] = {}
+    assert ddpkit.load_checkpoint(tmp_path, state) == 500 and state["run"] == "old"
+    _run(tmp_path, [100], 3, "new")
+    assert _loaded(tmp_path) == (100, ("new", 100))
+    assert _steps(tmp_path) == [500, 100]
+
+
+def test_write_order_without_mmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A filesystem that cannot mmap (some FUSE mounts): a fake, no such mount on demand here.
+    real_load = torch.load
+
+    def no_mmap(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("mmap"):
+            raise RuntimeError("mmap: operation not supported")
+        return real_load(*args, **kwargs)
+
+    _run(tmp_path, [20, 10], 3, "run")
+    monkeypatch.setattr(torch, "load", no_mmap)
+    assert _loaded(tmp_path) == (10, ("run", 10))  # the last written, read whole
+    _run(tmp_path, [5], 2, "run")
+    assert _steps(tmp_path) == [10, 5]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_files_follow_the_umask(tmp_path: Path, umask: int) -> None:
+    previous = os.umask(umask)
+    try:
+        path = ddpkit.save_checkpoint(tmp_path, {"w": torch.ones(2)}, step=1)
+        torch.save({}, tmp_path / "plain.pt")
+    finally:
+        os.umask(previous)
+    assert path is not None
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert mode == 0o666 & ~umask == stat.S_IMODE((tmp_path / "plain.pt").stat().st_mode)
 
 
 # --- kill -9 during a write --------------------------------------------------------------------

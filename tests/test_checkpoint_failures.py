@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import itertools
+import random
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
 # torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time torch._dynamo is imported
 # (the optimizers' first step does); import it before the env-leak guard's snapshots.
 import torch._dynamo
+import torch.distributed as dist
 
 import ddpkit
 from ddpkit.worker import checkpoint
@@ -114,8 +118,8 @@ class _Refuses:
         raise ValueError("no state here")
 
 
-def _unlistable(directory: Any) -> list[Path]:
-    raise PermissionError(13, "Permission denied", str(directory))
+def _unlistable(folder: Any) -> list[tuple[int, Path]]:
+    raise PermissionError(13, "Permission denied", str(folder))
 
 
 def _one_rank_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
@@ -132,12 +136,12 @@ def _one_rank_worker(rank: int, world_size: int, port: int, root: str) -> dict[s
         other = _model(0, width=16 if rank == 1 else 8)  # rank 1's model does not fit
         results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
         if rank == 2:  # rank 2 cannot list the directory
-            original, checkpoint.checkpoint_files = checkpoint.checkpoint_files, _unlistable
+            original, checkpoint._numbered = checkpoint._numbered, _unlistable
         try:
             results["list"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {}))
         finally:
             if rank == 2:
-                checkpoint.checkpoint_files = original
+                checkpoint._numbered = original
         state: dict[str, Any] = {"model": _model(1)}
         results["loaded"] = ddpkit.load_checkpoint(directory, state)  # still in step
         results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
@@ -186,7 +190,7 @@ def test_write_failure_in_a_world_of_one(world_of_one: ddpkit.Context, tmp_path:
 
 
 def test_prune_failure_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(folder: Path, keep_last: int) -> None:
+    def refuse(folder: Path, doomed: list[Path]) -> None:
         raise PermissionError(13, "Permission denied", str(folder))
 
     ddpkit.save_checkpoint(tmp_path, {"step": 1}, step=1, keep_last=1)
@@ -228,19 +232,97 @@ def test_real_writeback_hint_is_harmless(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize(
-    ("existing", "step", "keep_last", "doomed"),
+    ("written", "step", "keep_last", "doomed"),
     [
         ([1, 2, 3], 4, 3, [1]),
         ([1, 2, 3], 4, 1, [1, 2, 3]),
         ([1, 2], 3, 3, []),
-        ([1, 2, 3, 4, 5], 3, 3, [1, 2, 3]),  # step 3 is saved again: replaced
-        ([5, 6], 1, 2, []),  # an older step than those kept: no other file goes
+        ([1, 2, 3, 4, 5], 3, 3, [3, 1, 2]),  # step 3 is saved again: replaced
+        ([5, 6], 1, 2, [5]),  # write order, not steps: 6 was written last and stays
+        ([5, 6, 1], 2, 3, [5]),  # a run restarted after step 6
+        ([1, 2, "damaged 9"], 3, 3, [9]),  # unreadable: the oldest, whatever its step
     ],
 )
 def test_doomed_are_the_files_the_save_replaces_or_prunes(
-    tmp_path: Path, existing: list[int], step: int, keep_last: int, doomed: list[int]
+    tmp_path: Path, written: list[int | str], step: int, keep_last: int, doomed: list[int]
 ) -> None:
-    for number in existing:
-        (tmp_path / f"ckpt-{number:09d}.pt").write_bytes(b"x")
-    found = checkpoint._doomed(tmp_path, step, keep_last)
-    assert found == [tmp_path / f"ckpt-{number:09d}.pt" for number in doomed]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the higher-step notices of the setup
+        for number in written:
+            if isinstance(number, str):
+                (tmp_path / f"ckpt-{int(number.split()[1]):09d}.pt").write_bytes(b"x")
+            else:
+                ddpkit.save_checkpoint(tmp_path, {}, step=number, keep_last=10)
+    found = checkpoint._doomed(checkpoint._written(tmp_path), step, keep_last)
+    assert [entry.path for entry in found] == [
+        tmp_path / f"ckpt-{number:09d}.pt" for number in doomed
+    ]
+
+
+# --- a group plain torch created (no ddpkit.init()) ---------------------------------------------
+
+
+def _streams() -> list[Any]:
+    """The next draws of every RNG a checkpoint restores (python, numpy, torch)."""
+    return [random.random(), numpy.random.rand(2).tolist(), torch.rand(3).tolist()]
+
+
+def _plain_group_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
+    url = f"tcp://127.0.0.1:{port}"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
+    try:
+        directory, last = Path(root), world_size - 1
+        random.seed(100 + rank)
+        numpy.random.seed(200 + rank)
+        torch.manual_seed(300 + rank)
+        model = _model(0)
+        odd: Any = _Refuses() if rank == last else {"fine": True}
+        results: dict[str, Any] = {
+            "collect": _attempt(
+                lambda: ddpkit.save_checkpoint(directory, {"model": model, "odd": odd}, step=1)
+            )
+        }
+        path = ddpkit.save_checkpoint(directory, {"model": model, "rank_seen": rank}, step=5)
+        results["path"] = None if path is None else path.name
+        results["files"] = _names(directory)  # save returns once the file is in place
+        results["expected"] = _streams()
+        random.seed(0)
+        numpy.random.seed(0)
+        torch.manual_seed(0)
+        state: dict[str, Any] = {"model": _model(1)}
+        results["loaded"] = ddpkit.load_checkpoint(directory, state)
+        results["streams"] = _streams()
+        results["rank_seen"] = state["rank_seen"]
+        results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
+        other = _model(0, width=16 if rank == last else 8)  # the last rank's model does not fit
+        results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_group_plain_torch_created(tmp_path: Path, world_size: int) -> None:
+    results = run_workers(_plain_group_worker, world_size, str(tmp_path), timeout_s=_PROMPT_S)
+    last = world_size - 1
+    # every rank's own RNG streams, distinct, saved and given back to their own rank
+    assert len({repr(result["expected"]) for result in results}) == world_size
+    for rank, result in enumerate(results):
+        assert result["path"] == ("ckpt-000000005.pt" if rank == 0 else None), rank
+        assert result["files"] == ["ckpt-000000005.pt"], rank  # one writer, no stray files
+        assert result["loaded"] == 5 and result["weights_ok"], rank
+        assert result["streams"] == result["expected"], rank
+        assert result["rank_seen"] == 0, rank  # the main rank's values are the saved ones
+        collect, restore = result["collect"], result["restore"]
+        assert collect["message"].startswith(
+            f"rank {last} could not collect its state for checkpoint step 1 in {tmp_path}: "
+            f"rank {last}: ValueError: no state here"
+        ), collect
+        assert restore["message"].startswith(
+            f"rank {last} could not restore checkpoint step 5 from {tmp_path}: rank {last}: "
+        ), restore
+        for attempt in (collect, restore):  # the failing rank chains its own error
+            assert (attempt["cause"] is not None) == (rank == last), (rank, attempt)
+            assert attempt["seconds"] < 20, attempt
+    assert _names(tmp_path) == ["ckpt-000000005.pt"]

@@ -24,7 +24,7 @@ import ddpkit
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, RendezvousError, UsageError
 from ddpkit.worker import process_group
-from distutil import free_port, run_workers, torchrun_env
+from distutil import Indices, free_port, run_workers, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -384,3 +384,66 @@ def test_under_real_torchrun(tmp_path: Path) -> None:
     for rank in (0, 1):
         got = (tmp_path / f"rank{rank}").read_text()
         assert got == f"rank={rank} world=2 method=env:// sum=2.0"
+
+
+def _epoch_gathered(size: int) -> tuple[list[int], list[int]]:
+    """This rank's samples of one epoch over Indices(size), and every rank's, gathered."""
+    mine: list[int] = []
+    every: list[int] = []
+    for batch in ddpkit.loader(Indices(size), 2, shuffle=False):
+        mine += batch.tolist()
+        every += ddpkit.gather(batch).tolist()
+    return mine, every
+
+
+def _plain_group_worker(rank: int, world_size: int, port: int, ports: list[int]) -> dict[str, Any]:
+    """Groups made by plain torch.distributed: without init(), and behind init()'s back."""
+    url = "tcp://127.0.0.1:{}"
+    seen: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # adoption notices: env says nothing of this group
+        dist.init_process_group(
+            "gloo", init_method=url.format(port), rank=rank, world_size=world_size
+        )
+        ctx = ddpkit.current()
+        seen["no_init"] = (ctx.rank, ctx.world_size, ctx.is_main, str(ctx.device))
+        seen["epoch"] = _epoch_gathered(7)
+        dist.barrier()
+        dist.destroy_process_group()
+        seen["gone"] = ddpkit.worker.context.current_or_none() is None
+        # init()'s own group, destroyed and replaced behind its back (ranks reversed)
+        ddpkit.init(env=torchrun_env(rank, world_size, ports[0]))
+        dist.barrier()
+        dist.destroy_process_group()
+        flipped = world_size - 1 - rank
+        dist.init_process_group(
+            "gloo", init_method=url.format(ports[1]), rank=flipped, world_size=world_size
+        )
+        seen["replaced"] = (ddpkit.current().rank, ddpkit.current().world_size)
+        seen["replaced_epoch"] = _epoch_gathered(7)
+        ddpkit.shutdown()  # as at exit: init()'s group is gone, this one is not ddpkit's
+        seen["replacement_spared"] = dist.is_initialized()
+        adopted = ddpkit.init(env={})  # a full init() still adopts it
+        seen["init_after"] = (adopted.rank, adopted is ddpkit.current())
+        ddpkit.shutdown()
+        seen["left_alone"] = dist.is_initialized()  # not ddpkit's to destroy
+        dist.barrier()
+        dist.destroy_process_group()
+    return seen
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_come_from_the_group_that_exists(world_size: int) -> None:
+    results = run_workers(_plain_group_worker, world_size, [free_port(), free_port()])
+    for rank, seen in enumerate(results):
+        assert seen["no_init"] == (rank, world_size, rank == 0, "cpu"), rank
+        flipped = world_size - 1 - rank
+        assert seen["replaced"] == (flipped, world_size), rank
+        assert seen["init_after"] == (flipped, True), rank
+        assert seen["gone"] and seen["replacement_spared"] and seen["left_alone"], rank
+        for key, shard_rank in (("epoch", rank), ("replaced_epoch", flipped)):
+            mine, every = seen[key]
+            padded = (list(range(7)) * 2)[: -(-7 // world_size) * world_size]  # the sampler's
+            assert mine == padded[shard_rank::world_size], key
+            assert every == list(range(7)), key  # each sample once, none twice

@@ -1,17 +1,32 @@
 """Checkpoints that survive being killed mid-write: ``save_checkpoint`` / ``load_checkpoint``.
 
 Layout: ``<directory>/ckpt-<step:09d>.pt``, one file per checkpoint, written only by the main
-rank. A write goes to a hidden temporary file in the same directory (``.ckpt-<step>.*.tmp``),
-is flushed and fsynced, then ``os.replace``\\ d onto its final name and the directory fsynced:
-a reader sees either the whole new file or none of it, and a ``kill -9`` during the write
-leaves the previous checkpoints untouched (the stray temporary file is removed by the next
-save and never looked at by a load).
+rank. A write goes to a hidden temporary file in the same directory (``.ckpt-<step>.*.tmp``,
+created with mode 0666 less the umask, like any file ``torch.save`` creates), is flushed and
+fsynced, then ``os.replace``\\ d onto its final name and the directory fsynced: a reader sees
+either the whole new file or none of it, and a ``kill -9`` during the write leaves the previous
+checkpoints untouched (the stray temporary file is removed by the next save and never looked at
+by a load).
+
+Order: the newest checkpoint is the one written last, not the one with the highest step. Each
+file records its save's ``sequence`` (one more than the highest in the directory when it was
+written), and load, prune and save all go by it: a run restarted from scratch in a used folder,
+a resume from an older checkpoint after the newest was damaged, or a fine-tune that resets the
+step resumes from its own latest save, and ``keep_last`` keeps the latest saves, never deleting
+the file just written in favour of an older run's higher step (the save warns when the
+directory holds such higher steps). Reading a file's sequence costs an mmap-ed ``torch.load``
+(the pickle, not the tensor data). A file whose sequence cannot be read (damaged, or not
+written here) counts as the oldest: a load skips it with a warning, a save prunes it first.
+Files of format 1 (before the sequence) count as older than any later save, by step among
+themselves.
 
 Values with ``state_dict()`` are stored as their state dict. ``DistributedDataParallel`` and
 ``DataParallel`` are unwrapped first (their ``.module``), so a checkpoint holds the bare
 model's keys (no ``module.`` prefix) and loads into a wrapped or a bare model alike. Every
 rank's RNG states (python, numpy when installed, torch CPU, torch CUDA when available) are
-gathered to the main rank and saved, and each rank gets its own back on load.
+gathered to the main rank and saved, and each rank gets its own back on load. Ranks are the
+process group's (:func:`ddpkit.worker.context.current_or_none`), whether ``ddpkit.init()`` or plain
+``torch.distributed`` created it.
 
 Failures are shared, never left to a collective timeout: a rank whose ``state_dict()`` raises,
 a main rank that cannot write (directory, permissions, space, a value that cannot be pickled)
@@ -37,12 +52,12 @@ import functools
 import os
 import random
 import re
+import secrets
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -52,7 +67,8 @@ from ddpkit.worker.context import current_or_none
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: the payload records "sequence", the save's place in the write order
+_READABLE = (1, 2)  # format 1 has no sequence: older than every format-2 save
 _COMPLETE = re.compile(r"^ckpt-(\d{9,})\.pt$")
 _TEMP = re.compile(r"^\.ckpt-.*\.tmp$")
 _WRITEBACK_CHUNK = 16 * 2**20  # bytes written between two writeback requests
@@ -67,8 +83,9 @@ def save_checkpoint(
 ) -> Path | None:
     """Save ``state`` as checkpoint ``step``; call it on every rank (it is a collective).
 
-    Returns the file's path on the main rank, None on the others. Keeps the newest
-    ``keep_last`` complete checkpoints and deletes older ones and stray temporary files.
+    Returns the file's path on the main rank, None on the others. Keeps the ``keep_last``
+    complete checkpoints written last (this one included, whatever the others' steps) and
+    deletes the others and stray temporary files.
     When a rank's ``state_dict()`` raises or the main rank cannot write the file, every rank
     raises :class:`CheckpointError` (the checkpoints already there stay as they were).
     """
@@ -93,22 +110,12 @@ def save_checkpoint(
     )
     path: Path | None = None
     if rank == 0:
-        folder = Path(directory)
-        payload = {
-            "format": _FORMAT,
-            "step": step,
-            "world_size": world_size,
-            "state": saved,
-            "rng": [rng for rng, _ in gathered],
-        }
+        rngs = [rng for rng, _ in gathered]
+        payload = {"step": step, "world_size": world_size, "state": saved, "rng": rngs}
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            _drop_cache(_doomed(folder, step, keep_last))
-            path = _write_atomically(folder, f"ckpt-{step:09d}.pt", payload)
+            path = _save(Path(directory), payload, step, keep_last)
         except Exception as error:
             failure = error
-        else:
-            _prune_or_warn(folder, keep_last, step)
     # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
     # everybody learns whether it is.
     outcome = _broadcast(world_size, _describe(failure))
@@ -131,10 +138,11 @@ def load_checkpoint(
 ) -> int | None:
     """Restore ``state`` in place from the newest complete checkpoint; return its step.
 
-    Call it on every rank. A file that fails to load (truncated, corrupt) is skipped with a
-    warning and the previous one is tried. Returns None, leaving ``state`` untouched, when
-    ``directory`` holds no loadable checkpoint. When one rank cannot list the directory or
-    restore its objects (``load_state_dict`` raising), every rank raises
+    The newest is the one written last, which need not have the highest step (a run restarted
+    in a used folder). Call it on every rank. A file that fails to load (truncated, corrupt) is
+    skipped with a warning and the previous one is tried. Returns None, leaving ``state``
+    untouched, when ``directory`` holds no loadable checkpoint. When one rank cannot list the
+    directory or restore its objects (``load_state_dict`` raising), every rank raises
     :class:`CheckpointError`, so that none trains on from a partial restore.
     """
     world_size, rank = _world()
@@ -147,19 +155,18 @@ def load_checkpoint(
         payload = _load_newest(Path(directory), map_location)
     except Exception as error:  # e.g. a directory this rank cannot list
         failure = error
-    found = _all_gather(
-        world_size, (None if payload is None else payload["step"], _describe(failure))
-    )
+    found = _all_gather(world_size, (_identity(payload), _describe(failure)))
     _raise_failures(
         [text for _, text in found],
         f"could not look for checkpoints in {directory}",
         hint="every rank must be able to read the checkpoint directory",
         own=failure,
     )
-    steps = [number for number, _ in found]
-    if len(set(steps)) > 1:
+    newest = [identity for identity, _ in found]
+    if len(set(newest)) > 1:
         raise ConfigError(
-            f"ranks found different newest checkpoints in {directory}: steps by rank {steps}",
+            f"ranks found different newest checkpoints in {directory}: (step, sequence) by "
+            f"rank {newest}",
             hint="every rank must see the same checkpoint directory (a shared filesystem)",
         )
     if payload is None:
@@ -186,8 +193,42 @@ def load_checkpoint(
 
 
 def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """The complete checkpoints in ``directory``, oldest first (temporary files excluded)."""
-    return [path for _, path in _numbered(Path(directory))]
+    """The complete checkpoints in ``directory``, oldest written first (temporary files
+    excluded; one whose write order cannot be read counts as the oldest)."""
+    return [found.path for found in _written(Path(directory))]
+
+
+class _Found(NamedTuple):
+    """A complete checkpoint file, ordered by when it was written (then by step)."""
+
+    sequence: int  # the save's place in the directory's write order; -1: unknown (unreadable)
+    step: int
+    path: Path
+    problem: str | None  # why its sequence could not be read, or None
+
+
+def _written(folder: Path) -> list[_Found]:
+    """The complete checkpoints in ``folder``, oldest written first."""
+    return sorted(_found(path, number) for number, path in _numbered(folder))
+
+
+def _found(path: Path, step: int) -> _Found:
+    """``path``'s sequence, read without its tensor data (mmap: only the pickle is read)."""
+    try:
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except Exception:  # a filesystem that cannot mmap reads it whole; a damaged file fails
+            payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # truncated, empty, garbage, unreadable
+        return _Found(-1, step, path, f"it cannot be loaded ({type(error).__name__}: {error})")
+    if not isinstance(payload, dict) or payload.get("format") not in _READABLE:
+        return _Found(-1, step, path, "not written by ddpkit.save_checkpoint")
+    return _Found(int(payload.get("sequence", 0)), step, path, None)
+
+
+def _identity(payload: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """(step, sequence) of a loaded checkpoint: what every rank must have found alike."""
+    return None if payload is None else (payload["step"], payload.get("sequence", 0))
 
 
 def _numbered(folder: Path) -> list[tuple[int, Path]]:
@@ -203,8 +244,9 @@ def _numbered(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _world() -> tuple[int, int]:
+    """(world size, rank) of the process group that exists, ddpkit's or plain torch's."""
     context = current_or_none()
-    if context is None or context.world_size == 1 or not dist.is_initialized():
+    if context is None:
         return 1, 0
     return context.world_size, context.rank
 
@@ -259,9 +301,58 @@ def _saveable(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") else value
 
 
+def _save(folder: Path, payload: dict[str, Any], step: int, keep_last: int) -> Path:
+    """Write ``payload`` as checkpoint ``step``, the newest in ``folder``; prune the others."""
+    folder.mkdir(parents=True, exist_ok=True)
+    found = _written(folder)
+    sequence = 1 + max((entry.sequence for entry in found), default=0)
+    doomed = _doomed(found, step, keep_last)
+    _drop_cache([entry.path for entry in doomed])
+    path = _write_atomically(
+        folder, f"ckpt-{step:09d}.pt", {"format": _FORMAT, "sequence": sequence, **payload}
+    )
+    # The file of the same step was replaced by the rename: it is this checkpoint now.
+    _prune_or_warn(folder, [entry.path for entry in doomed if entry.step != step], step)
+    _warn_higher_steps(folder, found, step)
+    return path
+
+
+def _doomed(found: list[_Found], step: int, keep_last: int) -> list[_Found]:
+    """The checkpoints that a save of ``step`` replaces (the file of that step) or prunes (all
+    but the ``keep_last - 1`` others written last); ``found`` is oldest written first."""
+    others = [entry for entry in found if entry.step != step]
+    pruned = others[: max(0, len(others) - (keep_last - 1))]
+    return [entry for entry in found if entry.step == step] + pruned
+
+
+def _warn_higher_steps(folder: Path, found: list[_Found], step: int) -> None:
+    """Say so when older saves have higher steps: the user may have meant another folder."""
+    higher = sorted(entry.step for entry in found if entry.step > step)
+    if higher:
+        warnings.warn(
+            f"checkpoint step {step} is saved in {folder}, which holds checkpoints of higher "
+            f"steps {higher} written before it (a run restarted or a step reset in a used "
+            f"folder?): step {step} is the newest, load_checkpoint resumes from it and "
+            "keep_last prunes the older saves first; use a fresh directory per run to keep them",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
+    """A new hidden temporary file for ``name``, open for writing, with mode 0666 less the umask
+    (and the directory's default ACL) as ``torch.save`` would create it; mkstemp's 0600 would
+    keep the checkpoint from teammates and evaluation jobs."""
+    while True:
+        temp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temp
+        except FileExistsError:  # another killed writer's name: draw again
+            continue
+
+
 def _write_atomically(folder: Path, name: str, payload: Any) -> Path:
-    descriptor, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    temp = Path(temp_name)
+    descriptor, temp = _create_temp(folder, name)
     try:
         try:
             # torch.save calls only write() and flush() on a file object.
@@ -335,14 +426,6 @@ def _sync_file_range() -> Callable[[int, int, int], None] | None:
     return start
 
 
-def _doomed(folder: Path, step: int, keep_last: int) -> list[Path]:
-    """The complete checkpoints that a save of ``step`` will replace or prune."""
-    entries = _numbered(folder)
-    ranked = sorted({number for number, _ in entries} | {step})
-    kept = set(ranked[-keep_last:])
-    return [path for number, path in entries if number == step or number not in kept]
-
-
 def _drop_cache(paths: list[Path]) -> None:
     """Release the cached pages of files about to be deleted; they stay complete on disk.
 
@@ -371,23 +454,22 @@ def _fsync_directory(folder: Path) -> None:
         os.close(descriptor)
 
 
-def _prune_or_warn(folder: Path, keep_last: int, step: int) -> None:
+def _prune_or_warn(folder: Path, doomed: list[Path], step: int) -> None:
     """Prune; a failure only warns: the new checkpoint is complete, and raising here (on the
     main rank alone) would leave the other ranks waiting for it."""
     try:
-        _prune(folder, keep_last)
+        _prune(folder, doomed)
     except Exception as error:
         warnings.warn(
             f"checkpoint step {step} is saved in {folder}, but older files could not be "
             f"deleted ({type(error).__name__}: {error}); they will be tried again next save",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
-def _prune(folder: Path, keep_last: int) -> None:
-    complete = checkpoint_files(folder)
-    for old in complete[:-keep_last]:
+def _prune(folder: Path, doomed: list[Path]) -> None:
+    for old in doomed:
         old.unlink(missing_ok=True)
     # Only the main rank writes here and its own temporary file is renamed by now: any
     # other one was left by a writer that was killed.
@@ -397,25 +479,29 @@ def _prune(folder: Path, keep_last: int) -> None:
 
 
 def _load_newest(folder: Path, map_location: str | torch.device) -> dict[str, Any] | None:
-    for path in reversed(checkpoint_files(folder)):
+    """The newest written checkpoint that loads; every file skipped on the way is warned of."""
+    found = _written(folder)
+    for entry in found:
+        if entry.problem is not None:
+            _warn_skipped(entry.path, entry.problem)
+    for entry in reversed([entry for entry in found if entry.problem is None]):
         try:
-            payload = torch.load(path, map_location=map_location, weights_only=False)
-        except Exception as error:  # any unreadable file: fall back to the previous one
-            warnings.warn(
-                f"skipping checkpoint {path}: it cannot be loaded ({type(error).__name__}: "
-                f"{error}); trying the previous one",
-                RuntimeWarning,
-                stacklevel=3,
+            payload: dict[str, Any] = torch.load(
+                entry.path, map_location=map_location, weights_only=False
             )
+        except Exception as error:  # damaged past the pickle: fall back to the previous one
+            _warn_skipped(entry.path, f"it cannot be loaded ({type(error).__name__}: {error})")
             continue
-        if isinstance(payload, dict) and payload.get("format") == _FORMAT:
-            return payload
-        warnings.warn(
-            f"skipping checkpoint {path}: not written by ddpkit.save_checkpoint",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        return payload
     return None
+
+
+def _warn_skipped(path: Path, why: str) -> None:
+    warnings.warn(
+        f"skipping checkpoint {path}: {why}; the newest loadable one is used instead",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _rng_state() -> dict[str, Any]:

@@ -8,10 +8,15 @@ watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent, adopts a process gro
 created (without a watchdog), never writes ``os.environ``, and destroys at exit only a group it
 created itself.
 
-The one piece of process-wide state is :data:`_STATE` (the context, whether ddpkit owns the
-group, its watchdog): a process is in at most one job, and ``wrap``/``loader``/``gather`` need
-to find it. At exit the watchdog's own atexit handler (registered later, so it runs first) writes
-this rank's exit marker before ``_destroy_at_exit`` destroys the group and wakes the peers.
+The one piece of process-wide state is :data:`_STATE` (the context, the group it belongs to,
+whether ddpkit owns that group, its watchdog): a process is in at most one job, and
+``wrap``/``loader``/``gather``/``save_checkpoint`` need to find it. They find it through
+:func:`current_or_none`, which answers for the process group that exists: a group created with
+plain ``torch.distributed`` (no ``init()``, or after ``init()``'s group was destroyed) is adopted
+there with the group's own rank and world size, so no rank-aware helper ever acts on numbers the
+group does not have (every rank believing it is rank 0). At exit the watchdog's own atexit
+handler (registered later, so it runs first) writes this rank's exit marker before
+``_destroy_at_exit`` destroys the group and wakes the peers.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -63,7 +69,12 @@ class Context:
 @dataclass
 class _State:
     context: Context | None = None
+    # The default process group ``context`` belongs to, weakly: a destroyed group is gone.
+    group: weakref.ref[object] | None = None
     owns_group: bool = False  # True only when ddpkit called init_process_group itself
+    # A group nobody called init() for, adopted by current_or_none() (not remembered as the
+    # context: a later init() still adopts it with its own arguments and latches the signal).
+    implicit: tuple[weakref.ref[object], Context] | None = None
     peer_watchdog: watchdog.Watchdog | None = None  # in a group ddpkit owns, of world size > 1
     atexit_registered: bool = False
     warned: set[str] = field(default_factory=set)
@@ -101,10 +112,10 @@ def init(
     process group already exists, it is adopted as is; ``shutdown()`` will not destroy it.
     """
     if _STATE.context is not None:
-        if dist.is_initialized():
+        if _lives(_STATE.group):
             return _STATE.context
-        _stop_watchdog("destroyed the process group")  # it was destroyed behind us
-        _STATE.context, _STATE.owns_group = None, False
+        _stop_watchdog("destroyed the process group")  # it was destroyed (or replaced) behind us
+        _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     snapshot = dict(os.environ if env is None else env)
     stopsignal.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
     info = detect(snapshot)
@@ -183,18 +194,43 @@ def _stop_watchdog(how: str) -> None:
 
 
 def current() -> Context:
-    """The context ``init()`` returned; raises :class:`UsageError` before ``init()``."""
-    if _STATE.context is None:
+    """The context of the process group that exists (see :func:`current_or_none`); raises
+    :class:`UsageError` when there is none (no ``init()``, no ``torch.distributed`` group)."""
+    context = current_or_none()
+    if context is None:
         raise UsageError(
-            "ddpkit.init() has not been called in this process",
+            "ddpkit.init() has not been called in this process, and no torch.distributed "
+            "process group exists",
             hint="call ctx = ddpkit.init() at the start of the script, before wrap/loader/gather",
         )
-    return _STATE.context
+    return context
 
 
 def current_or_none() -> Context | None:
-    """The context if ``init()`` was called, else None (for helpers that work either way)."""
-    return _STATE.context
+    """The context of the process group that exists, else None (for helpers that work either way).
+
+    That is ``init()``'s context while its group lives. A group created with plain
+    ``torch.distributed`` instead (``init_process_group`` without ``init()``, or after
+    ``init()``'s group was destroyed) is adopted as ``init()`` would adopt it, with the group's
+    own rank and world size; that adoption is kept for the group's lifetime but not remembered
+    as the context, so a later ``init()`` still runs in full.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if _STATE.context is not None and _lives(_STATE.group):
+        return _STATE.context
+    if _STATE.implicit is None or not _lives(_STATE.implicit[0]):
+        info = detect(os.environ)
+        _warn_notes(info.notes)
+        _STATE.implicit = (weakref.ref(dist.group.WORLD), _adopt(info, None))
+    return _STATE.implicit[1]
+
+
+def _lives(group: weakref.ref[object] | None) -> bool:
+    """True while ``group`` is the default process group (not destroyed, not replaced)."""
+    if group is None or not (dist.is_available() and dist.is_initialized()):
+        return False
+    return group() is dist.group.WORLD
 
 
 def shutdown() -> None:
@@ -204,14 +240,15 @@ def shutdown() -> None:
     before long solo work after the others have finished, so no watchdog is left to judge it.
     """
     _stop_watchdog("left the job (ddpkit.shutdown())")
-    owned = _STATE.owns_group
-    _STATE.context, _STATE.owns_group = None, False
+    owned = _STATE.owns_group and _lives(_STATE.group)  # not a group that replaced ours
+    _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     if owned:
         process_group.destroy()
 
 
 def _remember(context: Context, *, owns_group: bool) -> Context:
     _STATE.context, _STATE.owns_group = context, owns_group
+    _STATE.group = weakref.ref(dist.group.WORLD)
     if owns_group and not _STATE.atexit_registered:
         atexit.register(_destroy_at_exit)
         _STATE.atexit_registered = True
