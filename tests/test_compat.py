@@ -99,7 +99,8 @@ def test_recorded_traceback_from_a_real_error_file(tmp_path: Path) -> None:
         "main()\n"
     )
     env = {"TORCHELASTIC_ERROR_FILE": str(error_file), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    argv = [sys.executable, "-c", script]
+    done = subprocess.run(argv, env=env, capture_output=True, timeout=120, check=False)
     assert done.returncode != 0 and error_file.is_file(), done.stderr.decode()
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))
     text = compat.recorded_traceback(failure)
