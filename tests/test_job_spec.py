@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from ddpkit.errors import ConfigError
@@ -290,6 +291,43 @@ def test_errors(tmp_path: Path, fields: dict[str, Any], expected: list[str]) -> 
     for part in expected:
         assert part in message, f"{part!r} not in {message!r}"
     assert "(hint: " in message
+
+
+# A key or name that is valid but for a newline or CR at either end: ``$`` matches before a final
+# newline, so a ``^...$`` check let "FOO\n" through and the script rendered ``export FOO`` and
+# then a line ``=x``. Every name and key check refuses it, in the spec and in a profile.
+STRAY = ["{}\n", "\n{}", "{}\r", "\r\n{}", " {}", "{}\t"]
+KEY_CHECKS = [  # (field, a valid key, a value for it, the problem)
+    ("env", "FOO", "x", "is not a valid environment variable name"),
+    ("sbatch", "exclusive", True, "is not an sbatch long option name"),
+]
+
+
+@pytest.mark.parametrize("stray", STRAY, ids=repr)
+@pytest.mark.parametrize("check", KEY_CHECKS, ids=["env", "sbatch"])
+def test_keys_with_a_stray_line_break_or_space_are_refused(
+    tmp_path: Path, stray: str, check: tuple[str, str, object, str]
+) -> None:
+    field, key, value, problem = check
+    bad = stray.format(key)
+    fields = {field: {bad: value}}
+    message = error(tmp_path, {**BASE, **fields})
+    assert message.startswith(f"spec.yaml: {field}[{bad!r}]: {problem}"), message
+    assert f"hint: write {key!r}, without the surrounding whitespace" in message
+    profile = tmp_path / "site.yaml"
+    profile.write_text(yaml.safe_dump(fields))
+    message = error(tmp_path, {**BASE, "profile": str(profile)})
+    assert message.startswith(f"{profile}: {field}[{bad!r}]: {problem}"), message
+
+
+@pytest.mark.parametrize("stray", STRAY, ids=repr)
+def test_names_with_a_stray_line_break_or_space_are_refused(tmp_path: Path, stray: str) -> None:
+    message = error(tmp_path, {**BASE, "name": stray.format("job")})
+    assert f"name={stray.format('job')!r}: may only contain letters" in message
+    assert "hint: write 'job', without the surrounding whitespace" in message
+    module = stray.format("pkg.train")
+    message = error(tmp_path, {**BASE, "command": ["-m", module]})
+    assert f"has {module!r} after '-m', which is not a module name" in message
 
 
 def test_unknown_key_is_reported_before_other_errors(tmp_path: Path) -> None:

@@ -228,6 +228,9 @@ BAD_INPUT: list[tuple[str, list[str], str]] = [
     ("", ["--set", "nodes"], "--set"),
     ("name: 'a b'\n", [], "name"),
     ('sbatch: {comment: "a\\nb"}\n', [], "sbatch.comment"),
+    ('env: {"FOO\\n": x}\n', [], "env['FOO\\n']"),
+    ('sbatch: {"exclusive\\n": true}\n', [], "sbatch['exclusive\\n']"),
+    ("", ["--set", 'name="demo\\n"'], "name='demo\\n'"),
 ]
 
 
