@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.load import build_spec
+from ddpkit.jobs.render import endpoint_command
 from ddpkit.jobs.spec import RESERVED_SBATCH, ClusterProfile, JobSpec
 
 BASE: dict[str, Any] = {"name": "job", "command": "train.py"}
@@ -124,8 +125,14 @@ def test_rdzv_port_values(tmp_path: Path, port: object) -> None:
     assert spec(tmp_path, launch="torchrun", nodes=2, rdzv_port=port).rdzv_port == port
 
 
-def test_torchrun_on_one_node_needs_no_port(tmp_path: Path) -> None:
-    assert spec(tmp_path, launch="torchrun", nodes=1).rdzv_port is None
+@pytest.mark.parametrize("nodes", [1, 2, 16])
+def test_torchrun_without_rdzv_port_uses_the_job_derived_port(tmp_path: Path, nodes: int) -> None:
+    job = spec(tmp_path, launch="torchrun", nodes=nodes)
+    assert job.rdzv_port is None
+    assert endpoint_command(job)[-2:] == ["--port", "auto"]
+    assert endpoint_command(spec(tmp_path, launch="torchrun", nodes=nodes, rdzv_port=29400))[
+        -2:
+    ] == ["--port", "29400"]
 
 
 def test_cpus_per_node_exactly_full(tmp_path: Path) -> None:
@@ -207,13 +214,6 @@ ERRORS: list[tuple[dict[str, Any], list[str]]] = [
     ({"mem_gb": "32G"}, ["mem_gb='32G': is not a number", "e.g. mem_gb: 32"]),
     ({"mem_gb": float("inf")}, ["mem_gb=inf: input should be a finite number"]),
     ({"time_min": 0}, ["time_min=0: is less than 1", "minutes"]),
-    (
-        {"launch": "torchrun", "nodes": 2},
-        [
-            "rdzv_port=None: is not set, but launch=torchrun on nodes=2",
-            "hint: set rdzv_port: auto (derived from the job id) or a port number",
-        ],
-    ),
     ({"rdzv_port": 0}, ["rdzv_port=0: is not a TCP port or 'auto'", "1..65535"]),
     ({"rdzv_port": 65536}, ["rdzv_port=65536: is not a TCP port"]),
     ({"rdzv_port": "29400"}, ["rdzv_port='29400': is not a TCP port"]),

@@ -309,7 +309,9 @@ class JobSpec(_Model):
     env: EnvMap = Field(default_factory=dict, description=_D_ENV)
     setup: Setup = Field(default_factory=list, description=_D_SETUP)
     launch: Launch = Field("srun", description="srun: a task per process; torchrun: per node")
-    rdzv_port: RdzvPort = Field(None, description="torchrun's port: auto or 1..65535")
+    # None (unset) is auto: a multi-node torchrun job needs a port, and the job-derived one is
+    # what a user would pick by hand (ddpkit.jobs.render.endpoint_command).
+    rdzv_port: RdzvPort = Field(None, description="torchrun's port: auto (default) or 1..65535")
     log_dir: Line = Field("ddpkit-logs", description=_D_LOG)
     workdir: Annotated[str, AfterValidator(_check_absolute)] = Field(
         default_factory=os.getcwd, description="the job's directory, an absolute path"
@@ -349,13 +351,6 @@ class JobSpec(_Model):
                 f"a few minutes at most, e.g. signal_delay_s: {min(120, self.time_min * 30)}",
                 field="signal_delay_s",
                 value=delay,
-            )
-        if self.launch == "torchrun" and self.nodes > 1 and self.rdzv_port is None:
-            raise invalid(
-                f"is not set, but launch=torchrun on nodes={self.nodes} needs a rendezvous port",
-                "set rdzv_port: auto (derived from the job id) or a port number",
-                field="rdzv_port",
-                value=None,
             )
         return self
 
