@@ -28,7 +28,8 @@ import torch.distributed as dist
 from ddpkit.cluster import process_group, stopsignal, watchdog
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device
-from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
 from ddpkit.errors import UsageError
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
@@ -133,6 +134,8 @@ def _join(
     peer_timeout_s: float | None,
 ) -> Context:
     """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
+    if info.master_port == ANY_PORT:  # a world of one: detection left the port to us
+        info = replace(info, master_port=free_port(info.master_addr))
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
     wait_s = process_group.connect_timeout(env, connect_timeout_s)
