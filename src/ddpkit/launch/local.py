@@ -24,7 +24,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch.distributed
@@ -39,6 +39,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ddpkit.cluster.requeue import EXIT_STOPPED
 from ddpkit.errors import ConfigError, RendezvousError
+from ddpkit.jobs.endpoint import hosts_store
 from ddpkit.launch.config import RunConfig
 
 __all__ = [
@@ -152,6 +153,7 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     static master port defaults to 29500. Leaves ``os.environ`` as it found it: the
     ``OMP_NUM_THREADS=1`` torch wants for several workers per node lands in ``worker_env``.
     """
+    config = _store_host_decided(config, os.environ)
     args = torch_run.get_args_parser().parse_args(config.torchrun_argv())  # = parse_args
     if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
@@ -170,6 +172,18 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
         worker_env = {k: v for k, v in os.environ.items() if before.get(k) != v}
     launch_config.log_line_prefix_template = config.log_line_prefix_template
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env)
+
+
+def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
+    """``config`` with ``is_host`` in its rendezvous settings when the SLURM job's endpoint
+    says which node hosts the c10d store (see ``ddpkit.jobs.endpoint.hosts_store``); an
+    ``is_host`` the user gave wins."""
+    if config.rdzv_backend != "c10d" or any(key == "is_host" for key, _ in config.rdzv_conf):
+        return config
+    hosts = hosts_store(env, config.rdzv_endpoint)
+    if hosts is None:
+        return config
+    return replace(config, rdzv_conf=(*config.rdzv_conf, ("is_host", "1" if hosts else "0")))
 
 
 def launch(config: RunConfig) -> LaunchOutcome:
