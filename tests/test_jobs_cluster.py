@@ -211,8 +211,9 @@ def test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name(
     # gives, so torch's own guess of who hosts the c10d store (endpoint host == this machine?)
     # finds no host, and every node waited as a client until the join failed. No rdzv_port
     # either: a multi-node torchrun job takes the job-derived port by default.
-    if not jobs.slurm.info.get("node_ib_addrs"):
-        pytest.skip("the cluster has no nI-ib addresses (ci/slurm-up with NETNS=1 adds them)")
+    if not jobs.slurm.netns:
+        pytest.skip("the cluster runs without NETNS=1, so without nI-ib addresses")
+    assert jobs.slurm.info.get("node_ib_addrs"), "cluster predates nI-ib: rerun ci/slurm-up"
     spec = jobs.spec('name: ib\nnodes: 2\nlaunch: torchrun\nhost_template: "{host}-ib"\n')
     job = jobs.submit(spec)
     followed = jobs.ddpkit("logs", job, "--follow", timeout_s=JOB_TIMEOUT_S)
