@@ -4,7 +4,8 @@ This module owns three things and nothing else (no process management of its own
 
 * ``build_launch_config``: RunConfig -> torchrun argv -> ``torch.distributed.run.parse_args`` ->
   ``config_from_args``, so every flag means exactly what it means under torchrun; then the
-  ddpkit defaults on top (rank prefix on every output line).
+  ddpkit defaults on top (rank prefix on every output line; in a SLURM job whose endpoint is its
+  first node, that node hosts the c10d store: ``is_host``, see ``ddpkit.jobs.endpoint``).
 * ``launch``: ``elastic_launch`` with torch's process-wide side effects undone afterwards
   (``os.environ`` writes, signal handlers), so an in-process launch leaves its caller as it was.
   While it runs, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the workers (torch's
