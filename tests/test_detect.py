@@ -23,6 +23,7 @@ from ddpkit.cluster.environments import (
     TorchrunEnvironment,
 )
 from ddpkit.cluster.environments.base import ClusterEnvironment
+from ddpkit.cluster.rankinfo import ANY_PORT
 from test_env_mpi import hydra_env, openmpi_env
 from test_env_slurm import BATCH_ENV, srun_env
 from test_env_submitit import local_env
@@ -96,10 +97,38 @@ def test_empty_environment_is_a_single_process(env: dict[str, str]) -> None:
     info = detect(env)
     assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (0, 0, 1, 1)
     assert (info.node_rank, info.num_nodes, info.launcher) == (0, 1, "single")
-    assert info.master_addr == "127.0.0.1"
-    assert 1 <= info.master_port <= 65535
+    assert (info.master_addr, info.master_port) == ("127.0.0.1", ANY_PORT)  # init() picks it
     assert info.notes == ()
     assert not info.is_distributed
+
+
+# Audits the process's socket calls, file opens and subprocesses (CPython's audit hooks: the
+# real calls, nothing patched), then detects and prints before init() as a script would, often.
+_NO_IO = """
+import sys
+import ddpkit
+from ddpkit.cluster.detect import detect
+say = ddpkit.print  # imports ddpkit.worker.rankzero (a module import opens files)
+events = []
+sys.addaudithook(
+    lambda event, args: events.append(event)
+    if event.startswith(("socket.", "open", "subprocess.")) else None
+)
+infos = {detect() for _ in range(100)}
+for i in range(50):
+    say("line", i, file=sys.stderr)
+print(len(infos), next(iter(infos)).launcher, events)
+"""
+
+
+@pytest.mark.parametrize("env", [{}, BATCH_ENV], ids=["plain", "slurm-batch-script"])
+def test_detection_and_print_before_init_do_no_io(env: dict[str, str]) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_IO], env=clean | env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout == "1 single []\n", done.stdout  # one RankInfo, no socket, no file
+    assert done.stderr.count("line") == 50
 
 
 def test_single_process_keeps_master_port() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from ddpkit.cluster.ports import port_for_job
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.endpoint import endpoint, main
+from ddpkit.jobs.endpoint import endpoint, hosts_store, main
 
 JOB_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[07-09],gpu-b1"}
 AUTO = port_for_job("4242", "rdzv")
@@ -32,6 +32,36 @@ AUTO = port_for_job("4242", "rdzv")
 def test_endpoint(env: dict[str, str], port: str, expected: str) -> None:
     assert endpoint(env, port) == expected
     assert port_for_job("4242") != AUTO  # apart from the srun steps' MASTER_PORT
+
+
+IB = JOB_ENV | {"DDPKIT_HOST_TEMPLATE": "{host}-ib"}
+
+
+# (environment of the node's `ddpkit run`, its --rdzv-endpoint, hosts the store?)
+HOSTS_STORE: list[tuple[dict[str, str], str, bool | None]] = [
+    # the endpoint the job script computes: the first node hosts, explicitly, the others do not
+    (IB | {"SLURMD_NODENAME": "gpu-a07"}, f"gpu-a07-ib:{AUTO}", True),
+    (IB | {"SLURMD_NODENAME": "gpu-a08"}, f"gpu-a07-ib:{AUTO}", False),
+    (IB | {"SLURMD_NODENAME": "gpu-b1"}, "gpu-a07-ib:29400", False),
+    (JOB_ENV | {"SLURMD_NODENAME": "gpu-a07"}, "gpu-a07:29400", True),
+    (JOB_ENV | {"SLURMD_NODENAME": "gpu-a09"}, "gpu-a07", False),
+    (
+        {"SLURM_NODELIST": "fe80::1", "SLURMD_NODENAME": "fe80::1"},
+        "[fe80::1]:1234",
+        True,
+    ),
+    # any other endpoint, or outside a SLURM job: torch's own guess stands
+    (IB | {"SLURMD_NODENAME": "gpu-a07"}, "gpu-a07:29400", None),  # not templated
+    (IB | {"SLURMD_NODENAME": "gpu-a07"}, "head.example:29400", None),
+    (IB | {"SLURMD_NODENAME": "gpu-a07"}, "", None),
+    (IB, f"gpu-a07-ib:{AUTO}", None),  # no SLURMD_NODENAME: not in a job step
+    ({"SLURMD_NODENAME": "gpu-a07"}, "gpu-a07:29400", None),  # no nodelist
+]
+
+
+@pytest.mark.parametrize(("env", "rdzv_endpoint", "expected"), HOSTS_STORE)
+def test_hosts_store(env: dict[str, str], rdzv_endpoint: str, expected: bool | None) -> None:
+    assert hosts_store(env, rdzv_endpoint) is expected
 
 
 @pytest.mark.parametrize(

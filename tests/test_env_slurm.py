@@ -240,7 +240,7 @@ def test_batch_script_is_a_single_process_with_a_note(step: str | None) -> None:
     info = detect(env)
     assert (info.rank, info.world_size, info.local_world_size, info.num_nodes) == (0, 1, 1, 1)
     assert (info.launcher, info.master_addr) == ("single", "127.0.0.1")
-    assert 1 <= info.master_port <= 65535
+    assert info.master_port == 0  # ANY_PORT: ddpkit.init picks a free one, detection does no I/O
     (note,) = info.notes
     assert "SLURM_NTASKS=4" in note
     assert "srun python" in note

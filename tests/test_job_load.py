@@ -363,7 +363,7 @@ def test_errors_name_the_file_the_value_came_from(layered: Path) -> None:
     spec = write(layered / "s.yaml", {"name": "a", "command": "t.py", "profile": "site"})
     assert load_error(spec, "procs_per_node=4").startswith("--set: procs_per_node=4: 4 processes")
     write(profile, {"name": "site", "env": {"bad key": "x"}})
-    assert load_error(spec).startswith(f"{profile}: env.bad key: is not a valid")
+    assert load_error(spec).startswith(f"{profile}: env['bad key']: is not a valid")
     write(profile, {"name": "site", "cpus_per_task": 4, "cpus_per_node": 4})
     message = load_error(spec, "procs_per_node=2")
     assert "procs_per_node=2: 2 processes x cpus_per_task=4 need 8 CPUs" in message

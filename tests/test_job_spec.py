@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.load import build_spec
+from ddpkit.jobs.render import endpoint_command
 from ddpkit.jobs.spec import RESERVED_SBATCH, ClusterProfile, JobSpec
 
 BASE: dict[str, Any] = {"name": "job", "command": "train.py"}
@@ -123,8 +125,14 @@ def test_rdzv_port_values(tmp_path: Path, port: object) -> None:
     assert spec(tmp_path, launch="torchrun", nodes=2, rdzv_port=port).rdzv_port == port
 
 
-def test_torchrun_on_one_node_needs_no_port(tmp_path: Path) -> None:
-    assert spec(tmp_path, launch="torchrun", nodes=1).rdzv_port is None
+@pytest.mark.parametrize("nodes", [1, 2, 16])
+def test_torchrun_without_rdzv_port_uses_the_job_derived_port(tmp_path: Path, nodes: int) -> None:
+    job = spec(tmp_path, launch="torchrun", nodes=nodes)
+    assert job.rdzv_port is None
+    assert endpoint_command(job)[-2:] == ["--port", "auto"]
+    assert endpoint_command(spec(tmp_path, launch="torchrun", nodes=nodes, rdzv_port=29400))[
+        -2:
+    ] == ["--port", "29400"]
 
 
 def test_cpus_per_node_exactly_full(tmp_path: Path) -> None:
@@ -206,13 +214,6 @@ ERRORS: list[tuple[dict[str, Any], list[str]]] = [
     ({"mem_gb": "32G"}, ["mem_gb='32G': is not a number", "e.g. mem_gb: 32"]),
     ({"mem_gb": float("inf")}, ["mem_gb=inf: input should be a finite number"]),
     ({"time_min": 0}, ["time_min=0: is less than 1", "minutes"]),
-    (
-        {"launch": "torchrun", "nodes": 2},
-        [
-            "rdzv_port=None: is not set, but launch=torchrun on nodes=2",
-            "hint: set rdzv_port: auto (derived from the job id) or a port number",
-        ],
-    ),
     ({"rdzv_port": 0}, ["rdzv_port=0: is not a TCP port or 'auto'", "1..65535"]),
     ({"rdzv_port": 65536}, ["rdzv_port=65536: is not a TCP port"]),
     ({"rdzv_port": "29400"}, ["rdzv_port='29400': is not a TCP port"]),
@@ -290,6 +291,43 @@ def test_errors(tmp_path: Path, fields: dict[str, Any], expected: list[str]) -> 
     for part in expected:
         assert part in message, f"{part!r} not in {message!r}"
     assert "(hint: " in message
+
+
+# A key or name that is valid but for a newline or CR at either end: ``$`` matches before a final
+# newline, so a ``^...$`` check let "FOO\n" through and the script rendered ``export FOO`` and
+# then a line ``=x``. Every name and key check refuses it, in the spec and in a profile.
+STRAY = ["{}\n", "\n{}", "{}\r", "\r\n{}", " {}", "{}\t"]
+KEY_CHECKS = [  # (field, a valid key, a value for it, the problem)
+    ("env", "FOO", "x", "is not a valid environment variable name"),
+    ("sbatch", "exclusive", True, "is not an sbatch long option name"),
+]
+
+
+@pytest.mark.parametrize("stray", STRAY, ids=repr)
+@pytest.mark.parametrize("check", KEY_CHECKS, ids=["env", "sbatch"])
+def test_keys_with_a_stray_line_break_or_space_are_refused(
+    tmp_path: Path, stray: str, check: tuple[str, str, object, str]
+) -> None:
+    field, key, value, problem = check
+    bad = stray.format(key)
+    fields = {field: {bad: value}}
+    message = error(tmp_path, {**BASE, **fields})
+    assert message.startswith(f"spec.yaml: {field}[{bad!r}]: {problem}"), message
+    assert f"hint: write {key!r}, without the surrounding whitespace" in message
+    profile = tmp_path / "site.yaml"
+    profile.write_text(yaml.safe_dump(fields))
+    message = error(tmp_path, {**BASE, "profile": str(profile)})
+    assert message.startswith(f"{profile}: {field}[{bad!r}]: {problem}"), message
+
+
+@pytest.mark.parametrize("stray", STRAY, ids=repr)
+def test_names_with_a_stray_line_break_or_space_are_refused(tmp_path: Path, stray: str) -> None:
+    message = error(tmp_path, {**BASE, "name": stray.format("job")})
+    assert f"name={stray.format('job')!r}: may only contain letters" in message
+    assert "hint: write 'job', without the surrounding whitespace" in message
+    module = stray.format("pkg.train")
+    message = error(tmp_path, {**BASE, "command": ["-m", module]})
+    assert f"has {module!r} after '-m', which is not a module name" in message
 
 
 def test_unknown_key_is_reported_before_other_errors(tmp_path: Path) -> None:

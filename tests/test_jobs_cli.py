@@ -223,11 +223,14 @@ def test_submitit_dry_run_prints_the_executor_parameters_and_writes_nothing(
 BAD_INPUT: list[tuple[str, list[str], str]] = [
     ("nodez: 3\n", [], "did you mean 'nodes'"),
     ("", ["--set", "nodes=0"], "nodes"),
-    ("launch: torchrun\n", [], "rdzv_port"),
+    ("launch: torchrun\n", ["--set", "rdzv_port=0"], "rdzv_port=0"),
     ("", ["--set", "nodes=two"], "nodes"),
     ("", ["--set", "nodes"], "--set"),
     ("name: 'a b'\n", [], "name"),
     ('sbatch: {comment: "a\\nb"}\n', [], "sbatch.comment"),
+    ('env: {"FOO\\n": x}\n', [], "env['FOO\\n']"),
+    ('sbatch: {"exclusive\\n": true}\n', [], "sbatch['exclusive\\n']"),
+    ("", ["--set", 'name="demo\\n"'], "name='demo\\n'"),
 ]
 
 

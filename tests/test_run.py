@@ -98,6 +98,31 @@ def test_standalone_is_c10d_on_a_free_port_and_omp_goes_to_workers_only(
     assert "redirects=0, tee=3," in repr(config.logs_specs)
 
 
+@pytest.mark.parametrize(
+    ("node", "conf", "is_host"),
+    [
+        ("n1", [], "1"),  # the job's first node hosts the store, explicitly
+        ("n2", [], "0"),
+        ("n2", ["--rdzv-conf", "is_host=1,join_timeout=60"], "1"),  # the user's setting wins
+        (None, [], None),  # not in a SLURM job step: torch guesses
+    ],
+)
+def test_c10d_store_host_in_a_slurm_job_with_a_host_template(
+    monkeypatch: pytest.MonkeyPatch, node: str | None, conf: list[str], is_host: str | None
+) -> None:
+    # the endpoint the generated torchrun job script passes: its first node, host template on
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "DDPKIT_HOST_TEMPLATE": "{host}-ib"}
+    env |= {} if node is None else {"SLURMD_NODENAME": node}
+    for name in ("SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "n1-ib:29400", *conf]
+    plan = build_launch_config(config_from_argv([*argv, WORKER]))
+    assert plan.launch_config.rdzv_configs.get("is_host") == is_host
+    assert (plan.launch_config.rdzv_configs.get("join_timeout") == "60") == bool(conf)
+
+
 def test_device_kind_this_machine_lacks_is_a_config_error() -> None:
     config = config_from_argv(["--nproc-per-node", "gpu", WORKER])
     if torch.cuda.is_available():

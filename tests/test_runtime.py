@@ -197,6 +197,7 @@ def test_world_of_one(shut: None) -> None:
     ctx = ddpkit.init(env={})
     assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.is_main) == (0, 1, 0, True)
     assert ctx.info.launcher == "single"
+    assert 1 <= ctx.info.master_port <= 65535  # chosen now, not by detection
     assert ctx.device == torch.device("cpu") and ctx.backend == "gloo"
     assert dist.is_initialized() and dist.get_world_size() == 1
     assert ddpkit.init(env={"RANK": "ignored"}) is ctx  # idempotent: same context

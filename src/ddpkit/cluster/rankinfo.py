@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["LAUNCHERS", "Launcher", "RankInfo"]
+__all__ = ["ANY_PORT", "LAUNCHERS", "Launcher", "RankInfo"]
 
 Launcher = Literal["torchrun", "slurm", "submitit", "mpi", "single"]
 LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "slurm", "submitit", "mpi", "single")
+# ``master_port`` of a world of one started without MASTER_PORT: no port is chosen yet.
+ANY_PORT = 0
 
 
 @dataclass(frozen=True)
@@ -17,9 +19,11 @@ class RankInfo:
 
     ``rank``/``world_size`` are global; ``local_rank``/``local_world_size`` count the processes on
     this node; ``node_rank``/``num_nodes`` count nodes. ``master_addr``/``master_port`` are where
-    rank 0 hosts the rendezvous store. ``launcher`` names the environment that started us.
-    ``notes`` carries warnings detection wants the user to see (shown once by ``ddpkit.init``);
-    detection itself never prints or warns.
+    rank 0 hosts the rendezvous store: ``ANY_PORT`` (0) for a world of one without MASTER_PORT,
+    which ``ddpkit.init`` replaces with a free port when it forms the group. ``launcher`` names
+    the environment that started us. ``notes`` carries warnings detection wants the user to see
+    (shown once by ``ddpkit.init``); detection itself never prints, warns or does I/O (it runs
+    on every ``ddpkit.print`` before ``init``).
     """
 
     rank: int

@@ -171,6 +171,15 @@ def _parse_value(item: str, text: str) -> object:
         ) from None
 
 
+def _field_path(parent: str, key: object) -> str:
+    """``env.FOO``; a key that would not read back on one line as written (``"FOO\\n"``, a
+    space) is shown as its repr, ``env['FOO\\n']``, so the one-line error stays one line."""
+    text = str(key)
+    if text and text.isprintable() and " " not in text:
+        return f"{parent}.{text}"
+    return f"{parent}[{text!r}]"
+
+
 def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, str]]:
     """Merge ``(source, fields)`` layers, lowest precedence first, by the module's rules.
 
@@ -188,7 +197,7 @@ def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, 
                 below = merged.get(key)
                 entries = dict(below) if isinstance(below, Mapping) else {}
                 for sub, sub_value in value.items():
-                    origins[f"{key}.{sub}"] = source
+                    origins[_field_path(key, sub)] = source
                     if sub_value is None:
                         entries.pop(sub, None)
                     else:
@@ -374,7 +383,7 @@ def _locate(data: Mapping[str, object], loc: tuple[int | str, ...]) -> tuple[str
             is_key = True
             break
         if isinstance(current, Mapping) and item in current:
-            path, current = (f"{path}.{item}" if path else str(item)), current[item]
+            path, current = (_field_path(path, item) if path else str(item)), current[item]
         elif isinstance(current, list) and isinstance(item, int) and 0 <= item < len(current):
             path, current = f"{path}[{item}]", current[item]
         else:

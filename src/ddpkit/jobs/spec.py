@@ -43,10 +43,12 @@ Launch = Literal["srun", "torchrun"]
 StopSignal = Literal["USR1", "USR2"]
 DEFAULT_SIGNAL_DELAY_S = 120
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+# Always used with fullmatch: ``$`` (and ``re.match`` with it) also matches before a final
+# newline, so "FOO\n" would pass and break the rendered script (``export FOO`` / ``=x``).
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SBATCH_KEY = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 
 # Set by the job script itself; a spec value would silently fight it.
 RESERVED_ENV: dict[str, str] = {
@@ -115,11 +117,11 @@ def _one_line(text: str) -> str:
 
 
 def _check_name(text: str) -> str:
-    if not _NAME.match(text):
+    if not _NAME.fullmatch(text):
         fixed = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "my-job"
         raise invalid(
             "may only contain letters, digits, '.', '_' and '-' (it names files and the job)",
-            f"e.g. {fixed!r}",
+            _stripped_hint(text, _NAME) or f"e.g. {fixed!r}",
         )
     return text
 
@@ -153,7 +155,7 @@ def _check_command(words: list[str]) -> list[str]:
     if first == "-m":
         if len(words) < 2:
             raise invalid("has '-m' without a module name", "e.g. command: -m pkg.train --lr 0.1")
-        if not _MODULE.match(words[1]):
+        if not _MODULE.fullmatch(words[1]):
             raise invalid(
                 f"has {words[1]!r} after '-m', which is not a module name",
                 "a dotted Python name, e.g. -m pkg.train",
@@ -168,13 +170,22 @@ def _one_line_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
+def _stripped_hint(key: str, pattern: re.Pattern[str]) -> str | None:
+    """The hint for a key that is valid but for surrounding whitespace (a YAML block scalar or
+    a copied line can carry a newline or a CR), else None."""
+    if key != key.strip() and pattern.fullmatch(key.strip()):
+        return f"write {key.strip()!r}, without the surrounding whitespace or line break"
+    return None
+
+
 def _check_env_key(key: str) -> str:
-    if not _ENV_KEY.match(key):
-        fixed = re.sub(r"\W", "_", key)
-        fixed = fixed if _ENV_KEY.match(fixed) else "_" + fixed
+    if not _ENV_KEY.fullmatch(key):
+        fixed = re.sub(r"[^A-Za-z0-9_]", "_", key)
+        fixed = fixed if _ENV_KEY.fullmatch(fixed) else "_" + fixed
         raise invalid(
             "is not a valid environment variable name",
-            f"letters, digits and '_', not starting with a digit, e.g. {fixed!r}",
+            _stripped_hint(key, _ENV_KEY)
+            or f"letters, digits and '_', not starting with a digit, e.g. {fixed!r}",
         )
     if key in RESERVED_ENV:
         raise invalid("is set by ddpkit", RESERVED_ENV[key])
@@ -184,10 +195,11 @@ def _check_env_key(key: str) -> str:
 def _check_sbatch_key(key: str) -> str:
     if key.startswith("-"):
         raise invalid("starts with '-'", f"write {key.lstrip('-')!r}: ddpkit adds the dashes")
-    if not _SBATCH_KEY.match(key):
+    if not _SBATCH_KEY.fullmatch(key):
         raise invalid(
             "is not an sbatch long option name",
-            "lower-case words joined by '-', e.g. exclusive or mail-type",
+            _stripped_hint(key, _SBATCH_KEY)
+            or "lower-case words joined by '-', e.g. exclusive or mail-type",
         )
     if key in RESERVED_SBATCH:
         raise invalid("is set by ddpkit from a spec field", RESERVED_SBATCH[key])
@@ -297,7 +309,9 @@ class JobSpec(_Model):
     env: EnvMap = Field(default_factory=dict, description=_D_ENV)
     setup: Setup = Field(default_factory=list, description=_D_SETUP)
     launch: Launch = Field("srun", description="srun: a task per process; torchrun: per node")
-    rdzv_port: RdzvPort = Field(None, description="torchrun's port: auto or 1..65535")
+    # None (unset) is auto: a multi-node torchrun job needs a port, and the job-derived one is
+    # what a user would pick by hand (ddpkit.jobs.render.endpoint_command).
+    rdzv_port: RdzvPort = Field(None, description="torchrun's port: auto (default) or 1..65535")
     log_dir: Line = Field("ddpkit-logs", description=_D_LOG)
     workdir: Annotated[str, AfterValidator(_check_absolute)] = Field(
         default_factory=os.getcwd, description="the job's directory, an absolute path"
@@ -337,13 +351,6 @@ class JobSpec(_Model):
                 f"a few minutes at most, e.g. signal_delay_s: {min(120, self.time_min * 30)}",
                 field="signal_delay_s",
                 value=delay,
-            )
-        if self.launch == "torchrun" and self.nodes > 1 and self.rdzv_port is None:
-            raise invalid(
-                f"is not set, but launch=torchrun on nodes={self.nodes} needs a rendezvous port",
-                "set rdzv_port: auto (derived from the job id) or a port number",
-                field="rdzv_port",
-                value=None,
             )
         return self
 

@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 INSTALL_HINT = "install the torchx extra: pip install ddpkit[torchx]"
-_J = re.compile(r"^(?:(\d+)x)?(\d+)$")
+_J = re.compile(r"(?:(\d+)x)?(\d+)")  # fullmatch: "$" would match before a final newline
 _ROLE_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -89,7 +89,7 @@ def require_torchx() -> Any:
 
 def parse_j(j: str) -> tuple[int, int]:
     """torchx's ``-j``: ``NxM`` (N nodes x M processes per node) or ``M`` (one node)."""
-    match = _J.match(j.strip())
+    match = _J.fullmatch(j.strip())
     nodes, procs = (int(match[1] or 1), int(match[2])) if match else (0, 0)
     if nodes < 1 or procs < 1:
         raise ConfigError(

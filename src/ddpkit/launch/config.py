@@ -58,8 +58,9 @@ DEFAULTS: dict[str, str | None] = {
 SWITCHES = ("standalone", "module", "no_python", "run_path")
 _POSITIONAL = ("script", "script_args")
 
-_STD_SPEC = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
-_ENDPOINT = re.compile(r"^(\[[^\]]+\]|[^:\[\]]+)(:(\d+))?$")
+# Used with fullmatch: ``$`` also matches before a final newline ("3\n" is no stream spec).
+_STD_SPEC = re.compile(r"[0-3]|\d+:[0-3](,\d+:[0-3])*")
+_ENDPOINT = re.compile(r"(\[[^\]]+\]|[^:\[\]\s]+)(:(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,7 @@ def parse_nonempty(text: str, label: str) -> str:
 
 def parse_endpoint(text: str, label: str = "--rdzv-endpoint") -> str:
     """Empty, ``host`` or ``host:port`` (IPv6 hosts in brackets)."""
-    match = _ENDPOINT.match(text)
+    match = _ENDPOINT.fullmatch(text)
     if text and (match is None or (match.group(3) and not 0 < int(match.group(3)) < 65536)):
         raise ConfigError(
             f"{label}={text!r} is not HOST[:PORT]", hint="e.g. node1:29400 or [::1]:29400"
@@ -335,7 +336,7 @@ def parse_rdzv_conf(text: str, label: str = "--rdzv-conf") -> tuple[tuple[str, s
 
 def parse_std(text: str, label: str) -> str:
     """A torchrun ``Std`` spec: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank."""
-    if not _STD_SPEC.match(text):
+    if not _STD_SPEC.fullmatch(text):
         raise ConfigError(
             f"{label}={text!r} is not a stream spec",
             hint="0 none, 1 stdout, 2 stderr, 3 both; per local rank: 0:1,1:2",

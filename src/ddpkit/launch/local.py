@@ -4,7 +4,8 @@ This module owns three things and nothing else (no process management of its own
 
 * ``build_launch_config``: RunConfig -> torchrun argv -> ``torch.distributed.run.parse_args`` ->
   ``config_from_args``, so every flag means exactly what it means under torchrun; then the
-  ddpkit defaults on top (rank prefix on every output line).
+  ddpkit defaults on top (rank prefix on every output line; in a SLURM job whose endpoint is its
+  first node, that node hosts the c10d store: ``is_host``, see ``ddpkit.jobs.endpoint``).
 * ``launch``: ``elastic_launch`` with torch's process-wide side effects undone afterwards
   (``os.environ`` writes, signal handlers), so an in-process launch leaves its caller as it was.
   While it runs, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the workers (torch's
@@ -23,7 +24,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch.distributed
@@ -41,6 +42,7 @@ from ddpkit.compat import (
     torchrun_notice_muted,
 )
 from ddpkit.errors import ConfigError, RendezvousError
+from ddpkit.jobs.endpoint import hosts_store
 from ddpkit.launch.config import RunConfig
 from ddpkit.worker.requeue import EXIT_STOPPED
 
@@ -155,6 +157,7 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     static master port defaults to 29500. Leaves ``os.environ`` as it found it: the
     ``OMP_NUM_THREADS=1`` torch wants for several workers per node lands in ``worker_env``.
     """
+    config = _store_host_decided(config, os.environ)
     args = torch_run.get_args_parser().parse_args(config.torchrun_argv())  # = parse_args
     if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
@@ -173,6 +176,18 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
         worker_env = {k: v for k, v in os.environ.items() if before.get(k) != v}
     launch_config.log_line_prefix_template = config.log_line_prefix_template
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env)
+
+
+def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
+    """``config`` with ``is_host`` in its rendezvous settings when the SLURM job's endpoint
+    says which node hosts the c10d store (see ``ddpkit.jobs.endpoint.hosts_store``); an
+    ``is_host`` the user gave wins."""
+    if config.rdzv_backend != "c10d" or any(key == "is_host" for key, _ in config.rdzv_conf):
+        return config
+    hosts = hosts_store(env, config.rdzv_endpoint)
+    if hosts is None:
+        return config
+    return replace(config, rdzv_conf=(*config.rdzv_conf, ("is_host", "1" if hosts else "0")))
 
 
 def launch(config: RunConfig) -> LaunchOutcome:

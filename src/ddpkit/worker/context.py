@@ -32,8 +32,9 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.cluster.detect import detect
-from ddpkit.cluster.devices import choose_device
-from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.devices import choose_device, owned_devices
+from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
 from ddpkit.errors import UsageError
 from ddpkit.worker import process_group, stopsignal, watchdog
 
@@ -102,7 +103,7 @@ def init(
     ranks other than 0 wait for the master to accept connections (None:
     ``DDPKIT_CONNECT_TIMEOUT`` from ``env``, else 60 s). ``env``: the variables to detect the
     launcher from (default ``os.environ``; never written). ``device``: overrides the device
-    choice (``cuda:<local_rank>``, ``cuda:0`` under one-GPU-per-task isolation, else cpu).
+    choice (``cuda:<local_rank>``, ``cuda:0`` when each task has GPUs of its own, else cpu).
     ``peer_timeout_s``: the watchdog's bound: when a peer has exited, died or stopped sending
     heartbeats and this rank stays blocked that long, it ends with a line naming the peer
     (None: ``DDPKIT_PEER_TIMEOUT`` from ``env``, else 60 s; 0, or ``off`` in the variable,
@@ -144,6 +145,8 @@ def _join(
     peer_timeout_s: float | None,
 ) -> Context:
     """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
+    if info.master_port == ANY_PORT:  # a world of one: detection left the port to us
+        info = replace(info, master_port=free_port(info.master_addr))
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
     wait_s = process_group.connect_timeout(env, connect_timeout_s)
@@ -163,7 +166,7 @@ def _join(
     if chosen.type == "cuda" and info.world_size > 1:
         # Not exercised by the CPU-only test suite: it needs several GPUs.
         try:
-            process_group.check_exclusive_gpus(chosen)
+            process_group.check_exclusive_gpus(_used_gpus(info, chosen, device))
         except BaseException:
             shutdown()
             raise
@@ -280,6 +283,21 @@ def _pick_device(info: RankInfo, override: str | torch.device | None) -> torch.d
         os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
     return torch.device(name)
+
+
+def _used_gpus(
+    info: RankInfo, chosen: torch.device, override: str | torch.device | None
+) -> list[torch.device]:
+    """The GPUs this rank uses: its device, or every GPU it sees when they are its own."""
+    if override is not None or chosen.index is None:
+        return [chosen]
+    indexes = owned_devices(
+        chosen.index,
+        info.local_world_size,
+        torch.cuda.device_count(),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    return [torch.device("cuda", index) for index in indexes]
 
 
 def _adopt(info: RankInfo, override: str | torch.device | None) -> Context:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import cast
 
@@ -191,15 +191,16 @@ def join(
         ) from exc
 
 
-def check_exclusive_gpus(device: torch.device) -> None:
-    """After joining on CUDA: all-gather (hostname, GPU uuid) and reject two ranks on one GPU.
+def check_exclusive_gpus(devices: Sequence[torch.device]) -> None:
+    """After joining on CUDA: all-gather (hostname, uuids of ``devices``, the GPUs this rank
+    uses) and reject a GPU used by two ranks.
 
     Needs CUDA and a formed group; the pure check is :func:`check_distinct_gpus`.
     """
-    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    uuids = [str(torch.cuda.get_device_properties(device).uuid) for device in devices]
     identities: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(identities, (socket.gethostname(), uuid))
-    check_distinct_gpus([cast(tuple[str, str], identity) for identity in identities])
+    dist.all_gather_object(identities, (socket.gethostname(), uuids))
+    check_distinct_gpus([cast(tuple[str, list[str]], identity) for identity in identities])
 
 
 def destroy() -> None:

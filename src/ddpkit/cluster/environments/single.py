@@ -7,8 +7,7 @@ from typing import ClassVar
 
 from ddpkit.cluster.environments import parse_port
 from ddpkit.cluster.environments.base import ClusterEnvironment
-from ddpkit.cluster.ports import free_port
-from ddpkit.cluster.rankinfo import Launcher, RankInfo
+from ddpkit.cluster.rankinfo import ANY_PORT, Launcher, RankInfo
 
 __all__ = ["SingleEnvironment", "single_rank_info"]
 
@@ -16,9 +15,11 @@ LOCALHOST = "127.0.0.1"
 
 
 def single_rank_info(env: Mapping[str, str], notes: tuple[str, ...] = ()) -> RankInfo:
-    """Rank 0 of a world of one; MASTER_PORT when set, else a port that is free now.
+    """Rank 0 of a world of one; MASTER_PORT when set, else ``ANY_PORT``.
 
-    Also used by SLURM for a batch script run without srun, which is one process too.
+    No free port is picked here: detection is pure and runs on every ``ddpkit.print`` before
+    ``init()``; ``ddpkit.init`` picks one when it forms the group. Also used by SLURM for a
+    batch script run without srun, which is one process too.
     """
     # MASTER_ADDR is ignored: a world of one only ever talks to itself.
     raw_port = env.get("MASTER_PORT")
@@ -31,7 +32,7 @@ def single_rank_info(env: Mapping[str, str], notes: tuple[str, ...] = ()) -> Ran
         node_rank=0,
         num_nodes=1,
         master_addr=LOCALHOST,
-        master_port=free_port(LOCALHOST) if port is None else port,
+        master_port=ANY_PORT if port is None else port,
         launcher="single",
         notes=notes,
     )
