@@ -33,7 +33,6 @@ from ddpkit.cluster.ports import (
     port_for_job,
     reserved_port,
 )
-from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs import resv_ports
 from distutil import run_workers
@@ -273,61 +272,54 @@ def _foreign_store(port: int = 0, identity: str | None = None) -> Any:
     return store
 
 
-def _rank(
-    rank: int, ports: tuple[int, ...], identity: str = "slurm job 1 step 0 restart 0"
-) -> RankInfo:
-    search = PortSearch(identity, ports)
-    return RankInfo(rank, rank, 2, 2, 0, 1, "127.0.0.1", ports[0], "slurm", port_search=search)
+ID = "slurm job 1 step 0 restart 0"
 
 
-def test_rank0_hosts_on_the_first_port_it_can_bind() -> None:
+def test_the_host_takes_the_first_port_it_can_bind() -> None:
     with _plain_listener() as taken, _plain_listener() as also_taken:
         free = free_port()
-        info = _rank(0, (taken, also_taken, free))
-        store, port = process_group.host_store(info, info.port_search, timedelta(seconds=30))  # type: ignore[arg-type]
+        search = PortSearch(ID, (taken, also_taken, free))
+        store, port = process_group.host_store("127.0.0.1", search, timedelta(seconds=30))
         assert port == free
-        assert store.get(process_group.IDENTITY_KEY) == b"slurm job 1 step 0 restart 0"
+        assert store.get(process_group.IDENTITY_KEY) == ID.encode()
 
 
-def test_rank0_with_every_candidate_taken_names_them() -> None:
+def test_a_host_with_every_candidate_taken_names_them() -> None:
     with _plain_listener() as first, _plain_listener() as second:
-        info = _rank(0, (first, second))
+        search = PortSearch(ID, (first, second))
         with pytest.raises(
             RendezvousError, match=rf"every candidate port is taken \({first}, {second}\)"
         ):
-            process_group.host_store(info, info.port_search, timedelta(seconds=30))  # type: ignore[arg-type]
+            process_group.host_store("127.0.0.1", search, timedelta(seconds=30))
 
 
-def test_other_ranks_skip_squatters_and_find_this_jobs_store() -> None:
+def test_the_others_skip_squatters_and_find_this_jobs_store() -> None:
     with ExitStack() as stack:
         silent = stack.enter_context(_plain_listener())
         other_job = _foreign_store(identity="slurm job 2 step 0 restart 0")
         stale = _foreign_store(identity="slurm job 1 step 0 restart 7")  # an earlier run's
         plain_torch = _foreign_store()  # a store without ddpkit's identity
-        ours = _foreign_store(identity="slurm job 1 step 0 restart 0")
-        ports = (silent, other_job.port, stale.port, plain_torch.port, ours.port)
+        ours = _foreign_store(identity=ID)
+        search = PortSearch(ID, (silent, other_job.port, stale.port, plain_torch.port, ours.port))
         store, port = process_group.find_store(
-            _rank(1, ports),
-            _rank(1, ports).port_search,
-            60,
-            timedelta(seconds=30),  # type: ignore[arg-type]
+            "127.0.0.1", search, 60, timedelta(seconds=30), who="rank 1"
         )
         assert port == ours.port
         store.set("from rank 1", "hello")
         assert ours.get("from rank 1") == b"hello"
 
 
-def test_other_ranks_give_up_naming_every_port_and_what_answered() -> None:
+def test_the_others_give_up_naming_every_port_and_what_answered() -> None:
     with _plain_listener() as silent:
         other_job = _foreign_store(identity="slurm job 2 step 0 restart 0")
         nobody = free_port()
-        info = _rank(1, (silent, other_job.port, nobody))
+        search = PortSearch(ID, (silent, other_job.port, nobody))
         start = time.monotonic()
         with pytest.raises(RendezvousError) as caught:
-            process_group.find_store(info, info.port_search, 3, timedelta(seconds=30))  # type: ignore[arg-type]
+            process_group.find_store("127.0.0.1", search, 3, timedelta(seconds=30), who="rank 1")
         assert time.monotonic() - start < 3 + 2 * 2 + 5  # the deadline, one bounded probe, slack
     message = str(caught.value)
-    assert "rank 1 found no rendezvous store of slurm job 1 step 0 restart 0" in message
+    assert f"rank 1 found no rendezvous store of {ID}" in message
     assert f"{silent}: a listener that is not a store (no answer)" in message
     assert f"{other_job.port}: the store of slurm job 2 step 0 restart 0" in message
     assert f"{nobody}: nothing listening" in message

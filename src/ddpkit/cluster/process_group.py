@@ -229,57 +229,72 @@ def join(
 def _search_store(
     info: RankInfo, search: PortSearch, connect_timeout_s: float, timeout: timedelta
 ) -> tuple[Store, int]:
+    addr, world = info.master_addr, info.world_size
     if info.rank == 0:
-        return host_store(info, search, timeout)
-    return find_store(info, search, connect_timeout_s, timeout)
+        return host_store(addr, search, timeout, world_size=world)
+    return find_store(addr, search, connect_timeout_s, timeout, who=f"rank {info.rank}")
 
 
-def host_store(info: RankInfo, search: PortSearch, timeout: timedelta) -> tuple[TCPStore, int]:
-    """Rank 0: host the store on the first candidate port it can bind; publish the identity."""
+def host_store(
+    addr: str,
+    search: PortSearch,
+    timeout: timedelta,
+    *,
+    world_size: int | None = None,
+    multi_tenant: bool = False,
+) -> tuple[TCPStore, int]:
+    """Host the store on the first candidate port that binds; publish the search's identity.
+
+    ``multi_tenant``: a store torch later opens on the same port in this process (the c10d
+    rendezvous of ``ddpkit run``) shares this one's server instead of binding again.
+    """
     taken: list[str] = []
     for port in search.ports:
         try:
             store = TCPStore(
-                info.master_addr,
+                addr,
                 port,
-                info.world_size,
+                world_size,
                 is_master=True,
                 timeout=timeout,
                 wait_for_workers=False,
+                multi_tenant=multi_tenant,
             )
         except dist.DistNetworkError as exc:
             if "EADDRINUSE" not in str(exc):
-                raise _unhostable(info, search, f"port {port}: {exc}") from exc
+                raise _unhostable(addr, search, f"port {port}: {exc}") from exc
             taken.append(str(port))
             continue
         store.set(IDENTITY_KEY, search.identity)
         return store, port
-    raise _unhostable(info, search, f"every candidate port is taken ({', '.join(taken)})")
+    raise _unhostable(addr, search, f"every candidate port is taken ({', '.join(taken)})")
 
 
-def _unhostable(info: RankInfo, search: PortSearch, why: str) -> RendezvousError:
+def _unhostable(addr: str, search: PortSearch, why: str) -> RendezvousError:
     return RendezvousError(
-        f"rank 0 ({search.identity}) could not host the rendezvous store on "
-        f"{info.master_addr}: {why}",
-        hint="set MASTER_PORT to a port that is free on rank 0's node, or free one of these",
+        f"the rendezvous store of {search.identity} could not be hosted on {addr}: {why}",
+        hint="free one of these ports on that node, or give the job a fixed free port "
+        "(MASTER_PORT for srun steps, rdzv_port for launch: torchrun)",
     )
 
 
 def find_store(
-    info: RankInfo,
+    addr: str,
     search: PortSearch,
     timeout_s: float,
     timeout: timedelta,
     *,
+    who: str,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[TCPStore, int]:
-    """Ranks != 0: the first candidate whose store answers with this job's identity.
+    """The first candidate on ``addr`` whose store answers with the search's identity.
 
-    Passes over the candidates until ``timeout_s`` runs out (rank 0 may start later): a port
+    Passes over the candidates until ``timeout_s`` runs out (the host may start later): a port
     nobody listens on, another job's store, or a silent listener is skipped for this pass. A
     silent listener leaves a client thread blocked on it; the port is not retried while that
-    thread waits, so each port costs at most one such thread.
+    thread waits, so each port costs at most one such thread. ``who`` names the caller in the
+    error.
     """
     deadline = clock() + timeout_s
     seen: dict[int, str] = {}
@@ -290,13 +305,13 @@ def find_store(
             if port in silent and silent[port].is_alive():
                 continue
             remaining = deadline - clock()
-            error = _try_connect(info.master_addr, port, min(5.0, max(0.1, remaining)))
+            error = _try_connect(addr, port, min(5.0, max(0.1, remaining)))
             if error is not None:
                 refused = isinstance(error, ConnectionRefusedError)
                 seen[port] = "nothing listening" if refused else str(error)
                 continue
             bound_s = min(_IDENTITY_BOUND_S, max(0.1, remaining))
-            store, answer, thread = _ask_identity(info, port, bound_s)
+            store, answer, thread = _ask_identity(addr, port, bound_s)
             if store is not None and answer == search.identity:
                 store.set_timeout(timeout)
                 return store, port
@@ -305,13 +320,13 @@ def find_store(
             seen[port] = f"the store of {answer}" if store is not None else answer
         remaining = deadline - clock()
         if remaining <= 0:
-            raise _not_found(info, search, timeout_s, seen)
+            raise _not_found(who, addr, search, timeout_s, seen)
         sleep(min(delay_s, remaining))
         delay_s = min(2 * delay_s, 1.0)
 
 
 def _ask_identity(
-    info: RankInfo, port: int, bound_s: float
+    addr: str, port: int, bound_s: float
 ) -> tuple[TCPStore | None, str, threading.Thread | None]:
     """(client, the identity its store holds, None), or (None, why not, the thread if it hangs).
 
@@ -322,13 +337,7 @@ def _ask_identity(
 
     def ask() -> None:
         try:
-            client = TCPStore(
-                info.master_addr,
-                port,
-                info.world_size,
-                is_master=False,
-                timeout=timedelta(seconds=bound_s),
-            )
+            client = TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=bound_s))
             client.wait([IDENTITY_KEY], timedelta(seconds=bound_s))
             result.append(client)
         except Exception as exc:  # any failure means: not (yet) this job's store
@@ -346,16 +355,16 @@ def _ask_identity(
 
 
 def _not_found(
-    info: RankInfo, search: PortSearch, timeout_s: float, seen: Mapping[int, str]
+    who: str, addr: str, search: PortSearch, timeout_s: float, seen: Mapping[int, str]
 ) -> RendezvousError:
     found = "; ".join(f"{port}: {what}" for port, what in seen.items())
     return RendezvousError(
-        f"rank {info.rank} found no rendezvous store of {search.identity} at "
-        f"{info.master_addr} within {timeout_s:g} s (ports tried: {found})",
+        f"{who} found no rendezvous store of {search.identity} at {addr} within "
+        f"{timeout_s:g} s (ports tried: {found})",
         hint=(
-            "likely causes: rank 0 has not started or crashed (check its log); a wrong "
-            "MASTER_ADDR/DDPKIT_HOST_TEMPLATE; a firewall. If rank 0 is only slow, raise "
-            f"{CONNECT_TIMEOUT_VAR}"
+            "likely causes: the host of the store (rank 0, or the first node's `ddpkit run`) "
+            "has not started or crashed (check its log); a wrong MASTER_ADDR or "
+            f"DDPKIT_HOST_TEMPLATE; a firewall. If it is only slow, raise {CONNECT_TIMEOUT_VAR}"
         ),
     )
 
