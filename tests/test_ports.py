@@ -3,6 +3,7 @@ search that keeps a SLURM step starting when its port is taken (real sockets, re
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -35,6 +36,7 @@ from ddpkit.cluster.ports import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs import resv_ports
+from ddpkit.jobs.endpoint import RDZV_STEP
 from distutil import run_workers
 
 # Where the ddpkit under test lives (src/ checkout or site-packages), for child interpreters.
@@ -355,3 +357,69 @@ def test_a_step_whose_derived_ports_are_taken_still_starts(delay_s: float) -> No
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert {r["port"] for r in results} == {ports[3]}
     assert {r["sum"] for r in results} == {6.0}
+
+
+# --- ddpkit run: the c10d rendezvous port ----------------------------------------------------
+
+_RDZV_WORKER = """
+import json
+import torch, torch.distributed as dist
+import ddpkit
+ctx = ddpkit.init(backend="gloo")
+total = torch.tensor([ctx.rank + 1.0])
+dist.all_reduce(total)
+print(json.dumps({"rank": ctx.rank, "world": ctx.world_size, "sum": total.item()}), flush=True)
+ddpkit.shutdown()
+"""
+
+
+def _agent_env(node: int, job_id: str) -> dict[str, str]:
+    """``ddpkit run`` as the torchrun job script starts it: one srun task on each of 2 nodes."""
+    step = {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(node),
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": str(node),
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+    }
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    return {**keep, **step, "PYTHONPATH": str(SRC)}
+
+
+def test_ddpkit_run_agents_meet_past_a_taken_rendezvous_port(tmp_path: Path) -> None:
+    # Both agents of a 2-node rendezvous on this machine (both think they are the host, as
+    # torch allows), the job's derived c10d port held by a listener that never answers. Before
+    # the search, torch's agent fell back to being a client of that listener and hung.
+    job_id = f"test-{uuid.uuid4().hex[:12]}"
+    ports = candidate_ports(job_id, RDZV_STEP)
+    script = tmp_path / "worker.py"
+    script.write_text(_RDZV_WORKER)
+    argv = [sys.executable, "-m", "ddpkit", "run", "--nnodes", "2", "--nproc-per-node", "1"]
+    argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{ports[0]}"]
+    argv += ["--rdzv-id", job_id, str(script)]
+    with _plain_listener(ports[0]):
+        agents = [
+            subprocess.Popen(
+                argv, env=_agent_env(node, job_id), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            )
+            for node in range(2)
+        ]  # fmt: skip
+        try:
+            outputs = [agent.communicate(timeout=300) for agent in agents]
+        finally:
+            for agent in agents:
+                agent.kill()
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    found = sorted(
+        (json.loads(line[line.index("{") :]) for out, _ in outputs for line in out.splitlines()
+         if '{"rank"' in line),
+        key=lambda report: report["rank"],
+    )  # fmt: skip
+    assert found == [{"rank": 0, "sum": 3.0, "world": 2}, {"rank": 1, "sum": 3.0, "world": 2}]
+    moved = f"c10d rendezvous at 127.0.0.1:{ports[1]} ({ports[0]} taken)"
+    assert all(moved in err for _, err in outputs), outputs

@@ -106,8 +106,11 @@ def reserved_port(env: Mapping[str, str]) -> int | None:
     """The first port SLURM reserved for this step (``SLURM_STEP_RESV_PORTS``), else None.
 
     SLURM writes one port (``12001``), a range (``12003-12004``) or a list of them; every
-    task of the step gets the same value.
+    task of the step gets the same value. Not used in a heterogeneous job, whose components'
+    tasks need not share one reservation: every rank must search the same list.
     """
+    if "SLURM_HET_SIZE" in env:
+        return None
     raw = env.get(RESV_PORTS_VAR)
     if raw is None or not raw.strip():
         return None

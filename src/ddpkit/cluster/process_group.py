@@ -242,11 +242,14 @@ def host_store(
     *,
     world_size: int | None = None,
     multi_tenant: bool = False,
+    share: bool = False,
 ) -> tuple[TCPStore, int]:
     """Host the store on the first candidate port that binds; publish the search's identity.
 
     ``multi_tenant``: a store torch later opens on the same port in this process (the c10d
     rendezvous of ``ddpkit run``) shares this one's server instead of binding again.
+    ``share``: a taken port whose store answers with the identity (another process of the
+    same job on this node got there first) is joined as a client instead of skipped.
     """
     taken: list[str] = []
     for port in search.ports:
@@ -263,6 +266,11 @@ def host_store(
         except dist.DistNetworkError as exc:
             if "EADDRINUSE" not in str(exc):
                 raise _unhostable(addr, search, f"port {port}: {exc}") from exc
+            if share:
+                client, answer, _ = _ask_identity(addr, port, _IDENTITY_BOUND_S)
+                if client is not None and answer == search.identity:
+                    client.set_timeout(timeout)
+                    return client, port
             taken.append(str(port))
             continue
         store.set(IDENTITY_KEY, search.identity)
