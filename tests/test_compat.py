@@ -136,3 +136,11 @@ def test_submitit_renders_a_script_without_submitting(
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=3" in text, version
     assert "submitit.core._submit" in text, version
     assert not list(tmp_path.glob("*.sh")) or "dry-run" in text  # nothing was submitted
+
+
+def test_matches_machine_hostname() -> None:
+    import socket
+
+    assert compat.matches_machine_hostname(socket.gethostname()), TORCH
+    assert compat.matches_machine_hostname("localhost"), TORCH
+    assert not compat.matches_machine_hostname("no-such-host.invalid"), TORCH

@@ -13,6 +13,8 @@ version and names that version when one has moved.
     run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
     error file "message" keys      torch       the root cause's traceback from ``@record`` files
     c10d._get_default_store        torch       the peer watchdog's own store connection
+    rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
+      machine_hostname                         whether this node hosts the c10d store
     SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
       _file_text                               prints the script without submitting
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "default_store",
     "launch_config_from_args",
+    "matches_machine_hostname",
     "recorded_traceback",
     "submitit_sbatch_text",
     "tail_logs_tuned",
@@ -150,6 +153,13 @@ def default_store() -> Store:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def matches_machine_hostname(host: str) -> bool:
+    """Whether torch's c10d rendezvous takes ``host`` for this machine (and so hosts there)."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(host))
 
 
 def submitit_sbatch_text(executor: Any) -> str:

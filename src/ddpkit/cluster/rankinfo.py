@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ddpkit.cluster.ports import PortSearch
+
 __all__ = ["ANY_PORT", "LAUNCHERS", "Launcher", "RankInfo"]
 
 Launcher = Literal["torchrun", "slurm", "submitit", "mpi", "single"]
@@ -20,10 +22,12 @@ class RankInfo:
     ``rank``/``world_size`` are global; ``local_rank``/``local_world_size`` count the processes on
     this node; ``node_rank``/``num_nodes`` count nodes. ``master_addr``/``master_port`` are where
     rank 0 hosts the rendezvous store: ``ANY_PORT`` (0) for a world of one without MASTER_PORT,
-    which ``ddpkit.init`` replaces with a free port when it forms the group. ``launcher`` names
-    the environment that started us. ``notes`` carries warnings detection wants the user to see
-    (shown once by ``ddpkit.init``); detection itself never prints, warns or does I/O (it runs
-    on every ``ddpkit.print`` before ``init``).
+    which ``ddpkit.init`` replaces with a free port when it forms the group. ``port_search``,
+    when set, lists the ports rank 0 may host it on instead (``master_port`` is the first; see
+    :mod:`ddpkit.cluster.ports`); the rank record :func:`ddpkit.init` keeps has the port actually
+    used. ``launcher`` names the environment that started us. ``notes`` carries warnings
+    detection wants the user to see (shown once by ``ddpkit.init``); detection itself never
+    prints, warns or does I/O (it runs on every ``ddpkit.print`` before ``init``).
     """
 
     rank: int
@@ -36,6 +40,7 @@ class RankInfo:
     master_port: int
     launcher: Launcher
     notes: tuple[str, ...] = field(default=(), compare=False)
+    port_search: PortSearch | None = field(default=None, compare=False)
 
     @property
     def is_main(self) -> bool:

@@ -43,6 +43,7 @@ from ddpkit.compat import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs.endpoint import hosts_store
+from ddpkit.launch import rdzv_port
 from ddpkit.launch.config import RunConfig
 from ddpkit.worker.requeue import EXIT_STOPPED
 
@@ -208,6 +209,9 @@ def launch(config: RunConfig) -> LaunchOutcome:
         # read the previous attempt's gloo addresses and hang (4 runs in 5 here). With sharing
         # off, each round bootstraps a fresh store. An explicit setting by the user wins.
         os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
+        # A taken rendezvous port is not the end of a SLURM job; `held` (the store this node
+        # may host for the agent) must live until the agent is done.
+        held = rdzv_port.claim(plan.launch_config, os.environ)
         try:
             elastic_launch(plan.launch_config, plan.entrypoint)(*plan.args)
         except ChildFailedError as exc:
@@ -222,6 +226,8 @@ def launch(config: RunConfig) -> LaunchOutcome:
                 hint="check --master-addr/--master-port (is the port taken?) or leave them "
                 "out on one node to get a free port",
             ) from exc
+        finally:
+            del held  # its server stops with the agent's last reference
     return LaunchOutcome(0, log_dir=_attempt_dir(logs.last))
 
 

@@ -154,7 +154,7 @@ def _join(
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
-    process_group.join(
+    info = process_group.join(  # the port actually used, after a port search
         info,
         backend=resolved,
         device=chosen,

@@ -22,7 +22,7 @@ from ddpkit.cluster.environments import env_int, master_from_env, parse_int, req
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.single import single_rank_info
 from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_host
-from ddpkit.cluster.ports import port_for_job
+from ddpkit.cluster.ports import PortSearch, candidate_ports, reserved_port
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
 from ddpkit.errors import ConfigError
 
@@ -180,7 +180,24 @@ def apply_host_template(env: Mapping[str, str], host: str) -> str:
     return template.replace("{host}", host)
 
 
-def _master(env: Mapping[str, str], layout: SlurmLayout) -> tuple[str, int]:
+def _port_search(env: Mapping[str, str]) -> PortSearch:
+    """The step's reserved port (if any), then its derived candidates; see ddpkit.cluster.ports.
+
+    Even a reserved port stays backed by the candidates: SLURM keeps it from other steps,
+    not from a program started outside srun.
+    """
+    job_id = _require(env, "job_id")[1]
+    found = _first_set(env, "step_id")
+    step = None if found is None else found[1]
+    derived = candidate_ports(job_id, step)
+    reserved = reserved_port(env)
+    ports = derived if reserved is None else (reserved, *(p for p in derived if p != reserved))
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    return PortSearch(f"slurm job {job_id} step {step} restart {restarts}", ports)
+
+
+def _master(env: Mapping[str, str], layout: SlurmLayout) -> tuple[str, PortSearch | int]:
+    """Rank 0's host, and its port: MASTER_PORT when set, else a search over candidates."""
     addr, port = master_from_env(env)
     if addr is None:
         if layout.nodelist is None:
@@ -190,11 +207,7 @@ def _master(env: Mapping[str, str], layout: SlurmLayout) -> tuple[str, int]:
             )
         source = layout.names["nodelist"]
         addr = apply_host_template(env, first_host(layout.nodelist, source=source))
-    if port is None:
-        job_id = _require(env, "job_id")[1]
-        step = _first_set(env, "step_id")
-        port = port_for_job(job_id, None if step is None else step[1])
-    return addr, port
+    return addr, _port_search(env) if port is None else port
 
 
 def _batch_rank_info(env: Mapping[str, str]) -> RankInfo:
@@ -244,6 +257,7 @@ def slurm_rank_info(env: Mapping[str, str], launcher: Launcher) -> RankInfo:
     names["local_world_size"] = f"{names['tasks_per_node']}[{node_rank}]"
     _check_stray_vars(env, names, rank, layout.num_tasks)
     addr, port = _master(env, layout)
+    search = port if isinstance(port, PortSearch) else None
     info = RankInfo(
         rank=rank,
         local_rank=local_rank,
@@ -252,8 +266,9 @@ def slurm_rank_info(env: Mapping[str, str], launcher: Launcher) -> RankInfo:
         node_rank=node_rank,
         num_nodes=layout.num_nodes,
         master_addr=addr,
-        master_port=port,
+        master_port=port.ports[0] if isinstance(port, PortSearch) else port,
         launcher=launcher,
+        port_search=search,
     )
     return validate.check_rank_info(info, names)
 

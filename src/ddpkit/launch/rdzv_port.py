@@ -1,0 +1,99 @@
+"""The c10d rendezvous port of ``ddpkit run`` in a SLURM job: searched, not bet on.
+
+The job scripts and the torchx component give every node's ``ddpkit run`` the port derived
+from the job id (``rdzv_port: auto``; :mod:`ddpkit.jobs.endpoint`). torch's agent on the first
+node binds it, and when something else holds it, the agent quietly becomes a client of that
+listener instead (``_create_tcp_store`` retries as a client): it waits forever on a listener
+that is not a store, or runs in another job's store until that job ends. So before the agent
+starts, inside a SLURM step and for that derived port only (a port the user chose stays as is):
+
+* the node torch would make the host hosts the store itself, on the first candidate it can
+  bind (the step's reserved port, then ``candidate_ports(job, "rdzv")``; see
+  :mod:`ddpkit.cluster.ports`), as a multi-tenant store, whose server the agent then shares
+  instead of binding the port a second time;
+* the other nodes take the first candidate whose store answers with the job's identity;
+
+and every agent is pointed at that port. The search itself is
+:func:`ddpkit.worker.process_group.host_store` / :func:`~ddpkit.worker.process_group.find_store`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from torch.distributed.launcher.api import LaunchConfig
+
+from ddpkit.cluster.environments.slurm import in_slurm_step
+from ddpkit.cluster.ports import PortSearch, candidate_ports, port_for_job, reserved_port
+from ddpkit.compat import matches_machine_hostname
+from ddpkit.jobs.endpoint import RDZV_STEP
+from ddpkit.worker import process_group
+
+__all__ = ["claim", "port_search"]
+
+_C10D_DEFAULT_PORT = 29400  # torch's c10d rendezvous default, when the endpoint has no port
+_JOIN_TIMEOUT_S = 900.0  # torch's default rdzv join timeout (rdzv_configs["timeout"])
+_READ_TIMEOUT_S = 60.0  # torch's default c10d store read timeout (rdzv_configs["read_timeout"])
+
+
+def port_search(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, PortSearch] | None:
+    """(host, search) when this launch's c10d port is the job-derived one, else None."""
+    job = env.get("SLURM_JOB_ID")
+    if config.rdzv_backend != "c10d" or not job or not in_slurm_step(env):
+        return None
+    host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
+    derived = candidate_ports(job, RDZV_STEP)
+    if port != port_for_job(job, RDZV_STEP):
+        return None
+    reserved = reserved_port(env)
+    ports = derived if reserved is None else (reserved, *(p for p in derived if p != reserved))
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    identity = f"c10d rendezvous {config.run_id} of slurm job {job} restart {restarts}"
+    return host, PortSearch(identity, ports)
+
+
+def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
+    """Search the port (see the module docstring) and point ``config`` at it.
+
+    Returns the store this node hosts (keep it until the agent is done: it owns the server the
+    agent shares), or None.
+    """
+    found = port_search(config, env)
+    if found is None:
+        return None
+    host, search = found
+    configs = config.rdzv_configs
+    read_s = float(configs.get("read_timeout", _READ_TIMEOUT_S))
+    is_host = configs.get("is_host")
+    hosting = matches_machine_hostname(host) if is_host is None else _truthy(is_host)
+    if hosting:
+        # share: torch lets several agents of one rendezvous run on the host node, the
+        # first to bind hosts; the others must join it, not host a second store elsewhere.
+        store, port = process_group.host_store(
+            host, search, timedelta(seconds=read_s), multi_tenant=True, share=True
+        )
+    else:
+        join_s = float(configs.get("timeout", _JOIN_TIMEOUT_S))
+        store, port = process_group.find_store(
+            host, search, join_s, timedelta(seconds=read_s), who="ddpkit run"
+        )
+        store = None  # only the answer was needed; the agent opens its own connection
+    if port != port_for_job(env["SLURM_JOB_ID"], RDZV_STEP):
+        _tell(host, search, port)
+    config.rdzv_endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return store
+
+
+def _tell(host: str, search: PortSearch, port: int) -> None:
+    """One line when the agents meet elsewhere than at the endpoint the job script printed."""
+    skipped = ", ".join(str(p) for p in search.ports[: search.ports.index(port)])
+    why = f"{skipped} taken" if skipped else "the port SLURM reserved for the step"
+    print(f"ddpkit run: c10d rendezvous at {host}:{port} ({why})", file=sys.stderr, flush=True)
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() in {"1", "true", "yes", "y", "on"}
