@@ -5,6 +5,9 @@
 saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behind. Running the
 same command again resumes from the stop's checkpoint and ends with the weights of an
 uninterrupted run, which runs alongside the stopped one to save time.
+
+A storm of SIGUSR2 to the launcher and its workers, from init() to the end of the run, starting
+at several moments (training, evaluation, teardown), must never kill a process either.
 """
 
 from __future__ import annotations
@@ -227,3 +230,69 @@ def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> Non
     assert child_pids(100, proc=str(tmp_path)) == [101, 103, 105]
     assert child_pids(7, proc=str(tmp_path)) == [102]
     assert child_pids(100, proc=str(tmp_path / "missing")) == []
+
+
+# A stop signal at any moment from init() to the exit: a storm of SIGUSR2 (one to the launcher
+# and to each worker every millisecond, as SLURM signals every process of a step) starts when a
+# given line appears and lasts until the launcher has exited. Training that sees it stops with
+# 75; a storm that starts after the last step meets the evaluation and the teardown (the weights
+# line, atexit, the interpreter's finalization, the launcher's own exit), and the run ends 0.
+STORM_TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "2000", "--test-size", "501"]
+STORM_FROM = {
+    "init": re.compile(r"^\[rank0\]:? ?ddpkit: torchrun, world size 2", re.MULTILINE),
+    "training": re.compile(r"^\[rank0\]:? ?epoch 0: ", re.MULTILINE),
+    "evaluation": re.compile(r"^\[rank0\]:? ?epoch 1: ", re.MULTILINE),
+    "teardown": HASH,
+}
+
+
+def _storm(run: subprocess.Popen[str], out: Path, start: re.Pattern[str]) -> int:
+    """Wait for ``start`` in the run's stdout, then signal it until it exits; how many sent."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not start.search(_logs(out)[0]):
+        assert run.poll() is None, f"ended before {start.pattern!r}:\n{_logs(out)}"
+        assert time.monotonic() < deadline, f"no {start.pattern!r} in time"
+        time.sleep(0.005)
+    sent = 0
+    while run.poll() is None:
+        for pid in [run.pid, *child_pids(run.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR2)
+                sent += 1
+        time.sleep(0.001)
+        assert time.monotonic() < deadline, "the run did not end"
+    return sent
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_a_stop_signal_at_any_moment_after_init_never_kills_a_process(tmp_path: Path) -> None:
+    env = {**_env(), "DDPKIT_SIGNAL": "USR2"}
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *STORM_TRAIN]
+    outcomes = {}
+    for name, start in STORM_FROM.items():
+        out = tmp_path / name
+        with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
+            run = subprocess.Popen(
+                [*command, "--step-delay", "0.02"],
+                cwd=ROOT, env=env, stdout=stdout, stderr=err, text=True, start_new_session=True,
+            )  # fmt: skip
+        try:
+            sent = _storm(run, out, start)
+        finally:
+            if run.poll() is None:  # a failed check: this run's workers, then the launcher
+                for pid in child_pids(run.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                run.kill()
+            run.wait()
+        outcomes[name] = (run.returncode, sent, *_logs(out))
+    for name, (code, sent, stdout, stderr) in outcomes.items():
+        where = f"storm from {name}: exit {code}, {sent} signals sent\n{stdout}\n{stderr}"
+        assert sent > 0, where
+        stopped = "every rank stops after this step" in stderr
+        assert code == (75 if stopped else 0), where
+        assert "worker failed" not in stderr and "Signal" not in stderr, where
+        assert stopped or len(HASH.findall(stdout)) == 1, where
+        if name in ("evaluation", "teardown"):  # their lines come after the last should_stop
+            assert code == 0, where

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ddpkit.cluster import stopsignal
+from ddpkit.cluster.requeue import SIGNAL_VAR, parse_signal
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
 
 __all__ = ["add_parser", "config_from_argv", "run_command"]
@@ -140,6 +142,10 @@ def run_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(config.torchrun_command())
         return 0
+    if os.environ.get(SIGNAL_VAR, "").strip():
+        # In a ddpkit job the agent is a task too: the stop signal must not kill it while it
+        # starts the workers or after it has put its forwarding handler back (at its exit).
+        stopsignal.latch(parse_signal(os.environ[SIGNAL_VAR]))
     from ddpkit.launch.local import launch
 
     outcome = launch(config)
