@@ -8,12 +8,12 @@ handler does nothing else (no I/O, no collectives): the decision is taken at a s
 
 The latch holds until the process is gone:
 
-* At exit the signal is ignored instead (an atexit handler, registered with the first latch, so
-  it runs after ddpkit's other ones). Python's finalization, after the atexit handlers, puts
-  every signal that has a Python handler back to its default action and then tears the
-  interpreter down (torch's modules, the process group's threads), which takes up to seconds:
-  a signal then would kill a run that has finished, and SLURM would record it as FAILED. An
-  ignored signal is left ignored. Nobody reads the latch by then, so nothing is lost.
+* At exit the signal is ignored instead (an atexit handler, registered when this module is
+  imported, so it runs after ddpkit's other ones). Python's finalization, after the atexit
+  handlers, puts every signal that has a Python handler back to its default action and then
+  tears the interpreter down (torch's modules, the process group's threads), which takes up to
+  seconds: a signal then would kill a run that has finished, and SLURM would record it as
+  FAILED. An ignored signal is left ignored. Nobody reads the latch by then: nothing is lost.
 * Latching also unblocks the signal in the calling thread: a parent that starts this process
   with the signal blocked (``RunCommand``) keeps one that came before the latch pending, and
   it is recorded the moment the handler is in place.
@@ -58,8 +58,6 @@ def latch(sig: signal.Signals) -> bool:
         # requeue-at-once handler
         signal.signal(sig, _record)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])  # a pending one is recorded now
-    if not _LATCHED:
-        atexit.register(_ignore_at_exit)
     _LATCHED.add(int(sig))
     return True
 
@@ -69,6 +67,9 @@ def _ignore_at_exit() -> None:
     for signum in _LATCHED:
         with contextlib.suppress(ValueError, OSError):
             signal.signal(signum, signal.SIG_IGN)
+
+
+atexit.register(_ignore_at_exit)  # at import: after every handler registered later
 
 
 def latch_from_env(env: Mapping[str, str]) -> signal.Signals | None:
