@@ -6,7 +6,11 @@ fixture submits them together, so the suite waits for the slowest, not for the s
 * ``srun``, ``torchrun`` (launch modes of the sbatch templates) and ``submitit``: once the
   first checkpoint exists, ``scancel --signal=USR2 <job>`` (what SLURM's own warning does);
 * ``timelimit``: nobody sends anything; ``time_min: 2`` with ``signal_delay_s: 60`` makes SLURM
-  signal the batch shell (``--signal=B:USR2@60``), whose trap passes it on to the step.
+  signal the batch shell (``--signal=B:USR2@60``), whose trap passes it on to the step;
+* ``startup``: ``scancel --batch --signal=USR2`` (what SLURM's warning does) every few tenths of a
+  second from the moment the batch shell has set its trap (its latch folder exists) until the
+  ranks agree to stop: at many moments of srun's and Python's start, before any rank latched.
+  The shell holds the signal until every process has latched it, so none dies of it.
 
 Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one),
 resume from its checkpoint, and end with weights bitwise identical to an uninterrupted run of
@@ -16,6 +20,8 @@ where gloo's sum of two values does not depend on order, make the comparison exa
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -43,6 +49,7 @@ class Scenario:
     via: str = "sbatch"
     step_delay: float = 0.1
     signal_by_hand: bool = True
+    storm: bool = False  # signal the batch shell from its start until the ranks stop
 
 
 SCENARIOS = {
@@ -57,7 +64,9 @@ SCENARIOS = {
         step_delay=0.7,
         signal_by_hand=False,
     ),
+    "startup": Scenario("startup", "launch: srun\ntime_min: 5\n", signal_by_hand=False, storm=True),
 }
+STOPPING = "every rank stops after this step"
 
 
 @dataclass
@@ -67,6 +76,7 @@ class Outcome:
     history: list[tuple[str, str]]  # (State, ExitCode) of each run of the job, oldest first
     logs: str  # every log file of the job, concatenated
     signalled_at: float | None
+    held: int  # storm: signals sent to the batch shell before every process had latched
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 120) -> str:
@@ -101,8 +111,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _base_env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDPKIT_"))}
 
 
@@ -131,7 +139,7 @@ def outcomes(
                 cwd=workdir,
             ).strip()
             submitted[name] = (slurm.track(job_id), workdir)
-        signalled = _signal_when_training(slurm, submitted)
+        signalled, held = _signal_when_training(slurm, submitted)
         deadline = time.monotonic() + JOBS_TIMEOUT_S
         for job_id, _ in submitted.values():
             slurm.wait(job_id, timeout_s=max(1.0, deadline - time.monotonic()), states=FINISHED)
@@ -146,6 +154,7 @@ def outcomes(
                     if path.is_file() and path.suffix in (".out", ".err")
                 ),
                 signalled.get(name),
+                held.get(name, 0),
             )
             for name, (job_id, workdir) in submitted.items()
         }
@@ -155,20 +164,49 @@ def outcomes(
 
 def _signal_when_training(
     slurm: SlurmCluster, submitted: dict[str, tuple[str, Path]]
-) -> dict[str, float]:
-    """``scancel --signal=USR2`` each hand-signalled job once its first checkpoint exists."""
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Signal the jobs: each hand-signalled one once its first checkpoint exists (``scancel
+    --signal=USR2``), each storm one's batch shell from its start until its ranks stop; when
+    each was signalled, and how many storm signals came before every process had latched."""
     waiting = {n: submitted[n] for n, case in SCENARIOS.items() if case.signal_by_hand}
+    storming = {n: submitted[n] for n, case in SCENARIOS.items() if case.storm}
     signalled: dict[str, float] = {}
+    held = dict.fromkeys(storming, 0)
     deadline = time.monotonic() + 180
-    while waiting and time.monotonic() < deadline:
+    while (waiting or storming) and time.monotonic() < deadline:
         for name, (job_id, workdir) in list(waiting.items()):
             if any((workdir / "ck").glob("ckpt-*.pt")):
                 slurm.run("scancel", "--signal=USR2", job_id)
                 signalled[name] = time.monotonic()
                 del waiting[name]
+        for name, (job_id, workdir) in list(storming.items()):
+            if STOPPING in _task_logs(workdir):
+                del storming[name]
+                continue
+            latch_dirs = list((workdir / "logs").glob(".ddpkit-latched-*"))
+            if latch_dirs:  # created after the batch shell's trap: no signal can come earlier
+                slurm.run("scancel", "--batch", "--signal=USR2", job_id, check=False)
+                signalled.setdefault(name, time.monotonic())
+                if _markers(latch_dirs) < 2:  # markers only appear: fewer when it was sent too
+                    held[name] += 1
         time.sleep(0.2)
     assert not waiting, f"no checkpoint appeared in time for {sorted(waiting)}"
-    return signalled
+    assert not storming, f"no rank stopped in time in {sorted(storming)}"
+    return signalled, held
+
+
+def _task_logs(workdir: Path) -> str:
+    return "".join(
+        path.read_text(errors="replace") for path in (workdir / "logs").glob("*-rank*.out")
+    )
+
+
+def _markers(latch_dirs: list[Path]) -> int:
+    count = 0
+    for folder in latch_dirs:
+        with contextlib.suppress(OSError):  # the batch shell removes it when it ends
+            count += len(os.listdir(folder))
+    return count
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -180,10 +218,13 @@ def test_stop_signal_requeues_and_resumes_exactly(
     states = [state for state, _ in outcome.history]
     assert states[-1] == "COMPLETED", f"runs {outcome.history}; {where}"
     assert "REQUEUED" in states[:-1], f"never requeued: runs {outcome.history}; {where}"
-    assert "every rank stops after this step" in outcome.logs, where
+    assert STOPPING in outcome.logs, where
     assert re.search(r"requeue \S+ \(1 of 10\): done", outcome.logs), where
     assert re.search(r"resumed from \S+ at step [1-9]\d* ", outcome.logs), where
     hashes = HASH.findall(outcome.logs)
     assert hashes == [reference], f"final weights {hashes} != uninterrupted {reference}; {where}"
-    if name == "timelimit":  # SLURM's warning went to the batch shell, whose trap passed it on
-        assert "ddpkit: SIGUSR2: time limit near, passing it on to the job step" in outcome.logs
+    if name in ("timelimit", "startup"):  # to the batch shell, which held it, then passed it on
+        assert "ddpkit: SIGUSR2: time limit near; holding it until every" in outcome.logs, where
+        assert "SIGUSR2: every process has latched it, passing it on" in outcome.logs, where
+    if name == "startup":  # signals came while the tasks were starting, before they latched
+        assert outcome.held > 0, where
