@@ -6,8 +6,9 @@ saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behin
 same command again resumes from the stop's checkpoint and ends with the weights of an
 uninterrupted run, which runs alongside the stopped one to save time.
 
-A storm of SIGUSR2 to the launcher and its workers, from init() to the end of the run, starting
-at several moments (training, evaluation, teardown), must never kill a process either.
+A storm of SIGUSR2 to the launcher and its workers (``DDPKIT_SIGNAL=USR2``, as in a ddpkit
+job), from several moments (the launcher's start, init, training, evaluation, teardown) to the
+end of the run, must never kill a process either.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,13 +234,16 @@ def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> Non
     assert child_pids(100, proc=str(tmp_path / "missing")) == []
 
 
-# A stop signal at any moment from init() to the exit: a storm of SIGUSR2 (one to the launcher
-# and to each worker every millisecond, as SLURM signals every process of a step) starts when a
-# given line appears and lasts until the launcher has exited. Training that sees it stops with
-# 75; a storm that starts after the last step meets the evaluation and the teardown (the weights
-# line, atexit, the interpreter's finalization, the launcher's own exit), and the run ends 0.
+# A stop signal at any moment from the launcher's start to the exit: a storm of SIGUSR2 (one to
+# the launcher and to each worker every millisecond, as SLURM signals every process of a step)
+# starts at a given moment and lasts until the launcher has exited. "start": once the launcher
+# holds the signal (its marker in DDPKIT_LATCH_DIR), before its workers exist, so they are hit
+# while Python and torch start, before their init(). Training that sees it stops with 75; a
+# storm that starts after the last step meets the evaluation and the teardown (the weights line,
+# atexit, the interpreter's finalization, the launcher's own exit), and the run ends 0.
 STORM_TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "2000", "--test-size", "501"]
 STORM_FROM = {
+    "start": None,
     "init": re.compile(r"^\[rank0\]:? ?ddpkit: torchrun, world size 2", re.MULTILINE),
     "training": re.compile(r"^\[rank0\]:? ?epoch 0: ", re.MULTILINE),
     "evaluation": re.compile(r"^\[rank0\]:? ?epoch 1: ", re.MULTILINE),
@@ -246,16 +251,16 @@ STORM_FROM = {
 }
 
 
-def _storm(run: subprocess.Popen[str], out: Path, start: re.Pattern[str]) -> int:
-    """Wait for ``start`` in the run's stdout, then signal it until it exits; how many sent."""
+def _storm(run: subprocess.Popen[str], started: Callable[[], bool]) -> tuple[int, int]:
+    """Wait until ``started()``, then signal the run until it exits; how many were sent."""
     deadline = time.monotonic() + TIMEOUT_S
-    while not start.search(_logs(out)[0]):
-        assert run.poll() is None, f"ended before {start.pattern!r}:\n{_logs(out)}"
-        assert time.monotonic() < deadline, f"no {start.pattern!r} in time"
+    while not started():
+        assert run.poll() is None, "the run ended before the storm"
+        assert time.monotonic() < deadline, "the storm's moment never came"
         time.sleep(0.005)
     sent = 0
     while run.poll() is None:
-        for pid in [run.pid, *child_pids(run.pid)]:
+        for pid in [run.pid, *_descendants(run.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR2)
                 sent += 1
@@ -264,24 +269,41 @@ def _storm(run: subprocess.Popen[str], out: Path, start: re.Pattern[str]) -> int
     return sent
 
 
+def _moment(line: re.Pattern[str] | None, out: Path, latched: Path) -> Callable[[], bool]:
+    """Has the storm's moment come: ``line`` in the run's stdout, or (None) a latch marker?"""
+    if line is None:
+        return lambda: bool(os.listdir(latched))
+    return lambda: bool(line.search(_logs(out)[0]))
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        children = child_pids(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_a_stop_signal_at_any_moment_after_init_never_kills_a_process(tmp_path: Path) -> None:
-    env = {**_env(), "DDPKIT_SIGNAL": "USR2"}
+def test_a_stop_signal_at_any_moment_never_kills_a_process(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *STORM_TRAIN]
     outcomes = {}
-    for name, start in STORM_FROM.items():
-        out = tmp_path / name
+    for name, line in STORM_FROM.items():
+        out, latched = tmp_path / name, tmp_path / f"{name}-latched"
+        latched.mkdir()
+        env = {**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)}
         with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
             run = subprocess.Popen(
                 [*command, "--step-delay", "0.02"],
                 cwd=ROOT, env=env, stdout=stdout, stderr=err, text=True, start_new_session=True,
             )  # fmt: skip
         try:
-            sent = _storm(run, out, start)
+            sent = _storm(run, _moment(line, out, latched))
         finally:
             if run.poll() is None:  # a failed check: this run's workers, then the launcher
-                for pid in child_pids(run.pid):
+                for pid in _descendants(run.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 run.kill()
@@ -294,5 +316,7 @@ def test_a_stop_signal_at_any_moment_after_init_never_kills_a_process(tmp_path: 
         assert code == (75 if stopped else 0), where
         assert "worker failed" not in stderr and "Signal" not in stderr, where
         assert stopped or len(HASH.findall(stdout)) == 1, where
+        if name == "start":  # the signal was there before the loop: stopped at the first step
+            assert stopped and code == 75, where
         if name in ("evaluation", "teardown"):  # their lines come after the last should_stop
             assert code == 0, where

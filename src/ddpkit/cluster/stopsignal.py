@@ -31,13 +31,21 @@ import signal
 import socket
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
 from ddpkit.cluster.requeue import SIGNAL_VAR, parse_signal
 
-__all__ = ["LATCH_DIR_VAR", "announce", "clear", "latch", "latch_from_env", "received"]
+__all__ = [
+    "LATCH_DIR_VAR",
+    "announce",
+    "clear",
+    "forward_blocked",
+    "latch",
+    "latch_from_env",
+    "received",
+]
 
 LATCH_DIR_VAR = "DDPKIT_LATCH_DIR"
 
@@ -100,6 +108,22 @@ def announce(env: Mapping[str, str]) -> None:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+def forward_blocked(sig: signal.Signals, forward: Callable[[int], None]) -> None:
+    """Block ``sig`` in this thread and hand each arrival to ``forward`` from a daemon thread.
+
+    For a launcher (``ddpkit run``'s agent): the processes it starts from this thread inherit
+    the block, so the signal waits, pending, until their own ``init()`` latches it, whether it
+    comes straight from SLURM or from ``forward``; and this process never dies of it.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+
+    def wait_and_forward() -> None:  # started after the block: it inherits it, as sigwait needs
+        while True:
+            forward(signal.sigwait([sig]))
+
+    threading.Thread(target=wait_and_forward, name="ddpkit-stop-forward", daemon=True).start()
 
 
 def received(sig: signal.Signals) -> bool:
