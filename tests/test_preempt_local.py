@@ -320,3 +320,54 @@ def test_a_stop_signal_at_any_moment_never_kills_a_process(tmp_path: Path) -> No
             assert stopped and code == 75, where
         if name in ("evaluation", "teardown"):  # their lines come after the last should_stop
             assert code == 0, where
+
+
+# The task wrapper of ddpkit's sbatch scripts, as rendered, run here under bash: the command's
+# Python is signalled (with the wrapper, as SLURM signals every process of a step) before it has
+# latched the signal; it must not die, and must get the signal once it has latched it.
+LATE_CHILD = """
+import os, signal, sys
+print(f"child: starting {os.getpid()}", flush=True)
+sys.stdin.readline()  # the test sends the line once the signals are out
+print(f"child: SIGINT {signal.getsignal(signal.SIGINT).__name__}", flush=True)
+from ddpkit.cluster import stopsignal
+stopsignal.latch_from_env(os.environ)
+import time
+deadline = time.monotonic() + 10
+while not stopsignal.received(signal.SIGUSR2) and time.monotonic() < deadline:
+    time.sleep(0.005)
+print(f"child: received {stopsignal.received(signal.SIGUSR2)}", flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("launch", ["srun", "torchrun"])
+def test_the_task_wrapper_holds_a_signal_until_the_command_has_latched_it(
+    tmp_path: Path, launch: str
+) -> None:
+    from ddpkit.jobs.render import render_sbatch
+    from ddpkit.jobs.spec import JobSpec
+
+    job = JobSpec(name="w", command=["train.py"], workdir=str(tmp_path), launch=launch)
+    found = re.search(r"^hold='(.*?)'$", render_sbatch(job), re.MULTILINE | re.DOTALL)
+    assert found, "no task wrapper in the script"
+    latched = tmp_path / "latched"
+    latched.mkdir()
+    wrapper = subprocess.Popen(
+        ["bash", "-c", found[1], "ddpkit-task", sys.executable, "-c", LATE_CHILD],
+        env={**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wrapper.stdin is not None and wrapper.stdout is not None
+        first = wrapper.stdout.readline()
+        assert first.startswith("child: starting"), first
+        for pid in (wrapper.pid, int(first.split()[-1])):
+            os.kill(pid, signal.SIGUSR2)
+        out, err = wrapper.communicate("go\n", timeout=TIMEOUT_S)
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    assert "child: SIGINT default_int_handler" in out, (out, err)  # as without the wrapper
+    assert "child: received True" in out, (out, err)
+    assert wrapper.returncode == 3, (wrapper.returncode, out, err)  # the command's own code
