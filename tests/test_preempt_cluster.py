@@ -1,6 +1,6 @@
 """Preemption on the real SLURM cluster: stop signal -> checkpoint -> requeue -> exact resume.
 
-Four jobs of examples/train.py, 2 nodes x 1 process each, run at the same time (the module
+Seven jobs of examples/train.py, 2 nodes x 1 process each, run at the same time (the module
 fixture submits them together, so the suite waits for the slowest, not for the sum):
 
 * ``srun``, ``torchrun`` (launch modes of the sbatch templates) and ``submitit``: once the
@@ -10,7 +10,11 @@ fixture submits them together, so the suite waits for the slowest, not for the s
 * ``startup``: ``scancel --batch --signal=USR2`` (what SLURM's warning does) every few tenths of a
   second from the moment the batch shell has set its trap (its latch folder exists) until the
   ranks agree to stop: at many moments of srun's and Python's start, before any rank latched.
-  The shell holds the signal until every process has latched it, so none dies of it.
+  The shell holds the signal until every process has latched it, so none dies of it;
+* ``direct``, ``direct-torchrun``: ``scancel --signal=USR2`` (every process of the step at once,
+  as a user would send it) every few tenths of a second from the moment each task's wrapper has
+  started its command until the ranks agree to stop: the wrapper holds it for a Python that has
+  not latched it yet, and under torchrun the workers start with it blocked.
 
 Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one),
 resume from its checkpoint, and end with weights bitwise identical to an uninterrupted run of
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.launch.local import child_pids
 from slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -39,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train.py"
 TRAIN = "--epochs 3 --train-size 4000 --test-size 501 --checkpoint-every 5"
 HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")
-JOBS_TIMEOUT_S = 420
+JOBS_TIMEOUT_S = 600  # seven jobs on 2 nodes, and the time-limit one may run 3 times
 
 
 @dataclass
@@ -49,7 +54,10 @@ class Scenario:
     via: str = "sbatch"
     step_delay: float = 0.1
     signal_by_hand: bool = True
-    storm: bool = False  # signal the batch shell from its start until the ranks stop
+    # "batch": scancel --batch --signal=USR2 from the batch shell's start until the ranks stop;
+    # "direct": scancel --signal=USR2 (every process of the step) from the tasks' start
+    storm: str | None = None
+    latches: int = 2  # processes that latch: the ranks, plus the agents under torchrun
 
 
 SCENARIOS = {
@@ -64,7 +72,19 @@ SCENARIOS = {
         step_delay=0.7,
         signal_by_hand=False,
     ),
-    "startup": Scenario("startup", "launch: srun\ntime_min: 5\n", signal_by_hand=False, storm=True),
+    "startup": Scenario(
+        "startup", "launch: srun\ntime_min: 5\n", signal_by_hand=False, storm="batch"
+    ),
+    "direct": Scenario(
+        "direct", "launch: srun\ntime_min: 5\n", signal_by_hand=False, storm="direct"
+    ),
+    "direct-torchrun": Scenario(
+        "direct-torchrun",
+        "launch: torchrun\nrdzv_port: auto\ntime_min: 5\n",
+        signal_by_hand=False,
+        storm="direct",
+        latches=4,
+    ),
 }
 STOPPING = "every rank stops after this step"
 
@@ -166,13 +186,13 @@ def _signal_when_training(
     slurm: SlurmCluster, submitted: dict[str, tuple[str, Path]]
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Signal the jobs: each hand-signalled one once its first checkpoint exists (``scancel
-    --signal=USR2``), each storm one's batch shell from its start until its ranks stop; when
-    each was signalled, and how many storm signals came before every process had latched."""
+    --signal=USR2``), each storm one from its start until its ranks stop; when each was
+    signalled, and how many storm signals came before every process had latched."""
     waiting = {n: submitted[n] for n, case in SCENARIOS.items() if case.signal_by_hand}
     storming = {n: submitted[n] for n, case in SCENARIOS.items() if case.storm}
     signalled: dict[str, float] = {}
     held = dict.fromkeys(storming, 0)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + JOBS_TIMEOUT_S
     while (waiting or storming) and time.monotonic() < deadline:
         for name, (job_id, workdir) in list(waiting.items()):
             if any((workdir / "ck").glob("ckpt-*.pt")):
@@ -180,14 +200,15 @@ def _signal_when_training(
                 signalled[name] = time.monotonic()
                 del waiting[name]
         for name, (job_id, workdir) in list(storming.items()):
+            case = SCENARIOS[name]
             if STOPPING in _task_logs(workdir):
                 del storming[name]
-                continue
-            latch_dirs = list((workdir / "logs").glob(".ddpkit-latched-*"))
-            if latch_dirs:  # created after the batch shell's trap: no signal can come earlier
-                slurm.run("scancel", "--batch", "--signal=USR2", job_id, check=False)
+            elif name in signalled or _storm_may_start(case, workdir):
+                batch = ["--batch"] if case.storm == "batch" else []
+                slurm.run("scancel", *batch, "--signal=USR2", job_id, check=False)
                 signalled.setdefault(name, time.monotonic())
-                if _markers(latch_dirs) < 2:  # markers only appear: fewer when it was sent too
+                # markers only appear: fewer after the signal means fewer when it was sent
+                if _markers(workdir) < case.latches:
                     held[name] += 1
         time.sleep(0.2)
     assert not waiting, f"no checkpoint appeared in time for {sorted(waiting)}"
@@ -195,15 +216,33 @@ def _signal_when_training(
     return signalled, held
 
 
+def _storm_may_start(case: Scenario, workdir: Path) -> bool:
+    """Synchronization, not timing: the batch shell has set its trap (its latch folder, made
+    after it, exists), or every task's wrapper has set its own and started its command."""
+    if case.storm == "batch":
+        return bool(list((workdir / "logs").glob(".ddpkit-latched-*")))
+    marker = str(workdir / "ck").encode()
+    wrappers = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or it just ended
+            continue
+        wrapper = argv[0].endswith(b"bash") and b"ddpkit-task" in argv  # not srun's own argv
+        if wrapper and marker in argv and child_pids(int(entry.name)):
+            wrappers += 1
+    return wrappers == 2  # 2 nodes x 1 task
+
+
 def _task_logs(workdir: Path) -> str:
-    return "".join(
-        path.read_text(errors="replace") for path in (workdir / "logs").glob("*-rank*.out")
-    )
+    """Every output file of the job: the tasks' (-rank%t, or -node%n under torchrun), the batch
+    shell's."""
+    return "".join(path.read_text(errors="replace") for path in (workdir / "logs").glob("*.out"))
 
 
-def _markers(latch_dirs: list[Path]) -> int:
+def _markers(workdir: Path) -> int:
     count = 0
-    for folder in latch_dirs:
+    for folder in (workdir / "logs").glob(".ddpkit-latched-*"):
         with contextlib.suppress(OSError):  # the batch shell removes it when it ends
             count += len(os.listdir(folder))
     return count
@@ -226,5 +265,5 @@ def test_stop_signal_requeues_and_resumes_exactly(
     if name in ("timelimit", "startup"):  # to the batch shell, which held it, then passed it on
         assert "ddpkit: SIGUSR2: time limit near; holding it until every" in outcome.logs, where
         assert "SIGUSR2: every process has latched it, passing it on" in outcome.logs, where
-    if name == "startup":  # signals came while the tasks were starting, before they latched
+    if SCENARIOS[name].storm:  # signals came while the tasks were starting, before they latched
         assert outcome.held > 0, where

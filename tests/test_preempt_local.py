@@ -349,7 +349,7 @@ def test_the_task_wrapper_holds_a_signal_until_the_command_has_latched_it(
     from ddpkit.jobs.spec import JobSpec
 
     job = JobSpec(name="w", command=["train.py"], workdir=str(tmp_path), launch=launch)
-    found = re.search(r"^hold='(.*?)'$", render_sbatch(job), re.MULTILINE | re.DOTALL)
+    found = re.search(r"^ddpkit_hold='(.*?)'$", render_sbatch(job), re.MULTILINE | re.DOTALL)
     assert found, "no task wrapper in the script"
     latched = tmp_path / "latched"
     latched.mkdir()

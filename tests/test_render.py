@@ -377,7 +377,7 @@ def test_rendered_script_runs_with_hostile_values_intact(tmp_path: Path, launch:
         assert argv == [*expected[5:], *EVIL_COMMAND]
     expected += EVIL_COMMAND
     argv = nul_list(call / "argv")
-    # each task runs under the stop-signal wrapper (bash -c "$hold" ddpkit-task COMMAND...)
+    # each task runs under the stop-signal wrapper: bash -c "$ddpkit_hold" ddpkit-task COMMAND
     at = argv.index("ddpkit-task") - 3
     assert argv[at : at + 2] == ["bash", "-c"] and 'exec "$@"' in argv[at + 2], argv
     assert argv[:at] + argv[at + 4 :] == expected
