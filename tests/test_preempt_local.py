@@ -324,7 +324,8 @@ def test_a_stop_signal_at_any_moment_never_kills_a_process(tmp_path: Path) -> No
 
 # The task wrapper of ddpkit's sbatch scripts, as rendered, run here under bash: the command's
 # Python is signalled (with the wrapper, as SLURM signals every process of a step) before it has
-# latched the signal; it must not die, and must get the signal once it has latched it.
+# latched the signal; it must not die, and must get the signal once it has latched it. A SIGTERM
+# must not end the wrapper before the command (SLURM would then kill the rest of the task).
 LATE_CHILD = """
 import os, signal, sys
 print(f"child: starting {os.getpid()}", flush=True)
@@ -337,6 +338,7 @@ deadline = time.monotonic() + 10
 while not stopsignal.received(signal.SIGUSR2) and time.monotonic() < deadline:
     time.sleep(0.005)
 print(f"child: received {stopsignal.received(signal.SIGUSR2)}", flush=True)
+sys.stdin.readline()  # the test sends the line once it has sent the wrapper a SIGTERM
 sys.exit(3)
 """
 
@@ -364,7 +366,13 @@ def test_the_task_wrapper_holds_a_signal_until_the_command_has_latched_it(
         assert first.startswith("child: starting"), first
         for pid in (wrapper.pid, int(first.split()[-1])):
             os.kill(pid, signal.SIGUSR2)
-        out, err = wrapper.communicate("go\n", timeout=TIMEOUT_S)
+        wrapper.stdin.write("go\n")
+        wrapper.stdin.flush()
+        lines = [wrapper.stdout.readline(), wrapper.stdout.readline()]
+        # Only now: bash may drop a trap when two trapped signals arrive at once (5.2 does).
+        os.kill(wrapper.pid, signal.SIGTERM)  # the wrapper alone: it must wait for the command
+        out, err = wrapper.communicate("exit\n", timeout=TIMEOUT_S)
+        out = "".join(lines) + out
     finally:
         wrapper.kill()
         wrapper.wait()
