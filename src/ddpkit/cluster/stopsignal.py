@@ -19,7 +19,12 @@ The latch holds until the process is gone:
   it is recorded the moment the handler is in place.
 * With ``DDPKIT_LATCH_DIR`` set (ddpkit's sbatch scripts set it to a fresh folder of the job),
   ``latch_from_env`` creates ``<host>.<pid>`` there once the handler is in place: the batch
-  shell holds SLURM's warning until every task has one, then passes it on (see the templates).
+  shell holds SLURM's warning until every process has one, and each task's wrapper holds a
+  signal that reached the command before its latch until the command's one exists, then they
+  pass it on (see the templates).
+* ``forward_blocked`` is the launcher's side (``ddpkit run`` in a ddpkit job): the signal is
+  blocked before any worker starts, so every worker inherits the block, and a thread passes
+  each arrival on.
 """
 
 from __future__ import annotations
