@@ -278,7 +278,9 @@ def test_latch_unblocks_the_signal_and_records_one_that_was_pending() -> None:
     stopsignal.clear(signal.SIGUSR2)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
     try:
-        os.kill(os.getpid(), signal.SIGUSR2)  # blocked: pending, whatever the handler
+        # To this thread, which blocks it: pending, whatever the handler. (os.kill would let the
+        # kernel pick another thread of pytest's that does not block it: default action, death.)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)
         assert signal.SIGUSR2 in signal.sigpending()
         assert stopsignal.latch(signal.SIGUSR2)
         assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
