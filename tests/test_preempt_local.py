@@ -5,6 +5,10 @@
 saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behind. Running the
 same command again resumes from the stop's checkpoint and ends with the weights of an
 uninterrupted run, which runs alongside the stopped one to save time.
+
+A storm of SIGUSR2 to the launcher and its workers (``DDPKIT_SIGNAL=USR2``, as in a ddpkit
+job), from several moments (the launcher's start, init, training, evaluation, teardown) to the
+end of the run, must never kill a process either.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,3 +232,150 @@ def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> Non
     assert child_pids(100, proc=str(tmp_path)) == [101, 103, 105]
     assert child_pids(7, proc=str(tmp_path)) == [102]
     assert child_pids(100, proc=str(tmp_path / "missing")) == []
+
+
+# A stop signal at any moment from the launcher's start to the exit: a storm of SIGUSR2 (one to
+# the launcher and to each worker every millisecond, as SLURM signals every process of a step)
+# starts at a given moment and lasts until the launcher has exited. "start": once the launcher
+# holds the signal (its marker in DDPKIT_LATCH_DIR), before its workers exist, so they are hit
+# while Python and torch start, before their init(). Training that sees it stops with 75; a
+# storm that starts after the last step meets the evaluation and the teardown (the weights line,
+# atexit, the interpreter's finalization, the launcher's own exit), and the run ends 0.
+STORM_TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "2000", "--test-size", "501"]
+STORM_FROM = {
+    "start": None,
+    "init": re.compile(r"^\[rank0\]:? ?ddpkit: torchrun, world size 2", re.MULTILINE),
+    "training": re.compile(r"^\[rank0\]:? ?epoch 0: ", re.MULTILINE),
+    "evaluation": re.compile(r"^\[rank0\]:? ?epoch 1: ", re.MULTILINE),
+    "teardown": HASH,
+}
+
+
+def _storm(run: subprocess.Popen[str], started: Callable[[], bool]) -> tuple[int, int]:
+    """Wait until ``started()``, then signal the run until it exits; how many were sent."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not started():
+        assert run.poll() is None, "the run ended before the storm"
+        assert time.monotonic() < deadline, "the storm's moment never came"
+        time.sleep(0.005)
+    sent = 0
+    while run.poll() is None:
+        for pid in [run.pid, *_descendants(run.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR2)
+                sent += 1
+        time.sleep(0.001)
+        assert time.monotonic() < deadline, "the run did not end"
+    return sent
+
+
+def _moment(line: re.Pattern[str] | None, out: Path, latched: Path) -> Callable[[], bool]:
+    """Has the storm's moment come: ``line`` in the run's stdout, or (None) a latch marker?"""
+    if line is None:
+        return lambda: bool(os.listdir(latched))
+    return lambda: bool(line.search(_logs(out)[0]))
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        children = child_pids(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_a_stop_signal_at_any_moment_never_kills_a_process(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *STORM_TRAIN]
+    outcomes = {}
+    for name, line in STORM_FROM.items():
+        out, latched = tmp_path / name, tmp_path / f"{name}-latched"
+        latched.mkdir()
+        env = {**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)}
+        with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
+            run = subprocess.Popen(
+                [*command, "--step-delay", "0.02"],
+                cwd=ROOT, env=env, stdout=stdout, stderr=err, text=True, start_new_session=True,
+            )  # fmt: skip
+        try:
+            sent = _storm(run, _moment(line, out, latched))
+        finally:
+            if run.poll() is None:  # a failed check: this run's workers, then the launcher
+                for pid in _descendants(run.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                run.kill()
+            run.wait()
+        outcomes[name] = (run.returncode, sent, *_logs(out))
+    for name, (code, sent, stdout, stderr) in outcomes.items():
+        where = f"storm from {name}: exit {code}, {sent} signals sent\n{stdout}\n{stderr}"
+        assert sent > 0, where
+        stopped = "every rank stops after this step" in stderr
+        assert code == (75 if stopped else 0), where
+        assert "worker failed" not in stderr and "Signal" not in stderr, where
+        assert stopped or len(HASH.findall(stdout)) == 1, where
+        if name == "start":  # the signal was there before the loop: stopped at the first step
+            assert stopped and code == 75, where
+        if name in ("evaluation", "teardown"):  # their lines come after the last should_stop
+            assert code == 0, where
+
+
+# The task wrapper of ddpkit's sbatch scripts, as rendered, run here under bash: the command's
+# Python is signalled (with the wrapper, as SLURM signals every process of a step) before it has
+# latched the signal; it must not die, and must get the signal once it has latched it. A SIGTERM
+# must not end the wrapper before the command (SLURM would then kill the rest of the task).
+LATE_CHILD = """
+import os, signal, sys
+print(f"child: starting {os.getpid()}", flush=True)
+sys.stdin.readline()  # the test sends the line once the signals are out
+print(f"child: SIGINT {signal.getsignal(signal.SIGINT).__name__}", flush=True)
+from ddpkit.worker import stopsignal
+stopsignal.latch_from_env(os.environ)
+import time
+deadline = time.monotonic() + 10
+while not stopsignal.received(signal.SIGUSR2) and time.monotonic() < deadline:
+    time.sleep(0.005)
+print(f"child: received {stopsignal.received(signal.SIGUSR2)}", flush=True)
+sys.stdin.readline()  # the test sends the line once it has sent the wrapper a SIGTERM
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("launch", ["srun", "torchrun"])
+def test_the_task_wrapper_holds_a_signal_until_the_command_has_latched_it(
+    tmp_path: Path, launch: str
+) -> None:
+    from ddpkit.jobs.render import render_sbatch
+    from ddpkit.jobs.spec import JobSpec
+
+    job = JobSpec(name="w", command=["train.py"], workdir=str(tmp_path), launch=launch)
+    found = re.search(r"^ddpkit_hold='(.*?)'$", render_sbatch(job), re.MULTILINE | re.DOTALL)
+    assert found, "no task wrapper in the script"
+    latched = tmp_path / "latched"
+    latched.mkdir()
+    wrapper = subprocess.Popen(
+        ["bash", "-c", found[1], "ddpkit-task", sys.executable, "-c", LATE_CHILD],
+        env={**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wrapper.stdin is not None and wrapper.stdout is not None
+        first = wrapper.stdout.readline()
+        assert first.startswith("child: starting"), first
+        for pid in (wrapper.pid, int(first.split()[-1])):
+            os.kill(pid, signal.SIGUSR2)
+        wrapper.stdin.write("go\n")
+        wrapper.stdin.flush()
+        lines = [wrapper.stdout.readline(), wrapper.stdout.readline()]
+        # Only now: bash may drop a trap when two trapped signals arrive at once (5.2 does).
+        os.kill(wrapper.pid, signal.SIGTERM)  # the wrapper alone: it must wait for the command
+        out, err = wrapper.communicate("exit\n", timeout=TIMEOUT_S)
+        out = "".join(lines) + out
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    assert "child: SIGINT default_int_handler" in out, (out, err)  # as without the wrapper
+    assert "child: received True" in out, (out, err)
+    assert wrapper.returncode == 3, (wrapper.returncode, out, err)  # the command's own code

@@ -356,7 +356,10 @@ def test_rendered_script_runs_with_hostile_values_intact(tmp_path: Path, launch:
     Path(job.workdir).mkdir()
     calls = run_script(render.render_sbatch(job), tmp_path)
 
-    assert sorted(calls) == ["srun"]  # one srun, nothing else of SLURM's
+    # one srun, and the port-reservation probe's one `scontrol show config`: nothing else
+    assert sorted(calls) == ["scontrol", "srun"]
+    (probe,) = calls["scontrol"]
+    assert nul_list(probe / "argv") == ["show", "config"]
     (call,) = calls["srun"]
     log = f"{tmp_path}/work {EVIL_PATH}/logs {EVIL_PATH}".replace("%", "%%")
     if launch == "srun":
@@ -376,7 +379,11 @@ def test_rendered_script_runs_with_hostile_values_intact(tmp_path: Path, launch:
         argv = render.torchrun_command(job, endpoint=rdzv, rdzv_id="4242")
         assert argv == [*expected[5:], *EVIL_COMMAND]
     expected += EVIL_COMMAND
-    assert nul_list(call / "argv") == expected
+    argv = nul_list(call / "argv")
+    # each task runs under the stop-signal wrapper: bash -c "$ddpkit_hold" ddpkit-task COMMAND
+    at = argv.index("ddpkit-task") - 3
+    assert argv[at : at + 2] == ["bash", "-c"] and 'exec "$@"' in argv[at + 2], argv
+    assert argv[:at] + argv[at + 4 :] == expected
 
     seen = dict(item.split("=", 1) for item in nul_list(call / "env"))
     assert {key: seen[key] for key in job.env} == job.env

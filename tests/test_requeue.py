@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +30,7 @@ from ddpkit.worker.requeue import (
     parse_signal,
     plan_requeue,
 )
+from ddpkit.worker.stopsignal import LATCH_DIR_VAR
 
 # ---------------------------------------------------------------------------- parse_signal
 
@@ -265,3 +270,68 @@ def test_latch_outside_the_main_thread_is_refused() -> None:
     thread.join(timeout=10)
     assert results == [(False, None)]
     assert signal.getsignal(signal.SIGUSR2) is before
+
+
+@pytest.mark.usefixtures("saved_handlers")
+def test_latch_unblocks_the_signal_and_records_one_that_was_pending() -> None:
+    # A parent that starts the process with the signal blocked (RunCommand) loses nothing.
+    stopsignal.clear(signal.SIGUSR2)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+    try:
+        # To this thread, which blocks it: pending, whatever the handler. (os.kill would let the
+        # kernel pick another thread of pytest's that does not block it: default action, death.)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)
+        assert signal.SIGUSR2 in signal.sigpending()
+        assert stopsignal.latch(signal.SIGUSR2)
+        assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert _wait_received(signal.SIGUSR2)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
+
+
+@pytest.mark.usefixtures("saved_handlers")
+def test_latch_from_env_announces_this_process_in_the_latch_dir(tmp_path: Path) -> None:
+    env = {SIGNAL_VAR: "USR2", LATCH_DIR_VAR: str(tmp_path)}
+    assert stopsignal.latch_from_env(env) is signal.SIGUSR2
+    assert os.listdir(tmp_path) == [f"{socket.gethostname()}.{os.getpid()}"]
+    assert stopsignal.latch_from_env(env) is signal.SIGUSR2  # again: the same marker
+    assert len(os.listdir(tmp_path)) == 1
+
+
+@pytest.mark.usefixtures("saved_handlers")
+def test_latch_from_env_warns_when_it_cannot_announce(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.warns(RuntimeWarning, match=f"cannot create {missing}/.*hold the stop signal"):
+        assert stopsignal.latch_from_env({SIGNAL_VAR: "USR2", LATCH_DIR_VAR: str(missing)})
+    assert signal.getsignal(signal.SIGUSR2) is stopsignal._record  # latched all the same
+
+
+# The interpreter's finalization runs after the atexit handlers: an object collected then
+# (module teardown) signals its own process, as a late SLURM warning would.
+_LATE_SIGNAL = """
+import os, signal, sys, time
+from ddpkit.worker import stopsignal
+from ddpkit.worker.stopsignal import LATCH_DIR_VAR
+
+class Late:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.2)  # a default action would have ended the process by now
+        sys.stderr.write("survived\\n")
+
+late = Late()
+stopsignal.latch_from_env({"DDPKIT_SIGNAL": "USR2"})
+print("exiting", flush=True)
+"""
+
+
+def test_the_latched_signal_cannot_kill_the_process_during_finalization() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_SIGNAL],
+        env={**os.environ, "PYTHONPATH": str(Path(stopsignal.__file__).parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "exiting\n", "survived\n")

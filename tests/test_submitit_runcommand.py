@@ -4,6 +4,8 @@ RunCommand runs in a subprocess, as it would in a submitit task, with a small Py
 that waits for the stop signal. The signal goes to the RunCommand process only: the child must
 get it, and RunCommand must end the way submitit expects (SystemExit(0) after a signal and a
 clean exit of the child, CalledProcessError for a nonzero exit, a plain return otherwise).
+A child signalled before it has latched the signal (SLURM signals every process of the step)
+must not die of it, and must find it once it latches.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ except SystemExit as exc:
 print(f"runner: returned {code} submitit={'submitit' in sys.modules}", flush=True)
 """
 
-# The command: waits for SIG<argv[1]> (at most 10 s), then exits with argv[2].
+# The command: waits for SIG<argv[1]> (at most 10 s), then exits with argv[2]. It handles the
+# signal itself, so it unblocks it as ddpkit.init() would (RunCommand starts it blocked).
 CHILD = """
 import os, signal, sys, time
 got = []
-signal.signal(getattr(signal, "SIG" + sys.argv[1]), lambda signum, frame: got.append(signum))
+sig = getattr(signal, "SIG" + sys.argv[1])
+signal.signal(sig, lambda signum, frame: got.append(signum))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
 print(f"child: ready {os.getpid()}", flush=True)
 deadline = time.monotonic() + 10
 while not got and time.monotonic() < deadline:
@@ -146,3 +151,51 @@ def test_child_exiting_0_without_a_signal_returns_0() -> None:
     assert "ddpkit: running" in done.stdout and "child: done" in done.stdout, done.stdout
     assert "runner: returned 0 submitit=False" in done.stdout, done.stdout
     assert "stopped after the stop signal" not in done.stdout
+
+
+# A ddpkit child whose start (Python, torch) is still under way when the signal comes: it says
+# so, waits for a line on stdin (the test sends it once the signal is out), then latches.
+LATE_CHILD = """
+import os, signal, sys
+print(f"child: starting {os.getpid()}", flush=True)
+sys.stdin.readline()
+pending = signal.SIGUSR2 in signal.sigpending()
+from ddpkit.worker import stopsignal
+stopsignal.latch(signal.SIGUSR2)
+print(f"child: pending before the latch {pending}, received {stopsignal.received(signal.SIGUSR2)}",
+      flush=True)
+"""
+
+
+def test_a_child_signalled_before_it_latched_neither_dies_nor_loses_the_signal() -> None:
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, sys.executable, "-c", LATE_CHILD],
+        cwd=ROOT,
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    timer = threading.Timer(TIMEOUT_S, runner.kill)
+    timer.start()
+    try:
+        assert runner.stdin is not None and runner.stdout is not None
+        head = []
+        for line in runner.stdout:
+            head.append(line)
+            if line.startswith("child: starting"):
+                break
+        assert head and head[-1].startswith("child: starting"), "".join(head)
+        child_pid = int(head[-1].split()[-1])
+        os.kill(child_pid, signal.SIGUSR2)  # as SLURM does, to every process of the step
+        runner.send_signal(signal.SIGUSR2)  # and RunCommand passes it on at once
+        out, err = runner.communicate("go\n", timeout=TIMEOUT_S)
+    finally:
+        timer.cancel()
+        runner.kill()
+        runner.wait()
+    assert "child: pending before the latch True, received True" in out, (out, err)
+    assert "runner: SystemExit(0)" in out, (out, err)
+    assert runner.returncode == 0, (out, err)

@@ -8,12 +8,16 @@ Values stay raw text (None when not given) and become a ``RunConfig`` in exactly
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
+from ddpkit.worker import stopsignal
+from ddpkit.worker.requeue import SIGNAL_VAR, parse_signal
 
 __all__ = ["add_parser", "config_from_argv", "run_command"]
 
@@ -140,6 +144,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(config.torchrun_command())
         return 0
+    if os.environ.get(SIGNAL_VAR, "").strip():
+        _hold_stop_signal(parse_signal(os.environ[SIGNAL_VAR]))
     from ddpkit.launch.local import launch
 
     outcome = launch(config)
@@ -147,3 +153,25 @@ def run_command(args: argparse.Namespace) -> int:
         sys.stdout.flush()  # worker output first, then the summary
         print(outcome.describe(), file=sys.stderr)
     return outcome.exit_code
+
+
+def _hold_stop_signal(sig: signal.Signals) -> None:
+    """In a ddpkit job the agent is a task too: the stop signal must kill neither it nor a
+    worker that has not reached ``ddpkit.init()`` yet (SLURM signals every process of the step).
+
+    The agent blocks it before it starts anything, so the workers start with it blocked (pending
+    until their latch), and passes each arrival on to them from a thread; the latch keeps the
+    default action away from a thread that does not block it. The marker then tells the task's
+    wrapper and the batch shell that the agent holds it.
+    """
+    stopsignal.latch(sig)
+    stopsignal.forward_blocked(sig, _to_workers)
+    stopsignal.announce(os.environ)
+
+
+def _to_workers(signum: int) -> None:
+    from ddpkit.launch.local import child_pids  # imported by then: launch() needs it
+
+    for pid in child_pids():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)

@@ -16,7 +16,11 @@ creates ``ddpkit.preemption_guard()`` replaces that handler in its own process. 
 command runs as a child of submitit's task process (:class:`RunCommand`), whose handler must
 not requeue behind the child's back: RunCommand binds the signal to "pass it on to the child"
 instead, so the child's guard agrees, saves and requeues, and a child that ended with code 0
-after the signal is not reported to submitit as a finished job (the requeued run will be).
+after the signal is not reported to submitit as a finished job (the requeued run will be). The
+child starts with the signal blocked (it stays pending until ``ddpkit.init()`` latches it), so
+neither SLURM's signal nor the forwarded one can kill it while Python and torch start; a
+command that does not call ``ddpkit.init()`` but handles the signal itself must unblock it
+(``signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])``).
 
 The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
 rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
@@ -252,7 +256,7 @@ class RunCommand:
 
         signal.signal(stop, forward)  # replaces submitit's requeue-at-once handler
         print(f"ddpkit: running {shlex.join(self.command)}", flush=True)
-        child = subprocess.Popen(self.command, cwd=self.cwd)
+        child = _start_holding(self.command, self.cwd, stop)
         code = child.wait()
         if code != 0:
             raise subprocess.CalledProcessError(code, self.command)
@@ -263,3 +267,21 @@ class RunCommand:
             sys.stdout.flush()
             raise SystemExit(0)
         return code
+
+
+def _start_holding(
+    command: list[str], cwd: str | None, stop: signal.Signals
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` with ``stop`` blocked, so that it cannot die of it before it latched it.
+
+    SLURM signals every process of the step, the child included, and ``forward`` passes the
+    signal on as soon as it comes: a child still importing torch would die of it. A blocked
+    signal stays pending across exec until ``ddpkit.init()`` latches it and unblocks it. The
+    mask is this thread's for the moment of the start only: a signal to RunCommand meanwhile is
+    pending here too, and reaches ``forward`` when it is unblocked.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, [stop])
+    try:
+        return subprocess.Popen(command, cwd=cwd)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -1,22 +1,58 @@
-"""The stop-signal latch: a handler that only records that the signal came.
+"""The stop-signal latch: a handler that only records that the signal came, from init() to exit.
 
 A signal's default action (for USR1/USR2: end the process) must not hit a rank that has not
 reached its training loop yet, so ``ddpkit.init()`` latches ``DDPKIT_SIGNAL`` (which ddpkit's
 job scripts set) as its first step, and ``ddpkit.preemption_guard()`` reads the latch: a
 signal that came during start-up, model building or the checkpoint load is not lost. The
 handler does nothing else (no I/O, no collectives): the decision is taken at a step boundary.
+
+The latch holds until the process is gone:
+
+* At exit the signal is ignored instead (an atexit handler, registered when this module is
+  imported, so it runs after ddpkit's other ones). Python's finalization, after the atexit
+  handlers, puts every signal that has a Python handler back to its default action and then
+  tears the interpreter down (torch's modules, the process group's threads), which takes up to
+  seconds: a signal then would kill a run that has finished, and SLURM would record it as
+  FAILED. An ignored signal is left ignored. Nobody reads the latch by then: nothing is lost.
+* Latching also unblocks the signal in the calling thread: a parent that starts this process
+  with the signal blocked (``RunCommand``) keeps one that came before the latch pending, and
+  it is recorded the moment the handler is in place.
+* With ``DDPKIT_LATCH_DIR`` set (ddpkit's sbatch scripts set it to a fresh folder of the job),
+  ``latch_from_env`` creates ``<host>.<pid>`` there once the handler is in place: the batch
+  shell holds SLURM's warning until every process has one, and each task's wrapper holds a
+  signal that reached the command before its latch until the command's one exists, then they
+  pass it on (see the templates).
+* ``forward_blocked`` is the launcher's side (``ddpkit run`` in a ddpkit job): the signal is
+  blocked before any worker starts, so every worker inherits the block, and a thread passes
+  each arrival on.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
+import socket
 import threading
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import FrameType
 
 from ddpkit.worker.requeue import SIGNAL_VAR, parse_signal
 
-__all__ = ["clear", "latch", "latch_from_env", "received"]
+__all__ = [
+    "LATCH_DIR_VAR",
+    "announce",
+    "clear",
+    "forward_blocked",
+    "latch",
+    "latch_from_env",
+    "received",
+]
+
+LATCH_DIR_VAR = "DDPKIT_LATCH_DIR"
 
 _RECEIVED: set[int] = set()
 _LATCHED: set[int] = set()
@@ -27,22 +63,72 @@ def _record(signum: int, frame: FrameType | None) -> None:
 
 
 def latch(sig: signal.Signals) -> bool:
-    """Bind ``sig`` to the latch (once); False outside the main thread, where Python cannot."""
+    """Bind ``sig`` to the latch (once) until exit; False outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return False
     if signal.getsignal(sig) is not _record:
-        signal.signal(sig, _record)  # replaces e.g. submitit's requeue-at-once handler
+        # replaces the default action, SIG_IGN (a wrapper's deferral) or e.g. submitit's
+        # requeue-at-once handler
+        signal.signal(sig, _record)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])  # a pending one is recorded now
     _LATCHED.add(int(sig))
     return True
 
 
+def _ignore_at_exit() -> None:
+    """Ignore the latched signals: finalization would restore their default action."""
+    for signum in _LATCHED:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+atexit.register(_ignore_at_exit)  # at import: after every handler registered later
+
+
 def latch_from_env(env: Mapping[str, str]) -> signal.Signals | None:
-    """Latch ``DDPKIT_SIGNAL`` when it is set (a ddpkit job script); the signal, or None."""
+    """Latch ``DDPKIT_SIGNAL`` when it is set (a ddpkit job script) and announce it; the signal,
+    or None."""
     text = env.get(SIGNAL_VAR, "").strip()
     if not text:
         return None
     sig = parse_signal(text)
-    return sig if latch(sig) else None
+    if not latch(sig):
+        return None
+    announce(env)
+    return sig
+
+
+def announce(env: Mapping[str, str]) -> None:
+    """Create this process's marker in ``DDPKIT_LATCH_DIR``, if set: "latched, signal away"."""
+    where = env.get(LATCH_DIR_VAR, "").strip()
+    if where:
+        marker = Path(where) / f"{socket.gethostname()}.{os.getpid()}"
+        try:
+            marker.touch()
+        except OSError as exc:
+            warnings.warn(
+                f"ddpkit: cannot create {marker} ({exc.strerror}): the batch shell will hold "
+                f"the stop signal {env.get(SIGNAL_VAR)} back from this job (is {where} on a "
+                "filesystem every node shares?)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def forward_blocked(sig: signal.Signals, forward: Callable[[int], None]) -> None:
+    """Block ``sig`` in this thread and hand each arrival to ``forward`` from a daemon thread.
+
+    For a launcher (``ddpkit run``'s agent): the processes it starts from this thread inherit
+    the block, so the signal waits, pending, until their own ``init()`` latches it, whether it
+    comes straight from SLURM or from ``forward``; and this process never dies of it.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+
+    def wait_and_forward() -> None:  # started after the block: it inherits it, as sigwait needs
+        while True:
+            forward(signal.sigwait([sig]))
+
+    threading.Thread(target=wait_and_forward, name="ddpkit-stop-forward", daemon=True).start()
 
 
 def received(sig: signal.Signals) -> bool:
