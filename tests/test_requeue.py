@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.contract import LATCH_DIR_VAR
 from ddpkit.worker import stopsignal
 from ddpkit.worker.requeue import (
     DEFAULT_MAX_REQUEUES,
@@ -30,7 +31,6 @@ from ddpkit.worker.requeue import (
     parse_signal,
     plan_requeue,
 )
-from ddpkit.worker.stopsignal import LATCH_DIR_VAR
 
 # ---------------------------------------------------------------------------- parse_signal
 
@@ -311,7 +311,7 @@ def test_latch_from_env_warns_when_it_cannot_announce(tmp_path: Path) -> None:
 _LATE_SIGNAL = """
 import os, signal, sys, time
 from ddpkit.worker import stopsignal
-from ddpkit.worker.stopsignal import LATCH_DIR_VAR
+from ddpkit.jobs.contract import LATCH_DIR_VAR
 
 class Late:
     def __del__(self):

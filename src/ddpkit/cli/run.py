@@ -15,9 +15,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ddpkit.jobs.contract import SIGNAL_VAR
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
 from ddpkit.worker import stopsignal
-from ddpkit.worker.requeue import SIGNAL_VAR, parse_signal
+from ddpkit.worker.requeue import parse_signal
 
 __all__ = ["add_parser", "config_from_argv", "run_command"]
 

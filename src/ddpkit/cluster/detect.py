@@ -26,6 +26,7 @@ from ddpkit.cluster.environments.submitit import SubmititEnvironment
 from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.contract import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 
 __all__ = ["DETECTION_ORDER", "detect", "detect_environment"]
 
@@ -65,13 +66,13 @@ def detect(env: Mapping[str, str] | None = None) -> RankInfo:
             expected=expected,
             world_size=info.world_size,
             launcher=info.launcher,
-            job_launch=snapshot.get(validate.JOB_LAUNCH_VAR),
+            job_launch=snapshot.get(JOB_LAUNCH_VAR),
         )
     return info
 
 
 def _expected_world_size(env: Mapping[str, str]) -> int | None:
-    name = validate.EXPECTED_WORLD_SIZE_VAR
+    name = EXPECTED_WORLD_SIZE_VAR
     hint = f"ddpkit job scripts export {name}=<nodes * procs_per_node>; unset it or fix it"
     expected = env_int(env, name, hint=hint)
     if expected is not None and expected < 1:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import TopologyError
+from ddpkit.jobs.contract import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 
 __all__ = [
-    "EXPECTED_WORLD_SIZE_VAR",
-    "JOB_LAUNCH_VAR",
     "check_expected_world_size",
     "check_index",
     "check_rank_ranges",
@@ -27,8 +26,6 @@ _HINT = "these variables are set by the launcher; do not override them by hand"
 
 # Exported by ddpkit's generated job scripts (ddpkit.jobs.render): the world size the job spec
 # asks for (nodes * procs_per_node), and the spec's launch mode ("srun" or "torchrun").
-EXPECTED_WORLD_SIZE_VAR = "DDPKIT_EXPECTED_WORLD_SIZE"
-JOB_LAUNCH_VAR = "DDPKIT_JOB_LAUNCH"
 
 
 def check_sizes(*, names: dict[str, str], **sizes: int) -> None:

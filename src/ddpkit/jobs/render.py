@@ -30,10 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from ddpkit.cluster.environments.slurm import HOST_TEMPLATE_VAR
-from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.worker.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR
+from ddpkit.jobs.contract import exports as contract_exports
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -194,18 +192,9 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 
 def _exports(spec: JobSpec) -> list[tuple[str, str]]:
-    """``export`` lines: the spec's env (sorted), then the variables ddpkit's detection reads.
-
-    JobSpec refuses env keys ddpkit sets itself (``RESERVED_ENV``), so these cannot collide."""
-    exports = [(key, spec.env[key]) for key in sorted(spec.env)]
-    exports.append((EXPECTED_WORLD_SIZE_VAR, str(spec.world_size)))
-    if spec.host_template is not None:
-        exports.append((HOST_TEMPLATE_VAR, spec.host_template))
-    exports.append((JOB_LAUNCH_VAR, spec.launch))
-    if spec.signal is not None:
-        exports.append((SIGNAL_VAR, spec.signal))
-    exports.append((MAX_REQUEUES_VAR, str(spec.max_requeues)))
-    return exports
+    """``export`` lines: the spec's env (sorted), then the job contract's variables
+    (:mod:`ddpkit.jobs.contract`), which JobSpec refuses in env, so they cannot collide."""
+    return [(key, spec.env[key]) for key in sorted(spec.env)] + list(contract_exports(spec).items())
 
 
 def endpoint_command(spec: JobSpec) -> list[str]:

@@ -29,6 +29,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from ddpkit.jobs.contract import RESERVED_ENV
+
 __all__ = [
     "ERROR_TYPE",
     "RESERVED_ENV",
@@ -50,14 +52,6 @@ _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SBATCH_KEY = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 
-# Set by the job script itself; a spec value would silently fight it.
-RESERVED_ENV: dict[str, str] = {
-    "DDPKIT_EXPECTED_WORLD_SIZE": "the job script sets it from nodes x procs_per_node",
-    "DDPKIT_HOST_TEMPLATE": "set host_template instead",
-    "DDPKIT_JOB_LAUNCH": "the job script sets it from launch",
-    "DDPKIT_SIGNAL": "set signal instead",
-    "DDPKIT_MAX_REQUEUES": "set max_requeues instead",
-}
 # #SBATCH options that a spec field already sets: one source of truth for each.
 RESERVED_SBATCH: dict[str, str] = {
     "job-name": "set name instead",

@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.compat import submitit_sbatch_text
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
+from ddpkit.jobs.contract import SUBMITIT_SIGNAL_VAR
+from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.records import JobRecord, Via, new_record
 from ddpkit.jobs.sbatch_backend import SlurmJobs, log_dir_made
-from ddpkit.worker.requeue import MAX_REQUEUES_VAR, SIGNAL_VAR, signal_from_env
+from ddpkit.worker.requeue import signal_from_env
 
 if TYPE_CHECKING:
     import submitit
@@ -71,8 +72,6 @@ __all__ = [
 ]
 
 _INSTALL_HINT = "pip install ddpkit[submitit]"
-SUBMITIT_SIGNAL_VAR = "SUBMITIT_PREEMPT_SIGNAL"  # which signal submitit's job side binds
-HOST_TEMPLATE_VAR = "DDPKIT_HOST_TEMPLATE"  # as ddpkit.jobs.render exports it
 
 
 def import_submitit() -> ModuleType:
@@ -99,15 +98,11 @@ def command_line(spec: JobSpec) -> list[str]:
 
 def _setup_lines(spec: JobSpec) -> list[str]:
     """The spec's setup lines (verbatim shell), then its environment as quoted exports."""
-    # What the sbatch templates export too: detect() checks the world it finds against it.
-    # Every submitit task is one process, as under launch: srun.
-    exports = {**spec.env, EXPECTED_WORLD_SIZE_VAR: str(spec.world_size), JOB_LAUNCH_VAR: "srun"}
-    if spec.host_template:
-        exports[HOST_TEMPLATE_VAR] = spec.host_template
+    # The job contract, as the sbatch templates export it (every submitit task is one process,
+    # as under launch: srun), and the signal submitit's own job side binds.
+    exports = {**spec.env, **contract_exports(spec, launch="srun")}
     if spec.signal is not None:
-        exports[SIGNAL_VAR] = spec.signal
         exports[SUBMITIT_SIGNAL_VAR] = spec.signal
-    exports[MAX_REQUEUES_VAR] = str(spec.max_requeues)
     return [*spec.setup, *(f"export {k}={shlex.quote(v)}" for k, v in exports.items())]
 
 

@@ -46,9 +46,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.cluster.environments.slurm import HOST_TEMPLATE_VAR
-from ddpkit.cluster.validate import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.endpoint import RDZV_STEP
 
 if TYPE_CHECKING:
@@ -233,17 +232,15 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
 
     One role named after the spec, ``num_replicas = nodes``, each replica runs ``ddpkit run``
     for ``procs`` processes; resources per node (cpu = procs x cpus_per_task, gpu =
-    gpus_per_node, memMB from mem_gb); env = the spec's env plus the variables ddpkit's
-    detection checks. The AppDef is the same for every scheduler (torchx fills in its macros);
+    gpus_per_node, memMB from mem_gb); env = the spec's env plus the job contract's variables
+    (:mod:`ddpkit.jobs.contract`: detection's checks, the stop signal, the requeue cap). The
+    AppDef is the same for every scheduler (torchx fills in its macros);
     ``scheduler`` is checked so that a typo fails before anything is submitted.
     """
     require_torchx()
     _check_scheduler(scheduler)
-    env = dict(spec.env)
-    env[EXPECTED_WORLD_SIZE_VAR] = str(spec.world_size)
-    env[JOB_LAUNCH_VAR] = "torchrun"
-    if spec.host_template is not None:
-        env[HOST_TEMPLATE_VAR] = spec.host_template
+    # the job contract as every backend exports it: the stop signal and the requeue cap too
+    env = {**spec.env, **contract_exports(spec, launch="torchrun")}
     port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else None
     return ddp_appdef(
         name=spec.name,

@@ -42,14 +42,13 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.errors import ConfigError, UsageError
+from ddpkit.jobs.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.worker import stopsignal
 from ddpkit.worker.context import current, shutdown
 from ddpkit.worker.requeue import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SIGNAL,
     EXIT_STOPPED,
-    MAX_REQUEUES_VAR,
-    SIGNAL_VAR,
     RequeuePlan,
     max_requeues_from,
     parse_signal,

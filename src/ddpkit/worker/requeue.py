@@ -12,14 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 
 __all__ = [
     "ALLOWED_SIGNALS",
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_SIGNAL",
     "EXIT_STOPPED",
-    "MAX_REQUEUES_VAR",
-    "SIGNAL_VAR",
     "RequeuePlan",
     "max_requeues_from",
     "parse_signal",
@@ -27,8 +26,6 @@ __all__ = [
     "signal_from_env",
 ]
 
-SIGNAL_VAR = "DDPKIT_SIGNAL"
-MAX_REQUEUES_VAR = "DDPKIT_MAX_REQUEUES"
 DEFAULT_SIGNAL = "USR2"  # NCCL and some MPI stacks use USR1 for themselves
 DEFAULT_MAX_REQUEUES = 10
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped with a checkpoint, not requeued; run again to resume

@@ -40,10 +40,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
-from ddpkit.worker.requeue import SIGNAL_VAR, parse_signal
+from ddpkit.jobs.contract import LATCH_DIR_VAR, SIGNAL_VAR
+from ddpkit.worker.requeue import parse_signal
 
 __all__ = [
-    "LATCH_DIR_VAR",
     "announce",
     "clear",
     "forward_blocked",
@@ -52,7 +52,6 @@ __all__ = [
     "received",
 ]
 
-LATCH_DIR_VAR = "DDPKIT_LATCH_DIR"
 
 _RECEIVED: set[int] = set()
 _LATCHED: set[int] = set()

@@ -25,9 +25,9 @@ from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_ho
 from ddpkit.cluster.ports import PortSearch, candidate_ports, reserved_port
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.contract import HOST_TEMPLATE_VAR
 
 __all__ = [
-    "HOST_TEMPLATE_VAR",
     "MPI_LAUNCHER_VARS",
     "SLURM_MAX_NORMAL_STEP_ID",
     "SlurmEnvironment",
@@ -45,7 +45,6 @@ __all__ = [
 # older releases used 0xfffffffe batch and 0xffffffff extern. All of them are one process.
 SLURM_MAX_NORMAL_STEP_ID = 0xFFFFFFF0
 
-HOST_TEMPLATE_VAR = "DDPKIT_HOST_TEMPLATE"
 
 # Set by mpirun (Open MPI, MVAPICH, MPICH/Intel hydra) for the processes it starts. mpirun
 # inside an allocation starts its own daemons through one srun task per node, so the SLURM

@@ -1,0 +1,85 @@
+"""One job contract: the sbatch templates, submitit and torchx hand the running job the same
+DDPKIT_* variables, computed in one place (ddpkit.jobs.contract)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from ddpkit.jobs import contract, render
+from ddpkit.jobs.spec import JobSpec
+
+BASE: dict[str, Any] = {
+    "name": "contract",
+    "command": ["train.py"],
+    "nodes": 2,
+    "procs_per_node": 2,
+    "workdir": "/tmp",
+    "env": {"MINE": "1"},
+}
+VARIANTS = {
+    "plain": {},
+    "signal": {"signal": "USR1", "max_requeues": 3, "host_template": "{host}-ib"},
+    "no-signal": {"signal": None, "max_requeues": 0},
+}
+
+
+def _spec(**fields: Any) -> JobSpec:
+    return JobSpec.model_validate({**BASE, **fields})
+
+
+def _sbatch_exports(spec: JobSpec) -> dict[str, str]:
+    found = {}
+    for line in render.render_sbatch(spec).splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            found[key] = shlex.split(value)[0] if value else ""
+    return found
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_sbatch_exports_the_contract(variant: str) -> None:
+    spec = _spec(**VARIANTS[variant])
+    expected = {"MINE": "1", **contract.exports(spec)}
+    if spec.signal is not None:  # the batch script makes the latch folder at run time
+        expected[contract.LATCH_DIR_VAR] = ""
+    assert _sbatch_exports(spec) == expected
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_submitit_exports_the_contract(variant: str) -> None:
+    pytest.importorskip("submitit")  # the dev extra installs it
+    from ddpkit.jobs.submitit_backend import executor_parameters
+
+    spec = _spec(**VARIANTS[variant])
+    lines = executor_parameters(spec)["slurm_setup"]
+    found = dict(line.removeprefix("export ").split("=", 1) for line in lines)
+    expected = {"MINE": "1", **contract.exports(spec, launch="srun")}
+    if spec.signal is not None:
+        expected[contract.SUBMITIT_SIGNAL_VAR] = spec.signal
+    assert {k: shlex.split(v)[0] for k, v in found.items()} == expected
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_torchx_carries_the_contract_stop_signal_included(variant: str) -> None:
+    pytest.importorskip("torchx")  # the dev extra installs it
+    from ddpkit.jobs.torchx_backend import spec_to_appdef
+
+    spec = _spec(**VARIANTS[variant])
+    (role,) = spec_to_appdef(spec).roles
+    expected = contract.exports(spec, launch="torchrun")
+    # torchx writes "$" as "$$" in env values (its macro escape)
+    assert {k: role.env[k].replace("$$", "$") for k in expected} == expected
+    if spec.signal is not None:  # the defect the contract fixed: torchx jobs lost these
+        assert role.env[contract.SIGNAL_VAR] == spec.signal
+    assert role.env[contract.MAX_REQUEUES_VAR] == str(spec.max_requeues)
+
+
+@pytest.mark.parametrize("variable", [v.name for v in contract.CONTRACT])
+def test_every_contract_variable_is_reserved_in_a_specs_env(variable: str) -> None:
+    assert variable in contract.RESERVED_ENV
+    with pytest.raises(ValidationError, match="is set by ddpkit"):
+        _spec(env={variable: "x"})
