@@ -6,12 +6,16 @@ version: fix ddpkit/compat.py, nothing else.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +29,23 @@ from ddpkit.cluster.ports import free_port
 TORCH = f"torch {torch.__version__}"
 
 
+def reach(test: Callable[..., None]) -> Callable[..., None]:
+    """A reach that raises (the name moved, the signature changed) fails naming the versions."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            test(*args, **kwargs)
+        except (ImportError, AttributeError, TypeError, KeyError) as exc:
+            import submitit
+
+            versions = f"{TORCH}, submitit {submitit.__version__}"
+            pytest.fail(f"{test.__name__}: a ddpkit.compat reach broke under {versions}: {exc!r}")
+
+    return run
+
+
+@reach
 def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> None:
     log = tmp_path / "0.log"
     log.write_text("")
@@ -47,8 +68,11 @@ def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> No
     ], f"{TORCH}: TailLog no longer writes header + line in one write"
 
 
-def test_launch_config_from_torchrun_args() -> None:
+@reach
+def test_launch_config_from_torchrun_args(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed.run as torch_run
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # else torch writes it (several processes)
 
     args = torch_run.get_args_parser().parse_args(
         ["--nnodes", "1", "--nproc-per-node", "3", "--master-port", "29511", "train.py", "-x"]
@@ -67,6 +91,7 @@ class _Records(logging.Handler):
         self.messages.append(str(record.msg))
 
 
+@reach
 def test_torchrun_notice_is_muted(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed.run as torch_run
 
@@ -89,6 +114,7 @@ def test_torchrun_notice_is_muted(monkeypatch: pytest.MonkeyPatch) -> None:
         logger.removeHandler(seen)
 
 
+@reach
 def test_recorded_traceback_from_a_real_error_file(tmp_path: Path) -> None:
     error_file = tmp_path / "error.json"
     script = (
@@ -110,17 +136,24 @@ def test_recorded_traceback_from_a_real_error_file(tmp_path: Path) -> None:
     assert compat.recorded_traceback(absent) is None
 
 
+@reach
 def test_default_store_is_the_groups_store() -> None:
     store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    store.set_timeout(timedelta(seconds=20))  # a missing key fails instead of waiting forever
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        found = compat.default_store()
+        found = compat.default_store()  # torch wraps the group's store in a PrefixStore
         found.set("ddpkit/compat", "yes")
-        assert store.get("ddpkit/compat") == b"yes", f"{TORCH}: _get_default_store moved"
+        assert found.get("ddpkit/compat") == b"yes", TORCH
+        inner = found
+        while hasattr(inner, "underlying_store"):
+            inner = inner.underlying_store
+        assert (inner.host, inner.port) == (store.host, store.port), f"{TORCH}: not our store"
     finally:
         dist.destroy_process_group()
 
 
+@reach
 def test_submitit_renders_a_script_without_submitting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -138,6 +171,7 @@ def test_submitit_renders_a_script_without_submitting(
     assert not list(tmp_path.glob("*.sh")) or "dry-run" in text  # nothing was submitted
 
 
+@reach
 def test_matches_machine_hostname() -> None:
     import socket
 

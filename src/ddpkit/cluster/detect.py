@@ -17,13 +17,13 @@ import os
 from collections.abc import Mapping
 
 from ddpkit.cluster import validate
-from ddpkit.cluster.environments import env_int
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.mpi import MpiEnvironment
 from ddpkit.cluster.environments.single import SingleEnvironment
 from ddpkit.cluster.environments.slurm import SlurmEnvironment
 from ddpkit.cluster.environments.submitit import SubmititEnvironment
 from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
+from ddpkit.cluster.envvars import env_int
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.contract import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR

@@ -22,8 +22,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from ddpkit.cluster.environments import parse_port
 from ddpkit.cluster.environments.slurm import apply_host_template
+from ddpkit.cluster.envvars import first_set, parse_port
 from ddpkit.cluster.nodelist import first_host
 from ddpkit.cluster.ports import port_for_job
 from ddpkit.errors import ConfigError, DdpkitError
@@ -42,10 +42,10 @@ _HINT = (
 
 
 def _first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str]:
-    for name in names:
-        if name in env:
-            return name, env[name]
-    raise ConfigError(f"{' / '.join(names)} is not set", hint=_HINT.format(var=names[0]))
+    found = first_set(env, names)
+    if found is None:
+        raise ConfigError(f"{' / '.join(names)} is not set", hint=_HINT.format(var=names[0]))
+    return found
 
 
 def _first_node(env: Mapping[str, str]) -> str:

@@ -33,7 +33,6 @@ Every problem is a ``ConfigError`` with one line,
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ddpkit.errors import ConfigError
+from ddpkit.hints import closest, did_you_mean
 from ddpkit.jobs.spec import ERROR_TYPE, ClusterProfile, JobSpec
 
 __all__ = [
@@ -239,8 +239,8 @@ def _find_profile(ref: str, search: Sequence[Path], base_dir: Path, origin: str)
         if path.is_file():
             return path
     known = sorted({p.stem for d in search if d.is_dir() for p in d.glob("*.y*ml")})
-    close = difflib.get_close_matches(ref, known, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else f"put {ref}.yaml in one of those folders"
+    match = closest(ref, known)
+    hint = f"did you mean {match!r}?" if match else f"put {ref}.yaml in one of those folders"
     raise ConfigError(
         f"{origin}: profile={ref!r}: not found (looked for "
         f"{', '.join(str(d / (ref + '.yaml')) for d in search)})",
@@ -404,9 +404,8 @@ def _field_hint(model: type[BaseModel], field: str, kind: str, value: object) ->
     hint = (info.description if info else None) or "see the JobSpec fields"
     if kind == "literal_error" and isinstance(value, str) and info is not None:
         choices = [str(choice) for choice in getattr(info.annotation, "__args__", ())]
-        close = difflib.get_close_matches(value, choices, n=1)
-        if close:
-            return f"did you mean {close[0]!r}? ({hint})"
+        if closest(value, choices) is not None:
+            return did_you_mean(value, choices, hint=hint)
     quotable = isinstance(value, bool | int | float)
     if kind == "string_type" and quotable and "quote" not in hint:
         hint += "; YAML reads yes/no/on/off/true/false and numbers as non-strings: quote them"
@@ -417,9 +416,9 @@ def _unknown_key_hint(key: str, model: type[BaseModel]) -> str:
     fields = list(model.model_fields)
     if model is ClusterProfile and key in JobSpec.model_fields:
         return f"{key!r} is a job setting: set it in the spec, not in a profile"
-    close = difflib.get_close_matches(key, fields, n=1)
-    if not close:  # 'gpus' -> gpus_per_node, 'mem' -> mem_gb: field names carry their unit
-        close = [f for f in fields if f.startswith(key.rstrip("_") + "_")][:1] if key else []
-    if close:
-        return f"did you mean {close[0]!r}?"
+    match = closest(key, fields)
+    if match is None and key:  # 'gpus' -> gpus_per_node, 'mem' -> mem_gb: names carry their unit
+        match = next((f for f in fields if f.startswith(key.rstrip("_") + "_")), None)
+    if match is not None:
+        return f"did you mean {match!r}?"
     return f"known keys: {', '.join(fields)}"

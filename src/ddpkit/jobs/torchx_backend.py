@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import json
 import math
 import re
@@ -59,6 +60,7 @@ __all__ = [
     "INSTALL_HINT",
     "appdef_to_dict",
     "ddp_appdef",
+    "import_torchx",
     "parse_j",
     "replica_script",
     "require_torchx",
@@ -77,13 +79,20 @@ class _Shell(str):
     __slots__ = ()
 
 
-def require_torchx() -> Any:
-    """``torchx.specs``, or a ConfigError saying which extra to install."""
+def import_torchx(module: str = "specs") -> Any:
+    """``torchx.<module>``, or a ConfigError naming the extra to install: the one import of
+    torchx for the component and the torchx backend alike."""
     try:
-        from torchx import specs  # type: ignore[import-untyped]
+        return importlib.import_module(f"torchx.{module}")
     except ImportError as err:
-        raise ConfigError(f"torchx is not installed ({err})", hint=INSTALL_HINT) from err
-    return specs
+        raise ConfigError(
+            f"torchx cannot be imported ({err})", hint=f"{INSTALL_HINT}, or use --via sbatch"
+        ) from err
+
+
+def require_torchx() -> Any:
+    """``torchx.specs`` (see :func:`import_torchx`)."""
+    return import_torchx("specs")
 
 
 def parse_j(j: str) -> tuple[int, int]:

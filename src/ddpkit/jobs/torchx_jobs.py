@@ -34,7 +34,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import ConfigError, DdpkitError
@@ -43,6 +42,7 @@ from ddpkit.jobs.backend import Request
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record
 from ddpkit.jobs.slurm import JobState, JobStatus
+from ddpkit.jobs.torchx_backend import import_torchx
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -54,7 +54,6 @@ __all__ = [
     "TORCHX_STATES",
     "TorchxBackend",
     "cancel",
-    "import_torchx",
     "log_files",
     "record_for",
     "run_config",
@@ -66,7 +65,6 @@ __all__ = [
 SCHEDULERS = ("local_cwd", "slurm")
 # local_cwd works anywhere (no cluster needed); `--scheduler slurm` asks for the cluster explicitly
 DEFAULT_SCHEDULER = "local_cwd"
-INSTALL_HINT = "pip install ddpkit[torchx]"
 SESSION = "torchx"  # get_runner()'s session name: the middle part of every handle it makes
 
 # torchx.specs.AppState names -> JobState. Names, not the enum, so records and tests need no torchx.
@@ -85,19 +83,6 @@ TORCHX_STATES: Mapping[str, JobState] = {
 def state_from_torchx(name: str) -> JobState:
     """Map a torchx ``AppState`` name (``SUCCEEDED``) to a :class:`JobState`; else UNKNOWN."""
     return TORCHX_STATES.get(name.upper(), JobState.UNKNOWN)
-
-
-def import_torchx() -> ModuleType:
-    """``import torchx.runner``, or a ConfigError naming the extra to install."""
-    try:
-        import torchx.runner  # type: ignore[import-untyped]
-    except ImportError as exc:
-        raise ConfigError(
-            f"via 'torchx' needs the torchx package, which cannot be imported ({exc})",
-            hint=f"{INSTALL_HINT}, or submit with --via sbatch",
-        ) from exc
-    runner: ModuleType = torchx.runner
-    return runner
 
 
 def split_handle(handle: str) -> tuple[str, str]:
@@ -125,7 +110,7 @@ def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, Any, dict[str, str]]:
             f"scheduler={scheduler!r} is not supported by ddpkit's torchx jobs",
             hint=f"use one of {', '.join(SCHEDULERS)}",
         )
-    runner_module = import_torchx()
+    runner_module = import_torchx("runner")
     from ddpkit.jobs.torchx_backend import spec_to_appdef
 
     app = spec_to_appdef(spec, scheduler=scheduler)
@@ -156,7 +141,7 @@ class TorchxBackend:
     def schedule(self, request: Request) -> JobRecord:
         info, spec = request.payload, request.spec
         script = str(info)  # before schedule(), which adds the script's path to the command
-        runner = import_torchx().get_runner()
+        runner = import_torchx("runner").get_runner()
         try:
             handle: str = runner.schedule(info)
             record = replace(_record(spec, handle), script=script)
@@ -250,7 +235,7 @@ def status(record: JobRecord) -> JobStatus:
 def _ask_torchx(handle: str, why: str) -> JobStatus:
     """torchx's status of ``handle`` mapped by TORCHX_STATES; any failure is UNKNOWN + hint."""
     try:
-        runner = import_torchx().get_runner()
+        runner = import_torchx("runner").get_runner()
         try:
             answer = runner.status(handle)
         finally:

@@ -9,7 +9,6 @@ and ``ddpkit run --dry-run`` stay fast.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import shlex
@@ -19,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, cast
 
 from ddpkit.errors import ConfigError, UsageError
+from ddpkit.hints import did_you_mean
 
 __all__ = ["DEFAULTS", "DEFAULT_LOG_LINE_PREFIX", "SWITCHES", "RunConfig", "resolve_run_config"]
 
@@ -249,9 +249,7 @@ def parse_nproc(text: str, label: str = "--nproc-per-node") -> int | NprocKeywor
         if text == keyword:
             return keyword
     hint = f"use a positive integer or one of {', '.join(NPROC_KEYWORDS)}"
-    close = difflib.get_close_matches(text, NPROC_KEYWORDS, n=1)
-    if close:
-        hint = f"did you mean {close[0]!r}? ({hint})"
+    hint = did_you_mean(text, NPROC_KEYWORDS, hint=hint)
     if not text.strip().isdigit() or int(text) < 1:
         raise ConfigError(f"{label}={text!r} is not a process count", hint=hint)
     return int(text)
@@ -295,11 +293,9 @@ def parse_choice(text: str, label: str, choices: tuple[str, ...]) -> str:
     """One of ``choices``; a near miss gets a "did you mean"."""
     if text in choices:
         return text
-    close = difflib.get_close_matches(text, choices, n=1)
-    hint = f"choose one of {', '.join(choices)}"
     raise ConfigError(
         f"{label}={text!r} is not supported",
-        hint=f"did you mean {close[0]!r}? ({hint})" if close else hint,
+        hint=did_you_mean(text, choices, hint=f"choose one of {', '.join(choices)}"),
     )
 
 

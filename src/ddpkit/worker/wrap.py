@@ -7,7 +7,6 @@ on one multi-GPU machine, or on a laptop. The choice is the pure :func:`resolve_
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import warnings
 from typing import Any
@@ -17,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
+from ddpkit.hints import closest
 from ddpkit.worker.context import Context, current
 
 __all__ = ["STRATEGIES", "resolve_strategy", "wrap"]
@@ -31,9 +31,9 @@ _DDP_OPTIONS = frozenset(inspect.signature(DistributedDataParallel.__init__).par
 
 
 def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.5)
     listed = ", ".join(repr(choice) for choice in choices)
-    return f"did you mean {close[0]!r}? (choices: {listed})" if close else f"choose {listed}"
+    match = closest(value, choices, cutoff=0.5)
+    return f"did you mean {match!r}? (choices: {listed})" if match else f"choose {listed}"
 
 
 def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device_count: int) -> str:

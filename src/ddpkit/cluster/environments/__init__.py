@@ -1,19 +1,13 @@
-"""Launcher environments, one small module each, and the variable readers they share.
-
-This package owns the typed reading of environment variables: every integer goes through
-:func:`parse_int`, so a bad value always produces the same ``ConfigError`` naming the variable
-and its value. The environment classes are exported lazily so that importing a single
-environment module does not import the others.
+"""Launcher environments, one small module each (the variable readers they share are in
+:mod:`ddpkit.cluster.envvars`). The environment classes are exported lazily so that importing a
+single environment module does not import the others.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ddpkit._lazy import lazy_exports
-from ddpkit.errors import ConfigError
 
 __all__ = [
     "ClusterEnvironment",
@@ -22,11 +16,6 @@ __all__ = [
     "SlurmEnvironment",
     "SubmititEnvironment",
     "TorchrunEnvironment",
-    "env_int",
-    "master_from_env",
-    "parse_int",
-    "parse_port",
-    "require_int",
 ]
 
 _EXPORTS: dict[str, str] = {
@@ -45,55 +34,5 @@ if TYPE_CHECKING:
     from ddpkit.cluster.environments.slurm import SlurmEnvironment
     from ddpkit.cluster.environments.submitit import SubmititEnvironment
     from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
-
-# ASCII digits only: int() would also accept "1_000", "٣" or surrounding whitespace.
-_INT = re.compile(r"-?[0-9]+")
-
-
-def parse_int(name: str, value: str, *, hint: str) -> int:
-    """``value`` (read from variable ``name``) as an int, or a ConfigError naming both."""
-    if _INT.fullmatch(value) is None:
-        raise ConfigError(f"{name}={value!r} is not an integer", hint=hint)
-    return int(value)
-
-
-def env_int(env: Mapping[str, str], name: str, *, hint: str) -> int | None:
-    """The integer in ``env[name]``, or None when the variable is not set."""
-    value = env.get(name)
-    return None if value is None else parse_int(name, value, hint=hint)
-
-
-def require_int(env: Mapping[str, str], names: str | Sequence[str], *, hint: str) -> int:
-    """The integer in the first of ``names`` that is set; ConfigError naming them all if none."""
-    candidates = [names] if isinstance(names, str) else list(names)
-    for name in candidates:
-        value = env_int(env, name, hint=hint)
-        if value is not None:
-            return value
-    shown = " / ".join(candidates)
-    raise ConfigError(f"{shown} is not set", hint=hint)
-
-
-def parse_port(name: str, value: str) -> int:
-    """A TCP port from variable ``name``: an integer in 1..65535."""
-    hint = f"set {name} to a free TCP port between 1 and 65535, e.g. 29500"
-    port = parse_int(name, value, hint=hint)
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{name}={value!r} is not a TCP port (1..65535)", hint=hint)
-    return port
-
-
-def master_from_env(env: Mapping[str, str]) -> tuple[str | None, int | None]:
-    """MASTER_ADDR and MASTER_PORT when set (None for each one that is not)."""
-    addr = env.get("MASTER_ADDR")
-    if addr is not None and not addr.strip():
-        raise ConfigError(
-            f"MASTER_ADDR={addr!r} is empty",
-            hint="set MASTER_ADDR to the host name or IP address of rank 0, or unset it",
-        )
-    raw_port = env.get("MASTER_PORT")
-    port = None if raw_port is None else parse_port("MASTER_PORT", raw_port)
-    return (None if addr is None else addr.strip()), port
-
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

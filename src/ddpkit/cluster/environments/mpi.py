@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ddpkit.cluster import validate
-from ddpkit.cluster.environments import master_from_env, require_int
 from ddpkit.cluster.environments.base import ClusterEnvironment
+from ddpkit.cluster.envvars import master_from_env, require_int
 from ddpkit.cluster.ports import port_for_job
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
 from ddpkit.errors import ConfigError

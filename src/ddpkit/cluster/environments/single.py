@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ddpkit.cluster.environments import parse_port
 from ddpkit.cluster.environments.base import ClusterEnvironment
+from ddpkit.cluster.envvars import parse_port
 from ddpkit.cluster.rankinfo import ANY_PORT, Launcher, RankInfo
 
 __all__ = ["SingleEnvironment", "single_rank_info"]

@@ -18,9 +18,9 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from ddpkit.cluster import validate
-from ddpkit.cluster.environments import env_int, master_from_env, parse_int, require_int
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.single import single_rank_info
+from ddpkit.cluster.envvars import env_int, first_set, master_from_env, parse_int, require_int
 from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_host
 from ddpkit.cluster.ports import PortSearch, candidate_ports, reserved_port
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
@@ -71,10 +71,7 @@ _HINT = "srun sets this for every task; start the tasks with `srun python ...`"
 
 def _first_set(env: Mapping[str, str], field: str) -> tuple[str, str] | None:
     """(variable, value) of the first variable of ``field`` that is set."""
-    for name in _VARS[field]:
-        if name in env:
-            return name, env[name]
-    return None
+    return first_set(env, _VARS[field])
 
 
 def _require(env: Mapping[str, str], field: str) -> tuple[str, str]:

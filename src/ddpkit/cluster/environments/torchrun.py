@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ddpkit.cluster import validate
-from ddpkit.cluster.environments import env_int, master_from_env, require_int
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.slurm import slurm_task
+from ddpkit.cluster.envvars import env_int, master_from_env, require_int
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
 from ddpkit.errors import ConfigError
 

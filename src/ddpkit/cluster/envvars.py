@@ -1,0 +1,73 @@
+"""Typed reading of environment variables from a snapshot, shared by every environment.
+
+Every integer goes through :func:`parse_int`, so a bad value always produces the same
+``ConfigError`` naming the variable and its value; :func:`first_set` is the one lookup of "the
+first of these variables that is set" (step-level before job-level SLURM variables, say).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from ddpkit.errors import ConfigError
+
+__all__ = ["env_int", "first_set", "master_from_env", "parse_int", "parse_port", "require_int"]
+
+
+def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] | None:
+    """(variable, value) of the first of ``names`` that is set in ``env``, else None."""
+    for name in names:
+        if name in env:
+            return name, env[name]
+    return None
+
+
+# ASCII digits only: int() would also accept "1_000", "٣" or surrounding whitespace.
+_INT = re.compile(r"-?[0-9]+")
+
+
+def parse_int(name: str, value: str, *, hint: str) -> int:
+    """``value`` (read from variable ``name``) as an int, or a ConfigError naming both."""
+    if _INT.fullmatch(value) is None:
+        raise ConfigError(f"{name}={value!r} is not an integer", hint=hint)
+    return int(value)
+
+
+def env_int(env: Mapping[str, str], name: str, *, hint: str) -> int | None:
+    """The integer in ``env[name]``, or None when the variable is not set."""
+    value = env.get(name)
+    return None if value is None else parse_int(name, value, hint=hint)
+
+
+def require_int(env: Mapping[str, str], names: str | Sequence[str], *, hint: str) -> int:
+    """The integer in the first of ``names`` that is set; ConfigError naming them all if none."""
+    candidates = [names] if isinstance(names, str) else list(names)
+    for name in candidates:
+        value = env_int(env, name, hint=hint)
+        if value is not None:
+            return value
+    shown = " / ".join(candidates)
+    raise ConfigError(f"{shown} is not set", hint=hint)
+
+
+def parse_port(name: str, value: str) -> int:
+    """A TCP port from variable ``name``: an integer in 1..65535."""
+    hint = f"set {name} to a free TCP port between 1 and 65535, e.g. 29500"
+    port = parse_int(name, value, hint=hint)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{name}={value!r} is not a TCP port (1..65535)", hint=hint)
+    return port
+
+
+def master_from_env(env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    """MASTER_ADDR and MASTER_PORT when set (None for each one that is not)."""
+    addr = env.get("MASTER_ADDR")
+    if addr is not None and not addr.strip():
+        raise ConfigError(
+            f"MASTER_ADDR={addr!r} is empty",
+            hint="set MASTER_ADDR to the host name or IP address of rank 0, or unset it",
+        )
+    raw_port = env.get("MASTER_PORT")
+    port = None if raw_port is None else parse_port("MASTER_PORT", raw_port)
+    return (None if addr is None else addr.strip()), port
