@@ -118,3 +118,43 @@ def test_unknown_backend_is_a_config_error_with_did_you_mean() -> None:
     expected = r"via 'submitt' is not a backend.*did you mean 'submitit'"
     with pytest.raises(ConfigError, match=expected):
         get_backend("submitt")
+
+
+def _imports_of(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports, lazily or not (TYPE_CHECKING aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    guarded = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for child in ast.walk(stmt)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_cluster_package_never_imports_torch() -> None:
+    """cluster/ answers "who and where am I" from a snapshot of the environment: no torch, so
+    the launcher, the job tools and `ddpkit --help` stay light."""
+    offenders = [
+        str(p.relative_to(SRC))
+        for p in SRC.joinpath("ddpkit", "cluster").rglob("*.py")
+        if "torch" in _imports_of(p)
+    ]
+    assert offenders == []
+
+
+def test_no_source_file_over_500_lines() -> None:
+    sizes = {
+        str(p.relative_to(SRC)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in SRC.joinpath("ddpkit").rglob("*.py")
+    }
+    assert {name: n for name, n in sizes.items() if n > 500} == {}

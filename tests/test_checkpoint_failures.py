@@ -20,7 +20,7 @@ import torch._dynamo
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.worker import checkpoint
+from ddpkit.worker import checkpoint, durable
 from ddpkit.worker.checkpoint import CheckpointError
 from distutil import run_workers, torchrun_env
 
@@ -208,9 +208,9 @@ def test_prune_failure_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_writeback_hints_cover_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ranges: list[tuple[int, int]] = []
-    monkeypatch.setattr(checkpoint, "_WRITEBACK_CHUNK", 2**18)
+    monkeypatch.setattr(durable, "_WRITEBACK_CHUNK", 2**18)
     monkeypatch.setattr(
-        checkpoint, "_sync_file_range", lambda: lambda fd, begin, end: ranges.append((begin, end))
+        durable, "_sync_file_range", lambda: lambda fd, begin, end: ranges.append((begin, end))
     )
     weights = torch.randn(2**19)  # 2 MB
     path = ddpkit.save_checkpoint(tmp_path, {"w": weights}, step=1)
@@ -224,7 +224,7 @@ def test_writeback_hints_cover_the_file(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_real_writeback_hint_is_harmless(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checkpoint, "_WRITEBACK_CHUNK", 2**16)
+    monkeypatch.setattr(durable, "_WRITEBACK_CHUNK", 2**16)
     weights = torch.randn(2**18)
     ddpkit.save_checkpoint(tmp_path, {"w": weights}, step=1)
     state: dict[str, Any] = {}
