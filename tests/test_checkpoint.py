@@ -354,3 +354,9 @@ def test_world_size_change_skips_rng_with_warning(tmp_path: Path) -> None:
     with pytest.warns(RuntimeWarning, match="saved by 2 ranks"):
         assert ddpkit.load_checkpoint(tmp_path, {}) == 5
     assert torch.equal(torch.rand(2), expected)  # this process's RNG was left alone
+
+
+def test_a_file_name_with_a_trailing_newline_is_not_a_checkpoint(tmp_path: Path) -> None:
+    torch.save({"not": "ours"}, tmp_path / "ckpt-000000009.pt\n")
+    (tmp_path / "ckpt-000000001.pt").write_bytes(b"")
+    assert [p.name for p in checkpoint_files(tmp_path)] == ["ckpt-000000001.pt"]

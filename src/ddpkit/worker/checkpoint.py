@@ -66,8 +66,9 @@ __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 _FORMAT = 2  # 2: the payload records "sequence", the save's place in the write order
 _READABLE = (1, 2)  # format 1 has no sequence: older than every format-2 save
-_COMPLETE = re.compile(r"^ckpt-(\d{9,})\.pt$")
-_TEMP = re.compile(r"^\.ckpt-.*\.tmp$")
+# used with fullmatch: "$" also matches before a final newline ("ckpt-000000001.pt\n")
+_COMPLETE = re.compile(r"ckpt-(\d{9,})\.pt")
+_TEMP = re.compile(r"\.ckpt-.*\.tmp", re.DOTALL)
 
 
 def save_checkpoint(
@@ -234,7 +235,7 @@ def _numbered(folder: Path) -> list[tuple[int, Path]]:
     found = [
         (int(match.group(1)), entry)
         for entry in folder.iterdir()
-        if (match := _COMPLETE.match(entry.name)) is not None and entry.is_file()
+        if (match := _COMPLETE.fullmatch(entry.name)) is not None and entry.is_file()
     ]
     return sorted(found)
 
@@ -355,7 +356,7 @@ def _prune(folder: Path, doomed: list[Path]) -> None:
     # Only the main rank writes here and its own temporary file is renamed by now: any
     # other one was left by a writer that was killed.
     for entry in folder.iterdir():
-        if _TEMP.match(entry.name) and entry.is_file():
+        if _TEMP.fullmatch(entry.name) and entry.is_file():
             entry.unlink(missing_ok=True)
 
 
