@@ -20,11 +20,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_imports(path: Path, package: str) -> set[str]:
-    """ddpkit modules ``path`` imports at run time: at module level or lazily inside a function
+def _imports(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``path`` that runs: at module level or lazily inside a function
     (a lazy import is a dependency all the same), not under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    found: set[str] = set()
     guarded = {
         id(child)
         for node in ast.walk(tree)
@@ -32,23 +31,27 @@ def _runtime_imports(path: Path, package: str) -> set[str]:
         for stmt in node.body
         for child in ast.walk(stmt)
     }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in guarded
+    ]
 
-    def visit(nodes: list[ast.AST]) -> None:
-        for node in nodes:
-            if id(node) in guarded:
-                continue
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith("ddpkit"))
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                base = node.module
-                if node.level:  # relative: resolve against this package
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
-                    base = f"{base}.{node.module}"
-                if base.startswith("ddpkit"):
-                    found.add(base)
-                    found.update(f"{base}.{a.name}" for a in node.names)
 
-    visit(list(ast.walk(tree)))
+def _runtime_imports(path: Path, package: str) -> set[str]:
+    """The ddpkit modules ``path`` imports (see :func:`_imports`)."""
+    found: set[str] = set()
+    for node in _imports(path):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("ddpkit"))
+        elif node.module:
+            base = node.module
+            if node.level:  # relative: resolve against this package
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}"
+            if base.startswith("ddpkit"):
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)
     return found
 
 
@@ -121,22 +124,12 @@ def test_unknown_backend_is_a_config_error_with_did_you_mean() -> None:
 
 
 def _imports_of(path: Path) -> set[str]:
-    """Top-level names of every module ``path`` imports, lazily or not (TYPE_CHECKING aside)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    guarded = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for stmt in node.body
-        for child in ast.walk(stmt)
-    }
+    """Top-level names of every module ``path`` imports (see :func:`_imports`)."""
     names: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in guarded:
-            continue
+    for node in _imports(path):
         if isinstance(node, ast.Import):
             names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        elif node.module and not node.level:
             names.add(node.module.split(".")[0])
     return names
 
