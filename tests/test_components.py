@@ -281,7 +281,7 @@ assert "torchx" not in sys.modules
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
-    assert "ERROR torchx is not installed" in done.stdout
+    assert "ERROR torchx cannot be imported" in done.stdout
     assert "pip install ddpkit[torchx]" in done.stdout
 
 

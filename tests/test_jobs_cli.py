@@ -185,8 +185,8 @@ def test_submitit_dry_run_prints_the_executor_parameters_and_writes_nothing(
             "export DDPKIT_EXPECTED_WORLD_SIZE=4",
             "export DDPKIT_JOB_LAUNCH=srun",
             "export DDPKIT_SIGNAL=USR2",
-            "export SUBMITIT_PREEMPT_SIGNAL=USR2",
             "export DDPKIT_MAX_REQUEUES=10",
+            "export SUBMITIT_PREEMPT_SIGNAL=USR2",
         ],
         "slurm_additional_parameters": {
             "exclusive": True,
