@@ -105,6 +105,17 @@ def test_without_reservation_a_step_whose_derived_ports_are_taken_still_starts(
     )
     job = cluster.sbatch(script, cwd=tmp_path)
     ports = candidate_ports(job, "0")
+    text = run_with_first_two_taken(cluster, job, ports, out)
+    found = reports(text)
+    check_ranks(found)
+    assert {(r["master_port"], r["resv_ports"]) for r in found} == {(ports[2], None)}, text
+
+
+def run_with_first_two_taken(
+    cluster: SlurmCluster, job: str, ports: tuple[int, ...], out: Path
+) -> str:
+    """Release the held ``job`` while its first two candidate ports are taken on its first
+    node (a plain listener, then a foreign store); its output once it has COMPLETED."""
     with ExitStack() as stack:
         stack.enter_context(squat(cluster, FIRST_NODE, ports[0], "plain"))
         stack.enter_context(squat(cluster, FIRST_NODE, ports[1], "store"))
@@ -112,9 +123,7 @@ def test_without_reservation_a_step_whose_derived_ports_are_taken_still_starts(
         state = cluster.wait(job, timeout_s=JOB_TIMEOUT_S)
     text = out.read_text()
     assert state == "COMPLETED", text
-    found = reports(text)
-    check_ranks(found)
-    assert {(r["master_port"], r["resv_ports"]) for r in found} == {(ports[2], None)}, text
+    return text
 
 
 def ddpkit(env: dict[str, str], cwd: Path, *args: str) -> str:
@@ -177,13 +186,7 @@ def test_without_reservation_torchrun_agents_meet_past_taken_ports(
     )
     job = cluster.sbatch(script, cwd=tmp_path)
     ports = candidate_ports(job, RDZV_STEP)
-    with ExitStack() as stack:
-        stack.enter_context(squat(cluster, FIRST_NODE, ports[0], "plain"))
-        stack.enter_context(squat(cluster, FIRST_NODE, ports[1], "store"))
-        cluster.run("scontrol", "release", job)
-        state = cluster.wait(job, timeout_s=JOB_TIMEOUT_S)
-    text = out.read_text()
-    assert state == "COMPLETED", text
+    text = run_with_first_two_taken(cluster, job, ports, out)
     check_ranks(reports(text))
     met = f"c10d rendezvous at n1:{ports[2]} ({ports[0]}, {ports[1]} taken)"
     assert text.count(met) == 2, text
