@@ -167,7 +167,7 @@ def main() -> None:
     benchjson.add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
-        args.params_mb, args.runs = min(args.params_mb, 16), min(args.runs, 3)
+        args.params_mb, args.runs = min(args.params_mb, 8), min(args.runs, 3)
     disabled = {name for name in args.without.split(",") if name}
     unknown = disabled - {"writeback", "drop-cache"}
     if unknown:
@@ -190,7 +190,8 @@ def main() -> None:
     rows = [
         benchjson.row(f"checkpoint {what} ({size_mb:.0f} MB: model + Adam)", LABELS[name],
                       median[name], "MB/s", True)
-        for what in ("save", "load") for name in HEADLINE if name.endswith(what)
+        for what in ("save", "load")
+        for name in [*HEADLINE, "plain_save_fsync", "plain_load_restore"] if f"_{what}" in name
     ]  # fmt: skip
     notes = [f"ddpkit write measures off: {', '.join(sorted(disabled))}"] if disabled else []
     title = "Checkpoints: ddpkit vs torch.save / torch.load and torch.distributed.checkpoint"

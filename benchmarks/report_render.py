@@ -1,0 +1,277 @@
+"""The benchmark report's renderer: bench outcomes (the JSON of ``benchjson``) to Markdown + PNGs.
+
+Pure apart from writing the PNG files: ``render_markdown`` returns text, ``plot`` writes one
+PNG per bench (bars per figure; a line per variant over ``x`` for sweeps). ``benchmarks/
+report.py`` runs the benches and calls these; the tests feed them small JSON documents.
+
+In each figure (and at each ``x`` of a sweep) the baseline is the ``plain torch`` row, else the
+first row that is not ddpkit's; every row's ratio is its value over the baseline's. ddpkit's
+rows (variants starting with ``ddpkit``) are compared with every other row: when one is
+better, the figure says ddpkit is behind (within noise when the gap is at most ``NOISE``),
+with the note for it from the hand-edited ``why.yaml`` (bench name -> figure substring -> why).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+NOISE = 0.02  # a gap this small is within run-to-run noise on a shared 2-core machine
+STDERR_LINES = 15
+REQUIRED = {"figure": "string", "variant": "string", "value": "number", "unit": "string"}
+
+
+@dataclass
+class Outcome:
+    """One bench of the report: ``ok`` (with its document), ``failed`` or ``not run``."""
+
+    name: str  # e.g. "bench_loop"
+    status: str
+    seconds: float = 0.0
+    reason: str = ""  # why it failed or was not run
+    stderr_tail: str = ""
+    doc: dict[str, Any] = field(default_factory=dict)
+
+
+def check_document(doc: object) -> str:
+    """'' when ``doc`` follows the protocol, else what is wrong with it (one line)."""
+    if not isinstance(doc, dict):
+        return "the JSON is not an object"
+    for key in ("bench", "title", "command", "rows"):
+        if key not in doc:
+            return f"the JSON has no {key!r}"
+    if not isinstance(doc["rows"], list):
+        return "'rows' is not a list"
+    for number, row in enumerate(doc["rows"]):
+        if not isinstance(row, dict):
+            return f"row {number} is not an object"
+        for key, kind in REQUIRED.items():
+            value = row.get(key)
+            fits = isinstance(value, str) if kind == "string" else isinstance(value, int | float)
+            if not fits or isinstance(value, bool):
+                return f"row {number}: {key!r} is missing or not a {kind}"
+        if not isinstance(row.get("higher_is_better"), bool):
+            return f"row {number}: 'higher_is_better' is missing or not a bool"
+        if "x" in row and not isinstance(row["x"], int | float):
+            return f"row {number}: 'x' is not a number"
+    return ""
+
+
+def is_ddpkit(variant: str) -> bool:
+    return variant.lower().startswith("ddpkit")
+
+
+def groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows by figure, in first-seen order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row["figure"], []).append(row)
+    return out
+
+
+def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for row in rows:
+        if row["variant"].lower() == "plain torch":
+            return row
+    return next((row for row in rows if not is_ddpkit(row["variant"])), None)
+
+
+def gap(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
+    """How far ``ours`` is behind ``theirs`` (0.1: 10 % lower rate, or 10 % more time);
+    negative when ours is better."""
+    a, b = float(ours["value"]), float(theirs["value"])
+    if a <= 0 or b <= 0:
+        return 0.0
+    return 1 - a / b if ours["higher_is_better"] else a / b - 1
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
+    """(ddpkit variant, other variant, gap) for each baseline better than a ddpkit row."""
+    out = []
+    for ours in (row for row in rows if is_ddpkit(row["variant"])):
+        for theirs in (row for row in rows if not is_ddpkit(row["variant"])):
+            behind = gap(ours, theirs)
+            if behind > 0:
+                out.append((ours["variant"], theirs["variant"], behind))
+    return out
+
+
+def why(notes: Mapping[str, Any], bench: str, figure: str) -> str:
+    """The hand-written note for ``figure`` of ``bench`` (first key contained in the figure)."""
+    for key, text in (notes.get(bench) or {}).items():
+        if str(key).lower() in figure.lower():
+            return " ".join(str(text).split())
+    return ""
+
+
+def _number(value: float) -> str:
+    if value == 0 or 0.01 <= abs(value) < 1e7:
+        digits = max(0, 3 - math.floor(math.log10(abs(value))) - 1) if value else 0
+        return f"{value:,.{min(digits, 3)}f}"
+    return f"{value:.3g}"
+
+
+def _x(value: float) -> str:
+    return f"{value:g}" if value < 1e4 else f"{value:.3g}"
+
+
+def figure_lines(
+    bench: str, figure: str, rows: list[dict[str, Any]], notes: Mapping[str, Any]
+) -> list[str]:
+    """The table and the verdict of one figure (grouped by ``x`` for a sweep)."""
+    sweep = any("x" in row for row in rows)
+    points: dict[float | None, list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault(row.get("x"), []).append(row)
+    unit = rows[0]["unit"]
+    better = "higher is better" if rows[0]["higher_is_better"] else "lower is better"
+    lines = [f"**{figure}** ({unit}, {better})", ""]
+    head = ["x"] * sweep + ["variant", "value", "ratio vs baseline"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    behind: list[tuple[str, str, float, float | None]] = []
+    for x, point in points.items():
+        base = baseline(point)
+        for row in point:
+            if base is None or row is base:
+                ratio = "baseline" if row is base else ""
+            else:
+                ratio = f"{float(row['value']) / float(base['value']):.3f}" if base["value"] else ""
+            name = f"**{row['variant']}**" if is_ddpkit(row["variant"]) else row["variant"]
+            cells = [name, _number(float(row["value"])), ratio]
+            where = [_x(x) if x is not None else ""] if sweep else []
+            lines.append("| " + " | ".join(where + cells) + " |")
+        behind += [(ours, theirs, size, x) for ours, theirs, size in verdicts(point)]
+    lines.append("")
+    lines += verdict_lines(bench, figure, rows, behind, notes)
+    return lines
+
+
+def verdict_lines(
+    bench: str,
+    figure: str,
+    rows: list[dict[str, Any]],
+    behind: list[tuple[str, str, float, float | None]],
+    notes: Mapping[str, Any],
+) -> list[str]:
+    if not any(is_ddpkit(row["variant"]) for row in rows):
+        return []
+    real = [item for item in behind if item[2] > NOISE]
+    if not behind:
+        return ["Verdict: ddpkit is at or ahead of every baseline.", ""]
+    worst = max(behind, key=lambda item: item[2])
+    where = lambda item: f" at x={_x(item[3])}" if item[3] is not None else ""  # noqa: E731
+    if not real:
+        return [
+            f"Verdict: level: {worst[0]} is behind {worst[1]} by {100 * worst[2]:.1f}%"
+            f"{where(worst)}, within noise (<= {100 * NOISE:.0f}%).",
+            "",
+        ]
+    shown = "; ".join(
+        f"{ours} behind {theirs} by {100 * size:.1f}%{where((ours, theirs, size, x))}"
+        for ours, theirs, size, x in sorted(real, key=lambda item: -item[2])[:4]
+    )
+    reason = why(notes, bench, figure) or f"no note yet (add one to why.yaml under {bench!r})"
+    return [f"Verdict: **BEHIND**: {shown}.", "", f"Why: {reason}", ""]
+
+
+def machine_lines(machine: Mapping[str, str]) -> list[str]:
+    return ["| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in machine.items()), ""]
+
+
+def render_markdown(
+    outcomes: list[Outcome],
+    machine: Mapping[str, str],
+    command: str,
+    notes: Mapping[str, Any],
+    plots: Mapping[str, str] | None = None,
+) -> str:
+    """The whole REPORT.md."""
+    plots = plots or {}
+    lines = ["# ddpkit benchmark report", "", f"Reproduce: `{command}`", "", "## Machine", ""]
+    lines += machine_lines(machine)
+    lines += ["## Benches", "", "| bench | status | seconds | behind |", "|---|---|---|---|"]
+    for outcome in outcomes:
+        status = outcome.status if not outcome.reason else f"{outcome.status}: {outcome.reason}"
+        count = sum(
+            any(size > NOISE for _, _, size in verdicts(rows))
+            for rows in groups(outcome.doc.get("rows", [])).values()
+        )
+        lines.append(f"| {outcome.name} | {status} | {outcome.seconds:.0f} | {count or ''} |")
+    lines.append("")
+    for outcome in outcomes:
+        lines += bench_lines(outcome, notes, plots.get(outcome.name))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def bench_lines(outcome: Outcome, notes: Mapping[str, Any], plot_file: str | None) -> list[str]:
+    doc = outcome.doc
+    lines = [f"## {doc.get('title') or outcome.name}", "", f"`{outcome.name}.py`: {outcome.status}"]
+    if outcome.status != "ok":
+        lines[-1] += f": {outcome.reason}"
+        lines.append("")
+        if outcome.stderr_tail:
+            lines += ["```text", outcome.stderr_tail.rstrip(), "```", ""]
+        return lines
+    lines[-1] += f" ({outcome.seconds:.0f} s). Command: `{doc['command']}`"
+    lines.append("")
+    for figure, rows in groups(doc["rows"]).items():
+        lines += figure_lines(doc["bench"], figure, rows, notes)
+    for note in doc.get("notes") or []:
+        lines.append(f"- {note}")
+    if doc.get("notes"):
+        lines.append("")
+    if plot_file:
+        lines += [f"![{doc['bench']}]({plot_file})", ""]
+    return lines
+
+
+def plot(doc: Mapping[str, Any], path: Path) -> Path:
+    """One PNG for a bench: a bar chart per figure, a line plot per sweep (rows with ``x``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = groups(list(doc["rows"]))
+    fig, axes = plt.subplots(len(figures), 1, figsize=(7.5, 2.4 * len(figures)), squeeze=False)
+    for axis, (figure, rows) in zip(axes[:, 0], figures.items(), strict=True):
+        if any("x" in row for row in rows):  # e.g. busbw over message sizes
+            _sweep(axis, rows)
+        else:
+            _bars(axis, rows)
+        better = "higher is better" if rows[0]["higher_is_better"] else "lower is better"
+        axis.set_title(figure, fontsize=9)
+        sweep = any("x" in row for row in rows)
+        axis.set_xlabel("x" if sweep else f"{rows[0]['unit']} ({better})", fontsize=8)
+        axis.tick_params(labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _bars(axis: Any, rows: list[dict[str, Any]]) -> None:
+    names = [row["variant"] for row in rows]
+    values = [float(row["value"]) for row in rows]
+    colours = ["tab:orange" if is_ddpkit(name) else "tab:blue" for name in names]
+    axis.barh(names[::-1], values[::-1], color=colours[::-1])
+    for y, value in enumerate(values[::-1]):
+        axis.text(value, y, f" {_number(value)}", va="center", fontsize=7)
+    axis.margins(x=0.2)
+
+
+def _sweep(axis: Any, rows: list[dict[str, Any]]) -> None:
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        lines.setdefault(row["variant"], []).append((float(row.get("x", 0)), float(row["value"])))
+    for name, points in lines.items():
+        points.sort()
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    xs = [p[0] for points in lines.values() for p in points if p[0] > 0]
+    if xs and max(xs) / min(xs) > 100:
+        axis.set_xscale("log")
+    axis.set_ylabel(rows[0]["unit"], fontsize=8)
+    axis.legend(fontsize=7)

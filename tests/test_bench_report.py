@@ -1,0 +1,168 @@
+"""benchmarks/report.py: the renderer from small JSON inputs, and the runner for real."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+import report_render  # noqa: E402
+from report_render import Outcome  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+MACHINE = {"CPU": "test cpu, 2 cores", "torch": "2.13.0"}
+
+
+def _row(figure: str, variant: str, value: float, **extra: Any) -> dict[str, Any]:
+    higher = extra.pop("higher", True)
+    unit = "samples/s" if higher else "s"
+    return {"figure": figure, "variant": variant, "value": value, "unit": unit,
+            "higher_is_better": higher, **extra}  # fmt: skip
+
+
+def _doc(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"bench": "loop", "title": "Loop", "command": "ddpkit run x.py", "rows": rows, **extra}
+
+
+def test_tables_ratios_and_where_ddpkit_is_behind() -> None:
+    rows = [
+        _row("loop small", "plain torch", 100.0),
+        _row("loop small", "ddpkit", 90.0),
+        _row("loop small", "accelerate", 95.0),
+        _row("launch", "torchrun", 2.0, higher=False),
+        _row("launch", "ddpkit run", 2.02, higher=False),  # 1 % slower: within noise
+        _row("big", "plain torch", 10.0),
+        _row("big", "ddpkit", 12.0),
+    ]
+    doc = _doc(rows, notes=["lightning fabric: not installed (pip install ddpkit[bench])"])
+    notes = {"loop": {"LOOP SMALL": "the sampler is rebuilt\neach epoch"}}
+    text = report_render.render_markdown(
+        [Outcome("bench_loop", "ok", 12.0, doc=doc)], MACHINE, "python benchmarks/report.py",
+        notes, {"bench_loop": "bench_loop.png"},
+    )  # fmt: skip
+    assert "| CPU | test cpu, 2 cores |" in text
+    assert "Reproduce: `python benchmarks/report.py`" in text
+    assert "| bench_loop | ok | 12 | 1 |" in text  # one figure behind beyond noise
+    assert "| plain torch | 100 | baseline |" in text
+    assert "| **ddpkit** | 90.0 | 0.900 |" in text
+    assert "| accelerate | 95.0 | 0.950 |" in text
+    behind = "ddpkit behind plain torch by 10.0%; ddpkit behind accelerate by 5.3%"
+    assert f"Verdict: **BEHIND**: {behind}." in text
+    assert "Why: the sampler is rebuilt each epoch" in text
+    assert "| **ddpkit run** | 2.02 | 1.010 |" in text
+    assert "Verdict: level: ddpkit run is behind torchrun by 1.0%, within noise (<= 2%)" in text
+    assert "Verdict: ddpkit is at or ahead of every baseline." in text  # "big"
+    assert "- lightning fabric: not installed (pip install ddpkit[bench])" in text
+    assert "![loop](bench_loop.png)" in text
+    assert "Command: `ddpkit run x.py`" in text
+
+
+def test_behind_without_a_note_asks_for_one() -> None:
+    rows = [_row("f", "torch.save", 10.0), _row("f", "ddpkit.save_checkpoint", 5.0)]
+    text = report_render.render_markdown(
+        [Outcome("bench_c", "ok", doc=_doc(rows, bench="checkpoint"))], MACHINE, "c", {}
+    )
+    assert "ddpkit.save_checkpoint behind torch.save by 50.0%" in text
+    assert "Why: no note yet (add one to why.yaml under 'checkpoint')" in text
+
+
+def test_failed_and_not_run_benches_are_reported() -> None:
+    outcomes = [
+        Outcome("bench_a", "failed", 3.0, "exit code 1", "Traceback ...\nValueError: boom"),
+        Outcome("bench_b", "not run", reason="no cluster (give --slurm-env)"),
+    ]
+    text = report_render.render_markdown(outcomes, MACHINE, "c", {})
+    assert "| bench_a | failed: exit code 1 | 3 |  |" in text
+    assert "```text\nTraceback ...\nValueError: boom\n```" in text
+    assert "| bench_b | not run: no cluster (give --slurm-env) | 0 |  |" in text
+
+
+def test_sweep_rows_get_an_x_column_and_a_line_plot(tmp_path: Path) -> None:
+    figure = "all_reduce busbw, 2 ranks"
+    rows = [
+        _row(figure, variant, value, x=size, unit="GB/s")
+        for size, plain, ours in [(1024.0, 0.1, 0.1), (1048576.0, 2.0, 1.0)]
+        for variant, value in [("plain torch", plain), ("ddpkit", ours)]
+    ]
+    for row in rows:
+        row["unit"] = "GB/s"
+    doc = _doc(rows, bench="allreduce")
+    outcome = Outcome("bench_allreduce", "ok", doc=doc)
+    text = report_render.render_markdown([outcome], MACHINE, "c", {})
+    assert "| x | variant | value | ratio vs baseline |" in text
+    assert "| 1.05e+06 | **ddpkit** | 1.00 | 0.500 |" in text
+    assert "ddpkit behind plain torch by 50.0% at x=1.05e+06" in text
+    bars = _doc([_row("a", "plain torch", 1.0), _row("a", "ddpkit", 2.0), _row("b", "ddpkit", 3.0)])
+    for name, document in [("sweep", doc), ("bars", bars)]:
+        path = report_render.plot(document, tmp_path / f"{name}.png")
+        assert path.read_bytes()[:8] == PNG
+        import matplotlib.image
+
+        height, width, _ = matplotlib.image.imread(path).shape
+        assert width > 300 and height > 150
+
+
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        ([], "the JSON is not an object"),
+        ({"bench": "a", "title": "t", "command": "c"}, "no 'rows'"),
+        (_doc([{"figure": "f", "variant": "v", "value": "1", "unit": "s"}]), "'value' is missing"),
+        (_doc([{**_row("f", "v", 1.0), "value": True}]), "'value' is missing or not a number"),
+        (_doc([{**_row("f", "v", 1.0), "higher_is_better": 1}]), "'higher_is_better'"),
+        (_doc([_row("f", "v", 1.0, x="big")]), "'x' is not a number"),
+    ],
+)
+def test_documents_breaking_the_protocol_are_named(doc: object, problem: str) -> None:
+    assert problem in report_render.check_document(doc)
+    assert report_render.check_document(_doc([_row("f", "v", 1.0, x=3)])) == ""
+
+
+def test_a_real_bench_through_the_runner(tmp_path: Path) -> None:
+    code = report.main(["--only", "checkpoint", "--quick", "--out", str(tmp_path)], environ={})
+    assert code == 0, (tmp_path / "logs" / "bench_checkpoint.log").read_text()
+    doc = json.loads((tmp_path / "results.json").read_text())[0]
+    assert doc["bench"] == "checkpoint"
+    assert doc["command"] == "python benchmarks/bench_checkpoint.py --quick"
+    variants = {row["variant"] for row in doc["rows"]}
+    assert {"ddpkit.save_checkpoint", "torch.save, same path"} <= variants
+    assert "torch.distributed.checkpoint.load" in variants
+    assert all(row["value"] > 0 and row["unit"] == "MB/s" for row in doc["rows"])
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "| bench_checkpoint | ok |" in text and "![checkpoint](bench_checkpoint.png)" in text
+    assert (tmp_path / "bench_checkpoint.png").read_bytes()[:8] == PNG
+
+
+BOOM = "import sys\nprint('partial output')\nraise ValueError('boom 42')\n"
+BAD_JSON = (
+    "import sys\npath = sys.argv[sys.argv.index('--json') + 1]\n"
+    "open(path, 'w').write('{\"bench\": \"bad\"}')\n"
+)
+CLUSTER = "# report-needs: slurm\nraise SystemExit('must not run without a cluster')\n"
+
+
+def test_failures_are_reported_and_make_the_exit_code(tmp_path: Path) -> None:
+    benches = tmp_path / "benches"
+    benches.mkdir()
+    for name, text in [("boom", BOOM), ("bad", BAD_JSON), ("cluster", CLUSTER)]:
+        (benches / f"bench_{name}.py").write_text(text)
+    out = tmp_path / "out"
+    argv = ["--benchmarks", str(benches), "--out", str(out), "--why", str(tmp_path / "none")]
+    assert report.main(argv, environ={}) == 1
+    text = (out / "REPORT.md").read_text()
+    assert "| bench_boom | failed: exit code 1 |" in text
+    assert "ValueError: boom 42" in text
+    assert "| bench_bad | failed: bad --json output: the JSON has no 'title' |" in text
+    assert "| bench_cluster | not run: no cluster (give --slurm-env) | 0 |" in text
+    assert "partial output" in (out / "logs" / "bench_boom.log").read_text()
+    assert not list(out.glob("*.png"))
+    with pytest.raises(SystemExit):
+        report.main(["--benchmarks", str(benches), "--only", "nosuch"], environ={})
