@@ -139,7 +139,7 @@ def main() -> None:
     again = f"back to training (median of {args.trials})"
     rows.append(benchjson.row(again, "fresh submission: submit -> training", fresh_s, "s", False))
     rows.append(
-        benchjson.row(again, "requeued run: signal -> training", med["resumed"], "s", False)
+        benchjson.row(again, "ddpkit requeue: signal -> training", med["resumed"], "s", False)
     )
     title = "Preemption: stop signal -> checkpoint -> requeue -> training again (test cluster)"
     benchjson.write(args.json, "requeue", title, "python", rows)

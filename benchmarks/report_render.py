@@ -129,18 +129,20 @@ def figure_lines(
     unit = rows[0]["unit"]
     better = "higher is better" if rows[0]["higher_is_better"] else "lower is better"
     lines = [f"**{figure}** ({unit}, {better})", ""]
-    head = ["x"] * sweep + ["variant", "value", "ratio vs baseline"]
+    # Without a ddpkit row (phases of one run, say) there is nothing to compare: no ratios.
+    compared = any(is_ddpkit(row["variant"]) for row in rows)
+    head = ["x"] * sweep + ["variant", "value"] + ["ratio vs baseline"] * compared
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     behind: list[tuple[str, str, float, float | None]] = []
     for x, point in points.items():
-        base = baseline(point)
+        base = baseline(point) if compared else None
         for row in point:
             if base is None or row is base:
                 ratio = "baseline" if row is base else ""
             else:
                 ratio = f"{float(row['value']) / float(base['value']):.3f}" if base["value"] else ""
             name = f"**{row['variant']}**" if is_ddpkit(row["variant"]) else row["variant"]
-            cells = [name, _number(float(row["value"])), ratio]
+            cells = [name, _number(float(row["value"]))] + [ratio] * compared
             where = [_x(x) if x is not None else ""] if sweep else []
             lines.append("| " + " | ".join(where + cells) + " |")
         behind += [(ours, theirs, size, x) for ours, theirs, size in verdicts(point)]
@@ -165,16 +167,21 @@ def verdict_lines(
     where = lambda item: f" at x={_x(item[3])}" if item[3] is not None else ""  # noqa: E731
     if not real:
         return [
-            f"Verdict: level: {worst[0]} is behind {worst[1]} by {100 * worst[2]:.1f}%"
+            f"Verdict: level: {worst[0]} is behind {worst[1]} by {_by(worst[2])}"
             f"{where(worst)}, within noise (<= {100 * NOISE:.0f}%).",
             "",
         ]
     shown = "; ".join(
-        f"{ours} behind {theirs} by {100 * size:.1f}%{where((ours, theirs, size, x))}"
+        f"{ours} behind {theirs} by {_by(size)}{where((ours, theirs, size, x))}"
         for ours, theirs, size, x in sorted(real, key=lambda item: -item[2])[:4]
     )
     reason = why(notes, bench, figure) or f"no note yet (add one to why.yaml under {bench!r})"
     return [f"Verdict: **BEHIND**: {shown}.", "", f"Why: {reason}", ""]
+
+
+def _by(size: float) -> str:
+    """A gap as a percentage, or as a factor once it is 100 % or more (times, not rates)."""
+    return f"{100 * size:.1f}%" if size < 1 else f"{1 + size:.1f}x"
 
 
 def machine_lines(machine: Mapping[str, str]) -> list[str]:

@@ -67,11 +67,22 @@ def test_tables_ratios_and_where_ddpkit_is_behind() -> None:
 
 def test_behind_without_a_note_asks_for_one() -> None:
     rows = [_row("f", "torch.save", 10.0), _row("f", "ddpkit.save_checkpoint", 5.0)]
+    rows += [_row("g", "sbatch", 0.01, higher=False), _row("g", "ddpkit submit", 0.5, higher=False)]
     text = report_render.render_markdown(
         [Outcome("bench_c", "ok", doc=_doc(rows, bench="checkpoint"))], MACHINE, "c", {}
     )
     assert "ddpkit.save_checkpoint behind torch.save by 50.0%" in text
+    assert "ddpkit submit behind sbatch by 50.0x" in text  # 50 times the time, not 4900 %
     assert "Why: no note yet (add one to why.yaml under 'checkpoint')" in text
+
+
+def test_figures_without_ddpkit_have_no_ratios_or_verdict() -> None:
+    rows = [_row("phases", "saved", 0.05, higher=False), _row("phases", "ended", 3.7, higher=False)]
+    text = report_render.render_markdown(
+        [Outcome("bench_r", "ok", doc=_doc(rows))], MACHINE, "c", {}
+    )
+    assert "| variant | value |\n|---|---|\n| saved | 0.050 |\n| ended | 3.70 |" in text
+    assert "Verdict" not in text
 
 
 def test_failed_and_not_run_benches_are_reported() -> None:
