@@ -93,7 +93,11 @@ def check_interface(backend: str, choice: Choice, num_nodes: int, route: str | N
     """The interface ``backend`` would use exists, and is not loopback on several nodes."""
     name = f"{backend} interface"
     variable = f"{backend.upper()}_SOCKET_IFNAME"
-    suggest = f"export {variable}={route}" if route else f"set {variable} to the cluster network"
+    suggest = (
+        f"export {variable}={route} (the interface of the route to MASTER_ADDR)"
+        if route and route != choice.interface
+        else f"export {variable}=<the interface of the cluster network>"
+    )
     if choice.interface is None or choice.address is None:
         return Check("FAIL", name, choice.reason, suggest)
     where = f"{choice.interface} ({choice.address}), because {choice.reason}"

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.ports import free_port
@@ -50,6 +50,9 @@ from ddpkit.tools.checks import (
     check_visible_devices,
     from_error,
 )
+
+if TYPE_CHECKING:
+    from ddpkit.tools.meeting import Meeting
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DoctorOptions", "Report", "run_doctor"]
 
@@ -228,12 +231,12 @@ def _facts(info: RankInfo, env: Mapping[str, str], checks: Sequence[Check]) -> R
 
 
 def _together(
-    info: RankInfo, met: Any, facts: RankFacts, checks: list[Check], options: DoctorOptions
+    info: RankInfo, met: Meeting, facts: RankFacts, checks: list[Check], options: DoctorOptions
 ) -> Report:
     """Steps 2-4 once the store is reached: exchange, cross-rank checks, verdict, sweep."""
     met.store.set(f"facts/{info.rank}", json.dumps(asdict(facts)))
     if info.rank == 0:
-        checks = [*checks, met.check, *_gather_checks(info, met.store, options.timeout_s)]
+        checks = [*checks, met.check, *_gather_checks(info, met, options.timeout_s)]
         ok = not any(c.status == "FAIL" for c in checks)
         met.store.set("verdict", "ok" if ok else "fail")
     else:
@@ -260,12 +263,14 @@ def _together(
     return report
 
 
-def _gather_checks(info: RankInfo, store: Any, timeout_s: float) -> list[Check]:
+def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check]:
+    store = met.store
     keys = [f"facts/{r}" for r in range(info.world_size)]
     arrived = _poll(
         lambda: [r for r, k in enumerate(keys) if store.check([k])], info.world_size, timeout_s
     )
     facts = [RankFacts(**json.loads(store.get(keys[r]).decode())) for r in arrived]
+    met.present = tuple(arrived)
     checks = [check_arrivals(info.world_size, arrived, timeout_s)]
     for fact in facts[1:]:  # other ranks' own WARN/FAIL lines, named by rank
         checks += [

@@ -41,6 +41,8 @@ class Meeting:
     rank: int
     world_size: int
     timeout_s: float
+    # The ranks rank 0 waits for before closing its store: those that reported (set by rank 0).
+    present: tuple[int, ...] | None = None
 
     def wait_for(self, key: str, timeout_s: float) -> str | None:
         """The value of ``key`` once set, or None when it is not set within ``timeout_s``."""
@@ -61,7 +63,8 @@ class Meeting:
                 self.store.set(f"done/{self.rank}", "1")
                 if self.rank == 0:
                     deadline = time.monotonic() + self.timeout_s
-                    keys = [f"done/{r}" for r in range(1, self.world_size)]
+                    ranks = range(self.world_size) if self.present is None else self.present
+                    keys = [f"done/{r}" for r in ranks if r != 0]
                     while not all(self.store.check([k]) for k in keys):
                         if time.monotonic() >= deadline:
                             break
