@@ -66,6 +66,8 @@ def test_two_nodes_pass_and_sweep_across_them(outputs: dict[str, tuple[str, str]
     assert "PASS gloo interface: eth0 (10.219.17.11)" in text
     assert "PASS all_reduce gloo: 4 ranks on 2 node(s), sum correct" in text
     rows = [line.split() for line in text.splitlines() if line.strip().startswith("gloo ")]
+    peak = max(rows, key=lambda r: float(r[4]))  # the summary names the size of the peak busbw
+    assert f"peak busbw {peak[4]} GB/s (algbw {peak[3]} GB/s) at {peak[1]} B" in text, text
     assert [int(row[1]) for row in rows] == [4, 4096, 262144, 4194304]
     # busbw = algbw * 2(n-1)/n = 1.5 algbw for 4 ranks, both printed with 3 decimals
     assert all(float(r[4]) == pytest.approx(1.5 * float(r[3]), abs=2e-3) for r in rows), rows
