@@ -54,6 +54,7 @@ class DataParallel(nn.DataParallel):  # type: ignore[type-arg]
     ) -> None:
         split_sizes(1, 1, first=first_device_batch)  # validates it: one line naming the value
         super().__init__(module, device_ids, output_device, dim)
+        self.dim = dim  # torch sets it only when a GPU exists
         self.first_device_batch = first_device_batch
 
     def scatter(

@@ -26,8 +26,6 @@ from ddpkit.errors import ConfigError
 
 __all__ = ["Placement", "plan_placement"]
 
-_IGNORED = frozenset({"meta"})  # parameters not materialized yet have no placement to keep
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -44,7 +42,7 @@ def plan_placement(
 ) -> Placement:
     """The decision for a model whose tensors are on ``devices`` (``chosen``: the strategy
     :func:`ddpkit.worker.wrap.resolve_strategy` picked for ``requested``)."""
-    placed = sorted(set(devices) - _IGNORED)
+    placed = sorted(set(devices))  # "meta" counts: such a module cannot be moved either
     if len(placed) <= 1:
         return Placement(chosen, move=True)
     where = ", ".join(placed)
