@@ -47,4 +47,4 @@ fi
 export DDPKIT_TEST_SLURM_ENV=$DDPKIT_SLURM_DIR/env.sh
 
 echo "== pytest"
-python3 -m pytest "$@"
+python3 -m pytest --durations=30 "$@"

@@ -178,3 +178,16 @@ def test_matches_machine_hostname() -> None:
     assert compat.matches_machine_hostname(socket.gethostname()), TORCH
     assert compat.matches_machine_hostname("localhost"), TORCH
     assert not compat.matches_machine_hostname("no-such-host.invalid"), TORCH
+
+
+@reach
+def test_compiled_inner_finds_the_module_torch_compile_wraps() -> None:
+    model = torch.nn.Linear(2, 2)
+    compiled = torch.compile(model, backend="eager")  # eager: wrapping only, no code generation
+    assert compat.compiled_inner(compiled) is model
+    assert compat.compiled_inner(model) is None
+    # state dicts carry the attribute as a key prefix: what ddpkit.clean_state_dict drops
+    assert list(compiled.state_dict()) == [
+        f"{compat.COMPILED_ATTRIBUTE}.weight",
+        f"{compat.COMPILED_ATTRIBUTE}.bias",
+    ]

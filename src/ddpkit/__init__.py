@@ -5,6 +5,7 @@ Four calls make a training script distributed, and the same script runs as one p
 
     ctx = ddpkit.init()                    # detect the launcher, pick the device, join the group
     model = ddpkit.wrap(model)             # DDP, DataParallel or the plain model
+    step = ddpkit.balanced_loss(model, criterion)  # loss = step(x, y): beside each slice under dp
     train = ddpkit.loader(dataset, 32)     # per-rank shards; the epoch advances by itself
     preds = ddpkit.gather(preds)           # in an eval loop: every sample exactly once
 
@@ -32,6 +33,11 @@ _EXPORTS: dict[str, str] = {
     "current": "ddpkit.worker.context",
     "shutdown": "ddpkit.worker.context",
     "wrap": "ddpkit.worker.wrap",
+    "balanced_loss": "ddpkit.worker.balanced",
+    "Args": "ddpkit.worker.balanced",
+    "unwrap": "ddpkit.worker.state_dict",
+    "clean_state_dict": "ddpkit.worker.state_dict",
+    "load_state_dict": "ddpkit.worker.state_dict",
     "loader": "ddpkit.worker.loader",
     "gather": "ddpkit.worker.gather",
     "save_checkpoint": "ddpkit.worker.checkpoint",
@@ -45,10 +51,13 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "Args",
     "Context",
     "PreemptionGuard",
     "RankInfo",
     "__version__",
+    "balanced_loss",
+    "clean_state_dict",
     "current",
     "detect",
     "expand_nodelist",
@@ -56,6 +65,7 @@ __all__ = [
     "get_logger",
     "init",
     "load_checkpoint",
+    "load_state_dict",
     "loader",
     "preemption_guard",
     "print",
@@ -63,6 +73,7 @@ __all__ = [
     "save_checkpoint",
     "seed_everything",
     "shutdown",
+    "unwrap",
     "wrap",
 ]
 
@@ -70,6 +81,7 @@ if TYPE_CHECKING:
     from ddpkit.cluster.detect import detect
     from ddpkit.cluster.nodelist import expand_nodelist
     from ddpkit.cluster.rankinfo import RankInfo
+    from ddpkit.worker.balanced import Args, balanced_loss
     from ddpkit.worker.checkpoint import load_checkpoint, save_checkpoint
     from ddpkit.worker.context import Context, current, init, shutdown
     from ddpkit.worker.gather import gather
@@ -77,6 +89,7 @@ if TYPE_CHECKING:
     from ddpkit.worker.preempt import PreemptionGuard, preemption_guard
     from ddpkit.worker.progress import progress
     from ddpkit.worker.rankzero import get_logger, print, seed_everything
+    from ddpkit.worker.state_dict import clean_state_dict, load_state_dict, unwrap
     from ddpkit.worker.wrap import wrap
 
 

@@ -15,6 +15,8 @@ version and names that version when one has moved.
     c10d._get_default_store        torch       the peer watchdog's own store connection
     rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
       machine_hostname                         whether this node hosts the c10d store
+    OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
+      and the "_orig_mod." prefix             wraps; state dicts drop the prefix
     SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
       _file_text                               prints the script without submitting
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 __all__ = [
+    "COMPILED_ATTRIBUTE",
+    "compiled_inner",
     "default_store",
     "launch_config_from_args",
     "matches_machine_hostname",
@@ -168,3 +173,21 @@ def submitit_sbatch_text(executor: Any) -> str:
     inner: Any = executor._executor
     text: str = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
     return text
+
+
+# torch.compile's wrapper keeps the original module under this attribute, so its state dict
+# keys start with "_orig_mod." (also inside a parent's keys when a submodule is compiled).
+COMPILED_ATTRIBUTE = "_orig_mod"
+
+
+def compiled_inner(module: object) -> Any:
+    """The module ``torch.compile`` wrapped, when ``module`` is its wrapper; None otherwise.
+
+    Without ``torch._dynamo`` imported no module can have been compiled, so this never
+    imports it (it is slow to import).
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    if wrapper is None or not isinstance(module, wrapper):
+        return None
+    return getattr(module, COMPILED_ATTRIBUTE)

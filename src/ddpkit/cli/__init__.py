@@ -18,6 +18,7 @@ import sys
 from ddpkit import __version__
 from ddpkit.cli import jobs as jobs_cmd
 from ddpkit.cli import run as run_cmd
+from ddpkit.cli import tools as tools_cmd
 from ddpkit.errors import DdpkitError
 
 __all__ = ["build_parser", "main"]
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run_cmd.add_parser(commands)
     jobs_cmd.add_parsers(commands)
+    tools_cmd.add_parsers(commands)
     return parser
 
 

@@ -3,6 +3,12 @@
     context        init() / current() / shutdown(): detect, choose the device, join the group
     process_group  the rendezvous itself: master probe, store, init_process_group, timeouts
     wrap           DDP, DataParallel or the plain model
+    placement      the pure decision for a model split across devices (kept, never moved)
+    dataparallel   nn.DataParallel with ddpkit's scatter, threads and gather
+    balanced       balanced_loss: the loss beside each slice under dp, plain elsewhere
+    parallel       the dp engine: slices to devices, replicas, threads with the caller's state
+    structure      split / concat / combine for any structure (pure, tested on CPU)
+    state_dict     unwrap, clean_state_dict, load_state_dict: one format across modes
     loader         per-rank shards whose epoch advances by itself; resumable position
     gather         every rank's rows of an evaluation step, padding duplicates removed
     checkpoint     atomic, collective save / load with every rank's RNG state

@@ -20,9 +20,13 @@ written here) counts as the oldest: a load skips it with a warning, a save prune
 Files of format 1 (before the sequence) count as older than any later save, by step among
 themselves.
 
-Values with ``state_dict()`` are stored as their state dict. ``DistributedDataParallel`` and
-``DataParallel`` are unwrapped first (their ``.module``), so a checkpoint holds the bare
-model's keys (no ``module.`` prefix) and loads into a wrapped or a bare model alike. Every
+Values with ``state_dict()`` are stored as their state dict. ``DistributedDataParallel``,
+``DataParallel`` and ``torch.compile`` wrappers are unwrapped first
+(:func:`ddpkit.worker.state_dict.unwrap`), so a checkpoint holds the bare model's keys (no
+``module.`` or ``_orig_mod.`` prefix); a module is restored with
+:func:`ddpkit.worker.state_dict.load_state_dict`, which matches keys with the prefixes removed
+on both sides: a checkpoint saved under single, dp, ddp or a compiled model loads into any
+of them, also one whose state was saved with the prefixes (by an older save or by hand). Every
 rank's RNG states (python, numpy when installed, torch CPU, torch CUDA when available) are
 gathered to the main rank and saved, and each rank gets its own back on load. Ranks are the
 process group's (:func:`ddpkit.worker.context.current_or_none`), whether ``ddpkit.init()`` or plain
@@ -61,6 +65,7 @@ import torch.distributed as dist
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
+from ddpkit.worker.state_dict import load_state_dict, unwrap
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
@@ -172,8 +177,10 @@ def load_checkpoint(
     try:
         for key, value in payload["state"].items():
             target = state.get(key)
-            if hasattr(target, "load_state_dict"):
-                _unwrap(target).load_state_dict(value)
+            if isinstance(target, torch.nn.Module):
+                load_state_dict(target, value)
+            elif target is not None and hasattr(target, "load_state_dict"):
+                target.load_state_dict(value)
             else:
                 state[key] = value
     except Exception as error:  # shared below: no rank may train on from a partial restore
@@ -288,13 +295,9 @@ def _check_count(name: str, value: object, *, minimum: int, hint: str) -> None:
         raise ConfigError(f"{name}={value!r} must be an int >= {minimum}", hint=hint)
 
 
-def _unwrap(value: Any) -> Any:
-    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    return value.module if isinstance(value, wrappers) else value
-
-
 def _saveable(value: Any) -> Any:
-    value = _unwrap(value)
+    if isinstance(value, torch.nn.Module):
+        value = unwrap(value)
     return value.state_dict() if hasattr(value, "state_dict") else value
 
 

@@ -2,7 +2,13 @@
 
 ``"auto"`` picks DDP when the world has more than one process, DataParallel when one process
 sees several GPUs, and the plain model otherwise, so the same script runs under a launcher,
-on one multi-GPU machine, or on a laptop. The choice is the pure :func:`resolve_strategy`.
+on one multi-GPU machine, or on a laptop. The choice is the pure :func:`resolve_strategy`;
+``"dp"`` on a machine without GPUs becomes ``"single"`` with one warning. DataParallel is
+ddpkit's (:class:`ddpkit.worker.dataparallel.DataParallel`: any structure, the autocast dtype
+in the replicas, an uneven split); train it with :func:`ddpkit.balanced_loss`.
+
+A model whose parts are on several devices is never moved: :mod:`ddpkit.worker.placement`
+decides what happens to it (kept in place, DDP with ``device_ids=None``, or a clear error).
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
 from ddpkit.worker.context import Context, current
+from ddpkit.worker.dataparallel import DataParallel
+from ddpkit.worker.placement import Placement, plan_placement
+from ddpkit.worker.structure import split_sizes
 
 __all__ = ["STRATEGIES", "resolve_strategy", "wrap"]
 
@@ -52,6 +61,8 @@ def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device
             "gradients between processes",
             hint="use strategy='ddp' (or 'auto') when a launcher starts several processes",
         )
+    if strategy == "dp" and (device_type != "cuda" or device_count == 0):
+        return "single"  # the same script on a machine without GPUs; wrap warns
     if strategy != "auto":
         return strategy
     if world_size > 1:
@@ -62,7 +73,12 @@ def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device
 
 
 def wrap(
-    model: nn.Module, strategy: str = "auto", *, sync_batchnorm: bool = False, **ddp_kwargs: Any
+    model: nn.Module,
+    strategy: str = "auto",
+    *,
+    sync_batchnorm: bool = False,
+    first_device_batch: int | None = None,
+    **ddp_kwargs: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for ``strategy``; needs ``ddpkit.init()``.
 
@@ -72,6 +88,10 @@ def wrap(
     ``sync_batchnorm=True`` converts BatchNorm layers to ``SyncBatchNorm``; that only means
     something under DDP on GPUs (batch statistics synchronized across processes): the other
     strategies, and DDP on CPU (which torch refuses), ignore it with a warning.
+    ``first_device_batch``: under ``dp``, at most that many samples of each batch on the
+    first GPU (the output device); ignored by the other strategies.
+    A model with parts on several devices keeps its placement (see
+    :mod:`ddpkit.worker.placement`).
     """
     context = current()
     if isinstance(model, DistributedDataParallel | nn.DataParallel):
@@ -87,9 +107,23 @@ def wrap(
         device_count=visible,
     )
     _check_ddp_kwargs(ddp_kwargs, strategy, chosen)
-    model = model.to(context.device)
+    split_sizes(1, 1, first=first_device_batch)  # a bad value fails in every mode, not on GPUs only
+    if strategy == "dp" and chosen == "single":
+        warnings.warn(
+            f"strategy='dp' on {context.device.type} without GPUs: running as 'single' (the "
+            "same script uses DataParallel where several GPUs are visible)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    devices = {str(tensor.device) for tensor in [*model.parameters(), *model.buffers()]}
+    placement = plan_placement(
+        devices, requested=strategy, chosen=chosen, ddp_options=list(ddp_kwargs)
+    )
+    chosen = placement.strategy
+    if placement.move:
+        model = model.to(context.device)
     if chosen == "ddp":
-        return _wrap_ddp(model, context, sync_batchnorm, ddp_kwargs)
+        return _wrap_ddp(model, context, sync_batchnorm, ddp_kwargs, placement)
     if sync_batchnorm:
         warnings.warn(
             f"sync_batchnorm=True ignored: strategy resolved to {chosen!r}, and SyncBatchNorm "
@@ -97,7 +131,9 @@ def wrap(
             RuntimeWarning,
             stacklevel=2,
         )
-    return nn.DataParallel(model) if chosen == "dp" else model
+    if chosen == "dp":
+        return DataParallel(model, first_device_batch=first_device_batch)
+    return model
 
 
 def _check_ddp_kwargs(ddp_kwargs: dict[str, Any], strategy: str, chosen: str) -> None:
@@ -115,7 +151,11 @@ def _check_ddp_kwargs(ddp_kwargs: dict[str, Any], strategy: str, chosen: str) ->
 
 
 def _wrap_ddp(
-    model: nn.Module, context: Context, sync_batchnorm: bool, ddp_kwargs: dict[str, Any]
+    model: nn.Module,
+    context: Context,
+    sync_batchnorm: bool,
+    ddp_kwargs: dict[str, Any],
+    placement: Placement,
 ) -> nn.Module:
     if sync_batchnorm and context.device.type == "cpu":
         # DDP raises for SyncBatchNorm in CPU modules; keep the same script usable on a laptop.
@@ -128,6 +168,8 @@ def _wrap_ddp(
     elif sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
     options = dict(ddp_kwargs)
-    if context.device.type == "cuda":
+    if placement.ddp_device_ids is None:
+        options["device_ids"] = None  # a module on several GPUs (torch's rule)
+    elif context.device.type == "cuda":
         options.setdefault("device_ids", [context.device.index])
     return DistributedDataParallel(model, **options)

@@ -1,0 +1,236 @@
+"""The doctor's checks: pure functions over facts, each returning one :class:`Check`.
+
+A check never does I/O: :mod:`ddpkit.tools.doctor` gathers the facts (per rank, then across
+ranks through the store) and hands them here, so every verdict is table-tested without a
+cluster. Where the runtime already has the rule (device choice, one GPU per rank), the check
+calls the runtime's own function and turns its ``TopologyError`` into a FAIL line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ddpkit.cluster.devices import check_distinct_gpus, parse_visible_devices
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.errors import DdpkitError
+from ddpkit.tools.netinfo import Choice, is_loopback
+
+__all__ = [
+    "Check",
+    "RankFacts",
+    "check_arrivals",
+    "check_free_space",
+    "check_gpus",
+    "check_interface",
+    "check_layout",
+    "check_master_address",
+    "check_versions",
+    "check_visible_devices",
+    "from_error",
+]
+
+Status = Literal["PASS", "WARN", "FAIL"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict: ``PASS|WARN|FAIL <name>: <detail> (hint: ...)`` (no hint on PASS)."""
+
+    status: Status
+    name: str
+    detail: str
+    hint: str | None = None
+
+    def line(self) -> str:
+        hint = f" (hint: {self.hint})" if self.hint and self.status != "PASS" else ""
+        return f"{self.status} {self.name}: {self.detail}{hint}"
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What one rank tells rank 0 (JSON through the store)."""
+
+    rank: int
+    local_world_size: int
+    node: str  # SLURMD_NODENAME when set (nodes may share a host name), else the host name
+    torch: str
+    nccl: str | None
+    cuda_visible_devices: str | None
+    gpu_uuids: list[str] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)  # its own checks, as dicts
+
+
+def from_error(name: str, error: DdpkitError) -> Check:
+    """A FAIL line from one of ddpkit's errors, its message and hint kept apart."""
+    return Check("FAIL", name, " ".join(error.message.split()), error.hint)
+
+
+def check_master_address(info: RankInfo, resolved: Sequence[str]) -> Check:
+    """MASTER_ADDR resolves, and is not loopback when the job spans several nodes."""
+    addr = info.master_addr
+    if not resolved:
+        return Check(
+            "FAIL",
+            "master address",
+            f"MASTER_ADDR={addr} does not resolve",
+            "check the spelling, or use rank 0's IP address",
+        )
+    if info.num_nodes > 1 and (is_loopback(addr) or all(is_loopback(a) for a in resolved)):
+        return Check(
+            "FAIL",
+            "master address",
+            f"the job spans {info.num_nodes} nodes but MASTER_ADDR={addr} is loopback "
+            f"({', '.join(resolved)}): ranks on other nodes would wait for their own host",
+            "set MASTER_ADDR to rank 0's host name (the first host of SLURM_JOB_NODELIST), "
+            "or unset it under srun and let ddpkit take the first node",
+        )
+    return Check("PASS", "master address", f"MASTER_ADDR={addr} resolves to {', '.join(resolved)}")
+
+
+def check_interface(backend: str, choice: Choice, num_nodes: int, route: str | None) -> Check:
+    """The interface ``backend`` would use exists, and is not loopback on several nodes."""
+    name = f"{backend} interface"
+    variable = f"{backend.upper()}_SOCKET_IFNAME"
+    suggest = (
+        f"export {variable}={route} (the interface of the route to MASTER_ADDR)"
+        if route and route != choice.interface
+        else f"export {variable}=<the interface of the cluster network>"
+    )
+    if choice.interface is None or choice.address is None:
+        return Check("FAIL", name, choice.reason, suggest)
+    where = f"{choice.interface} ({choice.address}), because {choice.reason}"
+    if choice.loopback and num_nodes > 1:
+        return Check("FAIL", name, f"{where}: loopback on a {num_nodes}-node job", suggest)
+    return Check("PASS", name, where)
+
+
+def check_arrivals(world_size: int, arrived: Sequence[int], waited_s: float) -> Check:
+    """Every rank reported to rank 0; names the ones that never showed up."""
+    missing = sorted(set(range(world_size)) - set(arrived))
+    if missing:
+        shown = ", ".join(str(r) for r in missing[:20]) + (" ..." if len(missing) > 20 else "")
+        return Check(
+            "FAIL",
+            "ranks",
+            f"{len(missing)} of {world_size} ranks never showed up within {waited_s:g} s: {shown}",
+            "did those ranks start (check their logs and the launcher's task count)? a rank "
+            "that cannot reach the master prints its own FAIL line",
+        )
+    return Check("PASS", "ranks", f"all {world_size} ranks reported")
+
+
+def check_layout(info: RankInfo, facts: Sequence[RankFacts]) -> Check:
+    """The nodes hosting ranks match the node count, and each node's ranks its local size."""
+    per_node: dict[str, list[RankFacts]] = {}
+    for fact in facts:
+        per_node.setdefault(fact.node, []).append(fact)
+    counts = ", ".join(f"{node}: {len(ranks)}" for node, ranks in per_node.items())
+    hint = (
+        "tasks x processes must equal the world size: one torchrun per node, or one srun "
+        "task per process, never both"
+    )
+    if len(per_node) != info.num_nodes:
+        return Check(
+            "FAIL",
+            "layout",
+            f"{len(per_node)} nodes host ranks ({counts}) but the launcher says {info.num_nodes}",
+            hint,
+        )
+    for node, ranks in per_node.items():
+        if len(ranks) != ranks[0].local_world_size:
+            return Check(
+                "FAIL",
+                "layout",
+                f"{len(ranks)} ranks on {node} but LOCAL_WORLD_SIZE={ranks[0].local_world_size}",
+                hint,
+            )
+    return Check(
+        "PASS",
+        "layout",
+        f"{info.world_size} ranks on {info.num_nodes} node(s) ({counts}), launcher {info.launcher}",
+    )
+
+
+def check_versions(facts: Sequence[RankFacts]) -> Check:
+    """torch (and NCCL, where present) are the same version on every rank."""
+    for what, values in (("torch", [f.torch for f in facts]), ("NCCL", [f.nccl for f in facts])):
+        seen: dict[str | None, list[int]] = {}
+        for fact, value in zip(facts, values, strict=True):
+            seen.setdefault(value, []).append(fact.rank)
+        if len(seen) > 1:
+            shown = "; ".join(f"{v}: ranks {_ranks(r)}" for v, r in seen.items())
+            return Check(
+                "FAIL",
+                "versions",
+                f"{what} differs between ranks ({shown})",
+                "use one environment (venv / module) on every node",
+            )
+    nccl = facts[0].nccl if facts else None
+    torch = facts[0].torch if facts else "?"
+    return Check(
+        "PASS", "versions", f"torch {torch}" + (f", NCCL {nccl}" if nccl else "") + " on every rank"
+    )
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ",".join(str(r) for r in ranks[:8]) + ("..." if len(ranks) > 8 else "")
+
+
+def check_gpus(facts: Sequence[RankFacts]) -> Check:
+    """No two ranks on one physical GPU (the runtime's own check, by GPU uuid and node)."""
+    if not any(f.gpu_uuids for f in facts):
+        return Check("PASS", "gpus", "no GPUs in use (CPU ranks)")
+    try:
+        check_distinct_gpus([(f.node, f.gpu_uuids) for f in facts])
+    except DdpkitError as exc:
+        return from_error("gpus", exc)
+    return Check("PASS", "gpus", f"{sum(len(f.gpu_uuids) for f in facts)} GPUs, one per rank")
+
+
+def check_visible_devices(facts: Sequence[RankFacts]) -> Check:
+    """On each node, CUDA_VISIBLE_DEVICES is the same for all ranks or disjoint between them."""
+    per_node: dict[str, list[RankFacts]] = {}
+    for fact in facts:
+        per_node.setdefault(fact.node, []).append(fact)
+    for node, ranks in per_node.items():
+        lists = [tuple(parse_visible_devices(f.cuda_visible_devices) or ()) for f in ranks]
+        if len(set(lists)) <= 1:
+            continue
+        owned: dict[str, int] = {}
+        for fact, devices in zip(ranks, lists, strict=True):
+            for device in devices:
+                if device in owned:
+                    return Check(
+                        "WARN",
+                        "CUDA_VISIBLE_DEVICES",
+                        f"on {node} ranks {owned[device]} and {fact.rank} both see GPU {device} "
+                        "but their lists differ",
+                        "give every task the same list, or disjoint lists (--gpus-per-task)",
+                    )
+                owned[device] = fact.rank
+    values = sorted({f.cuda_visible_devices or "unset" for f in facts})
+    return Check("PASS", "CUDA_VISIBLE_DEVICES", "consistent: " + " | ".join(values[:8]))
+
+
+def check_free_space(folders: Mapping[str, int | None], min_free_bytes: int) -> Check:
+    """Every folder (log, checkpoint) has at least ``min_free_bytes`` free (None: unknown)."""
+    shown = []
+    for folder, free in folders.items():
+        if free is None:
+            return Check(
+                "WARN",
+                "free space",
+                f"{folder}: cannot be examined",
+                "create it, or pass the folder your job writes to with --dir",
+            )
+        shown.append(f"{folder} {free / 2**30:.1f} GiB")
+        if free < min_free_bytes:
+            return Check(
+                "FAIL",
+                "free space",
+                f"{folder} has {free / 2**30:.2f} GiB free, under {min_free_bytes / 2**30:g} GiB",
+                "free space, or write logs and checkpoints elsewhere",
+            )
+    return Check("PASS", "free space", ", ".join(shown))

@@ -1,0 +1,296 @@
+"""``ddpkit doctor``: every rank checks itself, rank 0 checks them together, all bounded.
+
+The steps, each within ``timeout_s``:
+
+1. Local, on every rank: the launcher's rank record (:func:`ddpkit.cluster.detect`, the
+   runtime's own checks: torchrun inside a multi-task srun step, a batch script without srun,
+   DDPKIT_EXPECTED_WORLD_SIZE), the master address, the interface gloo (and NCCL) would use,
+   the device choice, free space in the folders.
+2. Meeting, through a TCP store as the runtime forms it: rank 0 hosts it on MASTER_PORT (a
+   port already in use is a FAIL) or on the first free candidate of a SLURM step's port search;
+   the others probe the master first (:func:`~ddpkit.worker.process_group.probe_master`), so an
+   unreachable master is a FAIL naming it. Under ``ddpkit run`` / torchrun every rank uses the
+   agent's store instead. Each rank writes its facts; rank 0 polls until all arrived or the
+   time is up, and names the ranks that never showed up.
+3. Across ranks, on rank 0: layout, versions, one GPU per rank, CUDA_VISIBLE_DEVICES. Rank 0
+   publishes the verdict; every rank exits 1 when a check failed (its own, or rank 0's).
+4. Unless a check failed or ``comm=False``: the all_reduce sweep (:mod:`.commtest`) on gloo,
+   and on NCCL where CUDA exists, with the references.
+
+Rank 0 prints the report; another rank prints only what it could not deliver to rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.cluster.detect import detect
+from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
+from ddpkit.errors import DdpkitError
+from ddpkit.tools import netinfo
+from ddpkit.tools.checks import (
+    Check,
+    RankFacts,
+    check_arrivals,
+    check_free_space,
+    check_gpus,
+    check_interface,
+    check_layout,
+    check_master_address,
+    check_versions,
+    check_visible_devices,
+    from_error,
+)
+
+if TYPE_CHECKING:
+    from ddpkit.tools.meeting import Meeting
+
+__all__ = ["DEFAULT_TIMEOUT_S", "DoctorOptions", "Report", "run_doctor"]
+
+DEFAULT_TIMEOUT_S = 30.0
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What ``ddpkit doctor``'s flags ask for."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    quick: bool = False
+    comm: bool = True
+    folders: tuple[str, ...] = ()
+    min_free_gb: float = 1.0
+
+
+@dataclass
+class Report:
+    """The checks (one line each), the sweep rows and the references (rank 0's view)."""
+
+    rank: int
+    checks: list[Check]
+    allreduce: list[dict[str, Any]]
+    references: dict[str, float | None]
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "FAIL" for c in self.checks)
+
+    def text(self, *, problems_only: bool = False) -> str:
+        """The check lines (only WARN/FAIL with ``problems_only``), then the sweep's table."""
+        lines = [c.line() for c in self.checks if c.status != "PASS" or not problems_only]
+        if self.allreduce:
+            lines.append(
+                f"{'backend':>8} {'size (B)':>10} {'time (us)':>11} "
+                f"{'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+            )
+            lines += [
+                f"{r['backend']:>8} {r['size_bytes']:>10} {r['time_us']:>11.1f} "
+                f"{r['algbw_gbps']:>13.3f} {r['busbw_gbps']:>13.3f}"
+                for r in self.allreduce
+            ]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "rank": self.rank,
+                "ok": not self.failed,
+                "checks": [asdict(c) for c in self.checks],
+                "allreduce": self.allreduce,
+                "references": self.references,
+            }
+        )
+
+
+def run_doctor(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Report:
+    """Run every check for this rank (see the module docstring); never raises a DdpkitError."""
+    snapshot = dict(os.environ if env is None else env)
+    try:
+        info = detect(snapshot)
+    except DdpkitError as exc:
+        return Report(0, [from_error("launcher", exc)], [], {})
+    checks = _launcher_checks(info)
+    if info.master_port == ANY_PORT:  # a world of one: nothing chose a port yet
+        info = replace(info, master_port=free_port(info.master_addr))
+    checks += _local_checks(info, snapshot, options)
+    facts = _facts(info, snapshot, checks)
+    from ddpkit.tools import meeting
+
+    met = meeting.meet(info, snapshot, options.timeout_s)
+    if isinstance(met, Check):
+        return Report(info.rank, [*checks, met], [], {})
+    with met.store_closing():
+        return _together(info, met, facts, checks, options)
+
+
+def _launcher_checks(info: RankInfo) -> list[Check]:
+    detail = (
+        f"{info.launcher}: rank {info.rank} of {info.world_size}, node {info.node_rank} "
+        f"of {info.num_nodes}, master {info.master_addr}:{info.master_port or 'any'}"
+    )
+    if info.notes:
+        return [
+            Check(
+                "FAIL",
+                "launcher",
+                f"{detail}; {' '.join(info.notes)}",
+                "run the tasks with `srun ddpkit doctor`",
+            )
+        ]
+    return [Check("PASS", "launcher", detail)]
+
+
+def _local_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions) -> list[Check]:
+    found = netinfo.interfaces()
+    resolved = netinfo.resolve(info.master_addr, min(5.0, options.timeout_s))
+    route = netinfo.route_to(resolved[0]) if resolved else None
+    route_if = netinfo.interface_of(route, found) if route else None
+    gloo = netinfo.gloo_choice(env, found, socket.gethostname())
+    checks = [
+        check_master_address(info, resolved),
+        check_interface("gloo", gloo, info.num_nodes, route_if),
+        _device_check(info, env),
+    ]
+    if _cuda():
+        checks.append(
+            check_interface("nccl", netinfo.nccl_choice(env, found), info.num_nodes, route_if)
+        )
+    folders = options.folders or (os.getcwd(),)
+    free = {folder: _free_bytes(folder) for folder in folders}
+    checks.append(check_free_space(free, int(options.min_free_gb * 2**30)))
+    return checks
+
+
+def _free_bytes(folder: str) -> int | None:
+    """Free bytes where ``folder`` is or will be (its nearest existing parent)."""
+    path = Path(folder).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _device_check(info: RankInfo, env: Mapping[str, str]) -> Check:
+    import torch
+
+    from ddpkit.cluster.devices import choose_device
+
+    cuda = torch.cuda.is_available()
+    try:
+        device = choose_device(
+            info.local_rank,
+            info.local_world_size,
+            cuda,
+            torch.cuda.device_count() if cuda else 0,
+            env.get("CUDA_VISIBLE_DEVICES"),
+        )
+    except DdpkitError as exc:
+        return from_error("device", exc)
+    return Check("PASS", "device", f"rank {info.rank} would compute on {device}")
+
+
+def _facts(info: RankInfo, env: Mapping[str, str], checks: Sequence[Check]) -> RankFacts:
+    import torch
+
+    from ddpkit.tools.commtest import nccl_version
+
+    nccl = nccl_version()
+    uuids: list[str] = []
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        index = info.local_rank if count >= info.local_world_size else 0
+        uuids = [str(torch.cuda.get_device_properties(index).uuid)]
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    return RankFacts(
+        info.rank,
+        info.local_world_size,
+        node,
+        str(torch.__version__),
+        nccl,
+        env.get("CUDA_VISIBLE_DEVICES"),
+        uuids,
+        [asdict(c) for c in checks if c.status != "PASS"],
+    )
+
+
+def _together(
+    info: RankInfo, met: Meeting, facts: RankFacts, checks: list[Check], options: DoctorOptions
+) -> Report:
+    """Steps 2-4 once the store is reached: exchange, cross-rank checks, verdict, sweep."""
+    met.store.set(f"facts/{info.rank}", json.dumps(asdict(facts)))
+    if info.rank == 0:
+        checks = [*checks, met.check, *_gather_checks(info, met, options.timeout_s)]
+        ok = not any(c.status == "FAIL" for c in checks)
+        met.store.set("verdict", "ok" if ok else "fail")
+    else:
+        verdict = met.wait_for("verdict", 2 * options.timeout_s + 5)
+        if verdict is None:
+            checks.append(
+                Check(
+                    "FAIL",
+                    "verdict",
+                    f"rank 0 gave no verdict within {2 * options.timeout_s + 5:g} s",
+                    "see rank 0's output",
+                )
+            )
+            return Report(info.rank, checks, [], {})
+        ok = verdict == "ok"
+        checks = [*checks, met.check] + (
+            [] if ok else [Check("FAIL", "verdict", "rank 0 found a failed check")]
+        )
+    report = Report(info.rank, checks, [], {})
+    if ok and options.comm:
+        from ddpkit.tools import commrun
+
+        commrun.run(report, info, met.store, options)
+    return report
+
+
+def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check]:
+    store = met.store
+    keys = [f"facts/{r}" for r in range(info.world_size)]
+    arrived = _poll(
+        lambda: [r for r, k in enumerate(keys) if store.check([k])], info.world_size, timeout_s
+    )
+    facts = [RankFacts(**json.loads(store.get(keys[r]).decode())) for r in arrived]
+    met.present = tuple(arrived)
+    checks = [check_arrivals(info.world_size, arrived, timeout_s)]
+    for fact in facts[1:]:  # other ranks' own WARN/FAIL lines, named by rank
+        checks += [
+            Check(c["status"], f"rank {fact.rank} {c['name']}", c["detail"], c["hint"])
+            for c in fact.checks
+        ]
+    if len(arrived) == info.world_size:
+        checks += [
+            check_layout(info, facts),
+            check_versions(facts),
+            check_gpus(facts),
+            check_visible_devices(facts),
+        ]
+    return checks
+
+
+def _poll(arrived: Callable[[], list[int]], world_size: int, timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    found = arrived()
+    while len(found) < world_size and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        found = arrived()
+    return found

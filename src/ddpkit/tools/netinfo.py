@@ -1,0 +1,227 @@
+"""Network facts without torch: interfaces, the route to an address, the backends' choice.
+
+Interfaces come from ``socket.if_nameindex`` and ``/sys/class/net`` (flags, state), IPv4
+addresses from the ``SIOCGIFADDR`` ioctl and IPv6 ones from ``/proc/net/if_inet6`` (Linux).
+
+Which interface a backend would use, as the backends decide it:
+
+* gloo: ``GLOO_SOCKET_IFNAME`` when set (its first name); otherwise the address the host name
+  resolves to, if a socket can bind it, else loopback (torch's ``createDefaultDevice``). A host
+  name that resolves to 127.0.1.1 (Debian's /etc/hosts) gives loopback: fine on one node, a
+  hang on several.
+* NCCL's socket transport: ``NCCL_SOCKET_IFNAME`` (prefixes; ``^`` excludes, ``=`` exact)
+  when set; otherwise the first interface that is up, has an address and is neither ``lo``
+  nor ``docker*``, InfiniBand (``ib*``) first. An approximation of NCCL's own search, said so.
+
+Name resolution can block for long on a broken resolver, so it runs in a thread with a bound.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "Choice",
+    "Interface",
+    "gloo_choice",
+    "interface_of",
+    "interfaces",
+    "is_loopback",
+    "nccl_choice",
+    "resolve",
+    "route_to",
+]
+
+_SIOCGIFADDR = 0x8915
+_IFF_LOOPBACK = 0x8
+_SYS_NET = Path("/sys/class/net")
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One network interface: its name, whether it is up and loopback, its addresses."""
+
+    name: str
+    up: bool
+    loopback: bool
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The interface (and address) a backend would use, and why; ``interface`` None if none."""
+
+    interface: str | None
+    address: str | None
+    reason: str
+
+    @property
+    def loopback(self) -> bool:
+        return self.address is not None and is_loopback(self.address)
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost`` (names must be resolved first otherwise)."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip().strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _ipv4(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(
+                sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode())
+            )
+        except OSError:  # no IPv4 address
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _ipv6_table() -> dict[str, list[str]]:
+    table: dict[str, list[str]] = {}
+    try:
+        lines = Path("/proc/net/if_inet6").read_text().splitlines()
+    except OSError:
+        return table
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 6:
+            address = str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
+            table.setdefault(fields[5], []).append(address)
+    return table
+
+
+def _sys_flag(name: str, attribute: str) -> str:
+    try:
+        return (_SYS_NET / name / attribute).read_text().strip()
+    except OSError:
+        return ""
+
+
+def interfaces() -> list[Interface]:
+    """Every interface of this host (network namespace), in kernel index order."""
+    ipv6 = _ipv6_table()
+    found = []
+    for _, name in sorted(socket.if_nameindex()):
+        flags = _sys_flag(name, "flags")
+        loopback = bool(int(flags, 16) & _IFF_LOOPBACK) if flags else name == "lo"
+        state = _sys_flag(name, "operstate")
+        addresses = tuple(a for a in [_ipv4(name), *ipv6.get(name, [])] if a)
+        found.append(
+            Interface(name, state in ("up", "unknown") and bool(addresses), loopback, addresses)
+        )
+    return found
+
+
+def resolve(host: str, bound_s: float = 5.0) -> list[str]:
+    """The addresses ``host`` resolves to (IPv4 first), or [] when it does not within bound_s."""
+    found: list[str] = []
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return
+        found.extend(dict.fromkeys(str(info[4][0]) for info in infos))
+
+    thread = threading.Thread(target=lookup, name="ddpkit-resolve", daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    return sorted(found, key=lambda a: ":" in a) if not thread.is_alive() else []
+
+
+def route_to(address: str) -> str | None:
+    """The local address the kernel would send from to reach ``address`` (no packet is sent)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((address, 9))  # UDP connect only picks the route
+        except OSError:
+            return None
+        local: str = sock.getsockname()[0]
+    return local
+
+
+def interface_of(address: str, found: Sequence[Interface]) -> str | None:
+    """The name of the interface holding ``address`` (loopback for any 127.x), else None."""
+    for interface in found:
+        if address in interface.addresses:
+            return interface.name
+    if is_loopback(address):
+        return next((i.name for i in found if i.loopback), "lo")
+    return None
+
+
+def _bindable(address: str) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _named(variable: str, names: str, found: Sequence[Interface]) -> Choice:
+    first = names.split(",", maxsplit=1)[0].strip()
+    interface = next((i for i in found if i.name == first), None)
+    if interface is None:
+        known = ", ".join(i.name for i in found)
+        return Choice(None, None, f"{variable}={names} names no interface here (have: {known})")
+    address = interface.addresses[0] if interface.addresses else None
+    return Choice(first, address, f"{variable}={names}")
+
+
+def gloo_choice(
+    env: Mapping[str, str],
+    found: Sequence[Interface],
+    hostname: str,
+    resolver: Callable[[str], list[str]] = resolve,
+) -> Choice:
+    """The interface gloo would use for this process (see the module docstring)."""
+    names = env.get("GLOO_SOCKET_IFNAME", "").strip()
+    if names:
+        return _named("GLOO_SOCKET_IFNAME", names, found)
+    for address in resolver(hostname):
+        if _bindable(address):
+            return Choice(
+                interface_of(address, found),
+                address,
+                f"the host name {hostname} resolves to {address}",
+            )
+    return Choice(
+        interface_of("127.0.0.1", found),
+        "127.0.0.1",
+        f"the host name {hostname} resolves to no usable address: loopback",
+    )
+
+
+def _nccl_matches(spec: str, name: str) -> bool:
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    prefixes = [p.strip() for p in spec.lstrip("=").split(",") if p.strip()]
+    hit = any(name == p if exact else name.startswith(p) for p in prefixes)
+    return hit != exclude
+
+
+def nccl_choice(env: Mapping[str, str], found: Sequence[Interface]) -> Choice:
+    """The interface NCCL's socket transport would most likely use (see the module docstring)."""
+    spec = env.get("NCCL_SOCKET_IFNAME", "").strip()
+    reason = f"NCCL_SOCKET_IFNAME={spec}" if spec else "NCCL's default: ib* first, not lo/docker*"
+    usable = [i for i in found if i.up and _nccl_matches(spec or "^docker,lo", i.name)]
+    usable.sort(key=lambda i: not i.name.startswith("ib"))
+    if not usable:
+        return Choice(None, None, f"{reason}: no interface that is up matches")
+    return Choice(usable[0].name, usable[0].addresses[0], reason)

@@ -1,0 +1,196 @@
+"""The doctor's checks and the network choices, as tables over plain facts (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.tools import commtest, netinfo
+from ddpkit.tools.checks import (
+    RankFacts,
+    check_arrivals,
+    check_free_space,
+    check_gpus,
+    check_interface,
+    check_layout,
+    check_master_address,
+    check_versions,
+    check_visible_devices,
+)
+from ddpkit.tools.envreport import MASKED, mask, relevant_variables
+
+
+def info(num_nodes: int = 1, world: int = 2, local: int = 2, addr: str = "n1") -> RankInfo:
+    return RankInfo(0, 0, world, local, 0, num_nodes, addr, 29500, "slurm")
+
+
+def facts(rank: int, node: str = "n1", **kw: object) -> RankFacts:
+    base: dict[str, object] = dict(
+        rank=rank, local_world_size=2, node=node, torch="2.13.0", nccl=None,
+        cuda_visible_devices=None, gpu_uuids=[],
+    )  # fmt: skip
+    return RankFacts(**(base | kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("addr", "resolved", "nodes", "status", "words"),
+    [
+        ("n1", ["10.0.0.1"], 2, "PASS", "resolves to 10.0.0.1"),
+        ("127.0.0.1", ["127.0.0.1"], 1, "PASS", "resolves"),
+        ("127.0.0.1", ["127.0.0.1"], 2, "FAIL", "spans 2 nodes but MASTER_ADDR=127.0.0.1"),
+        ("vm", ["127.0.1.1"], 2, "FAIL", "is loopback"),
+        ("nohost", [], 1, "FAIL", "does not resolve"),
+    ],
+)
+def test_master_address(
+    addr: str, resolved: list[str], nodes: int, status: str, words: str
+) -> None:
+    check = check_master_address(info(num_nodes=nodes, addr=addr), resolved)
+    assert (check.status, check.name) == (status, "master address")
+    assert words in check.detail
+    assert (check.hint is not None) == (status == "FAIL")
+
+
+def test_loopback_interface_fails_only_on_several_nodes_and_suggests_the_route() -> None:
+    lo = netinfo.Choice("lo", "127.0.0.1", "the host name vm resolves to 127.0.0.1")
+    assert check_interface("gloo", lo, 1, "eth0").status == "PASS"
+    check = check_interface("gloo", lo, 2, "eth0")
+    assert check.status == "FAIL" and "loopback on a 2-node job" in check.detail
+    assert check.hint is not None and "GLOO_SOCKET_IFNAME=eth0" in check.hint
+    missing = netinfo.Choice(None, None, "GLOO_SOCKET_IFNAME=ib9 names no interface here")
+    assert check_interface("gloo", missing, 1, None).status == "FAIL"
+
+
+def test_arrivals_name_the_missing_ranks() -> None:
+    check = check_arrivals(4, [0, 2], 3.0)
+    assert check.status == "FAIL"
+    assert check.detail == "2 of 4 ranks never showed up within 3 s: 1, 3"
+    assert check_arrivals(2, [1, 0], 3.0).status == "PASS"
+
+
+def test_layout_catches_a_doubled_world_and_a_missing_node() -> None:
+    good = [facts(0), facts(1), facts(2, "n2"), facts(3, "n2")]
+    assert check_layout(info(num_nodes=2, world=4), good).status == "PASS"
+    doubled = [facts(r, local_world_size=2) for r in range(4)]  # 4 ranks on n1, 2 expected
+    check = check_layout(info(num_nodes=1, world=4), doubled)
+    assert check.status == "FAIL" and "4 ranks on n1 but LOCAL_WORLD_SIZE=2" in check.detail
+    one_node = [facts(r) for r in range(2)]
+    assert check_layout(info(num_nodes=2, world=2), one_node).status == "FAIL"
+
+
+def test_versions_must_agree() -> None:
+    assert check_versions([facts(0), facts(1)]).status == "PASS"
+    check = check_versions([facts(0), facts(1, torch="2.5.0")])
+    assert (
+        check.status == "FAIL"
+        and "torch differs" in check.detail
+        and "2.5.0: ranks 1" in (check.detail)
+    )
+    nccl = check_versions([facts(0, nccl="2.21.5"), facts(1, nccl="2.18.1")])
+    assert nccl.status == "FAIL" and "NCCL differs" in nccl.detail
+
+
+def test_gpus_shared_by_two_ranks_fail_through_the_runtime_check() -> None:
+    assert check_gpus([facts(0), facts(1)]).detail == "no GPUs in use (CPU ranks)"
+    own = [facts(0, gpu_uuids=["GPU-a"]), facts(1, gpu_uuids=["GPU-b"])]
+    assert check_gpus(own).status == "PASS"
+    other_node = [facts(0, gpu_uuids=["GPU-a"]), facts(1, "n2", gpu_uuids=["GPU-a"])]
+    assert check_gpus(other_node).status == "PASS"
+    shared = check_gpus([facts(0, gpu_uuids=["GPU-a"]), facts(1, gpu_uuids=["GPU-a"])])
+    assert shared.status == "FAIL" and "ranks 0 and 1 on n1 share GPU GPU-a" in shared.detail
+
+
+@pytest.mark.parametrize(
+    ("lists", "status"),
+    [
+        ((None, None), "PASS"),
+        (("0,1", "0,1"), "PASS"),
+        (("0", "1"), "PASS"),  # --gpus-per-task: disjoint
+        (("0,1", "1"), "WARN"),
+    ],
+)
+def test_visible_devices_same_or_disjoint(lists: tuple[str | None, ...], status: str) -> None:
+    found = [facts(r, cuda_visible_devices=v) for r, v in enumerate(lists)]
+    assert check_visible_devices(found).status == status
+
+
+def test_free_space() -> None:
+    gib = 2**30
+    assert check_free_space({"/logs": 5 * gib}, gib).status == "PASS"
+    low = check_free_space({"/logs": 5 * gib, "/ckpt": gib // 2}, gib)
+    assert low.status == "FAIL" and low.detail.startswith("/ckpt has 0.50 GiB free")
+    assert check_free_space({"/x": None}, gib).status == "WARN"
+
+
+def test_line_format() -> None:
+    check = check_arrivals(2, [0], 1.0)
+    assert check.line().startswith("FAIL ranks: 1 of 2 ranks never showed up")
+    assert check.line().endswith(")") and " (hint: " in check.line()
+    assert check_arrivals(1, [0], 1.0).line() == "PASS ranks: all 1 ranks reported"
+
+
+IFACES = [
+    netinfo.Interface("lo", True, True, ("127.0.0.1", "::1")),
+    netinfo.Interface("docker0", True, False, ("172.17.0.1",)),
+    netinfo.Interface("eth0", True, False, ("10.0.0.5",)),
+    netinfo.Interface("ib0", True, False, ("10.1.0.5",)),
+    netinfo.Interface("eth1", False, False, ()),
+]
+
+
+def test_gloo_choice() -> None:
+    named = netinfo.gloo_choice({"GLOO_SOCKET_IFNAME": "eth0,ib0"}, IFACES, "h")
+    assert (named.interface, named.address) == ("eth0", "10.0.0.5")
+    absent = netinfo.gloo_choice({"GLOO_SOCKET_IFNAME": "ib7"}, IFACES, "h")
+    assert absent.interface is None and "names no interface" in absent.reason
+    debian = netinfo.gloo_choice({}, IFACES, "h", resolver=lambda _: ["127.0.1.1"])
+    assert debian.loopback and debian.interface == "lo"
+    broken = netinfo.gloo_choice({}, IFACES, "h", resolver=lambda _: [])
+    assert broken.loopback and "no usable address" in broken.reason
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("", "ib0"), ("eth", "eth0"), ("^ib,lo,docker", "eth0"), ("=eth", None), ("lo", "lo")],
+)
+def test_nccl_choice(spec: str, expected: str | None) -> None:
+    env = {"NCCL_SOCKET_IFNAME": spec} if spec else {}
+    assert netinfo.nccl_choice(env, IFACES).interface == expected
+
+
+def test_loopback_addresses() -> None:
+    assert all(map(netinfo.is_loopback, ["127.0.0.1", "127.0.1.1", "::1", "localhost"]))
+    assert not any(map(netinfo.is_loopback, ["10.0.0.1", "n1", "fe80::1%eth0"]))
+
+
+def test_this_hosts_interfaces_include_loopback() -> None:
+    found = netinfo.interfaces()
+    assert any(i.loopback and "127.0.0.1" in i.addresses for i in found)
+    assert netinfo.interface_of(netinfo.route_to("127.0.0.1") or "", found) == "lo"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "shown"),
+    [
+        ("HF_TOKEN", "hf_abc", MASKED),
+        ("WANDB_API_KEY", "k", MASKED),
+        ("DB_PASSWORD", "p", MASKED),
+        ("AWS_SECRET_ACCESS_KEY", "s", MASKED),
+        ("DDPKIT_STORE", "redis://user:hunter2@db:6379/0", "redis://user:***@db:6379/0"),
+        ("NCCL_DEBUG", "INFO", "INFO"),
+        ("MASTER_ADDR", "n1", "n1"),
+    ],
+)
+def test_masking(name: str, value: str, shown: str) -> None:
+    assert mask(name, value) == shown
+
+
+def test_relevant_variables_keep_only_launcher_and_backend_ones() -> None:
+    env = {"SLURM_JOB_ID": "7", "HOME": "/root", "RANK": "0", "TORCH_HF_TOKEN": "x", "PATH": "/"}
+    assert relevant_variables(env) == {"RANK": "0", "SLURM_JOB_ID": "7", "TORCH_HF_TOKEN": MASKED}
+
+
+def test_bus_bandwidth_factor_and_iterations_as_nccl_tests() -> None:
+    assert [commtest.bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
+    assert commtest.FULL_SIZES[0] == 4 and commtest.FULL_SIZES[-1] == 64 * 2**20
+    assert commtest.iterations(4, quick=True) == 50 and commtest.iterations(2**26, False) == 3
