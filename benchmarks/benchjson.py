@@ -6,7 +6,9 @@
      "notes": ["<optional: e.g. 'accelerate: not installed'>"]}
 
 A variant whose name starts with ``ddpkit`` is ddpkit's side of a figure; the others are its
-baselines. ``notes`` is optional (the report prints it under the bench's table).
+baselines, except rows with ``"reference": true`` (what the link or the hardware does alone,
+e.g. a raw socket: shown, never a baseline ddpkit is "behind"). ``notes`` is optional (the
+report prints it under the bench's table).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def row(
     higher_is_better: bool,
     *,
     x: float | None = None,
+    reference: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "figure": figure,
@@ -66,6 +69,8 @@ def row(
     }
     if x is not None:
         out["x"] = float(x)
+    if reference:
+        out["reference"] = True
     return out
 
 

@@ -33,7 +33,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from report_render import STDERR_LINES, Outcome, check_document, plot, render_markdown
+from report_render import (
+    STDERR_LINES,
+    Outcome,
+    check_document,
+    mark_references,
+    plot,
+    render_markdown,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -111,7 +118,8 @@ def run_bench(
     problem = check_document(doc)
     if problem:
         return Outcome(name, "failed", seconds, f"bad --json output: {problem}", tail)
-    return Outcome(name, "ok", seconds, doc=doc)
+    output = "\n".join(stdout.splitlines()[-STDERR_LINES:])
+    return Outcome(name, "ok", seconds, doc=doc, output_tail=output)
 
 
 def _text(data: bytes | str | None) -> str:
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     plots = {}
     for outcome in outcomes:
         if outcome.status == "ok" and outcome.doc["rows"]:
-            plot(outcome.doc, args.out / f"{outcome.name}.png")
+            plot(mark_references(outcome.doc, notes), args.out / f"{outcome.name}.png")
             plots[outcome.name] = f"{outcome.name}.png"
     shown = ["python", "benchmarks/report.py", *(argv if argv is not None else sys.argv[1:])]
     text = render_markdown(

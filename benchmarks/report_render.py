@@ -14,6 +14,7 @@ with the note for it from the hand-edited ``why.yaml`` (bench name -> figure sub
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ class Outcome:
     reason: str = ""  # why it failed or was not run
     stderr_tail: str = ""
     doc: dict[str, Any] = field(default_factory=dict)
+    output_tail: str = ""  # the end of its output: shown when it made no figures
 
 
 def check_document(doc: object) -> str:
@@ -64,6 +66,26 @@ def is_ddpkit(variant: str) -> bool:
     return variant.lower().startswith("ddpkit")
 
 
+def competes(row: Mapping[str, Any]) -> bool:
+    """A baseline ddpkit is measured against: not ddpkit's, not a reference (a link's ceiling)."""
+    return not is_ddpkit(row["variant"]) and not row.get("reference")
+
+
+def mark_references(doc: Mapping[str, Any], notes: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``doc`` whose rows matching why.yaml's ``_references`` say ``reference: true``."""
+    names = [str(name).lower() for name in notes.get("_references") or []]
+    rows = [
+        {**row, "reference": True} if any(name in row["variant"].lower() for name in names) else row
+        for row in doc.get("rows", [])
+    ]
+    return {**doc, "rows": rows}
+
+
+def shown_command(command: str) -> str:
+    """The command without a ``--json FILE`` (a temporary file of the report's run)."""
+    return " ".join(re.sub(r"\s--json(=|\s+)\S+", "", f" {command}").split())
+
+
 def groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Rows by figure, in first-seen order."""
     out: dict[str, list[dict[str, Any]]] = {}
@@ -76,7 +98,7 @@ def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     for row in rows:
         if row["variant"].lower() == "plain torch":
             return row
-    return next((row for row in rows if not is_ddpkit(row["variant"])), None)
+    return next((row for row in rows if competes(row)), None)
 
 
 def gap(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
@@ -92,7 +114,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
     """(ddpkit variant, other variant, gap) for each baseline better than a ddpkit row."""
     out = []
     for ours in (row for row in rows if is_ddpkit(row["variant"])):
-        for theirs in (row for row in rows if not is_ddpkit(row["variant"])):
+        for theirs in (row for row in rows if competes(row)):
             behind = gap(ours, theirs)
             if behind > 0:
                 out.append((ours["variant"], theirs["variant"], behind))
@@ -142,6 +164,7 @@ def figure_lines(
             else:
                 ratio = f"{float(row['value']) / float(base['value']):.3f}" if base["value"] else ""
             name = f"**{row['variant']}**" if is_ddpkit(row["variant"]) else row["variant"]
+            name += " (reference)" if row.get("reference") else ""
             cells = [name, _number(float(row["value"]))] + [ratio] * compared
             where = [_x(x) if x is not None else ""] if sweep else []
             lines.append("| " + " | ".join(where + cells) + " |")
@@ -202,14 +225,20 @@ def render_markdown(
     lines += ["## Benches", "", "| bench | status | seconds | behind |", "|---|---|---|---|"]
     for outcome in outcomes:
         status = outcome.status if not outcome.reason else f"{outcome.status}: {outcome.reason}"
+        marked = mark_references(outcome.doc, notes)
         count = sum(
             any(size > NOISE for _, _, size in verdicts(rows))
-            for rows in groups(outcome.doc.get("rows", [])).values()
+            for rows in groups(marked["rows"]).values()
         )
         lines.append(f"| {outcome.name} | {status} | {outcome.seconds:.0f} | {count or ''} |")
     lines.append("")
     for outcome in outcomes:
         lines += bench_lines(outcome, notes, plots.get(outcome.name))
+    if notes.get("_references"):
+        lines.append(
+            "Rows marked (reference) show what the link or the hardware does alone "
+            "(why.yaml's `_references`): shown, never counted as a baseline ddpkit is behind."
+        )
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -222,8 +251,12 @@ def bench_lines(outcome: Outcome, notes: Mapping[str, Any], plot_file: str | Non
         if outcome.stderr_tail:
             lines += ["```text", outcome.stderr_tail.rstrip(), "```", ""]
         return lines
-    lines[-1] += f" ({outcome.seconds:.0f} s). Command: `{doc['command']}`"
+    lines[-1] += f" ({outcome.seconds:.0f} s). Command: `{shown_command(doc['command'])}`"
     lines.append("")
+    doc = mark_references(doc, notes)
+    if not doc["rows"]:
+        lines += ["No figures from this run; its output ends:", ""]
+        lines += ["```text", outcome.output_tail.rstrip() or "(nothing)", "```", ""]
     for figure, rows in groups(doc["rows"]).items():
         lines += figure_lines(doc["bench"], figure, rows, notes)
     for note in doc.get("notes") or []:
@@ -274,11 +307,14 @@ def _sweep(axis: Any, rows: list[dict[str, Any]]) -> None:
     lines: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         lines.setdefault(row["variant"], []).append((float(row.get("x", 0)), float(row["value"])))
+    references = {row["variant"] for row in rows if row.get("reference")}
     for name, points in lines.items():
         points.sort()
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    xs = [p[0] for points in lines.values() for p in points if p[0] > 0]
-    if xs and max(xs) / min(xs) > 100:
-        axis.set_xscale("log")
+        style = "--" if name in references else "-"
+        axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=name)
+    for index, scale in ((0, axis.set_xscale), (1, axis.set_yscale)):
+        values = [p[index] for points in lines.values() for p in points if p[index] > 0]
+        if values and max(values) / min(values) > 100:  # decades apart: a log axis
+            scale("log")
     axis.set_ylabel(rows[0]["unit"], fontsize=8)
     axis.legend(fontsize=7)

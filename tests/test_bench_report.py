@@ -177,3 +177,28 @@ def test_failures_are_reported_and_make_the_exit_code(tmp_path: Path) -> None:
     assert not list(out.glob("*.png"))
     with pytest.raises(SystemExit):
         report.main(["--benchmarks", str(benches), "--only", "nosuch"], environ={})
+
+
+def test_references_are_shown_but_never_a_baseline_ddpkit_is_behind() -> None:
+    rows = [
+        _row("busbw", "ddpkit doctor", 1.0, x=4.0),
+        _row("busbw", "plain torch", 1.0, x=4.0),
+        _row("busbw", "raw socket, one TCP stream", 9.0, x=4.0),  # marked by why.yaml
+        _row("time", "ddpkit run", 2.0, higher=False),
+        _row("time", "memcpy", 0.1, higher=False, reference=True),  # marked by the bench
+        _row("time", "torchrun", 2.0, higher=False),
+    ]
+    doc = _doc(rows, command="python bench_x.py --json /tmp/a.json --quick")
+    notes = {"_references": ["raw socket"]}
+    text = report_render.render_markdown([Outcome("bench_x", "ok", doc=doc)], MACHINE, "c", notes)
+    assert "| 4 | raw socket, one TCP stream (reference) | 9.00 | 9.000 |" in text
+    assert "| memcpy (reference) | 0.100 | 0.050 |" in text
+    assert "| **ddpkit run** | 2.00 | 1.000 |" in text and "| torchrun | 2.00 | baseline |" in text
+    assert "BEHIND" not in text and text.count("at or ahead of every baseline") == 2
+    assert "Command: `python bench_x.py --quick`" in text  # the report's temporary --json left out
+
+
+def test_a_bench_without_figures_shows_why() -> None:
+    outcome = Outcome("bench_dp", "ok", 1.0, doc=_doc([]), output_tail="no CUDA device here")
+    text = report_render.render_markdown([outcome], MACHINE, "c", {})
+    assert "No figures from this run; its output ends:\n\n```text\nno CUDA device here\n```" in text
