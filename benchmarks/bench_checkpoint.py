@@ -157,7 +157,7 @@ def trial(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params-mb", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=6, help="trials after one warm-up (even)")
+    parser.add_argument("--runs", type=int, default=6, help="trials after one warm-up (a multiple of 3)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument(
         "--without",
@@ -189,7 +189,7 @@ def main() -> None:
     median = report(trials, size_mb, where, sorted(disabled))
     rows = [
         benchjson.row(f"checkpoint {what} ({size_mb:.0f} MB: model + Adam)", LABELS[name],
-                      median[name], "MB/s", True)
+                      median[name], "MB/s", True, trials=[size_mb / t[name] for t in trials])
         for what in ("save", "load")
         for name in [*HEADLINE, "plain_save_fsync", "plain_load_restore"] if f"_{what}" in name
     ]  # fmt: skip

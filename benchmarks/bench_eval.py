@@ -141,7 +141,10 @@ def main() -> None:
     for note in notes:
         ddpkit.print(note)
     figure = f"evaluation epoch, {args.samples} samples, gather per batch, {ctx.world_size} ranks"
-    rows = [benchjson.row(figure, name, median[name], "samples/s", True) for name in names]
+    rows = [
+        benchjson.row(figure, name, median[name], "samples/s", True, trials=rates[name])
+        for name in names
+    ]
     notes.append(
         "plain torch (dist.all_gather) counts "
         f"{counted['plain torch'] - args.samples} padded samples twice; ddpkit counted "

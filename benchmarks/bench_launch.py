@@ -89,7 +89,9 @@ def main() -> None:
         f"a bare python start-up here: {bare:.3f} s)"
     )
     figure = f"launch a trivial 2-process gloo job (median of {args.runs})"
-    rows = [benchjson.row(figure, name, median[name], "s", False) for name in names]
+    rows = [
+        benchjson.row(figure, name, median[name], "s", False, trials=times[name]) for name in names
+    ]
     rows.append(benchjson.row("ddpkit --help (goal < 0.3 s)", "ddpkit --help", helps, "s", False))
     notes.append(f"ddpkit --help: a bare `python -c 0` takes {bare:.3f} s on this machine")
     title = "Launch: ddpkit run vs torchrun and accelerate launch"

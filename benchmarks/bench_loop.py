@@ -200,7 +200,10 @@ def main() -> None:
                          f"ratio ddpkit/{peer} {k / medians[peer]:.3f}")  # fmt: skip
         widths = "-".join(map(str, MODELS[name][0]))
         figure = f"training loop, {name} model (MLP {widths}), {ctx.world_size} ranks"
-        rows += [benchjson.row(figure, v, medians[v], "samples/s", True) for v in variants]
+        rows += [
+            benchjson.row(figure, v, medians[v], "samples/s", True, trials=rates[v])
+            for v in variants
+        ]
     for note in notes:
         ddpkit.print(note)
     if ctx.rank == 0:

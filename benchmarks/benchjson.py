@@ -2,13 +2,15 @@
 
     {"bench": "<short name>", "title": "...", "command": "<reproducing command>",
      "rows": [{"figure": ..., "variant": ..., "value": <float>, "unit": ...,
-               "higher_is_better": <bool>, "x": <optional float>}],
+               "higher_is_better": <bool>, "x": <optional float>,
+               "trials": [<optional: the value of each trial, in the order they ran>]}],
      "notes": ["<optional: e.g. 'accelerate: not installed'>"]}
 
 A variant whose name starts with ``ddpkit`` is ddpkit's side of a figure; the others are its
 baselines, except rows with ``"reference": true`` (what the link or the hardware does alone,
-e.g. a raw socket: shown, never a baseline ddpkit is "behind"). ``notes`` is optional (the
-report prints it under the bench's table).
+e.g. a raw socket: shown, never a baseline ddpkit is "behind"). ``trials``, when the variants
+of a figure ran side by side trial after trial, lets the report tell a consistent gap from
+noise. ``notes`` is optional (the report prints it under the bench's table).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def row(
     *,
     x: float | None = None,
     reference: bool = False,
+    trials: list[float] | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "figure": figure,
@@ -71,6 +74,8 @@ def row(
         out["x"] = float(x)
     if reference:
         out["reference"] = True
+    if trials:
+        out["trials"] = [float(value) for value in trials]
     return out
 
 

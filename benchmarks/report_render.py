@@ -6,9 +6,11 @@ report.py`` runs the benches and calls these; the tests feed them small JSON doc
 
 In each figure (and at each ``x`` of a sweep) the baseline is the ``plain torch`` row, else the
 first row that is not ddpkit's; every row's ratio is its value over the baseline's. ddpkit's
-rows (variants starting with ``ddpkit``) are compared with every other row: when one is
-better, the figure says ddpkit is behind (within noise when the gap is at most ``NOISE``),
-with the note for it from the hand-edited ``why.yaml`` (bench name -> figure substring -> why).
+rows (variants starting with ``ddpkit``) are compared with every other row but references:
+when one is better, the figure says ddpkit is behind, with the note for it from the
+hand-edited ``why.yaml`` (bench name -> figure substring -> why); or "level, within noise"
+when the gap is at most ``NOISE``, or when the rows carry per-trial values (``trials``, run
+side by side) and ddpkit was the worse one in fewer than ``CONSISTENT`` of the trials.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 NOISE = 0.02  # a gap this small is within run-to-run noise on a shared 2-core machine
+CONSISTENT = 0.8  # with per-trial values, "behind" needs ddpkit worse in this share of trials
 STDERR_LINES = 15
 REQUIRED = {"figure": "string", "variant": "string", "value": "number", "unit": "string"}
 
@@ -59,6 +62,9 @@ def check_document(doc: object) -> str:
             return f"row {number}: 'higher_is_better' is missing or not a bool"
         if "x" in row and not isinstance(row["x"], int | float):
             return f"row {number}: 'x' is not a number"
+        trials = row.get("trials", [])
+        if not isinstance(trials, list) or not all(isinstance(t, int | float) for t in trials):
+            return f"row {number}: 'trials' is not a list of numbers"
     return ""
 
 
@@ -94,6 +100,14 @@ def groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _points(rows: list[dict[str, Any]]) -> dict[float | None, list[dict[str, Any]]]:
+    """The rows of one figure by ``x`` (None for rows without)."""
+    points: dict[float | None, list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault(row.get("x"), []).append(row)
+    return points
+
+
 def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     for row in rows:
         if row["variant"].lower() == "plain torch":
@@ -110,14 +124,47 @@ def gap(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     return 1 - a / b if ours["higher_is_better"] else a / b - 1
 
 
-def verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
-    """(ddpkit variant, other variant, gap) for each baseline better than a ddpkit row."""
+@dataclass(frozen=True)
+class Behind:
+    """A baseline better than a ddpkit row: by ``gap``; ``worse`` of ``paired`` trials agree."""
+
+    ours: str
+    theirs: str
+    gap: float
+    x: float | None = None
+    worse: int = 0  # trials (run side by side) in which ddpkit's value was the worse one
+    paired: int = 0  # trials both rows have (0: the bench gave no per-trial values)
+
+    @property
+    def real(self) -> bool:
+        """Beyond noise: more than NOISE, and (when trials are given) in most trials."""
+        if self.gap <= NOISE:
+            return False
+        return self.paired < 3 or self.worse >= math.ceil(CONSISTENT * self.paired)
+
+    def text(self) -> str:
+        where = f" at x={_x(self.x)}" if self.x is not None else ""
+        trials = f", worse in {self.worse} of {self.paired} trials" if self.paired >= 3 else ""
+        return f"{self.ours} behind {self.theirs} by {_by(self.gap)}{where}{trials}"
+
+
+def _worse_trials(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[int, int]:
+    a, b = ours.get("trials") or [], theirs.get("trials") or []
+    if len(a) != len(b):
+        return 0, 0
+    worse = sum((x < y) if ours["higher_is_better"] else (x > y) for x, y in zip(a, b, strict=True))
+    return worse, len(a)
+
+
+def verdicts(rows: list[dict[str, Any]], x: float | None = None) -> list[Behind]:
+    """Every baseline better than a ddpkit row of ``rows`` (one figure, one ``x``)."""
     out = []
     for ours in (row for row in rows if is_ddpkit(row["variant"])):
         for theirs in (row for row in rows if competes(row)):
-            behind = gap(ours, theirs)
-            if behind > 0:
-                out.append((ours["variant"], theirs["variant"], behind))
+            size = gap(ours, theirs)
+            if size > 0:
+                worse, paired = _worse_trials(ours, theirs)
+                out.append(Behind(ours["variant"], theirs["variant"], size, x, worse, paired))
     return out
 
 
@@ -145,9 +192,7 @@ def figure_lines(
 ) -> list[str]:
     """The table and the verdict of one figure (grouped by ``x`` for a sweep)."""
     sweep = any("x" in row for row in rows)
-    points: dict[float | None, list[dict[str, Any]]] = {}
-    for row in rows:
-        points.setdefault(row.get("x"), []).append(row)
+    points = _points(rows)
     unit = rows[0]["unit"]
     better = "higher is better" if rows[0]["higher_is_better"] else "lower is better"
     lines = [f"**{figure}** ({unit}, {better})", ""]
@@ -155,7 +200,7 @@ def figure_lines(
     compared = any(is_ddpkit(row["variant"]) for row in rows)
     head = ["x"] * sweep + ["variant", "value"] + ["ratio vs baseline"] * compared
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    behind: list[tuple[str, str, float, float | None]] = []
+    behind: list[Behind] = []
     for x, point in points.items():
         base = baseline(point) if compared else None
         for row in point:
@@ -168,7 +213,7 @@ def figure_lines(
             cells = [name, _number(float(row["value"]))] + [ratio] * compared
             where = [_x(x) if x is not None else ""] if sweep else []
             lines.append("| " + " | ".join(where + cells) + " |")
-        behind += [(ours, theirs, size, x) for ours, theirs, size in verdicts(point)]
+        behind += verdicts(point, x)
     lines.append("")
     lines += verdict_lines(bench, figure, rows, behind, notes)
     return lines
@@ -178,26 +223,19 @@ def verdict_lines(
     bench: str,
     figure: str,
     rows: list[dict[str, Any]],
-    behind: list[tuple[str, str, float, float | None]],
+    behind: list[Behind],
     notes: Mapping[str, Any],
 ) -> list[str]:
     if not any(is_ddpkit(row["variant"]) for row in rows):
         return []
-    real = [item for item in behind if item[2] > NOISE]
     if not behind:
         return ["Verdict: ddpkit is at or ahead of every baseline.", ""]
-    worst = max(behind, key=lambda item: item[2])
-    where = lambda item: f" at x={_x(item[3])}" if item[3] is not None else ""  # noqa: E731
+    real = sorted((item for item in behind if item.real), key=lambda item: -item.gap)
     if not real:
-        return [
-            f"Verdict: level: {worst[0]} is behind {worst[1]} by {_by(worst[2])}"
-            f"{where(worst)}, within noise (<= {100 * NOISE:.0f}%).",
-            "",
-        ]
-    shown = "; ".join(
-        f"{ours} behind {theirs} by {_by(size)}{where((ours, theirs, size, x))}"
-        for ours, theirs, size, x in sorted(real, key=lambda item: -item[2])[:4]
-    )
+        worst = max(behind, key=lambda item: item.gap)
+        noise = f"<= {100 * NOISE:.0f}%" if worst.gap <= NOISE else "not in most trials"
+        return [f"Verdict: level: {worst.text()}: within noise ({noise}).", ""]
+    shown = "; ".join(item.text() for item in real[:4])
     reason = why(notes, bench, figure) or f"no note yet (add one to why.yaml under {bench!r})"
     return [f"Verdict: **BEHIND**: {shown}.", "", f"Why: {reason}", ""]
 
@@ -227,7 +265,7 @@ def render_markdown(
         status = outcome.status if not outcome.reason else f"{outcome.status}: {outcome.reason}"
         marked = mark_references(outcome.doc, notes)
         count = sum(
-            any(size > NOISE for _, _, size in verdicts(rows))
+            any(item.real for x, point in _points(rows).items() for item in verdicts(point, x))
             for rows in groups(marked["rows"]).values()
         )
         lines.append(f"| {outcome.name} | {status} | {outcome.seconds:.0f} | {count or ''} |")
