@@ -157,7 +157,9 @@ def trial(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params-mb", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=6, help="trials after one warm-up (a multiple of 3)")
+    parser.add_argument(
+        "--runs", type=int, default=6, help="trials after one warm-up (a multiple of 3)"
+    )
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument(
         "--without",

@@ -10,8 +10,9 @@ test cluster (``--slurm-env``, or SLURM_CONF already set; otherwise "not run: no
 A new bench joins the report by following that protocol, without a change here. The output:
 ``OUT/REPORT.md`` (the machine, one table per bench with every figure's ratio to its baseline
 and a verdict saying where ddpkit is behind, with the why from ``benchmarks/why.yaml``),
-``OUT/<bench>.png`` and ``OUT/results.json`` (every bench's figures), and each bench's output
-in ``OUT/logs/``. A failing bench is reported with its stderr's tail, and the exit code is 1.
+``OUT/<bench>.png`` and ``OUT/results.json`` (every bench's outcome and figures, the machine:
+``--render-only`` rewrites the report from it, e.g. after editing why.yaml), and each bench's
+output in ``OUT/logs/``. A failing bench is reported with its stderr's tail; the exit code is 1.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 from report_render import (
@@ -156,8 +158,19 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per bench")
     parser.add_argument("--benchmarks", type=Path, default=HERE, help=argparse.SUPPRESS)
     parser.add_argument("--why", type=Path, default=HERE / "why.yaml", help="the why notes")
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="run nothing: rewrite REPORT.md and the plots from OUT/results.json (after editing "
+        "why.yaml, say)",
+    )
     args = parser.parse_args(argv)
     environ = os.environ if environ is None else environ
+    notes = yaml.safe_load(args.why.read_text()) if args.why.is_file() else {}
+    if args.render_only:
+        saved = json.loads((args.out / "results.json").read_text())
+        outcomes = [Outcome(**fields) for fields in saved["outcomes"]]
+        return write(args.out, outcomes, saved["machine"], saved["command"], notes)
     benches = sorted(args.benchmarks.glob("bench_*.py"))
     only = {name.strip().removeprefix("bench_") for name in args.only.split(",") if name.strip()}
     unknown = only - {path.stem.removeprefix("bench_") for path in benches}
@@ -165,7 +178,6 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         parser.error(f"--only: no bench named {sorted(unknown)} in {args.benchmarks}")
     benches = [path for path in benches if not only or path.stem.removeprefix("bench_") in only]
     args.out.mkdir(parents=True, exist_ok=True)
-    notes = yaml.safe_load(args.why.read_text()) if args.why.is_file() else {}
     slurm = cluster_env(args.slurm_env, environ)
     started, load = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()[0]
 
@@ -178,23 +190,27 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(f"report: {path.name}: {outcome.status} {outcome.reason} ({outcome.seconds:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
         outcomes.append(outcome)
+    shown = ["python", "benchmarks/report.py", *(argv if argv is not None else sys.argv[1:])]
+    about = machine(started, (load, os.getloadavg()[0]))
+    saved = {"machine": about, "command": shlex.join(shown), "outcomes": outcomes}
+    (args.out / "results.json").write_text(json.dumps(saved, indent=1, default=vars) + "\n")
+    return write(args.out, outcomes, about, shlex.join(shown), notes)
 
+
+def write(
+    out: Path, outcomes: list[Outcome], about: dict[str, str], command: str,
+    notes: Mapping[str, Any],
+) -> int:  # fmt: skip
+    """REPORT.md and one PNG per bench with figures; 1 when a bench failed, else 0."""
     plots = {}
     for outcome in outcomes:
         if outcome.status == "ok" and outcome.doc["rows"]:
-            plot(mark_references(outcome.doc, notes), args.out / f"{outcome.name}.png")
+            plot(mark_references(outcome.doc, notes), out / f"{outcome.name}.png")
             plots[outcome.name] = f"{outcome.name}.png"
-    shown = ["python", "benchmarks/report.py", *(argv if argv is not None else sys.argv[1:])]
-    text = render_markdown(
-        outcomes, machine(started, (load, os.getloadavg()[0])), shlex.join(shown), notes, plots
-    )
-    (args.out / "REPORT.md").write_text(text)
-    merged = [outcome.doc for outcome in outcomes if outcome.status == "ok"]
-    (args.out / "results.json").write_text(json.dumps(merged, indent=1) + "\n")
+    (out / "REPORT.md").write_text(render_markdown(outcomes, about, command, notes, plots))
     failed = [outcome.name for outcome in outcomes if outcome.status == "failed"]
     print(
-        f"report: wrote {args.out / 'REPORT.md'}"
-        + (f"; FAILED: {', '.join(failed)}" if failed else "")
+        f"report: wrote {out / 'REPORT.md'}" + (f"; FAILED: {', '.join(failed)}" if failed else "")
     )
     return 1 if failed else 0
 

@@ -141,7 +141,7 @@ def test_documents_breaking_the_protocol_are_named(doc: object, problem: str) ->
 def test_a_real_bench_through_the_runner(tmp_path: Path) -> None:
     code = report.main(["--only", "checkpoint", "--quick", "--out", str(tmp_path)], environ={})
     assert code == 0, (tmp_path / "logs" / "bench_checkpoint.log").read_text()
-    doc = json.loads((tmp_path / "results.json").read_text())[0]
+    doc = json.loads((tmp_path / "results.json").read_text())["outcomes"][0]["doc"]
     assert doc["bench"] == "checkpoint"
     assert doc["command"] == "python benchmarks/bench_checkpoint.py --quick"
     variants = {row["variant"] for row in doc["rows"]}
@@ -151,6 +151,23 @@ def test_a_real_bench_through_the_runner(tmp_path: Path) -> None:
     text = (tmp_path / "REPORT.md").read_text()
     assert "| bench_checkpoint | ok |" in text and "![checkpoint](bench_checkpoint.png)" in text
     assert (tmp_path / "bench_checkpoint.png").read_bytes()[:8] == PNG
+    (tmp_path / "REPORT.md").unlink()
+    assert report.main(["--render-only", "--out", str(tmp_path)], environ={}) == 0
+    assert (tmp_path / "REPORT.md").read_text() == text  # the same report from results.json
+
+
+def test_render_only_picks_up_a_why_note_written_afterwards(tmp_path: Path) -> None:
+    rows = [_row("save", "torch.save", 10.0), _row("save", "ddpkit.save_checkpoint", 5.0)]
+    outcome = {"name": "bench_c", "status": "ok", "seconds": 3.0, "doc": _doc(rows)}
+    saved = {"machine": MACHINE, "command": "python benchmarks/report.py", "outcomes": [outcome]}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    why = tmp_path / "why.yaml"
+    why.write_text("loop:\n  save: fsync first\n")
+    assert report.main(["--render-only", "--out", str(tmp_path), "--why", str(why)]) == 0
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "ddpkit.save_checkpoint behind torch.save by 50.0%" in text
+    assert "Why: fsync first" in text and "| CPU | test cpu, 2 cores |" in text
+    assert (tmp_path / "bench_c.png").read_bytes()[:8] == PNG
 
 
 BOOM = "import sys\nprint('partial output')\nraise ValueError('boom 42')\n"
