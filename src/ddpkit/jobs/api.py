@@ -46,6 +46,7 @@ __all__ = [
     "follow_logs",
     "load",
     "log_files",
+    "map_function",
     "plan",
     "read_logs",
     "request",
@@ -118,6 +119,19 @@ def submit_function(
     script = submitit_backend.submitted_script(job)
     save_record(new_record(spec, str(job.job_id), "submitit", script, launch="srun"))
     return job
+
+
+def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[Any]]:
+    """Run ``fn(**values)`` once per run of the spec's sweep, as one SLURM array through
+    submitit's ``map_array`` (values as text); the array is recorded like ``submit``'s, so
+    ``ddpkit status/logs/cancel`` know it. Returns the tasks' ``submitit.Job`` objects."""
+    from ddpkit.jobs import submitit_backend
+
+    jobs = submitit_backend.map_function(fn, spec=spec)
+    array = str(jobs[0].job_id).partition("_")[0]
+    script = submitit_backend.submitted_script(jobs[0])
+    save_record(new_record(spec, array, "submitit", script, launch="srun"))
+    return jobs
 
 
 def _follow(job: str) -> tuple[Backend, str, JobRecord | None]:

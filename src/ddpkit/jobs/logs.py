@@ -55,7 +55,7 @@ def slurm_log_files(
     output path), else ``./ddpkit-logs``. A sweep's array (``123``) lists every task's files,
     labelled ``task 3 rank 1``; one task (``123_3``) only its own, from its run's folder.
     """
-    if record is not None and record.sweep_runs is not None and record.via == "sbatch":
+    if record is not None and record.sweep_runs is not None:
         return _sweep_log_files(job_id, record, rank)
     directory, stem, via, source = _locate(job_id, record)
     if via == "submitit":  # <id>_<task>_log.out; the batch output is task 0's file
@@ -79,14 +79,20 @@ def _sweep_log_files(job_id: str, record: JobRecord, rank: int | None) -> tuple[
     for index in indices:
         if index >= len(runs):
             continue
-        stem = f"{record.name}-{array}_{index}"
-        found = _files(directory, [directory / runs[index]], stem, rank)
+        if record.via == "submitit":  # <folder>/<array>_<task>_<rank>_log.out
+            ranks = _numbered(directory, f"{array}_{index}_", "_log.out")
+            found = _pick(rank, [], ranks, {})
+        else:
+            stem = f"{record.name}-{array}_{index}"
+            found = _files(directory, [directory / runs[index]], stem, rank)
         label = f"task {index} " if not task else ""
         files += [replace(file, label=label + file.label) for file in found]
     looked = (
         f"{directory}/{record.name}-{array}_<task>.out and {directory}/<run>/{record.name}-"
-        f"{array}_<task>{{-rank<N>,-node<N>}}.out (job record {record_path(array)})"
-    )
+        f"{array}_<task>{{-rank<N>,-node<N>}}.out"
+        if record.via != "submitit"
+        else f"{directory}/{array}_<task>_<N>_log.out"
+    ) + f" (job record {record_path(array)})"
     return files, looked
 
 
