@@ -21,6 +21,7 @@ from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import JobRecord, save_record
 from ddpkit.jobs.slurm import CommandResult, JobState
 from ddpkit.jobs.spec import JobSpec
+from ddpkit.jobs.sweep_spec import unused_parameters
 from golden import GOLDEN, check_golden
 from test_jobs_cli import assert_nothing_happened, calls, home, run, write_spec
 from test_render import STUB
@@ -147,6 +148,24 @@ def test_cli_sweep_replaces_the_specs_params_and_plan_shows_the_runs(
         "0     1     0.1  seed=1,lr=0.1",
         "1     2     0.1  seed=2,lr=0.1",
     ]
+
+
+def test_a_parameter_the_command_never_names_is_warned_about_once(
+    tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the spec's command names no {placeholder}: every run would be the same run unless the
+    # script reads DDPKIT_SWEEP_<NAME>; plan (and submit) say so, and still work
+    path = write_spec(tmp_path, "sweep: {params: {lr: [0.1, 0.01]}}\n")
+    code, out, err = run(["plan", str(path), "--sweep", "seed=1,2"], capsys)
+    assert code == 0 and "# sweep: 2 runs" in out
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert warnings == [
+        "ddpkit: warning: sweep parameter 'seed' is not a {seed} placeholder in command: its "
+        "values reach the ranks only as $DDPKIT_SWEEP_SEED (add e.g. '--seed {seed}' to "
+        "command, unless the script reads that variable)"
+    ]
+    used = sweep_spec()  # its command names {lr} and {seed}: nothing to warn about
+    assert used.sweep is not None and unused_parameters(used.command, used.sweep) == []
 
 
 # ---- the array script -------------------------------------------------------------------------

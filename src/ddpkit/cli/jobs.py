@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.records import Via, parse_job
 from ddpkit.jobs.slurm import JobState, JobStatus
+
+if TYPE_CHECKING:
+    from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
     "JobsRequest",
@@ -207,6 +210,7 @@ def _spec_command(request: JobsRequest) -> int:
     from ddpkit.jobs import api
 
     spec = api.load(request.spec_path or "", request.overrides, sweeps=request.sweeps)
+    _warn_unused_sweep_parameters(spec)
     if request.command == "plan":
         _write(api.plan(spec))
     elif request.dry_run:
@@ -218,6 +222,23 @@ def _spec_command(request: JobsRequest) -> int:
             print(f"ddpkit: {record.name_for_user} ended {record.final_state}", file=sys.stderr)
             return 0 if record.final_state == "SUCCEEDED" else 1
     return 0
+
+
+def _warn_unused_sweep_parameters(spec: JobSpec) -> None:
+    """A parameter the command never names is a sweep whose runs may all be the same run: say
+    so (a warning, not an error: the script may read ``DDPKIT_SWEEP_<NAME>`` itself)."""
+    if spec.sweep is None:
+        return
+    from ddpkit.jobs.sweep import value_var
+    from ddpkit.jobs.sweep_spec import unused_parameters
+
+    for name in unused_parameters(spec.command, spec.sweep):
+        print(
+            f"ddpkit: warning: sweep parameter {name!r} is not a {{{name}}} placeholder in "
+            f"command: its values reach the ranks only as ${value_var(name)} (add e.g. "
+            f"'--{name} {{{name}}}' to command, unless the script reads that variable)",
+            file=sys.stderr,
+        )
 
 
 def describe_status(status: JobStatus) -> str:

@@ -19,7 +19,13 @@ from ddpkit.hints import did_you_mean
 from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.checks import Model, invalid, no_nul, number_to_str, stripped_hint
 
-__all__ = ["MAX_SWEEP_TASKS", "SWEEP_DESCRIPTION", "Sweep", "check_placeholders"]
+__all__ = [
+    "MAX_SWEEP_TASKS",
+    "SWEEP_DESCRIPTION",
+    "Sweep",
+    "check_placeholders",
+    "unused_parameters",
+]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SWEEP_DESCRIPTION = "runs of the command, e.g. sweep: {params: {lr: [0.1, 0.01], seed: [1, 2]}}"
@@ -155,3 +161,11 @@ def check_placeholders(command: list[str], sweep: Sweep) -> None:
                     field="command",
                     value=word,
                 )
+
+
+def unused_parameters(command: list[str], sweep: Sweep) -> list[str]:
+    """The sweep's parameters that no ``{name}`` of the command uses: they reach the ranks only
+    as ``DDPKIT_SWEEP_<NAME>``, so unless the script reads that variable every run of the
+    sweep is the same run (call after :func:`check_placeholders`)."""
+    used = {name for word in command for name in sweeps.placeholders(word)}
+    return [name for name in sweep.params if name not in used]
