@@ -47,6 +47,7 @@ class Sweeps:
     workdir: Path
     env: dict[str, str]
     job: str  # the command's array, submitted with `ddpkit submit --via submitit`
+    solo: str  # a one-run sweep of the same spec: submitit makes it a plain job
     states: dict[str, str]  # scontrol's final state of each task of both arrays
     # map_function's submitit.Job objects, one per run (their repr would ask sacct)
     fn_jobs: list[Any] = field(repr=False)
@@ -93,12 +94,19 @@ def sweeps(
         f"name: subsweep-fn\n{common}log_dir: fn-logs\ncommand: unused.py\n"
         "sweep:\n  mode: zip\n  params:\n    lr: ['0.5', '0.25']\n    seed: [1, 2]\n"
     )
-    # the command's array from the CLI, as users submit it, while this process maps the function
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "ddpkit", "submit", "job.yaml", "--via", "submitit",
-         "--sweep", "a=" + ",".join(VALUES)],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    # the command's sweeps from the CLI, as users submit them, while this process maps the function
+    submit = [sys.executable, "-m", "ddpkit", "submit", "job.yaml", "--via", "submitit"]
+    clis = [
+        subprocess.Popen(
+            [*submit, "--sweep", values],
+            cwd=workdir,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for values in ("a=" + ",".join(VALUES), "a=solo")
+    ]
     try:
         with pytest.MonkeyPatch.context() as mp:
             # submitit's sbatch runs with this process's environment, which the job inherits
@@ -111,18 +119,28 @@ def sweeps(
 
             fn_jobs = map_function(sweep_report.report, spec=api.load(workdir / "fn.yaml"))
         fn_array = slurm.track(str(fn_jobs[0].job_id).partition("_")[0])
-        out, err = cli.communicate(timeout=60)
-        assert cli.returncode == 0 and re.fullmatch(r"\d+\n", out), err
-        job = slurm.track(out.strip())
+        job, solo = _job_ids(slurm, clis)
         tasks = [f"{job}_{i}" for i in range(len(VALUES))]
-        tasks += [f"{fn_array}_{i}" for i in range(len(FN_VALUES))]
+        tasks += [*(f"{fn_array}_{i}" for i in range(len(FN_VALUES))), solo]
         states = {task: slurm.wait(task, timeout_s=TIMEOUT_S, states=FINISHED) for task in tasks}
-        yield Sweeps(workdir, env, job, states, fn_jobs, fn_array)
+        yield Sweeps(workdir, env, job, solo, states, fn_jobs, fn_array)
     finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.communicate()
+        for cli in clis:
+            if cli.poll() is None:
+                cli.kill()
+                cli.communicate()
         slurm.cancel_tracked()
+
+
+def _job_ids(slurm: SlurmCluster, clis: list[subprocess.Popen[str]]) -> list[str]:
+    """The job id each `ddpkit submit` printed (each tracked before any is judged)."""
+    outputs = [cli.communicate(timeout=60) for cli in clis]
+    for cli, (out, _) in zip(clis, outputs, strict=True):
+        if cli.returncode == 0 and out.strip().isdigit():
+            slurm.track(out.strip())
+    for cli, (out, err) in zip(clis, outputs, strict=True):
+        assert cli.returncode == 0 and re.fullmatch(r"\d+\n", out), err
+    return [out.strip() for out, _ in outputs]
 
 
 def test_every_task_of_the_command_sees_its_own_value_as_argument_and_variable(
@@ -197,3 +215,27 @@ def test_map_function_returns_each_runs_values_and_rank(
         (f"{sweeps.fn_array}_0", "COMPLETED", "lr=0.5,seed=1"),
         (f"{sweeps.fn_array}_1", "COMPLETED", "lr=0.25,seed=2"),
     ]
+
+
+def test_a_one_run_sweep_is_one_plain_job_that_status_and_logs_find(sweeps: Sweeps) -> None:
+    # submitit's map_array submits a single item as a plain job (no array, no SOLO_0)
+    assert sweeps.states[sweeps.solo] == "COMPLETED"
+    done = sweeps.ddpkit("status", sweeps.solo)
+    assert (done.returncode, done.stdout) == (0, "COMPLETED (exit code 0)\n"), done.stderr
+    logs = sweeps.ddpkit("logs", sweeps.solo, "--rank", "0")
+    assert logs.returncode == 0, logs.stderr
+    report = [json.loads(line) for line in logs.stdout.splitlines() if line.startswith("{")]
+    assert [(r["argv"][:2], r["sweep"]) for r in report] == [
+        (["--a", "solo"], {"DDPKIT_SWEEP_TASK": "0", "DDPKIT_SWEEP_RUN": "a=solo",
+                          "DDPKIT_SWEEP_A": "solo"})
+    ], logs.stdout  # fmt: skip
+
+
+def test_the_dry_run_shows_the_script_that_was_submitted(sweeps: Sweeps) -> None:
+    for job, values in ((sweeps.job, ",".join(VALUES)), (sweeps.solo, "solo")):
+        done = sweeps.ddpkit("submit", "job.yaml", "--via", "submitit", "--sweep", f"a={values}",
+                             "--dry-run")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        shown = done.stdout.partition("# sbatch script submitit would write:\n")[2]
+        submitted = (sweeps.workdir / "logs" / f"{job}_submission.sh").read_text()
+        assert shown.rstrip() == submitted.rstrip(), f"{shown}\n---- submitted:\n{submitted}"
