@@ -341,6 +341,48 @@ def test_submitit_maps_the_sweep_and_torchx_refuses_it() -> None:
         refuse_sweep(spec)
 
 
+def test_submitit_dry_run_of_a_sweep_shows_the_array_script_map_array_writes(
+    tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("submitit")
+    fake_srun = calls.parent / "bin" / "srun"  # submitit builds its script only next to srun
+    fake_srun.write_text("#!/bin/sh\nexit 0\n")
+    fake_srun.chmod(0o755)
+    spec = write_spec(tmp_path, "sweep: {max_parallel: 2, params: {lr: [1, 2, 3]}}\n")
+    code, out, err = run(["submit", str(spec), "--via", "submitit", "--dry-run"], capsys)
+    assert code == 0, err
+    script = out.partition("# sbatch script submitit would write:\n")[2].splitlines()
+    assert "#SBATCH --array=0-2%2" in script, out
+    assert f"#SBATCH --output={tmp_path}/ddpkit-logs/%A_%a_0_log.out" in script, out
+    assert_nothing_happened(tmp_path, calls)
+    # one run: submitit's map_array submits a plain job, and the dry run shows that
+    spec.write_text(spec.read_text().replace("[1, 2, 3]", "[1]"))
+    code, out, _ = run(["submit", str(spec), "--via", "submitit", "--dry-run"], capsys)
+    assert code == 0 and "--array" not in out and "/%j_0_log.out" in out, out
+
+
+def test_a_one_run_sweep_through_submitit_is_recorded_as_the_plain_job_it_is(
+    tmp_path: Path,
+) -> None:
+    from types import SimpleNamespace
+
+    from ddpkit.jobs import submitit_backend
+
+    spec = sweep_spec(sweep={"params": {"lr": ["0.1"], "seed": ["1", "2"]}})
+    paths = SimpleNamespace(submission_file=tmp_path / "7_submission.sh")
+    paths.submission_file.write_text("#!/bin/bash\n")
+
+    def job(job_id: str) -> Any:  # what map_array returns: its job ids and paths matter here
+        return SimpleNamespace(job_id=job_id, paths=paths)
+
+    array = submitit_backend.sweep_record(spec, [job("7_0"), job("7_1")])
+    assert (array.job_id, array.sweep_runs) == ("7", ("lr=0.1,seed=1", "lr=0.1,seed=2"))
+    assert array.script == "#!/bin/bash\n" and array.via == "submitit"
+    # submitit submits a single item as job 7 (not 7_0): no array tasks to list
+    plain = submitit_backend.sweep_record(spec, [job("7")])
+    assert (plain.job_id, plain.sweep_runs) == ("7", None)
+
+
 def test_the_sweep_section_loads_from_yaml(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(

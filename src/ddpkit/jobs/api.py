@@ -128,9 +128,7 @@ def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[
     from ddpkit.jobs import submitit_backend
 
     jobs = submitit_backend.map_function(fn, spec=spec)
-    array = str(jobs[0].job_id).partition("_")[0]
-    script = submitit_backend.submitted_script(jobs[0])
-    save_record(new_record(spec, array, "submitit", script, launch="srun"))
+    save_record(submitit_backend.sweep_record(spec, jobs))
     return jobs
 
 

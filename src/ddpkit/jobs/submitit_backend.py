@@ -25,8 +25,9 @@ command that does not call ``ddpkit.init()`` but handles the signal itself must 
 A sweep goes through ``executor.map_array``: one SLURM array, each task a :class:`RunCommand`
 with the task's command (placeholders substituted here, as words: no shell in between) and
 its ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism`` is ``max_parallel`` (else every
-run at once: submitit's default would cap it at 256). A Python function goes through
-:func:`map_function`, which calls it with each task's values as keyword arguments.
+run at once: submitit's default would cap it at 256). submitit submits a single item as a
+plain job, not an array of one, and :func:`sweep_record` records it as one. A Python function
+goes through :func:`map_function`, which calls it with each task's values as keyword arguments.
 
 The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
 rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
@@ -41,7 +42,8 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -77,6 +79,7 @@ __all__ = [
     "submit_command",
     "submit_function",
     "submitted_script",
+    "sweep_record",
     "sweep_runs",
 ]
 
@@ -192,8 +195,9 @@ def dry_run(spec: JobSpec) -> str:
             for task, command in zip(spec.sweep.tasks, sweep_runs(spec), strict=True)
         ]
     head = yaml.safe_dump(shown, sort_keys=False, default_flow_style=False)
+    count = None if spec.sweep is None else spec.sweep.count
     try:
-        script = submitit_sbatch_text(make_executor(spec))
+        script = submitit_sbatch_text(make_executor(spec), map_count=count)
     except ConfigError as exc:
         return f"{head}# sbatch script: not shown ({exc.message})\n"
     return f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
@@ -222,15 +226,26 @@ def _run(command: RunCommand) -> int:
     return command()
 
 
-def submit_command(spec: JobSpec) -> tuple[str, str | None]:
-    """Submit the spec's command (a sweep: one array through ``map_array``); return the job
-    id (the array's) and the sbatch text submitit wrote."""
+def submit_command(spec: JobSpec) -> JobRecord:
+    """Submit the spec's command (a sweep: one array through ``map_array``); its record."""
     executor = make_executor(spec)
+    # records say launch "srun", whatever the spec's: submitit starts one task per process
     if spec.sweep is None:
         job = executor.submit(RunCommand(command_line(spec), cwd=spec.workdir))
-        return str(job.job_id), submitted_script(job)
-    jobs = executor.map_array(_run, sweep_runs(spec))
-    return str(jobs[0].job_id).partition("_")[0], submitted_script(jobs[0])
+        return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
+    return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
+
+
+def sweep_record(spec: JobSpec, jobs: Sequence[submitit.Job[Any]]) -> JobRecord:
+    """The record of a sweep that ``map_array`` submitted, from its tasks' jobs.
+
+    submitit submits a ``map_array`` of one item as a plain job (``123``, not ``123_0``):
+    SLURM has no array whose tasks ``ddpkit status``/``logs`` could list, so the record is a
+    plain job's (the run still gets its values, through its command and variables).
+    """
+    array, _, task = str(jobs[0].job_id).partition("_")
+    record = new_record(spec, array, "submitit", submitted_script(jobs[0]), launch="srun")
+    return record if task else replace(record, sweep_runs=None)
 
 
 def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[Any]]:
@@ -284,9 +299,7 @@ class SubmititBackend(SlurmJobs):
         spec = request.spec
         check_array_size(spec)
         with log_dir_made(spec):
-            job_id, script = submit_command(spec)
-        # one task per process, whatever the spec's launch: submitit starts them itself
-        return new_record(spec, job_id, self.via, script, launch="srun")
+            return submit_command(spec)
 
 
 BACKEND = SubmititBackend()
