@@ -140,6 +140,7 @@ def main() -> None:
         f"ddpkit: {ctx.info.launcher}, world size {ctx.world_size}, "
         f"backend {ctx.backend}, device {ctx.device}"
     )
+    ddpkit.print(f"hyperparameters: lr {args.lr}, seed {args.seed}, batch size {args.batch_size}")
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
 
     classes, dim = 4, 32

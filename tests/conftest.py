@@ -22,11 +22,24 @@ def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _PYTEST_OWN}
 
 
+# torch sets this one in os.environ itself, the first time anything imports torch._dynamo (a
+# torch.compile, a launcher's log formatter): not a test's leak, whichever test comes first
+_TORCH_ON_DYNAMO_IMPORT = "TORCHINDUCTOR_CACHE_DIR"
+
+
 @pytest.fixture(autouse=True)
 def _no_env_leak() -> Iterator[None]:
     before = _environ()
+    dynamo_before = "torch._dynamo" in sys.modules
     yield
     after = _environ()
+    if (
+        not dynamo_before
+        and "torch._dynamo" in sys.modules
+        and _TORCH_ON_DYNAMO_IMPORT in after
+        and _TORCH_ON_DYNAMO_IMPORT not in before
+    ):
+        before[_TORCH_ON_DYNAMO_IMPORT] = after[_TORCH_ON_DYNAMO_IMPORT]
     if after != before:
         added = sorted(set(after) - set(before))
         removed = sorted(set(before) - set(after))

@@ -169,6 +169,12 @@ def test_submitit_renders_a_script_without_submitting(
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=3" in text, version
     assert "submitit.core._submit" in text, version
     assert not list(tmp_path.glob("*.sh")) or "dry-run" in text  # nothing was submitted
+    # map_array's array: submitit's private map_count parameter, on a copy of the executor
+    array = compat.submitit_sbatch_text(executor, map_count=3).splitlines()
+    assert "#SBATCH --array=0-2%3" in array, version
+    assert f"#SBATCH --output={tmp_path}/%A_%a_0_log.out" in array, version
+    assert "map_count" not in executor._executor.parameters  # the executor is unchanged
+    assert compat.submitit_sbatch_text(executor, map_count=1) == text  # one item: a plain job
 
 
 @reach

@@ -87,6 +87,7 @@ def test_defaults(tmp_path: Path) -> None:
         "signal": "USR2",
         "signal_delay_s": None,
         "max_requeues": 10,
+        "sweep": None,
     }
     assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)

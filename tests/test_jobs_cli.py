@@ -422,12 +422,10 @@ def test_follow_streams_new_lines_and_late_files_until_the_job_ends(
     ])  # fmt: skip
     chunks = list(api.follow_logs("77", poll_s=0, sleep=lambda _: next(steps)()))
     assert chunks == [
-        f"==> {batch} <==\n",
-        "start\n",
-        "partial line\n",  # held back until its newline arrived
-        f"==> {rank1} <==\n",
-        "rank one\n",
-        "no newline",  # flushed once the job is over
+        "[batch] start\n",
+        "[batch] partial line\n",  # held back until its newline arrived
+        "[rank 1] rank one\n",
+        "[rank 1] no newline\n",  # flushed once the job is over, as a line of its own
     ]
     states = iter([JobState.COMPLETED])
     assert list(api.follow_logs("77", rank=1, sleep=pytest.fail)) == ["rank one\nno newline"]

@@ -18,13 +18,15 @@ version and names that version when one has moved.
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
     SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
-      _file_text                               prints the script without submitting
+      _file_text, its "map_count"              prints the script without submitting (a
+      parameter (map_array's)                  sweep's: the array map_array would write)
 
 Each function imports its dependency when called: importing this module imports neither.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import sys
@@ -167,10 +169,18 @@ def matches_machine_hostname(host: str) -> bool:
     return bool(_matches_machine_hostname(host))
 
 
-def submitit_sbatch_text(executor: Any) -> str:
+def submitit_sbatch_text(executor: Any, *, map_count: int | None = None) -> str:
     """The sbatch text submitit would write for ``executor`` (an AutoExecutor on SLURM),
-    without submitting anything: submitit keeps its renderer private."""
-    inner: Any = executor._executor
+    without submitting anything: submitit keeps its renderer private.
+
+    ``map_count``: the number of items of a ``map_array``, which submitit submits as one array
+    (``--array=0-N%P``, output files ``%A_%a_...``) by setting the private ``map_count``
+    parameter on a copy of the executor; a single item it submits as a plain job, and so
+    does this. ``executor`` itself is left as it was.
+    """
+    inner: Any = copy.copy(executor._executor)
+    if map_count is not None and map_count > 1:
+        inner.parameters = {**inner.parameters, "map_count": map_count}
     text: str = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
     return text
 

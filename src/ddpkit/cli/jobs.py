@@ -11,16 +11,31 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.records import Via, parse_job
 from ddpkit.jobs.slurm import JobState, JobStatus
 
-__all__ = ["JobsRequest", "add_parsers", "describe_status", "request_from_args", "run_jobs_command"]
+if TYPE_CHECKING:
+    from ddpkit.jobs.spec import JobSpec
+
+__all__ = [
+    "JobsRequest",
+    "add_parsers",
+    "describe_status",
+    "describe_sweep",
+    "request_from_args",
+    "run_jobs_command",
+]
 
 _SPEC_HELP = "YAML job spec (name, command, nodes, ...); `ddpkit plan SPEC` shows it resolved"
 _SET_HELP = "override a spec field: --set nodes=2 --set env.FOO=bar (repeatable; beats the spec)"
+_SWEEP_HELP = (
+    "run the job once per value (repeatable: a grid; --set sweep.mode=zip pairs them up), "
+    "e.g. --sweep lr=0.1,0.01 --sweep seed=1,2; replaces the spec's sweep params; the command "
+    "reads {lr}, every rank DDPKIT_SWEEP_LR"
+)
 
 _SUBMIT_EPILOG = """\
 stdout is only the job id, so JOB=$(ddpkit submit job.yaml) works; the job is recorded under
@@ -30,12 +45,16 @@ examples:
   ddpkit submit job.yaml --dry-run              # the exact sbatch script; nothing is submitted
   ddpkit submit job.yaml --via submitit --dry-run
   ddpkit submit job.yaml --via torchx --scheduler slurm --dry-run   # torchx's sbatch script
+  ddpkit submit job.yaml --sweep lr=0.1,0.01 --sweep seed=1,2   # one array of 4 runs
+a sweep prints the array's job id JOB; `ddpkit status JOB` shows every run, JOB_3 one run.
 via torchx (pip install ddpkit[torchx]) the job id is torchx's app handle, e.g.
 slurm://torchx/1234 (the SLURM job id 1234 names it too) or local_cwd://torchx/demo-x7k2.
 --scheduler local_cwd (the default) runs the job on this machine in the foreground: submit
 returns when it has ended (exit 1 unless it succeeded; Ctrl-C cancels it).
 """
 _LOGS_EPILOG = """\
+--follow prefixes each line with its file ("[rank 3] ...") and never mixes two ranks' lines.
+A sweep: JOB_3 is one run (its rank files are in <log_dir>/<run>/); JOB every run's files.
 srun jobs write one file per rank (<log_dir>/<name>-<id>-rank<N>.out); torchrun jobs one per
 node whose lines start with "[rankN]: " (--rank N keeps those lines); submitit jobs
 <log_dir>/<id>_<N>_log.out. Without --rank: the batch output, then every file with a header.
@@ -52,6 +71,7 @@ class JobsRequest:
     command: str  # plan | submit | status | logs | cancel
     spec_path: str | None = None
     overrides: tuple[str, ...] = ()
+    sweeps: tuple[str, ...] = ()
     via: Via = "sbatch"
     scheduler: str | None = None  # torchx's scheduler (via torchx only)
     dry_run: bool = False
@@ -77,6 +97,7 @@ def request_from_args(args: argparse.Namespace) -> JobsRequest:
         command=args.command,
         spec_path=getattr(args, "spec", None),
         overrides=tuple(getattr(args, "overrides", None) or ()),
+        sweeps=tuple(getattr(args, "sweeps", None) or ()),
         via=via,
         scheduler=scheduler,
         dry_run=bool(getattr(args, "dry_run", False)),
@@ -145,6 +166,14 @@ def _spec_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help=_SET_HELP,
     )
+    parser.add_argument(
+        "--sweep",
+        dest="sweeps",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help=_SWEEP_HELP,
+    )
 
 
 def _job_argument(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +195,10 @@ def run_jobs_command(args: argparse.Namespace) -> int:
     if request.command == "cancel":
         api.cancel(job_id)
         return 0
+    tasks = api.sweep_status(job_id)
+    if tasks is not None:
+        print(describe_sweep(tasks))
+        return 1 if all(task.state is JobState.UNKNOWN for _, task, _ in tasks) else 0
     status = api.status(job_id)
     print(describe_status(status))
     if status.hint:
@@ -176,7 +209,8 @@ def run_jobs_command(args: argparse.Namespace) -> int:
 def _spec_command(request: JobsRequest) -> int:
     from ddpkit.jobs import api
 
-    spec = api.load(request.spec_path or "", request.overrides)
+    spec = api.load(request.spec_path or "", request.overrides, sweeps=request.sweeps)
+    _warn_unused_sweep_parameters(spec)
     if request.command == "plan":
         _write(api.plan(spec))
     elif request.dry_run:
@@ -190,6 +224,23 @@ def _spec_command(request: JobsRequest) -> int:
     return 0
 
 
+def _warn_unused_sweep_parameters(spec: JobSpec) -> None:
+    """A parameter the command never names is a sweep whose runs may all be the same run: say
+    so (a warning, not an error: the script may read ``DDPKIT_SWEEP_<NAME>`` itself)."""
+    if spec.sweep is None:
+        return
+    from ddpkit.jobs.sweep import value_var
+    from ddpkit.jobs.sweep_spec import unused_parameters
+
+    for name in unused_parameters(spec.command, spec.sweep):
+        print(
+            f"ddpkit: warning: sweep parameter {name!r} is not a {{{name}}} placeholder in "
+            f"command: its values reach the ranks only as ${value_var(name)} (add e.g. "
+            f"'--{name} {{{name}}}' to command, unless the script reads that variable)",
+            file=sys.stderr,
+        )
+
+
 def describe_status(status: JobStatus) -> str:
     """``COMPLETED (exit code 0)``: the state, then what SLURM knows of how it ended."""
     ending = []
@@ -198,6 +249,19 @@ def describe_status(status: JobStatus) -> str:
     if status.signal:
         ending.append(f"signal {status.signal}")
     return f"{status.state.name} ({', '.join(ending)})" if ending else status.state.name
+
+
+def describe_sweep(tasks: list[tuple[str, JobStatus, str]]) -> str:
+    """A sweep's runs, one line each (task id, state, how it ended, run name), and a count of
+    runs per state: readable for a thousand tasks as for four."""
+    from ddpkit.jobs.layout import format_table
+
+    rows = [[task, describe_status(status), run] for task, status, run in tasks]
+    counts: dict[str, int] = {}
+    for _, status, _ in tasks:
+        counts[status.state.name] = counts.get(status.state.name, 0) + 1
+    summary = ", ".join(f"{count} {state}" for state, count in counts.items())
+    return f"{format_table(['task', 'state', 'run'], rows)}\n# {len(tasks)} runs: {summary}"
 
 
 def _logs(request: JobsRequest) -> int:

@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "dry_run": "ddpkit.jobs.api",
     "submit": "ddpkit.jobs.api",
     "submit_function": "ddpkit.jobs.api",
+    "map_function": "ddpkit.jobs.api",
+    "sweep_status": "ddpkit.jobs.api",
     "status": "ddpkit.jobs.api",
     "cancel": "ddpkit.jobs.api",
     "wait": "ddpkit.jobs.api",
@@ -59,6 +61,7 @@ __all__ = [
     "load_profile",
     "load_spec",
     "log_files",
+    "map_function",
     "plan",
     "rank_layout",
     "read_logs",
@@ -66,6 +69,7 @@ __all__ = [
     "status",
     "submit",
     "submit_function",
+    "sweep_status",
     "wait",
 ]
 
@@ -76,11 +80,13 @@ if TYPE_CHECKING:
         follow_logs,
         load,
         log_files,
+        map_function,
         plan,
         read_logs,
         status,
         submit,
         submit_function,
+        sweep_status,
         wait,
     )
     from ddpkit.jobs.layout import format_plan, rank_layout

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.arrays import query_tasks
 from ddpkit.jobs.backend import Backend, Request, get_backend
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
@@ -45,19 +46,28 @@ __all__ = [
     "follow_logs",
     "load",
     "log_files",
+    "map_function",
     "plan",
     "read_logs",
     "request",
     "status",
     "submit",
     "submit_function",
+    "sweep_status",
     "wait",
 ]
 
 
-def load(path: str | Path, overrides: Sequence[str] = (), *, cwd: Path | None = None) -> JobSpec:
-    """Read a YAML job spec with ``--set key=value`` overrides (see ``load_spec``)."""
-    return load_spec(path, overrides, cwd=cwd)
+def load(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    sweeps: Sequence[str] = (),
+    cwd: Path | None = None,
+) -> JobSpec:
+    """Read a YAML job spec with ``--set key=value`` and ``--sweep name=v1,v2`` overrides
+    (see ``load_spec``)."""
+    return load_spec(path, overrides, sweeps=sweeps, cwd=cwd)
 
 
 def plan(spec: JobSpec) -> str:
@@ -111,6 +121,17 @@ def submit_function(
     return job
 
 
+def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[Any]]:
+    """Run ``fn(**values)`` once per run of the spec's sweep, as one SLURM array through
+    submitit's ``map_array`` (values as text); the array is recorded like ``submit``'s, so
+    ``ddpkit status/logs/cancel`` know it. Returns the tasks' ``submitit.Job`` objects."""
+    from ddpkit.jobs import submitit_backend
+
+    jobs = submitit_backend.map_function(fn, spec=spec)
+    save_record(submitit_backend.sweep_record(spec, jobs))
+    return jobs
+
+
 def _follow(job: str) -> tuple[Backend, str, JobRecord | None]:
     """(backend, job id, record) of a job: the backend its record names; without a record,
     torchx for an app handle and SLURM (the sbatch backend's following) for a job id."""
@@ -128,6 +149,18 @@ def status(job_id: str) -> JobStatus:
     """
     backend, job, record = _follow(job_id)
     return backend.status(job, record)
+
+
+def sweep_status(job_id: str) -> list[tuple[str, JobStatus, str]] | None:
+    """Every task of a sweep ddpkit submitted: ``(task id, status, run name)`` in task order,
+    each SLURM tool asked once for the whole array; None when ``job_id`` is not a sweep's
+    array id (a single task ``123_4`` included: :func:`status` answers for it)."""
+    _, job, record = _follow(job_id)
+    runs = None if record is None else record.sweep_runs
+    if runs is None or not job.isdigit() or record is None or record.via == "torchx":
+        return None
+    states = query_tasks(job, len(runs))
+    return [(f"{job}_{index}", states[index], run) for index, run in enumerate(runs)]
 
 
 def cancel(job_id: str) -> None:
@@ -187,25 +220,30 @@ def follow_logs(
 ) -> Iterator[str]:
     """Yield the job's output as it is written until the job has finished (like ``tail -f``).
 
-    Only whole lines are yielded while the job runs (a rank filter needs them); what is left
-    is flushed at the end. Files that appear later (ranks start after the batch script) are
-    picked up on the next poll. A job no SLURM tool knows (UNKNOWN) is not waited for.
+    Readable with many ranks: only whole lines are yielded while the job runs, so lines of two
+    ranks never mix, and each line starts with its file's label, ``[rank 3] `` (``[batch] ``,
+    ``[node 1] ``, in a sweep ``[task 2 rank 3] ``), where the files are several (no ``rank``,
+    or a sweep's tasks); one rank's own output comes as it is. What is left of a last line is
+    flushed at the end, ended by a newline. Files that appear later (ranks start after the
+    batch script) are picked up on the next poll. A job no SLURM tool knows (UNKNOWN) is not
+    waited for.
     """
     offsets: dict[Path, int] = {}
     pending: dict[Path, bytes] = {}
-    current: Path | None = None
     while True:
         state = status(job_id).state  # asked before reading, so the last read sees everything
         finished = state.is_finished or state is JobState.UNKNOWN
-        for file in log_files(job_id, rank)[0]:
-            text = read_new(file.path, offsets, pending, flush=finished)
-            shown = file.select(text)
+        files = log_files(job_id, rank)[0]
+        labelled = rank is None or any(file.label.startswith("task ") for file in files)
+        for file in files:
+            shown = file.select(read_new(file.path, offsets, pending, flush=finished))
             if not shown:
                 continue
-            if rank is None and file.path != current:
-                yield f"==> {file.path} <==\n"
-                current = file.path
-            yield shown
+            if labelled:
+                lines = shown.splitlines()
+                yield "".join(f"[{file.label}] {line}\n" for line in lines)
+            else:
+                yield shown
         if finished:
             return
         sleep(poll_s)

@@ -15,6 +15,13 @@ its own, or is the script's to set.
     DDPKIT_MAX_REQUEUES          max_requeues           the guard's requeue cap
     DDPKIT_LATCH_DIR             (the batch script)     the latch: its marker, so that the
                                                         batch shell passes a held signal on
+    DDPKIT_SWEEP_TASK            sweep (array index)    the training script: which run it is
+    DDPKIT_SWEEP_RUN             sweep (the run name)   the training script: its run's folder
+    DDPKIT_SWEEP_<NAME>          sweep (each value)     the training script: its values
+
+The sweep variables differ per array task: the batch script picks them from a table written
+into it by ``SLURM_ARRAY_TASK_ID`` (:func:`sweep_exports` computes one task's); no ``env`` key
+of a spec may start with ``DDPKIT_SWEEP_``.
 
 Importing this module imports nothing but the standard library: the readers live below
 ``jobs/`` in the layering and must stay light.
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ddpkit.jobs.sweep import RUN_VAR, SWEEP_VAR_PREFIX, TASK_VAR, SweepTask, value_var
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -38,8 +47,13 @@ __all__ = [
     "RESERVED_ENV",
     "SIGNAL_VAR",
     "SUBMITIT_SIGNAL_VAR",
+    "SWEEP_RUN_VAR",
+    "SWEEP_TASK_VAR",
+    "SWEEP_VAR_PREFIX",
     "Variable",
     "exports",
+    "reserved_env_hint",
+    "sweep_exports",
 ]
 
 EXPECTED_WORLD_SIZE_VAR = "DDPKIT_EXPECTED_WORLD_SIZE"
@@ -50,6 +64,8 @@ MAX_REQUEUES_VAR = "DDPKIT_MAX_REQUEUES"
 LATCH_DIR_VAR = "DDPKIT_LATCH_DIR"
 # not ddpkit's: which signal submitit's job side binds (its own handler, replaced by ddpkit's)
 SUBMITIT_SIGNAL_VAR = "SUBMITIT_PREEMPT_SIGNAL"
+SWEEP_TASK_VAR = TASK_VAR
+SWEEP_RUN_VAR = RUN_VAR
 
 
 @dataclass(frozen=True)
@@ -67,10 +83,26 @@ CONTRACT: tuple[Variable, ...] = (
     Variable(SIGNAL_VAR, "set signal instead"),
     Variable(MAX_REQUEUES_VAR, "set max_requeues instead"),
     Variable(LATCH_DIR_VAR, "the batch script makes it for the stop signal's hold"),
+    Variable(SWEEP_TASK_VAR, "the batch script sets it from SLURM_ARRAY_TASK_ID"),
+    Variable(SWEEP_RUN_VAR, "the batch script sets it from the task's values"),
 )
 
 # Set by the job script itself; a spec value would silently fight it.
 RESERVED_ENV: dict[str, str] = {variable.name: variable.instead for variable in CONTRACT}
+_SWEEP_HINT = "declare the parameter under sweep: instead; every rank gets DDPKIT_SWEEP_<NAME>"
+
+
+def reserved_env_hint(key: str) -> str | None:
+    """Why a spec's ``env`` may not set ``key`` (the contract's, or the sweep's prefix), or None."""
+    if key in RESERVED_ENV:
+        return RESERVED_ENV[key]
+    return _SWEEP_HINT if key.startswith(SWEEP_VAR_PREFIX) else None
+
+
+def sweep_exports(task: SweepTask) -> dict[str, str]:
+    """One sweep task's variables: its index, its run name, then each value (spec order)."""
+    values = {SWEEP_TASK_VAR: str(task.index), SWEEP_RUN_VAR: task.run}
+    return values | {value_var(name): value for name, value in task.values.items()}
 
 
 def exports(spec: JobSpec, *, launch: str | None = None) -> dict[str, str]:

@@ -20,7 +20,14 @@ import yaml
 
 from ddpkit.jobs.spec import JobSpec
 
-__all__ = ["LayoutRow", "format_layout", "format_plan", "rank_layout"]
+__all__ = [
+    "LayoutRow",
+    "format_layout",
+    "format_plan",
+    "format_runs",
+    "format_table",
+    "rank_layout",
+]
 
 _COLUMNS = ("node", "host", "local_rank", "rank", "device")
 
@@ -52,15 +59,33 @@ def rank_layout(spec: JobSpec) -> list[LayoutRow]:
     ]
 
 
-def format_layout(rows: list[LayoutRow]) -> str:
-    """``rows`` as a table with aligned columns, a header line first."""
-    cells = [list(_COLUMNS)]
-    cells += [[str(getattr(row, column)) for column in _COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """A table with aligned columns, the header line first (no trailing spaces)."""
+    cells = [header, *rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in cells
     )
+
+
+def format_layout(rows: list[LayoutRow]) -> str:
+    """``rows`` as a table with aligned columns, a header line first."""
+    return format_table(
+        list(_COLUMNS), [[str(getattr(row, column)) for column in _COLUMNS] for row in rows]
+    )
+
+
+def format_runs(spec: JobSpec) -> str:
+    """A sweep's runs, one line per array task: index, each value, the run's folder name."""
+    if spec.sweep is None:
+        return ""
+    names = list(spec.sweep.params)
+    rows = [
+        [str(task.index), *(task.values[name] for name in names), task.run]
+        for task in spec.sweep.tasks
+    ]
+    return format_table(["task", *names, "run"], rows)
 
 
 def format_plan(spec: JobSpec) -> str:
@@ -73,4 +98,13 @@ def format_plan(spec: JobSpec) -> str:
         f"# rank layout: {spec.nodes} node(s) x {spec.procs} process(es) = world size "
         f"{spec.world_size} (launch: {spec.launch}, {tasks})"
     )
-    return f"# resolved job spec\n{resolved}\n{summary}\n{format_layout(rank_layout(spec))}\n"
+    text = f"# resolved job spec\n{resolved}\n{summary}\n{format_layout(rank_layout(spec))}\n"
+    if spec.sweep is not None:
+        sweep = spec.sweep
+        limit = f", at most {sweep.max_parallel} at once" if sweep.max_parallel else ""
+        text += (
+            f"\n# sweep: {sweep.count} runs ({sweep.mode}{limit}), one SLURM array task each, "
+            f"every one with the layout above; logs in {spec.log_path}/<run>/\n"
+            f"{format_runs(spec)}\n"
+        )
+    return text

@@ -4,7 +4,9 @@ Precedence, for every field (stated here only; ``merge_layers`` is its one imple
 
     --set key=value   >   the spec file   >   the spec's cluster profile   >   built-in defaults
 
-- ``env`` and ``sbatch`` merge key by key with the same precedence;
+- ``env``, ``sbatch`` and ``sweep`` merge key by key with the same precedence (``sweep``'s
+  keys are ``params``, ``mode``, ``max_parallel``: ``--sweep NAME=V1,V2`` options, together
+  the ``--sweep`` layer just below ``--set``, replace the spec's whole ``params``);
 - ``setup`` lines accumulate: the profile's lines, then the spec's, then those given by --set;
 - null (``partition: null``, ``--set partition=``, ``--set env.FOO=``) resets a field or a
   mapping key to its built-in default, dropping whatever a lower layer said.
@@ -52,13 +54,15 @@ __all__ = [
     "load_spec",
     "merge_layers",
     "parse_overrides",
+    "parse_sweeps",
     "profile_search_path",
     "read_profile",
     "read_yaml_mapping",
 ]
 
 SET_SOURCE = "--set"
-MAPPING_FIELDS = ("env", "sbatch")
+SWEEP_SOURCE = "--sweep"
+MAPPING_FIELDS = ("env", "sbatch", "sweep")
 ACCUMULATING_FIELDS = ("setup",)
 PATH_FIELDS = ("workdir", "template")
 
@@ -153,6 +157,26 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
         current = layer.get(top)
         layer[top] = {**(current if isinstance(current, dict) else {}), sub: value}
     return layer
+
+
+def parse_sweeps(items: Sequence[str]) -> dict[str, object]:
+    """``["lr=0.1,0.01", "seed=1,2"]`` -> the layer ``{"sweep": {"params": {...}}}`` (empty
+    for no items). Values are split at commas and kept as text; the spec checks them."""
+    params: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(
+                f"--sweep {item!r} is not NAME=VALUE,VALUE,...",
+                hint="e.g. --sweep lr=0.1,0.01 (values with commas: a sweep: section in YAML)",
+            )
+        if name in params:
+            raise ConfigError(
+                f"--sweep {item!r}: parameter {name!r} is given twice",
+                hint=f"list all its values in one option, e.g. --sweep {name}=1,2,3",
+            )
+        params[name] = text.split(",") if text else []
+    return {"sweep": {"params": params}} if params else {}
 
 
 def _parse_value(item: str, text: str) -> object:
@@ -275,22 +299,27 @@ def load_spec(
     path: str | os.PathLike[str],
     overrides: Sequence[str] = (),
     *,
+    sweeps: Sequence[str] = (),
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> JobSpec:
-    """Read, merge (profile, spec, ``--set`` overrides) and validate the job spec at ``path``.
+    """Read, merge (profile, spec, ``--sweep`` and ``--set`` overrides) and validate the job
+    spec at ``path``.
 
     ``cwd`` (default: the current directory) anchors ``--set`` paths, the default workdir and the
     ``./profiles`` lookup; ``env`` (default ``os.environ``, only read) gives DDPKIT_HOME.
     """
     data, base_dir = read_yaml_mapping(Path(path), "spec"), Path(path).absolute().parent
-    return build_spec(data, overrides, source=str(path), base_dir=base_dir, cwd=cwd, env=env)
+    return build_spec(
+        data, overrides, sweeps=sweeps, source=str(path), base_dir=base_dir, cwd=cwd, env=env
+    )
 
 
 def build_spec(
     data: Mapping[str, object],
     overrides: Sequence[str] = (),
     *,
+    sweeps: Sequence[str] = (),
     source: str = "<spec>",
     base_dir: Path | None = None,
     cwd: Path | None = None,
@@ -310,7 +339,12 @@ def build_spec(
         search = profile_search_path(base_dir, cwd, os.environ if env is None else env)
         profile_path = _find_profile(ref, search, ref_base, ref_source)
         layers.append((str(profile_path), read_profile(profile_path).defaults()))
-    layers += [(source, spec_layer), (SET_SOURCE, set_layer)]
+    sweep_layer = parse_sweeps(sweeps)
+    if sweep_layer:  # the command line's grid replaces the spec's, rather than mixing into it
+        spec_sweep = spec_layer.get("sweep")
+        if isinstance(spec_sweep, Mapping):
+            spec_layer["sweep"] = {k: v for k, v in spec_sweep.items() if k != "params"}
+    layers += [(source, spec_layer), (SWEEP_SOURCE, sweep_layer), (SET_SOURCE, set_layer)]
     merged, origins = merge_layers(layers)
     merged.setdefault("workdir", str(cwd))
     template = merged.get("template")  # read on this machine by the renderer: check it now
@@ -362,7 +396,7 @@ def _config_error(
     if "field" in ctx:
         path, value, is_key = ctx["field"], ctx.get("value"), False
     top = path.split(".")[0].split("[")[0]
-    where = origins.get(path) or origins.get(top) or source
+    where = _origin(origins, path) or source
     if error["type"] == "extra_forbidden":
         return ConfigError(f"{where}: unknown key {top!r}", hint=_unknown_key_hint(top, model))
     custom = error["type"] == ERROR_TYPE
@@ -370,6 +404,17 @@ def _config_error(
     hint = ctx["hint"] if custom else _field_hint(model, top, error["type"], value)
     shown = path if is_key or error["type"] == "missing" else f"{path}={value!r}"
     return ConfigError(f"{where}: {shown}: {problem}", hint=hint)
+
+
+def _origin(origins: Mapping[str, str], path: str) -> str | None:
+    """The source of the longest known prefix of ``path`` (``sweep.params.lr[0]`` ->
+    ``sweep.params`` -> ``sweep``)."""
+    while path:
+        if path in origins:
+            return origins[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
 
 
 def _locate(data: Mapping[str, object], loc: tuple[int | str, ...]) -> tuple[str, object, bool]:

@@ -9,7 +9,7 @@ on SLURM through ddpkit's templates or submitit (:func:`slurm_log_files`), and t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddpkit.jobs import slurm
@@ -52,25 +52,73 @@ def slurm_log_files(
     Without ``rank``: the batch output, then every rank's file (srun, submitit) or node file
     (torchrun). With ``rank``: that rank's own file, or the node files filtered to its
     ``[rankN]: `` lines. The place comes from the job record, else from SLURM (the batch
-    output path), else ``./ddpkit-logs``.
+    output path), else ``./ddpkit-logs``. A sweep's array (``123``) lists every task's files,
+    labelled ``task 3 rank 1``; one task (``123_3``) only its own, from its run's folder.
     """
+    if record is not None and record.sweep_runs is not None:
+        return _sweep_log_files(job_id, record, rank)
     directory, stem, via, source = _locate(job_id, record)
     if via == "submitit":  # <id>_<task>_log.out; the batch output is task 0's file
-        batch: list[LogFile] = []
         ranks = _numbered(directory, f"{stem}_", "_log.out")
-        nodes: dict[int, Path] = {}
         looked = f"{directory}/{stem}_<N>_log.out ({source})"
-    else:
-        batch = [LogFile(p, "batch") for p in sorted(directory.glob(f"{stem}.out"))]
-        ranks = _numbered(directory, f"{stem}-rank", ".out")
-        nodes = _numbered(directory, f"{stem}-node", ".out")
-        looked = f"{directory}/{stem}{{,-rank<N>,-node<N>}}.out ({source})"
+        return _pick(rank, [], ranks, {}), looked
+    # an array task's rank files may lie in its run's folder (a sweep without its record)
+    rank_dirs = [directory, *sorted(d for d in directory.glob("*/") if d.is_dir())]
+    if "_" not in job_id:
+        rank_dirs = rank_dirs[:1]
+    looked = f"{directory}/{stem}{{,-rank<N>,-node<N>}}.out ({source})"
+    return _files(directory, rank_dirs, stem, rank), looked
+
+
+def _sweep_log_files(job_id: str, record: JobRecord, rank: int | None) -> tuple[list[LogFile], str]:
+    runs = record.sweep_runs or ()
+    array, _, task = job_id.partition("_")
+    indices = [int(task)] if task.isdigit() else list(range(len(runs)))
+    directory = Path(record.log_dir)
+    files = []
+    for index in indices:
+        if index >= len(runs):
+            continue
+        if record.via == "submitit":  # <folder>/<array>_<task>_<rank>_log.out
+            ranks = _numbered(directory, f"{array}_{index}_", "_log.out")
+            found = _pick(rank, [], ranks, {})
+        else:
+            stem = f"{record.name}-{array}_{index}"
+            found = _files(directory, [directory / runs[index]], stem, rank)
+        label = f"task {index} " if not task else ""
+        files += [replace(file, label=label + file.label) for file in found]
+    looked = (
+        f"{directory}/{record.name}-{array}_<task>.out and {directory}/<run>/{record.name}-"
+        f"{array}_<task>{{-rank<N>,-node<N>}}.out"
+        if record.via != "submitit"
+        else f"{directory}/{array}_<task>_<N>_log.out"
+    ) + f" (job record {record_path(array)})"
+    return files, looked
+
+
+def _files(batch_dir: Path, rank_dirs: list[Path], stem: str, rank: int | None) -> list[LogFile]:
+    """The files of one job (or array task) named ``<stem>.out``, ``<stem>-rank<N>.out``,
+    ``<stem>-node<N>.out``; the rank files in the first of ``rank_dirs`` that has any."""
+    batch = [LogFile(p, "batch") for p in sorted(batch_dir.glob(f"{stem}.out"))]
+    ranks: dict[int, Path] = {}
+    nodes: dict[int, Path] = {}
+    for folder in rank_dirs:
+        ranks = _numbered(folder, f"{stem}-rank", ".out")
+        nodes = _numbered(folder, f"{stem}-node", ".out")
+        if ranks or nodes:
+            break
+    return _pick(rank, batch, ranks, nodes)
+
+
+def _pick(
+    rank: int | None, batch: list[LogFile], ranks: dict[int, Path], nodes: dict[int, Path]
+) -> list[LogFile]:
     if rank is None:
         files = [*batch, *(LogFile(p, f"rank {n}") for n, p in ranks.items())]
-        return files + [LogFile(p, f"node {n}") for n, p in nodes.items()], looked
+        return files + [LogFile(p, f"node {n}") for n, p in nodes.items()]
     if rank in ranks:
-        return [LogFile(ranks[rank], f"rank {rank}")], looked
-    return [LogFile(p, f"node {n}", rank=rank) for n, p in nodes.items()], looked
+        return [LogFile(ranks[rank], f"rank {rank}")]
+    return [LogFile(p, f"node {n}", rank=rank) for n, p in nodes.items()]
 
 
 def _locate(job_id: str, record: JobRecord | None) -> tuple[Path, str, str | None, str]:

@@ -71,6 +71,8 @@ class JobRecord:
     submitted_at: float = 0.0  # time.time() of the submission
     handle: str | None = None  # the backend's own name of the job (torchx's app handle)
     final_state: str | None = None  # a job run in the foreground: the backend's final state
+    # a sweep (job array): each task's run name, by task index; the job id is the array's
+    sweep_runs: tuple[str, ...] | None = None
 
     @property
     def name_for_user(self) -> str:
@@ -98,6 +100,7 @@ def new_record(
         workdir=spec.workdir,
         script=script,
         submitted_at=time.time(),
+        sweep_runs=None if spec.sweep is None else tuple(task.run for task in spec.sweep.tasks),
     )
 
 
@@ -161,7 +164,20 @@ def save_record(record: JobRecord, *, home: Path | None = None) -> Path:
 
 
 def load_record(job_id: str, *, home: Path | None = None) -> JobRecord | None:
-    """The record of ``job_id``, or None when ddpkit did not submit it (or it was removed)."""
+    """The record of ``job_id``, or None when ddpkit did not submit it (or it was removed).
+
+    A task of a sweep (``123_4``) has no record of its own: the array's (``123``) answers.
+    """
+    found = _read_record(job_id, home)
+    base, sep, task = job_id.partition("_")
+    if found is None and sep and task.isdigit() and base.isdigit():
+        array = _read_record(base, home)
+        if array is not None and array.sweep_runs is not None:
+            return array
+    return found
+
+
+def _read_record(job_id: str, home: Path | None) -> JobRecord | None:
     path = record_path(job_id, home=home)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -179,4 +195,6 @@ def load_record(job_id: str, *, home: Path | None = None) -> JobRecord | None:
             hint="delete the file; status, logs and cancel then ask SLURM alone",
         )
     data = {_RENAMED.get(k, k): v for k, v in data.items()}
+    if isinstance(data.get("sweep_runs"), list):  # JSON has no tuples
+        data["sweep_runs"] = tuple(data["sweep_runs"])
     return JobRecord(**{k: v for k, v in data.items() if k in known})

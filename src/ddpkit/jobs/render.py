@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from ddpkit.errors import ConfigError
+from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.contract import exports as contract_exports
+from ddpkit.jobs.contract import sweep_exports
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -41,6 +43,7 @@ __all__ = [
     "ENDPOINT_EXPANSION",
     "JOB_ID_EXPANSION",
     "batch_output_path",
+    "command_words",
     "endpoint_command",
     "render_sbatch",
     "sbatch_options",
@@ -65,6 +68,11 @@ class _ShellExpansion(str):
 
 ENDPOINT_EXPANSION: str = _ShellExpansion('"$endpoint"')
 JOB_ID_EXPANSION: str = _ShellExpansion('"$SLURM_JOB_ID"')
+_ARRAY_TASK_EXPANSION = '"$SLURM_ARRAY_JOB_ID"_"$SLURM_ARRAY_TASK_ID"'
+_PLACEHOLDER_VARS = {
+    sweeps.TASK_PLACEHOLDER: sweeps.TASK_VAR,
+    sweeps.RUN_PLACEHOLDER: sweeps.RUN_VAR,
+}
 
 # What sbatch's directive parser reads back unchanged without any quoting.
 _SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
@@ -120,30 +128,84 @@ def _pattern_literal(field: str, value: str) -> str:
 # absolute workdir); what is checked here is what only the rendering knows about.
 
 
-def _log_pattern(spec: JobSpec, suffix: str) -> str:
-    """A SLURM ``--output`` pattern for a file ``<name>-<suffix>`` in the log directory."""
+def _log_dir_pattern(spec: JobSpec) -> str:
+    """The log directory inside a SLURM ``--output`` pattern."""
     # workdir and log_dir are checked apart so that the error names the field at fault.
     _pattern_literal("workdir", spec.workdir)
     _pattern_literal("log_dir", spec.log_dir)
-    return f"{_pattern_literal('log_dir', spec.log_path)}/{spec.name}-{suffix}"
+    return _pattern_literal("log_dir", spec.log_path)
+
+
+def _log_pattern(spec: JobSpec, suffix: str) -> str:
+    """A SLURM ``--output`` pattern for a file ``<name>-<suffix>`` in the log directory."""
+    return f"{_log_dir_pattern(spec)}/{spec.name}-{suffix}"
 
 
 def batch_output_path(spec: JobSpec, job_id: str | None = None) -> str:
-    """The batch script's output file: the SLURM pattern, or the real path for ``job_id``.
+    """The batch script's output file: the SLURM pattern, or the real path for ``job_id``
+    (a sweep's array task: ``123_4``, ``<name>-%A_%a.out``).
 
     It lies in ``spec.log_path``, which must exist before ``sbatch``: SLURM opens it before the
     script runs and fails the job (JobLaunchFailure) when it cannot.
     """
-    pattern = _log_pattern(spec, "%j.out")
+    pattern = _log_pattern(spec, "%A_%a.out" if spec.sweep is not None else "%j.out")
     if job_id is None:
         return pattern
+    array, _, task = job_id.partition("_")
+    values = {"%": "%", "j": job_id, "A": array, "a": task}
     # One pass, as SLURM reads it: "%%" is a "%", "%j" the job id ("%%j" is "%j").
-    return re.sub("%([%j])", lambda m: "%" if m[1] == "%" else job_id, pattern)
+    return re.sub("%([%jAa])", lambda m: values[m[1]], pattern)
 
 
 def task_output_pattern(spec: JobSpec) -> str:
-    """srun's ``--output``: a file per rank (srun mode) or per node (torchrun mode)."""
-    return _log_pattern(spec, "%j-node%n.out" if spec.launch == "torchrun" else "%j-rank%t.out")
+    """srun's ``--output``: a file per rank (srun mode) or per node (torchrun mode).
+
+    In a sweep, each task's files go to its run's folder (``<log_dir>/<run>/``) and are named
+    after the array task (``<name>-<array id>_<task>-rank%t.out``), which a requeue keeps.
+    """
+    suffix = "node%n.out" if spec.launch == "torchrun" else "rank%t.out"
+    if spec.sweep is None:
+        return _log_pattern(spec, f"%j-{suffix}")
+    return _ShellExpansion(
+        f'{shlex.quote(_log_dir_pattern(spec))}/"${sweeps.RUN_VAR}"/{shlex.quote(spec.name + "-")}'
+        f"{_ARRAY_TASK_EXPANSION}{shlex.quote('-' + suffix)}"
+    )
+
+
+def _sweep_word(word: str) -> str:
+    """A command word of a sweep: its placeholders become the task's variables, expanded by
+    the batch shell inside double quotes (one word, no globbing); the rest is quoted."""
+    parts = sweeps.split_word(word)
+    if all(name is None for _, name in parts):
+        return "".join(literal for literal, _ in parts)  # "{{" is "{" in a sweep's command
+    out = []
+    for literal, name in parts:
+        if literal:
+            out.append(shlex.quote(literal))
+        if name is not None:
+            out.append(f'"${_PLACEHOLDER_VARS.get(name) or sweeps.value_var(name)}"')
+    return _ShellExpansion("".join(out))
+
+
+def command_words(spec: JobSpec) -> list[str]:
+    """The spec's command as the batch script runs it: as written, or in a sweep with its
+    placeholders turned into the array task's variables (``q`` writes those as they are)."""
+    if spec.sweep is None:
+        return list(spec.command)
+    return [_sweep_word(word) for word in spec.command]
+
+
+def _sweep_context(spec: JobSpec) -> dict[str, Any] | None:
+    """The sweep's table for the template: one ``case`` arm per array task."""
+    if spec.sweep is None:
+        return None
+    tasks = []
+    for task in spec.sweep.tasks:
+        values = sweep_exports(task)
+        assign = " ".join(f"{key}={shell_quote(value)}" for key, value in values.items())
+        tasks.append({"index": task.index, "run": task.run, "assign": assign})
+    names = [sweeps.TASK_VAR, sweeps.RUN_VAR, *map(sweeps.value_var, spec.sweep.params)]
+    return {"count": spec.sweep.count, "tasks": tasks, "variables": names}
 
 
 def _mem(mem_gb: float) -> str:
@@ -188,6 +250,9 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     options.append(("requeue", None) if spec.max_requeues > 0 else ("no-requeue", None))
     if not any(key == "open-mode" for key, _ in extras):
         options.append(("open-mode", "append"))  # a requeued run adds to its logs
+    if spec.sweep is not None:
+        limit = spec.sweep.max_parallel
+        options.append(("array", f"0-{spec.sweep.count - 1}" + (f"%{limit}" if limit else "")))
     return options + extras
 
 
@@ -229,7 +294,7 @@ def torchrun_command(
         endpoint,
         "--rdzv-id",
         rdzv_id,
-        *spec.command,
+        *command_words(spec),
     ]
 
 
@@ -251,12 +316,13 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "setup": list(spec.setup),
         "exports": _exports(spec),
         "python": spec.python,
-        "command": list(spec.command),
+        "command": command_words(spec),
         "cpus_per_srun_task": spec.cpus_per_slurm_task,
         "signal": spec.signal,
         "signal_delay_s": spec.warning_s,
         "endpoint_command": endpoint_command(spec) if torchrun else [],
         "torchrun_argv": torchrun_command(spec) if torchrun else [],
+        "sweep": _sweep_context(spec),
     }
 
 

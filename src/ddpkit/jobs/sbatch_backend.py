@@ -13,7 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddpkit.errors import ConfigError
 from ddpkit.jobs import slurm
+from ddpkit.jobs.arrays import max_array_size
 from ddpkit.jobs.backend import Request
 from ddpkit.jobs.logs import LogFile, slurm_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from ddpkit.jobs.slurm import JobStatus
     from ddpkit.jobs.spec import JobSpec
 
-__all__ = ["BACKEND", "SbatchBackend", "SlurmJobs", "log_dir_made"]
+__all__ = ["BACKEND", "SbatchBackend", "SlurmJobs", "check_array_size", "log_dir_made"]
 
 
 class SlurmJobs:
@@ -54,12 +56,29 @@ class SbatchBackend(SlurmJobs):
 
     def schedule(self, request: Request) -> JobRecord:
         spec, script = request.spec, str(request.payload)
+        check_array_size(spec)
         with log_dir_made(spec):
             job_id = slurm.submit_script(script, cwd=Path(spec.workdir))
         return new_record(spec, job_id, self.via, script)
 
 
 BACKEND = SbatchBackend()
+
+
+def check_array_size(spec: JobSpec, *, runner: slurm.Runner = slurm.subprocess_runner) -> None:
+    """Refuse a sweep with more tasks than the cluster's ``MaxArraySize`` allows (indices
+    0..MaxArraySize-1), before anything is written; unchecked when SLURM does not say."""
+    if spec.sweep is None:
+        return
+    limit = max_array_size(runner=runner)
+    count = spec.sweep.count
+    if limit is not None and count > limit:
+        raise ConfigError(
+            f"sweep has {count} runs, more than this cluster's MaxArraySize={limit} allows "
+            f"(array indices 0-{limit - 1})",
+            hint="split the sweep (fewer values per submission) or ask the admins to raise "
+            "MaxArraySize in slurm.conf",
+        )
 
 
 @contextmanager

@@ -34,15 +34,19 @@ __all__ = [
     "CommandResult",
     "JobState",
     "JobStatus",
+    "Row",
     "Runner",
     "SlurmError",
     "cancel",
+    "covers",
     "parse_job_id",
     "poll_until_finished",
     "query_state",
+    "row_status",
     "state_from_slurm",
     "submit_script",
     "subprocess_runner",
+    "tool_rows",
     "wait",
 ]
 
@@ -204,7 +208,7 @@ def parse_job_id(job_id: str | int) -> str:
     return text
 
 
-class _Row(NamedTuple):
+class Row(NamedTuple):
     job_id: str  # as the tool prints it: 123, 123_4, 123_[5-10], 123+0
     raw: str
     exit_code: int | None
@@ -218,7 +222,7 @@ def _exit_code(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _covers(shown: str, job_id: str) -> bool:
+def covers(shown: str, job_id: str) -> bool:
     """Whether a pending-array row like ``123_[5-10:2,12%4]`` stands for the task ``job_id``."""
     base, _, task = job_id.partition("_")
     match = re.fullmatch(re.escape(base) + r"_\[([0-9,:\-]+)(?:%\d+)?\]", shown)
@@ -234,13 +238,13 @@ def _covers(shown: str, job_id: str) -> bool:
     return False
 
 
-def _select(rows: Sequence[_Row], job_id: str) -> _Row | None:
+def _select(rows: Sequence[Row], job_id: str) -> Row | None:
     """The row answering for ``job_id``: its own, else (for a plain id) the most telling part.
 
     A live array task or het component means the job is not over (the most advanced live one
     is reported); once all are finished, the first that did not complete is, so a failure shows.
     """
-    own = [row for row in rows if row.job_id == job_id or _covers(row.job_id, job_id)]
+    own = [row for row in rows if row.job_id == job_id or covers(row.job_id, job_id)]
     if own or not job_id.isdigit():
         return own[0] if own else None
     parts = [row for row in rows if re.split(r"[_+]", row.job_id)[0] == job_id]
@@ -260,19 +264,19 @@ _LIVE_RANK = {state: rank for rank, state in enumerate(_LIVE)}
 _NOT_FOUND = ("Invalid job id specified",)
 
 
-def _squeue_rows(stdout: str) -> list[_Row]:
-    return [_Row(*line.partition("|")[::2], None, None) for line in _lines(stdout)]
+def _squeue_rows(stdout: str) -> list[Row]:
+    return [Row(*line.partition("|")[::2], None, None) for line in _lines(stdout)]
 
 
-def _sacct_rows(stdout: str) -> list[_Row]:
+def _sacct_rows(stdout: str) -> list[Row]:
     fields = [line.split("|") for line in _lines(stdout)]
-    return [_Row(row[0], row[1], *_exit_code(row[2])) for row in fields if len(row) == 3]
+    return [Row(row[0], row[1], *_exit_code(row[2])) for row in fields if len(row) == 3]
 
 
 _SCONTROL_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
 
 
-def _scontrol_row(line: str) -> _Row:
+def _scontrol_row(line: str) -> Row:
     """``Key=value`` pairs of one ``scontrol --oneliner`` line (values may hold spaces)."""
     keys = list(_SCONTROL_KEY.finditer(line))
     ends = [match.start() for match in keys[1:]] + [len(line)]
@@ -284,11 +288,11 @@ def _scontrol_row(line: str) -> _Row:
         job_id = f"{fields['ArrayJobId']}_{task if task.isdigit() else f'[{task}]'}"
     elif "HetJobOffset" in fields and "HetJobId" in fields:
         job_id = f"{fields['HetJobId']}+{fields['HetJobOffset']}"
-    return _Row(job_id, fields.get("JobState", ""), *_exit_code(fields.get("ExitCode", "")))
+    return Row(job_id, fields.get("JobState", ""), *_exit_code(fields.get("ExitCode", "")))
 
 
 # per tool: the command (the job id is appended), its output parser, what "no row" means
-_TOOLS: dict[Source, tuple[list[str], Callable[[str], list[_Row]], str]] = {
+_TOOLS: dict[Source, tuple[list[str], Callable[[str], list[Row]], str]] = {
     "squeue": (
         ["squeue", "--noheader", "--array", "--format", "%i|%T", "--jobs"],
         _squeue_rows,
@@ -307,19 +311,33 @@ _TOOLS: dict[Source, tuple[list[str], Callable[[str], list[_Row]], str]] = {
 }
 
 
-def _ask(
+def tool_rows(
     source: Source, job_id: str, runner: Runner, env: Mapping[str, str] | None
-) -> tuple[JobStatus | None, str]:
-    """One tool's status of the job, or None and why it has none."""
+) -> tuple[list[Row], str]:
+    """One tool's rows about the job (and its array tasks), or none and why."""
     argv, parse, no_row = _TOOLS[source]
     done = runner([*argv, job_id], env=env)
     if done.returncode != 0:
         not_found = any(text in done.stderr for text in _NOT_FOUND)
-        return None, no_row if not_found else f"failed: {_first_line(done.stderr)}"
-    row = _select(parse(done.stdout), job_id)
+        return [], no_row if not_found else f"failed: {_first_line(done.stderr)}"
+    return parse(done.stdout), no_row
+
+
+def row_status(row: Row, source: Source) -> JobStatus:
+    return JobStatus(state_from_slurm(row.raw), row.raw, row.exit_code, source, row.signal)
+
+
+def _ask(
+    source: Source, job_id: str, runner: Runner, env: Mapping[str, str] | None
+) -> tuple[JobStatus | None, str]:
+    """One tool's status of the job, or None and why it has none."""
+    rows, no_row = tool_rows(source, job_id, runner, env)
+    if not rows:
+        return None, no_row
+    row = _select(rows, job_id)
     if row is None:
         return None, no_row
-    return JobStatus(state_from_slurm(row.raw), row.raw, row.exit_code, source, row.signal), ""
+    return row_status(row, source), ""
 
 
 def query_state(

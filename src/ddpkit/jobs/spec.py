@@ -26,10 +26,11 @@ import shlex
 import sys
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from ddpkit.jobs.contract import RESERVED_ENV
+from ddpkit.jobs.checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
+from ddpkit.jobs.contract import RESERVED_ENV, reserved_env_hint
+from ddpkit.jobs.sweep_spec import SWEEP_DESCRIPTION, Sweep, check_placeholders
 
 __all__ = [
     "ERROR_TYPE",
@@ -38,9 +39,10 @@ __all__ = [
     "ClusterProfile",
     "JobSpec",
     "Launch",
+    "Sweep",
+    "invalid",
 ]
 
-ERROR_TYPE = "ddpkit"
 Launch = Literal["srun", "torchrun"]
 StopSignal = Literal["USR1", "USR2"]
 DEFAULT_SIGNAL_DELAY_S = 120
@@ -74,32 +76,12 @@ RESERVED_SBATCH: dict[str, str] = {
     "signal": "set signal and signal_delay_s instead",
     "requeue": "set max_requeues instead (0: never requeue)",
     "no-requeue": "set max_requeues: 0 instead",
+    "array": "declare a sweep: instead (one array task per run)",
 }
 
 
-def invalid(
-    problem: str, hint: str, *, field: str | None = None, value: object = ...
-) -> PydanticCustomError:
-    """A validation error ``ddpkit.jobs.load`` turns into ``<field>=<value>: <problem> (hint)``.
-
-    ``field``/``value`` are for checks spanning fields (pydantic has no location for those).
-    """
-    ctx: dict[str, object] = {"problem": problem, "hint": hint}
-    if field is not None:
-        ctx["field"] = field
-    if value is not ...:
-        ctx["value"] = value
-    return PydanticCustomError(ERROR_TYPE, "{problem}", ctx)
-
-
-def _no_nul(text: str) -> str:
-    if "\x00" in text:
-        raise invalid("contains a NUL character", "remove it: no shell or file name can hold it")
-    return text
-
-
 def _one_line(text: str) -> str:
-    _no_nul(text)
+    no_nul(text)
     if "".join(text.splitlines()) != text:
         raise invalid(
             "contains a line break, which would end its #SBATCH line or file name",
@@ -115,16 +97,9 @@ def _check_name(text: str) -> str:
         fixed = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "my-job"
         raise invalid(
             "may only contain letters, digits, '.', '_' and '-' (it names files and the job)",
-            _stripped_hint(text, _NAME) or f"e.g. {fixed!r}",
+            stripped_hint(text, _NAME) or f"e.g. {fixed!r}",
         )
     return text
-
-
-def _number_to_str(value: object) -> object:
-    """YAML reads ``4`` and ``0.1`` as numbers; where a string is meant, take their text."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    return value
 
 
 def _split_command(value: object) -> object:
@@ -137,7 +112,7 @@ def _split_command(value: object) -> object:
                 "balance the quotes, or write the command as a YAML list",
             ) from None
     if isinstance(value, list | tuple):
-        return [_number_to_str(item) for item in value]
+        return [number_to_str(item) for item in value]
     return value
 
 
@@ -164,25 +139,18 @@ def _one_line_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
-def _stripped_hint(key: str, pattern: re.Pattern[str]) -> str | None:
-    """The hint for a key that is valid but for surrounding whitespace (a YAML block scalar or
-    a copied line can carry a newline or a CR), else None."""
-    if key != key.strip() and pattern.fullmatch(key.strip()):
-        return f"write {key.strip()!r}, without the surrounding whitespace or line break"
-    return None
-
-
 def _check_env_key(key: str) -> str:
     if not _ENV_KEY.fullmatch(key):
         fixed = re.sub(r"[^A-Za-z0-9_]", "_", key)
         fixed = fixed if _ENV_KEY.fullmatch(fixed) else "_" + fixed
         raise invalid(
             "is not a valid environment variable name",
-            _stripped_hint(key, _ENV_KEY)
+            stripped_hint(key, _ENV_KEY)
             or f"letters, digits and '_', not starting with a digit, e.g. {fixed!r}",
         )
-    if key in RESERVED_ENV:
-        raise invalid("is set by ddpkit", RESERVED_ENV[key])
+    reserved = reserved_env_hint(key)
+    if reserved is not None:
+        raise invalid("is set by ddpkit", reserved)
     return key
 
 
@@ -192,7 +160,7 @@ def _check_sbatch_key(key: str) -> str:
     if not _SBATCH_KEY.fullmatch(key):
         raise invalid(
             "is not an sbatch long option name",
-            _stripped_hint(key, _SBATCH_KEY)
+            stripped_hint(key, _SBATCH_KEY)
             or "lower-case words joined by '-', e.g. exclusive or mail-type",
         )
     if key in RESERVED_SBATCH:
@@ -236,14 +204,14 @@ def _check_host_template(template: str) -> str:
     return template
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(no_nul)]
 Line = Annotated[str, AfterValidator(_one_line)]
 Name = Annotated[str, AfterValidator(_check_name)]
 Command = Annotated[list[Text], BeforeValidator(_split_command), AfterValidator(_check_command)]
 Setup = Annotated[list[Text], BeforeValidator(_one_line_list)]
 EnvMap = dict[
     Annotated[str, AfterValidator(_check_env_key)],
-    Annotated[Text, BeforeValidator(_number_to_str)],
+    Annotated[Text, BeforeValidator(number_to_str)],
 ]
 SbatchMap = dict[
     Annotated[str, AfterValidator(_check_sbatch_key)],
@@ -271,12 +239,7 @@ _D_SIGNAL_DELAY = "seconds before the time limit (default 120, at most half of i
 _D_REQUEUES = "how often the job may requeue itself, a whole number >= 0, e.g. max_requeues: 10"
 
 
-class _Model(BaseModel):
-    # strict: YAML already has types; no 'yes' -> 1 or '2' -> 2 guessing behind the user's back
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class JobSpec(_Model):
+class JobSpec(Model):
     """One job: what to run, on how many nodes and processes, and how SLURM should place it.
 
     Ranks are node-major: global rank = node * procs + local rank, in both launch modes.
@@ -317,6 +280,13 @@ class JobSpec(_Model):
     signal: StopSignal | None = Field("USR2", description=_D_SIGNAL)
     signal_delay_s: int | None = Field(None, ge=1, description=_D_SIGNAL_DELAY)
     max_requeues: int = Field(10, ge=0, description=_D_REQUEUES)
+    sweep: Sweep | None = Field(None, description=SWEEP_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _check_placeholders(self) -> JobSpec:
+        if self.sweep is not None:
+            check_placeholders(self.command, self.sweep)
+        return self
 
     @model_validator(mode="after")
     def _check_topology(self) -> JobSpec:
@@ -388,7 +358,7 @@ class JobSpec(_Model):
         return posixpath.normpath(posixpath.join(self.workdir, self.log_dir))
 
 
-class ClusterProfile(_Model):
+class ClusterProfile(Model):
     """A site's defaults, named by a spec (``profile: site``); any field left out stays unset.
 
     Every field has the meaning and checks of the ``JobSpec`` field of the same name.

@@ -22,6 +22,13 @@ neither SLURM's signal nor the forwarded one can kill it while Python and torch 
 command that does not call ``ddpkit.init()`` but handles the signal itself must unblock it
 (``signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])``).
 
+A sweep goes through ``executor.map_array``: one SLURM array, each task a :class:`RunCommand`
+with the task's command (placeholders substituted here, as words: no shell in between) and
+its ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism`` is ``max_parallel`` (else every
+run at once: submitit's default would cap it at 256). submitit submits a single item as a
+plain job, not an array of one, and :func:`sweep_record` records it as one. A Python function
+goes through :func:`map_function`, which calls it with each task's values as keyword arguments.
+
 The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
 rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
 would lose the SLURM variables they find their ranks from. The spec's ``template`` is for sbatch
@@ -35,7 +42,8 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -45,10 +53,11 @@ import yaml
 from ddpkit.compat import submitit_sbatch_text
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
-from ddpkit.jobs.contract import SUBMITIT_SIGNAL_VAR
+from ddpkit.jobs.contract import SUBMITIT_SIGNAL_VAR, sweep_exports
 from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.records import JobRecord, Via, new_record
-from ddpkit.jobs.sbatch_backend import SlurmJobs, log_dir_made
+from ddpkit.jobs.sbatch_backend import SlurmJobs, check_array_size, log_dir_made
+from ddpkit.jobs.sweep import substitute
 from ddpkit.worker.requeue import signal_from_env
 
 if TYPE_CHECKING:
@@ -66,9 +75,12 @@ __all__ = [
     "folder",
     "import_submitit",
     "make_executor",
+    "map_function",
     "submit_command",
     "submit_function",
     "submitted_script",
+    "sweep_record",
+    "sweep_runs",
 ]
 
 _INSTALL_HINT = "pip install ddpkit[submitit]"
@@ -133,6 +145,8 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         "slurm_setup": _setup_lines(spec),
         "slurm_additional_parameters": extras,
     }
+    if spec.sweep is not None:
+        params["slurm_array_parallelism"] = spec.sweep.max_parallel or spec.sweep.count
     if spec.gpus_per_node:
         params["gpus_per_node"] = spec.gpus_per_node
     if spec.mem_gb is not None:
@@ -168,29 +182,94 @@ def dry_run(spec: JobSpec) -> str:
     fails as a submission would.
     """
     import_submitit()
-    head = yaml.safe_dump(
-        {
-            "folder": str(folder(spec)),
-            "python": spec.python,
-            "parameters": executor_parameters(spec),
-            "command": command_line(spec),
-            "cwd": spec.workdir,
-        },
-        sort_keys=False,
-        default_flow_style=False,
-    )
+    shown: dict[str, Any] = {
+        "folder": str(folder(spec)),
+        "python": spec.python,
+        "parameters": executor_parameters(spec),
+        "command": command_line(spec),
+        "cwd": spec.workdir,
+    }
+    if spec.sweep is not None:
+        shown["map_array"] = [
+            {"task": task.index, "command": command.command, "env": command.env}
+            for task, command in zip(spec.sweep.tasks, sweep_runs(spec), strict=True)
+        ]
+    head = yaml.safe_dump(shown, sort_keys=False, default_flow_style=False)
+    count = None if spec.sweep is None else spec.sweep.count
     try:
-        script = submitit_sbatch_text(make_executor(spec))
+        script = submitit_sbatch_text(make_executor(spec), map_count=count)
     except ConfigError as exc:
         return f"{head}# sbatch script: not shown ({exc.message})\n"
     return f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
 
 
-def submit_command(spec: JobSpec) -> tuple[str, str | None]:
-    """Submit the spec's command; return the job id and the sbatch text submitit wrote."""
+def sweep_runs(spec: JobSpec) -> list[RunCommand]:
+    """One :class:`RunCommand` per task of the spec's sweep: its command and variables."""
+    if spec.sweep is None:
+        return []
+    return [
+        RunCommand(
+            [
+                spec.python,
+                "-u",
+                *(substitute(word, task.placeholder_values()) for word in spec.command),
+            ],
+            cwd=spec.workdir,
+            env=sweep_exports(task),
+        )
+        for task in spec.sweep.tasks
+    ]
+
+
+def _run(command: RunCommand) -> int:
+    """What each array task of a sweep calls (map_array passes one argument per task)."""
+    return command()
+
+
+def submit_command(spec: JobSpec) -> JobRecord:
+    """Submit the spec's command (a sweep: one array through ``map_array``); its record."""
     executor = make_executor(spec)
-    job = executor.submit(RunCommand(command_line(spec), cwd=spec.workdir))
-    return str(job.job_id), submitted_script(job)
+    # records say launch "srun", whatever the spec's: submitit starts one task per process
+    if spec.sweep is None:
+        job = executor.submit(RunCommand(command_line(spec), cwd=spec.workdir))
+        return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
+    return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
+
+
+def sweep_record(spec: JobSpec, jobs: Sequence[submitit.Job[Any]]) -> JobRecord:
+    """The record of a sweep that ``map_array`` submitted, from its tasks' jobs.
+
+    submitit submits a ``map_array`` of one item as a plain job (``123``, not ``123_0``):
+    SLURM has no array whose tasks ``ddpkit status``/``logs`` could list, so the record is a
+    plain job's (the run still gets its values, through its command and variables).
+    """
+    array, _, task = str(jobs[0].job_id).partition("_")
+    record = new_record(spec, array, "submitit", submitted_script(jobs[0]), launch="srun")
+    return record if task else replace(record, sweep_runs=None)
+
+
+def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[Any]]:
+    """Run ``fn(**values)`` for each task of the spec's sweep, as one array (``map_array``);
+    the values are the task's text, as the command would get them."""
+    if spec.sweep is None:
+        raise ConfigError(
+            f"spec {spec.name!r} has no sweep to map over",
+            hint="add a sweep: section (or --sweep), or use submit_function",
+        )
+    check_array_size(spec)
+    calls = [_Call(fn, dict(task.values)) for task in spec.sweep.tasks]
+    return list(make_executor(spec).map_array(_Call.__call__, calls))
+
+
+class _Call:
+    """``fn(**kwargs)``, picklable, for map_array."""
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, str]) -> None:
+        self.fn = fn
+        self.kwargs = kwargs
+
+    def __call__(self) -> Any:
+        return self.fn(**self.kwargs)
 
 
 def submit_function(
@@ -218,10 +297,9 @@ class SubmititBackend(SlurmJobs):
 
     def schedule(self, request: Request) -> JobRecord:
         spec = request.spec
+        check_array_size(spec)
         with log_dir_made(spec):
-            job_id, script = submit_command(spec)
-        # one task per process, whatever the spec's launch: submitit starts them itself
-        return new_record(spec, job_id, self.via, script, launch="srun")
+            return submit_command(spec)
 
 
 BACKEND = SubmititBackend()
@@ -234,9 +312,12 @@ class RunCommand:
     raises ``subprocess.CalledProcessError``, which submitit records as the job's error.
     """
 
-    def __init__(self, command: list[str], *, cwd: str | None = None) -> None:
+    def __init__(
+        self, command: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.command = list(command)
         self.cwd = cwd
+        self.env = dict(env or {})  # added to the task's environment (a sweep's variables)
 
     def __call__(self) -> int:
         stop = signal_from_env(os.environ)
@@ -251,7 +332,7 @@ class RunCommand:
 
         signal.signal(stop, forward)  # replaces submitit's requeue-at-once handler
         print(f"ddpkit: running {shlex.join(self.command)}", flush=True)
-        child = _start_holding(self.command, self.cwd, stop)
+        child = _start_holding(self.command, self.cwd, stop, self.env)
         code = child.wait()
         if code != 0:
             raise subprocess.CalledProcessError(code, self.command)
@@ -265,7 +346,7 @@ class RunCommand:
 
 
 def _start_holding(
-    command: list[str], cwd: str | None, stop: signal.Signals
+    command: list[str], cwd: str | None, stop: signal.Signals, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` with ``stop`` blocked, so that it cannot die of it before it latched it.
 
@@ -277,6 +358,6 @@ def _start_holding(
     """
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, [stop])
     try:
-        return subprocess.Popen(command, cwd=cwd)
+        return subprocess.Popen(command, cwd=cwd, env={**os.environ, **env} if env else None)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)

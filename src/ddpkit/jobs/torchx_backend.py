@@ -62,6 +62,7 @@ __all__ = [
     "ddp_appdef",
     "import_torchx",
     "parse_j",
+    "refuse_sweep",
     "replica_script",
     "require_torchx",
     "scheduler_cfg",
@@ -236,6 +237,20 @@ def _check_scheduler(scheduler: str) -> None:
         )
 
 
+def refuse_sweep(spec: JobSpec) -> None:
+    """torchx has no job arrays: its slurm scheduler submits one (heterogeneous) job per
+    AppDef, and local_cwd runs one app in the foreground. A sweep through it would be N
+    unrelated jobs without the array's one id, throttle (``%N``) or per-task requeue, so it is
+    refused before anything is submitted, rather than half-done."""
+    if spec.sweep is not None:
+        raise ConfigError(
+            f"sweep ({spec.sweep.count} runs) cannot go through torchx, which has no job "
+            "arrays (one job per AppDef)",
+            hint="submit the sweep with --via sbatch (one SLURM array) or --via submitit "
+            "(map_array)",
+        )
+
+
 def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
     """THE conversion of a job spec to a torchx AppDef (see the module doc for the choices).
 
@@ -246,6 +261,7 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
     AppDef is the same for every scheduler (torchx fills in its macros);
     ``scheduler`` is checked so that a typo fails before anything is submitted.
     """
+    refuse_sweep(spec)
     require_torchx()
     _check_scheduler(scheduler)
     # the job contract as every backend exports it: the stop signal and the requeue cap too

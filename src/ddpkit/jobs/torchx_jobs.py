@@ -42,7 +42,7 @@ from ddpkit.jobs.backend import Request
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record
 from ddpkit.jobs.slurm import JobState, JobStatus
-from ddpkit.jobs.torchx_backend import import_torchx
+from ddpkit.jobs.torchx_backend import import_torchx, refuse_sweep
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -128,6 +128,7 @@ class TorchxBackend:
     via: Via = "torchx"
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        refuse_sweep(spec)
         scheduler = scheduler or DEFAULT_SCHEDULER
         runner, app, cfg = _prepare(spec, scheduler)
         try:

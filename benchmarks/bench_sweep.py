@@ -1,0 +1,197 @@
+"""Sweep submission: time from submitting N runs to all N running, three ways.
+
+    ci/slurm-up && python benchmarks/bench_sweep.py [--tasks 4] [--runs 3] [--quick]
+        [--settle-s 0.5] [--slurm-env /tmp/ddpkit-slurm/env.sh] [--json FILE]
+
+The same N one-node, one-process runs go to the running test cluster as
+
+* ``ddpkit sweep``: one ``ddpkit submit spec.yaml --sweep task=0,...,N-1`` (one SLURM array);
+* ``ddpkit submit xN``: N ``ddpkit submit spec.yaml --set command=...`` calls, one after the
+  other (what a shell loop over the values does);
+* ``submitit map_array``: ``executor.map_array`` of a Python function (one array), in process.
+
+Each run writes a marker file first thing and then sleeps; the time measured is from starting
+the submission to the moment all N markers exist (polled every 5 ms), on an idle cluster (every
+node idle, then --settle-s). The variants alternate order from round to round; medians and the
+ratios against ``ddpkit submit xN`` (the plain baseline: no array) are printed. N must fit the
+cluster at once (2 nodes x 4 CPUs: N <= 8) or the figure measures the queue instead.
+``ddpkit`` runs as ``python -m ddpkit`` (what its console script does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+POLL_S = 0.005
+ALL_RUNNING_TIMEOUT_S = 120.0
+DEFAULT_ENV_FILE = os.environ.get("DDPKIT_TEST_SLURM_ENV", "/tmp/ddpkit-slurm/env.sh")
+PAYLOAD = (
+    "import pathlib, sys, time\npathlib.Path(sys.argv[1], sys.argv[2]).touch()\ntime.sleep(300)\n"
+)
+VARIANTS = ("ddpkit sweep", "ddpkit submit xN", "submitit map_array")
+
+
+def cluster_env(env_file: Path) -> dict[str, str]:
+    """os.environ plus the ``export K=V`` lines of the cluster's env file (SLURM_CONF)."""
+    if not env_file.is_file():
+        raise SystemExit(f"no {env_file}: start the test cluster with ci/slurm-up first")
+    env = dict(os.environ)
+    for line in env_file.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+    return env
+
+
+def mark_and_wait(markers: str, task: int) -> None:
+    """submitit's payload (cloudpickle carries it by value: it lives in __main__)."""
+    Path(markers, str(task)).touch()
+    time.sleep(300)
+
+
+class Bench:
+    def __init__(self, env: dict[str, str], work: Path, tasks: int) -> None:
+        self.env, self.work, self.tasks = env, work, tasks
+        (work / "payload.py").write_text(PAYLOAD)
+        (work / "spec.yaml").write_text(
+            f"name: bench-sweep\nnodes: 1\nprocs_per_node: 1\ntime_min: 5\nworkdir: {work}\n"
+            f"python: {sys.executable}\ncommand: payload.py markers 0\n"
+        )
+        self.jobs: list[str] = []
+
+    def ddpkit(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "ddpkit", *args],
+            cwd=self.work, env=self.env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"ddpkit {shlex.join(args)} failed: {done.stderr}")
+        return done.stdout.strip()
+
+    def sweep(self, markers: Path) -> None:
+        values = ",".join(map(str, range(self.tasks)))
+        command = f"command=payload.py {markers} {{i}}"
+        self.jobs.append(
+            self.ddpkit("submit", "spec.yaml", "--sweep", f"i={values}", "--set", command)
+        )
+
+    def separate(self, markers: Path) -> None:
+        for task in range(self.tasks):
+            command = f"command=payload.py {markers} {task}"
+            self.jobs.append(self.ddpkit("submit", "spec.yaml", "--set", command))
+
+    def submitit(self, markers: Path) -> None:
+        import submitit
+
+        executor = submitit.AutoExecutor(folder=self.work / "submitit", cluster="slurm")
+        executor.update_parameters(
+            nodes=1, tasks_per_node=1, timeout_min=5, slurm_array_parallelism=self.tasks
+        )
+        jobs = executor.map_array(mark_and_wait, [str(markers)] * self.tasks, range(self.tasks))
+        self.jobs.append(str(jobs[0].job_id).partition("_")[0])
+
+    def timed(self, submit: Callable[[Path], None], round_: int, name: str) -> float:
+        markers = self.work / f"markers-{round_}-{name.replace(' ', '-')}"
+        markers.mkdir()
+        start = time.perf_counter()
+        submit(markers)
+        deadline = start + ALL_RUNNING_TIMEOUT_S
+        while time.perf_counter() < deadline:
+            if len(os.listdir(markers)) >= self.tasks:
+                elapsed = time.perf_counter() - start
+                self.cancel()
+                return elapsed
+            time.sleep(POLL_S)
+        self.cancel()
+        raise SystemExit(f"{name}: not all {self.tasks} runs started in {ALL_RUNNING_TIMEOUT_S} s")
+
+    def cancel(self) -> None:
+        if self.jobs:
+            subprocess.run(["scancel", *self.jobs], env=self.env, check=False)
+            self.jobs = []
+
+
+def wait_idle(env: dict[str, str], settle_s: float) -> None:
+    """Until every node is idle (the last runs' cleanup done), then a pause for the scheduler."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states = subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--format", "%T"],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        if states and all(state == "idle" for state in states):
+            time.sleep(settle_s)
+            return
+        time.sleep(0.05)
+    raise SystemExit("the cluster's nodes did not become idle within 60 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=4, help="runs per sweep (<= 8 here)")
+    parser.add_argument("--runs", type=int, default=3, help="rounds of the three variants")
+    parser.add_argument("--quick", action="store_true", help="2 runs per sweep, 1 round")
+    parser.add_argument("--settle-s", type=float, default=0.5)
+    parser.add_argument("--slurm-env", type=Path, default=Path(DEFAULT_ENV_FILE))
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.runs = 2, 1
+    env = cluster_env(args.slurm_env)
+    os.environ.update(env)  # submitit runs sbatch with this process's environment
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-", dir=Path.cwd()) as tmp:
+        bench = Bench(env, Path(tmp), args.tasks)
+        sides = {
+            "ddpkit sweep": bench.sweep,
+            "ddpkit submit xN": bench.separate,
+            "submitit map_array": bench.submitit,
+        }
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        try:
+            for round_ in range(args.runs):
+                order = VARIANTS[round_ % 3 :] + VARIANTS[: round_ % 3]  # alternate who goes first
+                for name in order:
+                    wait_idle(env, args.settle_s)
+                    times[name].append(bench.timed(sides[name], round_, name))
+        finally:
+            bench.cancel()
+    report(args, times)
+
+
+def report(args: argparse.Namespace, times: dict[str, list[float]]) -> None:
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    base = medians["ddpkit submit xN"]
+    print(f"submit to all {args.tasks} runs running (median of {args.runs}):")
+    for name, value in medians.items():
+        runs = ", ".join(f"{v:.2f}" for v in times[name])
+        print(f"  {name:20s} {value:6.2f} s  ({value / base:.2f} x separate submits)  [{runs}]")
+    if args.json is not None:
+        command = f"python benchmarks/bench_sweep.py --tasks {args.tasks} --runs {args.runs}"
+        rows = [
+            {
+                "figure": f"submit to all {args.tasks} runs running",
+                "variant": name,
+                "value": value,
+                "unit": "s",
+                "higher_is_better": False,
+                "x": float(args.tasks),
+            }
+            for name, value in medians.items()
+        ]
+        payload = {"bench": "sweep", "title": "Sweep submission", "command": command, "rows": rows}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

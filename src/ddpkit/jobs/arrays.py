@@ -1,0 +1,106 @@
+"""SLURM job arrays (a sweep's runs): the state of every task at once, and ``MaxArraySize``.
+
+Each tool is asked once for the whole array (``squeue --array``, ``sacct``, ``scontrol show
+job``), whose rows name tasks (``123_4``) or, for pending ones, ranges (``123_[5-9%2]``); each
+task then gets its answer in :func:`ddpkit.jobs.slurm.query_state`'s order. One task's own
+state, cancel and requeue need nothing here: ``123_4`` is a job id to every SLURM tool.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from ddpkit.errors import ConfigError
+from ddpkit.jobs.slurm import (
+    JobState,
+    JobStatus,
+    Row,
+    Runner,
+    SlurmError,
+    Source,
+    covers,
+    parse_job_id,
+    row_status,
+    subprocess_runner,
+    tool_rows,
+)
+
+__all__ = ["max_array_size", "query_tasks"]
+
+
+def _task_statuses(rows: Sequence[Row], array: str, source: Source) -> dict[int, JobStatus]:
+    """``{task: status}`` from rows naming tasks (``123_4``); ranges stay in the rows."""
+    found: dict[int, JobStatus] = {}
+    for row in rows:
+        base, _, task = row.job_id.partition("_")
+        if base == array and task.isdigit():
+            found.setdefault(int(task), row_status(row, source))
+    return found
+
+
+def query_tasks(
+    job_id: str | int,
+    count: int | None = None,
+    *,
+    runner: Runner = subprocess_runner,
+    env: Mapping[str, str] | None = None,
+) -> dict[int, JobStatus]:
+    """The state of every task of the job array ``job_id`` (tasks 0..count-1, or those the
+    tools list), each tool asked once for the whole array, in :func:`query_state`'s order:
+    squeue (live) -> sacct when it says finished -> scontrol -> sacct -> UNKNOWN.
+
+    A pending range (``123_[2-5%2]``) stands for each of its tasks.
+    """
+    array = parse_job_id(job_id)
+    if not array.isdigit():
+        raise ConfigError(
+            f"job_id={array!r} is not an array's job id",
+            hint="give the array's own id (123), not one task (123_4)",
+        )
+    answers: dict[Source, tuple[list[Row], dict[int, JobStatus]]] = {}
+    for source in ("squeue", "sacct", "scontrol"):
+        rows, _ = tool_rows(source, array, runner, env)
+        answers[source] = (rows, _task_statuses(rows, array, source))
+    known = set() if count is None else set(range(count))
+    for _, explicit in answers.values():
+        known |= set(explicit)
+    result: dict[int, JobStatus] = {}
+    for task in sorted(known):
+        wanted = f"{array}_{task}"
+        found: dict[Source, JobStatus] = {}
+        for source, (rows, explicit) in answers.items():
+            if task in explicit:
+                found[source] = explicit[task]
+            else:
+                row = next((r for r in rows if covers(r.job_id, wanted)), None)
+                if row is not None:
+                    found[source] = row_status(row, source)
+        result[task] = _pick(found, wanted)
+    return result
+
+
+def _pick(found: Mapping[Source, JobStatus], job: str) -> JobStatus:
+    if "squeue" in found:
+        return found["squeue"]
+    accounted = found.get("sacct")
+    if accounted is not None and accounted.state.is_finished:
+        return accounted
+    if "scontrol" in found:
+        return found["scontrol"]
+    if accounted is not None:
+        return accounted
+    hint = f"no SLURM tool lists {job}; without accounting SLURM forgets it MinJobAge s after"
+    return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
+
+
+def max_array_size(
+    *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
+) -> int | None:
+    """The cluster's ``MaxArraySize`` (``scontrol show config``), or None when not known."""
+    try:
+        done = runner(["scontrol", "show", "config"], env=env)
+    except SlurmError:
+        return None
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", done.stdout, re.MULTILINE)
+    return int(match.group(1)) if done.returncode == 0 and match else None
