@@ -7,8 +7,10 @@
      "notes": ["<optional: e.g. 'accelerate: not installed'>"]}
 
 A variant whose name starts with ``ddpkit`` is ddpkit's side of a figure; the others are its
-baselines, except rows with ``"reference": true`` (what the link or the hardware does alone,
-e.g. a raw socket: shown, never a baseline ddpkit is "behind"). ``trials``, when the variants
+baselines (``"baseline": true`` names the one ratios are taken against, even a ddpkit
+variant such as N separate submits beside one sweep), except rows with ``"reference": true``
+(what the link or the hardware does alone, e.g. a raw socket: shown, never a baseline ddpkit
+is "behind"). ``trials``, when the variants
 of a figure ran side by side trial after trial, lets the report tell a consistent gap from
 noise. ``notes`` is optional (the report prints it under the bench's table).
 """

@@ -5,8 +5,9 @@
 
 Every ``benchmarks/bench_*.py`` runs in turn with ``--json FILE`` (and ``--quick``), its own
 way: a line ``# report-launcher: ddpkit run --nproc-per-node 2`` in the file starts it under
-that launcher (default: plain ``python``); ``# report-needs: slurm`` marks one that needs the
-test cluster (``--slurm-env``, or SLURM_CONF already set; otherwise "not run: no cluster").
+that launcher (default: plain ``python``); ``# report-needs: slurm`` (or a ``--slurm-env``
+option) marks one that needs the test cluster (``--slurm-env`` here, or SLURM_CONF already
+set; otherwise "not run: no cluster").
 A new bench joins the report by following that protocol, without a change here. The output:
 ``OUT/REPORT.md`` (the machine, one table per bench with every figure's ratio to its baseline
 and a verdict saying where ddpkit is behind, with the why from ``benchmarks/why.yaml``),
@@ -60,8 +61,10 @@ def declared(path: Path) -> tuple[list[str], set[str]]:
         words = [sys.executable, *words[1:]]
     elif words[0] == "ddpkit":  # the worktree's ddpkit, whatever console script is on PATH
         words = [sys.executable, "-m", "ddpkit", *words[1:]]
-    needs = {word for found in NEEDS.finditer(text) for word in found.group(1).split(",")}
-    return words, {need.strip() for need in needs}
+    needs = {word.strip() for found in NEEDS.finditer(text) for word in found.group(1).split(",")}
+    if '"--slurm-env"' in text:  # a bench with a --slurm-env option runs on the test cluster
+        needs.add("slurm")
+    return words, needs
 
 
 def cluster_env(slurm_env: Path | None, environ: Mapping[str, str]) -> dict[str, str] | None:

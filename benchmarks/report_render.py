@@ -4,13 +4,14 @@ Pure apart from writing the PNG files: ``render_markdown`` returns text, ``plot`
 PNG per bench (bars per figure; a line per variant over ``x`` for sweeps). ``benchmarks/
 report.py`` runs the benches and calls these; the tests feed them small JSON documents.
 
-In each figure (and at each ``x`` of a sweep) the baseline is the ``plain torch`` row, else the
-first row that is not ddpkit's; every row's ratio is its value over the baseline's. ddpkit's
-rows (variants starting with ``ddpkit``) are compared with every other row but references:
-when one is better, the figure says ddpkit is behind, with the note for it from the
-hand-edited ``why.yaml`` (bench name -> figure substring -> why); or "level, within noise"
-when the gap is at most ``NOISE``, or when the rows carry per-trial values (``trials``, run
-side by side) and ddpkit was the worse one in fewer than ``CONSISTENT`` of the trials.
+In each figure (and at each ``x`` of a sweep) the baseline is the row marked ``baseline``, else
+the ``plain torch`` row, else the first row that is not ddpkit's; every row's ratio is its
+value over the baseline's. ddpkit's rows (variants starting with ``ddpkit``, but for a marked
+baseline) are compared with every other row but references: when one is better, the figure
+says ddpkit is behind, with the note for it from the hand-edited ``why.yaml`` (bench name ->
+figure substring -> why); or "level, within noise" when the gap is at most ``NOISE``, or when
+the rows carry per-trial values (``trials``, run side by side) and ddpkit was the worse one in
+fewer than ``CONSISTENT`` of the trials.
 """
 
 from __future__ import annotations
@@ -72,18 +73,34 @@ def is_ddpkit(variant: str) -> bool:
     return variant.lower().startswith("ddpkit")
 
 
+def ours(row: Mapping[str, Any]) -> bool:
+    """ddpkit's side of a figure: a ddpkit variant not marked as the figure's baseline."""
+    return is_ddpkit(row["variant"]) and not row.get("baseline")
+
+
 def competes(row: Mapping[str, Any]) -> bool:
     """A baseline ddpkit is measured against: not ddpkit's, not a reference (a link's ceiling)."""
-    return not is_ddpkit(row["variant"]) and not row.get("reference")
+    return not ours(row) and not row.get("reference")
 
 
 def mark_references(doc: Mapping[str, Any], notes: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``doc`` whose rows matching why.yaml's ``_references`` say ``reference: true``."""
-    names = [str(name).lower() for name in notes.get("_references") or []]
-    rows = [
-        {**row, "reference": True} if any(name in row["variant"].lower() for name in names) else row
-        for row in doc.get("rows", [])
-    ]
+    """A copy of ``doc`` whose rows matching why.yaml's ``_references`` say ``reference: true``
+    and those matching ``_baselines`` (a ddpkit variant that is the figure's plain baseline,
+    e.g. N separate ``ddpkit submit`` calls beside one sweep) say ``baseline: true``."""
+
+    def marks(key: str) -> list[str]:
+        return [str(name).lower() for name in notes.get(key) or []]
+
+    references, baselines = marks("_references"), marks("_baselines")
+    rows = []
+    for row in doc.get("rows", []):
+        variant = row["variant"].lower()
+        row = {**row}
+        if any(name in variant for name in references):
+            row["reference"] = True
+        if any(name in variant for name in baselines):
+            row["baseline"] = True
+        rows.append(row)
     return {**doc, "rows": rows}
 
 
@@ -109,6 +126,10 @@ def _points(rows: list[dict[str, Any]]) -> dict[float | None, list[dict[str, Any
 
 
 def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row marked ``baseline``, else ``plain torch``, else the first ddpkit competes with."""
+    for row in rows:
+        if row.get("baseline"):
+            return row
     for row in rows:
         if row["variant"].lower() == "plain torch":
             return row
@@ -159,12 +180,12 @@ def _worse_trials(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[int, in
 def verdicts(rows: list[dict[str, Any]], x: float | None = None) -> list[Behind]:
     """Every baseline better than a ddpkit row of ``rows`` (one figure, one ``x``)."""
     out = []
-    for ours in (row for row in rows if is_ddpkit(row["variant"])):
+    for mine in (row for row in rows if ours(row)):
         for theirs in (row for row in rows if competes(row)):
-            size = gap(ours, theirs)
+            size = gap(mine, theirs)
             if size > 0:
-                worse, paired = _worse_trials(ours, theirs)
-                out.append(Behind(ours["variant"], theirs["variant"], size, x, worse, paired))
+                worse, paired = _worse_trials(mine, theirs)
+                out.append(Behind(mine["variant"], theirs["variant"], size, x, worse, paired))
     return out
 
 
@@ -197,7 +218,7 @@ def figure_lines(
     better = "higher is better" if rows[0]["higher_is_better"] else "lower is better"
     lines = [f"**{figure}** ({unit}, {better})", ""]
     # Without a ddpkit row (phases of one run, say) there is nothing to compare: no ratios.
-    compared = any(is_ddpkit(row["variant"]) for row in rows)
+    compared = any(ours(row) for row in rows)
     head = ["x"] * sweep + ["variant", "value"] + ["ratio vs baseline"] * compared
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     behind: list[Behind] = []
@@ -208,7 +229,7 @@ def figure_lines(
                 ratio = "baseline" if row is base else ""
             else:
                 ratio = f"{float(row['value']) / float(base['value']):.3f}" if base["value"] else ""
-            name = f"**{row['variant']}**" if is_ddpkit(row["variant"]) else row["variant"]
+            name = f"**{row['variant']}**" if ours(row) else row["variant"]
             name += " (reference)" if row.get("reference") else ""
             cells = [name, _number(float(row["value"]))] + [ratio] * compared
             where = [_x(x) if x is not None else ""] if sweep else []
@@ -226,7 +247,7 @@ def verdict_lines(
     behind: list[Behind],
     notes: Mapping[str, Any],
 ) -> list[str]:
-    if not any(is_ddpkit(row["variant"]) for row in rows):
+    if not any(ours(row) for row in rows):
         return []
     if not behind:
         return ["Verdict: ddpkit is at or ahead of every baseline.", ""]
@@ -272,7 +293,7 @@ def render_markdown(
     lines.append("")
     for outcome in outcomes:
         lines += bench_lines(outcome, notes, plots.get(outcome.name))
-    if notes.get("_references"):
+    if any(row.get("reference") for o in outcomes for row in mark_references(o.doc, notes)["rows"]):
         lines.append(
             "Rows marked (reference) show what the link or the hardware does alone "
             "(why.yaml's `_references`): shown, never counted as a baseline ddpkit is behind."
@@ -334,7 +355,7 @@ def plot(doc: Mapping[str, Any], path: Path) -> Path:
 def _bars(axis: Any, rows: list[dict[str, Any]]) -> None:
     names = [row["variant"] for row in rows]
     values = [float(row["value"]) for row in rows]
-    colours = ["tab:orange" if is_ddpkit(name) else "tab:blue" for name in names]
+    colours = ["tab:orange" if ours(row) else "tab:blue" for row in rows]
     axis.barh(names[::-1], values[::-1], color=colours[::-1])
     for y, value in enumerate(values[::-1]):
         axis.text(value, y, f" {_number(value)}", va="center", fontsize=7)

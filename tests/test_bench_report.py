@@ -176,12 +176,15 @@ BAD_JSON = (
     "open(path, 'w').write('{\"bench\": \"bad\"}')\n"
 )
 CLUSTER = "# report-needs: slurm\nraise SystemExit('must not run without a cluster')\n"
+OPTION = (
+    'import argparse\nargparse.ArgumentParser().add_argument("--slurm-env")\nraise SystemExit(1)\n'
+)
 
 
 def test_failures_are_reported_and_make_the_exit_code(tmp_path: Path) -> None:
     benches = tmp_path / "benches"
     benches.mkdir()
-    for name, text in [("boom", BOOM), ("bad", BAD_JSON), ("cluster", CLUSTER)]:
+    for name, text in [("boom", BOOM), ("bad", BAD_JSON), ("cluster", CLUSTER), ("opt", OPTION)]:
         (benches / f"bench_{name}.py").write_text(text)
     out = tmp_path / "out"
     argv = ["--benchmarks", str(benches), "--out", str(out), "--why", str(tmp_path / "none")]
@@ -191,6 +194,7 @@ def test_failures_are_reported_and_make_the_exit_code(tmp_path: Path) -> None:
     assert "ValueError: boom 42" in text
     assert "| bench_bad | failed: bad --json output: the JSON has no 'title' |" in text
     assert "| bench_cluster | not run: no cluster (give --slurm-env) | 0 |" in text
+    assert "| bench_opt | not run: no cluster (give --slurm-env) | 0 |" in text
     assert "partial output" in (out / "logs" / "bench_boom.log").read_text()
     assert not list(out.glob("*.png"))
     with pytest.raises(SystemExit):
@@ -247,3 +251,20 @@ def test_trials_run_side_by_side_decide_what_is_noise(ours: list[float], verdict
         [Outcome("bench_l", "ok", doc=_doc(rows))], MACHINE, "c", {}
     )
     assert f"Verdict: {verdict}" in text
+
+
+def test_a_ddpkit_variant_can_be_the_baseline() -> None:
+    rows = [
+        _row("all running", "ddpkit sweep", 0.8, higher=False),
+        _row("all running", "ddpkit submit xN", 1.2, higher=False),  # marked by why.yaml
+        _row("all running", "submitit map_array", 0.5, higher=False),
+    ]
+    notes = {"_baselines": ["ddpkit submit xN"]}
+    text = report_render.render_markdown(
+        [Outcome("bench_s", "ok", doc=_doc(rows))], MACHINE, "c", notes
+    )
+    assert "| **ddpkit sweep** | 0.800 | 0.667 |" in text
+    assert "| ddpkit submit xN | 1.20 | baseline |" in text
+    assert "| submitit map_array | 0.500 | 0.417 |" in text
+    assert "Verdict: **BEHIND**: ddpkit sweep behind submitit map_array by 60.0%." in text
+    assert "ddpkit submit xN behind" not in text and "(reference)" not in text
