@@ -17,7 +17,7 @@ model are built; the resumed run's line comes after the checkpoint load). The ra
 "signal -> training again" with "submit -> training": what a preemption costs on top of
 simply starting the job, on an idle cluster.
 
-    python benchmarks/bench_requeue.py --trials 2
+    python benchmarks/bench_requeue.py --trials 2 [--quick] [--json FILE]
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchjson
+
+# report-needs: slurm
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train.py"
 POLL_S = 0.05
@@ -109,7 +112,10 @@ def requeued(root: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=2)
+    benchjson.add_arguments(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.trials = 1
     if not os.environ.get("SLURM_CONF"):
         raise SystemExit("set SLURM_CONF: source /tmp/ddpkit-slurm/env.sh (after ci/slurm-up)")
     kill_wait = re.search(r"KillWait\s*=\s*(\S+)", sh("scontrol", "show", "config"))
@@ -128,6 +134,15 @@ def main() -> None:
     print(f"baseline (fresh submit -> training): {fresh_s:.2f} s")
     print(f"signal -> training again: {med['resumed']:.2f} s, ratio to a fresh start "
           f"{med['resumed'] / fresh_s:.2f}")  # fmt: skip
+    phases = f"seconds after the stop signal (median of {args.trials}; 2 nodes x 1 process)"
+    rows = [benchjson.row(phases, name, value, "s", False) for name, value in med.items()]
+    again = f"back to training (median of {args.trials})"
+    rows.append(benchjson.row(again, "fresh submission: submit -> training", fresh_s, "s", False))
+    rows.append(
+        benchjson.row(again, "ddpkit requeue: signal -> training", med["resumed"], "s", False)
+    )
+    title = "Preemption: stop signal -> checkpoint -> requeue -> training again (test cluster)"
+    benchjson.write(args.json, "requeue", title, "python", rows)
 
 
 if __name__ == "__main__":

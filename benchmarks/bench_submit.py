@@ -1,7 +1,7 @@
 """Submission overhead: `ddpkit submit` vs a plain `sbatch` of the same rendered script.
 
     ci/slurm-up && python benchmarks/bench_submit.py [--runs 7] [--payload trivial|torch]
-        [--settle-s 0.5] [--slurm-env /tmp/ddpkit-slurm/env.sh]
+        [--settle-s 0.5] [--slurm-env /tmp/ddpkit-slurm/env.sh] [--quick] [--json FILE]
 
 Both submit the same job (1 node, 1 process; the script is what `ddpkit submit --dry-run`
 prints, so the two jobs run identical scripts) to the running test cluster, alternately, each
@@ -29,7 +29,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import benchjson
+
 from ddpkit.jobs import slurm
+
+# report-needs: slurm
 
 POLL_S = 0.005
 PAYLOADS = {
@@ -96,7 +100,10 @@ def main() -> None:
     parser.add_argument("--slurm-env", type=Path, default=Path(DEFAULT_ENV_FILE))
     parser.add_argument("--payload", choices=sorted(PAYLOADS), default="trivial")
     parser.add_argument("--settle-s", type=float, default=0.5)
+    benchjson.add_arguments(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 1
     env = cluster_env(args.slurm_env)
     # /tmp: the nodes of the test cluster see it (a job's files must be reachable from them)
     work = Path(tempfile.mkdtemp(prefix="ddpkit-bench-submit-", dir="/tmp"))
@@ -155,10 +162,18 @@ def bench(args: argparse.Namespace, env: dict[str, str], work: Path) -> None:
         f"sbatch {plain:.3f} s, "
         f"ddpkit submit {kit:.3f} s, ratio {kit / plain:.3f} (goal <= 1.20)"
     )
+    returned = {name: statistics.median(commands[name]) for name in contenders}
     print(
         "median time until the command returned the job id: "
-        + ", ".join(f"{name} {statistics.median(commands[name]):.3f} s" for name in contenders)
+        + ", ".join(f"{name} {returned[name]:.3f} s" for name in contenders)
     )
+    first = f"submit -> the job's first output line, payload {args.payload} (median of {args.runs})"
+    rows = [benchjson.row(first, "sbatch", plain, "s", False)]
+    rows.append(benchjson.row(first, "ddpkit submit", kit, "s", False))
+    back = f"submit command -> job id returned (median of {args.runs})"
+    rows += [benchjson.row(back, name, returned[name], "s", False) for name in contenders]
+    title = "Submission: ddpkit submit vs plain sbatch of the same script (test cluster)"
+    benchjson.write(args.json, "submit", title, "python", rows)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,9 @@ def main() -> None:
     for epoch in range(state["epoch"], args.epochs):
         if epoch != state["epoch"]:  # a new epoch, not the one a checkpoint resumed mid-way
             state["epoch"], state["loss"] = epoch, torch.zeros(2)
-        for features, labels in train:  # a new pass: the loader advances its epoch by itself
+        # A new pass (the loader advances its epoch by itself), with a progress bar on the main
+        # rank when stderr is a terminal (silent in logs, or with DDPKIT_PROGRESS=0).
+        for features, labels in ddpkit.progress(train, f"epoch {epoch}"):
             features, labels = features.to(ctx.device), labels.to(ctx.device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(features), labels)

@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "preemption_guard": "ddpkit.worker.preempt",
     "PreemptionGuard": "ddpkit.worker.preempt",
     "print": "ddpkit.worker.rankzero",
+    "progress": "ddpkit.worker.progress",
     "get_logger": "ddpkit.worker.rankzero",
     "seed_everything": "ddpkit.worker.rankzero",
 }
@@ -68,6 +69,7 @@ __all__ = [
     "loader",
     "preemption_guard",
     "print",
+    "progress",
     "save_checkpoint",
     "seed_everything",
     "shutdown",
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
     from ddpkit.worker.gather import gather
     from ddpkit.worker.loader import loader
     from ddpkit.worker.preempt import PreemptionGuard, preemption_guard
+    from ddpkit.worker.progress import progress
     from ddpkit.worker.rankzero import get_logger, print, seed_everything
     from ddpkit.worker.state_dict import clean_state_dict, load_state_dict, unwrap
     from ddpkit.worker.wrap import wrap

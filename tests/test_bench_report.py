@@ -1,0 +1,270 @@
+"""benchmarks/report.py: the renderer from small JSON inputs, and the runner for real."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+import report_render  # noqa: E402
+from report_render import Outcome  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+MACHINE = {"CPU": "test cpu, 2 cores", "torch": "2.13.0"}
+
+
+def _row(figure: str, variant: str, value: float, **extra: Any) -> dict[str, Any]:
+    higher = extra.pop("higher", True)
+    unit = "samples/s" if higher else "s"
+    return {"figure": figure, "variant": variant, "value": value, "unit": unit,
+            "higher_is_better": higher, **extra}  # fmt: skip
+
+
+def _doc(rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"bench": "loop", "title": "Loop", "command": "ddpkit run x.py", "rows": rows, **extra}
+
+
+def test_tables_ratios_and_where_ddpkit_is_behind() -> None:
+    rows = [
+        _row("loop small", "plain torch", 100.0),
+        _row("loop small", "ddpkit", 90.0),
+        _row("loop small", "accelerate", 95.0),
+        _row("launch", "torchrun", 2.0, higher=False),
+        _row("launch", "ddpkit run", 2.02, higher=False),  # 1 % slower: within noise
+        _row("big", "plain torch", 10.0),
+        _row("big", "ddpkit", 12.0),
+    ]
+    doc = _doc(rows, notes=["lightning fabric: not installed (pip install ddpkit[bench])"])
+    notes = {"loop": {"LOOP SMALL": "the sampler is rebuilt\neach epoch"}}
+    text = report_render.render_markdown(
+        [Outcome("bench_loop", "ok", 12.0, doc=doc)], MACHINE, "python benchmarks/report.py",
+        notes, {"bench_loop": "bench_loop.png"},
+    )  # fmt: skip
+    assert "| CPU | test cpu, 2 cores |" in text
+    assert "Reproduce: `python benchmarks/report.py`" in text
+    assert "| bench_loop | ok | 12 | 1 |" in text  # one figure behind beyond noise
+    assert "| plain torch | 100 | baseline |" in text
+    assert "| **ddpkit** | 90.0 | 0.900 |" in text
+    assert "| accelerate | 95.0 | 0.950 |" in text
+    behind = "ddpkit behind plain torch by 10.0%; ddpkit behind accelerate by 5.3%"
+    assert f"Verdict: **BEHIND**: {behind}." in text
+    assert "Why: the sampler is rebuilt each epoch" in text
+    assert "| **ddpkit run** | 2.02 | 1.010 |" in text
+    assert "Verdict: level: ddpkit run behind torchrun by 1.0%: within noise (<= 2%)." in text
+    assert "Verdict: ddpkit is at or ahead of every baseline." in text  # "big"
+    assert "- lightning fabric: not installed (pip install ddpkit[bench])" in text
+    assert "![loop](bench_loop.png)" in text
+    assert "Command: `ddpkit run x.py`" in text
+
+
+def test_behind_without_a_note_asks_for_one() -> None:
+    rows = [_row("f", "torch.save", 10.0), _row("f", "ddpkit.save_checkpoint", 5.0)]
+    rows += [_row("g", "sbatch", 0.01, higher=False), _row("g", "ddpkit submit", 0.5, higher=False)]
+    text = report_render.render_markdown(
+        [Outcome("bench_c", "ok", doc=_doc(rows, bench="checkpoint"))], MACHINE, "c", {}
+    )
+    assert "ddpkit.save_checkpoint behind torch.save by 50.0%" in text
+    assert "ddpkit submit behind sbatch by 50.0x" in text  # 50 times the time, not 4900 %
+    assert "Why: no note yet (add one to why.yaml under 'checkpoint')" in text
+
+
+def test_figures_without_ddpkit_have_no_ratios_or_verdict() -> None:
+    rows = [_row("phases", "saved", 0.05, higher=False), _row("phases", "ended", 3.7, higher=False)]
+    text = report_render.render_markdown(
+        [Outcome("bench_r", "ok", doc=_doc(rows))], MACHINE, "c", {}
+    )
+    assert "| variant | value |\n|---|---|\n| saved | 0.050 |\n| ended | 3.70 |" in text
+    assert "Verdict" not in text
+
+
+def test_failed_and_not_run_benches_are_reported() -> None:
+    outcomes = [
+        Outcome("bench_a", "failed", 3.0, "exit code 1", "Traceback ...\nValueError: boom"),
+        Outcome("bench_b", "not run", reason="no cluster (give --slurm-env)"),
+    ]
+    text = report_render.render_markdown(outcomes, MACHINE, "c", {})
+    assert "| bench_a | failed: exit code 1 | 3 |  |" in text
+    assert "```text\nTraceback ...\nValueError: boom\n```" in text
+    assert "| bench_b | not run: no cluster (give --slurm-env) | 0 |  |" in text
+
+
+def test_sweep_rows_get_an_x_column_and_a_line_plot(tmp_path: Path) -> None:
+    figure = "all_reduce busbw, 2 ranks"
+    rows = [
+        _row(figure, variant, value, x=size, unit="GB/s")
+        for size, plain, ours in [(1024.0, 0.1, 0.1), (1048576.0, 2.0, 1.0)]
+        for variant, value in [("plain torch", plain), ("ddpkit", ours)]
+    ]
+    for row in rows:
+        row["unit"] = "GB/s"
+    doc = _doc(rows, bench="allreduce")
+    outcome = Outcome("bench_allreduce", "ok", doc=doc)
+    text = report_render.render_markdown([outcome], MACHINE, "c", {})
+    assert "| x | variant | value | ratio vs baseline |" in text
+    assert "| 1.05e+06 | **ddpkit** | 1.00 | 0.500 |" in text
+    assert "ddpkit behind plain torch by 50.0% at x=1.05e+06" in text
+    bars = _doc([_row("a", "plain torch", 1.0), _row("a", "ddpkit", 2.0), _row("b", "ddpkit", 3.0)])
+    for name, document in [("sweep", doc), ("bars", bars)]:
+        path = report_render.plot(document, tmp_path / f"{name}.png")
+        assert path.read_bytes()[:8] == PNG
+        import matplotlib.image
+
+        height, width, _ = matplotlib.image.imread(path).shape
+        assert width > 300 and height > 150
+
+
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        ([], "the JSON is not an object"),
+        ({"bench": "a", "title": "t", "command": "c"}, "no 'rows'"),
+        (_doc([{"figure": "f", "variant": "v", "value": "1", "unit": "s"}]), "'value' is missing"),
+        (_doc([{**_row("f", "v", 1.0), "value": True}]), "'value' is missing or not a number"),
+        (_doc([{**_row("f", "v", 1.0), "higher_is_better": 1}]), "'higher_is_better'"),
+        (_doc([_row("f", "v", 1.0, x="big")]), "'x' is not a number"),
+        (_doc([_row("f", "v", 1.0, trials=[1, "2"])]), "'trials' is not a list of numbers"),
+    ],
+)
+def test_documents_breaking_the_protocol_are_named(doc: object, problem: str) -> None:
+    assert problem in report_render.check_document(doc)
+    assert report_render.check_document(_doc([_row("f", "v", 1.0, x=3)])) == ""
+
+
+def test_a_real_bench_through_the_runner(tmp_path: Path) -> None:
+    code = report.main(["--only", "checkpoint", "--quick", "--out", str(tmp_path)], environ={})
+    assert code == 0, (tmp_path / "logs" / "bench_checkpoint.log").read_text()
+    doc = json.loads((tmp_path / "results.json").read_text())["outcomes"][0]["doc"]
+    assert doc["bench"] == "checkpoint"
+    assert doc["command"] == "python benchmarks/bench_checkpoint.py --quick"
+    variants = {row["variant"] for row in doc["rows"]}
+    assert {"ddpkit.save_checkpoint", "torch.save, same path"} <= variants
+    assert "torch.distributed.checkpoint.load" in variants
+    assert all(row["value"] > 0 and row["unit"] == "MB/s" for row in doc["rows"])
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "| bench_checkpoint | ok |" in text and "![checkpoint](bench_checkpoint.png)" in text
+    assert (tmp_path / "bench_checkpoint.png").read_bytes()[:8] == PNG
+    (tmp_path / "REPORT.md").unlink()
+    assert report.main(["--render-only", "--out", str(tmp_path)], environ={}) == 0
+    assert (tmp_path / "REPORT.md").read_text() == text  # the same report from results.json
+
+
+def test_render_only_picks_up_a_why_note_written_afterwards(tmp_path: Path) -> None:
+    rows = [_row("save", "torch.save", 10.0), _row("save", "ddpkit.save_checkpoint", 5.0)]
+    outcome = {"name": "bench_c", "status": "ok", "seconds": 3.0, "doc": _doc(rows)}
+    saved = {"machine": MACHINE, "command": "python benchmarks/report.py", "outcomes": [outcome]}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    why = tmp_path / "why.yaml"
+    why.write_text("loop:\n  save: fsync first\n")
+    assert report.main(["--render-only", "--out", str(tmp_path), "--why", str(why)]) == 0
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "ddpkit.save_checkpoint behind torch.save by 50.0%" in text
+    assert "Why: fsync first" in text and "| CPU | test cpu, 2 cores |" in text
+    assert (tmp_path / "bench_c.png").read_bytes()[:8] == PNG
+
+
+BOOM = "import sys\nprint('partial output')\nraise ValueError('boom 42')\n"
+BAD_JSON = (
+    "import sys\npath = sys.argv[sys.argv.index('--json') + 1]\n"
+    "open(path, 'w').write('{\"bench\": \"bad\"}')\n"
+)
+CLUSTER = "# report-needs: slurm\nraise SystemExit('must not run without a cluster')\n"
+OPTION = (
+    'import argparse\nargparse.ArgumentParser().add_argument("--slurm-env")\nraise SystemExit(1)\n'
+)
+
+
+def test_failures_are_reported_and_make_the_exit_code(tmp_path: Path) -> None:
+    benches = tmp_path / "benches"
+    benches.mkdir()
+    for name, text in [("boom", BOOM), ("bad", BAD_JSON), ("cluster", CLUSTER), ("opt", OPTION)]:
+        (benches / f"bench_{name}.py").write_text(text)
+    out = tmp_path / "out"
+    argv = ["--benchmarks", str(benches), "--out", str(out), "--why", str(tmp_path / "none")]
+    assert report.main(argv, environ={}) == 1
+    text = (out / "REPORT.md").read_text()
+    assert "| bench_boom | failed: exit code 1 |" in text
+    assert "ValueError: boom 42" in text
+    assert "| bench_bad | failed: bad --json output: the JSON has no 'title' |" in text
+    assert "| bench_cluster | not run: no cluster (give --slurm-env) | 0 |" in text
+    assert "| bench_opt | not run: no cluster (give --slurm-env) | 0 |" in text
+    assert "partial output" in (out / "logs" / "bench_boom.log").read_text()
+    assert not list(out.glob("*.png"))
+    with pytest.raises(SystemExit):
+        report.main(["--benchmarks", str(benches), "--only", "nosuch"], environ={})
+
+
+def test_references_are_shown_but_never_a_baseline_ddpkit_is_behind() -> None:
+    rows = [
+        _row("busbw", "ddpkit doctor", 1.0, x=4.0),
+        _row("busbw", "plain torch", 1.0, x=4.0),
+        _row("busbw", "raw socket, one TCP stream", 9.0, x=4.0),  # marked by why.yaml
+        _row("time", "ddpkit run", 2.0, higher=False),
+        _row("time", "memcpy", 0.1, higher=False, reference=True),  # marked by the bench
+        _row("time", "torchrun", 2.0, higher=False),
+    ]
+    doc = _doc(rows, command="python bench_x.py --json /tmp/a.json --quick")
+    notes = {"_references": ["raw socket"]}
+    text = report_render.render_markdown([Outcome("bench_x", "ok", doc=doc)], MACHINE, "c", notes)
+    assert "| 4 | raw socket, one TCP stream (reference) | 9.00 | 9.000 |" in text
+    assert "| memcpy (reference) | 0.100 | 0.050 |" in text
+    assert "| **ddpkit run** | 2.00 | 1.000 |" in text and "| torchrun | 2.00 | baseline |" in text
+    assert "BEHIND" not in text and text.count("at or ahead of every baseline") == 2
+    assert "Command: `python bench_x.py --quick`" in text  # the report's temporary --json left out
+
+
+def test_a_bench_without_figures_shows_why() -> None:
+    outcome = Outcome("bench_dp", "ok", 1.0, doc=_doc([]), output_tail="no CUDA device here")
+    text = report_render.render_markdown([outcome], MACHINE, "c", {})
+    assert "No figures from this run; its output ends:\n\n```text\nno CUDA device here\n```" in text
+
+
+@pytest.mark.parametrize(
+    ("ours", "verdict"),
+    [
+        # ddpkit worse in 4 of 7 trials run side by side: a 10 % gap of medians is noise
+        (
+            [9, 11, 9, 11, 9, 11, 9],
+            "level: ddpkit behind plain torch by 10.0%, worse in 4 of 7 "
+            "trials: within noise (not in most trials).",
+        ),
+        # worse in 6 of 7: behind
+        (
+            [9, 9, 9, 9, 9, 9, 11],
+            "**BEHIND**: ddpkit behind plain torch by 10.0%, worse in 6 of 7 trials.",
+        ),
+    ],
+)
+def test_trials_run_side_by_side_decide_what_is_noise(ours: list[float], verdict: str) -> None:
+    rows = [
+        _row("loop", "plain torch", 10.0, trials=[10.0] * 7),
+        _row("loop", "ddpkit", 9.0, trials=ours),
+    ]
+    text = report_render.render_markdown(
+        [Outcome("bench_l", "ok", doc=_doc(rows))], MACHINE, "c", {}
+    )
+    assert f"Verdict: {verdict}" in text
+
+
+def test_a_ddpkit_variant_can_be_the_baseline() -> None:
+    rows = [
+        _row("all running", "ddpkit sweep", 0.8, higher=False),
+        _row("all running", "ddpkit submit xN", 1.2, higher=False),  # marked by why.yaml
+        _row("all running", "submitit map_array", 0.5, higher=False),
+    ]
+    notes = {"_baselines": ["ddpkit submit xN"]}
+    text = report_render.render_markdown(
+        [Outcome("bench_s", "ok", doc=_doc(rows))], MACHINE, "c", notes
+    )
+    assert "| **ddpkit sweep** | 0.800 | 0.667 |" in text
+    assert "| ddpkit submit xN | 1.20 | baseline |" in text
+    assert "| submitit map_array | 0.500 | 0.417 |" in text
+    assert "Verdict: **BEHIND**: ddpkit sweep behind submitit map_array by 60.0%." in text
+    assert "ddpkit submit xN behind" not in text and "(reference)" not in text
