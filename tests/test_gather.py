@@ -169,8 +169,43 @@ def _gather_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
             seen["wrong_shape"] = str(exc)
         seen["still_works"] = sorted(ddpkit.gather(batch).tolist())
         break
+    seen.update(_steady_state(rank, world_size))
     dist.barrier()  # nobody tears down while a peer still works
     ddpkit.shutdown()
+    return seen
+
+
+def _steady_state(rank: int, world_size: int) -> dict[str, Any]:
+    """After a pass's first step, one all_gather per gather (the signature rides in a header),
+    and still: a shape that every rank changes alike is followed, one rank's is an error."""
+    seen: dict[str, Any] = {}
+    calls: list[int] = []
+    real = dist.all_gather
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_gather = counting  # this worker process's own module: no other test sees it
+    try:
+        rows: list[int] = []
+        wide: list[list[float]] = []
+        even: list[bool] = []
+        for step, batch in enumerate(ddpkit.loader(Indices(6 * world_size), 2, shuffle=False)):
+            rows += ddpkit.gather(batch).tolist()
+            width = 3 if step == 0 else 5  # every rank widens alike at step 1
+            wide += ddpkit.gather(torch.full((2, width), float(rank), dtype=torch.float64)).tolist()
+            even += ddpkit.gather(batch % 2 == 0).tolist()  # bool rows through the header path
+        seen["steady_calls"] = len(calls)
+        seen["steady_rows"], seen["steady_wide"], seen["steady_even"] = rows, wide, even
+        for step, batch in enumerate(ddpkit.loader(Indices(4 * world_size), 2, shuffle=False)):
+            try:  # agreed at step 0; at step 1 rank 1 alone sends wider rows
+                ddpkit.gather(torch.zeros(2, 3 if step == 1 and rank == 1 else 2))
+            except ConfigError as exc:
+                seen["late_mismatch"] = str(exc)
+            seen["after_late_mismatch"] = sorted(ddpkit.gather(batch).tolist())
+    finally:
+        dist.all_gather = real
     return seen
 
 
@@ -184,4 +219,18 @@ def test_every_sample_once_in_a_real_group(world_size: int) -> None:
         assert "rank 0: ((2, 2), 'torch.float32')" in seen["wrong_shape"]
         assert "rank 1: ((2, 3), 'torch.float32')" in seen["wrong_shape"]
         assert len(seen["still_works"]) == 2 * world_size
+        # 3 steps x 3 gathers: the first step checks each signature apart (2 collectives
+        # each), the widening at step 1 costs one gather again, every other gather is one
+        # collective (the old way: 2 x 9 = 18)
+        assert seen["steady_calls"] == 3 * 2 + (1 + 2 + 1) + 3 * 1, seen["steady_calls"]
+        assert seen["steady_rows"] == list(range(6 * world_size))
+        assert [row[0] for row in seen["steady_wide"]] == [float(r % world_size) for r in
+                                                           range(6 * world_size)]  # fmt: skip
+        assert [len(row) for row in seen["steady_wide"]] == [3] * 2 * world_size + [5] * (
+            4 * world_size
+        )
+        assert seen["steady_even"] == [i % 2 == 0 for i in range(6 * world_size)]
+        assert "rank 1: ((2, 3), 'torch.float32')" in seen["late_mismatch"]
+        assert "rank 0: ((2, 2), 'torch.float32')" in seen["late_mismatch"]
+        assert len(seen["after_late_mismatch"]) == 2 * world_size
     assert all(seen == results[0] for seen in results)  # every rank gets the same answer

@@ -6,6 +6,15 @@ rank r's j-th sample is position ``j * W + r`` of the (shuffled) epoch, so conca
 ranks' rows and cutting the tail would drop real samples and keep duplicates. ``gather``
 interleaves the gathered rows back into position order and cuts only positions
 ``>= len(dataset)`` (see :class:`ddpkit.worker.loader.ShardLayout`).
+
+Gloo aborts every process when ranks all-gather tensors of different sizes, so ranks must
+agree on the trailing shape and dtype first. The first gather at each place of a step (the
+i-th call of the step) in a pass checks that with a tiny collective of its own; after that,
+the agreed signature travels *inside* the data collective: each rank sends a 16-byte header
+(its own signature) and rows of the agreed size (zeros when its own differ), so a step costs
+one collective as in a plain all-gather, and a rank whose rows changed shape still gets the
+error naming every rank's shape instead of an abort. When every rank changed alike (a
+consistent new shape), they agree on it and gather again.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import torch.distributed as dist
 
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.context import Context, current
-from ddpkit.worker.loader import ShardLayout, active_step
+from ddpkit.worker.loader import GatherMemo, ShardLayout, active_gather_memo, active_step
 
 __all__ = ["comm_device", "gather"]
 
@@ -90,15 +99,14 @@ def comm_device(
     return tensor_device
 
 
-def _check_same_signature(local: torch.Tensor, world_size: int) -> None:
-    # Gloo aborts the whole process on mismatched sizes; a tiny collective first turns that
-    # into an error naming every rank's shape.
-    signature = [zlib.crc32(str(local.dtype).encode()), zlib.crc32(repr(local.shape[1:]).encode())]
-    mine = torch.tensor(signature, dtype=torch.int64, device=local.device)
-    parts = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(parts, mine)
-    if all(torch.equal(part, parts[0]) for part in parts):
-        return
+_HEADER_BYTES = 16  # two int64: the crc32 of the dtype's name and of the trailing shape
+
+
+def _signature_codes(dtype: torch.dtype, trailing: tuple[int, ...]) -> list[int]:
+    return [zlib.crc32(str(dtype).encode()), zlib.crc32(repr(torch.Size(trailing)).encode())]
+
+
+def _raise_shape_mismatch(local: torch.Tensor, world_size: int) -> None:
     shapes: list[object] = [None] * world_size
     dist.all_gather_object(shapes, (tuple(local.shape), str(local.dtype)))
     raise ConfigError(
@@ -109,13 +117,80 @@ def _check_same_signature(local: torch.Tensor, world_size: int) -> None:
     )
 
 
+def _check_same_signature(local: torch.Tensor, world_size: int) -> None:
+    # Gloo aborts the whole process on mismatched sizes; a tiny collective first turns that
+    # into an error naming every rank's shape.
+    signature = _signature_codes(local.dtype, tuple(local.shape[1:]))
+    mine = torch.tensor(signature, dtype=torch.int64, device=local.device)
+    parts = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(parts, mine)
+    if not all(torch.equal(part, parts[0]) for part in parts):
+        _raise_shape_mismatch(local, world_size)
+
+
+def _gather_checked(local: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """Check the signature with its own collective, then all-gather (two collectives)."""
+    _check_same_signature(local, world_size)
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return parts
+
+
+def _gather_with_header(
+    local: torch.Tensor, agreed: tuple[torch.dtype, tuple[int, ...]], world_size: int
+) -> list[torch.Tensor] | None:
+    """One collective: a header and rows of the agreed size from every rank. The rows of
+    every rank, or None when every rank sent the same new signature (agree on it, gather
+    again); raises the shape error when ranks differ."""
+    dtype, trailing = agreed
+    rows = int(local.shape[0])
+    mine = (local.dtype, tuple(local.shape[1:]))
+    header = torch.tensor(_signature_codes(*mine), dtype=torch.int64, device=local.device).view(
+        torch.uint8
+    )
+    if mine == agreed:
+        payload = local.reshape(-1).view(torch.uint8)
+    else:  # send the size everyone expects; the header tells them why it is zeros
+        numel = rows * int(torch.Size(trailing).numel())
+        payload = torch.zeros(numel * dtype.itemsize, dtype=torch.uint8, device=local.device)
+    buffer = torch.cat([header, payload])
+    parts = [torch.empty_like(buffer) for _ in range(world_size)]
+    dist.all_gather(parts, buffer)
+    expected = torch.tensor(_signature_codes(dtype, trailing), dtype=torch.int64)
+    headers = [part[:_HEADER_BYTES].view(torch.int64).cpu() for part in parts]
+    if all(torch.equal(h, expected) for h in headers):
+        return [part[_HEADER_BYTES:].view(dtype).reshape(rows, *trailing) for part in parts]
+    if all(torch.equal(h, headers[0]) for h in headers):
+        return None  # every rank changed alike: a new signature they all share
+    _raise_shape_mismatch(local, world_size)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _gather_parts(
+    local: torch.Tensor, world_size: int, memo: GatherMemo | None, step: int
+) -> list[torch.Tensor]:
+    if memo is None:
+        return _gather_checked(local, world_size)
+    ordinal = memo.ordinal(step)
+    mine = (local.dtype, tuple(local.shape[1:]))
+    agreed = memo.agreed.get(ordinal)
+    if agreed is not None:
+        parts = _gather_with_header(local, agreed, world_size)
+        if parts is not None:
+            return parts
+        parts = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(parts, local)  # every rank's header said: this same new signature
+    else:
+        parts = _gather_checked(local, world_size)
+    memo.agreed[ordinal] = mine
+    return parts
+
+
 def _gather_tensor(
     x: torch.Tensor, context: Context, layout: ShardLayout, step: int
 ) -> torch.Tensor:
     local = x.detach().to(comm_device(context.backend, context.device, x.device)).contiguous()
-    _check_same_signature(local, context.world_size)
-    parts = [torch.empty_like(local) for _ in range(context.world_size)]
-    dist.all_gather(parts, local)
+    parts = _gather_parts(local, context.world_size, active_gather_memo(), step)
     # (rows, W, ...) → row j of rank r lands at j * W + r: the sampler's position order.
     merged = torch.stack(parts, dim=1).reshape(-1, *local.shape[1:])
     return merged[: layout.real_rows(step)].to(x.device)

@@ -22,15 +22,24 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Mapping, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from ddpkit.errors import ConfigError
 from ddpkit.worker.context import current
 
-__all__ = ["DistributedLoader", "EpochSampler", "ShardLayout", "active_step", "loader"]
+__all__ = [
+    "DistributedLoader",
+    "EpochSampler",
+    "GatherMemo",
+    "ShardLayout",
+    "active_gather_memo",
+    "active_step",
+    "loader",
+]
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,27 @@ _MUST_MATCH = {
 }
 
 
+@dataclass
+class GatherMemo:
+    """What ``ddpkit.gather`` has agreed with the other ranks during one pass: the same on
+    every rank, because every rank makes the same calls in the same order (SPMD).
+
+    ``calls`` counts the gathers of step ``step``; ``agreed[i]`` is the (dtype, trailing
+    shape) that the i-th gather of a step had on every rank when last checked.
+    """
+
+    step: int = -1
+    calls: int = 0
+    agreed: dict[int, tuple[torch.dtype, tuple[int, ...]]] = field(default_factory=dict)
+
+    def ordinal(self, step: int) -> int:
+        """The index of this gather among the calls of ``step`` (counting it)."""
+        if step != self.step:
+            self.step, self.calls = step, 0
+        self.calls += 1
+        return self.calls - 1
+
+
 class _TrackedIterator(Iterator[Any]):
     """Counts the batches of one pass and marks itself active on each one."""
 
@@ -248,6 +278,7 @@ class _TrackedIterator(Iterator[Any]):
         self.epoch = epoch
         self._inner = inner
         self._length = length
+        self.gather_memo = GatherMemo()
 
     def __iter__(self) -> _TrackedIterator:
         return self
@@ -301,6 +332,12 @@ def active_step() -> tuple[DistributedLoader, int] | None:
     """The loader whose iterator yielded the latest batch, and that batch's step; or None."""
     iterator = _ACTIVE.get()
     return None if iterator is None else (iterator.loader, iterator.step)
+
+
+def active_gather_memo() -> GatherMemo | None:
+    """The :class:`GatherMemo` of the pass whose latest batch is the active step, or None."""
+    iterator = _ACTIVE.get()
+    return None if iterator is None else iterator.gather_memo
 
 
 def _check_epoch(epoch: int) -> int:
