@@ -3,8 +3,9 @@
 # needs on a bare machine, proves the README's first command in a brand-new venv (ci/contract.sh),
 # runs the linters and the type checker, starts the real SLURM test
 # cluster (ci/slurm-up: 2 nodes, accounting, installed with apt-get when missing), runs the whole
-# test suite against it, and stops it again (ci/slurm-down) however pytest ends. Arguments go to
-# pytest, e.g. `bash ci/test.sh -m slurm -q`.
+# test suite against it (the SLURM tests in two pytest-xdist workers beside the others), and stops
+# it again (ci/slurm-down) however pytest ends. Arguments go to one plain pytest run instead,
+# e.g. `bash ci/test.sh -m slurm -q`.
 #
 # The whole suite runs against a cluster whose nodes each have their own network namespace
 # (NETNS=1; DDPKIT_SLURM_NETNS=0 turns it off): like real nodes, they share no `localhost`, so a job
@@ -29,6 +30,9 @@ mypy
 echo "== SLURM test cluster (ci/slurm-up)"
 export DDPKIT_SLURM_DIR=${DDPKIT_SLURM_DIR:-/tmp/ddpkit-slurm}
 export DDPKIT_SLURM_NETNS=${DDPKIT_SLURM_NETNS:-${NETNS:-1}}
+# 8 CPUs a node (more than the real cores: the test jobs mostly wait), so that the jobs of the
+# two SLURM test workers below run side by side instead of queueing behind each other
+export DDPKIT_SLURM_CPUS=${DDPKIT_SLURM_CPUS:-8}
 stop_cluster() {
   if [ "${DDPKIT_SLURM_KEEP:-0}" = 1 ]; then
     echo "== SLURM test cluster left running (DDPKIT_SLURM_KEEP=1): ci/slurm-down stops it"
@@ -46,5 +50,28 @@ if ! bash ci/slurm-up; then
 fi
 export DDPKIT_TEST_SLURM_ENV=$DDPKIT_SLURM_DIR/env.sh
 
-echo "== pytest"
-python3 -m pytest --durations=30 "$@"
+if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as asked
+  echo "== pytest $*"
+  python3 -m pytest --durations=30 "$@"
+  exit
+fi
+
+# The SLURM tests spend their time waiting for the cluster (a time limit to pass, a requeued
+# job's hold, KillWait), the others keep both cores busy: run the SLURM files in two workers
+# of their own (pytest-xdist, a file per worker at a time) beside the rest, and print their
+# report after the rest's. Either failing fails the run.
+echo "== pytest: the SLURM tests (2 workers, log below) beside the others"
+slurm_log=$(mktemp /tmp/ddpkit-slurm-tests-XXXXXX)
+python3 -m pytest -m slurm -n 2 --dist loadfile --durations=20 >"$slurm_log" 2>&1 &
+slurm_pid=$!
+rc=0
+python3 -m pytest -m "not slurm" --durations=30 || rc=$?
+slurm_rc=0
+wait "$slurm_pid" || slurm_rc=$?
+echo "== pytest -m slurm (exit $slurm_rc)"
+cat "$slurm_log"
+rm -f "$slurm_log"
+if [ "$rc" != 0 ] || [ "$slurm_rc" != 0 ]; then
+  echo "ci/test.sh: pytest failed (others: exit $rc, SLURM tests: exit $slurm_rc)" >&2
+  exit 1
+fi
