@@ -19,6 +19,7 @@ consistent new shape), they agree on it and gather again.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Any, TypeVar, cast, overload
 
@@ -102,8 +103,12 @@ def comm_device(
 _HEADER_BYTES = 16  # two int64: the crc32 of the dtype's name and of the trailing shape
 
 
-def _signature_codes(dtype: torch.dtype, trailing: tuple[int, ...]) -> list[int]:
-    return [zlib.crc32(str(dtype).encode()), zlib.crc32(repr(torch.Size(trailing)).encode())]
+@functools.lru_cache(maxsize=256)
+def _header(dtype: torch.dtype, trailing: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The 16 bytes announcing a signature: the crc32 of the dtype's name and of the trailing
+    shape as two int64. Cached per signature and device (collectives only read it)."""
+    codes = [zlib.crc32(str(dtype).encode()), zlib.crc32(repr(torch.Size(trailing)).encode())]
+    return torch.tensor(codes, dtype=torch.int64, device=device).view(torch.uint8)
 
 
 def _raise_shape_mismatch(local: torch.Tensor, world_size: int) -> None:
@@ -120,8 +125,7 @@ def _raise_shape_mismatch(local: torch.Tensor, world_size: int) -> None:
 def _check_same_signature(local: torch.Tensor, world_size: int) -> None:
     # Gloo aborts the whole process on mismatched sizes; a tiny collective first turns that
     # into an error naming every rank's shape.
-    signature = _signature_codes(local.dtype, tuple(local.shape[1:]))
-    mine = torch.tensor(signature, dtype=torch.int64, device=local.device)
+    mine = _header(local.dtype, tuple(local.shape[1:]), local.device)
     parts = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(parts, mine)
     if not all(torch.equal(part, parts[0]) for part in parts):
@@ -145,9 +149,7 @@ def _gather_with_header(
     dtype, trailing = agreed
     rows = int(local.shape[0])
     mine = (local.dtype, tuple(local.shape[1:]))
-    header = torch.tensor(_signature_codes(*mine), dtype=torch.int64, device=local.device).view(
-        torch.uint8
-    )
+    header = _header(*mine, local.device)
     if mine == agreed:
         payload = local.reshape(-1).view(torch.uint8)
     else:  # send the size everyone expects; the header tells them why it is zeros
@@ -156,8 +158,8 @@ def _gather_with_header(
     buffer = torch.cat([header, payload])
     parts = [torch.empty_like(buffer) for _ in range(world_size)]
     dist.all_gather(parts, buffer)
-    expected = torch.tensor(_signature_codes(dtype, trailing), dtype=torch.int64)
-    headers = [part[:_HEADER_BYTES].view(torch.int64).cpu() for part in parts]
+    expected = _header(dtype, trailing, local.device)
+    headers = [part[:_HEADER_BYTES] for part in parts]
     if all(torch.equal(h, expected) for h in headers):
         return [part[_HEADER_BYTES:].view(dtype).reshape(rows, *trailing) for part in parts]
     if all(torch.equal(h, headers[0]) for h in headers):
