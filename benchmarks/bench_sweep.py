@@ -1,4 +1,4 @@
-"""Sweep submission: time from submitting N runs to all N running, three ways.
+"""Sweep submission: time from submitting N runs to all N running, five ways.
 
     ci/slurm-up && python benchmarks/bench_sweep.py [--tasks 4] [--runs 3] [--quick]
         [--settle-s 0.5] [--slurm-env /tmp/ddpkit-slurm/env.sh] [--json FILE]
@@ -8,7 +8,11 @@ The same N one-node, one-process runs go to the running test cluster as
 * ``ddpkit sweep``: one ``ddpkit submit spec.yaml --sweep task=0,...,N-1`` (one SLURM array);
 * ``ddpkit submit xN``: N ``ddpkit submit spec.yaml --set command=...`` calls, one after the
   other (what a shell loop over the values does);
-* ``submitit map_array``: ``executor.map_array`` of a Python function (one array), in process.
+* ``submitit map_array``: ``executor.map_array`` of a Python function (one array), in process;
+* ``ddpkit api.submit sweep (in process)``: the first one through ``ddpkit.jobs.api`` in this
+  process (what the command costs besides Python's start-up and imports);
+* ``ddpkit map_function (in process)``: ``ddpkit.jobs.map_function``, ddpkit's counterpart of
+  ``map_array`` (it calls it, with the spec's resources and a job record).
 
 Each run writes a marker file first thing and then sleeps; the time measured is from starting
 the submission to the moment all N markers exist (polled every 5 ms), on an idle cluster (every
@@ -21,6 +25,7 @@ cluster at once (2 nodes x 4 CPUs: N <= 8) or the figure measures the queue inst
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -38,7 +43,13 @@ DEFAULT_ENV_FILE = os.environ.get("DDPKIT_TEST_SLURM_ENV", "/tmp/ddpkit-slurm/en
 PAYLOAD = (
     "import pathlib, sys, time\npathlib.Path(sys.argv[1], sys.argv[2]).touch()\ntime.sleep(300)\n"
 )
-VARIANTS = ("ddpkit sweep", "ddpkit submit xN", "submitit map_array")
+VARIANTS = (
+    "ddpkit sweep",
+    "ddpkit submit xN",
+    "submitit map_array",
+    "ddpkit api.submit sweep (in process)",
+    "ddpkit map_function (in process)",
+)
 
 
 def cluster_env(env_file: Path) -> dict[str, str]:
@@ -54,9 +65,9 @@ def cluster_env(env_file: Path) -> dict[str, str]:
     return env
 
 
-def mark_and_wait(markers: str, task: int) -> None:
+def mark_and_wait(markers: str, index: int | str) -> None:
     """submitit's payload (cloudpickle carries it by value: it lives in __main__)."""
-    Path(markers, str(task)).touch()
+    Path(markers, str(index)).touch()
     time.sleep(300)
 
 
@@ -99,6 +110,24 @@ class Bench:
             nodes=1, tasks_per_node=1, timeout_min=5, slurm_array_parallelism=self.tasks
         )
         jobs = executor.map_array(mark_and_wait, [str(markers)] * self.tasks, range(self.tasks))
+        self.jobs.append(str(jobs[0].job_id).partition("_")[0])
+
+    def api_sweep(self, markers: Path) -> None:
+        """The same sweep as ``ddpkit submit --sweep``, through the Python API: no start-up."""
+        from ddpkit.jobs import api
+
+        values = ",".join(map(str, range(self.tasks)))
+        command = f"command=payload.py {markers} {{i}}"
+        spec = api.load(self.work / "spec.yaml", [command], sweeps=[f"i={values}"], cwd=self.work)
+        self.jobs.append(api.submit(spec).job_id)
+
+    def map_function(self, markers: Path) -> None:
+        """ddpkit's counterpart of map_array: a Python function once per run of a sweep."""
+        from ddpkit.jobs import api
+
+        values = ",".join(map(str, range(self.tasks)))
+        spec = api.load(self.work / "spec.yaml", sweeps=[f"index={values}"], cwd=self.work)
+        jobs = api.map_function(functools.partial(mark_and_wait, str(markers)), spec=spec)
         self.jobs.append(str(jobs[0].job_id).partition("_")[0])
 
     def timed(self, submit: Callable[[Path], None], round_: int, name: str) -> float:
@@ -156,11 +185,14 @@ def main() -> None:
             "ddpkit sweep": bench.sweep,
             "ddpkit submit xN": bench.separate,
             "submitit map_array": bench.submitit,
+            "ddpkit api.submit sweep (in process)": bench.api_sweep,
+            "ddpkit map_function (in process)": bench.map_function,
         }
         times: dict[str, list[float]] = {name: [] for name in sides}
         try:
             for round_ in range(args.runs):
-                order = VARIANTS[round_ % 3 :] + VARIANTS[: round_ % 3]  # alternate who goes first
+                first = round_ % len(VARIANTS)  # alternate who goes first
+                order = VARIANTS[first:] + VARIANTS[:first]
                 for name in order:
                     wait_idle(env, args.settle_s)
                     times[name].append(bench.timed(sides[name], round_, name))
@@ -175,7 +207,7 @@ def report(args: argparse.Namespace, times: dict[str, list[float]]) -> None:
     print(f"submit to all {args.tasks} runs running (median of {args.runs}):")
     for name, value in medians.items():
         runs = ", ".join(f"{v:.2f}" for v in times[name])
-        print(f"  {name:20s} {value:6.2f} s  ({value / base:.2f} x separate submits)  [{runs}]")
+        print(f"  {name:38s} {value:6.2f} s  ({value / base:.2f} x separate submits)  [{runs}]")
     if args.json is not None:
         command = f"python benchmarks/bench_sweep.py --tasks {args.tasks} --runs {args.runs}"
         rows = [
