@@ -218,6 +218,7 @@ def report(args: argparse.Namespace, times: dict[str, list[float]]) -> None:
                 "unit": "s",
                 "higher_is_better": False,
                 "x": float(args.tasks),
+                "trials": times[name],  # round by round, side by side: noise vs a real gap
             }
             for name, value in medians.items()
         ]
