@@ -33,7 +33,11 @@ pytestmark = [pytest.mark.slurm]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train.py"
-TRAIN = "--epochs 2 --train-size 2000 --test-size 101 --checkpoint-every 4 --step-delay 0.2"
+# 32 steps of at least 0.5 s, the first checkpoint after 2: the signal and the cancel, sent once
+# that checkpoint exists, have 15 s before a run could end, even with Python starting slowly on a
+# loaded machine (with 0.2 s steps and a checkpoint after 4, a cancel under CI's load came after
+# task 2 had printed its weights)
+TRAIN = "--epochs 2 --train-size 2000 --test-size 101 --checkpoint-every 2 --step-delay 0.5"
 SWEEP_TIMEOUT_S = 240
 RUNS = ["lr=0.1,seed=1", "lr=0.1,seed=2", "lr=0.05,seed=1", "lr=0.05,seed=2"]
 HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")
@@ -113,7 +117,7 @@ def sweep(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
 
 def _preempt_one_cancel_another(slurm: SlurmCluster, sweep: Sweep) -> None:
     """Signal task 1 and cancel task 2, each once its first checkpoint exists."""
-    pending = {1: "signal", 2: "cancel"}
+    pending = {2: "cancel", 1: "signal"}  # the cancel first: a subprocess, the slower one
     deadline = time.monotonic() + SWEEP_TIMEOUT_S
     while pending and time.monotonic() < deadline:
         for task, action in list(pending.items()):
