@@ -327,7 +327,6 @@ def test_logs_of_one_task_read_its_run_folder_and_follow_labels_every_task(
 
 
 def test_submitit_maps_the_sweep_and_torchx_refuses_it() -> None:
-    pytest.importorskip("submitit")  # the dev extra installs it
     from ddpkit.jobs import submitit_backend
     from ddpkit.jobs.torchx_backend import refuse_sweep
 
@@ -344,7 +343,6 @@ def test_submitit_maps_the_sweep_and_torchx_refuses_it() -> None:
 def test_submitit_dry_run_of_a_sweep_shows_the_array_script_map_array_writes(
     tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("submitit")
     fake_srun = calls.parent / "bin" / "srun"  # submitit builds its script only next to srun
     fake_srun.write_text("#!/bin/sh\nexit 0\n")
     fake_srun.chmod(0o755)
