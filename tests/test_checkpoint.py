@@ -19,10 +19,6 @@ import numpy
 import pytest
 import torch
 
-# torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time torch._dynamo is imported
-# (the optimizers' first step does); import it before the env-leak guard's snapshots.
-import torch._dynamo
-
 import ddpkit
 from ddpkit.errors import ConfigError
 from ddpkit.worker import checkpoint

@@ -13,10 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-
-# torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time torch._dynamo is imported;
-# import it now, before the env-leak guard takes its per-test snapshots.
-import torch._dynamo
 from torch import nn
 
 import ddpkit

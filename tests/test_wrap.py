@@ -9,10 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-
-# torch writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time torch._dynamo is imported,
-# which DDP does; import it now, before the env-leak guard takes its per-test snapshots.
-import torch._dynamo
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
