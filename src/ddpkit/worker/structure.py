@@ -125,20 +125,7 @@ def concat(parts: Sequence[Any], *, where: str = "output") -> Any:
     if isinstance(head, torch.Tensor):
         _same_kind(parts, torch.Tensor, where)
         return torch.stack(list(parts)) if head.dim() == 0 else torch.cat(list(parts))
-    children = _children(head)
-    if children is None:
-        return head if all(_equal(part, head) for part in parts) else list(parts)
-    _same_kind(parts, type(head), where)
-    every = [_children(part) for part in parts]
-    return _rebuild(
-        head,
-        {
-            key: concat(
-                [kids[key] for kids in every if kids is not None], where=f"{where}[{key!r}]"
-            )
-            for key in children
-        },
-    )
+    return _merge_children(parts, where, lambda same, at: concat(same, where=at))
 
 
 def combine(results: Sequence[Any], sizes: Sequence[int], *, reduction: str) -> Any:
@@ -168,20 +155,24 @@ def _combine(results: list[Any], sizes: list[int], reduction: str, where: str) -
         if reduction == "sum":
             return sum(results)
         return sum(size * value for size, value in zip(sizes, results, strict=True)) / total
+    return _merge_children(results, where, lambda same, at: _combine(same, sizes, reduction, at))
+
+
+def _merge_children(
+    parts: Sequence[Any], where: str, merge: Callable[[list[Any], str], Any]
+) -> Any:
+    """The slices' structures as one, ``merge`` joining each key's values: leaves that are not
+    structures are kept once when equal, listed when they differ."""
+    head = parts[0]
     children = _children(head)
     if children is None:
-        return head if all(_equal(result, head) for result in results) else list(results)
-    _same_kind(results, type(head), where)
-    every = [_children(result) for result in results]
+        return head if all(_equal(part, head) for part in parts) else list(parts)
+    _same_kind(parts, type(head), where)
+    every = [_children(part) for part in parts]
     return _rebuild(
         head,
         {
-            key: _combine(
-                [kids[key] for kids in every if kids is not None],
-                sizes,
-                reduction,
-                f"{where}[{key!r}]",
-            )
+            key: merge([kids[key] for kids in every if kids is not None], f"{where}[{key!r}]")
             for key in children
         },
     )
