@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any, TypeVar, cast, overload
+from typing import Any, NoReturn, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -111,7 +111,7 @@ def _header(dtype: torch.dtype, trailing: tuple[int, ...], device: torch.device)
     return torch.tensor(codes, dtype=torch.int64, device=device).view(torch.uint8)
 
 
-def _raise_shape_mismatch(local: torch.Tensor, world_size: int) -> None:
+def _raise_shape_mismatch(local: torch.Tensor, world_size: int) -> NoReturn:
     shapes: list[object] = [None] * world_size
     dist.all_gather_object(shapes, (tuple(local.shape), str(local.dtype)))
     raise ConfigError(
@@ -165,7 +165,6 @@ def _gather_with_header(
     if all(torch.equal(h, headers[0]) for h in headers):
         return None  # every rank changed alike: a new signature they all share
     _raise_shape_mismatch(local, world_size)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _gather_parts(
