@@ -18,8 +18,6 @@ without a pyenv shim in front).
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -30,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import benchjson
+from benchcluster import DEFAULT_ENV_FILE, cluster_env, wait_idle
 
 from ddpkit.jobs import slurm
 
@@ -41,20 +40,6 @@ PAYLOADS = {
     "torch": "import torch\n\nprint('first line', torch.__version__, flush=True)\n",
 }
 FIRST_LINE_TIMEOUT_S = 60.0
-DEFAULT_ENV_FILE = os.environ.get("DDPKIT_TEST_SLURM_ENV", "/tmp/ddpkit-slurm/env.sh")
-
-
-def cluster_env(env_file: Path) -> dict[str, str]:
-    """os.environ plus the ``export K=V`` lines of the cluster's env file (SLURM_CONF)."""
-    if not env_file.is_file():
-        raise SystemExit(f"no {env_file}: start the test cluster with ci/slurm-up first")
-    env = dict(os.environ)
-    for line in env_file.read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            key, _, value = words[1].partition("=")
-            env[key] = value
-    return env
 
 
 def first_line_after(
@@ -74,24 +59,6 @@ def first_line_after(
             pass
         time.sleep(POLL_S)
     raise SystemExit(f"job {job_id}: no output line in {path} after {FIRST_LINE_TIMEOUT_S} s")
-
-
-def wait_idle(env: dict[str, str], settle_s: float) -> None:
-    """Until every node is idle (the last job's cleanup done), then a pause for the scheduler."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        states = subprocess.run(
-            ["sinfo", "--noheader", "--Node", "--format", "%T"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        if states and all(state == "idle" for state in states):
-            time.sleep(settle_s)
-            return
-        time.sleep(0.05)
-    raise SystemExit("the cluster's nodes did not become idle within 60 s")
 
 
 def main() -> None:

@@ -37,9 +37,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchcluster import DEFAULT_ENV_FILE, cluster_env, wait_idle
+
 POLL_S = 0.005
 ALL_RUNNING_TIMEOUT_S = 120.0
-DEFAULT_ENV_FILE = os.environ.get("DDPKIT_TEST_SLURM_ENV", "/tmp/ddpkit-slurm/env.sh")
 PAYLOAD = (
     "import pathlib, sys, time\npathlib.Path(sys.argv[1], sys.argv[2]).touch()\ntime.sleep(300)\n"
 )
@@ -50,19 +51,6 @@ VARIANTS = (
     "ddpkit api.submit sweep (in process)",
     "ddpkit map_function (in process)",
 )
-
-
-def cluster_env(env_file: Path) -> dict[str, str]:
-    """os.environ plus the ``export K=V`` lines of the cluster's env file (SLURM_CONF)."""
-    if not env_file.is_file():
-        raise SystemExit(f"no {env_file}: start the test cluster with ci/slurm-up first")
-    env = dict(os.environ)
-    for line in env_file.read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            key, _, value = words[1].partition("=")
-            env[key] = value
-    return env
 
 
 def mark_and_wait(markers: str, index: int | str) -> None:
@@ -149,21 +137,6 @@ class Bench:
         if self.jobs:
             subprocess.run(["scancel", *self.jobs], env=self.env, check=False)
             self.jobs = []
-
-
-def wait_idle(env: dict[str, str], settle_s: float) -> None:
-    """Until every node is idle (the last runs' cleanup done), then a pause for the scheduler."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        states = subprocess.run(
-            ["sinfo", "--noheader", "--Node", "--format", "%T"],
-            env=env, capture_output=True, text=True, check=True,
-        ).stdout.split()  # fmt: skip
-        if states and all(state == "idle" for state in states):
-            time.sleep(settle_s)
-            return
-        time.sleep(0.05)
-    raise SystemExit("the cluster's nodes did not become idle within 60 s")
 
 
 def main() -> None:
