@@ -178,3 +178,23 @@ def test_check_index() -> None:
     validate.check_index("SLURM_NODEID", 1, "SLURM_NNODES", 2)
     with pytest.raises(TopologyError, match=r"SLURM_NODEID=2 is outside \[0, SLURM_NNODES=2\)"):
         validate.check_index("SLURM_NODEID", 2, "SLURM_NNODES", 2)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("1", True), (" TRUE ", True), ("on", True), ("0", False), ("No", False), ("", None)],
+)
+def test_env_bool_reads_the_usual_spellings(raw: str, expected: bool | None) -> None:
+    from ddpkit.cluster.envvars import env_bool
+
+    assert env_bool({"X": raw}, "X", hint="h") is expected
+    assert env_bool({}, "X", hint="h") is None
+
+
+def test_env_bool_names_the_variable_and_value_of_anything_else() -> None:
+    from ddpkit.cluster.envvars import env_bool
+    from ddpkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"X='maybe' is not a boolean") as caught:
+        env_bool({"X": "maybe"}, "X", hint="set X=1 or X=0")
+    assert caught.value.hint == "set X=1 or X=0"

@@ -12,7 +12,15 @@ from collections.abc import Mapping, Sequence
 
 from ddpkit.errors import ConfigError
 
-__all__ = ["env_int", "first_set", "master_from_env", "parse_int", "parse_port", "require_int"]
+__all__ = [
+    "env_bool",
+    "env_int",
+    "first_set",
+    "master_from_env",
+    "parse_int",
+    "parse_port",
+    "require_int",
+]
 
 
 def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] | None:
@@ -38,6 +46,21 @@ def env_int(env: Mapping[str, str], name: str, *, hint: str) -> int | None:
     """The integer in ``env[name]``, or None when the variable is not set."""
     value = env.get(name)
     return None if value is None else parse_int(name, value, hint=hint)
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def env_bool(env: Mapping[str, str], name: str, *, hint: str) -> bool | None:
+    """``env[name]`` as a boolean (1/true/yes/on, 0/false/no/off, any case), or None when the
+    variable is unset or empty; a ConfigError naming it for anything else."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return None
+    if raw in _TRUE or raw in _FALSE:
+        return raw in _TRUE
+    raise ConfigError(f"{name}={env[name]!r} is not a boolean", hint=hint)
 
 
 def require_int(env: Mapping[str, str], names: str | Sequence[str], *, hint: str) -> int:

@@ -23,14 +23,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import IO, Generic, TypeVar
 
+from ddpkit.cluster.envvars import env_bool
 from ddpkit.errors import ConfigError
 from ddpkit.worker.rankzero import _rank
 
 __all__ = ["PROGRESS_VAR", "Progress", "progress"]
 
 PROGRESS_VAR = "DDPKIT_PROGRESS"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 _FILE_EVERY_S = 10.0  # a file gets a full line this often (a terminal is redrawn in place)
 
 T = TypeVar("T")
@@ -38,17 +37,8 @@ T = TypeVar("T")
 
 def _env_choice(environ: Mapping[str, str]) -> bool | None:
     """True/False when DDPKIT_PROGRESS forces the bar on/off, None when it is unset or empty."""
-    raw = environ.get(PROGRESS_VAR, "").strip().lower()
-    if not raw:
-        return None
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ConfigError(
-        f"{PROGRESS_VAR}={environ[PROGRESS_VAR]!r} is not a boolean",
-        hint=f"{PROGRESS_VAR}=0 turns the progress bar off, =1 draws it even into a file",
-    )
+    hint = f"{PROGRESS_VAR}=0 turns the progress bar off, =1 draws it even into a file"
+    return env_bool(environ, PROGRESS_VAR, hint=hint)
 
 
 def wanted(enabled: bool | None, stream: IO[str], rank: int, environ: Mapping[str, str]) -> bool:
