@@ -151,7 +151,7 @@ def outcomes(
                 f"name: pre-{name}\npartition: debug\nnodes: 2\nprocs_per_node: 1\n"
                 f"workdir: {workdir}\nlog_dir: logs\nenv: {{OMP_NUM_THREADS: '1'}}\n"
                 f"command: {EXAMPLE} {TRAIN} --checkpoint-dir {workdir / 'ck'} "
-                f"--step-delay {case.step_delay}\n{case.fields}"
+                f"--step-delay {case.step_delay}\n{case.fields}{_gate(case, workdir)}"
             )
             job_id = run(
                 [sys.executable, "-m", "ddpkit", "submit", str(spec), "--via", case.via],
@@ -207,6 +207,7 @@ def _signal_when_training(
                 batch = ["--batch"] if case.storm == "batch" else []
                 slurm.run("scancel", *batch, "--signal=USR2", job_id, check=False)
                 signalled.setdefault(name, time.monotonic())
+                (workdir / "go").touch()  # a gated batch shell goes on only now (_gate)
                 # markers only appear: fewer after the signal means fewer when it was sent
                 if _markers(workdir) < case.latches:
                     held[name] += 1
@@ -214,6 +215,16 @@ def _signal_when_training(
     assert not waiting, f"no checkpoint appeared in time for {sorted(waiting)}"
     assert not storming, f"no rank stopped in time in {sorted(storming)}"
     return signalled, held
+
+
+def _gate(case: Scenario, workdir: Path) -> str:
+    """A batch storm's job waits in its setup lines (after the shell's trap and latch folder,
+    before any task starts) until its first signal has been sent: so that signal always comes
+    before any process has latched, however slowly this test's loop runs on a loaded machine
+    (ungated, it once came only after both ranks had latched)."""
+    if case.storm != "batch":
+        return ""
+    return f"setup: ['while [ ! -e {workdir / 'go'} ]; do sleep 0.1; done']\n"
 
 
 def _storm_may_start(case: Scenario, workdir: Path) -> bool:
