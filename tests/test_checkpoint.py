@@ -86,8 +86,10 @@ def test_no_checkpoint_leaves_state_untouched(tmp_path: Path) -> None:
 
 
 def test_keep_last_and_stray_temp_files(tmp_path: Path) -> None:
-    stray = tmp_path / ".ckpt-000000009.pt.x1y2.tmp"
+    stray = tmp_path / ".ckpt-000000009.pt.x1y2.tmp"  # a name of ddpkit before host names
     stray.write_bytes(b"left by a kill -9")
+    day_ago = time.time() - 86400
+    os.utime(stray, (day_ago, day_ago))  # not written for a day: its writer is gone
     for step in range(1, 6):
         ddpkit.save_checkpoint(tmp_path, {"step": step}, step=step, keep_last=2)
     assert _names(tmp_path) == ["ckpt-000000004.pt", "ckpt-000000005.pt"]

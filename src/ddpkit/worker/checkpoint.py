@@ -1,12 +1,14 @@
 """Checkpoints that survive being killed mid-write: ``save_checkpoint`` / ``load_checkpoint``.
 
 Layout: ``<directory>/ckpt-<step:09d>.pt``, one file per checkpoint, written only by the main
-rank. A write goes to a hidden temporary file in the same directory (``.ckpt-<step>.*.tmp``,
-created with mode 0666 less the umask, like any file ``torch.save`` creates), is flushed and
-fsynced, then ``os.replace``\\ d onto its final name and the directory fsynced: a reader sees
-either the whole new file or none of it, and a ``kill -9`` during the write leaves the previous
-checkpoints untouched (the stray temporary file is removed by the next save and never looked at
-by a load).
+rank. A write goes to a hidden temporary file in the same directory
+(``.ckpt-<step>.pt.<host>~<scope>.<pid>.<token>.tmp``, created with mode 0666 less the umask,
+like any file ``torch.save`` creates), is flushed and fsynced, then ``os.replace``\\ d onto its
+final name and the directory fsynced: a reader sees either the whole new file or none of it,
+and a ``kill -9`` during the write leaves the previous checkpoints untouched. The temporary
+file a killed writer leaves is removed by the next save, before it writes (so that it cannot
+fill the disk for good) and never looked at by a load; a live writer's (another job sharing
+the folder) is left alone (:mod:`ddpkit.worker.durable` says how the two are told apart).
 
 Order: the newest checkpoint is the one written last, not the one with the highest step. Each
 file records its save's ``sequence`` (one more than the highest in the directory when it was
@@ -51,6 +53,7 @@ each). Neither skips work: the fsync before the rename stays.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -62,9 +65,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.errors import CheckpointError, ConfigError, DdpkitError
 from ddpkit.worker.context import current_or_none
-from ddpkit.worker.durable import drop_cache, write_atomically
+from ddpkit.worker.durable import drop_cache, stale_temps, write_atomically
 from ddpkit.worker.state_dict import load_state_dict, unwrap
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
@@ -73,7 +76,9 @@ _FORMAT = 2  # 2: the payload records "sequence", the save's place in the write 
 _READABLE = (1, 2)  # format 1 has no sequence: older than every format-2 save
 # used with fullmatch: "$" also matches before a final newline ("ckpt-000000001.pt\n")
 _COMPLETE = re.compile(r"ckpt-(\d{9,})\.pt")
-_TEMP = re.compile(r"\.ckpt-.*\.tmp", re.DOTALL)
+_TEMP_PREFIX = "ckpt-"  # temporary files are ".ckpt-<step>.pt.<writer>.tmp"
+# what a failure becomes to share it between ranks: its text and its own hint, or None
+_Failure = tuple[str, str | None] | None
 
 
 def save_checkpoint(
@@ -87,7 +92,7 @@ def save_checkpoint(
 
     Returns the file's path on the main rank, None on the others. Keeps the ``keep_last``
     complete checkpoints written last (this one included, whatever the others' steps) and
-    deletes the others and stray temporary files.
+    deletes the others and the temporary files of dead writers.
     When a rank's ``state_dict()`` raises or the main rank cannot write the file, every rank
     raises :class:`CheckpointError` (the checkpoints already there stay as they were).
     """
@@ -120,12 +125,13 @@ def save_checkpoint(
             failure = error
     # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
     # everybody learns whether it is.
-    outcome = _broadcast(world_size, _describe(failure))
+    outcome: _Failure = _broadcast(world_size, _describe(failure))
     if outcome is not None:
+        text, hint = outcome
         raise CheckpointError(
-            f"the main rank (rank 0) failed to write checkpoint step {step} to {directory}: "
-            f"{outcome}",
-            hint=f"check that {directory} is (or can be created as) a writable directory with "
+            f"the main rank (rank 0) failed to write checkpoint step {step} to {directory}: {text}",
+            hint=hint
+            or f"check that {directory} is (or can be created as) a writable directory with "
             "enough free space, and that every value in the state can be pickled; the "
             "checkpoints already there are untouched",
         ) from failure
@@ -255,8 +261,14 @@ def _world() -> tuple[int, int]:
     return context.world_size, context.rank
 
 
-def _describe(error: BaseException | None) -> str | None:
-    return None if error is None else f"{type(error).__name__}: {error}"
+def _describe(error: BaseException | None) -> _Failure:
+    """A failure as it travels to the other ranks: ddpkit's own errors by their message and
+    hint, any other by its type and text."""
+    if error is None:
+        return None
+    if isinstance(error, DdpkitError):
+        return error.message, error.hint
+    return f"{type(error).__name__}: {error}", None
 
 
 def _all_gather(world_size: int, mine: Any) -> list[Any]:
@@ -278,16 +290,25 @@ def _broadcast(world_size: int, value: Any) -> Any:
 
 
 def _raise_failures(
-    texts: list[str | None], what: str, *, hint: str, own: Exception | None
+    failures: list[_Failure], what: str, *, hint: str, own: Exception | None
 ) -> None:
-    """Raise on every rank when any rank's text says it failed (its own error chained)."""
-    failed = [(number, text) for number, text in enumerate(texts) if text is not None]
+    """Raise on every rank when any rank failed (its own error chained); ranks that failed
+    alike are named together, and the first failure's own hint, if any, replaces ``hint``."""
+    failed = [(number, failure) for number, failure in enumerate(failures) if failure]
     if not failed:
         return
-    ranks = ", ".join(str(number) for number, _ in failed)
-    causes = "; ".join(f"rank {number}: {text}" for number, text in failed)
-    label = "rank" if len(failed) == 1 else "ranks"
-    raise CheckpointError(f"{label} {ranks} {what}: {causes}", hint=hint) from own
+    by_text: dict[str, list[int]] = {}
+    for number, (text, _) in failed:
+        by_text.setdefault(text, []).append(number)
+    causes = "; ".join(f"{_ranks(numbers)}: {text}" for text, numbers in by_text.items())
+    own_hint = next((given for _, (_, given) in failed if given), None)
+    ranks = _ranks([number for number, _ in failed])
+    raise CheckpointError(f"{ranks} {what}: {causes}", hint=own_hint or hint) from own
+
+
+def _ranks(numbers: list[int]) -> str:
+    label = "rank" if len(numbers) == 1 else "ranks"
+    return f"{label} {', '.join(str(number) for number in numbers)}"
 
 
 def _check_count(name: str, value: object, *, minimum: int, hint: str) -> None:
@@ -304,6 +325,10 @@ def _saveable(value: Any) -> Any:
 def _save(folder: Path, payload: dict[str, Any], step: int, keep_last: int) -> Path:
     """Write ``payload`` as checkpoint ``step``, the newest in ``folder``; prune the others."""
     folder.mkdir(parents=True, exist_ok=True)
+    # A dead writer's temporary file must not take the space this write needs; a failure
+    # here is tried again (and warned of) by the prune after the write.
+    with contextlib.suppress(OSError):
+        _remove_stale_temps(folder)
     found = _written(folder)
     sequence = 1 + max((entry.sequence for entry in found), default=0)
     doomed = _doomed(found, step, keep_last)
@@ -354,13 +379,17 @@ def _prune_or_warn(folder: Path, doomed: list[Path], step: int) -> None:
 
 
 def _prune(folder: Path, doomed: list[Path]) -> None:
+    """Delete ``doomed`` and the temporary files of dead writers (never a live writer's:
+    another job, or another host, may be saving into the same folder)."""
     for old in doomed:
         old.unlink(missing_ok=True)
-    # Only the main rank writes here and its own temporary file is renamed by now: any
-    # other one was left by a writer that was killed.
-    for entry in folder.iterdir():
-        if _TEMP.fullmatch(entry.name) and entry.is_file():
-            entry.unlink(missing_ok=True)
+    _remove_stale_temps(folder)
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    """Delete the temporary files that dead writers left in ``folder``."""
+    for temp in stale_temps(folder, _TEMP_PREFIX):
+        temp.unlink(missing_ok=True)
 
 
 def _load_newest(folder: Path, map_location: str | torch.device) -> dict[str, Any] | None:
