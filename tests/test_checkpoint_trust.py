@@ -15,6 +15,7 @@ import os
 import pickle
 import random
 import shutil
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 import ddpkit
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker.checkpoint import checkpoint_files
+from distutil import run_workers, torchrun_env
 
 LEGACY = Path(__file__).resolve().parent / "data" / "checkpoints" / "legacy"
 
@@ -261,3 +263,34 @@ def test_checkpoints_written_before_weights_only_still_load(tmp_path: Path) -> N
         "ckpt-000000100.pt",
         "ckpt-000000101.pt",
     ]
+
+
+# --- every rank refuses alike ------------------------------------------------------------------
+
+
+def _refusing_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    try:
+        folder, marker = Path(root) / "ckpt", Path(root) / "marker"
+        ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=1)
+        if rank == 0:
+            _plant(folder / "ckpt-000000999.pt", "forged-system", marker)
+        torch.distributed.barrier()
+        start = time.monotonic()
+        try:
+            ddpkit.load_checkpoint(folder, {})
+        except CheckpointError as error:
+            return {"message": error.message, "seconds": time.monotonic() - start}
+        return {"message": None}
+    finally:
+        ddpkit.shutdown()
+
+
+@pytest.mark.multiproc
+def test_every_rank_refuses_a_planted_newest_file(tmp_path: Path) -> None:
+    results = run_workers(_refusing_worker, 2, str(tmp_path), timeout_s=60)
+    for result in results:
+        assert result["message"] is not None and "holds posix.system" in result["message"]
+        assert result["message"].startswith("ranks 0, 1 could not read the checkpoints in ")
+        assert result["seconds"] < 20, result
+    assert not (tmp_path / "marker").exists()
