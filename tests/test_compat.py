@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import os
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -197,3 +199,60 @@ def test_compiled_inner_finds_the_module_torch_compile_wraps() -> None:
         f"{compat.COMPILED_ATTRIBUTE}.weight",
         f"{compat.COMPILED_ATTRIBUTE}.bias",
     ]
+
+
+@reach
+def test_saved_pickle_head_is_the_pickle_torch_save_wrote(tmp_path: Path) -> None:
+    state = {"format": 2, "sequence": 7, "w": torch.ones(3)}
+    for target in (tmp_path / "by-path.pt", io.BytesIO()):  # torch names the record either way
+        torch.save(state, target)
+        path = target if isinstance(target, Path) else tmp_path / "by-stream.pt"
+        if isinstance(target, io.BytesIO):
+            path.write_bytes(target.getvalue())
+        head = compat.saved_pickle_head(path, 64)
+        assert head.startswith(b"\x80\x02}"), (TORCH, head)  # protocol 2, an empty dict
+        assert b"sequence" in head, TORCH
+    (tmp_path / "plain").write_bytes(b"\x80\x02}q\x00.")  # a pickle that is not torch's file
+    with pytest.raises(zipfile.BadZipFile):
+        compat.saved_pickle_head(tmp_path / "plain", 64)
+
+
+class _Refused:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, ("0",))
+
+
+class _OsCall:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("true",))
+
+
+@reach
+@pytest.mark.parametrize("kind", ["global", "builtin", "blocked", "build"])
+def test_refused_globals_names_what_weights_only_refused(tmp_path: Path, kind: str) -> None:
+    import numpy
+
+    path = tmp_path / "refused.pt"
+    value: Any = {
+        "global": Path("x"),  # pathlib.PosixPath: an allowed module, a refused global
+        "builtin": _Refused(),
+        "blocked": _OsCall(),
+        "build": numpy.zeros(2, dtype=numpy.uint32),
+    }[kind]
+    torch.save({"v": value}, path)
+    allowed = (
+        [] if kind != "build" else [numpy.ndarray, numpy.dtype, numpy.zeros(1).__reduce__()[0]]
+    )
+    with torch.serialization.safe_globals(allowed):
+        with pytest.raises(Exception) as caught:
+            torch.load(path, weights_only=True)
+        names = compat.refused_globals(caught.value, path)
+    dtype_class = type(numpy.dtype(numpy.uint32))
+    expected = {
+        "global": "pathlib.PosixPath",
+        "builtin": "builtins.exec",
+        "blocked": "posix.system",
+        "build": f"{dtype_class.__module__}.{dtype_class.__name__}",
+    }[kind]
+    assert expected in names, (TORCH, names, str(caught.value))
+    assert compat.refused_globals(RuntimeError("unexpected pos"), path) == [], TORCH

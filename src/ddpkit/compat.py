@@ -17,6 +17,11 @@ version and names that version when one has moved.
       machine_hostname                         whether this node hosts the c10d store
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
+    torch.save's file: a zip with  torch       checkpoints read their write order from the
+      <name>/data.pkl                          pickle's first opcodes, never unpickling it
+    weights_only's refusal text    torch       a checkpoint holding a type torch refuses
+      ("GLOBAL x.y ...", "got                  names it (and how to trust it) instead of
+      <class 'x.y'>")                          being skipped as damaged
     SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
       _file_text, its "map_count"              prints the script without submitting (a
       parameter (map_array's)                  sweep's: the array map_array would write)
@@ -26,10 +31,14 @@ Each function imports its dependency when called: importing this module imports 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import os
+import pickle
 import re
 import sys
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -47,6 +56,8 @@ __all__ = [
     "launch_config_from_args",
     "matches_machine_hostname",
     "recorded_traceback",
+    "refused_globals",
+    "saved_pickle_head",
     "submitit_sbatch_text",
     "tail_logs_tuned",
     "torchrun_notice_muted",
@@ -144,8 +155,6 @@ def recorded_traceback(failure: ProcessFailure) -> str | None:
     torch writes ``{"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}``; torch
     puts "<N/A>" in ``error_file`` when none was written.
     """
-    import os
-
     if not os.path.isfile(failure.error_file):
         return None
     message: object = failure.message
@@ -201,3 +210,45 @@ def compiled_inner(module: object) -> Any:
     if wrapper is None or not isinstance(module, wrapper):
         return None
     return getattr(module, COMPILED_ATTRIBUTE)
+
+
+def saved_pickle_head(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The first ``limit`` bytes of the pickle in a file ``torch.save`` wrote, unpickled by
+    nobody: torch's file (since 1.6) is a zip archive whose ``<name>/data.pkl`` record holds
+    the pickle (stored, not compressed); :mod:`zipfile` reads it. Raises ``OSError``,
+    ``zipfile.BadZipFile`` or ``KeyError`` (no such record) for any other file."""
+    with zipfile.ZipFile(path) as archive:
+        names = [name for name in archive.namelist() if re.fullmatch(r"[^/]+/data\.pkl", name)]
+        if len(names) != 1:
+            raise KeyError(f"{len(names)} data.pkl records")
+        with archive.open(names[0]) as record:
+            head: bytes = record.read(limit)
+            return head
+
+
+# torch's weights_only unpickler names what it refuses in these words (torch 2.4 to 2.13):
+# a global it does not allow (or whose module it blocks), or an object it may not build.
+_REFUSED = re.compile(
+    r"GLOBAL (\S+) (?:was not an allowed global|whose module)"
+    r"|allowlisted via `add_safe_globals`,? but got <class '([^']+)'>"
+)
+
+
+def refused_globals(error: BaseException, path: str | os.PathLike[str]) -> list[str]:
+    """The globals (``module.name``) a ``torch.load(weights_only=True)`` of ``path`` that
+    raised ``error`` refused, or [] when ``error`` is no such refusal (a damaged file). Call it
+    under the same allowed globals as the load: torch's lister (2.5+), which reads the pickle's
+    opcodes without running them, adds every other global of the file that is not allowed."""
+    found = _REFUSED.search(str(error)) if isinstance(error, pickle.UnpicklingError) else None
+    if found is None:
+        return []
+    name = found[1] or found[2]
+    names = {name if "." in name else f"builtins.{name}"}  # torch drops "builtins." there
+    import torch.serialization
+
+    lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if lister is not None:
+        # should torch's own reader fail, the one name above is still right
+        with contextlib.suppress(Exception):
+            names.update(lister(os.fspath(path)))
+    return sorted(names)
