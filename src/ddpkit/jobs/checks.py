@@ -13,9 +13,20 @@ import re
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
-__all__ = ["ERROR_TYPE", "Model", "invalid", "no_nul", "number_to_str", "stripped_hint"]
+__all__ = [
+    "ERROR_TYPE",
+    "SHOWN_CHARS",
+    "Model",
+    "invalid",
+    "no_nul",
+    "number_to_str",
+    "shown",
+    "stripped_hint",
+]
 
 ERROR_TYPE = "ddpkit"
+SHOWN_CHARS = 200  # how much of a bad value an error message quotes
+_SHOWN_DEPTH = 4
 
 
 class Model(BaseModel):
@@ -57,3 +68,49 @@ def stripped_hint(key: str, pattern: re.Pattern[str]) -> str | None:
     if key != key.strip() and pattern.fullmatch(key.strip()):
         return f"write {key.strip()!r}, without the surrounding whitespace or line break"
     return None
+
+
+def shown(value: object, limit: int = SHOWN_CHARS, *, quote: bool = True) -> str:
+    """``value`` as an error message quotes it: its ``repr`` (the text itself with
+    ``quote=False``), cut after about ``limit`` characters with ``...``.
+
+    The cost is bounded by ``limit`` too: a YAML alias bomb's value is a few hundred bytes of
+    input whose full ``repr`` is tens of megabytes, and a 100 kB ``--set`` value is no better
+    for being printed whole. Small lists, dicts and scalars come out exactly as ``repr``.
+    """
+    if not quote and isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + "..."
+    return _short_repr(value, limit, set())
+
+
+def _short_repr(value: object, budget: int, path: set[int]) -> str:
+    if isinstance(value, str):
+        return repr(value) if len(value) <= budget else repr(value[:budget]) + "..."
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 640:
+        return f"<a number of about {int(value.bit_length() * 0.30103)} digits>"
+    if not isinstance(value, list | tuple | dict | set | frozenset):
+        text = repr(value)
+        return text if len(text) <= budget else text[:budget] + "..."
+    brackets = "{}" if isinstance(value, dict | set | frozenset) else "[]"
+    brackets = "()" if isinstance(value, tuple) else brackets
+    if id(value) in path or len(path) >= _SHOWN_DEPTH:
+        return f"{brackets[0]}...{brackets[1]}"
+    path.add(id(value))
+    parts: list[str] = []
+    used = 0
+    items = value.items() if isinstance(value, dict) else value
+    for item in items:
+        if used >= budget:
+            parts.append("...")
+            break
+        if isinstance(value, dict):
+            key, val = item
+            left = budget - used
+            text = f"{_short_repr(key, left, path)}: {_short_repr(val, left, path)}"
+        else:
+            text = _short_repr(item, budget - used, path)
+        parts.append(text)
+        used += len(text) + 2
+    path.discard(id(value))
+    inner = ", ".join(parts) + ("," if isinstance(value, tuple) and len(value) == 1 else "")
+    return brackets[0] + inner + brackets[1]
