@@ -288,13 +288,14 @@ def test_search_path_order_and_home(tmp_path: Path) -> None:
     assert profile_search_path(cwd, cwd, {"HOME": "/h"})[-1] == Path("/h/.config/ddpkit/profiles")
 
 
-def test_profile_found_in_each_place_first_match_wins(tmp_path: Path) -> None:
+def test_profile_found_in_each_place(tmp_path: Path) -> None:
     spec_dir, cwd, home = tmp_path / "specs", tmp_path / "cwd", tmp_path / "home"
     spec = write(spec_dir / "s.yaml", {"name": "a", "command": "t.py", "profile": "site"})
     env = {"DDPKIT_HOME": str(home)}
-    for place in (home, cwd, spec_dir):  # each new one shadows the ones found before
-        write(place / "profiles" / "site.yaml", {"name": "site", "partition": place.name})
+    for place in (home, cwd, spec_dir):  # one place at a time (two: tests/test_job_profiles.py)
+        profile = write(place / "profiles" / "site.yaml", {"partition": place.name})
         assert load(spec, cwd=cwd, env=env).partition == place.name
+        profile.unlink()
 
 
 def test_profile_by_path_relative_to_spec(tmp_path: Path) -> None:

@@ -15,9 +15,11 @@ Host names are placeholders (``node0``, ``node1``, ...): SLURM picks the hosts a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
+from ddpkit.jobs.checks import shown
 from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "format_plan",
     "format_runs",
     "format_table",
+    "profile_line",
     "rank_layout",
 ]
 
@@ -88,11 +91,20 @@ def format_runs(spec: JobSpec) -> str:
     return format_table(["task", *names, "run"], rows)
 
 
-def format_plan(spec: JobSpec) -> str:
-    """The resolved spec as YAML (every field, defaults filled in) and its rank layout."""
+def profile_line(spec: JobSpec, profile_path: Path) -> str:
+    """The line saying which file the spec's profile was read from (plan prints it as a YAML
+    comment, submit on stderr): a profile's ``setup:`` lines run in the job."""
+    return f"profile {shown(spec.profile)} read from {profile_path}"
+
+
+def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
+    """The resolved spec as YAML (every field, defaults filled in) and its rank layout; with
+    ``profile_path``, a comment line naming the profile file first."""
     resolved = yaml.safe_dump(
         spec.model_dump(), sort_keys=False, default_flow_style=False, allow_unicode=True
     )
+    if profile_path is not None:
+        resolved = f"# {profile_line(spec, profile_path)}\n{resolved}"
     tasks = "one SLURM task per process" if spec.launch == "srun" else "one torchrun per node"
     summary = (
         f"# rank layout: {spec.nodes} node(s) x {spec.procs} process(es) = world size "

@@ -22,11 +22,10 @@ absolute. ``log_dir`` stays relative to ``workdir`` (SLURM resolves it there), a
 and ``python`` run as written, from ``workdir``. Without a ``workdir``, it is the current
 directory.
 
-Profiles: ``profile:`` is a path (it has a ``/`` or ends in ``.yaml``/``.yml``; relative to the
-spec's directory) or a name, looked up as ``<name>.yaml`` in ``<spec dir>/profiles``,
-``<cwd>/profiles`` and ``$DDPKIT_HOME/profiles`` (without DDPKIT_HOME:
-``${XDG_CONFIG_HOME:-~/.config}/ddpkit/profiles``), first match wins. The resolved spec keeps the
-profile's name for the record; its values are already merged in.
+Profiles: ``profile:`` is a path or a name; where a name is looked up, and why a name found in
+two places is an error, is :mod:`ddpkit.jobs.profiles`. The resolved spec keeps the profile's
+name for the record; its values are already merged in, and :func:`resolve_spec` also says which
+file they came from.
 
 Every problem is a ``ConfigError`` with one line,
 ``<source>: <field.path>=<value!r>: <problem> (hint: ...)``, where ``<source>`` is the file (or
@@ -37,6 +36,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -45,10 +45,13 @@ from pydantic import BaseModel, ValidationError
 
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest, did_you_mean
+from ddpkit.jobs.checks import shown
+from ddpkit.jobs.profiles import find_profile, profile_search_path
 from ddpkit.jobs.spec import ERROR_TYPE, ClusterProfile, JobSpec
 
 __all__ = [
     "SET_SOURCE",
+    "ResolvedSpec",
     "build_spec",
     "load_profile",
     "load_spec",
@@ -58,6 +61,7 @@ __all__ = [
     "profile_search_path",
     "read_profile",
     "read_yaml_mapping",
+    "resolve_spec",
 ]
 
 SET_SOURCE = "--set"
@@ -238,40 +242,6 @@ def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, 
     return merged, origins
 
 
-def profile_search_path(spec_dir: Path, cwd: Path, env: Mapping[str, str]) -> list[Path]:
-    """Where a profile *name* is looked up, in order (duplicates removed)."""
-    if env.get("DDPKIT_HOME"):
-        home = Path(env["DDPKIT_HOME"]).expanduser()
-    else:
-        user_home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-        home = Path(env.get("XDG_CONFIG_HOME") or user_home / ".config") / "ddpkit"
-    dirs = [spec_dir / "profiles", cwd / "profiles", home / "profiles"]
-    return list(dict.fromkeys(Path(os.path.normpath(d)) for d in dirs))
-
-
-def _find_profile(ref: str, search: Sequence[Path], base_dir: Path, origin: str) -> Path:
-    if "/" in ref or ref.endswith((".yaml", ".yml")) or ref.startswith("~"):
-        path = Path(os.path.normpath(base_dir / os.path.expanduser(ref)))
-        if path.is_file():
-            return path
-        raise ConfigError(
-            f"{origin}: profile={ref!r}: no such file {str(path)!r}",
-            hint="profile paths are relative to the spec's directory",
-        )
-    candidates = [d / f"{ref}{ext}" for d in search for ext in (".yaml", ".yml")]
-    for path in candidates:
-        if path.is_file():
-            return path
-    known = sorted({p.stem for d in search if d.is_dir() for p in d.glob("*.y*ml")})
-    match = closest(ref, known)
-    hint = f"did you mean {match!r}?" if match else f"put {ref}.yaml in one of those folders"
-    raise ConfigError(
-        f"{origin}: profile={ref!r}: not found (looked for "
-        f"{', '.join(str(d / (ref + '.yaml')) for d in search)})",
-        hint=f"{hint} (profiles found: {', '.join(known) or 'none'})",
-    )
-
-
 def load_profile(
     name_or_path: str,
     *,
@@ -284,7 +254,7 @@ def load_profile(
     ``origin`` labels "not found" errors (e.g. the spec file that named the profile). A file
     without ``name:`` gets its file name. Its relative ``template`` becomes absolute.
     """
-    path = _find_profile(name_or_path, search, base_dir or Path.cwd(), origin)
+    path = find_profile(name_or_path, search, base_dir or Path.cwd(), origin)
     return read_profile(path)
 
 
@@ -295,6 +265,35 @@ def read_profile(path: Path) -> ClusterProfile:
     return _validate(ClusterProfile, data, {}, str(path))
 
 
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """A validated spec, and the profile file merged into it (None: the spec has no profile)."""
+
+    spec: JobSpec
+    profile_path: Path | None
+
+
+def resolve_spec(
+    path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    sweeps: Sequence[str] = (),
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ResolvedSpec:
+    """Read, merge (profile, spec, ``--sweep`` and ``--set`` overrides) and validate the job
+    spec at ``path``; say which profile file was used.
+
+    ``cwd`` (default: the current directory) anchors ``--set`` paths, the default workdir and the
+    ``./profiles`` lookup; ``env`` (default ``os.environ``, only read) gives DDPKIT_HOME.
+    """
+    data, base_dir = read_yaml_mapping(Path(path), "spec"), Path(path).absolute().parent
+    source = str(path)
+    return _build(
+        data, overrides, sweeps=sweeps, source=source, base_dir=base_dir, cwd=cwd, env=env
+    )
+
+
 def load_spec(
     path: str | os.PathLike[str],
     overrides: Sequence[str] = (),
@@ -303,16 +302,8 @@ def load_spec(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> JobSpec:
-    """Read, merge (profile, spec, ``--sweep`` and ``--set`` overrides) and validate the job
-    spec at ``path``.
-
-    ``cwd`` (default: the current directory) anchors ``--set`` paths, the default workdir and the
-    ``./profiles`` lookup; ``env`` (default ``os.environ``, only read) gives DDPKIT_HOME.
-    """
-    data, base_dir = read_yaml_mapping(Path(path), "spec"), Path(path).absolute().parent
-    return build_spec(
-        data, overrides, sweeps=sweeps, source=str(path), base_dir=base_dir, cwd=cwd, env=env
-    )
+    """:func:`resolve_spec`'s spec."""
+    return resolve_spec(path, overrides, sweeps=sweeps, cwd=cwd, env=env).spec
 
 
 def build_spec(
@@ -327,6 +318,21 @@ def build_spec(
 ) -> JobSpec:
     """``load_spec`` for fields already in memory; relative paths resolve against ``base_dir``
     (default ``cwd``). ``source`` names the spec in error messages."""
+    return _build(
+        data, overrides, sweeps=sweeps, source=source, base_dir=base_dir, cwd=cwd, env=env
+    ).spec
+
+
+def _build(
+    data: Mapping[str, object],
+    overrides: Sequence[str],
+    *,
+    sweeps: Sequence[str],
+    source: str,
+    base_dir: Path | None,
+    cwd: Path | None,
+    env: Mapping[str, str] | None,
+) -> ResolvedSpec:
     cwd = (cwd or Path.cwd()).absolute()
     base_dir = (base_dir or cwd).absolute()
     spec_layer = _resolve_paths(data, base_dir)
@@ -335,9 +341,10 @@ def build_spec(
     ref, ref_source, ref_base = spec_layer.get("profile"), source, base_dir
     if "profile" in set_layer:
         ref, ref_source, ref_base = set_layer["profile"], SET_SOURCE, cwd
+    profile_path = None
     if isinstance(ref, str) and ref.strip():
         search = profile_search_path(base_dir, cwd, os.environ if env is None else env)
-        profile_path = _find_profile(ref, search, ref_base, ref_source)
+        profile_path = find_profile(ref, search, ref_base, ref_source)
         layers.append((str(profile_path), read_profile(profile_path).defaults()))
     sweep_layer = parse_sweeps(sweeps)
     if sweep_layer:  # the command line's grid replaces the spec's, rather than mixing into it
@@ -350,10 +357,10 @@ def build_spec(
     template = merged.get("template")  # read on this machine by the renderer: check it now
     if isinstance(template, str) and template.strip() and not os.path.isfile(template):
         raise ConfigError(
-            f"{origins.get('template', source)}: template={template!r}: no such file",
+            f"{origins.get('template', source)}: template={shown(template)}: no such file",
             hint="a relative template path is relative to the file that names it",
         )
-    return _validate(JobSpec, merged, origins, source)
+    return ResolvedSpec(_validate(JobSpec, merged, origins, source), profile_path)
 
 
 def _validate(
