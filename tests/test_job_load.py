@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.checks import shown
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import (
     build_spec,
@@ -442,3 +443,38 @@ def test_example_specs_load(path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((ROOT / "examples" / "jobs" / "profiles").glob("*.yaml")))
 def test_example_profiles_load(path: Path) -> None:
     assert read_profile(path).name == path.stem
+
+
+# -- bounded YAML and error quoting (the hostile cases: tests/test_jobs_bad_input.py) -----------
+
+
+def test_anchors_and_aliases_within_the_limits_still_work(tmp_path: Path) -> None:
+    values = ", ".join(str(i) for i in range(5000))
+    spec = write(
+        tmp_path / "s.yaml",
+        "name: a\ncommand: t.py --lr {lr}\nenv: {A: &v hello, B: *v}\n"
+        f"setup: &s ['echo 1']\nsweep: {{params: {{lr: [{values}]}}}}\n",
+    )
+    job = load(spec)
+    assert job.env == {"A": "hello", "B": "hello"}
+    assert job.sweep is not None and job.sweep.count == 5000
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["a\n", 1.5, None, True, [1, "x", [2]], {"a": [1, 2], "b": {"c": "d"}}, (1,), [], {}],
+)
+def test_shown_is_repr_for_small_values(value: object) -> None:
+    assert shown(value) == repr(value)
+
+
+def test_shown_cuts_long_and_shared_values_cheaply() -> None:
+    bomb: list[object] = ["x"] * 9
+    for _ in range(12):  # 9 ** 13 strings behind 117 list objects: repr would never end
+        bomb = [bomb] * 9
+    assert len(shown(bomb)) < 1000
+    assert shown("y" * 10_000) == repr("y" * 200) + "..."
+    assert shown(10**5000) == "<a number of about 5000 digits>"
+    loop: list[object] = []
+    loop.append(loop)
+    assert shown(loop) == "[[...]]"

@@ -94,7 +94,7 @@ def shell_quote(value: object) -> str:
     text = str(value)
     if "\x00" in text:
         raise ConfigError(
-            f"value {text!r} contains a NUL character",
+            f"value {shown(text)} contains a NUL character",
             hint="bash cannot pass NUL bytes; remove it from the spec",
         )
     return shlex.quote(text)
@@ -105,7 +105,7 @@ def sbatch_quote(value: object) -> str:
     text = str(value)
     if any(char in text for char in _UNWRITABLE):
         raise ConfigError(
-            f"#SBATCH value {text!r} contains a newline, carriage return or NUL",
+            f"#SBATCH value {shown(text)} contains a newline, carriage return or NUL",
             hint="an #SBATCH directive is one line; remove the line break from the spec",
         )
     if _SBATCH_PLAIN.fullmatch(text):
@@ -118,7 +118,7 @@ def _pattern_literal(field: str, value: str) -> str:
     """``value`` inside a SLURM filename pattern, standing for itself."""
     if "\\" in value:
         raise ConfigError(
-            f"{field}={value!r} contains a backslash",
+            f"{field}={shown(value)} contains a backslash",
             hint="SLURM turns off %j/%t/%n in a log path with a backslash in it; "
             "choose a path without one",
         )
