@@ -178,6 +178,32 @@ def test_submitit_renders_a_script_without_submitting(
 
 
 @reach
+def test_submitit_sbatch_values_read_back_after_doubling_backslashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import submitit
+    from submitit.slurm import slurm as submitit_slurm
+
+    from sbatch_parser import directive_arguments
+
+    version = f"submitit {submitit.__version__}"
+    monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))
+    values = ["a\\'\" --export=ALL,X=1 #", "trailing\\", 'it\'s "q" #1', "plain"]
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(
+        slurm_comment=compat.submitit_sbatch_value(values[0]),
+        slurm_additional_parameters={
+            f"x-{i}": compat.submitit_sbatch_value(v) for i, v in enumerate(values)
+        },
+    )
+    found = directive_arguments(compat.submitit_sbatch_text(executor))
+    assert f"--comment={values[0]}" in found, f"{version}: #SBATCH quoting changed: {found}"
+    assert [a for a in found if a.startswith("--x-")] == [
+        f"--x-{i}={v}" for i, v in enumerate(values)
+    ], f"{version}: #SBATCH quoting changed"
+
+
+@reach
 def test_matches_machine_hostname() -> None:
     import socket
 

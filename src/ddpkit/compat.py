@@ -20,6 +20,8 @@ version and names that version when one has moved.
     SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
       _file_text, its "map_count"              prints the script without submitting (a
       parameter (map_array's)                  sweep's: the array map_array would write)
+    #SBATCH values through         submitit    backslashes doubled so that sbatch reads
+      shlex.quote                              back the spec's values (submitit_sbatch_value)
 
 Each function imports its dependency when called: importing this module imports neither.
 """
@@ -48,6 +50,7 @@ __all__ = [
     "matches_machine_hostname",
     "recorded_traceback",
     "submitit_sbatch_text",
+    "submitit_sbatch_value",
     "tail_logs_tuned",
     "torchrun_notice_muted",
 ]
@@ -183,6 +186,22 @@ def submitit_sbatch_text(executor: Any, *, map_count: int | None = None) -> str:
         inner.parameters = {**inner.parameters, "map_count": map_count}
     text: str = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
     return text
+
+
+def submitit_sbatch_value(value: str) -> str:
+    """``value`` as submitit must be given it for an ``#SBATCH`` line that sbatch reads back
+    as ``value`` itself.
+
+    submitit writes every ``#SBATCH`` value through ``shlex.quote``, for bash. sbatch's own
+    directive parser reads the line, not bash, and takes a backslash as an escape even
+    inside single quotes: ``'a\\'"'"' --export=...'`` ends the quoted word early and adds an
+    option of its own, and any other backslash is dropped. Doubling every backslash is exact:
+    ``shlex.quote`` single-quotes any value holding one and leaves backslashes as they are,
+    and sbatch reads each ``\\\\`` as one ``\\``. Quotes, whitespace and ``#`` need nothing:
+    inside ``shlex.quote``'s single quotes sbatch reads them as bash does. Line breaks cannot
+    be written at all (JobSpec refuses them).
+    """
+    return value.replace("\\", "\\\\")
 
 
 # torch.compile's wrapper keeps the original module under this attribute, so its state dict
