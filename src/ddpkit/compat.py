@@ -1,9 +1,9 @@
 """Every reach into a dependency's private or undocumented internals, in one place.
 
-ddpkit asks for a range of torch (``>=2.4,<3``) and of submitit, and each of the few things it
-takes from their insides can move in any release. Keeping them here means an upgrade breaks
-this one file, loudly: ``tests/test_compat.py`` checks every reach below against the installed
-version and names that version when one has moved.
+ddpkit asks for a range of torch (``>=2.4,<3``), of submitit and of torchx, and each of the
+few things it takes from their insides can move in any release. Keeping them here means an
+upgrade breaks this one file, loudly: ``tests/test_compat.py`` checks every reach below
+against the installed version and names that version when one has moved.
 
     reach                          dependency  what ddpkit does with it
     TailLog in mp_api, its         torch       ``ddpkit run`` polls tee'd logs every 10 ms and
@@ -22,6 +22,9 @@ version and names that version when one has moved.
       parameter (map_array's)                  sweep's: the array map_array would write)
     #SBATCH values through         submitit    backslashes doubled so that sbatch reads
       shlex.quote                              back the spec's values (submitit_sbatch_value)
+    SlurmBatchRequest.replicas     torchx      ``--via torchx``: the spec's account, qos and
+      [<role>-<k>].sbatch_opts                 sbatch options in every node's #SBATCH group,
+                                               all values quoted for sbatch
 
 Each function imports its dependency when called: importing this module imports neither.
 """
@@ -53,6 +56,7 @@ __all__ = [
     "submitit_sbatch_value",
     "tail_logs_tuned",
     "torchrun_notice_muted",
+    "torchx_slurm_sbatch_options",
 ]
 
 # torch's excepthook (installed by init_process_group) prefixes every traceback line with
@@ -202,6 +206,22 @@ def submitit_sbatch_value(value: str) -> str:
     be written at all (JobSpec refuses them).
     """
     return value.replace("\\", "\\\\")
+
+
+def torchx_slurm_sbatch_options(request: Any, role: str) -> list[dict[str, str | None]]:
+    """The ``#SBATCH`` options torchx's slurm scheduler writes for each replica of ``role``,
+    from its dry-run request (a ``SlurmBatchRequest``): one dict per replica (``<role>-<k>``),
+    ``--key=value`` (None: a bare ``--key``), written unquoted; changing a dict changes what
+    the request submits. ``[]`` for any other request."""
+    replicas = getattr(request, "replicas", None)
+    if not isinstance(replicas, dict):
+        return []
+    found: list[dict[str, str | None]] = []
+    for name, replica in replicas.items():
+        head, _, k = str(name).rpartition("-")
+        if head == role and k.isdigit():
+            found.append(replica.sbatch_opts)
+    return found
 
 
 # torch.compile's wrapper keeps the original module under this attribute, so its state dict

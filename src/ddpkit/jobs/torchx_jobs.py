@@ -136,6 +136,9 @@ class TorchxBackend:
         finally:
             runner.close()
         head = f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}"
+        unused = _slurm_only(spec) if scheduler != "slurm" else []
+        if unused:
+            head += f"\n# not used by {scheduler} (SLURM options): {', '.join(unused)}"
         text = f"{head}\n{info}\n"
         return Request(self.via, spec, text, scheduler, payload=info)
 
@@ -166,6 +169,13 @@ class TorchxBackend:
 
 
 BACKEND = TorchxBackend()
+
+
+def _slurm_only(spec: JobSpec) -> list[str]:
+    """The spec's SLURM options that a scheduler other than slurm has no use for."""
+    names = ["partition", "account", "qos", "constraint"]
+    unused = [name for name in names if getattr(spec, name) is not None]
+    return unused + [f"sbatch.{k}" for k in sorted(spec.sbatch) if spec.sbatch[k] is not False]
 
 
 def _run_in_foreground(runner: Any, handle: str) -> str:
