@@ -297,8 +297,9 @@ def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile]
     """The job's output files that exist (torchx's own files) and where they were looked for.
 
     Files come per replica (one replica per node, each running ``ddpkit run``, whose output
-    lines start with ``[rankN]: ``). Which replica gets which ranks is the rendezvous' choice,
-    not the replica index, so ``rank`` keeps that rank's lines of every replica's files.
+    lines start with ``[rankN]: ``). Replica k gets node k's ranks when the replicas'
+    SLURM_NODEID number them (``ddpkit.launch.node_order``), else the rendezvous decides, so
+    ``rank`` keeps that rank's lines of every replica's files.
     """
     scheduler, app_id = split_handle(record.handle or "")
     directory = Path(record.log_dir)
