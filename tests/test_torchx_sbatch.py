@@ -141,7 +141,7 @@ def account_and_qos(slurm: SlurmCluster) -> Iterator[tuple[str, str]]:
         slurm.run("sacctmgr", "-i", "delete", "qos", qos, check=False)
 
 
-@pytest.mark.slurm
+@pytest.mark.slurm  # ~15 s: a real 2-node job, then its accounting record
 def test_slurm_job_runs_under_the_specs_account_and_qos(
     slurm: SlurmCluster, tmp_path: Path, account_and_qos: tuple[str, str]
 ) -> None:
