@@ -180,6 +180,55 @@ def test_submitit_renders_a_script_without_submitting(
 
 
 @reach
+def test_submitit_sbatch_values_read_back_after_doubling_backslashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import submitit
+    from submitit.slurm import slurm as submitit_slurm
+
+    from sbatch_parser import directive_arguments
+
+    version = f"submitit {submitit.__version__}"
+    monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))
+    values = ["a\\'\" --export=ALL,X=1 #", "trailing\\", 'it\'s "q" #1', "plain"]
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(
+        slurm_comment=compat.submitit_sbatch_value(values[0]),
+        slurm_additional_parameters={
+            f"x-{i}": compat.submitit_sbatch_value(v) for i, v in enumerate(values)
+        },
+    )
+    found = directive_arguments(compat.submitit_sbatch_text(executor))
+    assert f"--comment={values[0]}" in found, f"{version}: #SBATCH quoting changed: {found}"
+    assert [a for a in found if a.startswith("--x-")] == [
+        f"--x-{i}={v}" for i, v in enumerate(values)
+    ], f"{version}: #SBATCH quoting changed"
+
+
+@reach
+def test_torchx_slurm_request_exposes_each_replicas_sbatch_options(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import torchx
+    from torchx import specs
+    from torchx.runner import get_runner
+
+    version = f"torchx {torchx.__version__}"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo: torchx's dry run then asks nothing
+    role = specs.Role(name="trainer", image="", entrypoint="true", num_replicas=2)
+    with get_runner() as runner:
+        info = runner.dryrun(specs.AppDef("app", roles=[role]), "slurm", cfg={"time": "5"})
+    groups = compat.torchx_slurm_sbatch_options(info.request, "trainer")
+    assert len(groups) == 2 and all(g.get("time") == "5" for g in groups), version
+    for group in groups:
+        group["account"] = '"a b"'
+    script = info.request.materialize()
+    assert script.count('--time=5 --ntasks-per-node=1 --account="a b"') == 2, (version, script)
+    assert compat.torchx_slurm_sbatch_options(info.request, "other") == []
+    assert compat.torchx_slurm_sbatch_options(object(), "trainer") == []
+
+
+@reach
 def test_matches_machine_hostname() -> None:
     import socket
 

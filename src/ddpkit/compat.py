@@ -1,9 +1,9 @@
 """Every reach into a dependency's private or undocumented internals, in one place.
 
-ddpkit asks for a range of torch (``>=2.4,<3``) and of submitit, and each of the few things it
-takes from their insides can move in any release. Keeping them here means an upgrade breaks
-this one file, loudly: ``tests/test_compat.py`` checks every reach below against the installed
-version and names that version when one has moved.
+ddpkit asks for a range of torch (``>=2.4,<3``), of submitit and of torchx, and each of the
+few things it takes from their insides can move in any release. Keeping them here means an
+upgrade breaks this one file, loudly: ``tests/test_compat.py`` checks every reach below
+against the installed version and names that version when one has moved.
 
     reach                          dependency  what ddpkit does with it
     TailLog in mp_api, its         torch       ``ddpkit run`` polls tee'd logs every 10 ms and
@@ -25,6 +25,11 @@ version and names that version when one has moved.
     SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
       _file_text, its "map_count"              prints the script without submitting (a
       parameter (map_array's)                  sweep's: the array map_array would write)
+    #SBATCH values through         submitit    backslashes doubled so that sbatch reads
+      shlex.quote                              back the spec's values (submitit_sbatch_value)
+    SlurmBatchRequest.replicas     torchx      ``--via torchx``: the spec's account, qos and
+      [<role>-<k>].sbatch_opts                 sbatch options in every node's #SBATCH group,
+                                               all values quoted for sbatch
 
 Each function imports its dependency when called: importing this module imports neither.
 """
@@ -59,8 +64,10 @@ __all__ = [
     "refused_globals",
     "saved_pickle_head",
     "submitit_sbatch_text",
+    "submitit_sbatch_value",
     "tail_logs_tuned",
     "torchrun_notice_muted",
+    "torchx_slurm_sbatch_options",
 ]
 
 # torch's excepthook (installed by init_process_group) prefixes every traceback line with
@@ -192,6 +199,38 @@ def submitit_sbatch_text(executor: Any, *, map_count: int | None = None) -> str:
         inner.parameters = {**inner.parameters, "map_count": map_count}
     text: str = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
     return text
+
+
+def submitit_sbatch_value(value: str) -> str:
+    """``value`` as submitit must be given it for an ``#SBATCH`` line that sbatch reads back
+    as ``value`` itself.
+
+    submitit writes every ``#SBATCH`` value through ``shlex.quote``, for bash. sbatch's own
+    directive parser reads the line, not bash, and takes a backslash as an escape even
+    inside single quotes: ``'a\\'"'"' --export=...'`` ends the quoted word early and adds an
+    option of its own, and any other backslash is dropped. Doubling every backslash is exact:
+    ``shlex.quote`` single-quotes any value holding one and leaves backslashes as they are,
+    and sbatch reads each ``\\\\`` as one ``\\``. Quotes, whitespace and ``#`` need nothing:
+    inside ``shlex.quote``'s single quotes sbatch reads them as bash does. Line breaks cannot
+    be written at all (JobSpec refuses them).
+    """
+    return value.replace("\\", "\\\\")
+
+
+def torchx_slurm_sbatch_options(request: Any, role: str) -> list[dict[str, str | None]]:
+    """The ``#SBATCH`` options torchx's slurm scheduler writes for each replica of ``role``,
+    from its dry-run request (a ``SlurmBatchRequest``): one dict per replica (``<role>-<k>``),
+    ``--key=value`` (None: a bare ``--key``), written unquoted; changing a dict changes what
+    the request submits. ``[]`` for any other request."""
+    replicas = getattr(request, "replicas", None)
+    if not isinstance(replicas, dict):
+        return []
+    found: list[dict[str, str | None]] = []
+    for name, replica in replicas.items():
+        head, _, k = str(name).rpartition("-")
+        if head == role and k.isdigit():
+            found.append(replica.sbatch_opts)
+    return found
 
 
 # torch.compile's wrapper keeps the original module under this attribute, so its state dict

@@ -43,7 +43,7 @@ from ddpkit.compat import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs.endpoint import hosts_store
-from ddpkit.launch import rdzv_port
+from ddpkit.launch import node_order, rdzv_port
 from ddpkit.launch.config import RunConfig
 from ddpkit.worker.requeue import EXIT_STOPPED
 
@@ -213,7 +213,8 @@ def launch(config: RunConfig) -> LaunchOutcome:
         # may host for the agent) must live until the agent is done.
         held = rdzv_port.claim(plan.launch_config, os.environ)
         try:
-            elastic_launch(plan.launch_config, plan.entrypoint)(*plan.args)
+            with node_order.slurm_node_order(plan.launch_config, os.environ):
+                elastic_launch(plan.launch_config, plan.entrypoint)(*plan.args)
         except ChildFailedError as exc:
             return _failed_outcome(exc, logs.last)
         except SignalException as exc:
