@@ -10,6 +10,7 @@
     structure      split / concat / combine for any structure (pure, tested on CPU)
     state_dict     unwrap, clean_state_dict, load_state_dict: one format across modes
     loader         per-rank shards whose epoch advances by itself; resumable position
+    active         which loader pass yielded the latest batch (what gather reads)
     gather         every rank's rows of an evaluation step, padding duplicates removed
     checkpoint     atomic, collective save / load with every rank's RNG state
     ckptfiles      a checkpoint folder's files and write order, read without unpickling

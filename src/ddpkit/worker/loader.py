@@ -1,15 +1,22 @@
 """Per-rank data loading whose epoch advances by itself, and the bookkeeping ``gather`` reads.
 
 ``loader()`` returns a :class:`DistributedLoader`: a ``DataLoader`` over an
-:class:`EpochSampler`, a ``DistributedSampler`` that moves to the next epoch each time a pass
-starts, so the shuffle changes every epoch without a ``set_epoch`` call (pytorch#11324,
+:class:`EpochSampler`, a ``DistributedSampler`` whose epoch the loader moves on after each pass
+that counts, so the shuffle changes every epoch without a ``set_epoch`` call (pytorch#11324,
 #31232) and stays identical across ranks. ``set_epoch(e)`` names the epoch of the *next* pass
 (for resuming); the standard ``sampler.set_epoch(epoch)`` before each loop still works.
 
-Each batch the loader's iterator yields marks that iterator as the active one (through weak
-references, so a finished loop leaves nothing behind; after an inner loop ends, the outer one
-is active again) together with its step number; ``gather`` uses it to know how many rows each
-rank holds at that step and which are padding.
+When a pass counts: once it yields its second batch, or when it runs to its end (a one-batch
+epoch, a resumed pass with nothing left); the next pass then starts the next epoch at its first
+batch. A pass abandoned before its second batch does not count: ``next(iter(loader))`` (a peek
+at a sample, as pytorch/examples does each epoch), an ``iter()`` never consumed (which, with
+worker processes, already prefetches), or a ``break`` after one batch leave the next pass where
+that pass started, so its first batch is the one peeked at. A ``break`` after two or more
+batches counts: the next pass is a new epoch, as a loop that caps its batches per epoch wants.
+
+Each batch the loader's iterator yields marks that iterator as the active one (see
+:mod:`ddpkit.worker.active`) together with its step number; ``gather`` uses it to know how
+many rows each rank holds at that step and which are padding.
 
 ``state_dict()``/``load_state_dict()`` save and restore the position (epoch of the pass and
 batches yielded); a restored loader skips the consumed batches at the sampler, so their
@@ -20,15 +27,14 @@ progress), so a resumed pass reports only the batches it still yields.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Mapping, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from ddpkit.errors import ConfigError
+from ddpkit.worker.active import ACTIVE, GatherMemo, active_gather_memo, active_step
 from ddpkit.worker.context import current
 
 __all__ = [
@@ -76,10 +82,12 @@ class ShardLayout:
 
 
 class EpochSampler(DistributedSampler[Any]):
-    """A ``DistributedSampler`` whose epoch advances each time a pass (``iter``) starts.
+    """A ``DistributedSampler`` whose passes :class:`DistributedLoader` starts and counts.
 
     ``epoch`` is the epoch of the pass in progress (before the first pass: the one it will
-    use); ``set_epoch(e)`` sets the epoch of the next pass, after which passes count up again.
+    use); ``next_epoch``/``pending_skip`` say where the next pass starts. Starting a pass moves
+    nothing on: only a pass that counts does (:meth:`count_pass`), unless ``set_epoch(e)`` or
+    :meth:`skip_next` named the next pass's start since that pass started.
     """
 
     def __init__(
@@ -104,6 +112,8 @@ class EpochSampler(DistributedSampler[Any]):
         self.epoch = _check_epoch(epoch)
         self._next_epoch = self.epoch
         self._skip_next = 0  # samples the next pass leaves out at its head (resume)
+        self._skip = 0  # samples the pass in progress leaves out
+        self._named = False  # set_epoch/skip_next named the next start since a pass started
 
     @property
     def next_epoch(self) -> int:
@@ -112,6 +122,7 @@ class EpochSampler(DistributedSampler[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         self._next_epoch = _check_epoch(epoch)
+        self._named = True
 
     @property
     def pending_skip(self) -> int:
@@ -121,14 +132,28 @@ class EpochSampler(DistributedSampler[Any]):
     def skip_next(self, samples: int) -> None:
         """Leave out the first ``samples`` indices of the next pass (they are never read)."""
         self._skip_next = samples
+        self._named = True
+
+    def start_pass(self) -> tuple[int, int]:
+        """Make the next pass the one :meth:`__iter__` yields: its (epoch, samples left out).
+
+        The next start stays where it is: a pass that never counts leaves it for the pass
+        after it, which then repeats this one from its first batch.
+        """
+        self.epoch, self._skip = self._next_epoch, self._skip_next
+        self._named = False
+        return self.epoch, self._skip
+
+    def count_pass(self, epoch: int) -> None:
+        """The pass of ``epoch`` counts: the next pass starts ``epoch + 1`` at its head, unless
+        ``set_epoch``/``skip_next`` named another start since that pass started."""
+        if not self._named:
+            self._next_epoch, self._skip_next = epoch + 1, 0
 
     def __iter__(self) -> Iterator[Any]:
-        self.epoch = self._next_epoch
-        self._next_epoch += 1
-        skip, self._skip_next = self._skip_next, 0
         indices = super().__iter__()
         # DistributedSampler builds the whole index list anyway; slicing it reads no sample.
-        return iter(list(indices)[skip:]) if skip else indices
+        return iter(list(indices)[self._skip :]) if self._skip else indices
 
 
 class DistributedLoader(DataLoader[Any]):
@@ -138,8 +163,10 @@ class DistributedLoader(DataLoader[Any]):
     none is in progress (before the first ``iter()``, after a loop ran to its end): the whole
     epoch, except for a pass resumed by :meth:`load_state_dict`, which yields (and reports)
     only the batches left after the saved position; the pass after it is whole again. A pass
-    left with ``break`` stays current (its position is what ``state_dict()`` saves) until
-    the next ``iter()``. The iterator's own ``len()`` is its pass's count.
+    left with ``break`` (or peeked at) stays current (its position is what ``state_dict()``
+    saves) until the next ``iter()``, which starts the next epoch if that pass counted (see
+    the module doc) and repeats it from its start if not. The iterator's own ``len()`` is its
+    pass's count.
     """
 
     def __init__(self, dataset: Dataset[Any], sampler: EpochSampler, **kwargs: Any) -> None:
@@ -150,6 +177,7 @@ class DistributedLoader(DataLoader[Any]):
         self._position: tuple[int, int] | None = None
         self._resume_batches = 0
         self._pass_length = 0  # batches of the pass in progress (when _position is set)
+        self._passes = 0  # passes started; the latest is the only one that counts
 
     def __len__(self) -> int:
         if self._position is not None:
@@ -221,18 +249,33 @@ class DistributedLoader(DataLoader[Any]):
 
     # torch annotates its private iterator class; ours wraps it and keeps its interface.
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        # Read before the pass starts: torch iterates the sampler lazily, on the first batch.
-        sampler = self._epoch_sampler
-        epoch, first = sampler.next_epoch, sampler.pending_skip // (self.batch_size or 1)
+        # Planned before torch builds its iterator: with worker processes, building it already
+        # draws the sampler's indices (prefetch); without, the first batch does.
+        epoch, skipped = self._epoch_sampler.start_pass()
+        first = skipped // (self.batch_size or 1)
         length = self._remaining(first)
         inner = super().__iter__()
+        self._passes += 1
         self._position, self._resume_batches = (epoch, first), 0
         self._pass_length = length
-        return _TrackedIterator(self, inner, epoch, first, length)
+        return _TrackedIterator(self, inner, epoch, first, length=length, number=self._passes)
 
-    def _advance(self, epoch: int, batches: int, finished: bool) -> None:
-        self._position = None if finished else (epoch, batches)
+    def _advance(self, tracked: _TrackedIterator) -> None:
+        """``tracked`` yielded a batch: its position; from its second batch on, it counts."""
+        if tracked.number == self._passes:  # an older pass, still iterated, moves nothing
+            self._position = (tracked.epoch, tracked.step + 1)
+            if tracked.yielded >= _COUNTS_AT_BATCH:
+                self._epoch_sampler.count_pass(tracked.epoch)
 
+    def _finish(self, tracked: _TrackedIterator) -> None:
+        """``tracked`` ran to its end: it counts, whatever it yielded."""
+        if tracked.number == self._passes:
+            self._position = None
+            self._epoch_sampler.count_pass(tracked.epoch)
+
+
+# A pass counts as an epoch from its second batch on: a peek (`next(iter(loader))`) takes one.
+_COUNTS_AT_BATCH = 2
 
 _MUST_MATCH = {
     "world_size": "the position is per rank of a sharded epoch; resume with the world size "
@@ -246,36 +289,24 @@ _MUST_MATCH = {
 }
 
 
-@dataclass
-class GatherMemo:
-    """What ``ddpkit.gather`` has agreed with the other ranks during one pass: the same on
-    every rank, because every rank makes the same calls in the same order (SPMD).
-
-    ``calls`` counts the gathers of step ``step``; ``agreed[i]`` is the (dtype, trailing
-    shape) that the i-th gather of a step had on every rank when last checked.
-    """
-
-    step: int = -1
-    calls: int = 0
-    agreed: dict[int, tuple[torch.dtype, tuple[int, ...]]] = field(default_factory=dict)
-
-    def ordinal(self, step: int) -> int:
-        """The index of this gather among the calls of ``step`` (counting it)."""
-        if step != self.step:
-            self.step, self.calls = step, 0
-        self.calls += 1
-        return self.calls - 1
-
-
 class _TrackedIterator(Iterator[Any]):
     """Counts the batches of one pass and marks itself active on each one."""
 
     def __init__(
-        self, owner: DistributedLoader, inner: Iterator[Any], epoch: int, first: int, length: int
+        self,
+        owner: DistributedLoader,
+        inner: Iterator[Any],
+        epoch: int,
+        first: int,
+        *,
+        length: int,
+        number: int,
     ) -> None:
         self.loader = owner
         self.step = first - 1  # a resumed pass numbers its batches from where it stopped
         self.epoch = epoch
+        self.number = number  # the owner's count of passes when this one started
+        self.yielded = 0  # batches this pass yielded (a resumed pass's skipped ones not)
         self._inner = inner
         self._length = length
         self.gather_memo = GatherMemo()
@@ -287,57 +318,17 @@ class _TrackedIterator(Iterator[Any]):
         try:
             batch = next(self._inner)
         except StopIteration:
-            _ACTIVE.finish(self)
-            self.loader._advance(self.epoch, self.step + 1, finished=True)
+            ACTIVE.finish(self)
+            self.loader._finish(self)
             raise
         self.step += 1
-        self.loader._advance(self.epoch, self.step + 1, finished=False)
-        _ACTIVE.mark(self)
+        self.yielded += 1
+        self.loader._advance(self)
+        ACTIVE.mark(self)
         return batch
 
     def __len__(self) -> int:
         return self._length
-
-
-class _ActiveSlot:
-    """Weak references to the live iterators, the one that yielded the latest batch on top.
-
-    Weak, so a finished or abandoned loop (and its loader and dataset) is never kept alive;
-    a stack, so when an inner loop (evaluation inside training) ends or is left with
-    ``break``, the outer loop's step is the active one again.
-    """
-
-    def __init__(self) -> None:
-        self._stack: list[weakref.ref[_TrackedIterator]] = []
-
-    def _prune(self, drop: _TrackedIterator | None = None) -> None:
-        self._stack = [ref for ref in self._stack if ref() is not None and ref() is not drop]
-
-    def mark(self, iterator: _TrackedIterator) -> None:
-        self._prune(drop=iterator)
-        self._stack.append(weakref.ref(iterator))
-
-    def finish(self, iterator: _TrackedIterator) -> None:
-        self._prune(drop=iterator)
-
-    def get(self) -> _TrackedIterator | None:
-        self._prune()
-        return self._stack[-1]() if self._stack else None
-
-
-_ACTIVE = _ActiveSlot()
-
-
-def active_step() -> tuple[DistributedLoader, int] | None:
-    """The loader whose iterator yielded the latest batch, and that batch's step; or None."""
-    iterator = _ACTIVE.get()
-    return None if iterator is None else (iterator.loader, iterator.step)
-
-
-def active_gather_memo() -> GatherMemo | None:
-    """The :class:`GatherMemo` of the pass whose latest batch is the active step, or None."""
-    iterator = _ACTIVE.get()
-    return None if iterator is None else iterator.gather_memo
 
 
 def _check_epoch(epoch: int) -> int:

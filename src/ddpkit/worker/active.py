@@ -1,0 +1,89 @@
+"""Which ``ddpkit.loader`` pass yielded the latest batch, for ``ddpkit.gather``.
+
+Each batch a loader's iterator yields marks that iterator as the active one, through weak
+references, so a finished or abandoned loop (and its loader and dataset) is never kept alive,
+and in a stack, so when an inner loop (evaluation inside training) ends or is left with
+``break``, the outer loop's step is the active one again. Each pass carries a
+:class:`GatherMemo` of what ``gather`` agreed with the other ranks during it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from ddpkit.worker.loader import DistributedLoader
+
+__all__ = ["ACTIVE", "GatherMemo", "Pass", "active_gather_memo", "active_step"]
+
+
+@dataclass
+class GatherMemo:
+    """What ``ddpkit.gather`` has agreed with the other ranks during one pass: the same on
+    every rank, because every rank makes the same calls in the same order (SPMD).
+
+    ``calls`` counts the gathers of step ``step``; ``agreed[i]`` is the (dtype, trailing
+    shape) that the i-th gather of a step had on every rank when last checked.
+    """
+
+    step: int = -1
+    calls: int = 0
+    agreed: dict[int, tuple[torch.dtype, tuple[int, ...]]] = field(default_factory=dict)
+
+    def ordinal(self, step: int) -> int:
+        """The index of this gather among the calls of ``step`` (counting it)."""
+        if step != self.step:
+            self.step, self.calls = step, 0
+        self.calls += 1
+        return self.calls - 1
+
+
+class Pass(Protocol):
+    """A loader's iterator as ``gather`` sees it: its loader, its latest step, its memo."""
+
+    @property
+    def loader(self) -> DistributedLoader: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def gather_memo(self) -> GatherMemo: ...
+
+
+class _ActiveSlot:
+    """Weak references to the live passes, the one that yielded the latest batch on top."""
+
+    def __init__(self) -> None:
+        self._stack: list[weakref.ref[Pass]] = []
+
+    def _prune(self, drop: Pass | None = None) -> None:
+        self._stack = [ref for ref in self._stack if ref() is not None and ref() is not drop]
+
+    def mark(self, iterator: Pass) -> None:
+        self._prune(drop=iterator)
+        self._stack.append(weakref.ref(iterator))
+
+    def finish(self, iterator: Pass) -> None:
+        self._prune(drop=iterator)
+
+    def get(self) -> Pass | None:
+        self._prune()
+        return self._stack[-1]() if self._stack else None
+
+
+ACTIVE = _ActiveSlot()
+
+
+def active_step() -> tuple[DistributedLoader, int] | None:
+    """The loader whose iterator yielded the latest batch, and that batch's step; or None."""
+    iterator = ACTIVE.get()
+    return None if iterator is None else (iterator.loader, iterator.step)
+
+
+def active_gather_memo() -> GatherMemo | None:
+    """The :class:`GatherMemo` of the pass whose latest batch is the active step, or None."""
+    iterator = ACTIVE.get()
+    return None if iterator is None else iterator.gather_memo
