@@ -172,10 +172,10 @@ def test_this_hosts_interfaces_include_loopback() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "shown"),
     [
-        ("HF_TOKEN", "hf_abc", MASKED),
-        ("WANDB_API_KEY", "k", MASKED),
-        ("DB_PASSWORD", "p", MASKED),
-        ("AWS_SECRET_ACCESS_KEY", "s", MASKED),
+        ("HF_TOKEN", "hf_abc", f"{MASKED} (6 chars)"),
+        ("WANDB_API_KEY", "k", f"{MASKED} (1 char)"),
+        ("DB_PASSWORD", "p", f"{MASKED} (1 char)"),
+        ("AWS_SECRET_ACCESS_KEY", "s", f"{MASKED} (1 char)"),
         ("DDPKIT_STORE", "redis://user:hunter2@db:6379/0", "redis://user:***@db:6379/0"),
         ("NCCL_DEBUG", "INFO", "INFO"),
         ("MASTER_ADDR", "n1", "n1"),
@@ -187,7 +187,11 @@ def test_masking(name: str, value: str, shown: str) -> None:
 
 def test_relevant_variables_keep_only_launcher_and_backend_ones() -> None:
     env = {"SLURM_JOB_ID": "7", "HOME": "/root", "RANK": "0", "TORCH_HF_TOKEN": "x", "PATH": "/"}
-    assert relevant_variables(env) == {"RANK": "0", "SLURM_JOB_ID": "7", "TORCH_HF_TOKEN": MASKED}
+    assert relevant_variables(env) == {
+        "RANK": "0",
+        "SLURM_JOB_ID": "7",
+        "TORCH_HF_TOKEN": f"{MASKED} (1 char)",
+    }
 
 
 def test_bus_bandwidth_factor_and_iterations_as_nccl_tests() -> None:

@@ -18,6 +18,8 @@ The steps, each within ``timeout_s``:
    and on NCCL where CUDA exists, with the references.
 
 Rank 0 prints the report; another rank prints only what it could not deliver to rank 0.
+Credentials in what it prints (a MASTER_ADDR written as a URL with a password) are masked by
+:mod:`ddpkit.tools.masking`'s rule.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ddpkit.tools.checks import (
     check_visible_devices,
     from_error,
 )
+from ddpkit.tools.masking import mask_text, mask_tree
 
 if TYPE_CHECKING:
     from ddpkit.tools.meeting import Meeting
@@ -86,7 +89,9 @@ class Report:
 
     def text(self, *, problems_only: bool = False) -> str:
         """The check lines (only WARN/FAIL with ``problems_only``), then the sweep's table."""
-        lines = [c.line() for c in self.checks if c.status != "PASS" or not problems_only]
+        lines = [
+            mask_text(c.line()) for c in self.checks if c.status != "PASS" or not problems_only
+        ]
         if self.allreduce:
             lines.append(
                 f"{'backend':>8} {'size (B)':>10} {'time (us)':>11} "
@@ -104,7 +109,7 @@ class Report:
             {
                 "rank": self.rank,
                 "ok": not self.failed,
-                "checks": [asdict(c) for c in self.checks],
+                "checks": [mask_tree(asdict(c)) for c in self.checks],
                 "allreduce": self.allreduce,
                 "references": self.references,
             }

@@ -2,10 +2,13 @@
 
 Sections: versions (``importlib.metadata``, no import), GPUs (``nvidia-smi`` or
 ``/proc/driver/nvidia``, no torch), the launcher ddpkit detects and its rank record, the
-relevant variables with secret-looking values masked, the network (interfaces, the route to
-MASTER_ADDR, what gloo and NCCL would use) and, only unless ``torch=False``, the backends as
-torch sees them (CUDA build, devices, NCCL version, gloo/NCCL/MPI availability): the one
-section that needs ``import torch`` (about a second).
+relevant variables masked by :mod:`ddpkit.tools.masking`'s rule, the network (interfaces,
+the route to MASTER_ADDR, what gloo and NCCL would use) and, only unless ``torch=False``, the
+backends as torch sees them (CUDA build, devices, NCCL version, gloo/NCCL/MPI availability):
+the one section that needs ``import torch`` (about a second). Every string of the report goes
+through :func:`~ddpkit.tools.masking.mask_text` too (a MASTER_ADDR or an error message may
+quote a URL with its password), and the text form escapes control characters, so one value is
+one line.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import re
 import shutil
 import socket
 import subprocess
@@ -26,8 +28,9 @@ from typing import Any
 from ddpkit.cluster.detect import detect
 from ddpkit.errors import DdpkitError
 from ddpkit.tools import netinfo
+from ddpkit.tools.masking import MASKED, mask, mask_tree, printable
 
-__all__ = ["PREFIXES", "build_report", "format_report", "mask", "relevant_variables"]
+__all__ = ["MASKED", "PREFIXES", "build_report", "format_report", "mask", "relevant_variables"]
 
 PREFIXES = (
     "SLURM_",
@@ -53,17 +56,7 @@ _EXACT = {
     "OMP_NUM_THREADS",
     "NVIDIA_VISIBLE_DEVICES",
 }
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION")
-_URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/\s:@]*:)[^@\s/]*@")
-MASKED = "***"
 _PACKAGES = ("ddpkit", "torch", "numpy", "submitit", "torchx", "pydantic")
-
-
-def mask(name: str, value: str) -> str:
-    """``value`` as it may be shown: hidden when the name looks secret, URL passwords hidden."""
-    if _SECRET_NAME.search(name.upper()):
-        return MASKED
-    return _URL_CREDENTIALS.sub(lambda m: f"{m['head']}{MASKED}@", value)
 
 
 def relevant_variables(env: Mapping[str, str]) -> dict[str, str]:
@@ -172,10 +165,10 @@ def _backends() -> dict[str, Any]:
 
 
 def build_report(env: Mapping[str, str] | None = None, *, torch: bool = True) -> dict[str, Any]:
-    """The whole report as plain data (what ``--json`` prints)."""
+    """The whole report as plain data (what ``--json`` prints), credentials masked."""
     snapshot = dict(os.environ if env is None else env)
     hostname = socket.gethostname()
-    return {
+    report = {
         "versions": _versions(),
         "platform": {"system": platform.platform(), "executable": sys.executable},
         "gpus": _gpus() | {"CUDA_VISIBLE_DEVICES": snapshot.get("CUDA_VISIBLE_DEVICES")},
@@ -184,6 +177,7 @@ def build_report(env: Mapping[str, str] | None = None, *, torch: bool = True) ->
         "variables": relevant_variables(snapshot),
         "network": _network(snapshot, hostname),
     }
+    return dict(mask_tree(report))
 
 
 def _lines(value: Any, indent: str) -> list[str]:
@@ -211,8 +205,8 @@ def _scalar(value: Any) -> str:
     if value is None or value in ([], (), {}):
         return "-"
     if isinstance(value, list | tuple):
-        return " ".join(str(v) for v in value)
-    return str(value)
+        return " ".join(printable(str(v)) for v in value)
+    return printable(str(value))
 
 
 def format_report(report: Mapping[str, Any]) -> str:
