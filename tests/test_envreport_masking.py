@@ -251,3 +251,29 @@ def test_doctor_masks_what_it_prints() -> None:
     assert "Doctor-Pw-17" in json.dumps([c.detail for c in report.checks])  # it was there
     for shown in (report.text(), report.text(problems_only=True), report.to_json()):
         assert "Doctor-Pw-17" not in shown and "u:***@127.0.0.1" in shown
+
+
+def test_ddpkit_plan_masks_the_spec_and_dry_run_stays_literal(tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: t\ncommand: [train.py, --api-key=Cmd-Key-5a]\n"
+        "env:\n  WANDB_API_KEY: Env-Key-6b\n  DB_URL: 'https://u:Url-Pw-7c@db/x'\n"
+        "  NCCL_DEBUG: INFO\nsetup:\n  - export HF_TOKEN=Setup-Tok-8d\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    plan = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "plan", str(spec)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    leaks = ["Cmd-Key-5a", "Env-Key-6b", "Url-Pw-7c", "Setup-Tok-8d"]
+    assert [leak for leak in leaks if leak in plan.stdout + plan.stderr] == []
+    for shown in ("WANDB_API_KEY: '*** (10 chars)'", "DB_URL: https://u:***@db/x",
+                  "NCCL_DEBUG: INFO", "export HF_TOKEN=***", "--api-key=***"):  # fmt: skip
+        assert shown in plan.stdout
+    dry = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "submit", str(spec), "--dry-run"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert all(leak in dry.stdout for leak in leaks)  # the literal script: a documented choice

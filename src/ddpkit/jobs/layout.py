@@ -10,6 +10,8 @@ Ranks are node-major in both launch modes, so one table describes both:
   order in which nodes join, so the host behind ``node1`` is known only at run time.
 
 Host names are placeholders (``node0``, ``node1``, ...): SLURM picks the hosts at submission.
+The plan shows ``env`` values and every other string through :mod:`ddpkit.tools.masking`'s
+rule (a plan is pasted into issues); ``submit --dry-run`` prints the literal script instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import yaml
 
 from ddpkit.jobs.checks import shown
 from ddpkit.jobs.spec import JobSpec
+from ddpkit.tools.masking import mask, mask_tree
 
 __all__ = [
     "PLAN_ROWS",
@@ -113,11 +116,11 @@ def profile_line(spec: JobSpec, profile_path: Path) -> str:
 
 
 def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
-    """The resolved spec as YAML (every field, defaults filled in) and its rank layout; with
-    ``profile_path``, a comment line naming the profile file first."""
-    resolved = yaml.safe_dump(
-        spec.model_dump(), sort_keys=False, default_flow_style=False, allow_unicode=True
-    )
+    """The resolved spec as YAML (every field, defaults filled in, credentials masked) and its
+    rank layout; with ``profile_path``, a comment line naming the profile file first."""
+    dumped = mask_tree(spec.model_dump())
+    dumped["env"] = {name: mask(name, value) for name, value in spec.env.items()}
+    resolved = yaml.safe_dump(dumped, sort_keys=False, default_flow_style=False, allow_unicode=True)
     if profile_path is not None:
         resolved = f"# {profile_line(spec, profile_path)}\n{resolved}"
     tasks = "one SLURM task per process" if spec.launch == "srun" else "one torchrun per node"
