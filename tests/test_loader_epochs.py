@@ -83,6 +83,19 @@ def test_a_one_batch_epoch_still_counts_when_it_ends(world_of_one: ddpkit.Contex
     assert passes == [_permutation(4, 5, epoch) for epoch in range(3)]
 
 
+def test_an_older_iterator_moves_nothing(world_of_one: ddpkit.Context) -> None:
+    """Only the latest pass counts: finishing an iterator peeked at earlier changes no epoch."""
+    loader = ddpkit.loader(Indices(10), 3, seed=5)
+    early = iter(loader)
+    next(early)
+    assert _ids(loader) == _permutation(10, 5, 0)
+    later = iter(loader)
+    assert _ids(early) == _permutation(10, 5, 0)[3:]  # the rest of the old pass
+    assert loader.epoch == 1 and len(loader) == 4
+    assert _ids(later) == _permutation(10, 5, 1)
+    assert loader.state_dict()["epoch"] == 2
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_peek_with_the_set_epoch_idiom(world_of_one: ddpkit.Context, when: str) -> None:
     """``sampler.set_epoch(epoch)`` before or after the peek (pytorch/examples has both)."""
