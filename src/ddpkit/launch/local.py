@@ -43,7 +43,7 @@ from ddpkit.compat import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs.endpoint import hosts_store
-from ddpkit.launch import rdzv_port
+from ddpkit.launch import deathsig, rdzv_port
 from ddpkit.launch.config import RunConfig
 from ddpkit.worker.requeue import EXIT_STOPPED
 
@@ -202,8 +202,11 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _signal_handlers_restored(handled),
         tail_logs_tuned(LOG_TAIL_INTERVAL_S),
         _signals_forwarded(FORWARDED_SIGNALS),
+        deathsig.tied() as token,
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
+        if token is not None:  # marks the workers and what they start: see deathsig
+            os.environ[deathsig.TOKEN_VAR] = token
         # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
         # workers' keys in it carry no attempt prefix: a group restarted by --max-restarts could
         # read the previous attempt's gloo addresses and hang (4 runs in 5 here). With sharing
@@ -213,7 +216,8 @@ def launch(config: RunConfig) -> LaunchOutcome:
         # may host for the agent) must live until the agent is done.
         held = rdzv_port.claim(plan.launch_config, os.environ)
         try:
-            elastic_launch(plan.launch_config, plan.entrypoint)(*plan.args)
+            entrypoint, args = deathsig.tie(plan.entrypoint, plan.args)
+            elastic_launch(plan.launch_config, entrypoint)(*args)
         except ChildFailedError as exc:
             return _failed_outcome(exc, logs.last)
         except SignalException as exc:
