@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from ddpkit.launch import relay
+
 __all__ = ["STUB", "SUPPORTED", "SWEEPER", "TOKEN_VAR", "tie", "tie_to", "tied"]
 
 SUPPORTED = sys.platform.startswith("linux")
@@ -180,6 +182,7 @@ def tied() -> Iterator[str | None]:
     except OSError:  # no sweeper: the parent-death signal still stops the workers themselves
         yield token
         return
+    relay.not_a_worker(sweeper.pid)
     try:
         yield token
     finally:

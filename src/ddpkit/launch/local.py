@@ -43,8 +43,9 @@ from ddpkit.compat import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs.endpoint import hosts_store
-from ddpkit.launch import deathsig, rdzv_port
+from ddpkit.launch import deathsig, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
+from ddpkit.launch.relay import child_pids
 from ddpkit.worker.requeue import EXIT_STOPPED
 
 __all__ = [
@@ -60,7 +61,7 @@ __all__ = [
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see compat.tail_logs_tuned
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED_SIGNALS = relay.FORWARDED
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
 _TRACEBACK_MAX_LINES = 60
 _LOG_TAIL_BYTES = 256 * 1024
@@ -370,40 +371,12 @@ def _signal_handlers_restored(names: str) -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def child_pids(parent: int | None = None, proc: str = "/proc") -> list[int]:
-    """The direct children of ``parent`` (default: this process), read from ``/proc``.
-
-    The agent starts each worker itself (``subprocess.Popen``), so the workers are exactly its
-    children; their own children (data loader workers) are not signalled. Empty where there is
-    no ``/proc`` (not Linux).
-    """
-    wanted = os.getpid() if parent is None else parent
-    found: list[int] = []
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as stat:
-                text = stat.read()
-        except OSError:  # the process ended meanwhile
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1] == str(wanted):
-            found.append(int(entry))
-    return sorted(found)
-
-
 @contextmanager
 def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
     """While the block runs, a signal in ``signals`` sent to this process goes to its children."""
 
     def forward(signum: int, frame: Any) -> None:
-        for pid in child_pids():
+        for pid in relay.workers():
             with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
