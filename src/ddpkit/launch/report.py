@@ -83,6 +83,8 @@ class LaunchOutcome:
         if root.traceback:
             lines.append(f"ddpkit: traceback of rank {root.rank} (from {root.source}):")
             lines += ["  " + line for line in root.traceback.splitlines()]
+        elif root.signal is not None:
+            lines += _killed(root)
         else:
             lines.append(f"ddpkit: no traceback: {_why_no_traceback(root)}")
         lines += [f"ddpkit: also stopped: {other.headline()}" for other in self.other_failures]
@@ -91,9 +93,59 @@ class LaunchOutcome:
         return "\n".join(lines)
 
 
+# What usually sends each signal; only SIGKILL may be the OOM killer (it sends nothing else).
+_SIGNAL_CAUSES = {
+    "SIGKILL": "from outside: possibly the OOM killer (check `dmesg` for 'Out of memory' or "
+    "'oom-kill'), or a kill -9",
+    "SIGABRT": "abort(): a failed assertion or an uncaught C++ exception in native code "
+    "(torch, CUDA, NCCL, an extension)",
+    "SIGSEGV": "a segmentation fault in native code (torch, CUDA, an extension)",
+    "SIGBUS": "a bus error: often a full /dev/shm (DataLoader workers share tensors there) or "
+    "a memory-mapped file that shrank",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGILL": "an illegal instruction: native code built for another CPU",
+    "SIGTERM": "sent from outside (a time limit, scancel, kill) or by torch's agent",
+    "SIGINT": "an interrupt (Ctrl-C) or sent from outside",
+}
+_FAULTS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
+_STDERR_TAIL_LINES = 10
+
+
+def _killed(failure: WorkerFailure) -> list[str]:
+    """Lines for a worker a signal ended: the signal, its usual cause, the worker's stderr."""
+    name = failure.signal or "a signal"
+    cause = _SIGNAL_CAUSES.get(name, "sent from outside, or by the worker itself")
+    lines = [f"ddpkit: no traceback: rank {failure.rank} died of {name}, {cause}"]
+    if name in _FAULTS:
+        lines.append(
+            "ddpkit: with PYTHONFAULTHANDLER=1 in its environment, Python prints every "
+            "thread's stack to stderr on such a fault"
+        )
+    if not failure.stderr_log:
+        lines.append(
+            "ddpkit: its stderr went to the console only (ddpkit keeps it in a file unless "
+            "--tee/--redirects leave stderr out)"
+        )
+        return lines
+    tail = _log_tail(failure.stderr_log, _STDERR_TAIL_LINES)
+    if not tail:
+        return [*lines, f"ddpkit: its stderr ({failure.stderr_log}) is empty"]
+    lines.append(f"ddpkit: last lines of its stderr ({failure.stderr_log}):")
+    return lines + ["  " + line for line in tail]
+
+
+def _log_tail(path: str, count: int) -> list[str]:
+    """The last ``count`` non-blank lines of a log (its last 256 KiB), or [] when unreadable."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.path.getsize(path) - _LOG_TAIL_BYTES))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.rstrip() for line in lines if line.strip()][-count:]
+
+
 def _why_no_traceback(failure: WorkerFailure) -> str:
-    if failure.signal is not None:
-        return "a killed process leaves none (SIGKILL: out of memory, or killed from outside?)"
     if failure.stderr_log:
         return f"the worker exited without raising (see {failure.stderr_log})"
     return (
@@ -131,7 +183,8 @@ def _worker_failure(
 ) -> WorkerFailure:
     stderr_log = _stderr_log(failure.local_rank, logs)
     traceback, source = recorded_traceback(failure), failure.error_file
-    if traceback is None and stderr_log:
+    # a signal ends a process without a traceback: one in its log is an earlier, handled one
+    if traceback is None and stderr_log and failure.exitcode >= 0:
         traceback, source = _traceback_from_log(stderr_log), stderr_log
     return WorkerFailure(
         rank=rank,
