@@ -24,8 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launch import deathsig
-
 pytestmark = pytest.mark.multiproc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,6 +187,8 @@ PDEATHSIG_OF_SELF = (
 
 
 def test_the_stub_sets_the_parent_death_signal_and_execs_in_place() -> None:
+    from ddpkit.launch import deathsig
+
     entrypoint, args = deathsig.tie(sys.executable, ("-c", PDEATHSIG_OF_SELF))
     done = subprocess.run([entrypoint, *args], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -200,6 +200,8 @@ def test_the_stub_sets_the_parent_death_signal_and_execs_in_place() -> None:
 def test_the_stub_does_not_start_a_worker_whose_launcher_is_gone(tmp_path: Path) -> None:
     """The launcher died between the fork and the prctl: the parent is no longer the one the
     stub was told; the command must not run (no signal would ever stop it)."""
+    from ddpkit.launch import deathsig
+
     ran = tmp_path / "ran"
     entrypoint, args = deathsig.tie("touch", (str(ran),), launcher=os.getpid() + 1_000_000)
     done = subprocess.run([entrypoint, *args], capture_output=True, text=True, check=False)
@@ -209,6 +211,8 @@ def test_the_stub_does_not_start_a_worker_whose_launcher_is_gone(tmp_path: Path)
 
 
 def test_the_stub_reports_a_command_it_cannot_run() -> None:
+    from ddpkit.launch import deathsig
+
     entrypoint, args = deathsig.tie("no-such-command-ddpkit", ())
     done = subprocess.run([entrypoint, *args], capture_output=True, text=True, check=False)
     assert done.returncode == 127

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launch import relay
 from ddpkit.worker.requeue import ALLOWED_SIGNALS, parse_signal
 
 pytestmark = pytest.mark.multiproc
@@ -165,6 +164,8 @@ def test_one_stop_signal_before_the_workers_exist_is_kept_for_them(
 def test_the_early_reading_of_ddpkit_signal_agrees_with_the_checked_one(text: str) -> None:
     """``relay`` reads DDPKIT_SIGNAL before anything is imported; the launcher checks it later
     with ``parse_signal``: both must name the same signal, or the held one would be lost."""
+    from ddpkit.launch import relay
+
     assert relay.stop_signal_from({"DDPKIT_SIGNAL": text}) == parse_signal(text)
 
 
@@ -172,11 +173,15 @@ def test_the_early_reading_of_ddpkit_signal_agrees_with_the_checked_one(text: st
 def test_an_unusable_ddpkit_signal_is_held_as_sigusr2_until_the_launcher_rejects_it(
     text: str,
 ) -> None:
+    from ddpkit.launch import relay
+
     assert relay.stop_signal_from({"DDPKIT_SIGNAL": text}) == signal.SIGUSR2
 
 
 @pytest.mark.parametrize("argv", [[], ["submit", "job.yaml"], ["--version"], ["plan", "run"]])
 def test_only_ddpkit_run_holds_signals(argv: list[str]) -> None:
+    from ddpkit.launch import relay
+
     before = {sig: signal.getsignal(sig) for sig in relay.FORWARDED}
     assert relay.hold(argv, {}) is None
     assert {sig: signal.getsignal(sig) for sig in relay.FORWARDED} == before
