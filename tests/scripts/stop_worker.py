@@ -34,5 +34,7 @@ if __name__ == "__main__":
     while len(list(where.glob("end.*"))) < int(os.environ["WORLD_SIZE"]):
         time.sleep(0.005)
     stopped = bool(list(where.glob("end.*.1")))
+    if stopped:  # as requeue_and_exit(): torch's agent SIGTERMs the ranks still exiting
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print("stopped" if stopped else "finished", flush=True)
     sys.exit(75 if stopped else 0)
