@@ -182,9 +182,9 @@ def tied() -> Iterator[str | None]:
     except OSError:  # no sweeper: the parent-death signal still stops the workers themselves
         yield token
         return
-    relay.not_a_worker(sweeper.pid)
     try:
-        yield token
+        with relay.not_a_worker(sweeper.pid):
+            yield token
     finally:
         _dismiss(sweeper)
 

@@ -28,8 +28,8 @@ import atexit
 import os
 import signal
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from types import FrameType
 
 __all__ = [
@@ -48,6 +48,7 @@ _DEFAULT_STOP = signal.SIGUSR2
 # ddpkit.worker.requeue.ALLOWED_SIGNALS (not imported: 30 ms of imports before the hold)
 _STOP_NAMES = ("USR1", "USR2", "HUP", "INT", "TERM", "URG", "XCPU")
 _POLL_S = 0.05  # how often a kept stop signal looks for workers
+_IDLE_S = 1.0
 # multiprocessing's helpers started by a --run-path launch: children, but not workers
 _HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
 
@@ -119,7 +120,9 @@ def start(stop: signal.Signals) -> None:
 def _relay(stop: signal.Signals) -> None:
     kept = False
     while True:
-        if signal.sigtimedwait([stop], _POLL_S) is not None or _STATE.arrived:
+        # short waits only while a signal is kept for the workers; else the wait is mostly
+        # sigwait's, waking now and then for an arrival the fallback handler caught
+        if signal.sigtimedwait([stop], _POLL_S if kept else _IDLE_S) is not None or _STATE.arrived:
             _STATE.arrived, kept = False, True
         if kept and _send(stop, workers()):
             kept = False
@@ -149,9 +152,15 @@ def _ignore_at_exit(signals: list[signal.Signals]) -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-def not_a_worker(pid: int) -> None:
-    """A child of the launcher that is no worker (the sweeper of :mod:`.deathsig`)."""
+@contextmanager
+def not_a_worker(pid: int) -> Iterator[None]:
+    """While the block runs, ``pid`` is a child of the launcher but no worker (the sweeper of
+    :mod:`.deathsig`); afterwards its pid may be a worker's."""
     _STATE.not_workers.add(pid)
+    try:
+        yield
+    finally:
+        _STATE.not_workers.discard(pid)
 
 
 def workers(proc: str = "/proc") -> list[int]:
