@@ -19,7 +19,9 @@ anything heavy is imported; for ``ddpkit run``:
   default action while torch tears down.
 
 Out of reach: the interpreter's own start, until the entry point's first line (some tens of
-milliseconds). This module imports nothing but the standard library, for that reason.
+milliseconds). This module imports nothing but the standard library, for that reason. The
+workers are found in ``/proc``: elsewhere than on Linux the launcher holds the signals (it does
+not die of them) but passes nothing on; on Windows it holds nothing.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ __all__ = [
     "workers",
 ]
 
-FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
-_DEFAULT_STOP = signal.SIGUSR2
+# getattr: neither exists on Windows, where the launcher holds nothing
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+_DEFAULT_STOP: signal.Signals = getattr(signal, "SIGUSR2", signal.SIGTERM)
 # ddpkit.worker.requeue.ALLOWED_SIGNALS (not imported: 30 ms of imports before the hold)
 _STOP_NAMES = ("USR1", "USR2", "HUP", "INT", "TERM", "URG", "XCPU")
 _POLL_S = 0.05  # how often a kept stop signal looks for workers
@@ -82,6 +85,8 @@ def hold(argv: Sequence[str], env: Mapping[str, str]) -> signal.Signals | None:
     """First thing in the ``ddpkit`` process: for ``ddpkit run``, block the stop signal and
     handle the other forwarded one (see the module docstring); the stop signal, or None."""
     if not argv or argv[0] != "run" or threading.current_thread() is not threading.main_thread():
+        return None
+    if not FORWARDED or not hasattr(signal, "pthread_sigmask"):  # not a POSIX system
         return None
     stop = stop_signal_from(env)
     block(stop)
@@ -122,10 +127,18 @@ def _relay(stop: signal.Signals) -> None:
     while True:
         # short waits only while a signal is kept for the workers; else the wait is mostly
         # sigwait's, waking now and then for an arrival the fallback handler caught
-        if signal.sigtimedwait([stop], _POLL_S if kept else _IDLE_S) is not None or _STATE.arrived:
+        if _wait(stop, _POLL_S if kept else _IDLE_S) or _STATE.arrived:
             _STATE.arrived, kept = False, True
         if kept and _send(stop, workers()):
             kept = False
+
+
+def _wait(stop: signal.Signals, timeout_s: float) -> bool:
+    """Whether ``stop`` came within ``timeout_s`` (macOS has no sigtimedwait: until it comes)."""
+    if hasattr(signal, "sigtimedwait"):
+        return signal.sigtimedwait([stop], timeout_s) is not None
+    signal.sigwait([stop])
+    return True
 
 
 def _keep(signum: int, frame: FrameType | None) -> None:
