@@ -171,22 +171,25 @@ def tied() -> Iterator[str | None]:
         return
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
+    command = [sys.executable, "-I", "-S", "-c", SWEEPER, str(os.getpid()), f"{TOKEN_VAR}={token}"]
     try:
-        sweeper = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", SWEEPER, str(os.getpid()), f"{TOKEN_VAR}={token}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # a signal to the launcher's process group spares it
-        )
+        with relay.not_a_worker() as record:
+            sweeper = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # a signal to the launcher's process group spares it
+            )
+            record(sweeper.pid)
     except OSError:  # no sweeper: the parent-death signal still stops the workers themselves
         yield token
         return
     try:
-        with relay.not_a_worker(sweeper.pid):
-            yield token
+        yield token
     finally:
         _dismiss(sweeper)
+        relay.forget(sweeper.pid)
 
 
 def _dismiss(sweeper: subprocess.Popen[bytes]) -> None:

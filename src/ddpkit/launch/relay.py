@@ -30,13 +30,14 @@ import atexit
 import os
 import signal
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from types import FrameType
 
 __all__ = [
     "FORWARDED",
     "child_pids",
+    "forget",
     "held",
     "hold",
     "not_a_worker",
@@ -64,6 +65,9 @@ class _State:
         self.relay: threading.Thread | None = None
         self.arrived = False  # by the fallback handler: a thread that does not block it
         self.not_workers: set[int] = set()
+        # held while a non-worker child is being started: between its fork and its record in
+        # not_workers it would look like a worker, and a kept signal sent to it would be lost
+        self.starting = threading.Lock()
 
 
 _STATE = _State()
@@ -129,8 +133,9 @@ def _relay(stop: signal.Signals) -> None:
         # sigwait's, waking now and then for an arrival the fallback handler caught
         if _wait(stop, _POLL_S if kept else _IDLE_S) or _STATE.arrived:
             _STATE.arrived, kept = False, True
-        if kept and _send(stop, workers()):
-            kept = False
+        if kept:
+            with _STATE.starting:
+                kept = not _send(stop, workers())
 
 
 def _wait(stop: signal.Signals, timeout_s: float) -> bool:
@@ -166,14 +171,16 @@ def _ignore_at_exit(signals: list[signal.Signals]) -> None:
 
 
 @contextmanager
-def not_a_worker(pid: int) -> Iterator[None]:
-    """While the block runs, ``pid`` is a child of the launcher but no worker (the sweeper of
-    :mod:`.deathsig`); afterwards its pid may be a worker's."""
-    _STATE.not_workers.add(pid)
-    try:
-        yield
-    finally:
-        _STATE.not_workers.discard(pid)
+def not_a_worker() -> Iterator[Callable[[int], None]]:
+    """Around the start of a child that is no worker (the sweeper of :mod:`.deathsig`): call
+    the function yielded with its pid. The relay sends nothing meanwhile."""
+    with _STATE.starting:
+        yield _STATE.not_workers.add
+
+
+def forget(pid: int) -> None:
+    """``pid``, recorded by :func:`not_a_worker`, has been reaped: it may be a worker's now."""
+    _STATE.not_workers.discard(pid)
 
 
 def workers(proc: str = "/proc") -> list[int]:
