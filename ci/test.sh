@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (the README quotes it, .ci/run calls it): installs what the suite
 # needs on a bare machine, proves the README's first command in a brand-new venv (ci/contract.sh),
-# runs the linters and the type checker, starts the real SLURM test
+# runs the linters and the type checker, builds the docs with `mkdocs build --strict` (a broken
+# link or a stale reference fails the run), starts the real SLURM test
 # cluster (ci/slurm-up: 2 nodes, accounting, installed with apt-get when missing), runs the whole
 # test suite against it (the SLURM tests in two pytest-xdist workers beside the others), and stops
 # it again (ci/slurm-down) however pytest ends. Arguments go to one plain pytest run instead,
@@ -15,17 +16,23 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 echo "== install (torch pinned by ci/constraints.txt)"
-python3 -m pip install --quiet --disable-pip-version-check -c ci/constraints.txt -e ".[dev]"
+python3 -m pip install --quiet --disable-pip-version-check -c ci/constraints.txt -e ".[dev,docs]"
 
 echo "== contract: the README's first command in a brand-new venv (ci/contract.sh)"
 bash ci/contract.sh
 
 echo "== ruff"
-ruff check src tests examples benchmarks
-ruff format --check src tests examples benchmarks
+ruff check src tests examples benchmarks docs/hooks
+ruff format --check src tests examples benchmarks docs/hooks
 
 echo "== mypy (strict on src/)"
 mypy
+
+echo "== docs (mkdocs build --strict)"
+# into site/ (gitignored); any warning (a broken link or anchor, an API object that no longer
+# exists, a spec field or DDPKIT_* variable without its description) fails the build.
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, noise in every run.
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict
 
 echo "== SLURM test cluster (ci/slurm-up)"
 export DDPKIT_SLURM_DIR=${DDPKIT_SLURM_DIR:-/tmp/ddpkit-slurm}

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import ddpkit
-from ddpkit.errors import ConfigError
+from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker import checkpoint
 from ddpkit.worker.checkpoint import checkpoint_files
 from distutil import run_workers, torchrun_env
@@ -79,15 +79,76 @@ def test_wrapped_model_is_saved_unwrapped(world_of_one: ddpkit.Context, tmp_path
 
 def test_no_checkpoint_leaves_state_untouched(tmp_path: Path) -> None:
     state: dict[str, Any] = {"epoch": 4}
-    assert ddpkit.load_checkpoint(tmp_path / "missing", state) is None
+    assert ddpkit.load_checkpoint(tmp_path / "missing", state) is None  # a fresh run's folder
+    assert ddpkit.load_checkpoint(tmp_path, state) is None  # empty
     (tmp_path / ".ckpt-000000002.pt.abc.tmp").write_bytes(b"half")  # a killed writer's file
     assert ddpkit.load_checkpoint(tmp_path, state) is None
     assert state == {"epoch": 4}
 
 
+# --- one checkpoint file instead of the folder -------------------------------------------------
+
+
+def test_a_checkpoint_file_loads_exactly_that_file(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        ddpkit.save_checkpoint(
+            tmp_path, {"at": step, "w": torch.full((3,), float(step))}, step=step
+        )
+    state: dict[str, Any] = {}
+    assert ddpkit.load_checkpoint(tmp_path / "ckpt-000000002.pt", state) == 2  # not the newest
+    assert state["at"] == 2 and torch.equal(state["w"], torch.full((3,), 2.0))
+    assert ddpkit.load_checkpoint(str(tmp_path / "ckpt-000000003.pt"), state) == 3
+    assert state["at"] == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"", r"checkpoint file .*ckpt-000000002\.pt cannot be loaded"),
+        (b"garbage" * 10, r"checkpoint file .*ckpt-000000002\.pt cannot be loaded"),
+        ("half", r"checkpoint file .*ckpt-000000002\.pt cannot be loaded"),
+        ("model", r"ckpt-000000002\.pt was not written by ddpkit\.save_checkpoint"),
+    ],
+)
+def test_a_checkpoint_file_that_does_not_load_is_an_error(
+    tmp_path: Path, content: bytes | str, match: str
+) -> None:
+    ddpkit.save_checkpoint(tmp_path, {"at": 1}, step=1)
+    ddpkit.save_checkpoint(tmp_path, {"at": 2, "w": torch.ones(1000)}, step=2)
+    path = tmp_path / "ckpt-000000002.pt"
+    if content == "half":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif content == "model":
+        torch.save({"weight": torch.ones(2)}, path)  # a plain torch.save, not ours
+    else:
+        assert isinstance(content, bytes)
+        path.write_bytes(content)
+    state: dict[str, Any] = {"at": 0}
+    with pytest.raises(CheckpointError, match=match) as caught:
+        ddpkit.load_checkpoint(path, state)  # never step 1 instead: that was not asked for
+    assert caught.value.hint and state == {"at": 0}
+
+
+@pytest.mark.parametrize("name", ["ckpt-000000004.pt", "model.pt", "weights.pth"])
+def test_a_missing_checkpoint_file_is_an_error(tmp_path: Path, name: str) -> None:
+    ddpkit.save_checkpoint(tmp_path, {"at": 1}, step=1)
+    with pytest.raises(CheckpointError, match=f"checkpoint file .*{name} does not exist") as got:
+        ddpkit.load_checkpoint(tmp_path / name, {})  # pruned, or a typo: not a fresh start
+    assert str(tmp_path) in (got.value.hint or "")
+
+
+def test_a_path_that_is_neither_file_nor_folder_is_an_error(tmp_path: Path) -> None:
+    fifo = tmp_path / "ckpt"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="neither a checkpoint folder nor a checkpoint file"):
+        ddpkit.load_checkpoint(fifo, {})
+
+
 def test_keep_last_and_stray_temp_files(tmp_path: Path) -> None:
-    stray = tmp_path / ".ckpt-000000009.pt.x1y2.tmp"
+    stray = tmp_path / ".ckpt-000000009.pt.x1y2.tmp"  # a name of ddpkit before host names
     stray.write_bytes(b"left by a kill -9")
+    day_ago = time.time() - 86400
+    os.utime(stray, (day_ago, day_ago))  # not written for a day: its writer is gone
     for step in range(1, 6):
         ddpkit.save_checkpoint(tmp_path, {"step": step}, step=step, keep_last=2)
     assert _names(tmp_path) == ["ckpt-000000004.pt", "ckpt-000000005.pt"]
@@ -229,22 +290,6 @@ def test_files_saved_before_the_write_order_are_older(tmp_path: Path) -> None:
     assert _steps(tmp_path) == [500, 100]
 
 
-def test_write_order_without_mmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A filesystem that cannot mmap (some FUSE mounts): a fake, no such mount on demand here.
-    real_load = torch.load
-
-    def no_mmap(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("mmap"):
-            raise RuntimeError("mmap: operation not supported")
-        return real_load(*args, **kwargs)
-
-    _run(tmp_path, [20, 10], 3, "run")
-    monkeypatch.setattr(torch, "load", no_mmap)
-    assert _loaded(tmp_path) == (10, ("run", 10))  # the last written, read whole
-    _run(tmp_path, [5], 2, "run")
-    assert _steps(tmp_path) == [10, 5]
-
-
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
 def test_files_follow_the_umask(tmp_path: Path, umask: int) -> None:
     previous = os.umask(umask)
@@ -321,7 +366,9 @@ def _two_rank_worker(rank: int, world_size: int, port: int, directory: str) -> d
         fresh = _model(7)
         state: dict[str, Any] = {"model": fresh}
         step = ddpkit.load_checkpoint(directory, state)
+        from_file = ddpkit.load_checkpoint(Path(directory) / "ckpt-000000005.pt", {})
         return {
+            "from_file": from_file,
             "path": None if path is None else path.name,
             "step": step,
             "rng_ok": torch.equal(torch.rand(4), expected),
@@ -338,6 +385,7 @@ def test_two_ranks_each_get_their_own_rng(tmp_path: Path) -> None:
     assert [result["path"] for result in results] == ["ckpt-000000005.pt", None]
     for result in results:
         assert result["step"] == 5 and result["rng_ok"] and result["weights_ok"]
+        assert result["from_file"] == 5
         assert result["rank_seen"] == 0  # the main rank's values are the saved ones
         assert result["files"] == ["ckpt-000000005.pt"]  # the barrier: written before return
 

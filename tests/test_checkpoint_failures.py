@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.worker import checkpoint, durable
+from ddpkit.worker import ckptfiles, durable
 from ddpkit.worker.checkpoint import CheckpointError
 from distutil import run_workers, torchrun_env
 
@@ -132,12 +132,12 @@ def _one_rank_worker(rank: int, world_size: int, port: int, root: str) -> dict[s
         other = _model(0, width=16 if rank == 1 else 8)  # rank 1's model does not fit
         results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
         if rank == 2:  # rank 2 cannot list the directory
-            original, checkpoint._numbered = checkpoint._numbered, _unlistable
+            original, ckptfiles.numbered = ckptfiles.numbered, _unlistable
         try:
             results["list"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {}))
         finally:
             if rank == 2:
-                checkpoint._numbered = original
+                ckptfiles.numbered = original
         state: dict[str, Any] = {"model": _model(1)}
         results["loaded"] = ddpkit.load_checkpoint(directory, state)  # still in step
         results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
@@ -159,7 +159,7 @@ def test_one_rank_failing_raises_on_every_rank(tmp_path: Path) -> None:
         ), restore
         assert "size mismatch" in restore["message"], restore
         assert listing["message"].startswith(
-            f"rank 2 could not look for checkpoints in {tmp_path}: rank 2: PermissionError: "
+            f"rank 2 could not read the checkpoints in {tmp_path}: rank 2: PermissionError: "
         ), listing
         for attempt, failing in ((collect, 1), (restore, 1), (listing, 2)):
             assert attempt["hint"] and attempt["seconds"] < 20, attempt
@@ -190,7 +190,7 @@ def test_prune_failure_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         raise PermissionError(13, "Permission denied", str(folder))
 
     ddpkit.save_checkpoint(tmp_path, {"step": 1}, step=1, keep_last=1)
-    monkeypatch.setattr(checkpoint, "_prune", refuse)
+    monkeypatch.setattr(ckptfiles, "prune", refuse)
     with pytest.warns(RuntimeWarning, match="step 2 is saved .* could not be deleted"):
         ddpkit.save_checkpoint(tmp_path, {"step": 2}, step=2, keep_last=1)
     assert _names(tmp_path) == ["ckpt-000000001.pt", "ckpt-000000002.pt"]
@@ -249,7 +249,7 @@ def test_doomed_are_the_files_the_save_replaces_or_prunes(
                 (tmp_path / f"ckpt-{int(number.split()[1]):09d}.pt").write_bytes(b"x")
             else:
                 ddpkit.save_checkpoint(tmp_path, {}, step=number, keep_last=10)
-    found = checkpoint._doomed(checkpoint._written(tmp_path), step, keep_last)
+    found = ckptfiles.doomed(ckptfiles.written(tmp_path), step, keep_last)
     assert [entry.path for entry in found] == [
         tmp_path / f"ckpt-{number:09d}.pt" for number in doomed
     ]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import os
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -178,6 +180,55 @@ def test_submitit_renders_a_script_without_submitting(
 
 
 @reach
+def test_submitit_sbatch_values_read_back_after_doubling_backslashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import submitit
+    from submitit.slurm import slurm as submitit_slurm
+
+    from sbatch_parser import directive_arguments
+
+    version = f"submitit {submitit.__version__}"
+    monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))
+    values = ["a\\'\" --export=ALL,X=1 #", "trailing\\", 'it\'s "q" #1', "plain"]
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(
+        slurm_comment=compat.submitit_sbatch_value(values[0]),
+        slurm_additional_parameters={
+            f"x-{i}": compat.submitit_sbatch_value(v) for i, v in enumerate(values)
+        },
+    )
+    found = directive_arguments(compat.submitit_sbatch_text(executor))
+    assert f"--comment={values[0]}" in found, f"{version}: #SBATCH quoting changed: {found}"
+    assert [a for a in found if a.startswith("--x-")] == [
+        f"--x-{i}={v}" for i, v in enumerate(values)
+    ], f"{version}: #SBATCH quoting changed"
+
+
+@reach
+def test_torchx_slurm_request_exposes_each_replicas_sbatch_options(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import torchx
+    from torchx import specs
+    from torchx.runner import get_runner
+
+    version = f"torchx {torchx.__version__}"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo: torchx's dry run then asks nothing
+    role = specs.Role(name="trainer", image="", entrypoint="true", num_replicas=2)
+    with get_runner() as runner:
+        info = runner.dryrun(specs.AppDef("app", roles=[role]), "slurm", cfg={"time": "5"})
+    groups = compat.torchx_slurm_sbatch_options(info.request, "trainer")
+    assert len(groups) == 2 and all(g.get("time") == "5" for g in groups), version
+    for group in groups:
+        group["account"] = '"a b"'
+    script = info.request.materialize()
+    assert script.count('--time=5 --ntasks-per-node=1 --account="a b"') == 2, (version, script)
+    assert compat.torchx_slurm_sbatch_options(info.request, "other") == []
+    assert compat.torchx_slurm_sbatch_options(object(), "trainer") == []
+
+
+@reach
 def test_matches_machine_hostname() -> None:
     import socket
 
@@ -197,3 +248,60 @@ def test_compiled_inner_finds_the_module_torch_compile_wraps() -> None:
         f"{compat.COMPILED_ATTRIBUTE}.weight",
         f"{compat.COMPILED_ATTRIBUTE}.bias",
     ]
+
+
+@reach
+def test_saved_pickle_head_is_the_pickle_torch_save_wrote(tmp_path: Path) -> None:
+    state = {"format": 2, "sequence": 7, "w": torch.ones(3)}
+    for target in (tmp_path / "by-path.pt", io.BytesIO()):  # torch names the record either way
+        torch.save(state, target)
+        path = target if isinstance(target, Path) else tmp_path / "by-stream.pt"
+        if isinstance(target, io.BytesIO):
+            path.write_bytes(target.getvalue())
+        head = compat.saved_pickle_head(path, 64)
+        assert head.startswith(b"\x80\x02}"), (TORCH, head)  # protocol 2, an empty dict
+        assert b"sequence" in head, TORCH
+    (tmp_path / "plain").write_bytes(b"\x80\x02}q\x00.")  # a pickle that is not torch's file
+    with pytest.raises(zipfile.BadZipFile):
+        compat.saved_pickle_head(tmp_path / "plain", 64)
+
+
+class _Refused:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, ("0",))
+
+
+class _OsCall:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("true",))
+
+
+@reach
+@pytest.mark.parametrize("kind", ["global", "builtin", "blocked", "build"])
+def test_refused_globals_names_what_weights_only_refused(tmp_path: Path, kind: str) -> None:
+    import numpy
+
+    path = tmp_path / "refused.pt"
+    value: Any = {
+        "global": Path("x"),  # pathlib.PosixPath: an allowed module, a refused global
+        "builtin": _Refused(),
+        "blocked": _OsCall(),
+        "build": numpy.zeros(2, dtype=numpy.uint32),
+    }[kind]
+    torch.save({"v": value}, path)
+    allowed = (
+        [] if kind != "build" else [numpy.ndarray, numpy.dtype, numpy.zeros(1).__reduce__()[0]]
+    )
+    with torch.serialization.safe_globals(allowed):
+        with pytest.raises(Exception) as caught:
+            torch.load(path, weights_only=True)
+        names = compat.refused_globals(caught.value, path)
+    dtype_class = type(numpy.dtype(numpy.uint32))
+    expected = {
+        "global": "pathlib.PosixPath",
+        "builtin": "builtins.exec",
+        "blocked": "posix.system",
+        "build": f"{dtype_class.__module__}.{dtype_class.__name__}",
+    }[kind]
+    assert expected in names, (TORCH, names, str(caught.value))
+    assert compat.refused_globals(RuntimeError("unexpected pos"), path) == [], TORCH

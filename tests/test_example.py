@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STATED_ACCURACY = 0.88  # the README states the example reaches this on CPU
+STATED_ACCURACY = 0.88  # docs/guide/quickstart.md states the example reaches this on CPU
 
 
 def _run(args: list[str]) -> str:

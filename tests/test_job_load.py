@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.checks import shown
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import (
     build_spec,
@@ -288,13 +289,14 @@ def test_search_path_order_and_home(tmp_path: Path) -> None:
     assert profile_search_path(cwd, cwd, {"HOME": "/h"})[-1] == Path("/h/.config/ddpkit/profiles")
 
 
-def test_profile_found_in_each_place_first_match_wins(tmp_path: Path) -> None:
+def test_profile_found_in_each_place(tmp_path: Path) -> None:
     spec_dir, cwd, home = tmp_path / "specs", tmp_path / "cwd", tmp_path / "home"
     spec = write(spec_dir / "s.yaml", {"name": "a", "command": "t.py", "profile": "site"})
     env = {"DDPKIT_HOME": str(home)}
-    for place in (home, cwd, spec_dir):  # each new one shadows the ones found before
-        write(place / "profiles" / "site.yaml", {"name": "site", "partition": place.name})
+    for place in (home, cwd, spec_dir):  # one place at a time (two: tests/test_job_profiles.py)
+        profile = write(place / "profiles" / "site.yaml", {"partition": place.name})
         assert load(spec, cwd=cwd, env=env).partition == place.name
+        profile.unlink()
 
 
 def test_profile_by_path_relative_to_spec(tmp_path: Path) -> None:
@@ -441,3 +443,38 @@ def test_example_specs_load(path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((ROOT / "examples" / "jobs" / "profiles").glob("*.yaml")))
 def test_example_profiles_load(path: Path) -> None:
     assert read_profile(path).name == path.stem
+
+
+# -- bounded YAML and error quoting (the hostile cases: tests/test_jobs_bad_input.py) -----------
+
+
+def test_anchors_and_aliases_within_the_limits_still_work(tmp_path: Path) -> None:
+    values = ", ".join(str(i) for i in range(5000))
+    spec = write(
+        tmp_path / "s.yaml",
+        "name: a\ncommand: t.py --lr {lr}\nenv: {A: &v hello, B: *v}\n"
+        f"setup: &s ['echo 1']\nsweep: {{params: {{lr: [{values}]}}}}\n",
+    )
+    job = load(spec)
+    assert job.env == {"A": "hello", "B": "hello"}
+    assert job.sweep is not None and job.sweep.count == 5000
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["a\n", 1.5, None, True, [1, "x", [2]], {"a": [1, 2], "b": {"c": "d"}}, (1,), [], {}],
+)
+def test_shown_is_repr_for_small_values(value: object) -> None:
+    assert shown(value) == repr(value)
+
+
+def test_shown_cuts_long_and_shared_values_cheaply() -> None:
+    bomb: list[object] = ["x"] * 9
+    for _ in range(12):  # 9 ** 13 strings behind 117 list objects: repr would never end
+        bomb = [bomb] * 9
+    assert len(shown(bomb)) < 1000
+    assert shown("y" * 10_000) == repr("y" * 200) + "..."
+    assert shown(10**5000) == "<a number of about 5000 digits>"
+    loop: list[object] = []
+    loop.append(loop)
+    assert shown(loop) == "[[...]]"

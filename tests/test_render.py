@@ -288,6 +288,9 @@ def test_user_template_gets_the_same_context(tmp_path: Path) -> None:
         ("a\nb\n{{ nope }}\n", r"sbatch template .*/t\.j2, line 3: 'nope' is undefined"),
         ("{{ spec.nope }}", r"sbatch template .*/t\.j2, line 1: .*has no attribute 'nope'"),
         ("{{ name | nofilter }}", r"sbatch template .*/t\.j2, line 1: No filter named 'nofilter'"),
+        ("a\n{{ 1 / 0 }}", r"sbatch template .*/t\.j2, line 2: ZeroDivisionError: division by"),
+        ("{{ 2.0 ** 100000 }}", r"sbatch template .*/t\.j2, line 1: OverflowError: "),
+        ("{{ 'a' + 1 }}", r"sbatch template .*/t\.j2, line 1: TypeError: can only concat"),
     ],
 )
 def test_template_errors_name_the_file_and_line(

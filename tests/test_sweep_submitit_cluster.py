@@ -37,7 +37,7 @@ PAYLOAD = SCRIPTS / "sweep_report.py"
 TIMEOUT_S = 120
 HOSTILE = 'it\'s "dq"; $(touch pwned1) `touch pwned2` * 100% $HOME'
 VALUES = ["1", "2", HOSTILE]
-# run names: every character outside [A-Za-z0-9._+=,-] becomes "_" (README, Sweeps)
+# run names: every character outside [A-Za-z0-9._+=,-] becomes "_" (docs/guide/sweeps.md)
 RUNS = ["a=1", "a=2", "a=it_s__dq_____touch_pwned1___touch_pwned2____100___HOME"]
 FN_VALUES = [{"lr": "0.5", "seed": "1"}, {"lr": "0.25", "seed": "2"}]
 

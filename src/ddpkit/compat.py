@@ -1,9 +1,9 @@
 """Every reach into a dependency's private or undocumented internals, in one place.
 
-ddpkit asks for a range of torch (``>=2.4,<3``) and of submitit, and each of the few things it
-takes from their insides can move in any release. Keeping them here means an upgrade breaks
-this one file, loudly: ``tests/test_compat.py`` checks every reach below against the installed
-version and names that version when one has moved.
+ddpkit asks for a range of torch (``>=2.4,<3``), of submitit and of torchx, and each of the
+few things it takes from their insides can move in any release. Keeping them here means an
+upgrade breaks this one file, loudly: ``tests/test_compat.py`` checks every reach below
+against the installed version and names that version when one has moved.
 
     reach                          dependency  what ddpkit does with it
     TailLog in mp_api, its         torch       ``ddpkit run`` polls tee'd logs every 10 ms and
@@ -17,19 +17,33 @@ version and names that version when one has moved.
       machine_hostname                         whether this node hosts the c10d store
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
+    torch.save's file: a zip with  torch       checkpoints read their write order from the
+      <name>/data.pkl                          pickle's first opcodes, never unpickling it
+    weights_only's refusal text    torch       a checkpoint holding a type torch refuses
+      ("GLOBAL x.y ...", "got                  names it (and how to trust it) instead of
+      <class 'x.y'>")                          being skipped as damaged
     SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
       _file_text, its "map_count"              prints the script without submitting (a
       parameter (map_array's)                  sweep's: the array map_array would write)
+    #SBATCH values through         submitit    backslashes doubled so that sbatch reads
+      shlex.quote                              back the spec's values (submitit_sbatch_value)
+    SlurmBatchRequest.replicas     torchx      ``--via torchx``: the spec's account, qos and
+      [<role>-<k>].sbatch_opts                 sbatch options in every node's #SBATCH group,
+                                               all values quoted for sbatch
 
 Each function imports its dependency when called: importing this module imports neither.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import os
+import pickle
 import re
 import sys
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -47,9 +61,13 @@ __all__ = [
     "launch_config_from_args",
     "matches_machine_hostname",
     "recorded_traceback",
+    "refused_globals",
+    "saved_pickle_head",
     "submitit_sbatch_text",
+    "submitit_sbatch_value",
     "tail_logs_tuned",
     "torchrun_notice_muted",
+    "torchx_slurm_sbatch_options",
 ]
 
 # torch's excepthook (installed by init_process_group) prefixes every traceback line with
@@ -144,8 +162,6 @@ def recorded_traceback(failure: ProcessFailure) -> str | None:
     torch writes ``{"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}``; torch
     puts "<N/A>" in ``error_file`` when none was written.
     """
-    import os
-
     if not os.path.isfile(failure.error_file):
         return None
     message: object = failure.message
@@ -185,6 +201,38 @@ def submitit_sbatch_text(executor: Any, *, map_count: int | None = None) -> str:
     return text
 
 
+def submitit_sbatch_value(value: str) -> str:
+    """``value`` as submitit must be given it for an ``#SBATCH`` line that sbatch reads back
+    as ``value`` itself.
+
+    submitit writes every ``#SBATCH`` value through ``shlex.quote``, for bash. sbatch's own
+    directive parser reads the line, not bash, and takes a backslash as an escape even
+    inside single quotes: ``'a\\'"'"' --export=...'`` ends the quoted word early and adds an
+    option of its own, and any other backslash is dropped. Doubling every backslash is exact:
+    ``shlex.quote`` single-quotes any value holding one and leaves backslashes as they are,
+    and sbatch reads each ``\\\\`` as one ``\\``. Quotes, whitespace and ``#`` need nothing:
+    inside ``shlex.quote``'s single quotes sbatch reads them as bash does. Line breaks cannot
+    be written at all (JobSpec refuses them).
+    """
+    return value.replace("\\", "\\\\")
+
+
+def torchx_slurm_sbatch_options(request: Any, role: str) -> list[dict[str, str | None]]:
+    """The ``#SBATCH`` options torchx's slurm scheduler writes for each replica of ``role``,
+    from its dry-run request (a ``SlurmBatchRequest``): one dict per replica (``<role>-<k>``),
+    ``--key=value`` (None: a bare ``--key``), written unquoted; changing a dict changes what
+    the request submits. ``[]`` for any other request."""
+    replicas = getattr(request, "replicas", None)
+    if not isinstance(replicas, dict):
+        return []
+    found: list[dict[str, str | None]] = []
+    for name, replica in replicas.items():
+        head, _, k = str(name).rpartition("-")
+        if head == role and k.isdigit():
+            found.append(replica.sbatch_opts)
+    return found
+
+
 # torch.compile's wrapper keeps the original module under this attribute, so its state dict
 # keys start with "_orig_mod." (also inside a parent's keys when a submodule is compiled).
 COMPILED_ATTRIBUTE = "_orig_mod"
@@ -201,3 +249,45 @@ def compiled_inner(module: object) -> Any:
     if wrapper is None or not isinstance(module, wrapper):
         return None
     return getattr(module, COMPILED_ATTRIBUTE)
+
+
+def saved_pickle_head(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The first ``limit`` bytes of the pickle in a file ``torch.save`` wrote, unpickled by
+    nobody: torch's file (since 1.6) is a zip archive whose ``<name>/data.pkl`` record holds
+    the pickle (stored, not compressed); :mod:`zipfile` reads it. Raises ``OSError``,
+    ``zipfile.BadZipFile`` or ``KeyError`` (no such record) for any other file."""
+    with zipfile.ZipFile(path) as archive:
+        names = [name for name in archive.namelist() if re.fullmatch(r"[^/]+/data\.pkl", name)]
+        if len(names) != 1:
+            raise KeyError(f"{len(names)} data.pkl records")
+        with archive.open(names[0]) as record:
+            head: bytes = record.read(limit)
+            return head
+
+
+# torch's weights_only unpickler names what it refuses in these words (torch 2.4 to 2.13):
+# a global it does not allow (or whose module it blocks), or an object it may not build.
+_REFUSED = re.compile(
+    r"GLOBAL (\S+) (?:was not an allowed global|whose module)"
+    r"|allowlisted via `add_safe_globals`,? but got <class '([^']+)'>"
+)
+
+
+def refused_globals(error: BaseException, path: str | os.PathLike[str]) -> list[str]:
+    """The globals (``module.name``) a ``torch.load(weights_only=True)`` of ``path`` that
+    raised ``error`` refused, or [] when ``error`` is no such refusal (a damaged file). Call it
+    under the same allowed globals as the load: torch's lister (2.5+), which reads the pickle's
+    opcodes without running them, adds every other global of the file that is not allowed."""
+    found = _REFUSED.search(str(error)) if isinstance(error, pickle.UnpicklingError) else None
+    if found is None:
+        return []
+    name = found[1] or found[2]
+    names = {name if "." in name else f"builtins.{name}"}  # torch drops "builtins." there
+    import torch.serialization
+
+    lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if lister is not None:
+        # should torch's own reader fail, the one name above is still right
+        with contextlib.suppress(Exception):
+            names.update(lister(os.fspath(path)))
+    return sorted(names)

@@ -18,6 +18,7 @@ from ddpkit.jobs.records import Via, parse_job
 from ddpkit.jobs.slurm import JobState, JobStatus
 
 if TYPE_CHECKING:
+    from ddpkit.jobs.load import ResolvedSpec
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
@@ -209,19 +210,34 @@ def run_jobs_command(args: argparse.Namespace) -> int:
 def _spec_command(request: JobsRequest) -> int:
     from ddpkit.jobs import api
 
-    spec = api.load(request.spec_path or "", request.overrides, sweeps=request.sweeps)
+    resolved = api.resolve(request.spec_path or "", request.overrides, sweeps=request.sweeps)
+    spec = resolved.spec
     _warn_unused_sweep_parameters(spec)
     if request.command == "plan":
-        _write(api.plan(spec))
-    elif request.dry_run:
+        _write(api.plan(spec, resolved.profile_path))
+        return 0
+    if request.dry_run:
         _write(api.dry_run(spec, request.via, scheduler=request.scheduler))
-    else:
-        record = api.submit(spec, request.via, scheduler=request.scheduler)
-        print(record.name_for_user, flush=True)
-        if record.final_state is not None:  # a local torchx app has run in the foreground
-            print(f"ddpkit: {record.name_for_user} ended {record.final_state}", file=sys.stderr)
-            return 0 if record.final_state == "SUCCEEDED" else 1
+        _say_profile(resolved)
+        return 0
+    record = api.submit(spec, request.via, scheduler=request.scheduler)
+    print(record.name_for_user, flush=True)
+    _say_profile(resolved)
+    if record.final_state is not None:  # a local torchx app has run in the foreground
+        print(f"ddpkit: {record.name_for_user} ended {record.final_state}", file=sys.stderr)
+        return 0 if record.final_state == "SUCCEEDED" else 1
     return 0
+
+
+def _say_profile(resolved: ResolvedSpec) -> None:
+    """Name the profile file on stderr (plan prints it; stdout here is the script or the job
+    id): its ``setup:`` lines ran or will run in the job. Said after success only, so that an
+    error stays one line."""
+    if resolved.profile_path is not None:
+        from ddpkit.jobs.layout import profile_line
+
+        line = profile_line(resolved.spec, resolved.profile_path)
+        print(f"ddpkit: {line}", file=sys.stderr)
 
 
 def _warn_unused_sweep_parameters(spec: JobSpec) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.arrays import query_tasks
 from ddpkit.jobs.backend import Backend, Request, get_backend
-from ddpkit.jobs.load import load_spec
+from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
 from ddpkit.jobs.records import (
     JobRecord,
@@ -50,6 +50,7 @@ __all__ = [
     "plan",
     "read_logs",
     "request",
+    "resolve",
     "status",
     "submit",
     "submit_function",
@@ -70,11 +71,23 @@ def load(
     return load_spec(path, overrides, sweeps=sweeps, cwd=cwd)
 
 
-def plan(spec: JobSpec) -> str:
-    """The resolved spec and its rank layout table, as ``ddpkit plan`` prints them."""
+def resolve(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    sweeps: Sequence[str] = (),
+    cwd: Path | None = None,
+) -> ResolvedSpec:
+    """:func:`load`, and the profile file merged into the spec (``.profile_path``)."""
+    return resolve_spec(path, overrides, sweeps=sweeps, cwd=cwd)
+
+
+def plan(spec: JobSpec, profile_path: Path | None = None) -> str:
+    """The resolved spec and its rank layout table, as ``ddpkit plan`` prints them (with the
+    profile file the spec's values came from, when given)."""
     from ddpkit.jobs.layout import format_plan
 
-    return format_plan(spec)
+    return format_plan(spec, profile_path)
 
 
 def request(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None) -> Request:

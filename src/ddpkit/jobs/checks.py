@@ -1,4 +1,5 @@
-"""What every spec model shares: the error type ``ddpkit.jobs.load`` reads, and one-value checks.
+"""What every spec model shares: the error type ``ddpkit.jobs.load`` reads, one-value checks, the
+upper bounds of numeric fields, and :func:`shown`, how an error message quotes a bad value.
 
 ``invalid`` builds a pydantic error of type ``"ddpkit"`` whose context carries the problem and
 a hint (and, for checks spanning fields, the field path and its value); ``ddpkit.jobs.load``
@@ -13,9 +14,44 @@ import re
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
-__all__ = ["ERROR_TYPE", "Model", "invalid", "no_nul", "number_to_str", "stripped_hint"]
+__all__ = [
+    "ERROR_TYPE",
+    "LIMIT_HINTS",
+    "MAX_CPUS",
+    "MAX_MEM_GB",
+    "MAX_NODES",
+    "MAX_PER_NODE",
+    "MAX_REQUEUES",
+    "MAX_TIME_MIN",
+    "SHOWN_CHARS",
+    "Model",
+    "invalid",
+    "no_nul",
+    "number_to_str",
+    "shown",
+    "stripped_hint",
+]
 
 ERROR_TYPE = "ddpkit"
+# Upper bounds: far above any real cluster, so a larger value is a typo, refused before anything
+# is sized from it (``nodes: 30000000`` once made ``plan`` build a table of 30 million rows).
+MAX_NODES = 100_000
+MAX_PER_NODE = 1024  # processes or GPUs on one node
+MAX_CPUS = 65_535  # SLURM's cpus-per-task is a 16-bit number
+MAX_MEM_GB = 2**20  # a pebibyte per node
+MAX_TIME_MIN = 5_256_000  # ten years
+MAX_REQUEUES = 1_000_000
+LIMIT_HINTS = {
+    "nodes": "the largest SLURM clusters have some tens of thousands of nodes: a typo?",
+    "gpus_per_node": "a node has a handful of GPUs: a typo?",
+    "procs_per_node": "one process per GPU or a few per node: a typo?",
+    "cpus_per_task": f"SLURM counts CPUs per task up to {MAX_CPUS}: a typo?",
+    "cpus_per_node": f"SLURM counts CPUs up to {MAX_CPUS}: a typo?",
+    "mem_gb": "mem_gb is in gigabytes per node: a typo?",
+    "time_min": "time_min is in minutes; ask for what the partition allows (sinfo -o '%P %l')",
+}
+SHOWN_CHARS = 200  # how much of a bad value an error message quotes
+_SHOWN_DEPTH = 4
 
 
 class Model(BaseModel):
@@ -55,5 +91,51 @@ def stripped_hint(key: str, pattern: re.Pattern[str]) -> str | None:
     """The hint for a key that is valid but for surrounding whitespace (a YAML block scalar or
     a copied line can carry a newline or a CR), else None."""
     if key != key.strip() and pattern.fullmatch(key.strip()):
-        return f"write {key.strip()!r}, without the surrounding whitespace or line break"
+        return f"write {shown(key.strip())}, without the surrounding whitespace or line break"
     return None
+
+
+def shown(value: object, limit: int = SHOWN_CHARS, *, quote: bool = True) -> str:
+    """``value`` as an error message quotes it: its ``repr`` (the text itself with
+    ``quote=False``), cut after about ``limit`` characters with ``...``.
+
+    The cost is bounded by ``limit`` too: a YAML alias bomb's value is a few hundred bytes of
+    input whose full ``repr`` is tens of megabytes, and a 100 kB ``--set`` value is no better
+    for being printed whole. Small lists, dicts and scalars come out exactly as ``repr``.
+    """
+    if not quote and isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + "..."
+    return _short_repr(value, limit, set())
+
+
+def _short_repr(value: object, budget: int, path: set[int]) -> str:
+    if isinstance(value, str):
+        return repr(value) if len(value) <= budget else repr(value[:budget]) + "..."
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 640:
+        return f"<a number of about {int(value.bit_length() * 0.30103)} digits>"
+    if not isinstance(value, list | tuple | dict | set | frozenset):
+        text = repr(value)
+        return text if len(text) <= budget else text[:budget] + "..."
+    brackets = "{}" if isinstance(value, dict | set | frozenset) else "[]"
+    brackets = "()" if isinstance(value, tuple) else brackets
+    if id(value) in path or len(path) >= _SHOWN_DEPTH:
+        return f"{brackets[0]}...{brackets[1]}"
+    path.add(id(value))
+    parts: list[str] = []
+    used = 0
+    items = value.items() if isinstance(value, dict) else value
+    for item in items:
+        if used >= budget:
+            parts.append("...")
+            break
+        if isinstance(value, dict):
+            key, val = item
+            left = budget - used
+            text = f"{_short_repr(key, left, path)}: {_short_repr(val, left, path)}"
+        else:
+            text = _short_repr(item, budget - used, path)
+        parts.append(text)
+        used += len(text) + 2
+    path.discard(id(value))
+    inner = ", ".join(parts) + ("," if isinstance(value, tuple) and len(value) == 1 else "")
+    return brackets[0] + inner + brackets[1]

@@ -15,21 +15,26 @@ Host names are placeholders (``node0``, ``node1``, ...): SLURM picks the hosts a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
+from ddpkit.jobs.checks import shown
 from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
+    "PLAN_ROWS",
     "LayoutRow",
     "format_layout",
     "format_plan",
     "format_runs",
     "format_table",
+    "profile_line",
     "rank_layout",
 ]
 
 _COLUMNS = ("node", "host", "local_rank", "rank", "device")
+PLAN_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -43,20 +48,33 @@ class LayoutRow:
     device: str  # "cuda:<local_rank>" on GPU nodes, else "cpu"
 
 
+def _row(spec: JobSpec, rank: int) -> LayoutRow:
+    node, local = divmod(rank, spec.procs)
+    device = f"cuda:{local}" if spec.gpus_per_node > 0 else "cpu"
+    return LayoutRow(node=node, host=f"node{node}", local_rank=local, rank=rank, device=device)
+
+
 def rank_layout(spec: JobSpec) -> list[LayoutRow]:
-    """Every process of ``spec``, ordered by global rank."""
-    procs = spec.procs
-    return [
-        LayoutRow(
-            node=node,
-            host=f"node{node}",
-            local_rank=local,
-            rank=node * procs + local,
-            device=f"cuda:{local}" if spec.gpus_per_node > 0 else "cpu",
-        )
-        for node in range(spec.nodes)
-        for local in range(procs)
-    ]
+    """Every process of ``spec``, ordered by global rank (``world_size`` rows: for a big job,
+    :func:`format_plan` shows only the first and last)."""
+    return [_row(spec, rank) for rank in range(spec.world_size)]
+
+
+def _plan_table(spec: JobSpec) -> str:
+    """The layout table of ``plan``: every rank up to :data:`PLAN_ROWS` of them, else the
+    first and last ``PLAN_ROWS // 2`` around a line saying what is left out (a job of 100000
+    nodes must not become a table of millions of rows)."""
+    world = spec.world_size
+    if world <= PLAN_ROWS:
+        return format_layout(rank_layout(spec))
+    half = PLAN_ROWS // 2
+    rows = [_row(spec, rank) for rank in (*range(half), *range(world - half, world))]
+    lines = format_layout(rows).splitlines()
+    lines.insert(
+        1 + half,
+        f"... ranks {half}-{world - half - 1} not shown (rank = node * {spec.procs} + local_rank)",
+    )
+    return "\n".join(lines)
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
@@ -88,17 +106,26 @@ def format_runs(spec: JobSpec) -> str:
     return format_table(["task", *names, "run"], rows)
 
 
-def format_plan(spec: JobSpec) -> str:
-    """The resolved spec as YAML (every field, defaults filled in) and its rank layout."""
+def profile_line(spec: JobSpec, profile_path: Path) -> str:
+    """The line saying which file the spec's profile was read from (plan prints it as a YAML
+    comment, submit on stderr): a profile's ``setup:`` lines run in the job."""
+    return f"profile {shown(spec.profile)} read from {profile_path}"
+
+
+def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
+    """The resolved spec as YAML (every field, defaults filled in) and its rank layout; with
+    ``profile_path``, a comment line naming the profile file first."""
     resolved = yaml.safe_dump(
         spec.model_dump(), sort_keys=False, default_flow_style=False, allow_unicode=True
     )
+    if profile_path is not None:
+        resolved = f"# {profile_line(spec, profile_path)}\n{resolved}"
     tasks = "one SLURM task per process" if spec.launch == "srun" else "one torchrun per node"
     summary = (
         f"# rank layout: {spec.nodes} node(s) x {spec.procs} process(es) = world size "
         f"{spec.world_size} (launch: {spec.launch}, {tasks})"
     )
-    text = f"# resolved job spec\n{resolved}\n{summary}\n{format_layout(rank_layout(spec))}\n"
+    text = f"# resolved job spec\n{resolved}\n{summary}\n{_plan_table(spec)}\n"
     if spec.sweep is not None:
         sweep = spec.sweep
         limit = f", at most {sweep.max_parallel} at once" if sweep.max_parallel else ""

@@ -22,11 +22,10 @@ absolute. ``log_dir`` stays relative to ``workdir`` (SLURM resolves it there), a
 and ``python`` run as written, from ``workdir``. Without a ``workdir``, it is the current
 directory.
 
-Profiles: ``profile:`` is a path (it has a ``/`` or ends in ``.yaml``/``.yml``; relative to the
-spec's directory) or a name, looked up as ``<name>.yaml`` in ``<spec dir>/profiles``,
-``<cwd>/profiles`` and ``$DDPKIT_HOME/profiles`` (without DDPKIT_HOME:
-``${XDG_CONFIG_HOME:-~/.config}/ddpkit/profiles``), first match wins. The resolved spec keeps the
-profile's name for the record; its values are already merged in.
+Profiles: ``profile:`` is a path or a name; where a name is looked up, and why a name found in
+two places is an error, is :mod:`ddpkit.jobs.profiles`. The resolved spec keeps the profile's
+name for the record; its values are already merged in, and :func:`resolve_spec` also says which
+file they came from.
 
 Every problem is a ``ConfigError`` with one line,
 ``<source>: <field.path>=<value!r>: <problem> (hint: ...)``, where ``<source>`` is the file (or
@@ -37,18 +36,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from ddpkit.errors import ConfigError
-from ddpkit.hints import closest, did_you_mean
-from ddpkit.jobs.spec import ERROR_TYPE, ClusterProfile, JobSpec
+from ddpkit.jobs.checks import shown
+from ddpkit.jobs.profiles import find_profile, profile_search_path
+from ddpkit.jobs.spec import ClusterProfile, JobSpec
+from ddpkit.jobs.spec_errors import config_error, field_path
+from ddpkit.jobs.spec_yaml import parse_yaml_value, read_yaml_mapping
 
 __all__ = [
     "SET_SOURCE",
+    "ResolvedSpec",
     "build_spec",
     "load_profile",
     "load_spec",
@@ -58,6 +62,7 @@ __all__ = [
     "profile_search_path",
     "read_profile",
     "read_yaml_mapping",
+    "resolve_spec",
 ]
 
 SET_SOURCE = "--set"
@@ -68,60 +73,6 @@ PATH_FIELDS = ("workdir", "template")
 
 Layer = tuple[str, Mapping[str, object]]  # (source label, field -> value)
 _M = TypeVar("_M", bound=BaseModel)
-
-
-class _DuplicateKeyError(yaml.constructor.ConstructorError):
-    """A mapping gives the same key twice."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice (plain YAML keeps the last one)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if isinstance(key, str | int | float | bool) and key in seen:
-            raise _DuplicateKeyError(None, None, f"key {key!r} appears twice", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def read_yaml_mapping(path: Path, what: str) -> dict[str, object]:
-    """The top-level mapping of a YAML file, or a ConfigError naming the file (and line)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{what} file {str(path)!r} not found", hint="check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"{what} file {str(path)!r} cannot be read: {exc}", hint="check the path"
-        ) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        hint = "check indentation and quoting there; quote values containing ': ' or ' #'"
-        if isinstance(exc, _DuplicateKeyError):
-            hint = "give each key once; the later one would silently win"
-        raise ConfigError(f"{path}: {where}invalid YAML: {problem}", hint=hint) from None
-    if data is None:
-        raise ConfigError(f"{path}: the file is empty", hint=f"a {what} is a mapping of fields")
-    if isinstance(data, dict):
-        for key in data:
-            if not isinstance(key, str):
-                raise ConfigError(f"{path}: key {key!r} is not a field name", hint="e.g. nodes: 2")
-        return data
-    raise ConfigError(
-        f"{path}: the {what} is a {type(data).__name__}, not a mapping of field names",
-        hint="write one 'field: value' per line, e.g. nodes: 2",
-    )
 
 
 def _resolve_paths(layer: Mapping[str, object], base: Path) -> dict[str, object]:
@@ -142,7 +93,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(
-                f"--set {item!r} is not KEY=VALUE", hint="e.g. --set nodes=2 or --set env.X=1"
+                f"--set {shown(item)} is not KEY=VALUE", hint="e.g. --set nodes=2 or --set env.X=1"
             )
         value = _parse_value(item, text)
         top, dot, sub = key.partition(".")
@@ -151,7 +102,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
             continue
         if top in JobSpec.model_fields and top not in MAPPING_FIELDS:
             raise ConfigError(
-                f"--set {item!r}: {top} is not a mapping",
+                f"--set {shown(item)}: {shown(top, quote=False)} is not a mapping",
                 hint="only env and sbatch take dotted keys, e.g. --set env.NCCL_DEBUG=INFO",
             )
         current = layer.get(top)
@@ -167,13 +118,14 @@ def parse_sweeps(items: Sequence[str]) -> dict[str, object]:
         name, sep, text = item.partition("=")
         if not sep or not name.strip():
             raise ConfigError(
-                f"--sweep {item!r} is not NAME=VALUE,VALUE,...",
+                f"--sweep {shown(item)} is not NAME=VALUE,VALUE,...",
                 hint="e.g. --sweep lr=0.1,0.01 (values with commas: a sweep: section in YAML)",
             )
         if name in params:
             raise ConfigError(
-                f"--sweep {item!r}: parameter {name!r} is given twice",
-                hint=f"list all its values in one option, e.g. --sweep {name}=1,2,3",
+                f"--sweep {shown(item)}: parameter {shown(name)} is given twice",
+                hint="list all its values in one option, e.g. "
+                f"--sweep {shown(name, quote=False)}=1,2,3",
             )
         params[name] = text.split(",") if text else []
     return {"sweep": {"params": params}} if params else {}
@@ -186,22 +138,11 @@ def _parse_value(item: str, text: str) -> object:
     tag = resolver.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
     if tag == "tag:yaml.org,2002:str" and text[:1] not in "[{'\"":
         return text  # plain text: no YAML comment stripping or ': ' surprises
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"--set {item!r}: the value is not valid YAML ({getattr(exc, 'problem', exc)})",
-            hint="quote the whole argument for the shell, e.g. --set 'command=[a.py, \"x y\"]'",
-        ) from None
-
-
-def _field_path(parent: str, key: object) -> str:
-    """``env.FOO``; a key that would not read back on one line as written (``"FOO\\n"``, a
-    space) is shown as its repr, ``env['FOO\\n']``, so the one-line error stays one line."""
-    text = str(key)
-    if text and text.isprintable() and " " not in text:
-        return f"{parent}.{text}"
-    return f"{parent}[{text!r}]"
+    return parse_yaml_value(
+        text,
+        f"--set {shown(item)}",
+        "quote the whole argument for the shell, e.g. --set 'command=[a.py, \"x y\"]'",
+    )
 
 
 def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, str]]:
@@ -221,7 +162,7 @@ def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, 
                 below = merged.get(key)
                 entries = dict(below) if isinstance(below, Mapping) else {}
                 for sub, sub_value in value.items():
-                    origins[_field_path(key, sub)] = source
+                    origins[field_path(key, sub)] = source
                     if sub_value is None:
                         entries.pop(sub, None)
                     else:
@@ -238,40 +179,6 @@ def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, 
     return merged, origins
 
 
-def profile_search_path(spec_dir: Path, cwd: Path, env: Mapping[str, str]) -> list[Path]:
-    """Where a profile *name* is looked up, in order (duplicates removed)."""
-    if env.get("DDPKIT_HOME"):
-        home = Path(env["DDPKIT_HOME"]).expanduser()
-    else:
-        user_home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-        home = Path(env.get("XDG_CONFIG_HOME") or user_home / ".config") / "ddpkit"
-    dirs = [spec_dir / "profiles", cwd / "profiles", home / "profiles"]
-    return list(dict.fromkeys(Path(os.path.normpath(d)) for d in dirs))
-
-
-def _find_profile(ref: str, search: Sequence[Path], base_dir: Path, origin: str) -> Path:
-    if "/" in ref or ref.endswith((".yaml", ".yml")) or ref.startswith("~"):
-        path = Path(os.path.normpath(base_dir / os.path.expanduser(ref)))
-        if path.is_file():
-            return path
-        raise ConfigError(
-            f"{origin}: profile={ref!r}: no such file {str(path)!r}",
-            hint="profile paths are relative to the spec's directory",
-        )
-    candidates = [d / f"{ref}{ext}" for d in search for ext in (".yaml", ".yml")]
-    for path in candidates:
-        if path.is_file():
-            return path
-    known = sorted({p.stem for d in search if d.is_dir() for p in d.glob("*.y*ml")})
-    match = closest(ref, known)
-    hint = f"did you mean {match!r}?" if match else f"put {ref}.yaml in one of those folders"
-    raise ConfigError(
-        f"{origin}: profile={ref!r}: not found (looked for "
-        f"{', '.join(str(d / (ref + '.yaml')) for d in search)})",
-        hint=f"{hint} (profiles found: {', '.join(known) or 'none'})",
-    )
-
-
 def load_profile(
     name_or_path: str,
     *,
@@ -284,7 +191,7 @@ def load_profile(
     ``origin`` labels "not found" errors (e.g. the spec file that named the profile). A file
     without ``name:`` gets its file name. Its relative ``template`` becomes absolute.
     """
-    path = _find_profile(name_or_path, search, base_dir or Path.cwd(), origin)
+    path = find_profile(name_or_path, search, base_dir or Path.cwd(), origin)
     return read_profile(path)
 
 
@@ -295,6 +202,35 @@ def read_profile(path: Path) -> ClusterProfile:
     return _validate(ClusterProfile, data, {}, str(path))
 
 
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """A validated spec, and the profile file merged into it (None: the spec has no profile)."""
+
+    spec: JobSpec
+    profile_path: Path | None
+
+
+def resolve_spec(
+    path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    sweeps: Sequence[str] = (),
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ResolvedSpec:
+    """Read, merge (profile, spec, ``--sweep`` and ``--set`` overrides) and validate the job
+    spec at ``path``; say which profile file was used.
+
+    ``cwd`` (default: the current directory) anchors ``--set`` paths, the default workdir and the
+    ``./profiles`` lookup; ``env`` (default ``os.environ``, only read) gives DDPKIT_HOME.
+    """
+    data, base_dir = read_yaml_mapping(Path(path), "spec"), Path(path).absolute().parent
+    source = str(path)
+    return _build(
+        data, overrides, sweeps=sweeps, source=source, base_dir=base_dir, cwd=cwd, env=env
+    )
+
+
 def load_spec(
     path: str | os.PathLike[str],
     overrides: Sequence[str] = (),
@@ -303,16 +239,8 @@ def load_spec(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> JobSpec:
-    """Read, merge (profile, spec, ``--sweep`` and ``--set`` overrides) and validate the job
-    spec at ``path``.
-
-    ``cwd`` (default: the current directory) anchors ``--set`` paths, the default workdir and the
-    ``./profiles`` lookup; ``env`` (default ``os.environ``, only read) gives DDPKIT_HOME.
-    """
-    data, base_dir = read_yaml_mapping(Path(path), "spec"), Path(path).absolute().parent
-    return build_spec(
-        data, overrides, sweeps=sweeps, source=str(path), base_dir=base_dir, cwd=cwd, env=env
-    )
+    """:func:`resolve_spec`'s spec."""
+    return resolve_spec(path, overrides, sweeps=sweeps, cwd=cwd, env=env).spec
 
 
 def build_spec(
@@ -327,6 +255,21 @@ def build_spec(
 ) -> JobSpec:
     """``load_spec`` for fields already in memory; relative paths resolve against ``base_dir``
     (default ``cwd``). ``source`` names the spec in error messages."""
+    return _build(
+        data, overrides, sweeps=sweeps, source=source, base_dir=base_dir, cwd=cwd, env=env
+    ).spec
+
+
+def _build(
+    data: Mapping[str, object],
+    overrides: Sequence[str],
+    *,
+    sweeps: Sequence[str],
+    source: str,
+    base_dir: Path | None,
+    cwd: Path | None,
+    env: Mapping[str, str] | None,
+) -> ResolvedSpec:
     cwd = (cwd or Path.cwd()).absolute()
     base_dir = (base_dir or cwd).absolute()
     spec_layer = _resolve_paths(data, base_dir)
@@ -335,9 +278,10 @@ def build_spec(
     ref, ref_source, ref_base = spec_layer.get("profile"), source, base_dir
     if "profile" in set_layer:
         ref, ref_source, ref_base = set_layer["profile"], SET_SOURCE, cwd
+    profile_path = None
     if isinstance(ref, str) and ref.strip():
         search = profile_search_path(base_dir, cwd, os.environ if env is None else env)
-        profile_path = _find_profile(ref, search, ref_base, ref_source)
+        profile_path = find_profile(ref, search, ref_base, ref_source)
         layers.append((str(profile_path), read_profile(profile_path).defaults()))
     sweep_layer = parse_sweeps(sweeps)
     if sweep_layer:  # the command line's grid replaces the spec's, rather than mixing into it
@@ -350,10 +294,10 @@ def build_spec(
     template = merged.get("template")  # read on this machine by the renderer: check it now
     if isinstance(template, str) and template.strip() and not os.path.isfile(template):
         raise ConfigError(
-            f"{origins.get('template', source)}: template={template!r}: no such file",
+            f"{origins.get('template', source)}: template={shown(template)}: no such file",
             hint="a relative template path is relative to the file that names it",
         )
-    return _validate(JobSpec, merged, origins, source)
+    return ResolvedSpec(_validate(JobSpec, merged, origins, source), profile_path)
 
 
 def _validate(
@@ -362,108 +306,4 @@ def _validate(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise _config_error(exc, model, data, origins, source) from None
-
-
-# -- pydantic error -> one ConfigError line ---------------------------------------------------
-
-_PROBLEMS = {
-    "int_type": "is not a whole number",
-    "float_type": "is not a number",
-    "string_type": "is not a string",
-    "list_type": "is not a list",
-    "dict_type": "is not a mapping",
-    "bool_type": "is not true or false",
-    "missing": "is missing",
-    "literal_error": "is not one of {expected}",
-    "greater_than_equal": "is less than {ge}",
-    "greater_than": "is not greater than {gt}",
-}
-
-
-def _config_error(
-    exc: ValidationError,
-    model: type[BaseModel],
-    data: Mapping[str, object],
-    origins: Mapping[str, str],
-    source: str,
-) -> ConfigError:
-    errors = exc.errors(include_url=False)
-    # an unknown key is usually the cause of the other errors (a typo'd required field)
-    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    ctx: dict[str, Any] = dict(error.get("ctx") or {})
-    path, value, is_key = _locate(data, error["loc"])
-    if "field" in ctx:
-        path, value, is_key = ctx["field"], ctx.get("value"), False
-    top = path.split(".")[0].split("[")[0]
-    where = _origin(origins, path) or source
-    if error["type"] == "extra_forbidden":
-        return ConfigError(f"{where}: unknown key {top!r}", hint=_unknown_key_hint(top, model))
-    custom = error["type"] == ERROR_TYPE
-    problem = ctx["problem"] if custom else _problem(error["type"], error["msg"], ctx)
-    hint = ctx["hint"] if custom else _field_hint(model, top, error["type"], value)
-    shown = path if is_key or error["type"] == "missing" else f"{path}={value!r}"
-    return ConfigError(f"{where}: {shown}: {problem}", hint=hint)
-
-
-def _origin(origins: Mapping[str, str], path: str) -> str | None:
-    """The source of the longest known prefix of ``path`` (``sweep.params.lr[0]`` ->
-    ``sweep.params`` -> ``sweep``)."""
-    while path:
-        if path in origins:
-            return origins[path]
-        cut = max(path.rfind("."), path.rfind("["))
-        path = path[:cut] if cut > 0 else ""
-    return None
-
-
-def _locate(data: Mapping[str, object], loc: tuple[int | str, ...]) -> tuple[str, object, bool]:
-    """(``env.X``/``setup[2]`` path, value, is-a-key-error) of an error location in the input.
-
-    The walk stops at the first item not in the data (pydantic adds ``[key]``, union members).
-    """
-    path, current, is_key = "", cast(object, data), False
-    for item in loc:
-        if item == "[key]":
-            is_key = True
-            break
-        if isinstance(current, Mapping) and item in current:
-            path, current = (_field_path(path, item) if path else str(item)), current[item]
-        elif isinstance(current, list) and isinstance(item, int) and 0 <= item < len(current):
-            path, current = f"{path}[{item}]", current[item]
-        else:
-            if not path:  # a field absent from the input (missing)
-                path, current = str(item), None
-            break
-    return path, current, is_key
-
-
-def _problem(kind: str, msg: str, ctx: Mapping[str, Any]) -> str:
-    if kind in _PROBLEMS:
-        return _PROBLEMS[kind].format(**ctx)
-    return msg[:1].lower() + msg[1:]
-
-
-def _field_hint(model: type[BaseModel], field: str, kind: str, value: object) -> str:
-    info = model.model_fields.get(field)
-    hint = (info.description if info else None) or "see the JobSpec fields"
-    if kind == "literal_error" and isinstance(value, str) and info is not None:
-        choices = [str(choice) for choice in getattr(info.annotation, "__args__", ())]
-        if closest(value, choices) is not None:
-            return did_you_mean(value, choices, hint=hint)
-    quotable = isinstance(value, bool | int | float)
-    if kind == "string_type" and quotable and "quote" not in hint:
-        hint += "; YAML reads yes/no/on/off/true/false and numbers as non-strings: quote them"
-    return hint
-
-
-def _unknown_key_hint(key: str, model: type[BaseModel]) -> str:
-    fields = list(model.model_fields)
-    if model is ClusterProfile and key in JobSpec.model_fields:
-        return f"{key!r} is a job setting: set it in the spec, not in a profile"
-    match = closest(key, fields)
-    if match is None and key:  # 'gpus' -> gpus_per_node, 'mem' -> mem_gb: names carry their unit
-        match = next((f for f in fields if f.startswith(key.rstrip("_") + "_")), None)
-    if match is not None:
-        return f"did you mean {match!r}?"
-    return f"known keys: {', '.join(fields)}"
+        raise config_error(exc, model, data, origins, source) from None

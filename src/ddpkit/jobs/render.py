@@ -3,7 +3,8 @@
 This module owns everything between a validated ``JobSpec`` and the script text: the
 ``#SBATCH`` option list, quoting for the two parsers the text meets, SLURM filename patterns,
 the command each node runs under ``launch: torchrun``, and loading the built-in or a user's
-Jinja2 template (its errors become ``ConfigError`` naming the template file and line).
+Jinja2 template, rendered in a sandbox (:mod:`ddpkit.jobs.sandbox`: a template cannot run code
+or read this machine's environment); its errors become ``ConfigError`` naming the file and line.
 Rendering is deterministic: the same spec gives the same text (no timestamps).
 
 Quoting, as checked on SLURM 22.05.8:
@@ -24,14 +25,15 @@ import math
 import re
 import shlex
 import traceback
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from ddpkit.errors import ConfigError
+from ddpkit.errors import ConfigError, DdpkitError
+from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
+from ddpkit.jobs.checks import shown
 from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.contract import sweep_exports
 
@@ -92,7 +94,7 @@ def shell_quote(value: object) -> str:
     text = str(value)
     if "\x00" in text:
         raise ConfigError(
-            f"value {text!r} contains a NUL character",
+            f"value {shown(text)} contains a NUL character",
             hint="bash cannot pass NUL bytes; remove it from the spec",
         )
     return shlex.quote(text)
@@ -103,7 +105,7 @@ def sbatch_quote(value: object) -> str:
     text = str(value)
     if any(char in text for char in _UNWRITABLE):
         raise ConfigError(
-            f"#SBATCH value {text!r} contains a newline, carriage return or NUL",
+            f"#SBATCH value {shown(text)} contains a newline, carriage return or NUL",
             hint="an #SBATCH directive is one line; remove the line break from the spec",
         )
     if _SBATCH_PLAIN.fullmatch(text):
@@ -116,7 +118,7 @@ def _pattern_literal(field: str, value: str) -> str:
     """``value`` inside a SLURM filename pattern, standing for itself."""
     if "\\" in value:
         raise ConfigError(
-            f"{field}={value!r} contains a backslash",
+            f"{field}={shown(value)} contains a backslash",
             hint="SLURM turns off %j/%t/%n in a log path with a backslash in it; "
             "choose a path without one",
         )
@@ -342,40 +344,16 @@ def _template_path(spec: JobSpec) -> Path | None:
     return path if path.is_absolute() else Path(spec.workdir) / path
 
 
-def _load_source(name: str) -> tuple[str, str, Any]:
-    """Jinja2 loader: a built-in template by file name, anything else as a file path."""
-    if name in BUILTIN_TEMPLATES.values():
-        resource = resources.files("ddpkit") / "templates" / name
-        return resource.read_text(encoding="utf-8"), str(resource), lambda: True
-    try:
-        source = Path(name).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else str(err)
-        raise ConfigError(
-            f"template={name!r} cannot be read: {reason}",
-            hint="give the path of a Jinja2 sbatch template (absolute, or relative to "
-            "workdir), or drop `template` to use the built-in one",
-        ) from err
-    return source, name, lambda: False
-
-
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(_load_source),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,  # shell, not HTML: the q filters do the escaping
-    )
-    env.filters["q"] = shell_quote
-    env.filters["sbatch_q"] = sbatch_quote
-    return env
+    """The sandbox every template renders in, ddpkit's own too (:mod:`ddpkit.jobs.sandbox`)."""
+    filters = {"q": shell_quote, "sbatch_q": sbatch_quote}
+    return sandbox.sandbox_environment(set(BUILTIN_TEMPLATES.values()), filters)
 
 
-def _template_error(err: jinja2.TemplateError, filename: str, names: list[str]) -> ConfigError:
+def _template_error(err: Exception, filename: str, names: list[str]) -> ConfigError:
     """A ConfigError naming the template file and line of ``err``."""
     hint = _TEMPLATE_HINT.format(names=", ".join(names))
+    message = err.message if isinstance(err, jinja2.TemplateError) else None
     if isinstance(err, jinja2.TemplateSyntaxError):
         where = f"{err.filename or err.name or filename}, line {err.lineno}"
         hint = "fix the Jinja2 syntax there; " + hint
@@ -385,20 +363,32 @@ def _template_error(err: jinja2.TemplateError, filename: str, names: list[str]) 
         frames = traceback.extract_tb(err.__traceback__)
         lines = [frame.lineno for frame in frames if frame.filename == filename]
         where = f"{filename}, line {lines[-1]}" if lines else filename
-    return ConfigError(f"sbatch template {where}: {err.message}", hint=hint)
+    if isinstance(err, sandbox.SecurityError | sandbox.TemplateTooLong | MemoryError):
+        hint = f"{sandbox.SANDBOX_HINT}; " + hint
+    if message is None:  # a Python error inside a user's template: 1/0, 'a' + 1, ...
+        message = f"{type(err).__name__}: {shown(str(err), quote=False)}"
+    return ConfigError(f"sbatch template {where}: {message}", hint=hint)
 
 
 def render_sbatch(spec: JobSpec) -> str:
-    """The sbatch script for ``spec``: the user's template if the spec names one, else ours."""
+    """The sbatch script for ``spec``: the user's template if the spec names one, else ours.
+
+    Both render in Jinja2's sandbox (:mod:`ddpkit.jobs.sandbox`): a template cannot run code
+    or read the environment of this machine; a violation is a ConfigError naming its line.
+    """
     user_path = _template_path(spec)
     name = str(user_path) if user_path is not None else BUILTIN_TEMPLATES[spec.launch]
     context = template_context(spec)
     names = sorted(context)
+    # a user's template may fail in any way Python code can; ddpkit's own only as Jinja2 does
+    caught = Exception if user_path is not None else jinja2.TemplateError
     try:
         template = _environment().get_template(name)
     except jinja2.TemplateError as err:
         raise _template_error(err, name, names) from err
     try:
-        return template.render(context)
-    except jinja2.TemplateError as err:
-        raise _template_error(err, template.filename or name, names) from err
+        return sandbox.collect(template.generate(context))
+    except DdpkitError:
+        raise  # a value the q filters refuse (a NUL): its own message names it
+    except caught as err:
+        raise _template_error(err, template.filename or name, names) from None

@@ -29,6 +29,14 @@ run at once: submitit's default would cap it at 256). submitit submits a single 
 plain job, not an array of one, and :func:`sweep_record` records it as one. A Python function
 goes through :func:`map_function`, which calls it with each task's values as keyword arguments.
 
+``#SBATCH`` values: submitit quotes them for bash (``shlex.quote``), but sbatch's own parser
+reads them and takes a backslash as an escape even inside single quotes, so a value with
+``\\'`` could add an sbatch option of its own. Every value is handed to submitit with its
+backslashes doubled (:func:`ddpkit.compat.submitit_sbatch_value`), which sbatch reads back as
+the value itself; a backslash in the log folder (``--output``) is refused, as SLURM turns the
+``%j`` patterns off there. The dry run shows the spec's values in ``parameters`` and the
+script as submitted.
+
 The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
 rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
 would lose the SLURM variables they find their ranks from. The spec's ``template`` is for sbatch
@@ -50,12 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ddpkit.compat import submitit_sbatch_text
+from ddpkit.compat import submitit_sbatch_text, submitit_sbatch_value
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
 from ddpkit.jobs.contract import SUBMITIT_SIGNAL_VAR, sweep_exports
 from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.records import JobRecord, Via, new_record
+from ddpkit.jobs.render import batch_output_path
 from ddpkit.jobs.sbatch_backend import SlurmJobs, check_array_size, log_dir_made
 from ddpkit.jobs.sweep import substitute
 from ddpkit.worker.requeue import signal_from_env
@@ -158,8 +167,22 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
     return params
 
 
+def _sbatch_read_back(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with every text that submitit writes on an ``#SBATCH`` line made to reach
+    sbatch as it is (:func:`ddpkit.compat.submitit_sbatch_value`); ``slurm_setup`` is bash."""
+    out = {k: submitit_sbatch_value(v) if isinstance(v, str) else v for k, v in params.items()}
+    extras = params["slurm_additional_parameters"]
+    out["slurm_additional_parameters"] = {
+        k: submitit_sbatch_value(v) if isinstance(v, str) else v for k, v in extras.items()
+    }
+    return out
+
+
 def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
     """A SLURM ``AutoExecutor`` configured from ``spec`` (needs ``srun`` on PATH)."""
+    # The folder is in submitit's --output patterns, where SLURM turns %j off after a
+    # backslash: refused, as for sbatch scripts (the error names workdir or log_dir).
+    batch_output_path(spec)
     module = import_submitit()
     try:
         executor: submitit.AutoExecutor = module.AutoExecutor(
@@ -170,7 +193,7 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
             f"via 'submitit' cannot reach SLURM: {exc}",
             hint="run on a host with the SLURM client commands (srun, sbatch) on PATH",
         ) from exc
-    executor.update_parameters(**executor_parameters(spec))
+    executor.update_parameters(**_sbatch_read_back(executor_parameters(spec)))
     return executor
 
 

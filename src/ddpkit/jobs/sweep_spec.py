@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ddpkit.hints import did_you_mean
 from ddpkit.jobs import sweep as sweeps
-from ddpkit.jobs.checks import Model, invalid, no_nul, number_to_str, stripped_hint
+from ddpkit.jobs.checks import Model, invalid, no_nul, number_to_str, shown, stripped_hint
 
 __all__ = [
     "MAX_SWEEP_TASKS",
@@ -44,12 +44,12 @@ def _check_sweep_name(name: str) -> str:
         raise invalid(
             "is not a parameter name",
             stripped_hint(name, _NAME)
-            or f"letters, digits and '_', not starting with a digit, e.g. {fixed!r}",
+            or f"letters, digits and '_', not starting with a digit, e.g. {shown(fixed)}",
         )
     if name in sweeps.BUILTIN_PLACEHOLDERS or name.upper() in ("TASK", "RUN"):
         raise invalid(
             "is a name ddpkit uses itself (DDPKIT_SWEEP_TASK/RUN, {sweep_task}/{sweep_run})",
-            "rename the parameter, e.g. " + repr(name + "_"),
+            "rename the parameter, e.g. " + shown(name + "_"),
         )
     return name
 
@@ -87,7 +87,7 @@ class Sweep(Model):
 
     params: SweepParams = Field(description=_D_PARAMS)
     mode: sweeps.Mode = Field("grid", description=_D_MODE)
-    max_parallel: int | None = Field(None, ge=1, description=_D_PARALLEL)
+    max_parallel: int | None = Field(None, ge=1, le=MAX_SWEEP_TASKS, description=_D_PARALLEL)
 
     @model_validator(mode="after")
     def _check_runs(self) -> Sweep:
@@ -99,7 +99,8 @@ class Sweep(Model):
             other = by_var.setdefault(sweeps.value_var(name), name)
             if other != name:
                 raise invalid(
-                    f"and {other!r} would both be {sweeps.value_var(name)}",
+                    f"and {shown(other)} would both be "
+                    f"{shown(sweeps.value_var(name), quote=False)}",
                     "give parameters names that differ in more than case",
                     field="sweep.params",
                     value=name,
@@ -116,7 +117,7 @@ class Sweep(Model):
             sweeps.expand(self.params, self.mode)
         except ValueError as exc:
             raise invalid(
-                str(exc),
+                shown(str(exc), quote=False),
                 "give every list the same length, or use mode: grid"
                 if self.mode == "zip" and "length" in str(exc)
                 else "remove the repeated value",
@@ -151,7 +152,10 @@ def check_placeholders(command: list[str], sweep: Sweep) -> None:
             names = sweeps.placeholders(word)
         except ValueError as exc:
             raise invalid(
-                str(exc), "see Sweeps in the README", field="command", value=word
+                shown(str(exc), quote=False),
+                "see Sweeps in the README",
+                field="command",
+                value=word,
             ) from None
         for name in names:
             if name not in known:

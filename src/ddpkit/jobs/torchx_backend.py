@@ -27,9 +27,16 @@ What every replica (one per node) runs, whichever torchx scheduler starts it::
   slurm scheduler passes ``Role.env`` as ``srun --export=ALL,K=V,...``, which silently cuts a
   value at its first comma (``A=x,y`` arrives as ``A=x``; checked on SLURM 22.05).
 * The spec's ``launch`` does not apply: under torchx every node runs one ``ddpkit run``
-  (``DDPKIT_JOB_LAUNCH=torchrun``). SLURM-only fields (partition, time, ...) are scheduler
-  options, not part of an AppDef: ``scheduler_cfg`` gives them; ``log_dir``, ``account``,
-  ``qos``, ``sbatch`` and ``template`` have no torchx equivalent and are not used.
+  (``DDPKIT_JOB_LAUNCH=torchrun``). partition, time and constraint are torchx's own slurm run
+  options (``scheduler_cfg``). ``account``, ``qos`` and the ``sbatch:`` options have none in
+  torchx 0.7: the role carries them (:class:`SlurmRole`, field ``sbatch``) and its ``pre_proc``
+  hook, which torchx calls on every dry run, adds them to each node's ``#SBATCH`` group of the
+  slurm request (other schedulers ignore them). torchx writes those lines unquoted, so the hook
+  also quotes every value there for sbatch's parser (``render.sbatch_quote``): a partition
+  with a space and ``--export=...`` is one value, not two options. An ``sbatch:`` option that
+  counts for the whole job (:data:`JOB_WIDE_SBATCH`) cannot be carried, as torchx submits one
+  het component per node and would write it in each: refused, naming ``--via sbatch``.
+  ``log_dir`` and ``template`` are sbatch-script matters and not used.
 
 torchx is an optional extra: it is imported only inside these functions, and its absence is a
 ``ConfigError`` naming ``pip install ddpkit[torchx]``.
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib
 import json
 import math
@@ -47,9 +55,11 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ddpkit import compat
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.endpoint import RDZV_STEP
+from ddpkit.jobs.render import sbatch_quote
 
 if TYPE_CHECKING:
     from torchx.specs import AppDef  # type: ignore[import-untyped]
@@ -58,6 +68,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INSTALL_HINT",
+    "JOB_WIDE_SBATCH",
+    "add_sbatch_options",
     "appdef_to_dict",
     "ddp_appdef",
     "import_torchx",
@@ -66,12 +78,22 @@ __all__ = [
     "replica_script",
     "require_torchx",
     "scheduler_cfg",
+    "slurm_role_type",
     "spec_to_appdef",
 ]
 
 INSTALL_HINT = "install the torchx extra: pip install ddpkit[torchx]"
 _J = re.compile(r"(?:(\d+)x)?(\d+)")  # fullmatch: "$" would match before a final newline
 _ROLE_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+# sbatch: options whose value is for the whole job; torchx would write them into every node's
+# het component, each asking for all of it.
+JOB_WIDE_SBATCH = {
+    "gpus": "the GPUs of the whole job (set gpus_per_node instead)",
+    "nodelist": "the job's nodes: each one-node component would ask for all of them",
+    "nodefile": "the job's nodes: each one-node component would ask for all of them",
+}
+# Options that already say how many GPUs a node gets: torchx's own gpus-per-task is dropped.
+_GPU_OPTIONS = ("gres", "gpus-per-task")
 
 
 class _Shell(str):
@@ -175,11 +197,13 @@ def ddp_appdef(
     rdzv_port: int | None = 29500,
     setup: Sequence[str] = (),
     workdir: str | None = None,
+    sbatch: Mapping[str, str | None] | None = None,
 ) -> AppDef:
     """One role of ``nodes`` replicas, each running ``ddpkit run`` for ``procs`` processes.
 
     ``command`` is a script and its arguments, or ``-m module ...``. ``env`` is copied, never
-    modified (torchx's local scheduler writes PATH into ``Role.env``).
+    modified (torchx's local scheduler writes PATH into ``Role.env``). ``sbatch``: more
+    ``#SBATCH`` options for each node under torchx's slurm scheduler (see :class:`SlurmRole`).
     """
     specs = require_torchx()
     if nodes < 1 or procs < 1:
@@ -199,7 +223,8 @@ def ddp_appdef(
         exports=exports,
         workdir=workdir,
     )
-    role = specs.Role(
+    role = slurm_role_type()(
+        sbatch=dict(sbatch or {}),
         name=role_name or _role_name(command, name),
         image="",
         entrypoint="bash",
@@ -212,6 +237,65 @@ def ddp_appdef(
         port_map={"c10d": rdzv_port} if nodes > 1 and rdzv_port is not None else {},
     )
     return specs.AppDef(name=name, roles=[role])
+
+
+@functools.cache
+def slurm_role_type() -> type:
+    """``SlurmRole``: a torchx ``Role`` with ``sbatch`` options for the slurm scheduler.
+
+    Its ``pre_proc`` (torchx's hook for role-specific changes to a scheduler request, called
+    on every dry run) adds them to each replica's ``#SBATCH`` group and quotes every value
+    there (:func:`add_sbatch_options`). Made on first use: torchx is an optional import.
+    """
+    role: Any = require_torchx().Role
+
+    @dataclasses.dataclass
+    class SlurmRole(role):  # type: ignore[misc]
+        sbatch: dict[str, str | None] = dataclasses.field(default_factory=dict)
+
+        def pre_proc(self, scheduler: str, dryrun_info: Any) -> Any:
+            if scheduler == "slurm":
+                add_sbatch_options(dryrun_info.request, self.name, self.sbatch)
+            return dryrun_info
+
+    SlurmRole.__module__ = __name__
+    return SlurmRole
+
+
+def add_sbatch_options(request: Any, role: str, options: Mapping[str, str | None]) -> None:
+    """Add ``options`` to every replica of ``role`` in torchx's slurm request, then quote every
+    value of those ``#SBATCH`` groups for sbatch's own parser (torchx writes them as they are).
+    A GPU option among ``options`` replaces torchx's ``gpus-per-task``."""
+    for group in compat.torchx_slurm_sbatch_options(request, role):
+        if any(key in _GPU_OPTIONS for key in options):
+            group.pop("gpus-per-task", None)
+        group.update(options)
+        for key, value in group.items():
+            if value is not None:
+                group[key] = sbatch_quote(value)
+
+
+def _sbatch_options(spec: JobSpec) -> dict[str, str | None]:
+    """account, qos and the ``sbatch:`` options of ``spec`` for each node's ``#SBATCH`` group
+    (true: a bare flag; false: left out); a whole-job option is refused (JOB_WIDE_SBATCH)."""
+    options: dict[str, str | None] = {}
+    for key in ("account", "qos"):
+        value = getattr(spec, key)
+        if value is not None:
+            options[key] = value
+    for key in sorted(spec.sbatch):
+        value = spec.sbatch[key]
+        if key in JOB_WIDE_SBATCH and value is not False:
+            raise ConfigError(
+                f"sbatch.{key}={value!r} cannot go through torchx: {JOB_WIDE_SBATCH[key]}; "
+                "torchx submits one het component per node and writes each option in all",
+                hint="submit with --via sbatch, which writes it once for the whole job",
+            )
+        if value is True:
+            options[key] = None
+        elif value is not False:
+            options[key] = str(value)
+    return options
 
 
 def _role_name(command: Sequence[str], fallback: str) -> str:
@@ -257,7 +341,8 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
     One role named after the spec, ``num_replicas = nodes``, each replica runs ``ddpkit run``
     for ``procs`` processes; resources per node (cpu = procs x cpus_per_task, gpu =
     gpus_per_node, memMB from mem_gb); env = the spec's env plus the job contract's variables
-    (:mod:`ddpkit.jobs.contract`: detection's checks, the stop signal, the requeue cap). The
+    (:mod:`ddpkit.jobs.contract`: detection's checks, the stop signal, the requeue cap);
+    account, qos and the sbatch options for slurm's ``#SBATCH`` lines. The
     AppDef is the same for every scheduler (torchx fills in its macros);
     ``scheduler`` is checked so that a typo fails before anything is submitted.
     """
@@ -282,6 +367,7 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
         rdzv_port=port,
         setup=spec.setup,
         workdir=spec.workdir,
+        sbatch=_sbatch_options(spec),
     )
 
 

@@ -136,6 +136,9 @@ class TorchxBackend:
         finally:
             runner.close()
         head = f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}"
+        unused = _slurm_only(spec) if scheduler != "slurm" else []
+        if unused:
+            head += f"\n# not used by {scheduler} (SLURM options): {', '.join(unused)}"
         text = f"{head}\n{info}\n"
         return Request(self.via, spec, text, scheduler, payload=info)
 
@@ -166,6 +169,13 @@ class TorchxBackend:
 
 
 BACKEND = TorchxBackend()
+
+
+def _slurm_only(spec: JobSpec) -> list[str]:
+    """The spec's SLURM options that a scheduler other than slurm has no use for."""
+    names = ["partition", "account", "qos", "constraint"]
+    unused = [name for name in names if getattr(spec, name) is not None]
+    return unused + [f"sbatch.{k}" for k in sorted(spec.sbatch) if spec.sbatch[k] is not False]
 
 
 def _run_in_foreground(runner: Any, handle: str) -> str:
@@ -287,8 +297,9 @@ def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile]
     """The job's output files that exist (torchx's own files) and where they were looked for.
 
     Files come per replica (one replica per node, each running ``ddpkit run``, whose output
-    lines start with ``[rankN]: ``). Which replica gets which ranks is the rendezvous' choice,
-    not the replica index, so ``rank`` keeps that rank's lines of every replica's files.
+    lines start with ``[rankN]: ``). Replica k gets node k's ranks when the replicas'
+    SLURM_NODEID number them (``ddpkit.launch.node_order``), else the rendezvous decides, so
+    ``rank`` keeps that rank's lines of every replica's files.
     """
     scheduler, app_id = split_handle(record.handle or "")
     directory = Path(record.log_dir)

@@ -44,7 +44,7 @@ from ddpkit.compat import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs.endpoint import hosts_store
-from ddpkit.launch import deathsig, rdzv_port, relay
+from ddpkit.launch import deathsig, node_order, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
 from ddpkit.launch.relay import child_pids
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
@@ -142,7 +142,8 @@ def launch(config: RunConfig) -> LaunchOutcome:
         held = rdzv_port.claim(plan.launch_config, os.environ)
         try:
             entrypoint, args = deathsig.tie(plan.entrypoint, plan.args)
-            elastic_launch(plan.launch_config, entrypoint)(*args)
+            with node_order.slurm_node_order(plan.launch_config, os.environ):
+                elastic_launch(plan.launch_config, entrypoint)(*args)
         except ChildFailedError as exc:
             return failed_outcome(exc, logs.last)
         except SignalException as exc:

@@ -12,6 +12,9 @@
     loader         per-rank shards whose epoch advances by itself; resumable position
     gather         every rank's rows of an evaluation step, padding duplicates removed
     checkpoint     atomic, collective save / load with every rank's RNG state
+    ckptfiles      a checkpoint folder's files and write order, read without unpickling
+    safeload       which checkpoint a load restores, read weights_only (an allow-list)
+    durable        atomic writes; dead writers' temporary files; the disk-full error
     stopsignal     the stop-signal latch (from init() until the process exits)
     preempt        the guard: one agreed stop, a checkpoint, requeue or exit 75
     requeue        the pure rules of requeueing (signal names, the cap, scontrol's argument)

@@ -5,54 +5,233 @@ would create it), streamed with writeback started every 16 MB (``sync_file_range
 fsync then has little left to flush), fsynced, renamed over the final name, and the folder
 fsynced so that the rename itself is durable. ``drop_cache`` releases the page cache of files
 about to be deleted, so that their eviction does not slow the write. Used by checkpoints.
+
+What a crash leaves behind: a ``kill -9`` mid-write leaves its temporary file, named
+``.<final>.<host>~<scope>.<pid>.<token>.tmp`` (``scope``: a hash of this boot and this PID
+namespace, so that a PID means one process). :func:`stale_temps` finds those whose writer is
+dead, never a live writer's (another job, another host sharing the folder):
+
+- same host and scope: stale when no process has that PID, or when the process that has it
+  started after the file was last written (the PID was reused);
+- any other host, scope or name (ddpkit before host names, a hand-made name): stale when the
+  file was last written more than :data:`STALE_AFTER_S` ago. A live writer writes its file
+  continuously (every write updates its time), so only a writer stalled that long mid-save
+  (a suspended job) can lose its file, and then its own save fails with a clear error.
+
+A write that runs out of space (ENOSPC, EDQUOT, a write that writes nothing), whether the
+failure reaches the caller as an ``OSError`` or as the ``RuntimeError`` torch's zip writer
+makes of it ("unexpected pos"), raises :class:`CheckpointError` saying so: how many MB the file
+needs and how many are free in the folder (``shutil.disk_usage``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
+import hashlib
 import os
+import re
 import secrets
+import shutil
+import socket
+import stat
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
 import torch
 
-__all__ = ["drop_cache", "write_atomically"]
+from ddpkit.errors import CheckpointError
+
+__all__ = ["STALE_AFTER_S", "drop_cache", "stale_temps", "write_atomically", "writer_tag"]
 
 _WRITEBACK_CHUNK = 16 * 2**20  # bytes written between two writeback requests
+# A temporary file not written for this long, by a writer this process cannot check, is stale.
+STALE_AFTER_S = 15 * 60.0
+_MB = 10**6
+# .<final>.<host>~<scope>.<pid>.<token>.tmp; no re.DOTALL: a name with a newline is not ours
+_TEMP = re.compile(
+    r"\.(?P<final>.+)\.(?P<tag>[A-Za-z0-9-]+~[0-9a-f]{8})\.(?P<pid>[0-9]{1,10})"
+    r"\.[0-9a-f]{8}\.tmp"
+)
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+
+@functools.cache
+def writer_tag() -> str:
+    """``<host>~<scope>``: the host name (letters, digits and dashes) and a hash of this boot
+    and PID namespace; two processes with one tag see the same PIDs."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:63] or "host"
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    scope = hashlib.sha256(f"{boot}|{_pid_namespace()}".encode())
+    return f"{host}~{scope.hexdigest()[:8]}"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_bytes().decode("ascii", "replace").strip()
+    except OSError:  # not Linux, or hidden
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
     """A new hidden temporary file for ``name``, open for writing, with mode 0666 less the umask
     (and the directory's default ACL) as ``torch.save`` would create it; mkstemp's 0600 would
-    keep the checkpoint from teammates and evaluation jobs."""
+    keep the checkpoint from teammates and evaluation jobs. Its name says who writes it."""
     while True:
-        temp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        temp = folder / f".{name}.{writer_tag()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temp
-        except FileExistsError:  # another killed writer's name: draw again
+        except FileExistsError:  # drawn before: draw again
             continue
 
 
 def write_atomically(folder: Path, name: str, payload: Any) -> Path:
-    descriptor, temp = _create_temp(folder, name)
+    """Write ``payload`` (``torch.save``) as ``folder/name``: all of it or nothing."""
+    final = folder / name
+    try:
+        descriptor, temp = _create_temp(folder, name)
+    except OSError as error:
+        if error.errno in _NO_SPACE:  # no inode left is no space too
+            raise _no_space(error, folder, payload, 0) from error
+        raise
+    stream = _StreamingFile(descriptor)
     try:
         try:
             # torch.save calls only write() and flush() on a file object.
-            torch.save(payload, cast("IO[bytes]", _StreamingFile(descriptor)))
+            torch.save(payload, cast("IO[bytes]", stream))
             os.fsync(descriptor)  # durable before it gets its final name
         finally:
             os.close(descriptor)
-        final = folder / name
-        os.replace(temp, final)
-    except BaseException:
+        _replace(temp, final)
+    except BaseException as error:
         temp.unlink(missing_ok=True)
+        # torch reports a failed write as its own RuntimeError; the stream kept the real one
+        cause = stream.failure if stream.failure is not None else error
+        if isinstance(cause, OSError) and cause.errno in _NO_SPACE:
+            raise _no_space(cause, folder, payload, stream.written) from error
         raise
     _fsync_directory(folder)  # make the rename itself durable
     return final
+
+
+def _replace(temp: Path, final: Path) -> None:
+    try:
+        os.replace(temp, final)
+    except FileNotFoundError as error:
+        if temp.parent.is_dir():
+            raise CheckpointError(
+                f"{temp.name} was deleted while {final.name} was being written to it",
+                hint=f"another job sharing {temp.parent} took it for a dead writer's file "
+                f"(not written for {STALE_AFTER_S / 60:.0f} minutes: a suspended save?); save "
+                "again, or give each job its own directory",
+            ) from error
+        raise
+
+
+def _no_space(error: OSError, folder: Path, payload: Any, written: int) -> CheckpointError:
+    """The one-line error for a write that ran out of space: how much it needs, how much the
+    folder's filesystem has free (a quota, EDQUOT, may be less than the free space)."""
+    needed = -(-max(written, _payload_bytes(payload)) // _MB)  # rounded up
+    try:
+        free = f"{shutil.disk_usage(folder).free // _MB} MB free"
+    except OSError:
+        free = "free space unknown"
+    what = "no space left on device" if error.errno == errno.ENOSPC else "disk quota exceeded"
+    return CheckpointError(
+        f"{what} ({needed} MB needed, {free} in {folder})",
+        hint=f"free space in {folder} or save elsewhere; the new checkpoint is written before "
+        "the oldest one is deleted, so the folder needs room for keep_last + 1 checkpoints",
+    )
+
+
+def _payload_bytes(payload: Any) -> int:
+    """The bytes of the tensors in ``payload`` (each storage once): what ``torch.save`` writes,
+    but for the pickle (small) and values that are not containers (not looked into)."""
+    seen: set[tuple[str, int]] = set()
+    total, pending = 0, [payload]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            try:
+                storage = value.untyped_storage()
+                key = (str(storage.device), storage.data_ptr())
+                if key not in seen:
+                    seen.add(key)
+                    total += storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # sparse, meta, subclasses: skipped
+                continue
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            pending.extend(value)
+    return total
+
+
+def stale_temps(folder: Path, prefix: str) -> list[Path]:
+    """The temporary files ``.<prefix>*.tmp`` in ``folder`` whose writer is dead (see the
+    module's docstring); regular files only, a link is never followed."""
+    found = []
+    now = time.time()
+    for entry in folder.iterdir():
+        name = entry.name
+        if not (name.startswith(f".{prefix}") and name.endswith(".tmp")):
+            continue
+        try:
+            info = entry.lstat()
+        except FileNotFoundError:  # renamed or removed meanwhile
+            continue
+        if stat.S_ISREG(info.st_mode) and _stale(name, info.st_mtime, now):
+            found.append(entry)
+    return found
+
+
+def _stale(name: str, modified: float, now: float) -> bool:
+    match = _TEMP.fullmatch(name)
+    if match is not None and match["tag"] == writer_tag() and int(match["pid"]) > 0:
+        return not _writer_alive(int(match["pid"]), modified)
+    return now - modified > STALE_AFTER_S
+
+
+def _writer_alive(pid: int, modified: float) -> bool:
+    """Whether process ``pid`` (this host, this PID namespace) can be the one that last wrote
+    at ``modified``: it exists and started before that."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    except OverflowError:
+        return False
+    started = _started_at(pid)
+    # /proc's start time has 1/100 s ticks and the boot time whole seconds: 2 s of slack
+    return started is None or started <= modified + 2.0
+
+
+def _started_at(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch), from /proc; None where unknown."""
+    stat_line = _read(f"/proc/{pid}/stat")
+    boot = next(
+        (line.split()[1] for line in _read("/proc/stat").splitlines() if line.startswith("btime ")),
+        None,
+    )
+    fields = stat_line.rpartition(")")[2].split()  # after the command name, which may hold ")"
+    if boot is None or len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return int(boot) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 class _StreamingFile:
@@ -66,7 +245,8 @@ class _StreamingFile:
 
     def __init__(self, descriptor: int) -> None:
         self._descriptor = descriptor
-        self._written = 0
+        self.written = 0
+        self.failure: OSError | None = None  # the write's own error, which torch hides
         self._requested = 0  # bytes already handed to a writeback request
         self._start_writeback = _sync_file_range()
 
@@ -76,16 +256,26 @@ class _StreamingFile:
         while view:
             room = len(view)
             if self._start_writeback is not None:
-                room = min(room, _WRITEBACK_CHUNK - (self._written - self._requested))
-            written = os.write(self._descriptor, view[:room])
+                room = min(room, _WRITEBACK_CHUNK - (self.written - self._requested))
+            written = self._write(view[:room])
             view = view[written:]
-            self._written += written
+            self.written += written
             if self._start_writeback is not None and (
-                self._written - self._requested >= _WRITEBACK_CHUNK
+                self.written - self._requested >= _WRITEBACK_CHUNK
             ):
-                self._start_writeback(self._descriptor, self._requested, self._written)
-                self._requested = self._written
+                self._start_writeback(self._descriptor, self._requested, self.written)
+                self._requested = self.written
         return size
+
+    def _write(self, data: memoryview) -> int:
+        try:
+            written = os.write(self._descriptor, data)
+            if written == 0:  # a regular file takes at least a byte unless it has no room
+                raise OSError(errno.ENOSPC, "a write wrote nothing")
+        except OSError as error:
+            self.failure = error
+            raise
+        return written
 
     def flush(self) -> None:
         """Nothing is buffered here: every write went straight to the kernel."""

@@ -1,0 +1,138 @@
+"""A pydantic ``ValidationError`` of a spec or profile as the one ``ConfigError`` line.
+
+``<source>: <field.path>=<value>: <problem> (hint: ...)``: the first error (an unknown key
+first: it is usually the cause of the others), where ``<source>`` is the file (or ``--set``)
+that supplied the value, the value quoted by :func:`ddpkit.jobs.checks.shown` (cut short), the
+hint from the check that failed, the field's description or its limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from pydantic import BaseModel, ValidationError
+
+from ddpkit.errors import ConfigError
+from ddpkit.hints import closest, did_you_mean
+from ddpkit.jobs.checks import LIMIT_HINTS, shown
+from ddpkit.jobs.spec import ERROR_TYPE, ClusterProfile, JobSpec
+
+__all__ = ["config_error", "field_path"]
+
+_KEY_CHARS = 80
+
+
+def field_path(parent: str, key: object) -> str:
+    """``env.FOO``; a key that would not read back on one line as written (``"FOO\\n"``, a
+    space) is shown as its repr, ``env['FOO\\n']``, so the one-line error stays one line, and
+    a long one cut short (``env['FOOO...'...]``)."""
+    text = str(key)
+    if text and text.isprintable() and " " not in text and len(text) <= _KEY_CHARS:
+        return f"{parent}.{text}"
+    return f"{parent}[{shown(text, _KEY_CHARS)}]"
+
+
+_PROBLEMS = {
+    "int_type": "is not a whole number",
+    "float_type": "is not a number",
+    "string_type": "is not a string",
+    "list_type": "is not a list",
+    "dict_type": "is not a mapping",
+    "bool_type": "is not true or false",
+    "missing": "is missing",
+    "literal_error": "is not one of {expected}",
+    "greater_than_equal": "is less than {ge}",
+    "greater_than": "is not greater than {gt}",
+    "less_than_equal": "is more than {le}, ddpkit's limit",
+}
+
+
+def config_error(
+    exc: ValidationError,
+    model: type[BaseModel],
+    data: Mapping[str, object],
+    origins: Mapping[str, str],
+    source: str,
+) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    # an unknown key is usually the cause of the other errors (a typo'd required field)
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    ctx: dict[str, Any] = dict(error.get("ctx") or {})
+    path, value, is_key = _locate(data, error["loc"])
+    if "field" in ctx:
+        path, value, is_key = ctx["field"], ctx.get("value"), False
+    top = path.split(".")[0].split("[")[0]
+    where = _origin(origins, path) or source
+    if error["type"] == "extra_forbidden":
+        return ConfigError(f"{where}: unknown key {shown(top)}", hint=_unknown_key_hint(top, model))
+    custom = error["type"] == ERROR_TYPE
+    problem = ctx["problem"] if custom else _problem(error["type"], error["msg"], ctx)
+    hint = ctx["hint"] if custom else _field_hint(model, top, error["type"], value)
+    label = path if is_key or error["type"] == "missing" else f"{path}={shown(value)}"
+    return ConfigError(f"{where}: {label}: {problem}", hint=hint)
+
+
+def _origin(origins: Mapping[str, str], path: str) -> str | None:
+    """The source of the longest known prefix of ``path`` (``sweep.params.lr[0]`` ->
+    ``sweep.params`` -> ``sweep``)."""
+    while path:
+        if path in origins:
+            return origins[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
+def _locate(data: Mapping[str, object], loc: tuple[int | str, ...]) -> tuple[str, object, bool]:
+    """(``env.X``/``setup[2]`` path, value, is-a-key-error) of an error location in the input.
+
+    The walk stops at the first item not in the data (pydantic adds ``[key]``, union members).
+    """
+    path, current, is_key = "", cast(object, data), False
+    for item in loc:
+        if item == "[key]":
+            is_key = True
+            break
+        if isinstance(current, Mapping) and item in current:
+            path, current = (field_path(path, item) if path else str(item)), current[item]
+        elif isinstance(current, list) and isinstance(item, int) and 0 <= item < len(current):
+            path, current = f"{path}[{item}]", current[item]
+        else:
+            if not path:  # a field absent from the input (missing)
+                path, current = str(item), None
+            break
+    return path, current, is_key
+
+
+def _problem(kind: str, msg: str, ctx: Mapping[str, Any]) -> str:
+    if kind in _PROBLEMS:
+        return _PROBLEMS[kind].format(**ctx)
+    return msg[:1].lower() + msg[1:]
+
+
+def _field_hint(model: type[BaseModel], field: str, kind: str, value: object) -> str:
+    info = model.model_fields.get(field)
+    hint = (info.description if info else None) or "see the JobSpec fields"
+    if kind == "less_than_equal":
+        return LIMIT_HINTS.get(field, hint)
+    if kind == "literal_error" and isinstance(value, str) and info is not None:
+        choices = [str(choice) for choice in getattr(info.annotation, "__args__", ())]
+        if closest(value, choices) is not None:
+            return did_you_mean(value, choices, hint=hint)
+    quotable = isinstance(value, bool | int | float)
+    if kind == "string_type" and quotable and "quote" not in hint:
+        hint += "; YAML reads yes/no/on/off/true/false and numbers as non-strings: quote them"
+    return hint
+
+
+def _unknown_key_hint(key: str, model: type[BaseModel]) -> str:
+    fields = list(model.model_fields)
+    if model is ClusterProfile and key in JobSpec.model_fields:
+        return f"{key!r} is a job setting: set it in the spec, not in a profile"
+    match = closest(key, fields)
+    if match is None and key:  # 'gpus' -> gpus_per_node, 'mem' -> mem_gb: names carry their unit
+        match = next((f for f in fields if f.startswith(key.rstrip("_") + "_")), None)
+    if match is not None:
+        return f"did you mean {match!r}?"
+    return f"known keys: {', '.join(fields)}"

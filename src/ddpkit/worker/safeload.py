@@ -1,0 +1,191 @@
+"""Which checkpoint a load restores, and reading it without running code from it.
+
+:func:`read_checkpoint` takes a folder (the newest checkpoint that loads, files that do not
+skipped with a warning; None when there is none or the folder does not exist yet) or one
+checkpoint file (exactly that one, or an error: a file asked for by name is never swapped for
+another). A missing path named like a file (``*.pt``) is an error, not a fresh start.
+
+Unpickling runs whatever a file names, so a checkpoint is read with
+``torch.load(weights_only=True)``: torch's restricted unpickler builds tensors, numbers,
+strings, ``None``, lists, tuples, dicts, sets and ``OrderedDict`` (what state dicts, optimizer
+states and ddpkit's loader position are made of) and refuses any other global. Allowed besides,
+for the duration of one load only (torch's list is restored exactly afterwards): what ddpkit
+itself stores beyond those, numpy's RNG state (a ``uint32`` array: ``ndarray``, ``dtype``,
+its ``uint32`` dtype class and the array's rebuild function), and the ``trusted_types`` the
+caller passes knowingly. A file that names anything else is refused with
+:class:`~ddpkit.errors.CheckpointError` naming every such global and how to trust it; a file
+that is damaged fails with torch's own error, which the caller treats as damage.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.serialization
+
+from ddpkit import compat
+from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.worker import ckptfiles
+
+__all__ = ["check_trusted", "load_file", "read_checkpoint"]
+
+
+def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> dict[str, Any] | None:
+    """The checkpoint to restore: the file ``path``, or the newest loadable one in the folder
+    ``path``; None for an empty or missing folder."""
+    if path.is_file():
+        return _load_exactly(path, map_location, trusted)
+    if path.is_dir():
+        return _load_newest(path, map_location, trusted)
+    if path.exists():
+        raise CheckpointError(
+            f"{path} is neither a checkpoint folder nor a checkpoint file",
+            hint="pass the folder given to save_checkpoint, or one ckpt-<step>.pt file in it",
+        )
+    if ckptfiles.COMPLETE.fullmatch(path.name) or path.suffix in {".pt", ".pth"}:
+        raise CheckpointError(
+            f"checkpoint file {path} does not exist",
+            hint=f"pass its folder {path.parent} to resume from the newest checkpoint there "
+            "(keep_last may have pruned this one)",
+        )
+    return None  # a fresh run: save_checkpoint creates the folder
+
+
+def _load_exactly(path: Path, map_location: Any, trusted: list[Any]) -> dict[str, Any]:
+    """The checkpoint in the file ``path``; a file that does not load is an error (asked
+    for by name, it is not swapped for another one)."""
+    try:
+        payload = load_file(path, map_location, trusted)
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(
+            f"checkpoint file {path} cannot be loaded ({type(error).__name__}: {error})",
+            hint=f"it is damaged or unreadable; pass its folder {path.parent} to resume from "
+            "the newest checkpoint there that loads",
+        ) from error
+    if not _valid(payload):
+        raise CheckpointError(
+            f"{path} was not written by ddpkit.save_checkpoint",
+            hint="pass a ckpt-<step>.pt file that save_checkpoint wrote, or its folder",
+        )
+    return dict(payload)
+
+
+def _load_newest(folder: Path, map_location: Any, trusted: list[Any]) -> dict[str, Any] | None:
+    """The newest written checkpoint that loads; every file skipped on the way is warned of.
+    A file that holds a type the load refuses is not skipped: it raises."""
+    found = ckptfiles.written(folder)
+    for entry in found:
+        if entry.problem is not None:
+            _warn_skipped(entry.path, entry.problem)
+    for entry in reversed([entry for entry in found if entry.problem is None]):
+        try:
+            payload = load_file(entry.path, map_location, trusted)
+        except CheckpointError:
+            raise
+        except Exception as error:  # damaged past the header: fall back to the previous one
+            _warn_skipped(entry.path, f"it cannot be loaded ({type(error).__name__}: {error})")
+            continue
+        if not _valid(payload):
+            _warn_skipped(entry.path, "not written by ddpkit.save_checkpoint")
+            continue
+        return dict(payload)
+    return None
+
+
+def _valid(payload: object) -> bool:
+    """Whether ``payload`` has the shape of a ddpkit checkpoint."""
+    return (
+        isinstance(payload, dict)
+        and payload.get("format") in ckptfiles.READABLE
+        and isinstance(payload.get("step"), int)
+        and isinstance(payload.get("state"), dict)
+        and isinstance(payload.get("rng"), list)
+    )
+
+
+def _warn_skipped(path: Path, why: str) -> None:
+    warnings.warn(
+        f"skipping checkpoint {path}: {why}; the newest loadable one is used instead",
+        RuntimeWarning,
+        stacklevel=5,  # load_checkpoint's caller
+    )
+
+
+def load_file(path: Path, map_location: Any, trusted: Sequence[Any]) -> Any:
+    """``torch.load(path, weights_only=True)`` with ddpkit's and the ``trusted`` globals
+    allowed; :class:`CheckpointError` when the file names a global that is not."""
+    with _allowed([*_ddpkit_globals(), *trusted]):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as error:
+            names = compat.refused_globals(error, path)
+            if not names:
+                raise  # damaged, not refused
+    listed = ", ".join(names)
+    raise CheckpointError(
+        f"checkpoint {path} holds {listed}, which load_checkpoint does not unpickle: "
+        "unpickling anything but tensors, numbers, strings and containers can run code",
+        hint=f"if you trust this file (your own run wrote it), pass "
+        f"load_checkpoint(..., trusted_types=[{listed}]); if you did not write it, remove it",
+    )
+
+
+def check_trusted(trusted: object) -> list[Any]:
+    """``trusted_types`` as a list: classes or functions, or ``(obj, "module.name")`` pairs
+    (torch's form for a global saved under another name); ConfigError for anything else."""
+    if isinstance(trusted, str | bytes) or not isinstance(trusted, Sequence | set | frozenset):
+        raise ConfigError(
+            f"trusted_types={trusted!r} must be a list of classes or functions",
+            hint="e.g. trusted_types=[MyConfig], the types your own state holds",
+        )
+    items = list(trusted)
+    for item in items:
+        pair = isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str)
+        if not (callable(item[0]) if pair else callable(item)):
+            raise ConfigError(
+                f"trusted_types holds {item!r}, which is neither a class nor a function",
+                hint="pass the class itself (trusted_types=[MyConfig]), not an instance "
+                "or its name",
+            )
+    return items
+
+
+def _ddpkit_globals() -> list[Any]:
+    """The globals of what ddpkit stores beyond torch's defaults: numpy's RNG state."""
+    try:
+        import numpy
+    except ImportError:  # numpy is optional: no numpy state was saved then
+        return []
+    array = numpy.zeros(1, dtype=numpy.uint32)
+    rebuild = array.__reduce__()[0]  # numpy's _reconstruct, wherever this numpy keeps it
+    found: list[Any] = [rebuild, numpy.ndarray, numpy.dtype, type(array.dtype)]
+    if _TUPLES_ALLOWED:  # a file written under numpy 1 names it numpy.core, under 2 numpy._core
+        found += [(rebuild, f"numpy.{core}.multiarray._reconstruct") for core in ("core", "_core")]
+    return found
+
+
+# torch 2.6 accepts (global, "module.name") pairs; earlier versions only the globals themselves
+_TUPLES_ALLOWED = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
+
+
+@contextmanager
+def _allowed(extra: list[Any]) -> Iterator[None]:
+    """``extra`` allowed for ``weights_only`` loads while the block runs. Afterwards only what
+    it added is taken away again: an entry the user (or torch, importing a module meanwhile)
+    added stays; torch's own ``safe_globals`` context would remove the user's too."""
+    before = torch.serialization.get_safe_globals()
+    added = [item for item in extra if item not in before]
+    torch.serialization.add_safe_globals(added)
+    try:
+        yield
+    finally:
+        after = torch.serialization.get_safe_globals()
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals([item for item in after if item not in added])

@@ -1,0 +1,302 @@
+"""What a kill -9 mid-save leaves behind, and a disk that is (nearly) full.
+
+A real writer process saves a large state and is killed with SIGKILL at several moments of the
+save (while pickling, after 1%, 50% and 99% of the data, after the fsync, after the rename); the
+pause points are hooks in that writer process only (the file, the kill and the next save are
+real). Its temporary file must be removed by the next save, before that save writes, while a
+live writer's (another job saving into the same folder) is left alone. Disk-full cases run on a
+real small tmpfs mounted for the test (root needed: under CI=true its absence fails the test).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ddpkit
+from ddpkit.errors import CheckpointError
+from ddpkit.worker import durable
+
+MiB = 2**20
+_WAIT_S = 90.0  # the writer imports torch on a loaded 2-core machine before it gets anywhere
+
+_WRITER = textwrap.dedent(
+    """
+    import collections, os, sys, time
+    from pathlib import Path
+    import torch
+    import ddpkit
+    from ddpkit.worker import durable
+
+    folder, marker, moment = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    size, step = int(sys.argv[4]), int(sys.argv[5])
+    go = Path(f"{marker}.go")
+    durable._WRITEBACK_CHUNK = 256 * 1024  # the data in many writes: a pause lands mid-file
+
+    def pause(where):
+        marker.write_text(where)
+        deadline = time.monotonic() + 120  # never outlive a test that died
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    real_write, real_fsync, real_replace = os.write, os.fsync, os.replace
+    written = 0
+
+    def write(descriptor, data):
+        global written
+        count = real_write(descriptor, data)
+        written += count
+        if moment.startswith("written-") and written >= size * float(moment[8:]):
+            if not marker.exists():
+                pause(moment)
+        return count
+
+    def fsync(descriptor):
+        real_fsync(descriptor)
+        if moment == "fsynced" and not marker.exists():
+            pause(moment)
+
+    def replace(source, target):
+        real_replace(source, target)
+        if moment == "renamed" and not marker.exists():
+            pause(moment)
+
+    class Pickling:
+        # pickled inside torch.save, with the temporary file already created
+        def __reduce__(self):
+            if moment == "pickling":
+                pause(moment)
+            return (collections.OrderedDict, ())  # one of the globals loads allow
+
+    os.write, os.fsync, os.replace = write, fsync, replace
+    state = {"big": torch.ones(size // 4), "mark": Pickling()}
+    ddpkit.save_checkpoint(folder, state, step=step)
+    print("saved", flush=True)
+    """
+)
+
+MOMENTS = ["pickling", "written-0.01", "written-0.5", "written-0.99", "fsynced", "renamed"]
+
+
+class _Writer:
+    """A process saving checkpoint ``step`` of ``size`` bytes into ``folder``, paused at
+    ``moment`` until it is killed or let go."""
+
+    def __init__(self, folder: Path, moment: str, size: int, step: int) -> None:
+        self.marker = folder.parent / f"paused-{moment}-{step}"
+        arguments = [str(folder), str(self.marker), moment, str(size), str(step)]
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_paused(self) -> None:
+        deadline = time.monotonic() + _WAIT_S
+        while not self.marker.exists():
+            if self.process.poll() is not None:
+                output = self.process.stdout.read() if self.process.stdout else ""
+                raise AssertionError(f"writer exited {self.process.returncode}\n{output}")
+            assert time.monotonic() < deadline, "the writer never reached its pause"
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        assert self.process.wait(timeout=30) == -signal.SIGKILL
+
+    def resume(self) -> tuple[int, str]:
+        Path(f"{self.marker}.go").touch()
+        output, _ = self.process.communicate(timeout=_WAIT_S)
+        return self.process.returncode, output
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate()
+
+
+@pytest.fixture
+def writers() -> Iterator[Callable[..., _Writer]]:
+    started: list[_Writer] = []
+
+    def start(folder: Path, moment: str, size: int, step: int) -> _Writer:
+        started.append(_Writer(folder, moment, size, step))
+        return started[-1]
+
+    yield start
+    for writer in started:
+        writer.close()
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir())
+
+
+def _temps(folder: Path) -> list[str]:
+    return [name for name in _names(folder) if name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_kill_9_at_any_moment_of_a_save(
+    tmp_path: Path, writers: Callable[..., _Writer], moment: str
+) -> None:
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.full((4,), 1.0)}, step=1)
+    writer = writers(folder, moment, 8 * MiB, 2)
+    writer.wait_paused()
+    writer.kill()
+    renamed = moment == "renamed"
+    temps = _temps(folder)
+    assert len(temps) == (0 if renamed else 1), _names(folder)  # the kill left its temp file
+    assert all(f".{os.getpid()}." not in name for name in temps)
+    state: dict[str, Any] = {}
+    assert ddpkit.load_checkpoint(folder, state) == (2 if renamed else 1)
+    # the next save (another process on this host) removes the dead writer's temporary file
+    ddpkit.save_checkpoint(folder, {"w": torch.zeros(1)}, step=3)
+    written = ["ckpt-000000001.pt", *(["ckpt-000000002.pt"] if renamed else [])]
+    assert _names(folder) == [*written, "ckpt-000000003.pt"]
+    assert ddpkit.load_checkpoint(folder, state) == 3
+
+
+def test_a_live_writers_temporary_file_is_left_alone(
+    tmp_path: Path, writers: Callable[..., _Writer]
+) -> None:
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(1)}, step=1)
+    writer = writers(folder, "written-0.5", 8 * MiB, 2)  # another job, mid-save
+    writer.wait_paused()
+    (theirs,) = _temps(folder)
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(1)}, step=3)  # prunes dead writers' only
+    assert _temps(folder) == [theirs]
+    code, output = writer.resume()
+    assert code == 0 and "saved" in output, output  # its file was there to be renamed
+    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000002.pt", "ckpt-000000003.pt"]
+
+
+def test_which_temporary_files_are_stale(tmp_path: Path) -> None:
+    """The rule of durable.stale_temps, file by file: same host (and PID namespace) by the
+    writer's PID, anything else by age."""
+    mine, other = durable.writer_tag(), "elsewhere~0123abcd"
+    dead = _dead_pid()
+    live = subprocess.Popen(["sleep", "60"])
+    now = time.time()
+    fresh, old = now - durable.STALE_AFTER_S + 120, now - durable.STALE_AFTER_S - 120
+    name = ".ckpt-000000002.pt.{}.{}.{}.tmp"
+    cases = {  # name: (last written, stays)
+        name.format(mine, dead, "0000aaa1"): (now, False),  # its writer is gone
+        name.format(mine, live.pid, "0000aaa2"): (now, True),  # alive
+        name.format(mine, live.pid, "0000aaa3"): (old, False),  # PID reused after the write
+        name.format(mine, os.getpid(), "0000aaa4"): (old, True),  # this process
+        name.format(other, dead, "0000aaa5"): (fresh, True),  # another host: by age
+        name.format(other, dead, "0000aaa6"): (old, False),
+        ".ckpt-000000002.pt.0a1b2c3d.tmp": (fresh, True),  # ddpkit before host names
+        ".ckpt-000000002.pt.0a1b2c3d.tmp.x": (old, True),  # not a temporary file name
+        ".ckpt-000000003.pt.0a1b2c3e.tmp": (old, False),
+        ".other-000000002.pt.0a1b2c3f.tmp": (old, True),  # not a checkpoint's
+    }
+    try:
+        for entry, (when, _) in cases.items():
+            (tmp_path / entry).write_bytes(b"partial")
+            os.utime(tmp_path / entry, (when, when))
+        target = tmp_path / "target"
+        target.write_text("kept")
+        (tmp_path / ".ckpt-000000004.pt.0a1b2c40.tmp").symlink_to(target)
+        os.utime(tmp_path / ".ckpt-000000004.pt.0a1b2c40.tmp", (old, old), follow_symlinks=False)
+        ddpkit.save_checkpoint(tmp_path, {"w": torch.ones(1)}, step=1)
+    finally:
+        live.kill()
+        live.wait()
+    left = set(_names(tmp_path))
+    for entry, (_, stays) in cases.items():
+        assert (entry in left) == stays, entry
+    assert ".ckpt-000000004.pt.0a1b2c40.tmp" in left and target.read_text() == "kept"
+
+
+def _dead_pid() -> int:
+    """The PID of a process that has ended."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+# --- a small disk ------------------------------------------------------------------------------
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``mount(size)``: a fresh tmpfs of ``size`` (e.g. "8m"), unmounted after the test."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        target = tmp_path / f"disk{len(mounted)}"
+        target.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)]
+        try:
+            done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=30)
+            why = done.stderr.strip() if done.returncode else ""
+        except FileNotFoundError as error:
+            why = str(error)
+        if why:
+            message = f"cannot mount a {size} tmpfs for the disk-full tests (needs root): {why}"
+            if _ci():
+                pytest.fail(message)
+            pytest.skip(message)
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in mounted:
+        unmounted = subprocess.run(["umount", str(target)], check=False, capture_output=True)
+        if unmounted.returncode:  # still busy: detach it now, it goes once its last user does
+            subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+def test_a_dead_writers_file_does_not_fill_a_small_disk_for_good(
+    small_disk: Callable[[str], Path], writers: Callable[..., _Writer]
+) -> None:
+    folder = small_disk("8m") / "ckpt"
+    checkpoint = {"w": torch.ones(int(2.5 * MiB) // 4)}  # 2.5 MiB
+    ddpkit.save_checkpoint(folder, checkpoint, step=1)
+    writer = writers(folder, "written-0.9", 4 * MiB, 2)
+    writer.wait_paused()
+    writer.kill()  # leaves a 3.6 MiB temporary file: 2.5 + 3.6 + 2.5 > 8
+    assert len(_temps(folder)) == 1
+    assert shutil.disk_usage(folder).free < 2.5 * MiB
+    ddpkit.save_checkpoint(folder, checkpoint, step=3)
+    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
+    assert ddpkit.load_checkpoint(folder, {}) == 3
+
+
+def test_a_full_disk_says_how_much_space_is_missing(small_disk: Callable[[str], Path]) -> None:
+    folder = small_disk("8m") / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(3 * MiB // 4)}, step=1)
+    free_before = shutil.disk_usage(folder).free
+    with pytest.raises(CheckpointError) as caught:
+        ddpkit.save_checkpoint(folder, {"w": torch.ones(6 * MiB // 4)}, step=2)
+    message = str(caught.value)
+    found = re.search(
+        rf"no space left on device \((\d+) MB needed, (\d+) MB free in {folder}\)", message
+    )
+    assert found is not None, message
+    needed, free = int(found[1]), int(found[2])
+    assert needed == -(-6 * MiB // 10**6) and free == free_before // 10**6, message
+    assert "unexpected pos" not in message and "keep_last" in (caught.value.hint or "")
+    assert _names(folder) == ["ckpt-000000001.pt"]  # nothing half-written left
+    assert ddpkit.load_checkpoint(folder, {}) == 1
