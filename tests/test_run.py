@@ -273,9 +273,42 @@ def test_recorded_failure_via_subprocess_uses_the_error_file() -> None:
     assert "  ValueError: boom from rank 0" in report.splitlines()
 
 
-def test_killed_worker_reports_the_signal(capfd: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--nproc-per-node", "2", WORKER, "--kill-rank", "1"]) == 128 + 9
+@pytest.mark.parametrize(
+    ("how", "sig"),
+    [
+        ("abort", signal.SIGABRT),
+        ("segv", signal.SIGSEGV),
+        ("SIGBUS", signal.SIGBUS),
+        ("SIGKILL", signal.SIGKILL),
+        ("SIGTERM", signal.SIGTERM),
+    ],
+)
+def test_a_worker_killed_by_a_signal_is_reported_with_that_signal_and_its_stderr(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, how: str, sig: signal.Signals
+) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--log-dir", str(tmp_path), ENV_WORKER]
+    assert main([*argv, "--die-rank", "1", "--die", how]) == 128 + sig
     report = summary(capfd.readouterr().err)
-    assert "rank 1 (local rank 1)" in report.splitlines()[0]
-    assert "signal SIGKILL (exit code 137)" in report.splitlines()[0]
-    assert "no traceback: a killed process leaves none" in report
+    lines = report.splitlines()
+    assert f"rank 1 (local rank 1) on {socket.gethostname()}: signal {sig.name}" in lines[0]
+    assert f"(exit code {128 + sig})" in lines[0]
+    assert "ddpkit: traceback of rank" not in report  # the handled one it logged is no cause
+    why = next(line for line in lines if line.startswith("ddpkit: no traceback"))
+    assert f"died of {sig.name}" in why, report
+    # only SIGKILL may be the OOM killer, and then only as a possibility
+    assert ("OOM" in report) == (sig == signal.SIGKILL), report
+    assert "out of memory" not in report.lower() or "possibly the OOM killer" in report
+    (log,) = tmp_path.glob("*/attempt_0/1/stderr.log")
+    assert f"rank 1 dies by {how}" in log.read_text()
+    assert f"ddpkit: last lines of its stderr ({log}):" in lines, report
+    assert f"  rank 1 dies by {how}" in lines, report
+
+
+def test_a_killed_worker_whose_stderr_went_to_the_console_only_says_so(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--tee", "1", ENV_WORKER]
+    assert main([*argv, "--die-rank", "0", "--die", "abort"]) == 128 + signal.SIGABRT
+    report = summary(capfd.readouterr().err)
+    assert "died of SIGABRT" in report
+    assert "its stderr went to the console only" in report, report

@@ -105,8 +105,8 @@ def env_var_rows() -> list[EnvVarRow]:
       ``ddpkit.worker.watchdog.policy.PEER_TIMEOUT_VAR`` / ``DEFAULT_PEER_TIMEOUT_S``,
       ``ddpkit.worker.progress.PROGRESS_VAR``, ``ddpkit.worker.rankzero.LOG_ALL_RANKS_VAR``,
       ``ddpkit.worker.requeue.DEFAULT_SIGNAL`` / ``DEFAULT_MAX_REQUEUES`` / ``ALLOWED_SIGNALS``,
-      and ``DDPKIT_HOME``, which has no constant (a literal in ``ddpkit/jobs/records.py`` and
-      ``ddpkit/jobs/load.py``).
+      ``ddpkit.launch.deathsig.TOKEN_VAR``, and ``DDPKIT_HOME``, which has no constant (a
+      literal in ``ddpkit/jobs/records.py`` and ``ddpkit/jobs/load.py``).
 
     Once one module owns every name, point this function at its table instead.
     """
@@ -123,6 +123,7 @@ def env_var_rows() -> list[EnvVarRow]:
         "DEFAULT_CONNECT_TIMEOUT_S",
     )
     home = _literal_in("DDPKIT_HOME", "ddpkit/jobs/records.py")
+    deathsig = importlib.import_module("ddpkit.launch.deathsig")
 
     rows = [
         EnvVarRow(
@@ -176,6 +177,16 @@ def env_var_rows() -> list[EnvVarRow]:
             "place a profile name is looked up (`$DDPKIT_HOME/profiles`; unset: "
             "`${XDG_CONFIG_HOME:-~/.config}/ddpkit/profiles`).",
             "literal in ddpkit/jobs/records.py and ddpkit/jobs/load.py",
+        ),
+        EnvVarRow(
+            deathsig.TOKEN_VAR,
+            "`ddpkit run`",
+            "",
+            "A fresh value per launch in the environment of its workers, and so of every process "
+            "they start. When the launcher dies without having ended normally (`kill -9`, the "
+            "OOM killer), its sweeper kills every process that carries it (Linux). Not yours to "
+            "set.",
+            "ddpkit.launch.deathsig.TOKEN_VAR",
         ),
     ]
     defaults = {

@@ -1,14 +1,20 @@
 """Worker for tests/test_run.py that never imports torch (fast to start).
 
 Prints ``env RANK=.. LOCAL_RANK=.. ...`` and ``args <json of sys.argv[1:]>``; with
-``--exit-rank R --code C`` the worker of global rank R exits with code C without raising.
+``--exit-rank R --code C`` the worker of global rank R exits with code C without raising; with
+``--die-rank R --die HOW`` it logs a handled exception, says so on stderr, then dies of a
+signal: ``abort`` (os.abort), ``segv`` (a real segmentation fault: ctypes reads address 0),
+or a signal name it sends itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
+import traceback
 
 KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
 KEYS += ("TORCHELASTIC_RESTART_COUNT",)
@@ -19,3 +25,18 @@ if __name__ == "__main__":
     argv = sys.argv[1:]
     if "--exit-rank" in argv and argv[argv.index("--exit-rank") + 1] == os.environ["RANK"]:
         sys.exit(int(argv[argv.index("--code") + 1]))
+    if "--die-rank" in argv and argv[argv.index("--die-rank") + 1] == os.environ["RANK"]:
+        how = argv[argv.index("--die") + 1]
+        try:  # a handled error logged earlier: its traceback is not the cause of the death
+            raise ValueError("handled")
+        except ValueError:
+            traceback.print_exc()
+        print(f"rank {os.environ['RANK']} dies by {how}", file=sys.stderr, flush=True)
+        if how == "abort":
+            os.abort()
+        if how == "segv":
+            import ctypes
+
+            ctypes.string_at(0)
+        os.kill(os.getpid(), getattr(signal, how))
+        time.sleep(60)  # a blocked or ignored signal: never the test's intent

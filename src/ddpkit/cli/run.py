@@ -8,14 +8,13 @@ Values stay raw text (None when not given) and become a ``RunConfig`` in exactly
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from ddpkit.jobs.contract import SIGNAL_VAR
+from ddpkit.launch import relay
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
 from ddpkit.worker import stopsignal
 from ddpkit.worker.requeue import parse_signal
@@ -66,7 +65,12 @@ Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_A
 MASTER_PORT and TORCHELASTIC_* variables, and OMP_NUM_THREADS=1 when more than one runs per node
 and it is unset (as under torchrun). The prefix template can be changed with
 TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (${rank}, ${local_rank}, ${role_name}).
-Exit code: 0, 2 for bad flags, else the failed worker's exit code (128+N for signal N).
+Signals: SIGUSR2 (or DDPKIT_SIGNAL) is the stop signal: from the launcher's first line it is
+passed on to the workers, kept for them when none runs yet; their preemption_guard() stops
+with a checkpoint. SIGUSR1 is passed on too. Neither ever kills the launcher. With the
+launcher gone (SIGKILL included), its workers die too (Linux).
+Exit code: 0; 2 for bad flags; 75 when the workers stopped early with a checkpoint (run the
+same command again to resume); else the failed worker's exit code (128+N for signal N).
 examples:
   ddpkit run --nproc-per-node 2 train.py --epochs 3
   ddpkit run --nnodes 2 --node-rank 0 --master-addr node1 --nproc-per-node gpu train.py
@@ -145,8 +149,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(config.torchrun_command())
         return 0
-    if os.environ.get(SIGNAL_VAR, "").strip():
-        _hold_stop_signal(parse_signal(os.environ[SIGNAL_VAR]))
+    _relay_stop_signal(os.environ)
     from ddpkit.launch.local import launch
 
     outcome = launch(config)
@@ -156,23 +159,20 @@ def run_command(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
-def _hold_stop_signal(sig: signal.Signals) -> None:
-    """In a ddpkit job the agent is a task too: the stop signal must kill neither it nor a
-    worker that has not reached ``ddpkit.init()`` yet (SLURM signals every process of the step).
+def _relay_stop_signal(env: Mapping[str, str]) -> None:
+    """Pass the stop signal on to the workers from now on (see :mod:`ddpkit.launch.relay`).
 
-    The agent blocks it before it starts anything, so the workers start with it blocked (pending
-    until their latch), and passes each arrival on to them from a thread; the latch keeps the
-    default action away from a thread that does not block it. The marker then tells the task's
-    wrapper and the batch shell that the agent holds it.
+    The ``ddpkit`` process blocked it first thing (``relay.hold``); called in-process, only a
+    ddpkit job's ``DDPKIT_SIGNAL`` is held, from here. In a ddpkit job the agent is a task too
+    (SLURM signals every process of the step): the marker in ``DDPKIT_LATCH_DIR`` then tells the
+    task's wrapper and the batch shell that the agent holds it.
     """
-    stopsignal.latch(sig)
-    stopsignal.forward_blocked(sig, _to_workers)
-    stopsignal.announce(os.environ)
-
-
-def _to_workers(signum: int) -> None:
-    from ddpkit.launch.local import child_pids  # imported by then: launch() needs it
-
-    for pid in child_pids():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
+    in_job = bool(env.get(SIGNAL_VAR, "").strip())
+    stop = parse_signal(env[SIGNAL_VAR]) if in_job else relay.held()
+    if stop is None:
+        return
+    if relay.held() != stop:
+        relay.block(stop)
+    relay.start(stop)
+    if in_job:
+        stopsignal.announce(env)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any
 
+from ddpkit.cluster.envvars import number_hint, to_float
 from ddpkit.errors import ConfigError
 
 __all__ = ["add_parsers"]
@@ -85,12 +85,10 @@ def env_command(args: argparse.Namespace) -> int:
 
 
 def _number(flag: str, raw: str, example: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{flag}={raw!r} is not a positive number", hint=f"e.g. {flag} {example}")
+    value = to_float(raw.strip())
+    if value is None or not value > 0:
+        hint = number_hint(raw, f"e.g. {flag} {example}")
+        raise ConfigError(f"{flag}={raw!r} is not a positive number", hint=hint)
     return value
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from ddpkit.cluster.envvars import number_hint, to_float
 from ddpkit.errors import ConfigError
 
 __all__ = ["positive_seconds", "seconds_from_env"]
@@ -42,8 +43,9 @@ def seconds_from_env(
     if not raw:
         return None
     advice = hint or f"e.g. {name}={example}"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds", hint=advice) from None
+    value = to_float(raw)
+    if value is None:
+        raise ConfigError(
+            f"{name}={raw!r} is not a number of seconds", hint=number_hint(raw, advice)
+        )
     return positive_seconds(value, name, hint=advice, shown=raw)

@@ -1,8 +1,15 @@
-"""Typed reading of environment variables from a snapshot, shared by every environment.
+"""Typed reading of environment variables from a snapshot, shared by every environment, and
+the one reading of a number a user typed (a variable or a flag).
 
-Every integer goes through :func:`parse_int`, so a bad value always produces the same
-``ConfigError`` naming the variable and its value; :func:`first_set` is the one lookup of "the
-first of these variables that is set" (step-level before job-level SLURM variables, say).
+Numbers are ASCII: :func:`to_int` and :func:`to_float` accept the digits 0-9 only, where
+``int()`` and ``float()`` also take ``"３"`` (full-width), ``"٣"`` (Arabic-Indic), ``"1_000"``
+and surrounding blanks, and ``str.isdigit()`` takes ``"²"``, which ``int()`` then rejects with
+a traceback. A port or a rank written in another script's digits is a typo to report, not a
+value to guess. Every integer variable goes through :func:`parse_int`, so a bad value always
+produces the same one-line ``ConfigError`` naming the variable and its value (with
+:func:`number_hint`'s note when it holds a non-ASCII digit); :func:`first_set` is the one
+lookup of "the first of these variables that is set" (step-level before job-level SLURM
+variables, say).
 """
 
 from __future__ import annotations
@@ -17,9 +24,12 @@ __all__ = [
     "env_int",
     "first_set",
     "master_from_env",
+    "number_hint",
     "parse_int",
     "parse_port",
     "require_int",
+    "to_float",
+    "to_int",
 ]
 
 
@@ -33,13 +43,33 @@ def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] |
 
 # ASCII digits only: int() would also accept "1_000", "٣" or surrounding whitespace.
 _INT = re.compile(r"-?[0-9]+")
+_FLOAT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+
+def to_int(text: str) -> int | None:
+    """``text`` as an int when it is ASCII digits (an optional leading ``-``), else None."""
+    return int(text) if _INT.fullmatch(text) else None
+
+
+def to_float(text: str) -> float | None:
+    """``text`` as a float when it is a plain ASCII decimal (``1``, ``0.5``, ``1e-3``), else
+    None: no ``inf``, ``nan``, ``1_0`` nor non-ASCII digits."""
+    return float(text) if _FLOAT.fullmatch(text) else None
+
+
+def number_hint(text: str, hint: str) -> str:
+    """``hint``, with a note when ``text`` holds a digit that is not ASCII (``²``, ``３``)."""
+    if any(not char.isascii() and char.isnumeric() for char in text):
+        return f"{hint}; only the ASCII digits 0-9 are read, and {text!r} has others"
+    return hint
 
 
 def parse_int(name: str, value: str, *, hint: str) -> int:
     """``value`` (read from variable ``name``) as an int, or a ConfigError naming both."""
-    if _INT.fullmatch(value) is None:
-        raise ConfigError(f"{name}={value!r} is not an integer", hint=hint)
-    return int(value)
+    number = to_int(value)
+    if number is None:
+        raise ConfigError(f"{name}={value!r} is not an integer", hint=number_hint(value, hint))
+    return number
 
 
 def env_int(env: Mapping[str, str], name: str, *, hint: str) -> int | None:

@@ -28,6 +28,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddpkit.cluster.envvars import number_hint, to_int
 from ddpkit.errors import ConfigError
 
 __all__ = [
@@ -114,14 +115,14 @@ def reserved_port(env: Mapping[str, str]) -> int | None:
     raw = env.get(RESV_PORTS_VAR)
     if raw is None or not raw.strip():
         return None
-    first = raw.strip().split(",")[0].split("-")[0].strip()
-    if not first.isdigit() or not 1 <= int(first) <= 65535:
+    port = to_int(raw.strip().split(",")[0].split("-")[0].strip())
+    if port is None or not 1 <= port <= 65535:
+        hint = "srun sets it (e.g. 12001 or 12003-12004) with --resv-ports; unset it if "
         raise ConfigError(
             f"{RESV_PORTS_VAR}={raw!r} is not a port, a range or a list of them",
-            hint="srun sets it (e.g. 12001 or 12003-12004) with --resv-ports; unset it if "
-            "something else wrote it",
+            hint=number_hint(raw, hint + "something else wrote it"),
         )
-    return int(first)
+    return port
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, cast
 
+from ddpkit.cluster.envvars import number_hint, to_float, to_int
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.hints import did_you_mean
 
@@ -59,8 +60,11 @@ SWITCHES = ("standalone", "module", "no_python", "run_path")
 _POSITIONAL = ("script", "script_args")
 
 # Used with fullmatch: ``$`` also matches before a final newline ("3\n" is no stream spec).
-_STD_SPEC = re.compile(r"[0-3]|\d+:[0-3](,\d+:[0-3])*")
-_ENDPOINT = re.compile(r"(\[[^\]]+\]|[^:\[\]\s]+)(:(\d+))?")
+# [0-9], not \d: \d matches every script's digits ("٣"), which int() then reads silently.
+_STD_SPEC = re.compile(r"[0-3]|[0-9]+:[0-3](,[0-9]+:[0-3])*")
+_ENDPOINT = re.compile(r"(\[[^\]]+\]|[^:\[\]\s]+)(:([0-9]+))?")
+# --rdzv-conf keys torch reads as integers (seconds, counts): checked here, as every flag is
+_RDZV_INT_KEYS = ("keep_alive_interval", "keep_alive_max_attempt")
 
 
 @dataclass(frozen=True)
@@ -233,11 +237,11 @@ def _streams(get: _Lookup) -> tuple[str, str]:
 
 def parse_nnodes(text: str, label: str = "--nnodes") -> tuple[int, int]:
     """``"N"`` or ``"MIN:MAX"`` -> (min, max), with 0 < min <= max."""
-    parts = text.split(":")
+    parts = [to_int(part.strip()) for part in text.split(":")]
     hint = "use N or MIN:MAX with 0 < MIN <= MAX, e.g. --nnodes 2 or --nnodes 1:4"
-    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
-        raise ConfigError(f"{label}={text!r} is not N or MIN:MAX", hint=hint)
-    low, high = int(parts[0]), int(parts[-1])
+    low, high = parts[0], parts[-1]
+    if len(parts) > 2 or low is None or high is None:
+        raise ConfigError(f"{label}={text!r} is not N or MIN:MAX", hint=number_hint(text, hint))
     if not 0 < low <= high:
         raise ConfigError(f"{label}={text!r} needs 0 < MIN <= MAX", hint=hint)
     return low, high
@@ -249,43 +253,37 @@ def parse_nproc(text: str, label: str = "--nproc-per-node") -> int | NprocKeywor
         if text == keyword:
             return keyword
     hint = f"use a positive integer or one of {', '.join(NPROC_KEYWORDS)}"
-    hint = did_you_mean(text, NPROC_KEYWORDS, hint=hint)
-    if not text.strip().isdigit() or int(text) < 1:
+    hint = number_hint(text, did_you_mean(text, NPROC_KEYWORDS, hint=hint))
+    count = to_int(text.strip())
+    if count is None or count < 1:
         raise ConfigError(f"{label}={text!r} is not a process count", hint=hint)
-    return int(text)
+    return count
 
 
 def parse_int(text: str, label: str, *, minimum: int) -> int:
-    """An integer >= ``minimum``."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
+    """An integer >= ``minimum`` (ASCII digits)."""
+    value = to_int(text.strip())
     if value is None or value < minimum:
-        raise ConfigError(
-            f"{label}={text!r} is not an integer >= {minimum}", hint=f"e.g. {label}={minimum}"
-        )
+        hint = number_hint(text, f"e.g. {label}={minimum}")
+        raise ConfigError(f"{label}={text!r} is not an integer >= {minimum}", hint=hint)
     return value
 
 
 def parse_port(text: str, label: str = "--master-port") -> int:
     """A TCP port, 1..65535."""
-    if not text.strip().isdigit() or not 0 < int(text) < 65536:
-        raise ConfigError(
-            f"{label}={text!r} is not a TCP port",
-            hint="use 1..65535, or leave it out on one node to get a free port",
-        )
-    return int(text)
+    port = to_int(text.strip())
+    if port is None or not 0 < port < 65536:
+        hint = "use 1..65535, or leave it out on one node to get a free port"
+        raise ConfigError(f"{label}={text!r} is not a TCP port", hint=number_hint(text, hint))
+    return port
 
 
 def parse_positive_float(text: str, label: str) -> float:
-    """A float > 0 (seconds)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"{label}={text!r} is not a positive number", hint=f"e.g. {label}=0.1")
+    """A float > 0 (seconds), in ASCII digits."""
+    value = to_float(text.strip())
+    if value is None or not value > 0:
+        hint = number_hint(text, f"e.g. {label}=0.1")
+        raise ConfigError(f"{label}={text!r} is not a positive number", hint=hint)
     return value
 
 
@@ -310,9 +308,8 @@ def parse_endpoint(text: str, label: str = "--rdzv-endpoint") -> str:
     """Empty, ``host`` or ``host:port`` (IPv6 hosts in brackets)."""
     match = _ENDPOINT.fullmatch(text)
     if text and (match is None or (match.group(3) and not 0 < int(match.group(3)) < 65536)):
-        raise ConfigError(
-            f"{label}={text!r} is not HOST[:PORT]", hint="e.g. node1:29400 or [::1]:29400"
-        )
+        hint = number_hint(text, "e.g. node1:29400 or [::1]:29400")
+        raise ConfigError(f"{label}={text!r} is not HOST[:PORT]", hint=hint)
     return text
 
 
@@ -326,28 +323,37 @@ def parse_rdzv_conf(text: str, label: str = "--rdzv-conf") -> tuple[tuple[str, s
                 f"{label}={text!r} has {item!r}, not KEY=VALUE",
                 hint="e.g. --rdzv-conf join_timeout=900,read_timeout=60",
             )
-        pairs.append((key.strip(), value.strip()))
+        pairs.append((key.strip(), _rdzv_value(key.strip(), value.strip(), label)))
     return tuple(pairs)
+
+
+def _rdzv_value(key: str, value: str, label: str) -> str:
+    """A value torch reads as an integer (``*timeout``, keep-alive settings) must be one."""
+    if not (key.endswith("timeout") or key in _RDZV_INT_KEYS):
+        return value
+    number = to_int(value)
+    if number is None or number < 0:
+        example = "900 (whole seconds)" if key.endswith("timeout") else "5"
+        hint = number_hint(value, f"e.g. {key}={example}")
+        raise ConfigError(f"{label} has {key}={value!r}, not an integer >= 0", hint=hint)
+    return value
 
 
 def parse_std(text: str, label: str) -> str:
     """A torchrun ``Std`` spec: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank."""
     if not _STD_SPEC.fullmatch(text):
-        raise ConfigError(
-            f"{label}={text!r} is not a stream spec",
-            hint="0 none, 1 stdout, 2 stderr, 3 both; per local rank: 0:1,1:2",
-        )
+        hint = number_hint(text, "0 none, 1 stdout, 2 stderr, 3 both; per local rank: 0:1,1:2")
+        raise ConfigError(f"{label}={text!r} is not a stream spec", hint=hint)
     return text
 
 
 def parse_ranks(text: str, label: str = "--local-ranks-filter") -> tuple[int, ...]:
     """Comma-separated local ranks (empty: no filter)."""
-    items = [part.strip() for part in text.split(",")] if text.strip() else []
-    if not all(item.isdigit() for item in items):
-        raise ConfigError(
-            f"{label}={text!r} is not a list of local ranks", hint=f"e.g. {label}=0,1"
-        )
-    return tuple(sorted({int(item) for item in items}))
+    ranks = [to_int(part.strip()) for part in text.split(",")] if text.strip() else []
+    if not all(rank is not None and rank >= 0 for rank in ranks):
+        hint = number_hint(text, f"e.g. {label}=0,1")
+        raise ConfigError(f"{label}={text!r} is not a list of local ranks", hint=hint)
+    return tuple(sorted({rank for rank in ranks if rank is not None}))
 
 
 def _check_node_rank(config: RunConfig) -> None:

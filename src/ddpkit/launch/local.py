@@ -1,6 +1,6 @@
 """The local launcher behind ``ddpkit run``: a ``RunConfig`` run by torch's elastic agent.
 
-This module owns three things and nothing else (no process management of its own):
+This module owns two things (no process management of its own beyond what it delegates):
 
 * ``build_launch_config``: RunConfig -> torchrun argv -> ``torch.distributed.run.parse_args`` ->
   ``config_from_args``, so every flag means exactly what it means under torchrun; then the
@@ -10,17 +10,19 @@ This module owns three things and nothing else (no process management of its own
   (``os.environ`` writes, signal handlers), so an in-process launch leaves its caller as it was.
   While it runs, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the workers (torch's
   agent would otherwise die of them, or with ``--signals-to-handle`` shut the workers down):
-  that is how SLURM's warning before the time limit reaches ``ddpkit.preemption_guard()``.
-* ``LaunchOutcome``: the result, with the root cause of a failure (rank, host, exit code or
-  signal, traceback) instead of torch's ``ChildFailedError`` box, which without ``@record``
-  shows a documentation link where the traceback should be. Torch's one-line agent logs stay.
+  that is how SLURM's warning before the time limit reaches ``ddpkit.preemption_guard()``
+  (the ``ddpkit`` process itself holds them from its first line: :mod:`.relay`). The workers
+  are tied to the launcher (:mod:`.deathsig`): they die with it, whatever kills it.
+
+It returns a ``LaunchOutcome`` (:mod:`.report`): the root cause of a failure (rank, host, exit
+code or signal, traceback, stderr log) instead of torch's ``ChildFailedError`` box. Torch's
+one-line agent logs stay.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -31,21 +33,21 @@ import torch.distributed
 import torch.distributed.run as torch_run
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.api import LogsDest
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ddpkit.compat import (
     launch_config_from_args,
-    recorded_traceback,
     tail_logs_tuned,
     torchrun_notice_muted,
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs.endpoint import hosts_store
-from ddpkit.launch import node_order, rdzv_port
+from ddpkit.launch import deathsig, node_order, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
-from ddpkit.worker.requeue import EXIT_STOPPED
+from ddpkit.launch.relay import child_pids
+from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
 
 __all__ = [
     "FORWARDED_SIGNALS",
@@ -60,10 +62,7 @@ __all__ = [
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see compat.tail_logs_tuned
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-_TRACEBACK_HEAD = "Traceback (most recent call last):"
-_TRACEBACK_MAX_LINES = 60
-_LOG_TAIL_BYTES = 256 * 1024
+FORWARDED_SIGNALS = relay.FORWARDED
 
 
 @dataclass(frozen=True)
@@ -74,80 +73,6 @@ class LaunchPlan:
     entrypoint: str | Callable[..., Any]
     args: tuple[str, ...]
     worker_env: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class WorkerFailure:
-    """One failed worker. ``exit_code`` is the raw code: negative N means killed by signal N."""
-
-    rank: int
-    local_rank: int
-    host: str
-    pid: int
-    exit_code: int
-    signal: str | None = None
-    traceback: str | None = None
-    source: str | None = None  # the error file or stderr log the traceback was read from
-    stderr_log: str | None = None
-
-    @property
-    def shell_exit_code(self) -> int:
-        """The code a shell would show: the worker's own code, 128 + N for signal N, else 1."""
-        if self.exit_code > 0:
-            return self.exit_code
-        return 128 - self.exit_code if self.exit_code < 0 else 1
-
-    def headline(self) -> str:
-        how = f"exit code {self.exit_code}"
-        if self.signal is not None:
-            how = f"signal {self.signal} (exit code {self.shell_exit_code})"
-        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host}: {how}"
-
-
-@dataclass(frozen=True)
-class LaunchOutcome:
-    """How a launch ended. ``exit_code`` follows the root cause (0: every worker succeeded)."""
-
-    exit_code: int
-    root_cause: WorkerFailure | None = None
-    other_failures: tuple[WorkerFailure, ...] = ()
-    interrupted_by: str | None = None  # the signal that stopped the agent itself
-    log_dir: str | None = None
-
-    def describe(self) -> str:
-        """A short report for the console (the CLI prints it to stderr on failure)."""
-        if self.interrupted_by is not None:
-            return f"ddpkit: interrupted by {self.interrupted_by}; the workers were stopped"
-        if self.root_cause is None:
-            return "ddpkit: all workers finished"
-        root = self.root_cause
-        every = (root, *self.other_failures)
-        if all(failure.exit_code == EXIT_STOPPED for failure in every):
-            return (
-                f"ddpkit: the workers stopped early with a checkpoint (exit code {EXIT_STOPPED}, "
-                "e.g. after a stop signal outside SLURM); run the same command again to resume"
-            )
-        lines = [f"ddpkit: worker failed (root cause): {root.headline()}"]
-        if root.traceback:
-            lines.append(f"ddpkit: traceback of rank {root.rank} (from {root.source}):")
-            lines += ["  " + line for line in root.traceback.splitlines()]
-        else:
-            lines.append(f"ddpkit: no traceback: {_why_no_traceback(root)}")
-        lines += [f"ddpkit: also stopped: {other.headline()}" for other in self.other_failures]
-        if self.log_dir:
-            lines.append(f"ddpkit: worker logs: {self.log_dir}")
-        return "\n".join(lines)
-
-
-def _why_no_traceback(failure: WorkerFailure) -> str:
-    if failure.signal is not None:
-        return "a killed process leaves none (SIGKILL: out of memory, or killed from outside?)"
-    if failure.stderr_log:
-        return f"the worker exited without raising (see {failure.stderr_log})"
-    return (
-        "its stderr was not captured; keep --tee/--redirects on stderr (the default), or decorate "
-        "its entry point with torch.distributed.elastic.multiprocessing.errors.record"
-    )
 
 
 def build_launch_config(config: RunConfig) -> LaunchPlan:
@@ -202,8 +127,11 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _signal_handlers_restored(handled),
         tail_logs_tuned(LOG_TAIL_INTERVAL_S),
         _signals_forwarded(FORWARDED_SIGNALS),
+        deathsig.tied() as token,
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
+        if token is not None:  # marks the workers and what they start: see deathsig
+            os.environ[deathsig.TOKEN_VAR] = token
         # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
         # workers' keys in it carry no attempt prefix: a group restarted by --max-restarts could
         # read the previous attempt's gloo addresses and hang (4 runs in 5 here). With sharing
@@ -213,10 +141,11 @@ def launch(config: RunConfig) -> LaunchOutcome:
         # may host for the agent) must live until the agent is done.
         held = rdzv_port.claim(plan.launch_config, os.environ)
         try:
+            entrypoint, args = deathsig.tie(plan.entrypoint, plan.args)
             with node_order.slurm_node_order(plan.launch_config, os.environ):
-                elastic_launch(plan.launch_config, plan.entrypoint)(*plan.args)
+                elastic_launch(plan.launch_config, entrypoint)(*args)
         except ChildFailedError as exc:
-            return _failed_outcome(exc, logs.last)
+            return failed_outcome(exc, logs.last)
         except SignalException as exc:
             return LaunchOutcome(128 + int(exc.sigval), interrupted_by=exc.sigval.name)
         except (TorchRendezvousError, torch.distributed.DistNetworkError) as exc:
@@ -229,7 +158,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
             ) from exc
         finally:
             del held  # its server stops with the agent's last reference
-    return LaunchOutcome(0, log_dir=_attempt_dir(logs.last))
+    return LaunchOutcome(0, log_dir=attempt_dir(logs.last))
 
 
 class _RecordingLogsSpecs(LogsSpecs):
@@ -247,90 +176,6 @@ class _RecordingLogsSpecs(LogsSpecs):
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         self.last = self._inner.reify(envs)
         return self.last
-
-
-def _failed_outcome(exc: ChildFailedError, logs: LogsDest | None) -> LaunchOutcome:
-    host = socket.gethostname()
-    ordered = sorted(exc.failures.items(), key=lambda item: _root_cause_key(item[0], item[1], logs))
-    failures = [_worker_failure(rank, failure, host, logs) for rank, failure in ordered]
-    root = failures[0]
-    return LaunchOutcome(
-        root.shell_exit_code, root, tuple(failures[1:]), log_dir=_attempt_dir(logs)
-    )
-
-
-def _root_cause_key(
-    rank: int, failure: ProcessFailure, logs: LogsDest | None
-) -> tuple[int, float, int]:
-    """Sort key: the first worker to fail is the root cause.
-
-    Torch orders by ``timestamp``, whole seconds that tie whenever a peer dies with it, and it
-    counts workers its own shutdown killed (SIGTERM). So: workers not killed by SIGTERM first,
-    then by when they last wrote their error file or stderr log (sub-second mtimes), then rank.
-    """
-    killed_by_shutdown = int(failure.exitcode == -signal.SIGTERM)
-    for path in (failure.error_file, _stderr_log(failure.local_rank, logs)):
-        if path and os.path.isfile(path):
-            return killed_by_shutdown, os.path.getmtime(path), rank
-    return killed_by_shutdown, float(failure.timestamp), rank
-
-
-def _worker_failure(
-    rank: int, failure: ProcessFailure, host: str, logs: LogsDest | None
-) -> WorkerFailure:
-    stderr_log = _stderr_log(failure.local_rank, logs)
-    traceback, source = recorded_traceback(failure), failure.error_file
-    if traceback is None and stderr_log:
-        traceback, source = _traceback_from_log(stderr_log), stderr_log
-    return WorkerFailure(
-        rank=rank,
-        local_rank=failure.local_rank,
-        host=host,
-        pid=failure.pid,
-        exit_code=failure.exitcode,
-        signal=failure.signal_name() if failure.exitcode < 0 else None,
-        traceback=traceback,
-        source=source if traceback else None,
-        stderr_log=stderr_log,
-    )
-
-
-def _stderr_log(local_rank: int, logs: LogsDest | None) -> str | None:
-    path = logs.stderrs.get(local_rank) if logs is not None else None
-    return path if path and path != os.devnull else None  # "" means the console
-
-
-def _traceback_from_log(path: str) -> str | None:
-    """The last ``Traceback (most recent call last):`` block of a worker's stderr log.
-
-    Lines carry whatever prefix the worker printed before the header (torch's excepthook writes
-    ``[rankN]: `` after ``init_process_group``); it is stripped.
-    """
-    try:
-        with open(path, "rb") as log:
-            log.seek(max(0, os.path.getsize(path) - _LOG_TAIL_BYTES))
-            lines = log.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    starts = [i for i, line in enumerate(lines) if _TRACEBACK_HEAD in line]
-    if not starts:
-        return None
-    prefix = lines[starts[-1]].split(_TRACEBACK_HEAD, 1)[0]
-    block = [line.removeprefix(prefix) for line in lines[starts[-1] :]]
-    while block and not block[-1].strip():
-        block.pop()
-    if len(block) > _TRACEBACK_MAX_LINES:
-        skipped = len(block) - _TRACEBACK_MAX_LINES
-        block = [block[0], f"  ... ({skipped} lines skipped)", *block[-_TRACEBACK_MAX_LINES + 2 :]]
-    return "\n".join(block)
-
-
-def _attempt_dir(logs: LogsDest | None) -> str | None:
-    """``<log_dir>/<run_id>_<random>/attempt_<n>`` (torch's DefaultLogsSpecs layout)."""
-    if logs is None or not logs.error_files:
-        return None
-    first = next(iter(logs.error_files.values()))
-    return os.path.dirname(os.path.dirname(first)) if first != os.devnull else None
 
 
 @contextmanager
@@ -367,40 +212,12 @@ def _signal_handlers_restored(names: str) -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def child_pids(parent: int | None = None, proc: str = "/proc") -> list[int]:
-    """The direct children of ``parent`` (default: this process), read from ``/proc``.
-
-    The agent starts each worker itself (``subprocess.Popen``), so the workers are exactly its
-    children; their own children (data loader workers) are not signalled. Empty where there is
-    no ``/proc`` (not Linux).
-    """
-    wanted = os.getpid() if parent is None else parent
-    found: list[int] = []
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as stat:
-                text = stat.read()
-        except OSError:  # the process ended meanwhile
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1] == str(wanted):
-            found.append(int(entry))
-    return sorted(found)
-
-
 @contextmanager
 def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
     """While the block runs, a signal in ``signals`` sent to this process goes to its children."""
 
     def forward(signum: int, frame: Any) -> None:
-        for pid in child_pids():
+        for pid in relay.workers():
             with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 

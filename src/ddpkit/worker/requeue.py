@@ -11,6 +11,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddpkit.cluster.envvars import number_hint, parse_int, to_int
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 
@@ -37,9 +38,10 @@ def parse_signal(value: str | int | signal.Signals, *, name: str = SIGNAL_VAR) -
     if isinstance(value, signal.Signals):
         return value
     text = str(value).strip().upper()
-    if text.isdigit():
+    number = to_int(text)
+    if number is not None:
         try:
-            found = signal.Signals(int(text))
+            found = signal.Signals(number)
         except ValueError:
             found = None
     else:
@@ -47,7 +49,7 @@ def parse_signal(value: str | int | signal.Signals, *, name: str = SIGNAL_VAR) -
     if not isinstance(found, signal.Signals) or found.name[3:] not in ALLOWED_SIGNALS:
         raise ConfigError(
             f"{name}={value!r} is not a signal ddpkit can stop on",
-            hint=f"one of {', '.join(ALLOWED_SIGNALS)} (USR2 is the default)",
+            hint=number_hint(text, f"one of {', '.join(ALLOWED_SIGNALS)} (USR2 is the default)"),
         )
     return found
 
@@ -58,12 +60,11 @@ def max_requeues_from(value: int | None, env: Mapping[str, str]) -> int:
         text = env.get(MAX_REQUEUES_VAR, "").strip()
         if not text:
             return DEFAULT_MAX_REQUEUES
-        if not text.isdigit():
-            raise ConfigError(
-                f"{MAX_REQUEUES_VAR}={text!r} is not a whole number >= 0",
-                hint=f"e.g. {MAX_REQUEUES_VAR}=10 (0: never requeue)",
-            )
-        return int(text)
+        hint = f"e.g. {MAX_REQUEUES_VAR}=10 (0: never requeue)"
+        count = parse_int(MAX_REQUEUES_VAR, text, hint=hint)
+        if count < 0:
+            raise ConfigError(f"{MAX_REQUEUES_VAR}={text!r} is not a whole number >= 0", hint=hint)
+        return count
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(
             f"max_requeues={value!r} is not a whole number >= 0", hint="e.g. max_requeues=10"
@@ -84,7 +85,7 @@ def plan_requeue(env: Mapping[str, str], max_requeues: int) -> RequeuePlan:
     """Whether and what to requeue, from the job's variables (pure)."""
     job = env.get("SLURM_JOB_ID", "").strip()
     count_text = env.get("SLURM_RESTART_COUNT", "0").strip() or "0"
-    restarts = int(count_text) if count_text.isdigit() else 0
+    restarts = max(to_int(count_text) or 0, 0)  # SLURM's own counter: unreadable counts as 0
     if not job:
         return RequeuePlan(None, "not a SLURM job (no SLURM_JOB_ID): nothing to requeue", 0)
     if restarts >= max_requeues:

@@ -22,9 +22,8 @@ The latch holds until the process is gone:
   shell holds SLURM's warning until every process has one, and each task's wrapper holds a
   signal that reached the command before its latch until the command's one exists, then they
   pass it on (see the templates).
-* ``forward_blocked`` is the launcher's side (``ddpkit run`` in a ddpkit job): the signal is
-  blocked before any worker starts, so every worker inherits the block, and a thread passes
-  each arrival on.
+* The launcher's side is :mod:`ddpkit.launch.relay`: ``ddpkit run`` blocks the signal from its
+  first line, so every worker inherits the block, and a thread passes each arrival on.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import signal
 import socket
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -46,7 +45,6 @@ from ddpkit.worker.requeue import parse_signal
 __all__ = [
     "announce",
     "clear",
-    "forward_blocked",
     "latch",
     "latch_from_env",
     "received",
@@ -112,22 +110,6 @@ def announce(env: Mapping[str, str]) -> None:
                 RuntimeWarning,
                 stacklevel=3,
             )
-
-
-def forward_blocked(sig: signal.Signals, forward: Callable[[int], None]) -> None:
-    """Block ``sig`` in this thread and hand each arrival to ``forward`` from a daemon thread.
-
-    For a launcher (``ddpkit run``'s agent): the processes it starts from this thread inherit
-    the block, so the signal waits, pending, until their own ``init()`` latches it, whether it
-    comes straight from SLURM or from ``forward``; and this process never dies of it.
-    """
-    signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
-
-    def wait_and_forward() -> None:  # started after the block: it inherits it, as sigwait needs
-        while True:
-            forward(signal.sigwait([sig]))
-
-    threading.Thread(target=wait_and_forward, name="ddpkit-stop-forward", daemon=True).start()
 
 
 def received(sig: signal.Signals) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ddpkit.cluster.durations import positive_seconds, seconds_from_env
+from ddpkit.cluster.envvars import to_float
 
 PEER_TIMEOUT_VAR = "DDPKIT_PEER_TIMEOUT"
 DEFAULT_PEER_TIMEOUT_S = 60.0
@@ -46,10 +47,7 @@ def peer_timeout(env: Mapping[str, str], explicit_s: float | None) -> float | No
 
 def _is_off(raw: str) -> bool:
     """``off``, or a number equal to 0 (``0``, ``0.0``)."""
-    try:
-        return raw == "off" or float(raw) == 0
-    except ValueError:
-        return False
+    return raw == "off" or to_float(raw) == 0
 
 
 def interval_for(bound_s: float) -> float:

@@ -1,0 +1,237 @@
+"""The report of a finished launch: how it ended and, for a failure, its root cause.
+
+Torch's ``ChildFailedError`` box shows, without ``@record``, a documentation link where the
+traceback should be, and orders failures by whole-second timestamps. This module owns the
+replacement: :class:`LaunchOutcome` (exit code, root cause, the other failures, the logs) and
+:class:`WorkerFailure` (one worker: rank, host, exit code or signal, its traceback from the
+``@record`` error file or its stderr log, and that log's path), built from torch's
+``ProcessFailure`` records and the logs torch's ``LogsSpecs`` wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from dataclasses import dataclass
+
+from torch.distributed.elastic.multiprocessing.api import LogsDest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from ddpkit.compat import recorded_traceback
+from ddpkit.worker.requeue import EXIT_STOPPED
+
+__all__ = ["LaunchOutcome", "WorkerFailure", "attempt_dir", "failed_outcome"]
+
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
+_TRACEBACK_MAX_LINES = 60
+_LOG_TAIL_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """One failed worker. ``exit_code`` is the raw code: negative N means killed by signal N."""
+
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    exit_code: int
+    signal: str | None = None
+    traceback: str | None = None
+    source: str | None = None  # the error file or stderr log the traceback was read from
+    stderr_log: str | None = None
+
+    @property
+    def shell_exit_code(self) -> int:
+        """The code a shell would show: the worker's own code, 128 + N for signal N, else 1."""
+        if self.exit_code > 0:
+            return self.exit_code
+        return 128 - self.exit_code if self.exit_code < 0 else 1
+
+    def headline(self) -> str:
+        how = f"exit code {self.exit_code}"
+        if self.signal is not None:
+            how = f"signal {self.signal} (exit code {self.shell_exit_code})"
+        return f"rank {self.rank} (local rank {self.local_rank}) on {self.host}: {how}"
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """How a launch ended. ``exit_code`` follows the root cause (0: every worker succeeded)."""
+
+    exit_code: int
+    root_cause: WorkerFailure | None = None
+    other_failures: tuple[WorkerFailure, ...] = ()
+    interrupted_by: str | None = None  # the signal that stopped the agent itself
+    log_dir: str | None = None
+
+    def describe(self) -> str:
+        """A short report for the console (the CLI prints it to stderr on failure)."""
+        if self.interrupted_by is not None:
+            return f"ddpkit: interrupted by {self.interrupted_by}; the workers were stopped"
+        if self.root_cause is None:
+            return "ddpkit: all workers finished"
+        root = self.root_cause
+        every = (root, *self.other_failures)
+        if all(failure.exit_code == EXIT_STOPPED for failure in every):
+            return (
+                f"ddpkit: the workers stopped early with a checkpoint (exit code {EXIT_STOPPED}, "
+                "e.g. after a stop signal outside SLURM); run the same command again to resume"
+            )
+        lines = [f"ddpkit: worker failed (root cause): {root.headline()}"]
+        if root.traceback:
+            lines.append(f"ddpkit: traceback of rank {root.rank} (from {root.source}):")
+            lines += ["  " + line for line in root.traceback.splitlines()]
+        elif root.signal is not None:
+            lines += _killed(root)
+        else:
+            lines.append(f"ddpkit: no traceback: {_why_no_traceback(root)}")
+        lines += [f"ddpkit: also stopped: {other.headline()}" for other in self.other_failures]
+        if self.log_dir:
+            lines.append(f"ddpkit: worker logs: {self.log_dir}")
+        return "\n".join(lines)
+
+
+# What usually sends each signal; only SIGKILL may be the OOM killer (it sends nothing else).
+_SIGNAL_CAUSES = {
+    "SIGKILL": "from outside: possibly the OOM killer (check `dmesg` for 'Out of memory' or "
+    "'oom-kill'), or a kill -9",
+    "SIGABRT": "abort(): a failed assertion or an uncaught C++ exception in native code "
+    "(torch, CUDA, NCCL, an extension)",
+    "SIGSEGV": "a segmentation fault in native code (torch, CUDA, an extension)",
+    "SIGBUS": "a bus error: often a full /dev/shm (DataLoader workers share tensors there) or "
+    "a memory-mapped file that shrank",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGILL": "an illegal instruction: native code built for another CPU",
+    "SIGTERM": "sent from outside (a time limit, scancel, kill) or by torch's agent",
+    "SIGINT": "an interrupt (Ctrl-C) or sent from outside",
+}
+_FAULTS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
+_STDERR_TAIL_LINES = 10
+
+
+def _killed(failure: WorkerFailure) -> list[str]:
+    """Lines for a worker a signal ended: the signal, its usual cause, the worker's stderr."""
+    name = failure.signal or "a signal"
+    cause = _SIGNAL_CAUSES.get(name, "sent from outside, or by the worker itself")
+    lines = [f"ddpkit: no traceback: rank {failure.rank} died of {name}, {cause}"]
+    if name in _FAULTS:
+        lines.append(
+            "ddpkit: with PYTHONFAULTHANDLER=1 in its environment, Python prints every "
+            "thread's stack to stderr on such a fault"
+        )
+    if not failure.stderr_log:
+        lines.append(
+            "ddpkit: its stderr went to the console only (ddpkit keeps it in a file unless "
+            "--tee/--redirects leave stderr out)"
+        )
+        return lines
+    tail = _log_tail(failure.stderr_log, _STDERR_TAIL_LINES)
+    if not tail:
+        return [*lines, f"ddpkit: its stderr ({failure.stderr_log}) is empty"]
+    lines.append(f"ddpkit: last lines of its stderr ({failure.stderr_log}):")
+    return lines + ["  " + line for line in tail]
+
+
+def _log_tail(path: str, count: int) -> list[str]:
+    """The last ``count`` non-blank lines of a log (its last 256 KiB), or [] when unreadable."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.path.getsize(path) - _LOG_TAIL_BYTES))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.rstrip() for line in lines if line.strip()][-count:]
+
+
+def _why_no_traceback(failure: WorkerFailure) -> str:
+    if failure.stderr_log:
+        return f"the worker exited without raising (see {failure.stderr_log})"
+    return (
+        "its stderr was not captured; keep --tee/--redirects on stderr (the default), or decorate "
+        "its entry point with torch.distributed.elastic.multiprocessing.errors.record"
+    )
+
+
+def failed_outcome(exc: ChildFailedError, logs: LogsDest | None) -> LaunchOutcome:
+    host = socket.gethostname()
+    ordered = sorted(exc.failures.items(), key=lambda item: _root_cause_key(item[0], item[1], logs))
+    failures = [_worker_failure(rank, failure, host, logs) for rank, failure in ordered]
+    root = failures[0]
+    return LaunchOutcome(root.shell_exit_code, root, tuple(failures[1:]), log_dir=attempt_dir(logs))
+
+
+def _root_cause_key(
+    rank: int, failure: ProcessFailure, logs: LogsDest | None
+) -> tuple[int, float, int]:
+    """Sort key: the first worker to fail is the root cause.
+
+    Torch orders by ``timestamp``, whole seconds that tie whenever a peer dies with it, and it
+    counts workers its own shutdown killed (SIGTERM). So: workers not killed by SIGTERM first,
+    then by when they last wrote their error file or stderr log (sub-second mtimes), then rank.
+    """
+    killed_by_shutdown = int(failure.exitcode == -signal.SIGTERM)
+    for path in (failure.error_file, _stderr_log(failure.local_rank, logs)):
+        if path and os.path.isfile(path):
+            return killed_by_shutdown, os.path.getmtime(path), rank
+    return killed_by_shutdown, float(failure.timestamp), rank
+
+
+def _worker_failure(
+    rank: int, failure: ProcessFailure, host: str, logs: LogsDest | None
+) -> WorkerFailure:
+    stderr_log = _stderr_log(failure.local_rank, logs)
+    traceback, source = recorded_traceback(failure), failure.error_file
+    # a signal ends a process without a traceback: one in its log is an earlier, handled one
+    if traceback is None and stderr_log and failure.exitcode >= 0:
+        traceback, source = _traceback_from_log(stderr_log), stderr_log
+    return WorkerFailure(
+        rank=rank,
+        local_rank=failure.local_rank,
+        host=host,
+        pid=failure.pid,
+        exit_code=failure.exitcode,
+        signal=failure.signal_name() if failure.exitcode < 0 else None,
+        traceback=traceback,
+        source=source if traceback else None,
+        stderr_log=stderr_log,
+    )
+
+
+def _stderr_log(local_rank: int, logs: LogsDest | None) -> str | None:
+    path = logs.stderrs.get(local_rank) if logs is not None else None
+    return path if path and path != os.devnull else None  # "" means the console
+
+
+def _traceback_from_log(path: str) -> str | None:
+    """The last ``Traceback (most recent call last):`` block of a worker's stderr log.
+
+    Lines carry whatever prefix the worker printed before the header (torch's excepthook writes
+    ``[rankN]: `` after ``init_process_group``); it is stripped.
+    """
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.path.getsize(path) - _LOG_TAIL_BYTES))
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if _TRACEBACK_HEAD in line]
+    if not starts:
+        return None
+    prefix = lines[starts[-1]].split(_TRACEBACK_HEAD, 1)[0]
+    block = [line.removeprefix(prefix) for line in lines[starts[-1] :]]
+    while block and not block[-1].strip():
+        block.pop()
+    if len(block) > _TRACEBACK_MAX_LINES:
+        skipped = len(block) - _TRACEBACK_MAX_LINES
+        block = [block[0], f"  ... ({skipped} lines skipped)", *block[-_TRACEBACK_MAX_LINES + 2 :]]
+    return "\n".join(block)
+
+
+def attempt_dir(logs: LogsDest | None) -> str | None:
+    """``<log_dir>/<run_id>_<random>/attempt_<n>`` (torch's DefaultLogsSpecs layout)."""
+    if logs is None or not logs.error_files:
+        return None
+    first = next(iter(logs.error_files.values()))
+    return os.path.dirname(os.path.dirname(first)) if first != os.devnull else None
