@@ -33,8 +33,7 @@ import torch.distributed as dist
 
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device, owned_devices
-from ddpkit.cluster.ports import free_port
-from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
+from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import UsageError
 from ddpkit.worker import process_group, stopsignal, watchdog
 
@@ -145,8 +144,6 @@ def _join(
     peer_timeout_s: float | None,
 ) -> Context:
     """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
-    if info.master_port == ANY_PORT:  # a world of one: detection left the port to us
-        info = replace(info, master_port=free_port(info.master_addr))
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
     wait_s = process_group.connect_timeout(env, connect_timeout_s)
@@ -154,11 +151,11 @@ def _join(
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
-    info = process_group.join(  # the port actually used, after a port search
+    info = process_group.join(  # where the store actually is (a port search, loopback)
         info,
         backend=resolved,
         device=chosen,
-        method=process_group.init_method(info, env),
+        env=env,
         timeout_s=collective_s,
         connect_timeout_s=wait_s,
     )
