@@ -199,6 +199,47 @@ def test_a_one_node_job_hosts_its_store_on_loopback(kind: str) -> None:
     assert results[1]["listeners"] == []  # rank 1 hosts nothing
 
 
+_REPORT = """
+import json, os, sys
+import torch, torch.distributed as dist
+import ddpkit
+from sockets import listening
+ctx = ddpkit.init()
+dist.barrier()
+agent = listening(os.getppid())  # torch's agent is the workers' parent
+mine = listening()
+dist.barrier()
+with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
+    json.dump({"agent": agent, "mine": mine}, out)
+dist.barrier()
+ddpkit.shutdown()
+"""
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("flags", [[], ["--master-port", "port"]], ids=["standalone", "static"])
+def test_ddpkit_run_on_one_node_listens_on_loopback_only(tmp_path: Path, flags: list[str]) -> None:
+    # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface).
+    script = tmp_path / "report.py"
+    script.write_text(_REPORT)
+    flags = [str(free_port()) if flag == "port" else flag for flag in flags]
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
+    done = subprocess.run(
+        [*command, str(script), str(tmp_path)],
+        env=clean_env(GLOO_SOCKET_IFNAME="lo"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["agent"], "the agent hosts the rendezvous store"
+        for addr, port in seen["agent"] + seen["mine"]:
+            assert is_loopback(addr), f"rank {rank}: a listener on {addr}:{port}"
+
+
 # --- a MASTER_PORT held by something that is not a store ----------------------------------
 
 
