@@ -33,8 +33,8 @@ import torch.distributed as dist
 
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device, owned_devices
-from ddpkit.cluster.rankinfo import RankInfo
-from ddpkit.errors import UsageError
+from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
+from ddpkit.errors import ConfigError, TopologyError, UsageError
 from ddpkit.worker import process_group, stopsignal, watchdog
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
@@ -118,9 +118,10 @@ def init(
         _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     snapshot = dict(os.environ if env is None else env)
     stopsignal.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
-    info = detect(snapshot)
+    adopting = dist.is_initialized()
+    info = _detect_for_adoption(snapshot) if adopting else detect(snapshot)
     _warn_notes(info.notes)
-    if dist.is_initialized():
+    if adopting:
         return _remember(_adopt(info, device), owns_group=False)
     return _join(
         info,
@@ -220,7 +221,7 @@ def current_or_none() -> Context | None:
     if _STATE.context is not None and _lives(_STATE.group):
         return _STATE.context
     if _STATE.implicit is None or not _lives(_STATE.implicit[0]):
-        info = detect(os.environ)
+        info = _detect_for_adoption(os.environ)
         _warn_notes(info.notes)
         _STATE.implicit = (weakref.ref(dist.group.WORLD), _adopt(info, None))
     return _STATE.implicit[1]
@@ -295,6 +296,26 @@ def _used_gpus(
         os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
     return [torch.device("cuda", index) for index in indexes]
+
+
+def _detect_for_adoption(env: Mapping[str, str]) -> RankInfo:
+    """What detection says of this process, for adopting the group that exists.
+
+    The group's rank and world size win anyway, so an environment detection rejects (a
+    partial env:// set, say) does not stop the adoption: the record then comes from the
+    group (local rank 0 of 1: pass ``device=`` to choose another GPU), with a warning.
+    """
+    try:
+        info = detect(env)
+    except (ConfigError, TopologyError) as exc:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        note = (
+            f"ddpkit: adopting the existing process group as rank {rank} of {world_size}; "
+            f"the environment does not describe this process ({exc.message})"
+        )
+        info = RankInfo(rank, 0, world_size, 1, rank, world_size, "127.0.0.1", ANY_PORT, "env")
+        info = replace(info, notes=(note,))
+    return info
 
 
 def _adopt(info: RankInfo, override: str | torch.device | None) -> Context:
