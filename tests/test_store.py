@@ -97,6 +97,31 @@ def test_store_endpoint(info: RankInfo, expected: tuple[str, str | None]) -> Non
     assert store_endpoint(info) == expected
 
 
+def test_a_store_on_a_loopback_socket_listens_there_only_and_is_shared() -> None:
+    """What the placement relies on from torch: ``master_listen_fd`` (public) keeps the
+    server on that socket, a multi-tenant store on the same host and port shares it, and the
+    server closes the socket when the last store goes."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddpkit.worker.store import host_tcp_store
+
+    timeout = timedelta(seconds=30)
+    store = host_tcp_store(
+        "127.0.0.1", 0, bind="127.0.0.1", world_size=None, timeout=timeout, multi_tenant=True
+    )
+    port = store.port
+    assert [pair for pair in listening() if pair[1] == port] == [("127.0.0.1", port)]
+    twin = dist.TCPStore("127.0.0.1", port, None, True, timeout, multi_tenant=True)
+    store.set("key", "shared")
+    assert twin.get("key") == b"shared"
+    client = dist.TCPStore("127.0.0.1", port, None, False, timeout)
+    assert client.get("key") == b"shared" and store.clone().get("key") == b"shared"
+    del store, twin, client
+    assert [pair for pair in listening() if pair[1] == port] == []
+
+
 # --- a world of one: no network store ------------------------------------------------------
 
 _WORLD_OF_ONE = """

@@ -22,8 +22,8 @@ class RankInfo:
 
     ``rank``/``world_size`` are global; ``local_rank``/``local_world_size`` count the processes on
     this node; ``node_rank``/``num_nodes`` count nodes. ``master_addr``/``master_port`` are where
-    rank 0 hosts the rendezvous store: ``ANY_PORT`` (0) for a world of one without MASTER_PORT,
-    which ``ddpkit.init`` replaces with a free port when it forms the group. ``port_search``,
+    rank 0 hosts the rendezvous store: ``ANY_PORT`` (0) for a world of one without MASTER_PORT
+    (``ddpkit.init`` gives a world of one an in-process store, on no port at all). ``port_search``,
     when set, lists the ports rank 0 may host it on instead (``master_port`` is the first; see
     :mod:`ddpkit.cluster.ports`); the rank record :func:`ddpkit.init` keeps has the port actually
     used. ``launcher`` names the environment that started us. ``notes`` carries warnings

@@ -2,11 +2,13 @@
 
 ``init`` runs the steps in a fixed order: latch the stop signal ``DDPKIT_SIGNAL`` names (see
 :mod:`ddpkit.worker.stopsignal`), detect the launcher (pure, from a mapping), warn each
-detection note once, choose the device, resolve the backend and the timeouts, probe the master,
-join the process group, on CUDA check that no two ranks share a GPU, and start the peer
-watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent, adopts a process group someone else
-created (without a watchdog), never writes ``os.environ``, and destroys at exit only a group it
-created itself.
+detection note once, choose the device, resolve the backend and the timeouts, make or reach the
+store (none on the network for a world of one; every wait bounded: see
+:mod:`ddpkit.worker.process_group`), join the process group, on CUDA check that no two ranks
+share a GPU, and start the peer watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent,
+adopts a process group someone else created (without a watchdog; even when detection rejects
+the environment, since the group's numbers win), never writes ``os.environ``, and destroys at
+exit only a group it created itself.
 
 The one piece of process-wide state is :data:`_STATE` (the context, the group it belongs to,
 whether ddpkit owns that group, its watchdog): a process is in at most one job, and

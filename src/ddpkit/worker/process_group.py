@@ -22,7 +22,7 @@ wait of joining (the store's placement and the bounded connect are in
 
 When the rank record carries a :class:`~ddpkit.cluster.ports.PortSearch` (a SLURM step
 without MASTER_PORT), rank 0 hosts on the first candidate it can bind and the others find it
-by the job's identity (:func:`~ddpkit.worker.store.host_store`, ``find_store``).
+by the job's identity (:mod:`ddpkit.worker.portsearch`).
 """
 
 from __future__ import annotations
@@ -36,20 +36,18 @@ from typing import cast
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore
+from torch.distributed import HashStore  # type: ignore[attr-defined]  # public, not in __all__
 from torch.distributed.distributed_c10d import Store
 
 from ddpkit.cluster.devices import check_distinct_gpus
 from ddpkit.cluster.durations import positive_seconds, seconds_from_env
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, RendezvousError
+from ddpkit.worker.portsearch import IDENTITY_KEY, find_store, host_store
 from ddpkit.worker.store import (
     CONNECT_TIMEOUT_VAR,
     HANDSHAKE_MIN_S,
-    IDENTITY_KEY,
     connect_client,
-    find_store,
-    host_store,
     host_tcp_store,
     is_taken,
     probe_master,

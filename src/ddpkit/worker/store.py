@@ -25,12 +25,8 @@ by something that accepts connections but never answers would hold a rank foreve
 the address as "accepts connections but does not speak the TCPStore protocol". The thread
 stays blocked on that listener (one per attempt; it does not keep the process alive).
 
-When the rank record carries a :class:`~ddpkit.cluster.ports.PortSearch` (a SLURM step
-without MASTER_PORT), a taken port does not end the job: :func:`host_store` hosts on the first
-candidate it can bind and publishes the search's identity under :data:`IDENTITY_KEY`;
-:func:`find_store` tries the candidates in order and joins the first store that answers with
-that identity, skipping a port held by another job's store, by a stale store, or by a listener
-that is not a store at all.
+The port search of a SLURM step without MASTER_PORT (host on the first candidate that binds,
+find the store that answers with the job's identity) is in :mod:`ddpkit.worker.portsearch`.
 """
 
 from __future__ import annotations
@@ -41,43 +37,38 @@ import ipaddress
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, TypeVar
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
 
-from ddpkit.cluster.ports import PortSearch
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import RendezvousError
 
 __all__ = [
     "CONNECT_TIMEOUT_VAR",
     "HANDSHAKE_MIN_S",
-    "IDENTITY_KEY",
+    "Outcome",
+    "bounded",
     "connect_client",
-    "find_store",
-    "host_store",
     "host_tcp_store",
     "is_taken",
     "loopback_address",
     "probe_master",
     "store_endpoint",
+    "try_connect",
 ]
 
 CONNECT_TIMEOUT_VAR = "DDPKIT_CONNECT_TIMEOUT"
-# Where rank 0 publishes the job's identity in its store (PortSearch).
-IDENTITY_KEY = "ddpkit/job"
-# How long one candidate may take to prove it is this job's store before it is skipped for now.
-_IDENTITY_BOUND_S = 2.0
 # The least time a client gets for torch's handshake once the TCP connect succeeded: a real
 # store answers in milliseconds (its server thread needs no GIL), even when the connect used
 # up the whole connect timeout.
 HANDSHAKE_MIN_S = 5.0
 _LOOPBACK = "127.0.0.1"
-# Bounded calls still running (see _bounded), and how long the exit waits for them in all.
+# Bounded calls still running (see bounded), and how long the exit waits for them in all.
 _PENDING: list[threading.Thread] = []
 _EXIT_WAIT_S = 3.0
 
@@ -188,13 +179,13 @@ def is_taken(exc: BaseException) -> bool:
 
 
 @dataclass
-class _Outcome(Generic[T]):
+class Outcome(Generic[T]):
     value: T | None = None
     error: Exception | None = None
     pending: threading.Thread | None = None  # the call had not returned when the bound ran out
 
 
-def _bounded(call: Callable[[], T], bound_s: float, name: str) -> _Outcome[T]:
+def bounded(call: Callable[[], T], bound_s: float, name: str) -> Outcome[T]:
     """``call()`` in a daemon thread, waited for ``bound_s`` at most.
 
     A call still running then is waited for again at exit, a little: a daemon thread that
@@ -202,13 +193,13 @@ def _bounded(call: Callable[[], T], bound_s: float, name: str) -> _Outcome[T]:
     (SIGABRT, "terminate called without an active exception") after the error was printed.
     One blocked for good on a silent listener does no harm: the exit ends it.
     """
-    box: list[_Outcome[T]] = []
+    box: list[Outcome[T]] = []
 
     def run() -> None:
         try:
-            box.append(_Outcome(value=call()))
+            box.append(Outcome(value=call()))
         except Exception as exc:  # reported to the caller, who names the address
-            box.append(_Outcome(error=exc))
+            box.append(Outcome(error=exc))
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
@@ -218,7 +209,7 @@ def _bounded(call: Callable[[], T], bound_s: float, name: str) -> _Outcome[T]:
     if not _PENDING:
         atexit.register(_wait_for_pending)
     _PENDING.append(thread)
-    return _Outcome(pending=thread)
+    return Outcome(pending=thread)
 
 
 def _wait_for_pending() -> None:
@@ -232,7 +223,7 @@ def _one_line(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _try_connect(addr: str, port: int, timeout_s: float) -> OSError | None:
+def try_connect(addr: str, port: int, timeout_s: float) -> OSError | None:
     try:
         # Leaving the block closes normally (FIN): torch's stores, libuv or classic, log nothing
         # for that, whereas an abortive close (RST) makes the libuv store print a warning.
@@ -258,7 +249,7 @@ def probe_master(
     deadline = clock() + timeout_s
     delay_s = 0.1
     while True:
-        error = _try_connect(
+        error = try_connect(
             info.master_addr, info.master_port, min(5.0, max(0.1, deadline - clock()))
         )
         if error is None:
@@ -309,7 +300,7 @@ def connect_client(
         client.set_timeout(timeout)
         return client
 
-    outcome = _bounded(connect, bound_s, f"ddpkit-store-connect-{port}")
+    outcome = bounded(connect, bound_s, f"ddpkit-store-connect-{port}")
     if outcome.value is not None:
         return outcome.value
     why = (
@@ -322,142 +313,7 @@ def connect_client(
         f"TCPStore protocol ({why})",
         hint=(
             f"another service holds port {port} on {addr}? (`ss -ltnp 'sport = :{port}'` "
-            "there names it) give the job a free MASTER_PORT; or rank 0 crashed while this "
-            "rank connected (check its log)"
-        ),
-    )
-
-
-# --- the port search (SLURM steps without MASTER_PORT, ddpkit run's c10d port) ------------
-
-
-def host_store(
-    addr: str,
-    search: PortSearch,
-    timeout: timedelta,
-    *,
-    world_size: int | None = None,
-    multi_tenant: bool = False,
-    share: bool = False,
-    bind: str | None = None,
-) -> tuple[TCPStore, int]:
-    """Host the store on the first candidate port that binds; publish the search's identity.
-
-    ``multi_tenant``: a store torch later opens on the same port in this process (the c10d
-    rendezvous of ``ddpkit run``) shares this one's server instead of binding again.
-    ``share``: a taken port whose store answers with the identity (another process of the
-    same job on this node got there first) is joined as a client instead of skipped.
-    ``bind``: the one address to listen on (see :func:`store_endpoint`); None: every interface.
-    """
-    taken: list[str] = []
-    for port in search.ports:
-        try:
-            store = host_tcp_store(
-                addr,
-                port,
-                bind=bind,
-                world_size=world_size,
-                timeout=timeout,
-                multi_tenant=multi_tenant,
-            )
-        except (OSError, dist.DistNetworkError) as exc:
-            if not is_taken(exc):
-                raise _unhostable(addr, search, f"port {port}: {exc}") from exc
-            if share:
-                client, answer, _ = _ask_identity(addr, port, _IDENTITY_BOUND_S)
-                if client is not None and answer == search.identity:
-                    client.set_timeout(timeout)
-                    return client, port
-            taken.append(str(port))
-            continue
-        store.set(IDENTITY_KEY, search.identity)
-        return store, port
-    raise _unhostable(addr, search, f"every candidate port is taken ({', '.join(taken)})")
-
-
-def _unhostable(addr: str, search: PortSearch, why: str) -> RendezvousError:
-    return RendezvousError(
-        f"the rendezvous store of {search.identity} could not be hosted on {addr}: {why}",
-        hint="free one of these ports on that node, or give the job a fixed free port "
-        "(MASTER_PORT for srun steps, rdzv_port for launch: torchrun)",
-    )
-
-
-def find_store(
-    addr: str,
-    search: PortSearch,
-    timeout_s: float,
-    timeout: timedelta,
-    *,
-    who: str,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> tuple[TCPStore, int]:
-    """The first candidate on ``addr`` whose store answers with the search's identity.
-
-    Passes over the candidates until ``timeout_s`` runs out (the host may start later): a port
-    nobody listens on, another job's store, or a silent listener is skipped for this pass. A
-    silent listener leaves a client thread blocked on it; the port is not retried while that
-    thread waits, so each port costs at most one such thread. ``who`` names the caller in the
-    error.
-    """
-    deadline = clock() + timeout_s
-    seen: dict[int, str] = {}
-    silent: dict[int, threading.Thread] = {}
-    delay_s = 0.1
-    while True:
-        for port in search.ports:
-            if port in silent and silent[port].is_alive():
-                continue
-            remaining = deadline - clock()
-            error = _try_connect(addr, port, min(5.0, max(0.1, remaining)))
-            if error is not None:
-                refused = isinstance(error, ConnectionRefusedError)
-                seen[port] = "nothing listening" if refused else str(error)
-                continue
-            bound_s = min(_IDENTITY_BOUND_S, max(0.1, remaining))
-            store, answer, thread = _ask_identity(addr, port, bound_s)
-            if store is not None and answer == search.identity:
-                store.set_timeout(timeout)
-                return store, port
-            if thread is not None:
-                silent[port] = thread
-            seen[port] = f"the store of {answer}" if store is not None else answer
-        remaining = deadline - clock()
-        if remaining <= 0:
-            raise _not_found(who, addr, search, timeout_s, seen)
-        sleep(min(delay_s, remaining))
-        delay_s = min(2 * delay_s, 1.0)
-
-
-def _ask_identity(
-    addr: str, port: int, bound_s: float
-) -> tuple[TCPStore | None, str, threading.Thread | None]:
-    """(client, the identity its store holds, None), or (None, why not, the thread if it hangs)."""
-
-    def ask() -> tuple[TCPStore, str]:
-        client = TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=bound_s))
-        client.wait([IDENTITY_KEY], timedelta(seconds=bound_s))
-        return client, client.get(IDENTITY_KEY).decode(errors="replace")
-
-    outcome = _bounded(ask, 2 * bound_s, f"ddpkit-store-probe-{port}")
-    if outcome.value is not None:
-        return outcome.value[0], outcome.value[1], None
-    if outcome.error is not None:  # any failure means: not (yet) this job's store
-        return None, f"a store without ddpkit's identity ({type(outcome.error).__name__})", None
-    return None, "a listener that is not a store (no answer)", outcome.pending
-
-
-def _not_found(
-    who: str, addr: str, search: PortSearch, timeout_s: float, seen: Mapping[int, str]
-) -> RendezvousError:
-    found = "; ".join(f"{port}: {what}" for port, what in seen.items())
-    return RendezvousError(
-        f"{who} found no rendezvous store of {search.identity} at {addr} within "
-        f"{timeout_s:g} s (ports tried: {found})",
-        hint=(
-            "likely causes: the host of the store (rank 0, or the first node's `ddpkit run`) "
-            "has not started or crashed (check its log); a wrong MASTER_ADDR or "
-            f"DDPKIT_HOST_TEMPLATE; a firewall. If it is only slow, raise {CONNECT_TIMEOUT_VAR}"
+            "there names it); give the job a free MASTER_PORT, or check rank 0's log in case it "
+            "crashed while this rank connected"
         ),
     )
