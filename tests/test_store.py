@@ -271,7 +271,17 @@ def test_ddpkit_run_on_one_node_listens_on_loopback_only(tmp_path: Path, flags: 
 @contextmanager
 def _squatter(mode: str) -> Iterator[int]:
     """A real listener on 127.0.0.1 that accepts, then never answers ("silent"), closes at
-    once ("close") or sends bytes that are no TCPStore reply ("garbage")."""
+    once ("close") or sends bytes that are no TCPStore reply ("garbage"); or another job's
+    real store ("store"), which answers but where this job's peers never appear."""
+    if mode == "store":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        other = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600))
+        yield other.port
+        del other
+        return
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(64)
@@ -346,13 +356,16 @@ _CASES = [
     ("close", "slurm", 2, 3),
     ("garbage", "torchrun", 1, 1),
     ("garbage", "torchrun-agent", 2, 1),
+    ("store", "torchrun", 1, 2),
+    ("store", "slurm", 2, 1),
 ]
 
 
 @pytest.mark.multiproc
-def test_a_port_held_by_a_non_store_ends_init_within_its_timeouts(tmp_path: Path) -> None:
+def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts(tmp_path: Path) -> None:
     # Before: the silent listener held rank 1 in torch's TCPStore handshake for good (no bound
-    # at all); "close"/"garbage" ended after torch's own retries with a hint about EADDRINUSE.
+    # at all); "close"/"garbage" ended after torch's own retries with a hint about EADDRINUSE;
+    # another job's store ended at the collective timeout in torch's words (DistStoreError).
     # The cases run at once (each in its own process), so the test takes about its longest.
     with ExitStack() as stack:
         runs = []
@@ -379,12 +392,15 @@ def test_a_port_held_by_a_non_store_ends_init_within_its_timeouts(tmp_path: Path
             assert seen["elapsed"] <= bound_s, f"{case}: ended after {seen['elapsed']:.1f} s"
             message = seen["error"]
             assert "\n" not in message, case
-            for part in (
-                f"127.0.0.1:{port}",
-                f"(launcher {launcher.split('-')[0]})",
-                "accepts connections but does not speak the TCPStore protocol",
-                "another service holds port",
-            ):
+            why = (
+                ("but the group did not form", "another job's store on that port")
+                if mode == "store"
+                else (
+                    "accepts connections but does not speak the TCPStore protocol",
+                    "another service holds port",
+                )
+            )
+            for part in (f"127.0.0.1:{port}", f"(launcher {launcher.split('-')[0]})", *why):
                 assert part in message, f"{case}: {message}"
 
 

@@ -159,14 +159,24 @@ def join(
             # Binds NCCL eagerly to this rank's GPU; other backends do not need it.
             device_id=device if "nccl" in backend and device.type == "cuda" else None,
         )
-    except dist.DistNetworkError as exc:
-        raise RendezvousError(
-            f"rank {info.rank} could not connect to its peers through the store at "
-            f"{info.master_addr}:{info.master_port} (launcher {info.launcher}): {exc}",
-            hint="a peer's address may be unreachable from here (GLOO_SOCKET_IFNAME / "
-            "NCCL_SOCKET_IFNAME pick the interface), or a peer died while joining",
-        ) from exc
+    except dist.DistError as exc:  # the store's timeout, a peer unreachable: torch's words
+        raise _not_formed(info, exc, timeout_s) from exc
     return info
+
+
+def _not_formed(info: RankInfo, exc: Exception, timeout_s: float | None) -> RendezvousError:
+    bound = "torch's default" if timeout_s is None else f"{timeout_s:g} s"
+    return RendezvousError(
+        f"rank {info.rank} (launcher {info.launcher}) reached the store at {info.master_addr}:"
+        f"{info.master_port} but the group did not form (collective timeout {bound}): "
+        f"{' '.join(str(exc).split())[:300]}",
+        hint=(
+            "a rank has not started, crashed or is stuck (check every rank's log); another "
+            "job's store on that port (two jobs given one MASTER_PORT?); a peer's address "
+            "unreachable from here (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME pick the "
+            f"interface). If ranks only start slowly, raise {COLLECTIVE_TIMEOUT_VAR}"
+        ),
+    )
 
 
 def _store(
