@@ -349,7 +349,7 @@ def _launcher_env(launcher: str, port: int) -> dict[str, str]:
 _CASES = [
     ("silent", "torchrun", 1, 2),
     ("silent", "torchrun", 3, 1),
-    ("silent", "torchrun", 8, 3),
+    ("silent", "torchrun", 6, 3),
     ("silent", "torchrun-agent", 2, 2),
     ("silent", "slurm", 1, 1),
     ("close", "torchrun", 1, 1),
@@ -366,6 +366,8 @@ def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts(tmp_
     # Before: the silent listener held rank 1 in torch's TCPStore handshake for good (no bound
     # at all); "close"/"garbage" ended after torch's own retries with a hint about EADDRINUSE;
     # another job's store ended at the collective timeout in torch's words (DistStoreError).
+    # ~20 s: eleven interpreters importing torch at once on a small machine, then the longest
+    # case's bounds (6 s connect, 3 s collective).
     # The cases run at once (each in its own process), so the test takes about its longest.
     with ExitStack() as stack:
         runs = []
@@ -406,7 +408,8 @@ def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts(tmp_
 
 def test_a_store_that_answers_late_is_still_joined() -> None:
     """The bound cuts a store that never answers, not one that answers after the TCP connect:
-    rank 1 starts first, rank 0's real store appears a moment later (many moments)."""
+    rank 1 starts first, rank 0's real store appears a moment later (several moments: ~10 s,
+    three 2-process jobs)."""
     for delay_s in (0.0, 0.5, 2.0):
         results = run_workers(_late_master, 2, delay_s, timeout_s=120)
         assert [r["sum"] for r in results] == [3.0, 3.0], delay_s
