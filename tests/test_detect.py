@@ -20,6 +20,7 @@ from ddpkit.cluster.environments import (
     SingleEnvironment,
     SlurmEnvironment,
     SubmititEnvironment,
+    TorchEnvEnvironment,
     TorchrunEnvironment,
 )
 from ddpkit.cluster.environments.base import ClusterEnvironment
@@ -39,6 +40,7 @@ def test_detection_order_is_one_tuple_with_single_last() -> None:
         SubmititEnvironment,
         SlurmEnvironment,
         MpiEnvironment,
+        TorchEnvEnvironment,
         SingleEnvironment,
     ) == DETECTION_ORDER
     assert all(issubclass(env, ClusterEnvironment) for env in DETECTION_ORDER)
@@ -47,6 +49,7 @@ def test_detection_order_is_one_tuple_with_single_last() -> None:
         "submitit",
         "slurm",
         "mpi",
+        "env",
         "single",
     ]
 
@@ -78,6 +81,17 @@ def test_package_exports_the_entry_points() -> None:
         (srun_env(2) | {"PMI_RANK": "2", "PMI_SIZE": "4", "PMI_FD": "5"}, SlurmEnvironment),
         # SLURM_PROCID alone (no job id) is not a SLURM task.
         ({"SLURM_PROCID": "0"}, SingleEnvironment),
+        # torch's env:// variables without torchrun's: their own environment, not a world
+        # of one; in an srun step SLURM stays in charge (and checks them), in a batch script
+        # (mp.spawn, a hand-written loop) they describe the processes.
+        ({"RANK": "1", "WORLD_SIZE": "2"}, TorchEnvEnvironment),
+        ({"WORLD_SIZE": "2"}, TorchEnvEnvironment),
+        (srun_env(0) | {"RANK": "0", "WORLD_SIZE": "4"}, SlurmEnvironment),
+        (BATCH_ENV | {"RANK": "1", "WORLD_SIZE": "2"}, TorchEnvEnvironment),
+        (BATCH_ENV | {"SLURM_STEP_ID": "x", "RANK": "1"}, SlurmEnvironment),  # SLURM names it
+        (openmpi_env(1) | {"RANK": "1", "WORLD_SIZE": "2"}, MpiEnvironment),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}, SingleEnvironment),  # no world size
+        ({"LOCAL_RANK": "0"}, SingleEnvironment),
     ],
 )
 def test_detect_environment_picks_by_order(

@@ -67,23 +67,20 @@ def test_resolve_backend_errors(backend: str, match: str) -> None:
         process_group.resolve_backend(backend, "cpu")
 
 
-def test_init_method_tcp_for_other_launchers_and_brackets_ipv6() -> None:
-    assert process_group.init_method(_info(port=1234), {}) == "tcp://127.0.0.1:1234"
-    assert process_group.init_method(_info(port=9, addr="fe80::1"), {}) == "tcp://[fe80::1]:9"
-    assert process_group.init_method(_info(port=9, addr="node-1"), {}) == "tcp://node-1:9"
+def test_agent_store_only_under_torchrun_when_the_agent_says_so() -> None:
+    agent = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert process_group.uses_agent_store(_info(launcher="torchrun"), agent)
+    assert not process_group.uses_agent_store(_info(launcher="torchrun"), {})
+    assert not process_group.uses_agent_store(
+        _info(launcher="torchrun"), {"TORCHELASTIC_USE_AGENT_STORE": "False"}
+    )
+    assert not process_group.uses_agent_store(_info(launcher="slurm"), agent)
 
 
-def test_init_method_env_only_when_os_environ_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = torchrun_env(1, 2, 29512)
-    info = _info(port=29512, launcher="torchrun")
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    assert process_group.init_method(info, env) == "tcp://127.0.0.1:29512"
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert process_group.init_method(info, env) == "env://"
-    monkeypatch.setenv("MASTER_PORT", "29513")  # os.environ says something else: keep tcp://
-    assert process_group.init_method(info, env) == "tcp://127.0.0.1:29512"
+def test_store_timeout_is_the_collective_one_else_torchs_default() -> None:
+    assert process_group.store_timeout("gloo", 12.5) == timedelta(seconds=12.5)
+    assert process_group.store_timeout("gloo", None) == dist.constants.default_pg_timeout
+    assert process_group.store_timeout("nccl", None) == timedelta(minutes=10)
 
 
 @pytest.mark.parametrize(
@@ -197,7 +194,7 @@ def test_world_of_one(shut: None) -> None:
     ctx = ddpkit.init(env={})
     assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.is_main) == (0, 1, 0, True)
     assert ctx.info.launcher == "single"
-    assert 1 <= ctx.info.master_port <= 65535  # chosen now, not by detection
+    assert ctx.info.master_port == 0  # no port: a world of one has no network store
     assert ctx.device == torch.device("cpu") and ctx.backend == "gloo"
     assert dist.is_initialized() and dist.get_world_size() == 1
     assert ddpkit.init(env={"RANK": "ignored"}) is ctx  # idempotent: same context
@@ -346,7 +343,7 @@ def test_init_in_a_real_group(world_size: int) -> None:
 
 @pytest.mark.multiproc
 def test_under_real_torchrun(tmp_path: Path) -> None:
-    """The production path: env=None, env:// rendezvous, torchrun's agent hosting the store."""
+    """The production path: env=None, torchrun's agent hosting the store, every rank its client."""
     script = tmp_path / "worker.py"
     script.write_text(
         textwrap.dedent(
@@ -355,11 +352,11 @@ def test_under_real_torchrun(tmp_path: Path) -> None:
             from pathlib import Path
             from ddpkit.worker import process_group
             ctx = ddpkit.init()
-            method = process_group.init_method(ctx.info, os.environ)
+            agent = process_group.uses_agent_store(ctx.info, os.environ)
             total = torch.tensor([1.0]); dist.all_reduce(total)
             # One file per rank: the ranks' stdout interleave mid-line.
             Path(sys.argv[1], f"rank{ctx.rank}").write_text(
-                f"rank={ctx.rank} world={ctx.world_size} method={method} sum={total.item()}"
+                f"rank={ctx.rank} world={ctx.world_size} agent={agent} sum={total.item()}"
             )
             ddpkit.shutdown()
             """
@@ -384,7 +381,7 @@ def test_under_real_torchrun(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
         got = (tmp_path / f"rank{rank}").read_text()
-        assert got == f"rank={rank} world=2 method=env:// sum=2.0"
+        assert got == f"rank={rank} world=2 agent=True sum=2.0"
 
 
 def _epoch_gathered(size: int) -> tuple[list[int], list[int]]:

@@ -4,7 +4,10 @@ The detection order lives in :data:`DETECTION_ORDER` and nowhere else. torchrun 
 because it is often started inside a SLURM step (its workers then see both sets of
 variables, and torchrun's describe them); submitit before SLURM because submitit jobs are
 SLURM jobs too; MPI after SLURM (SLURM's own ``detect`` steps aside for processes started by
-mpirun inside an allocation); ``single`` is the fallback and always matches.
+mpirun inside an allocation); ``env`` (torch's env:// variables alone: RANK or WORLD_SIZE set
+by something that is none of the above, e.g. Kubeflow's PyTorchJob or ``mp.spawn`` in a SLURM
+batch script, where SLURM's ``detect`` steps aside too) after every launcher with variables of
+its own; ``single`` is the fallback and always matches.
 
 ``detect`` also holds the launcher to the world size a ddpkit job script asked for
 (DDPKIT_EXPECTED_WORLD_SIZE), so a script that starts the wrong number of processes fails
@@ -22,6 +25,7 @@ from ddpkit.cluster.environments.mpi import MpiEnvironment
 from ddpkit.cluster.environments.single import SingleEnvironment
 from ddpkit.cluster.environments.slurm import SlurmEnvironment
 from ddpkit.cluster.environments.submitit import SubmititEnvironment
+from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
 from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
 from ddpkit.cluster.envvars import env_int
 from ddpkit.cluster.rankinfo import RankInfo
@@ -35,6 +39,7 @@ DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
     SubmititEnvironment,
     SlurmEnvironment,
     MpiEnvironment,
+    TorchEnvEnvironment,
     SingleEnvironment,
 )
 

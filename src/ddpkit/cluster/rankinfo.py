@@ -9,8 +9,9 @@ from ddpkit.cluster.ports import PortSearch
 
 __all__ = ["ANY_PORT", "LAUNCHERS", "Launcher", "RankInfo"]
 
-Launcher = Literal["torchrun", "slurm", "submitit", "mpi", "single"]
-LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "slurm", "submitit", "mpi", "single")
+# "env": torch's env:// variables alone (RANK, WORLD_SIZE, MASTER_*), set by no known launcher.
+Launcher = Literal["torchrun", "slurm", "submitit", "mpi", "env", "single"]
+LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "slurm", "submitit", "mpi", "env", "single")
 # ``master_port`` of a world of one started without MASTER_PORT: no port is chosen yet.
 ANY_PORT = 0
 
@@ -21,8 +22,8 @@ class RankInfo:
 
     ``rank``/``world_size`` are global; ``local_rank``/``local_world_size`` count the processes on
     this node; ``node_rank``/``num_nodes`` count nodes. ``master_addr``/``master_port`` are where
-    rank 0 hosts the rendezvous store: ``ANY_PORT`` (0) for a world of one without MASTER_PORT,
-    which ``ddpkit.init`` replaces with a free port when it forms the group. ``port_search``,
+    rank 0 hosts the rendezvous store: ``ANY_PORT`` (0) for a world of one without MASTER_PORT
+    (``ddpkit.init`` gives a world of one an in-process store, on no port at all). ``port_search``,
     when set, lists the ports rank 0 may host it on instead (``master_port`` is the first; see
     :mod:`ddpkit.cluster.ports`); the rank record :func:`ddpkit.init` keeps has the port actually
     used. ``launcher`` names the environment that started us. ``notes`` carries warnings

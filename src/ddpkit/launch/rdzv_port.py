@@ -15,6 +15,11 @@ starts, inside a SLURM step and for that derived port only (a port the user chos
 
 and every agent is pointed at that port. The search itself is
 :func:`ddpkit.worker.process_group.host_store` / :func:`~ddpkit.worker.process_group.find_store`.
+
+Outside that search, a rendezvous endpoint on loopback (``--standalone`` is ``localhost:0``; a
+static one defaults to ``127.0.0.1``) is hosted here on loopback only, as a multi-tenant store
+the agent shares: torch's agent would listen on every interface for a job that never leaves
+this host (see :mod:`ddpkit.worker.store`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
@@ -32,6 +38,7 @@ from ddpkit.cluster.ports import PortSearch, candidate_ports, port_for_job, rese
 from ddpkit.compat import matches_machine_hostname
 from ddpkit.jobs.endpoint import RDZV_STEP
 from ddpkit.worker import process_group
+from ddpkit.worker.store import host_tcp_store, is_taken, loopback_address
 
 __all__ = ["claim", "port_search"]
 
@@ -64,7 +71,7 @@ def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
     """
     found = port_search(config, env)
     if found is None:
-        return None
+        return _host_on_loopback(config)
     host, search = found
     configs = config.rdzv_configs
     read_s = float(configs.get("read_timeout", _READ_TIMEOUT_S))
@@ -85,6 +92,39 @@ def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
     if port != port_for_job(env["SLURM_JOB_ID"], RDZV_STEP):
         _tell(host, search, port)
     config.rdzv_endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return store
+
+
+def _host_on_loopback(config: LaunchConfig) -> Any:
+    """The store of a loopback endpoint, hosted on loopback only (see the module docstring),
+    with ``config`` pointed at it; None when this agent does not host one.
+
+    A taken port is left to torch, which then joins whatever holds it as a client, as it does
+    when several agents of one rendezvous run on this host.
+    """
+    if config.rdzv_backend not in ("c10d", "static"):
+        return None
+    host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
+    bind = loopback_address(host)
+    configs = config.rdzv_configs
+    hosting = _truthy(configs.get("is_host", "1")) and str(configs.get("rank", 0)) == "0"
+    if bind is None or not hosting:
+        return None
+    read_s = float(configs.get("read_timeout", _READ_TIMEOUT_S))
+    try:
+        store = host_tcp_store(
+            bind,
+            port,
+            bind=bind,
+            world_size=None,
+            timeout=timedelta(seconds=read_s),
+            multi_tenant=True,
+        )
+    except (OSError, DistNetworkError) as exc:
+        if is_taken(exc):
+            return None
+        raise
+    config.rdzv_endpoint = f"[{bind}]:{store.port}" if ":" in bind else f"{bind}:{store.port}"
     return store
 
 

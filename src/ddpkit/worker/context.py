@@ -2,11 +2,13 @@
 
 ``init`` runs the steps in a fixed order: latch the stop signal ``DDPKIT_SIGNAL`` names (see
 :mod:`ddpkit.worker.stopsignal`), detect the launcher (pure, from a mapping), warn each
-detection note once, choose the device, resolve the backend and the timeouts, probe the master,
-join the process group, on CUDA check that no two ranks share a GPU, and start the peer
-watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent, adopts a process group someone else
-created (without a watchdog), never writes ``os.environ``, and destroys at exit only a group it
-created itself.
+detection note once, choose the device, resolve the backend and the timeouts, make or reach the
+store (none on the network for a world of one; every wait bounded: see
+:mod:`ddpkit.worker.process_group`), join the process group, on CUDA check that no two ranks
+share a GPU, and start the peer watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent,
+adopts a process group someone else created (without a watchdog; even when detection rejects
+the environment, since the group's numbers win), never writes ``os.environ``, and destroys at
+exit only a group it created itself.
 
 The one piece of process-wide state is :data:`_STATE` (the context, the group it belongs to,
 whether ddpkit owns that group, its watchdog): a process is in at most one job, and
@@ -33,9 +35,8 @@ import torch.distributed as dist
 
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device, owned_devices
-from ddpkit.cluster.ports import free_port
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
-from ddpkit.errors import UsageError
+from ddpkit.errors import ConfigError, TopologyError, UsageError
 from ddpkit.worker import process_group, stopsignal, watchdog
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
@@ -119,9 +120,10 @@ def init(
         _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     snapshot = dict(os.environ if env is None else env)
     stopsignal.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
-    info = detect(snapshot)
+    adopting = dist.is_initialized()
+    info = _detect_for_adoption(snapshot) if adopting else detect(snapshot)
     _warn_notes(info.notes)
-    if dist.is_initialized():
+    if adopting:
         return _remember(_adopt(info, device), owns_group=False)
     return _join(
         info,
@@ -145,8 +147,6 @@ def _join(
     peer_timeout_s: float | None,
 ) -> Context:
     """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
-    if info.master_port == ANY_PORT:  # a world of one: detection left the port to us
-        info = replace(info, master_port=free_port(info.master_addr))
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
     wait_s = process_group.connect_timeout(env, connect_timeout_s)
@@ -154,11 +154,11 @@ def _join(
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
-    info = process_group.join(  # the port actually used, after a port search
+    info = process_group.join(  # where the store actually is (a port search, loopback)
         info,
         backend=resolved,
         device=chosen,
-        method=process_group.init_method(info, env),
+        env=env,
         timeout_s=collective_s,
         connect_timeout_s=wait_s,
     )
@@ -223,7 +223,7 @@ def current_or_none() -> Context | None:
     if _STATE.context is not None and _lives(_STATE.group):
         return _STATE.context
     if _STATE.implicit is None or not _lives(_STATE.implicit[0]):
-        info = detect(os.environ)
+        info = _detect_for_adoption(os.environ)
         _warn_notes(info.notes)
         _STATE.implicit = (weakref.ref(dist.group.WORLD), _adopt(info, None))
     return _STATE.implicit[1]
@@ -298,6 +298,26 @@ def _used_gpus(
         os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
     return [torch.device("cuda", index) for index in indexes]
+
+
+def _detect_for_adoption(env: Mapping[str, str]) -> RankInfo:
+    """What detection says of this process, for adopting the group that exists.
+
+    The group's rank and world size win anyway, so an environment detection rejects (a
+    partial env:// set, say) does not stop the adoption: the record then comes from the
+    group (local rank 0 of 1: pass ``device=`` to choose another GPU), with a warning.
+    """
+    try:
+        info = detect(env)
+    except (ConfigError, TopologyError) as exc:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        note = (
+            f"ddpkit: adopting the existing process group as rank {rank} of {world_size}; "
+            f"the environment does not describe this process ({exc.message})"
+        )
+        info = RankInfo(rank, 0, world_size, 1, rank, world_size, "127.0.0.1", ANY_PORT, "env")
+        info = replace(info, notes=(note,))
+    return info
 
 
 def _adopt(info: RankInfo, override: str | torch.device | None) -> Context:

@@ -15,6 +15,7 @@ __all__ = [
     "SingleEnvironment",
     "SlurmEnvironment",
     "SubmititEnvironment",
+    "TorchEnvEnvironment",
     "TorchrunEnvironment",
 ]
 
@@ -24,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "SingleEnvironment": "ddpkit.cluster.environments.single",
     "SlurmEnvironment": "ddpkit.cluster.environments.slurm",
     "SubmititEnvironment": "ddpkit.cluster.environments.submitit",
+    "TorchEnvEnvironment": "ddpkit.cluster.environments.torchenv",
     "TorchrunEnvironment": "ddpkit.cluster.environments.torchrun",
 }
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from ddpkit.cluster.environments.single import SingleEnvironment
     from ddpkit.cluster.environments.slurm import SlurmEnvironment
     from ddpkit.cluster.environments.submitit import SubmititEnvironment
+    from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
     from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -17,8 +17,8 @@ LOCALHOST = "127.0.0.1"
 def single_rank_info(env: Mapping[str, str], notes: tuple[str, ...] = ()) -> RankInfo:
     """Rank 0 of a world of one; MASTER_PORT when set, else ``ANY_PORT``.
 
-    No free port is picked here: detection is pure and runs on every ``ddpkit.print`` before
-    ``init()``; ``ddpkit.init`` picks one when it forms the group. Also used by SLURM for a
+    No port is picked: a world of one needs none (``ddpkit.init`` gives it an in-process
+    store, and nothing listens on MASTER_PORT even when it is set). Also used by SLURM for a
     batch script run without srun, which is one process too.
     """
     # MASTER_ADDR is ignored: a world of one only ever talks to itself.

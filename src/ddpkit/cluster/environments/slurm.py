@@ -20,6 +20,7 @@ from typing import ClassVar
 from ddpkit.cluster import validate
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.single import single_rank_info
+from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
 from ddpkit.cluster.envvars import env_int, first_set, master_from_env, parse_int, require_int
 from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_host
 from ddpkit.cluster.ports import PortSearch, candidate_ports, reserved_port
@@ -269,6 +270,13 @@ def slurm_rank_info(env: Mapping[str, str], launcher: Launcher) -> RankInfo:
     return validate.check_rank_info(info, names)
 
 
+def _in_step_or_unreadable(env: Mapping[str, str]) -> bool:
+    try:
+        return in_slurm_step(env)
+    except ConfigError:  # a bad step id: SLURM's rank_info names it
+        return True
+
+
 class SlurmEnvironment(ClusterEnvironment):
     """Detected by SLURM_PROCID and a job id, unless mpirun started the process."""
 
@@ -279,7 +287,12 @@ class SlurmEnvironment(ClusterEnvironment):
     def detect(env: Mapping[str, str]) -> bool:
         if any(name in env for name in MPI_LAUNCHER_VARS):
             return False
-        return "SLURM_PROCID" in env and _first_set(env, "job_id") is not None
+        if "SLURM_PROCID" not in env or _first_set(env, "job_id") is None:
+            return False
+        # Outside an srun step, SLURM's variables describe the batch script, not processes it
+        # started itself with torch's env:// variables (mp.spawn, a hand-written loop): those
+        # are an "env" job, not a single process each.
+        return not TorchEnvEnvironment.detect(env) or _in_step_or_unreadable(env)
 
     @property
     def in_step(self) -> bool:
