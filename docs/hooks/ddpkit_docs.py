@@ -116,9 +116,8 @@ def env_var_rows() -> list[EnvVarRow]:
     policy = importlib.import_module("ddpkit.worker.watchdog.policy")
     progress = importlib.import_module("ddpkit.worker.progress")
     rankzero = importlib.import_module("ddpkit.worker.rankzero")
-    group = _literals(
+    group = _literals("ddpkit/worker/store.py", "CONNECT_TIMEOUT_VAR") | _literals(
         "ddpkit/worker/process_group.py",
-        "CONNECT_TIMEOUT_VAR",
         "COLLECTIVE_TIMEOUT_VAR",
         "DEFAULT_CONNECT_TIMEOUT_S",
     )
