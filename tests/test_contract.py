@@ -1,5 +1,5 @@
 """One job contract: the sbatch templates, submitit and torchx hand the running job the same
-DDPKIT_* variables, computed in one place (ddpkit.jobs.contract)."""
+DDPKIT_* variables, computed in one place (ddpkit.jobs.exports), named in one (ddpkit.contract)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ddpkit.jobs import contract, render
+from ddpkit import contract
+from ddpkit.jobs import exports, render
 from ddpkit.jobs.spec import JobSpec
 
 BASE: dict[str, Any] = {
@@ -43,7 +44,7 @@ def _sbatch_exports(spec: JobSpec) -> dict[str, str]:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_sbatch_exports_the_contract(variant: str) -> None:
     spec = _spec(**VARIANTS[variant])
-    expected = {"MINE": "1", **contract.exports(spec)}
+    expected = {"MINE": "1", **exports.exports(spec)}
     if spec.signal is not None:  # the batch script makes the latch folder at run time
         expected[contract.LATCH_DIR_VAR] = ""
     assert _sbatch_exports(spec) == expected
@@ -57,7 +58,7 @@ def test_submitit_exports_the_contract(variant: str) -> None:
     spec = _spec(**VARIANTS[variant])
     lines = executor_parameters(spec)["slurm_setup"]
     found = dict(line.removeprefix("export ").split("=", 1) for line in lines)
-    expected = {"MINE": "1", **contract.exports(spec, launch="srun")}
+    expected = {"MINE": "1", **exports.exports(spec, launch="srun")}
     if spec.signal is not None:
         expected[contract.SUBMITIT_SIGNAL_VAR] = spec.signal
     assert {k: shlex.split(v)[0] for k, v in found.items()} == expected
@@ -70,7 +71,7 @@ def test_torchx_carries_the_contract_stop_signal_included(variant: str) -> None:
 
     spec = _spec(**VARIANTS[variant])
     (role,) = spec_to_appdef(spec).roles
-    expected = contract.exports(spec, launch="torchrun")
+    expected = exports.exports(spec, launch="torchrun")
     # torchx writes "$" as "$$" in env values (its macro escape)
     assert {k: role.env[k].replace("$$", "$") for k in expected} == expected
     if spec.signal is not None:  # the defect the contract fixed: torchx jobs lost these
@@ -78,7 +79,7 @@ def test_torchx_carries_the_contract_stop_signal_included(variant: str) -> None:
     assert role.env[contract.MAX_REQUEUES_VAR] == str(spec.max_requeues)
 
 
-@pytest.mark.parametrize("variable", [v.name for v in contract.CONTRACT])
+@pytest.mark.parametrize("variable", [v.name for v in contract.JOB_SCRIPT])
 def test_every_contract_variable_is_reserved_in_a_specs_env(variable: str) -> None:
     assert variable in contract.RESERVED_ENV
     with pytest.raises(ValidationError, match="is set by ddpkit"):

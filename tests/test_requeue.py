@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from ddpkit.contract import LATCH_DIR_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.contract import LATCH_DIR_VAR
 from ddpkit.worker import stopsignal
 from ddpkit.worker.requeue import (
     DEFAULT_MAX_REQUEUES,
@@ -311,7 +311,7 @@ def test_latch_from_env_warns_when_it_cannot_announce(tmp_path: Path) -> None:
 _LATE_SIGNAL = """
 import os, signal, sys, time
 from ddpkit.worker import stopsignal
-from ddpkit.jobs.contract import LATCH_DIR_VAR
+from ddpkit.contract import LATCH_DIR_VAR
 
 class Late:
     def __del__(self):

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ddpkit.jobs.contract import SIGNAL_VAR
+from ddpkit.contract import SIGNAL_VAR
 from ddpkit.launch import relay
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
 from ddpkit.worker import stopsignal

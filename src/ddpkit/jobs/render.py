@@ -30,12 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from ddpkit.contract import (
+    CLI_MODULE,
+    ENDPOINT_MODULE,
+    RESV_PORTS_MODULE,
+    RUN_COMMAND,
+    SWEEP_RUN_VAR,
+    SWEEP_TASK_VAR,
+)
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.checks import shown
-from ddpkit.jobs.contract import exports as contract_exports
-from ddpkit.jobs.contract import sweep_exports
+from ddpkit.jobs.exports import exports as contract_exports
+from ddpkit.jobs.exports import sweep_exports
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -72,8 +80,8 @@ ENDPOINT_EXPANSION: str = _ShellExpansion('"$endpoint"')
 JOB_ID_EXPANSION: str = _ShellExpansion('"$SLURM_JOB_ID"')
 _ARRAY_TASK_EXPANSION = '"$SLURM_ARRAY_JOB_ID"_"$SLURM_ARRAY_TASK_ID"'
 _PLACEHOLDER_VARS = {
-    sweeps.TASK_PLACEHOLDER: sweeps.TASK_VAR,
-    sweeps.RUN_PLACEHOLDER: sweeps.RUN_VAR,
+    sweeps.TASK_PLACEHOLDER: SWEEP_TASK_VAR,
+    sweeps.RUN_PLACEHOLDER: SWEEP_RUN_VAR,
 }
 
 # What sbatch's directive parser reads back unchanged without any quoting.
@@ -169,7 +177,7 @@ def task_output_pattern(spec: JobSpec) -> str:
     if spec.sweep is None:
         return _log_pattern(spec, f"%j-{suffix}")
     return _ShellExpansion(
-        f'{shlex.quote(_log_dir_pattern(spec))}/"${sweeps.RUN_VAR}"/{shlex.quote(spec.name + "-")}'
+        f'{shlex.quote(_log_dir_pattern(spec))}/"${SWEEP_RUN_VAR}"/{shlex.quote(spec.name + "-")}'
         f"{_ARRAY_TASK_EXPANSION}{shlex.quote('-' + suffix)}"
     )
 
@@ -206,7 +214,7 @@ def _sweep_context(spec: JobSpec) -> dict[str, Any] | None:
         values = sweep_exports(task)
         assign = " ".join(f"{key}={shell_quote(value)}" for key, value in values.items())
         tasks.append({"index": task.index, "run": task.run, "assign": assign})
-    names = [sweeps.TASK_VAR, sweeps.RUN_VAR, *map(sweeps.value_var, spec.sweep.params)]
+    names = [SWEEP_TASK_VAR, SWEEP_RUN_VAR, *map(sweeps.value_var, spec.sweep.params)]
     return {"count": spec.sweep.count, "tasks": tasks, "variables": names}
 
 
@@ -260,14 +268,14 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 def _exports(spec: JobSpec) -> list[tuple[str, str]]:
     """``export`` lines: the spec's env (sorted), then the job contract's variables
-    (:mod:`ddpkit.jobs.contract`), which JobSpec refuses in env, so they cannot collide."""
+    (:mod:`ddpkit.jobs.exports`), which JobSpec refuses in env, so they cannot collide."""
     return [(key, spec.env[key]) for key in sorted(spec.env)] + list(contract_exports(spec).items())
 
 
 def endpoint_command(spec: JobSpec) -> list[str]:
     """The command printing the c10d endpoint ``host:port`` inside the job (torchrun mode)."""
     port = "auto" if spec.rdzv_port in (None, "auto") else str(spec.rdzv_port)
-    return [spec.python, "-m", "ddpkit.jobs.endpoint", "--port", port]
+    return [spec.python, "-m", ENDPOINT_MODULE, "--port", port]
 
 
 def torchrun_command(
@@ -284,8 +292,8 @@ def torchrun_command(
         spec.python,
         "-u",
         "-m",
-        "ddpkit",
-        "run",
+        CLI_MODULE,
+        RUN_COMMAND,
         "--nnodes",
         str(spec.nodes),
         "--nproc-per-node",
@@ -318,6 +326,7 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "setup": list(spec.setup),
         "exports": _exports(spec),
         "python": spec.python,
+        "resv_ports_module": RESV_PORTS_MODULE,
         "command": command_words(spec),
         "cpus_per_srun_task": spec.cpus_per_slurm_task,
         "signal": spec.signal,

@@ -28,9 +28,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RESERVED_ENV, reserved_env_hint
 from ddpkit.jobs import checks
 from ddpkit.jobs.checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
-from ddpkit.jobs.contract import RESERVED_ENV, reserved_env_hint
 from ddpkit.jobs.sweep_spec import SWEEP_DESCRIPTION, Sweep, check_placeholders
 
 __all__ = [
@@ -290,11 +290,13 @@ class JobSpec(Model):
     profile: Line | None = Field(None, description="a profile name or path, e.g. profile: site")
     template: Line | None = Field(None, description=_D_TEMPLATE)
     host_template: HostTemplate | None = Field(None, description=_D_HOST)
-    signal: StopSignal | None = Field("USR2", description=_D_SIGNAL)
+    signal: StopSignal | None = Field(DEFAULT_SIGNAL, description=_D_SIGNAL)
     signal_delay_s: int | None = Field(
         None, ge=1, le=checks.MAX_TIME_MIN * 60, description=_D_SIGNAL_DELAY
     )
-    max_requeues: int = Field(10, ge=0, le=checks.MAX_REQUEUES, description=_D_REQUEUES)
+    max_requeues: int = Field(
+        DEFAULT_MAX_REQUEUES, ge=0, le=checks.MAX_REQUEUES, description=_D_REQUEUES
+    )
     sweep: Sweep | None = Field(None, description=SWEEP_DESCRIPTION)
 
     @model_validator(mode="after")

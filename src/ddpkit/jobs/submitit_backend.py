@@ -59,10 +59,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ddpkit.compat import submitit_sbatch_text, submitit_sbatch_value
+from ddpkit.contract import SUBMITIT_SIGNAL_VAR
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
-from ddpkit.jobs.contract import SUBMITIT_SIGNAL_VAR, sweep_exports
-from ddpkit.jobs.contract import exports as contract_exports
+from ddpkit.jobs.exports import exports as contract_exports
+from ddpkit.jobs.exports import sweep_exports
 from ddpkit.jobs.records import JobRecord, Via, new_record
 from ddpkit.jobs.render import batch_output_path
 from ddpkit.jobs.sbatch_backend import SlurmJobs, check_array_size, log_dir_made

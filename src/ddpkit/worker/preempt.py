@@ -41,8 +41,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from ddpkit.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.jobs.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.worker import stopsignal
 from ddpkit.worker.context import current, shutdown
 from ddpkit.worker.requeue import (

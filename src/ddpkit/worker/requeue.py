@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddpkit.cluster.envvars import number_hint, parse_int, to_int
+from ddpkit.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 
 __all__ = [
     "ALLOWED_SIGNALS",

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from ddpkit.jobs.contract import LATCH_DIR_VAR, SIGNAL_VAR
+from ddpkit.contract import LATCH_DIR_VAR, SIGNAL_VAR
 from ddpkit.worker.requeue import parse_signal
 
 __all__ = [
