@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from ddpkit.cluster.ports import port_for_job
+from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
 from ddpkit.jobs.endpoint import endpoint
@@ -383,10 +384,10 @@ def test_rendered_script_runs_with_hostile_values_intact(tmp_path: Path, launch:
         assert argv == [*expected[5:], *EVIL_COMMAND]
     expected += EVIL_COMMAND
     argv = nul_list(call / "argv")
-    # each task runs under the stop-signal wrapper: bash -c "$ddpkit_hold" ddpkit-task COMMAND
-    at = argv.index("ddpkit-task") - 3
-    assert argv[at : at + 2] == ["bash", "-c"] and 'exec "$@"' in argv[at + 2], argv
-    assert argv[:at] + argv[at + 4 :] == expected
+    # each task runs under the stop-signal holder: PYTHON -m ddpkit.cluster.stop.hold COMMAND
+    at = argv.index(STOP_HOLD_MODULE) - 2
+    assert argv[at : at + 2] == [str(python), "-m"], argv
+    assert argv[:at] + argv[at + 3 :] == expected
 
     seen = dict(item.split("=", 1) for item in nul_list(call / "env"))
     assert {key: seen[key] for key in job.env} == job.env

@@ -23,7 +23,7 @@ TIMEOUT_S = 30.0
 # The submitit task's side: RunCommand(argv[1:])(), reporting how it ended.
 RUNNER = """
 import sys
-from ddpkit.jobs.submitit_backend import RunCommand
+from ddpkit.launch.submitit_task import RunCommand
 try:
     code = RunCommand(sys.argv[1:])()
 except SystemExit as exc:
@@ -160,7 +160,7 @@ import os, signal, sys
 print(f"child: starting {os.getpid()}", flush=True)
 sys.stdin.readline()
 pending = signal.SIGUSR2 in signal.sigpending()
-from ddpkit.worker import stopsignal
+from ddpkit.cluster.stop import latch as stopsignal
 stopsignal.latch(signal.SIGUSR2)
 print(f"child: pending before the latch {pending}, received {stopsignal.received(signal.SIGUSR2)}",
       flush=True)

@@ -63,10 +63,10 @@ def env_var_rows() -> list[EnvVarRow]:
     ``ddpkit.cluster.stop`` (what ``DDPKIT_SIGNAL`` may name, what a spec's ``signal:`` takes).
     """
     contract = importlib.import_module("ddpkit.contract")
-    stop = importlib.import_module("ddpkit.worker.requeue")
+    stop = importlib.import_module("ddpkit.cluster.stop.signals")
     signals = {
         "{signals}": ", ".join(stop.ALLOWED_SIGNALS),
-        "{job_signals}": " or ".join(("USR1", "USR2")),
+        "{job_signals}": " or ".join(stop.JOB_SIGNALS),
     }
     rows = []
     for variable in contract.ENVIRONMENT:

@@ -15,13 +15,13 @@ A job script already submitted calls ddpkit by the module paths below (``python 
 templates (through the render context), the renderer and the torchx conversion take them from
 here, so that a move changes one line.
 
-Standard library only, and no other ddpkit module: every layer imports it.
+Standard library only (and cheap: ``ddpkit run``'s first line imports it), and no other
+ddpkit module: every layer imports it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "CLI_MODULE",
@@ -49,7 +49,9 @@ __all__ = [
     "RESV_PORTS_MODULE",
     "RUN_COMMAND",
     "SIGNAL_VAR",
+    "STOP_HOLD_MODULE",
     "SUBMITIT_SIGNAL_VAR",
+    "SUBMITIT_TASK_MODULE",
     "SWEEP_RUN_VAR",
     "SWEEP_TASK_VAR",
     "SWEEP_VAR_PREFIX",
@@ -92,11 +94,14 @@ RESV_PORTS_MODULE: Final = "ddpkit.jobs.resv_ports"  # prints srun's --resv-port
 ENDPOINT_MODULE: Final = "ddpkit.jobs.endpoint"  # prints the c10d endpoint host:port
 CLI_MODULE: Final = "ddpkit"  # `python -m ddpkit run ...` on each node (launch: torchrun)
 RUN_COMMAND: Final = "run"
+STOP_HOLD_MODULE: Final = "ddpkit.cluster.stop.hold"  # each srun task's stop-signal holder
+# submitit tasks unpickle RunCommand from it (jobs/ names it by this path: launch/ is above)
+SUBMITIT_TASK_MODULE: Final = "ddpkit.launch.submitit_task"
 
 
-@dataclass(frozen=True)
-class EnvVar:
-    """One variable as the reference shows it (markdown texts)."""
+class EnvVar(NamedTuple):
+    """One variable as the reference shows it (markdown texts); a NamedTuple, not a dataclass:
+    ``ddpkit run``'s first line imports this module, before it can hold the stop signal."""
 
     name: str  # DDPKIT_SWEEP_<NAME> stands for a family
     set_by: str  # "you" (a knob), "job script", "sweep", or "`ddpkit run`"

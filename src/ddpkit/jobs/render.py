@@ -35,6 +35,7 @@ from ddpkit.contract import (
     ENDPOINT_MODULE,
     RESV_PORTS_MODULE,
     RUN_COMMAND,
+    STOP_HOLD_MODULE,
     SWEEP_RUN_VAR,
     SWEEP_TASK_VAR,
 )
@@ -327,6 +328,7 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "exports": _exports(spec),
         "python": spec.python,
         "resv_ports_module": RESV_PORTS_MODULE,
+        "stop_hold_module": STOP_HOLD_MODULE,
         "command": command_words(spec),
         "cpus_per_srun_task": spec.cpus_per_slurm_task,
         "signal": spec.signal,

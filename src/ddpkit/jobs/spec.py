@@ -28,6 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from ddpkit.cluster.stop.signals import JobSignal
 from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RESERVED_ENV, reserved_env_hint
 from ddpkit.jobs import checks
 from ddpkit.jobs.checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 Launch = Literal["srun", "torchrun"]
-StopSignal = Literal["USR1", "USR2"]
 DEFAULT_SIGNAL_DELAY_S = 120
 
 # Always used with fullmatch: ``$`` (and ``re.match`` with it) also matches before a final
@@ -290,7 +290,7 @@ class JobSpec(Model):
     profile: Line | None = Field(None, description="a profile name or path, e.g. profile: site")
     template: Line | None = Field(None, description=_D_TEMPLATE)
     host_template: HostTemplate | None = Field(None, description=_D_HOST)
-    signal: StopSignal | None = Field(DEFAULT_SIGNAL, description=_D_SIGNAL)
+    signal: JobSignal | None = Field(DEFAULT_SIGNAL, description=_D_SIGNAL)
     signal_delay_s: int | None = Field(
         None, ge=1, le=checks.MAX_TIME_MIN * 60, description=_D_SIGNAL_DELAY
     )

@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from ddpkit.cluster.stop import forward as relay
 from ddpkit.contract import LAUNCH_TOKEN_VAR as TOKEN_VAR
-from ddpkit.launch import relay
 
 __all__ = ["STUB", "SUPPORTED", "SWEEPER", "TOKEN_VAR", "tie", "tie_to", "tied"]
 
