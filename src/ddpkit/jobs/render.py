@@ -45,6 +45,7 @@ from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.checks import shown
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
+from ddpkit.jobs.user_template import LAUNCH_TEMPLATE_NAME, check_user_template
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -65,7 +66,9 @@ __all__ = [
     "torchrun_command",
 ]
 
-BUILTIN_TEMPLATES = {"srun": "sbatch_srun.sh.j2", "torchrun": "sbatch_torchrun.sh.j2"}
+BUILTIN_TEMPLATES = {"srun": "srun.sh.j2", "torchrun": "torchrun.sh.j2"}
+BASE_TEMPLATE = "base.sh.j2"
+_BUILTIN_NAMES = frozenset({BASE_TEMPLATE, *BUILTIN_TEMPLATES.values()})
 
 
 class _ShellExpansion(str):
@@ -329,6 +332,9 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "python": spec.python,
         "resv_ports_module": RESV_PORTS_MODULE,
         "stop_hold_module": STOP_HOLD_MODULE,
+        LAUNCH_TEMPLATE_NAME: BUILTIN_TEMPLATES[spec.launch],
+        # markers the batch shell waits for: every worker, and under torchrun every agent
+        "latch_markers": spec.world_size + (spec.nodes if torchrun else 0),
         "command": command_words(spec),
         "cpus_per_srun_task": spec.cpus_per_slurm_task,
         "signal": spec.signal,
@@ -358,7 +364,7 @@ def _template_path(spec: JobSpec) -> Path | None:
 def _environment() -> jinja2.Environment:
     """The sandbox every template renders in, ddpkit's own too (:mod:`ddpkit.jobs.sandbox`)."""
     filters = {"q": shell_quote, "sbatch_q": sbatch_quote}
-    return sandbox.sandbox_environment(set(BUILTIN_TEMPLATES.values()), filters)
+    return sandbox.sandbox_environment(_BUILTIN_NAMES, filters)
 
 
 def _template_error(err: Exception, filename: str, names: list[str]) -> ConfigError:
@@ -383,6 +389,7 @@ def _template_error(err: Exception, filename: str, names: list[str]) -> ConfigEr
 
 def render_sbatch(spec: JobSpec) -> str:
     """The sbatch script for ``spec``: the user's template if the spec names one, else ours.
+    A user's template must keep the stop-signal protocol (:mod:`ddpkit.jobs.user_template`).
 
     Both render in Jinja2's sandbox (:mod:`ddpkit.jobs.sandbox`): a template cannot run code
     or read the environment of this machine; a violation is a ConfigError naming its line.
@@ -393,13 +400,17 @@ def render_sbatch(spec: JobSpec) -> str:
     names = sorted(context)
     # a user's template may fail in any way Python code can; ddpkit's own only as Jinja2 does
     caught = Exception if user_path is not None else jinja2.TemplateError
+    environment = _environment()
     try:
-        template = _environment().get_template(name)
+        template = environment.get_template(name)
     except jinja2.TemplateError as err:
         raise _template_error(err, name, names) from err
     try:
-        return sandbox.collect(template.generate(context))
+        text = sandbox.collect(template.generate(context))
     except DdpkitError:
         raise  # a value the q filters refuse (a NUL): its own message names it
     except caught as err:
         raise _template_error(err, template.filename or name, names) from None
+    if user_path is not None:  # after rendering: its own errors come first, as they always did
+        check_user_template(environment, name, _BUILTIN_NAMES, spec.signal)
+    return text
