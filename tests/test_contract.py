@@ -84,3 +84,34 @@ def test_every_contract_variable_is_reserved_in_a_specs_env(variable: str) -> No
     assert variable in contract.RESERVED_ENV
     with pytest.raises(ValidationError, match="is set by ddpkit"):
         _spec(env={variable: "x"})
+
+
+def test_only_the_contract_module_spells_a_ddpkit_variable_in_code() -> None:
+    """Every DDPKIT_* name is a constant of ddpkit.contract; other modules import it (prose in
+    docstrings, comments and messages may still mention one)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    src = Path(contract.__file__).parent
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path == Path(contract.__file__):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and re.fullmatch(r"DDPKIT_[A-Z][A-Z0-9_]*", node.value)
+            ):
+                found.append(f"{path.relative_to(src)}:{node.lineno} {node.value}")
+    assert not found, found

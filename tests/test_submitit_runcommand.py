@@ -199,3 +199,20 @@ def test_a_child_signalled_before_it_latched_neither_dies_nor_loses_the_signal()
     assert "child: pending before the latch True, received True" in out, (out, err)
     assert "runner: SystemExit(0)" in out, (out, err)
     assert runner.returncode == 0, (out, err)
+
+
+def test_a_runner_pickled_at_its_old_path_still_loads() -> None:
+    """Jobs submitted before the move pickled ``ddpkit.jobs.submitit_backend.RunCommand``: a
+    requeued one unpickles it from there (the one shim), and gets the runner of launch/."""
+    import pickle
+
+    from ddpkit.jobs import submitit_backend
+    from ddpkit.launch.submitit_task import RunCommand
+
+    old = pickle.dumps(RunCommand(["true"], cwd="/tmp"), protocol=0).replace(  # text: editable
+        b"ddpkit.launch.submitit_task", b"ddpkit.jobs.submitit_backend"
+    )
+    assert b"ddpkit.jobs.submitit_backend" in old
+    loaded = pickle.loads(old)
+    assert type(loaded) is RunCommand and loaded.command == ["true"]
+    assert submitit_backend.run_command(["x"], cwd="/").__class__ is RunCommand
