@@ -13,7 +13,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ddpkit.launch import relay
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
 
 __all__ = ["add_parser", "config_from_argv", "run_command"]
@@ -146,7 +145,6 @@ def run_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(config.torchrun_command())
         return 0
-    relay.relay_stop_signal(os.environ)
     from ddpkit.launch.local import launch
 
     outcome = launch(config)

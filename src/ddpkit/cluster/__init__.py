@@ -9,24 +9,8 @@ both): the launcher (:mod:`ddpkit.launch`), the job tools (:mod:`ddpkit.jobs`) a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ddpkit._lazy import lazy_exports
+from ddpkit.cluster.detect import detect, detect_environment
+from ddpkit.cluster.nodelist import expand_nodelist
+from ddpkit.cluster.rankinfo import RankInfo
 
 __all__ = ["RankInfo", "detect", "detect_environment", "expand_nodelist"]
-
-# Lazy: ``ddpkit run``'s first line imports ddpkit.cluster.stop to hold the stop signal, and
-# must not pay for detection's imports first (tens of milliseconds in which the signal kills).
-_EXPORTS = {
-    "RankInfo": "ddpkit.cluster.rankinfo",
-    "detect": "ddpkit.cluster.detect",
-    "detect_environment": "ddpkit.cluster.detect",
-    "expand_nodelist": "ddpkit.cluster.nodelist",
-}
-
-if TYPE_CHECKING:
-    from ddpkit.cluster.detect import detect, detect_environment
-    from ddpkit.cluster.nodelist import expand_nodelist
-    from ddpkit.cluster.rankinfo import RankInfo
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

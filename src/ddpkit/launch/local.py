@@ -118,7 +118,9 @@ def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
 
 
 def launch(config: RunConfig) -> LaunchOutcome:
-    """Run the workers on this node until they finish; never raises for a worker failure."""
+    """Run the workers on this node until they finish; never raises for a worker failure.
+    The stop signal is passed on to them from here (:func:`.relay.relay_stop_signal`)."""
+    relay.relay_stop_signal(os.environ)
     plan = build_launch_config(config)
     logs = _RecordingLogsSpecs(plan.launch_config.logs_specs)
     plan.launch_config.logs_specs = logs

@@ -15,9 +15,9 @@ anything heavy is imported; for ``ddpkit run``:
   dropped), ignored from the atexit handlers on: Python's finalization would restore the
   default action while torch tears down.
 
-Out of reach: the interpreter's own start, until the entry point's first line (some tens of
-milliseconds). This module imports only the standard library and :mod:`ddpkit.cluster.stop`,
-for that reason. On Windows the launcher holds nothing.
+Out of reach: the interpreter's own start, until the entry point's first line, and this
+module's imports (about 35 ms: :mod:`ddpkit.cluster.stop` and the ``ddpkit.cluster`` package,
+which imports detection; nothing heavier). On Windows the launcher holds nothing.
 """
 
 from __future__ import annotations
