@@ -22,8 +22,9 @@ import pytest
 from ddpkit.cli import main
 from ddpkit.cluster.durations import seconds_from_env
 from ddpkit.cluster.ports import reserved_port
+from ddpkit.cluster.stop.requeue import max_requeues_from, plan_requeue
+from ddpkit.cluster.stop.signals import parse_signal
 from ddpkit.errors import ConfigError
-from ddpkit.worker.requeue import max_requeues_from, parse_signal, plan_requeue
 from ddpkit.worker.watchdog.policy import peer_timeout
 
 ROOT = Path(__file__).resolve().parents[1]

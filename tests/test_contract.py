@@ -1,5 +1,5 @@
 """One job contract: the sbatch templates, submitit and torchx hand the running job the same
-DDPKIT_* variables, computed in one place (ddpkit.jobs.contract)."""
+DDPKIT_* variables, computed in one place (ddpkit.jobs.exports), named in one (ddpkit.contract)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ddpkit.jobs import contract, render
+from ddpkit import contract
+from ddpkit.jobs import exports, render
 from ddpkit.jobs.spec import JobSpec
 
 BASE: dict[str, Any] = {
@@ -43,7 +44,7 @@ def _sbatch_exports(spec: JobSpec) -> dict[str, str]:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_sbatch_exports_the_contract(variant: str) -> None:
     spec = _spec(**VARIANTS[variant])
-    expected = {"MINE": "1", **contract.exports(spec)}
+    expected = {"MINE": "1", **exports.exports(spec)}
     if spec.signal is not None:  # the batch script makes the latch folder at run time
         expected[contract.LATCH_DIR_VAR] = ""
     assert _sbatch_exports(spec) == expected
@@ -57,7 +58,7 @@ def test_submitit_exports_the_contract(variant: str) -> None:
     spec = _spec(**VARIANTS[variant])
     lines = executor_parameters(spec)["slurm_setup"]
     found = dict(line.removeprefix("export ").split("=", 1) for line in lines)
-    expected = {"MINE": "1", **contract.exports(spec, launch="srun")}
+    expected = {"MINE": "1", **exports.exports(spec, launch="srun")}
     if spec.signal is not None:
         expected[contract.SUBMITIT_SIGNAL_VAR] = spec.signal
     assert {k: shlex.split(v)[0] for k, v in found.items()} == expected
@@ -70,7 +71,7 @@ def test_torchx_carries_the_contract_stop_signal_included(variant: str) -> None:
 
     spec = _spec(**VARIANTS[variant])
     (role,) = spec_to_appdef(spec).roles
-    expected = contract.exports(spec, launch="torchrun")
+    expected = exports.exports(spec, launch="torchrun")
     # torchx writes "$" as "$$" in env values (its macro escape)
     assert {k: role.env[k].replace("$$", "$") for k in expected} == expected
     if spec.signal is not None:  # the defect the contract fixed: torchx jobs lost these
@@ -78,8 +79,39 @@ def test_torchx_carries_the_contract_stop_signal_included(variant: str) -> None:
     assert role.env[contract.MAX_REQUEUES_VAR] == str(spec.max_requeues)
 
 
-@pytest.mark.parametrize("variable", [v.name for v in contract.CONTRACT])
+@pytest.mark.parametrize("variable", [v.name for v in contract.JOB_SCRIPT])
 def test_every_contract_variable_is_reserved_in_a_specs_env(variable: str) -> None:
     assert variable in contract.RESERVED_ENV
     with pytest.raises(ValidationError, match="is set by ddpkit"):
         _spec(env={variable: "x"})
+
+
+def test_only_the_contract_module_spells_a_ddpkit_variable_in_code() -> None:
+    """Every DDPKIT_* name is a constant of ddpkit.contract; other modules import it (prose in
+    docstrings, comments and messages may still mention one)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    src = Path(contract.__file__).parent
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path == Path(contract.__file__):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and re.fullmatch(r"DDPKIT_[A-Z][A-Z0-9_]*", node.value)
+            ):
+                found.append(f"{path.relative_to(src)}:{node.lineno} {node.value}")
+    assert not found, found

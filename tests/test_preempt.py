@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 import ddpkit
+from ddpkit.cluster.stop import latch as stopsignal
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.worker import stopsignal
 from ddpkit.worker.context import current_or_none
 from distutil import free_port, run_workers, torchrun_env
 

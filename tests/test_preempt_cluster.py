@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.launch.local import child_pids
 from slurm_cluster import FINISHED, SlurmCluster
 
@@ -239,7 +240,7 @@ def _storm_may_start(case: Scenario, workdir: Path) -> bool:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # not a process, or it just ended
             continue
-        wrapper = argv[0].endswith(b"bash") and b"ddpkit-task" in argv  # not srun's own argv
+        wrapper = argv[1:3] == [b"-m", STOP_HOLD_MODULE.encode()]  # not srun's own argv
         if wrapper and marker in argv and child_pids(int(entry.name)):
             wrappers += 1
     return wrappers == 2  # 2 nodes x 1 task

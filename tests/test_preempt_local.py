@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.launch.local import child_pids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,7 +332,7 @@ import os, signal, sys
 print(f"child: starting {os.getpid()}", flush=True)
 sys.stdin.readline()  # the test sends the line once the signals are out
 print(f"child: SIGINT {signal.getsignal(signal.SIGINT).__name__}", flush=True)
-from ddpkit.worker import stopsignal
+from ddpkit.cluster.stop import latch as stopsignal
 stopsignal.latch_from_env(os.environ)
 import time
 deadline = time.monotonic() + 10
@@ -351,12 +352,12 @@ def test_the_task_wrapper_holds_a_signal_until_the_command_has_latched_it(
     from ddpkit.jobs.spec import JobSpec
 
     job = JobSpec(name="w", command=["train.py"], workdir=str(tmp_path), launch=launch)
-    found = re.search(r"^ddpkit_hold='(.*?)'$", render_sbatch(job), re.MULTILINE | re.DOTALL)
-    assert found, "no task wrapper in the script"
+    holder = f" -m {STOP_HOLD_MODULE} "
+    assert holder in render_sbatch(job), "no task wrapper in the script"
     latched = tmp_path / "latched"
     latched.mkdir()
     wrapper = subprocess.Popen(
-        ["bash", "-c", found[1], "ddpkit-task", sys.executable, "-c", LATE_CHILD],
+        [sys.executable, "-m", STOP_HOLD_MODULE, sys.executable, "-c", LATE_CHILD],
         env={**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)},
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -369,7 +370,6 @@ def test_the_task_wrapper_holds_a_signal_until_the_command_has_latched_it(
         wrapper.stdin.write("go\n")
         wrapper.stdin.flush()
         lines = [wrapper.stdout.readline(), wrapper.stdout.readline()]
-        # Only now: bash may drop a trap when two trapped signals arrive at once (5.2 does).
         os.kill(wrapper.pid, signal.SIGTERM)  # the wrapper alone: it must wait for the command
         out, err = wrapper.communicate("exit\n", timeout=TIMEOUT_S)
         out = "".join(lines) + out

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from ddpkit.cluster.ports import port_for_job
+from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
 from ddpkit.jobs.endpoint import endpoint
@@ -272,12 +273,13 @@ def test_torchrun_command_and_output_paths() -> None:
 
 def test_user_template_gets_the_same_context(tmp_path: Path) -> None:
     (tmp_path / "t.j2").write_text("{{ name | q }} {{ world_size }} {{ spec.nodes }}\n")
-    job = spec(workdir=str(tmp_path), template="t.j2", nodes=3, name="n")
+    # signal: null: no stop-signal protocol to keep, so any template (tests/test_user_template.py)
+    job = spec(workdir=str(tmp_path), template="t.j2", nodes=3, name="n", signal=None)
     assert render.render_sbatch(job) == "n 3 3\n"
-    # A user template may include a built-in one: the same text comes out.
-    (tmp_path / "inc.j2").write_text('{% include "sbatch_srun.sh.j2" %}')
-    included = render.render_sbatch(spec(workdir=str(tmp_path), template=str(tmp_path / "inc.j2")))
-    assert included == render.render_sbatch(spec(workdir=str(tmp_path)))
+    # A user template may extend a built-in one: the same text comes out.
+    (tmp_path / "inc.j2").write_text("{% extends launch_template %}")
+    extended = render.render_sbatch(spec(workdir=str(tmp_path), template=str(tmp_path / "inc.j2")))
+    assert extended == render.render_sbatch(spec(workdir=str(tmp_path)))
 
 
 @pytest.mark.parametrize(
@@ -383,10 +385,10 @@ def test_rendered_script_runs_with_hostile_values_intact(tmp_path: Path, launch:
         assert argv == [*expected[5:], *EVIL_COMMAND]
     expected += EVIL_COMMAND
     argv = nul_list(call / "argv")
-    # each task runs under the stop-signal wrapper: bash -c "$ddpkit_hold" ddpkit-task COMMAND
-    at = argv.index("ddpkit-task") - 3
-    assert argv[at : at + 2] == ["bash", "-c"] and 'exec "$@"' in argv[at + 2], argv
-    assert argv[:at] + argv[at + 4 :] == expected
+    # each task runs under the stop-signal holder: PYTHON -m ddpkit.cluster.stop.hold COMMAND
+    at = argv.index(STOP_HOLD_MODULE) - 2
+    assert argv[at : at + 2] == [str(python), "-m"], argv
+    assert argv[:at] + argv[at + 3 :] == expected
 
     seen = dict(item.split("=", 1) for item in nul_list(call / "env"))
     assert {key: seen[key] for key in job.env} == job.env

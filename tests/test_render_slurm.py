@@ -81,6 +81,7 @@ def test_batch_script_without_srun_fails_with_the_hint(slurm: SlurmCluster, tmp_
         python=sys.executable,
         workdir=str(tmp_path),
         template="no-srun.sh.j2",
+        signal=None,  # a template that does not extend ddpkit's is refused with a stop signal
         nodes=2,
         procs_per_node=2,
         time_min=2,
@@ -100,3 +101,32 @@ def test_sbatch_reads_hostile_directives_back_exactly(slurm: SlurmCluster, tmp_p
     job_id = slurm.track(submitted.stdout.strip().split(";")[0])
     shown = slurm.run("squeue", "-h", "-j", job_id, "-o", "%j\t%Z\t%k").stdout
     assert shown.rstrip("\n").split("\t") == ["held", str(workdir), EVIL]
+
+
+def test_a_user_template_with_allowed_blocks_runs(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A user template (tests/test_user_template.py's ALLOWED: an #SBATCH line, shell lines
+    before and after the step, an srun option, a wrapper around the command) extends ddpkit's
+    base: sbatch takes it, and the job runs with the stop-signal protocol in place."""
+    from test_user_template import ALLOWED
+
+    (tmp_path / "report.py").write_text(REPORT)
+    (tmp_path / "site.sh.j2").write_text(ALLOWED)
+    job = spec(
+        name="user-template",
+        command=["report.py"],
+        python=sys.executable,
+        workdir=str(tmp_path),
+        template="site.sh.j2",
+        nodes=2,
+        procs_per_node=1,
+        time_min=2,
+    )
+    script = render.render_sbatch(job)
+    assert "#SBATCH --comment=site-template" in script and "-m ddpkit.cluster.stop.hold" in script
+    job_id, state = submit(slurm, job)
+    batch = Path(render.batch_output_path(job, job_id)).read_text()
+    assert state == "COMPLETED", batch
+    assert "site: before the step" in batch and "site: after the step" in batch, batch
+    for rank in range(2):
+        out = Path(job.log_path, f"user-template-{job_id}-rank{rank}.out").read_text()
+        assert f"{rank}: procid {rank} rank {rank} world 2" in out, out  # srun --label

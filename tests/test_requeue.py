@@ -1,6 +1,6 @@
 """The pure parts of preemption: signal names, the requeue cap, the requeue plan, the latch.
 
-``ddpkit.worker.requeue`` is table-tested on plain mappings; ``ddpkit.worker.stopsignal`` is
+``ddpkit.cluster.stop.requeue`` is table-tested on plain mappings; ``ddpkit.cluster.stop.latch`` is
 tested in this process with real signals, every handler put back afterwards.
 """
 
@@ -19,18 +19,11 @@ from typing import Any
 
 import pytest
 
+from ddpkit.cluster.stop import latch as stopsignal
+from ddpkit.cluster.stop.requeue import max_requeues_from, plan_requeue
+from ddpkit.cluster.stop.signals import DEFAULT_MAX_REQUEUES, EXIT_STOPPED, parse_signal
+from ddpkit.contract import LATCH_DIR_VAR, MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.contract import LATCH_DIR_VAR
-from ddpkit.worker import stopsignal
-from ddpkit.worker.requeue import (
-    DEFAULT_MAX_REQUEUES,
-    EXIT_STOPPED,
-    MAX_REQUEUES_VAR,
-    SIGNAL_VAR,
-    max_requeues_from,
-    parse_signal,
-    plan_requeue,
-)
 
 # ---------------------------------------------------------------------------- parse_signal
 
@@ -310,8 +303,8 @@ def test_latch_from_env_warns_when_it_cannot_announce(tmp_path: Path) -> None:
 # (module teardown) signals its own process, as a late SLURM warning would.
 _LATE_SIGNAL = """
 import os, signal, sys, time
-from ddpkit.worker import stopsignal
-from ddpkit.jobs.contract import LATCH_DIR_VAR
+from ddpkit.cluster.stop import latch as stopsignal
+from ddpkit.contract import LATCH_DIR_VAR
 
 class Late:
     def __del__(self):

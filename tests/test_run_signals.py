@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.worker.requeue import ALLOWED_SIGNALS, parse_signal
+from ddpkit.cluster.stop.signals import ALLOWED_SIGNALS, parse_signal, stop_signal
 
 pytestmark = pytest.mark.multiproc
 
@@ -155,20 +155,17 @@ def test_one_stop_signal_before_the_workers_exist_is_kept_for_them(
     "text", [*ALLOWED_SIGNALS, "usr1", " SIGTERM ", "sigHUP", "10", "12", "15"]
 )
 def test_the_early_reading_of_ddpkit_signal_agrees_with_the_checked_one(text: str) -> None:
-    """``relay`` reads DDPKIT_SIGNAL before anything is imported; the launcher checks it later
-    with ``parse_signal``: both must name the same signal, or the held one would be lost."""
-    from ddpkit.launch import relay
-
-    assert relay.stop_signal_from({"DDPKIT_SIGNAL": text}) == parse_signal(text)
+    """``relay.hold`` reads DDPKIT_SIGNAL leniently before anything is imported; the launcher
+    checks it later with ``parse_signal``: both must name the same signal, or the held one
+    would be lost (one reader now: ``ddpkit.cluster.stop.signals``)."""
+    assert stop_signal({"DDPKIT_SIGNAL": text}, lenient=True) == parse_signal(text)
 
 
 @pytest.mark.parametrize("text", ["", "KILL", "9", "bogus", "USR²", "１２"])
 def test_an_unusable_ddpkit_signal_is_held_as_sigusr2_until_the_launcher_rejects_it(
     text: str,
 ) -> None:
-    from ddpkit.launch import relay
-
-    assert relay.stop_signal_from({"DDPKIT_SIGNAL": text}) == signal.SIGUSR2
+    assert stop_signal({"DDPKIT_SIGNAL": text}, lenient=True) == signal.SIGUSR2
 
 
 @pytest.mark.parametrize("argv", [[], ["submit", "job.yaml"], ["--version"], ["plan", "run"]])

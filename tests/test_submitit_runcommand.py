@@ -23,7 +23,7 @@ TIMEOUT_S = 30.0
 # The submitit task's side: RunCommand(argv[1:])(), reporting how it ended.
 RUNNER = """
 import sys
-from ddpkit.jobs.submitit_backend import RunCommand
+from ddpkit.launch.submitit_task import RunCommand
 try:
     code = RunCommand(sys.argv[1:])()
 except SystemExit as exc:
@@ -160,7 +160,7 @@ import os, signal, sys
 print(f"child: starting {os.getpid()}", flush=True)
 sys.stdin.readline()
 pending = signal.SIGUSR2 in signal.sigpending()
-from ddpkit.worker import stopsignal
+from ddpkit.cluster.stop import latch as stopsignal
 stopsignal.latch(signal.SIGUSR2)
 print(f"child: pending before the latch {pending}, received {stopsignal.received(signal.SIGUSR2)}",
       flush=True)
@@ -199,3 +199,20 @@ def test_a_child_signalled_before_it_latched_neither_dies_nor_loses_the_signal()
     assert "child: pending before the latch True, received True" in out, (out, err)
     assert "runner: SystemExit(0)" in out, (out, err)
     assert runner.returncode == 0, (out, err)
+
+
+def test_a_runner_pickled_at_its_old_path_still_loads() -> None:
+    """Jobs submitted before the move pickled ``ddpkit.jobs.submitit_backend.RunCommand``: a
+    requeued one unpickles it from there (the one shim), and gets the runner of launch/."""
+    import pickle
+
+    from ddpkit.jobs import submitit_backend
+    from ddpkit.launch.submitit_task import RunCommand
+
+    old = pickle.dumps(RunCommand(["true"], cwd="/tmp"), protocol=0).replace(  # text: editable
+        b"ddpkit.launch.submitit_task", b"ddpkit.jobs.submitit_backend"
+    )
+    assert b"ddpkit.jobs.submitit_backend" in old
+    loaded = pickle.loads(old)
+    assert type(loaded) is RunCommand and loaded.command == ["true"]
+    assert submitit_backend.run_command(["x"], cwd="/").__class__ is RunCommand

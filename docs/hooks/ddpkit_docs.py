@@ -24,7 +24,6 @@ tests/test_docs.py can check the coverage without building.
 from __future__ import annotations
 
 import argparse
-import ast
 import enum
 import importlib
 import os
@@ -55,171 +54,28 @@ class EnvVarRow:
     set_by: str  # "you" (a knob), "job script" (ddpkit's job scripts set it) or "sweep"
     default: str  # markdown; "" when there is none
     meaning: str  # markdown, one paragraph
-    defined_in: str  # where the name is defined in the code today (module.CONSTANT or file)
-
-
-# What each variable of the job-script contract means. The names, and how a spec sets each,
-# come from ddpkit.jobs.contract.CONTRACT; a contract variable missing here fails the build.
-_CONTRACT_MEANING = {
-    "DDPKIT_EXPECTED_WORLD_SIZE": (
-        "The job's number of processes. Detection checks it: a process that finds itself a world "
-        "of one in a job of several (Python started without `srun`) fails with a hint instead of "
-        "training alone."
-    ),
-    "DDPKIT_HOST_TEMPLATE": (
-        "How to name a node on the fast network, e.g. `{host}-ib`: the master address (and a "
-        "`launch: torchrun` job's c10d endpoint) is the first node's name through it."
-    ),
-    "DDPKIT_JOB_LAUNCH": (
-        "`srun` or `torchrun`: how the job starts its processes, so that detection can tell a "
-        "torchrun started inside each of several srun tasks (duplicate ranks) from a right layout."
-    ),
-    "DDPKIT_SIGNAL": (
-        "The stop signal `ddpkit.init()` latches and `preemption_guard()` watches. Accepted: "
-        "{signals} (a spec's `signal:` takes USR1 or USR2)."
-    ),
-    "DDPKIT_MAX_REQUEUES": (
-        "The requeue cap: `requeue_and_exit()` requeues only while `SLURM_RESTART_COUNT` is "
-        "below it, else every rank exits 75."
-    ),
-    "DDPKIT_LATCH_DIR": (
-        "A fresh folder in `log_dir` where each process marks that it has latched the stop "
-        "signal; the batch shell passes a held signal on once every process has. Every node must "
-        "see the same folder."
-    ),
-    "DDPKIT_SWEEP_TASK": "A sweep run's array index (0, 1, ...).",
-    "DDPKIT_SWEEP_RUN": "A sweep run's name, e.g. `lr=0.1,seed=2`: use it to name its folders.",
-}
 
 
 def env_var_rows() -> list[EnvVarRow]:
-    """Every DDPKIT_* variable a user meets, in the order the reference lists them.
-
-    Today the names live where they are used, and this function collects them:
-
-    - the job-script contract: ``ddpkit.jobs.contract.CONTRACT`` (names and how a spec sets
-      each), with the meanings in ``_CONTRACT_MEANING`` above;
-    - the sweep's per-parameter family: ``ddpkit.jobs.sweep.SWEEP_VAR_PREFIX``;
-    - knobs: ``ddpkit.worker.process_group.CONNECT_TIMEOUT_VAR`` / ``COLLECTIVE_TIMEOUT_VAR`` /
-      ``DEFAULT_CONNECT_TIMEOUT_S`` (read from the source file: that module imports torch),
-      ``ddpkit.worker.watchdog.policy.PEER_TIMEOUT_VAR`` / ``DEFAULT_PEER_TIMEOUT_S``,
-      ``ddpkit.worker.progress.PROGRESS_VAR``, ``ddpkit.worker.rankzero.LOG_ALL_RANKS_VAR``,
-      ``ddpkit.worker.requeue.DEFAULT_SIGNAL`` / ``DEFAULT_MAX_REQUEUES`` / ``ALLOWED_SIGNALS``,
-      ``ddpkit.launch.deathsig.TOKEN_VAR``, and ``DDPKIT_HOME``, which has no constant (a
-      literal in ``ddpkit/jobs/records.py`` and ``ddpkit/jobs/load.py``).
-
-    Once one module owns every name, point this function at its table instead.
+    """Every DDPKIT_* variable a user meets, in the order the reference lists them: the one
+    table ``ddpkit.contract.ENVIRONMENT``, rendered. A job-script variable's meaning ends with
+    what a spec sets instead; ``{signals}`` / ``{job_signals}`` are the stop signals of
+    ``ddpkit.cluster.stop`` (what ``DDPKIT_SIGNAL`` may name, what a spec's ``signal:`` takes).
     """
-    contract = importlib.import_module("ddpkit.jobs.contract")
-    sweep = importlib.import_module("ddpkit.jobs.sweep")
-    requeue = importlib.import_module("ddpkit.worker.requeue")
-    policy = importlib.import_module("ddpkit.worker.watchdog.policy")
-    progress = importlib.import_module("ddpkit.worker.progress")
-    rankzero = importlib.import_module("ddpkit.worker.rankzero")
-    group = _literals("ddpkit/worker/store.py", "CONNECT_TIMEOUT_VAR") | _literals(
-        "ddpkit/worker/process_group.py",
-        "COLLECTIVE_TIMEOUT_VAR",
-        "DEFAULT_CONNECT_TIMEOUT_S",
-    )
-    home = _literal_in("DDPKIT_HOME", "ddpkit/jobs/records.py")
-    deathsig = importlib.import_module("ddpkit.launch.deathsig")
-
-    rows = [
-        EnvVarRow(
-            group["CONNECT_TIMEOUT_VAR"],
-            "you",
-            f"{group['DEFAULT_CONNECT_TIMEOUT_S']:g} s",
-            "Seconds a rank other than 0 waits for the master to accept connections before "
-            "`ddpkit.init()` fails naming the address, port and launcher. "
-            "`init(connect_timeout_s=)` wins over it.",
-            "ddpkit.worker.process_group.CONNECT_TIMEOUT_VAR",
-        ),
-        EnvVarRow(
-            group["COLLECTIVE_TIMEOUT_VAR"],
-            "you",
-            "torch's (10-30 min by backend)",
-            "The collective timeout in seconds: it bounds a rank that hangs while alive. Keep it "
-            "above your program's longest wait (ranks at a barrier while rank 0 prepares data). "
-            "`init(timeout_s=)` wins over it.",
-            "ddpkit.worker.process_group.COLLECTIVE_TIMEOUT_VAR",
-        ),
-        EnvVarRow(
-            policy.PEER_TIMEOUT_VAR,
-            "you",
-            f"{policy.DEFAULT_PEER_TIMEOUT_S:g} s",
-            "The watchdog's bound in seconds: when a peer has exited, died or frozen and this "
-            "rank stays blocked that long, it ends with a line naming the peer. `0` or `off` "
-            "turns the watchdog off; `init(peer_timeout_s=)` wins over it.",
-            "ddpkit.worker.watchdog.policy.PEER_TIMEOUT_VAR",
-        ),
-        EnvVarRow(
-            progress.PROGRESS_VAR,
-            "you",
-            "a bar only on a terminal",
-            "`0` silences `ddpkit.progress`; `1` draws it on the main rank even into a file (a "
-            "line every 10 s). Also true/false, yes/no, on/off.",
-            "ddpkit.worker.progress.PROGRESS_VAR",
-        ),
-        EnvVarRow(
-            rankzero.LOG_ALL_RANKS_VAR,
-            "you",
-            "main rank only",
-            "`1`: `ddpkit.get_logger()` logs on every rank at DEBUG, each line prefixed with its "
-            "rank.",
-            "ddpkit.worker.rankzero.LOG_ALL_RANKS_VAR",
-        ),
-        EnvVarRow(
-            home,
-            "you",
-            "`~/.cache/ddpkit`",
-            "Where `ddpkit submit` keeps its job records (`$DDPKIT_HOME/jobs`), and the third "
-            "place a profile name is looked up (`$DDPKIT_HOME/profiles`; unset: "
-            "`${XDG_CONFIG_HOME:-~/.config}/ddpkit/profiles`).",
-            "literal in ddpkit/jobs/records.py and ddpkit/jobs/load.py",
-        ),
-        EnvVarRow(
-            deathsig.TOKEN_VAR,
-            "`ddpkit run`",
-            "",
-            "A fresh value per launch in the environment of its workers, and so of every process "
-            "they start. When the launcher dies without having ended normally (`kill -9`, the "
-            "OOM killer), its sweeper kills every process that carries it (Linux). Not yours to "
-            "set.",
-            "ddpkit.launch.deathsig.TOKEN_VAR",
-        ),
-    ]
-    defaults = {
-        contract.SIGNAL_VAR: f"`{requeue.DEFAULT_SIGNAL}`",
-        contract.MAX_REQUEUES_VAR: f"{requeue.DEFAULT_MAX_REQUEUES}",
+    contract = importlib.import_module("ddpkit.contract")
+    stop = importlib.import_module("ddpkit.cluster.stop.signals")
+    signals = {
+        "{signals}": ", ".join(stop.ALLOWED_SIGNALS),
+        "{job_signals}": " or ".join(stop.JOB_SIGNALS),
     }
-    for variable in contract.CONTRACT:
-        meaning = _CONTRACT_MEANING.get(variable.name)
-        if meaning is None:
-            raise LookupError(
-                f"{variable.name} (ddpkit.jobs.contract.CONTRACT) has no meaning in "
-                f"docs/hooks/ddpkit_docs.py's _CONTRACT_MEANING: describe it there"
-            )
-        meaning = meaning.replace("{signals}", ", ".join(requeue.ALLOWED_SIGNALS))
-        is_sweep = variable.name.startswith(sweep.SWEEP_VAR_PREFIX)
-        rows.append(
-            EnvVarRow(
-                variable.name,
-                "sweep" if is_sweep else "job script",
-                defaults.get(variable.name, ""),
-                f"{meaning} In a spec: {variable.instead}.",
-                "ddpkit.jobs.contract.CONTRACT",
-            )
-        )
-    rows.append(
-        EnvVarRow(
-            sweep.SWEEP_VAR_PREFIX + "<NAME>",
-            "sweep",
-            "",
-            "Each sweep parameter's value for this run, e.g. `DDPKIT_SWEEP_LR=0.1` for `lr`. "
-            "A spec's `env` may not set a name with this prefix.",
-            "ddpkit.jobs.sweep.SWEEP_VAR_PREFIX",
-        )
-    )
+    rows = []
+    for variable in contract.ENVIRONMENT:
+        meaning = variable.meaning
+        for key, value in signals.items():
+            meaning = meaning.replace(key, value)
+        if variable.instead and variable.name in contract.RESERVED_ENV:
+            meaning = f"{meaning} In a spec: {variable.instead}."
+        rows.append(EnvVarRow(variable.name, variable.set_by, variable.default, meaning))
     return rows
 
 
@@ -253,28 +109,6 @@ def render_env_vars() -> str:
             f"| `{row.name}` | {row.set_by} | {row.default or '-'} | {_cell(row.meaning)} |"
         )
     return "\n".join(lines)
-
-
-def _literals(relative: str, *names: str) -> dict[str, Any]:
-    """Module-level constants of ``src/<relative>``, read from its source without importing it."""
-    tree = ast.parse(SRC.joinpath(relative).read_text(encoding="utf-8"))
-    found: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Name) and target.id in names and node.value:
-                    found[target.id] = ast.literal_eval(node.value)
-    missing = [name for name in names if name not in found]
-    if missing:
-        raise LookupError(f"src/{relative} no longer defines {', '.join(missing)}")
-    return found
-
-
-def _literal_in(name: str, relative: str) -> str:
-    if f'"{name}"' not in SRC.joinpath(relative).read_text(encoding="utf-8"):
-        raise LookupError(f"src/{relative} no longer reads {name}")
-    return name
 
 
 # --- the job spec ------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """``python -m ddpkit`` and the ``ddpkit`` console script.
 
-Its first line holds ``ddpkit run``'s signals (:func:`ddpkit.launch.relay.hold`, standard
-library only), before the command line's own imports and long before torch's: SIGUSR1 and
-SIGUSR2 must not kill a launcher that is still starting.
+Its first line holds ``ddpkit run``'s signals (:func:`ddpkit.launch.relay.hold`, which imports
+only :mod:`ddpkit.cluster.stop`), before the command line's own imports and long before torch's:
+SIGUSR1 and SIGUSR2 must not kill a launcher that is still starting.
 """
 
 from __future__ import annotations

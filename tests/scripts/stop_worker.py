@@ -1,7 +1,7 @@
 """Worker for tests/test_run_signals.py: latches SIGUSR2 late, as a training script's guard does.
 
 Usage: ``stop_worker.py DIR SECONDS``. Writes ``DIR/start.<rank>`` first thing, ignores SIGUSR1,
-waits 0.3 s (its imports), latches SIGUSR2 (``ddpkit.worker.stopsignal``, what
+waits 0.3 s (its imports), latches SIGUSR2 (``ddpkit.cluster.stop.latch``, what
 ``preemption_guard()`` does) and "trains" for SECONDS, checking the latch every 10 ms. Then the
 ranks agree through files (``end.<rank>.<0|1>``): all exit 75 after printing ``stopped`` when
 one saw the signal (before or after its latch), else 0 after ``finished``. No torch: the
@@ -22,7 +22,7 @@ if __name__ == "__main__":
     (where / f"start.{rank}").touch()
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # USR1 is passed on too: not the stop signal
     time.sleep(0.3)
-    from ddpkit.worker import stopsignal
+    from ddpkit.cluster.stop import latch as stopsignal
 
     stopsignal.latch(signal.SIGUSR2)
     deadline = time.monotonic() + seconds

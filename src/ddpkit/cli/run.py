@@ -13,11 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ddpkit.jobs.contract import SIGNAL_VAR
-from ddpkit.launch import relay
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
-from ddpkit.worker import stopsignal
-from ddpkit.worker.requeue import parse_signal
 
 __all__ = ["add_parser", "config_from_argv", "run_command"]
 
@@ -149,7 +145,6 @@ def run_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(config.torchrun_command())
         return 0
-    _relay_stop_signal(os.environ)
     from ddpkit.launch.local import launch
 
     outcome = launch(config)
@@ -157,22 +152,3 @@ def run_command(args: argparse.Namespace) -> int:
         sys.stdout.flush()  # worker output first, then the summary
         print(outcome.describe(), file=sys.stderr)
     return outcome.exit_code
-
-
-def _relay_stop_signal(env: Mapping[str, str]) -> None:
-    """Pass the stop signal on to the workers from now on (see :mod:`ddpkit.launch.relay`).
-
-    The ``ddpkit`` process blocked it first thing (``relay.hold``); called in-process, only a
-    ddpkit job's ``DDPKIT_SIGNAL`` is held, from here. In a ddpkit job the agent is a task too
-    (SLURM signals every process of the step): the marker in ``DDPKIT_LATCH_DIR`` then tells the
-    task's wrapper and the batch shell that the agent holds it.
-    """
-    in_job = bool(env.get(SIGNAL_VAR, "").strip())
-    stop = parse_signal(env[SIGNAL_VAR]) if in_job else relay.held()
-    if stop is None:
-        return
-    if relay.held() != stop:
-        relay.block(stop)
-    relay.start(stop)
-    if in_job:
-        stopsignal.announce(env)

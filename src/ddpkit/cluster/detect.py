@@ -29,8 +29,8 @@ from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
 from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
 from ddpkit.cluster.envvars import env_int
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.contract import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.contract import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 
 __all__ = ["DETECTION_ORDER", "detect", "detect_environment"]
 

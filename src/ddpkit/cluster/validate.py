@@ -8,8 +8,8 @@ naming the variables involved and their values, with a hint. The environments ca
 from __future__ import annotations
 
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.contract import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 from ddpkit.errors import TopologyError
-from ddpkit.jobs.contract import EXPECTED_WORLD_SIZE_VAR, JOB_LAUNCH_VAR
 
 __all__ = [
     "check_expected_world_size",

@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ddpkit.contract import HOME_VAR
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
 from ddpkit.jobs.checks import shown
@@ -37,8 +38,8 @@ PROFILE_EXTENSIONS = (".yaml", ".yml")
 
 def user_profile_dir(env: Mapping[str, str]) -> Path:
     """The user's own profiles: ``$DDPKIT_HOME/profiles``, else the XDG config folder's."""
-    if env.get("DDPKIT_HOME"):
-        return Path(env["DDPKIT_HOME"]).expanduser() / "profiles"
+    if env.get(HOME_VAR):
+        return Path(env[HOME_VAR]).expanduser() / "profiles"
     user_home = Path(env["HOME"]) if env.get("HOME") else Path.home()
     return Path(env.get("XDG_CONFIG_HOME") or user_home / ".config") / "ddpkit" / "profiles"
 

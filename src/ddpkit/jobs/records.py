@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ddpkit.contract import DEFAULT_HOME, HOME_VAR
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.slurm import parse_job_id
 
@@ -107,8 +108,7 @@ def new_record(
 def ddpkit_home(env: Mapping[str, str] | None = None) -> Path:
     """``$DDPKIT_HOME`` from ``env`` (default ``os.environ``, read only), else ~/.cache/ddpkit."""
     source = os.environ if env is None else env
-    configured = source.get("DDPKIT_HOME", "")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "ddpkit"
+    return Path(source.get(HOME_VAR, "") or DEFAULT_HOME).expanduser()
 
 
 def is_torchx_handle(job: str) -> bool:

@@ -30,12 +30,22 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from ddpkit.contract import (
+    CLI_MODULE,
+    ENDPOINT_MODULE,
+    RESV_PORTS_MODULE,
+    RUN_COMMAND,
+    STOP_HOLD_MODULE,
+    SWEEP_RUN_VAR,
+    SWEEP_TASK_VAR,
+)
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.checks import shown
-from ddpkit.jobs.contract import exports as contract_exports
-from ddpkit.jobs.contract import sweep_exports
+from ddpkit.jobs.exports import exports as contract_exports
+from ddpkit.jobs.exports import sweep_exports
+from ddpkit.jobs.user_template import LAUNCH_TEMPLATE_NAME, check_user_template
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -56,7 +66,9 @@ __all__ = [
     "torchrun_command",
 ]
 
-BUILTIN_TEMPLATES = {"srun": "sbatch_srun.sh.j2", "torchrun": "sbatch_torchrun.sh.j2"}
+BUILTIN_TEMPLATES = {"srun": "srun.sh.j2", "torchrun": "torchrun.sh.j2"}
+BASE_TEMPLATE = "base.sh.j2"
+_BUILTIN_NAMES = frozenset({BASE_TEMPLATE, *BUILTIN_TEMPLATES.values()})
 
 
 class _ShellExpansion(str):
@@ -72,8 +84,8 @@ ENDPOINT_EXPANSION: str = _ShellExpansion('"$endpoint"')
 JOB_ID_EXPANSION: str = _ShellExpansion('"$SLURM_JOB_ID"')
 _ARRAY_TASK_EXPANSION = '"$SLURM_ARRAY_JOB_ID"_"$SLURM_ARRAY_TASK_ID"'
 _PLACEHOLDER_VARS = {
-    sweeps.TASK_PLACEHOLDER: sweeps.TASK_VAR,
-    sweeps.RUN_PLACEHOLDER: sweeps.RUN_VAR,
+    sweeps.TASK_PLACEHOLDER: SWEEP_TASK_VAR,
+    sweeps.RUN_PLACEHOLDER: SWEEP_RUN_VAR,
 }
 
 # What sbatch's directive parser reads back unchanged without any quoting.
@@ -169,7 +181,7 @@ def task_output_pattern(spec: JobSpec) -> str:
     if spec.sweep is None:
         return _log_pattern(spec, f"%j-{suffix}")
     return _ShellExpansion(
-        f'{shlex.quote(_log_dir_pattern(spec))}/"${sweeps.RUN_VAR}"/{shlex.quote(spec.name + "-")}'
+        f'{shlex.quote(_log_dir_pattern(spec))}/"${SWEEP_RUN_VAR}"/{shlex.quote(spec.name + "-")}'
         f"{_ARRAY_TASK_EXPANSION}{shlex.quote('-' + suffix)}"
     )
 
@@ -206,7 +218,7 @@ def _sweep_context(spec: JobSpec) -> dict[str, Any] | None:
         values = sweep_exports(task)
         assign = " ".join(f"{key}={shell_quote(value)}" for key, value in values.items())
         tasks.append({"index": task.index, "run": task.run, "assign": assign})
-    names = [sweeps.TASK_VAR, sweeps.RUN_VAR, *map(sweeps.value_var, spec.sweep.params)]
+    names = [SWEEP_TASK_VAR, SWEEP_RUN_VAR, *map(sweeps.value_var, spec.sweep.params)]
     return {"count": spec.sweep.count, "tasks": tasks, "variables": names}
 
 
@@ -260,14 +272,14 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 def _exports(spec: JobSpec) -> list[tuple[str, str]]:
     """``export`` lines: the spec's env (sorted), then the job contract's variables
-    (:mod:`ddpkit.jobs.contract`), which JobSpec refuses in env, so they cannot collide."""
+    (:mod:`ddpkit.jobs.exports`), which JobSpec refuses in env, so they cannot collide."""
     return [(key, spec.env[key]) for key in sorted(spec.env)] + list(contract_exports(spec).items())
 
 
 def endpoint_command(spec: JobSpec) -> list[str]:
     """The command printing the c10d endpoint ``host:port`` inside the job (torchrun mode)."""
     port = "auto" if spec.rdzv_port in (None, "auto") else str(spec.rdzv_port)
-    return [spec.python, "-m", "ddpkit.jobs.endpoint", "--port", port]
+    return [spec.python, "-m", ENDPOINT_MODULE, "--port", port]
 
 
 def torchrun_command(
@@ -284,8 +296,8 @@ def torchrun_command(
         spec.python,
         "-u",
         "-m",
-        "ddpkit",
-        "run",
+        CLI_MODULE,
+        RUN_COMMAND,
         "--nnodes",
         str(spec.nodes),
         "--nproc-per-node",
@@ -318,6 +330,11 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "setup": list(spec.setup),
         "exports": _exports(spec),
         "python": spec.python,
+        "resv_ports_module": RESV_PORTS_MODULE,
+        "stop_hold_module": STOP_HOLD_MODULE,
+        LAUNCH_TEMPLATE_NAME: BUILTIN_TEMPLATES[spec.launch],
+        # markers the batch shell waits for: every worker, and under torchrun every agent
+        "latch_markers": spec.world_size + (spec.nodes if torchrun else 0),
         "command": command_words(spec),
         "cpus_per_srun_task": spec.cpus_per_slurm_task,
         "signal": spec.signal,
@@ -347,7 +364,7 @@ def _template_path(spec: JobSpec) -> Path | None:
 def _environment() -> jinja2.Environment:
     """The sandbox every template renders in, ddpkit's own too (:mod:`ddpkit.jobs.sandbox`)."""
     filters = {"q": shell_quote, "sbatch_q": sbatch_quote}
-    return sandbox.sandbox_environment(set(BUILTIN_TEMPLATES.values()), filters)
+    return sandbox.sandbox_environment(_BUILTIN_NAMES, filters)
 
 
 def _template_error(err: Exception, filename: str, names: list[str]) -> ConfigError:
@@ -372,6 +389,7 @@ def _template_error(err: Exception, filename: str, names: list[str]) -> ConfigEr
 
 def render_sbatch(spec: JobSpec) -> str:
     """The sbatch script for ``spec``: the user's template if the spec names one, else ours.
+    A user's template must keep the stop-signal protocol (:mod:`ddpkit.jobs.user_template`).
 
     Both render in Jinja2's sandbox (:mod:`ddpkit.jobs.sandbox`): a template cannot run code
     or read the environment of this machine; a violation is a ConfigError naming its line.
@@ -382,13 +400,17 @@ def render_sbatch(spec: JobSpec) -> str:
     names = sorted(context)
     # a user's template may fail in any way Python code can; ddpkit's own only as Jinja2 does
     caught = Exception if user_path is not None else jinja2.TemplateError
+    environment = _environment()
     try:
-        template = _environment().get_template(name)
+        template = environment.get_template(name)
     except jinja2.TemplateError as err:
         raise _template_error(err, name, names) from err
     try:
-        return sandbox.collect(template.generate(context))
+        text = sandbox.collect(template.generate(context))
     except DdpkitError:
         raise  # a value the q filters refuse (a NUL): its own message names it
     except caught as err:
         raise _template_error(err, template.filename or name, names) from None
+    if user_path is not None:  # after rendering: its own errors come first, as they always did
+        check_user_template(environment, name, _BUILTIN_NAMES, spec.signal)
+    return text

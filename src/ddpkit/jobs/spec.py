@@ -28,9 +28,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from ddpkit.cluster.stop.signals import JobSignal
+from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RESERVED_ENV, reserved_env_hint
 from ddpkit.jobs import checks
 from ddpkit.jobs.checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
-from ddpkit.jobs.contract import RESERVED_ENV, reserved_env_hint
 from ddpkit.jobs.sweep_spec import SWEEP_DESCRIPTION, Sweep, check_placeholders
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 Launch = Literal["srun", "torchrun"]
-StopSignal = Literal["USR1", "USR2"]
 DEFAULT_SIGNAL_DELAY_S = 120
 
 # Always used with fullmatch: ``$`` (and ``re.match`` with it) also matches before a final
@@ -290,11 +290,13 @@ class JobSpec(Model):
     profile: Line | None = Field(None, description="a profile name or path, e.g. profile: site")
     template: Line | None = Field(None, description=_D_TEMPLATE)
     host_template: HostTemplate | None = Field(None, description=_D_HOST)
-    signal: StopSignal | None = Field("USR2", description=_D_SIGNAL)
+    signal: JobSignal | None = Field(DEFAULT_SIGNAL, description=_D_SIGNAL)
     signal_delay_s: int | None = Field(
         None, ge=1, le=checks.MAX_TIME_MIN * 60, description=_D_SIGNAL_DELAY
     )
-    max_requeues: int = Field(10, ge=0, le=checks.MAX_REQUEUES, description=_D_REQUEUES)
+    max_requeues: int = Field(
+        DEFAULT_MAX_REQUEUES, ge=0, le=checks.MAX_REQUEUES, description=_D_REQUEUES
+    )
     sweep: Sweep | None = Field(None, description=SWEEP_DESCRIPTION)
 
     @model_validator(mode="after")

@@ -13,16 +13,10 @@ Stop signals: submitit asks SLURM for its USR2 warning before the time limit (``
 here from the spec's ``signal`` and ``warning_s``) and, in the job, binds USR2 to a handler
 that on rank 0 requeues the job at once, without waiting for anything. A Python function that
 creates ``ddpkit.preemption_guard()`` replaces that handler in its own process. The spec's
-command runs as a child of submitit's task process (:class:`RunCommand`), whose handler must
-not requeue behind the child's back: RunCommand binds the signal to "pass it on to the child"
-instead, so the child's guard agrees, saves and requeues, and a child that ended with code 0
-after the signal is not reported to submitit as a finished job (the requeued run will be). The
-child starts with the signal blocked (it stays pending until ``ddpkit.init()`` latches it), so
-neither SLURM's signal nor the forwarded one can kill it while Python and torch start; a
-command that does not call ``ddpkit.init()`` but handles the signal itself must unblock it
-(``signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])``).
+command runs under submitit's task runner (``ddpkit.launch.submitit_task.RunCommand``), which
+holds the signal and passes it on to the command instead (:mod:`ddpkit.cluster.stop`).
 
-A sweep goes through ``executor.map_array``: one SLURM array, each task a :class:`RunCommand`
+A sweep goes through ``executor.map_array``: one SLURM array, each task a ``RunCommand``
 with the task's command (placeholders substituted here, as words: no shell in between) and
 its ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism`` is ``max_parallel`` (else every
 run at once: submitit's default would cap it at 256). submitit submits a single item as a
@@ -45,11 +39,8 @@ scripts only: submitit writes its own.
 
 from __future__ import annotations
 
-import os
+import importlib
 import shlex
-import signal
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -59,15 +50,15 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ddpkit.compat import submitit_sbatch_text, submitit_sbatch_value
+from ddpkit.contract import SUBMITIT_SIGNAL_VAR, SUBMITIT_TASK_MODULE
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
-from ddpkit.jobs.contract import SUBMITIT_SIGNAL_VAR, sweep_exports
-from ddpkit.jobs.contract import exports as contract_exports
+from ddpkit.jobs.exports import exports as contract_exports
+from ddpkit.jobs.exports import sweep_exports
 from ddpkit.jobs.records import JobRecord, Via, new_record
 from ddpkit.jobs.render import batch_output_path
 from ddpkit.jobs.sbatch_backend import SlurmJobs, check_array_size, log_dir_made
 from ddpkit.jobs.sweep import substitute
-from ddpkit.worker.requeue import signal_from_env
 
 if TYPE_CHECKING:
     import submitit
@@ -76,7 +67,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKEND",
-    "RunCommand",
     "SubmititBackend",
     "command_line",
     "dry_run",
@@ -226,12 +216,26 @@ def dry_run(spec: JobSpec) -> str:
     return f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
 
 
-def sweep_runs(spec: JobSpec) -> list[RunCommand]:
-    """One :class:`RunCommand` per task of the spec's sweep: its command and variables."""
+def run_command(command: list[str], *, cwd: str, env: dict[str, str] | None = None) -> Any:
+    """The picklable task runner for ``command`` (``RunCommand`` of the module
+    ``SUBMITIT_TASK_MODULE`` names: launch/, above jobs/, so not imported by name)."""
+    return importlib.import_module(SUBMITIT_TASK_MODULE).RunCommand(command, cwd=cwd, env=env)
+
+
+def __getattr__(name: str) -> Any:
+    """``RunCommand`` at its old path: a job submitted before the move unpickles it from here."""
+    if name == "RunCommand":
+        return importlib.import_module(SUBMITIT_TASK_MODULE).RunCommand
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def sweep_runs(spec: JobSpec) -> list[Any]:
+    """One task runner (:func:`run_command`) per task of the spec's sweep: its command and
+    variables."""
     if spec.sweep is None:
         return []
     return [
-        RunCommand(
+        run_command(
             [
                 spec.python,
                 "-u",
@@ -244,7 +248,7 @@ def sweep_runs(spec: JobSpec) -> list[RunCommand]:
     ]
 
 
-def _run(command: RunCommand) -> int:
+def _run(command: Callable[[], int]) -> int:
     """What each array task of a sweep calls (map_array passes one argument per task)."""
     return command()
 
@@ -254,7 +258,7 @@ def submit_command(spec: JobSpec) -> JobRecord:
     executor = make_executor(spec)
     # records say launch "srun", whatever the spec's: submitit starts one task per process
     if spec.sweep is None:
-        job = executor.submit(RunCommand(command_line(spec), cwd=spec.workdir))
+        job = executor.submit(run_command(command_line(spec), cwd=spec.workdir))
         return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
     return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
 
@@ -326,61 +330,3 @@ class SubmititBackend(SlurmJobs):
 
 
 BACKEND = SubmititBackend()
-
-
-class RunCommand:
-    """Run a command in a submitit task, passing the stop signal on; picklable.
-
-    The child inherits the task's stdout and stderr (nothing is buffered). A nonzero exit
-    raises ``subprocess.CalledProcessError``, which submitit records as the job's error.
-    """
-
-    def __init__(
-        self, command: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None
-    ) -> None:
-        self.command = list(command)
-        self.cwd = cwd
-        self.env = dict(env or {})  # added to the task's environment (a sweep's variables)
-
-    def __call__(self) -> int:
-        stop = signal_from_env(os.environ)
-        signalled = False
-        child: subprocess.Popen[bytes] | None = None
-
-        def forward(signum: int, frame: object) -> None:
-            nonlocal signalled
-            signalled = True
-            if child is not None and child.poll() is None:
-                child.send_signal(signum)
-
-        signal.signal(stop, forward)  # replaces submitit's requeue-at-once handler
-        print(f"ddpkit: running {shlex.join(self.command)}", flush=True)
-        child = _start_holding(self.command, self.cwd, stop, self.env)
-        code = child.wait()
-        if code != 0:
-            raise subprocess.CalledProcessError(code, self.command)
-        if signalled:
-            # The child's guard exits 0 once it has requeued the job: no result for submitit
-            # now (SystemExit is not an Exception there); the requeued run writes it.
-            print("ddpkit: stopped after the stop signal; the requeued job continues", flush=True)
-            sys.stdout.flush()
-            raise SystemExit(0)
-        return code
-
-
-def _start_holding(
-    command: list[str], cwd: str | None, stop: signal.Signals, env: dict[str, str]
-) -> subprocess.Popen[bytes]:
-    """Start ``command`` with ``stop`` blocked, so that it cannot die of it before it latched it.
-
-    SLURM signals every process of the step, the child included, and ``forward`` passes the
-    signal on as soon as it comes: a child still importing torch would die of it. A blocked
-    signal stays pending across exec until ``ddpkit.init()`` latches it and unblocks it. The
-    mask is this thread's for the moment of the start only: a signal to RunCommand meanwhile is
-    pending here too, and reaches ``forward`` when it is unblocked.
-    """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, [stop])
-    try:
-        return subprocess.Popen(command, cwd=cwd, env={**os.environ, **env} if env else None)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

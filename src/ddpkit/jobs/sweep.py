@@ -27,13 +27,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ddpkit.contract import SWEEP_VAR_PREFIX
+
 __all__ = [
     "BUILTIN_PLACEHOLDERS",
     "RUN_PLACEHOLDER",
-    "RUN_VAR",
-    "SWEEP_VAR_PREFIX",
     "TASK_PLACEHOLDER",
-    "TASK_VAR",
     "Mode",
     "SweepTask",
     "expand",
@@ -45,9 +44,6 @@ __all__ = [
 ]
 
 Mode = Literal["grid", "zip"]
-SWEEP_VAR_PREFIX = "DDPKIT_SWEEP_"
-TASK_VAR = SWEEP_VAR_PREFIX + "TASK"
-RUN_VAR = SWEEP_VAR_PREFIX + "RUN"
 TASK_PLACEHOLDER = "sweep_task"
 RUN_PLACEHOLDER = "sweep_run"
 BUILTIN_PLACEHOLDERS = (TASK_PLACEHOLDER, RUN_PLACEHOLDER)

@@ -56,9 +56,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddpkit import compat
+from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.endpoint import RDZV_STEP
+from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.render import sbatch_quote
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ def replica_script(
 ) -> str:
     """The ``bash -c`` text each replica runs (torchx macros still in it; see the module doc)."""
     specs = require_torchx()
-    argv: list[str] = [python, "-u", "-m", "ddpkit", "run", "--nnodes", str(nodes)]
+    argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
     argv += ["--nproc-per-node", str(procs)]
     if nodes == 1:
         argv.append("--standalone")
@@ -341,7 +342,7 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
     One role named after the spec, ``num_replicas = nodes``, each replica runs ``ddpkit run``
     for ``procs`` processes; resources per node (cpu = procs x cpus_per_task, gpu =
     gpus_per_node, memMB from mem_gb); env = the spec's env plus the job contract's variables
-    (:mod:`ddpkit.jobs.contract`: detection's checks, the stop signal, the requeue cap);
+    (:mod:`ddpkit.jobs.exports`: detection's checks, the stop signal, the requeue cap);
     account, qos and the sbatch options for slurm's ``#SBATCH`` lines. The
     AppDef is the same for every scheduler (torchx fills in its macros);
     ``scheduler`` is checked so that a typo fails before anything is submitted.

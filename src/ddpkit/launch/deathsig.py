@@ -42,12 +42,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from ddpkit.launch import relay
+from ddpkit.cluster.stop import forward as relay
+from ddpkit.contract import LAUNCH_TOKEN_VAR as TOKEN_VAR
 
 __all__ = ["STUB", "SUPPORTED", "SWEEPER", "TOKEN_VAR", "tie", "tie_to", "tied"]
 
 SUPPORTED = sys.platform.startswith("linux")
-TOKEN_VAR = "DDPKIT_LAUNCH_TOKEN"
 _PR_SET_PDEATHSIG = 1
 _DONE = b"done"
 _SWEEPER_EXIT_S = 5.0

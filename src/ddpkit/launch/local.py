@@ -37,6 +37,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ddpkit.cluster.stop import forward as stop_forward
+from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
     launch_config_from_args,
     tail_logs_tuned,
@@ -46,7 +48,6 @@ from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.jobs.endpoint import hosts_store
 from ddpkit.launch import deathsig, node_order, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
-from ddpkit.launch.relay import child_pids
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
 
 __all__ = [
@@ -117,7 +118,9 @@ def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
 
 
 def launch(config: RunConfig) -> LaunchOutcome:
-    """Run the workers on this node until they finish; never raises for a worker failure."""
+    """Run the workers on this node until they finish; never raises for a worker failure.
+    The stop signal is passed on to them from here (:func:`.relay.relay_stop_signal`)."""
+    relay.relay_stop_signal(os.environ)
     plan = build_launch_config(config)
     logs = _RecordingLogsSpecs(plan.launch_config.logs_specs)
     plan.launch_config.logs_specs = logs
@@ -217,7 +220,7 @@ def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
     """While the block runs, a signal in ``signals`` sent to this process goes to its children."""
 
     def forward(signum: int, frame: Any) -> None:
-        for pid in relay.workers():
+        for pid in stop_forward.workers():
             with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 

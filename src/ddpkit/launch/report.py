@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from torch.distributed.elastic.multiprocessing.api import LogsDest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from ddpkit.cluster.stop.signals import EXIT_STOPPED
 from ddpkit.compat import recorded_traceback
-from ddpkit.worker.requeue import EXIT_STOPPED
 
 __all__ = ["LaunchOutcome", "WorkerFailure", "attempt_dir", "failed_outcome"]
 

@@ -16,13 +16,11 @@
     ckptfiles      a checkpoint folder's files and write order, read without unpickling
     safeload       which checkpoint a load restores, read weights_only (an allow-list)
     durable        atomic writes; dead writers' temporary files; the disk-full error
-    stopsignal     the stop-signal latch (from init() until the process exits)
     preempt        the guard: one agreed stop, a checkpoint, requeue or exit 75
-    requeue        the pure rules of requeueing (signal names, the cap, scontrol's argument)
     watchdog/      the peer watchdog: a dead or frozen rank is named, survivors end
     rankzero       printing, logging and seeding on the main rank
 
 The public names are re-exported by :mod:`ddpkit` (``ddpkit.init``, ``ddpkit.wrap``, ...).
-Importing this package imports nothing else: ``ddpkit.worker.stopsignal`` and
-``ddpkit.worker.requeue`` stay torch-free, so the launcher and job scripts can use them.
+Importing this package imports nothing else. The stop signal's torch-free parts (latch, requeue
+rules, hold-and-forward) are :mod:`ddpkit.cluster.stop`'s; the guard here builds on them.
 """

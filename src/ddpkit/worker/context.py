@@ -1,7 +1,7 @@
 """The process's distributed context: ``init()`` joins the job once, ``current()`` returns it.
 
 ``init`` runs the steps in a fixed order: latch the stop signal ``DDPKIT_SIGNAL`` names (see
-:mod:`ddpkit.worker.stopsignal`), detect the launcher (pure, from a mapping), warn each
+:mod:`ddpkit.cluster.stop.latch`), detect the launcher (pure, from a mapping), warn each
 detection note once, choose the device, resolve the backend and the timeouts, make or reach the
 store (none on the network for a world of one; every wait bounded: see
 :mod:`ddpkit.worker.process_group`), join the process group, on CUDA check that no two ranks
@@ -36,8 +36,9 @@ import torch.distributed as dist
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device, owned_devices
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
+from ddpkit.cluster.stop import latch
 from ddpkit.errors import ConfigError, TopologyError, UsageError
-from ddpkit.worker import process_group, stopsignal, watchdog
+from ddpkit.worker import process_group, watchdog
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
 
@@ -119,7 +120,7 @@ def init(
         _stop_watchdog("destroyed the process group")  # it was destroyed (or replaced) behind us
         _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     snapshot = dict(os.environ if env is None else env)
-    stopsignal.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
+    latch.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
     adopting = dist.is_initialized()
     info = _detect_for_adoption(snapshot) if adopting else detect(snapshot)
     _warn_notes(info.notes)

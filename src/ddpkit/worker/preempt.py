@@ -41,20 +41,18 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ddpkit.errors import ConfigError, UsageError
-from ddpkit.jobs.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
-from ddpkit.worker import stopsignal
-from ddpkit.worker.context import current, shutdown
-from ddpkit.worker.requeue import (
+from ddpkit.cluster.stop import latch as stopsignal
+from ddpkit.cluster.stop.requeue import RequeuePlan, max_requeues_from, plan_requeue
+from ddpkit.cluster.stop.signals import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SIGNAL,
     EXIT_STOPPED,
-    RequeuePlan,
-    max_requeues_from,
     parse_signal,
-    plan_requeue,
-    signal_from_env,
+    stop_signal,
 )
+from ddpkit.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
+from ddpkit.errors import ConfigError, UsageError
+from ddpkit.worker.context import current, shutdown
 
 __all__ = [
     "DEFAULT_MAX_REQUEUES",
@@ -100,7 +98,7 @@ class PreemptionGuard:
     ) -> None:
         self._env = dict(os.environ if env is None else env)
         if signal_name is None:
-            chosen = signal_from_env(self._env)
+            chosen = stop_signal(self._env)
         else:
             chosen = parse_signal(signal_name, name="signal_name")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:

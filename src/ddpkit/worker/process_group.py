@@ -42,6 +42,7 @@ from torch.distributed.distributed_c10d import Store
 from ddpkit.cluster.devices import check_distinct_gpus
 from ddpkit.cluster.durations import positive_seconds, seconds_from_env
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.contract import COLLECTIVE_TIMEOUT_VAR, DEFAULT_CONNECT_TIMEOUT_S
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.worker.portsearch import IDENTITY_KEY, find_store, host_store
 from ddpkit.worker.store import (
@@ -73,11 +74,9 @@ __all__ = [
     "uses_agent_store",
 ]
 
-COLLECTIVE_TIMEOUT_VAR = "DDPKIT_COLLECTIVE_TIMEOUT"
 # Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 
-DEFAULT_CONNECT_TIMEOUT_S = 60.0
 # torch's documented default timeout of an NCCL group (a CPU-only build leaves the constant None).
 _NCCL_DEFAULT_TIMEOUT = timedelta(minutes=10)
 

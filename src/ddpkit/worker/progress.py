@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import IO, Generic, TypeVar
 
 from ddpkit.cluster.envvars import env_bool
+from ddpkit.contract import PROGRESS_VAR
 from ddpkit.errors import ConfigError
 from ddpkit.worker.rankzero import _rank
 
 __all__ = ["PROGRESS_VAR", "Progress", "progress"]
 
-PROGRESS_VAR = "DDPKIT_PROGRESS"
 _FILE_EVERY_S = 10.0  # a file gets a full line this often (a terminal is redrawn in place)
 
 T = TypeVar("T")

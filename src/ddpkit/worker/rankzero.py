@@ -16,11 +16,11 @@ import sys
 from typing import Any
 
 from ddpkit.cluster.detect import detect
+from ddpkit.contract import LOG_ALL_RANKS_VAR
 from ddpkit.errors import ConfigError
 
 __all__ = ["LOG_ALL_RANKS_VAR", "get_logger", "print", "seed_everything"]
 
-LOG_ALL_RANKS_VAR = "DDPKIT_LOG_ALL_RANKS"
 _FORMAT = "[rank %(rank)s] %(levelname)s %(name)s: %(message)s"
 
 

@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
 
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
 
 __all__ = [
@@ -62,7 +63,6 @@ __all__ = [
     "try_connect",
 ]
 
-CONNECT_TIMEOUT_VAR = "DDPKIT_CONNECT_TIMEOUT"
 # The least time a client gets for torch's handshake once the TCP connect succeeded: a real
 # store answers in milliseconds (its server thread needs no GIL), even when the connect used
 # up the whole connect timeout.

@@ -25,8 +25,8 @@ from ddpkit.cluster.envvars import env_int, first_set, master_from_env, parse_in
 from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_host
 from ddpkit.cluster.ports import PortSearch, candidate_ports, reserved_port
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
+from ddpkit.contract import HOST_TEMPLATE_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.contract import HOST_TEMPLATE_VAR
 
 __all__ = [
     "MPI_LAUNCHER_VARS",

@@ -59,11 +59,10 @@ watchdog imports torch.
 
 from __future__ import annotations
 
+from ddpkit.contract import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_VAR
 from ddpkit.worker.watchdog.hooks import active, start, stop
 from ddpkit.worker.watchdog.policy import (
     ABORT_EXIT_CODE,
-    DEFAULT_PEER_TIMEOUT_S,
-    PEER_TIMEOUT_VAR,
     THREAD_NAME,
     Departure,
     abort_message,

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from ddpkit.cluster.durations import positive_seconds, seconds_from_env
 from ddpkit.cluster.envvars import to_float
+from ddpkit.contract import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_VAR
 
-PEER_TIMEOUT_VAR = "DDPKIT_PEER_TIMEOUT"
-DEFAULT_PEER_TIMEOUT_S = 60.0
 THREAD_NAME = "ddpkit-watchdog"
 STORE_THREAD_NAME = "ddpkit-watchdog-store"
 KEY_PREFIX = "ddpkit/watchdog/"

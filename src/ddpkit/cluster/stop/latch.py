@@ -15,15 +15,15 @@ The latch holds until the process is gone:
   seconds: a signal then would kill a run that has finished, and SLURM would record it as
   FAILED. An ignored signal is left ignored. Nobody reads the latch by then: nothing is lost.
 * Latching also unblocks the signal in the calling thread: a parent that starts this process
-  with the signal blocked (``RunCommand``) keeps one that came before the latch pending, and
-  it is recorded the moment the handler is in place.
+  with the signal blocked (:mod:`ddpkit.cluster.stop.forward`) keeps one that came before the
+  latch pending, and it is recorded the moment the handler is in place.
 * With ``DDPKIT_LATCH_DIR`` set (ddpkit's sbatch scripts set it to a fresh folder of the job),
   ``latch_from_env`` creates ``<host>.<pid>`` there once the handler is in place: the batch
-  shell holds SLURM's warning until every process has one, and each task's wrapper holds a
-  signal that reached the command before its latch until the command's one exists, then they
-  pass it on (see the templates).
-* The launcher's side is :mod:`ddpkit.launch.relay`: ``ddpkit run`` blocks the signal from its
-  first line, so every worker inherits the block, and a thread passes each arrival on.
+  shell holds SLURM's warning until every process has one, then passes it on (see the
+  templates).
+* The other side is :mod:`ddpkit.cluster.stop.forward`: each srun task's holder, submitit's task
+  runner and ``ddpkit run`` block the signal, so every process they start inherits the block,
+  and a thread passes each arrival on.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from ddpkit.jobs.contract import LATCH_DIR_VAR, SIGNAL_VAR
-from ddpkit.worker.requeue import parse_signal
+from ddpkit.cluster.stop.signals import signal_from_env
+from ddpkit.contract import LATCH_DIR_VAR, SIGNAL_VAR
 
 __all__ = [
     "announce",
@@ -85,11 +85,8 @@ atexit.register(_ignore_at_exit)  # at import: after every handler registered la
 def latch_from_env(env: Mapping[str, str]) -> signal.Signals | None:
     """Latch ``DDPKIT_SIGNAL`` when it is set (a ddpkit job script) and announce it; the signal,
     or None."""
-    text = env.get(SIGNAL_VAR, "").strip()
-    if not text:
-        return None
-    sig = parse_signal(text)
-    if not latch(sig):
+    sig = signal_from_env(env)
+    if sig is None or not latch(sig):
         return None
     announce(env)
     return sig

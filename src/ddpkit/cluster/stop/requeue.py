@@ -1,57 +1,27 @@
-"""SLURM requeue arithmetic, pure and torch-free: the stop signal, the cap, the job to requeue.
+"""The requeue rules, pure and torch-free: the cap, and which job to requeue.
 
-``ddpkit.worker.preempt`` acts on it inside the job; the job renderer exports the variables it reads
-(``DDPKIT_SIGNAL``, ``DDPKIT_MAX_REQUEUES``). Inputs are mappings of environment variables, so
-every rule is a table test.
+``ddpkit.worker.preempt`` acts on them inside the job; the job scripts export the variable they
+read (``DDPKIT_MAX_REQUEUES``); the signal's vocabulary is :mod:`ddpkit.cluster.stop.signals`.
+Inputs are mappings of environment variables, so every rule is a table test.
 """
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddpkit.cluster.envvars import number_hint, parse_int, to_int
+from ddpkit.cluster.envvars import parse_int, to_int
+from ddpkit.cluster.stop.signals import DEFAULT_MAX_REQUEUES, EXIT_STOPPED
+from ddpkit.contract import MAX_REQUEUES_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 
 __all__ = [
-    "ALLOWED_SIGNALS",
     "DEFAULT_MAX_REQUEUES",
-    "DEFAULT_SIGNAL",
     "EXIT_STOPPED",
     "RequeuePlan",
     "max_requeues_from",
-    "parse_signal",
     "plan_requeue",
-    "signal_from_env",
 ]
-
-DEFAULT_SIGNAL = "USR2"  # NCCL and some MPI stacks use USR1 for themselves
-DEFAULT_MAX_REQUEUES = 10
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped with a checkpoint, not requeued; run again to resume
-ALLOWED_SIGNALS = ("USR1", "USR2", "HUP", "INT", "TERM", "URG", "XCPU")
-
-
-def parse_signal(value: str | int | signal.Signals, *, name: str = SIGNAL_VAR) -> signal.Signals:
-    """``"USR2"``, ``"SIGUSR2"``, ``12`` or ``signal.SIGUSR2`` -> ``signal.SIGUSR2``."""
-    if isinstance(value, signal.Signals):
-        return value
-    text = str(value).strip().upper()
-    number = to_int(text)
-    if number is not None:
-        try:
-            found = signal.Signals(number)
-        except ValueError:
-            found = None
-    else:
-        found = getattr(signal, text if text.startswith("SIG") else f"SIG{text}", None)
-    if not isinstance(found, signal.Signals) or found.name[3:] not in ALLOWED_SIGNALS:
-        raise ConfigError(
-            f"{name}={value!r} is not a signal ddpkit can stop on",
-            hint=number_hint(text, f"one of {', '.join(ALLOWED_SIGNALS)} (USR2 is the default)"),
-        )
-    return found
 
 
 def max_requeues_from(value: int | None, env: Mapping[str, str]) -> int:
@@ -101,8 +71,3 @@ def plan_requeue(env: Mapping[str, str], max_requeues: int) -> RequeuePlan:
     # only "<array>_<task>" names one task for certain.
     target = f"{array_job}_{array_task}" if array_job and array_task else job
     return RequeuePlan(target, f"requeue {target} ({restarts + 1} of {max_requeues})", restarts)
-
-
-def signal_from_env(env: Mapping[str, str]) -> signal.Signals:
-    """The stop signal ``DDPKIT_SIGNAL`` names in ``env``, else the default (USR2)."""
-    return parse_signal(env.get(SIGNAL_VAR, "").strip() or DEFAULT_SIGNAL)

@@ -1,0 +1,253 @@
+"""Every ``DDPKIT_*`` name and its default, the user-facing variable table, and the module
+paths job scripts run: the contract between ddpkit's parts, and with its users.
+
+Three kinds of variables, one table (:data:`ENVIRONMENT`, in the reference's order; the docs
+page docs/reference/environment.md is generated from it):
+
+* knobs a user sets (``set_by="you"``): timeouts, progress, logging, ``DDPKIT_HOME``;
+* the job-script contract (:data:`JOB_SCRIPT`): what every way ddpkit starts a job (the sbatch
+  templates, submitit, torchx) hands the running job, computed from the spec by
+  :func:`ddpkit.jobs.exports.exports`; a spec's ``env`` may not set them (:data:`RESERVED_ENV`);
+* the sweep's: ``DDPKIT_SWEEP_TASK``, ``DDPKIT_SWEEP_RUN`` and one ``DDPKIT_SWEEP_<NAME>`` per
+  parameter (:data:`SWEEP_VAR_PREFIX`).
+
+A job script already submitted calls ddpkit by the module paths below (``python -m ...``): the
+templates (through the render context), the renderer and the torchx conversion take them from
+here, so that a move changes one line.
+
+Standard library only (and cheap: ``ddpkit run``'s first line imports it), and no other
+ddpkit module: every layer imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+__all__ = [
+    "CLI_MODULE",
+    "COLLECTIVE_TIMEOUT_VAR",
+    "CONNECT_TIMEOUT_VAR",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_HOME",
+    "DEFAULT_MAX_REQUEUES",
+    "DEFAULT_PEER_TIMEOUT_S",
+    "DEFAULT_SIGNAL",
+    "ENDPOINT_MODULE",
+    "ENVIRONMENT",
+    "EXPECTED_WORLD_SIZE_VAR",
+    "HOME_VAR",
+    "HOST_TEMPLATE_VAR",
+    "JOB_LAUNCH_VAR",
+    "JOB_SCRIPT",
+    "LATCH_DIR_VAR",
+    "LAUNCH_TOKEN_VAR",
+    "LOG_ALL_RANKS_VAR",
+    "MAX_REQUEUES_VAR",
+    "PEER_TIMEOUT_VAR",
+    "PROGRESS_VAR",
+    "RESERVED_ENV",
+    "RESV_PORTS_MODULE",
+    "RUN_COMMAND",
+    "SIGNAL_VAR",
+    "STOP_HOLD_MODULE",
+    "SUBMITIT_SIGNAL_VAR",
+    "SUBMITIT_TASK_MODULE",
+    "SWEEP_RUN_VAR",
+    "SWEEP_TASK_VAR",
+    "SWEEP_VAR_PREFIX",
+    "EnvVar",
+    "reserved_env_hint",
+]
+
+# ---- knobs ---------------------------------------------------------------------------------
+CONNECT_TIMEOUT_VAR: Final = "DDPKIT_CONNECT_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S: Final = 60.0
+COLLECTIVE_TIMEOUT_VAR: Final = "DDPKIT_COLLECTIVE_TIMEOUT"  # default: torch's own
+PEER_TIMEOUT_VAR: Final = "DDPKIT_PEER_TIMEOUT"
+DEFAULT_PEER_TIMEOUT_S: Final = 60.0
+PROGRESS_VAR: Final = "DDPKIT_PROGRESS"
+LOG_ALL_RANKS_VAR: Final = "DDPKIT_LOG_ALL_RANKS"
+HOME_VAR: Final = "DDPKIT_HOME"
+DEFAULT_HOME: Final = "~/.cache/ddpkit"
+LAUNCH_TOKEN_VAR: Final = "DDPKIT_LAUNCH_TOKEN"  # set by `ddpkit run` for its workers
+
+# ---- the job-script contract ---------------------------------------------------------------
+EXPECTED_WORLD_SIZE_VAR: Final = "DDPKIT_EXPECTED_WORLD_SIZE"
+JOB_LAUNCH_VAR: Final = "DDPKIT_JOB_LAUNCH"
+HOST_TEMPLATE_VAR: Final = "DDPKIT_HOST_TEMPLATE"
+SIGNAL_VAR: Final = "DDPKIT_SIGNAL"
+# NCCL and some MPI stacks use USR1 for themselves; the signals it may name: ddpkit.cluster.stop
+DEFAULT_SIGNAL: Final = "USR2"
+MAX_REQUEUES_VAR: Final = "DDPKIT_MAX_REQUEUES"
+DEFAULT_MAX_REQUEUES: Final = 10
+LATCH_DIR_VAR: Final = "DDPKIT_LATCH_DIR"
+# not ddpkit's: which signal submitit's job side binds (its own handler, replaced by ddpkit's)
+SUBMITIT_SIGNAL_VAR: Final = "SUBMITIT_PREEMPT_SIGNAL"
+
+# ---- the sweep's ---------------------------------------------------------------------------
+SWEEP_VAR_PREFIX: Final = "DDPKIT_SWEEP_"
+SWEEP_TASK_VAR: Final = SWEEP_VAR_PREFIX + "TASK"
+SWEEP_RUN_VAR: Final = SWEEP_VAR_PREFIX + "RUN"
+
+# ---- what job scripts run (python -m ...) --------------------------------------------------
+RESV_PORTS_MODULE: Final = "ddpkit.jobs.resv_ports"  # prints srun's --resv-ports, or nothing
+ENDPOINT_MODULE: Final = "ddpkit.jobs.endpoint"  # prints the c10d endpoint host:port
+CLI_MODULE: Final = "ddpkit"  # `python -m ddpkit run ...` on each node (launch: torchrun)
+RUN_COMMAND: Final = "run"
+STOP_HOLD_MODULE: Final = "ddpkit.cluster.stop.hold"  # each srun task's stop-signal holder
+# submitit tasks unpickle RunCommand from it (jobs/ names it by this path: launch/ is above)
+SUBMITIT_TASK_MODULE: Final = "ddpkit.launch.submitit_task"
+
+
+class EnvVar(NamedTuple):
+    """One variable as the reference shows it (markdown texts); a NamedTuple, not a dataclass:
+    ``ddpkit run``'s first line imports this module, before it can hold the stop signal."""
+
+    name: str  # DDPKIT_SWEEP_<NAME> stands for a family
+    set_by: str  # "you" (a knob), "job script", "sweep", or "`ddpkit run`"
+    default: str  # "" when there is none
+    meaning: str  # one paragraph; "{signals}" is the list of stop signals (ddpkit.cluster.stop)
+    instead: str = ""  # job-script and sweep variables: what a spec sets instead of env
+
+
+ENVIRONMENT: tuple[EnvVar, ...] = (
+    EnvVar(
+        CONNECT_TIMEOUT_VAR,
+        "you",
+        f"{DEFAULT_CONNECT_TIMEOUT_S:g} s",
+        "Seconds a rank other than 0 waits for the master to accept connections before "
+        "`ddpkit.init()` fails naming the address, port and launcher. "
+        "`init(connect_timeout_s=)` wins over it.",
+    ),
+    EnvVar(
+        COLLECTIVE_TIMEOUT_VAR,
+        "you",
+        "torch's (10-30 min by backend)",
+        "The collective timeout in seconds: it bounds a rank that hangs while alive. Keep it "
+        "above your program's longest wait (ranks at a barrier while rank 0 prepares data). "
+        "`init(timeout_s=)` wins over it.",
+    ),
+    EnvVar(
+        PEER_TIMEOUT_VAR,
+        "you",
+        f"{DEFAULT_PEER_TIMEOUT_S:g} s",
+        "The watchdog's bound in seconds: when a peer has exited, died or frozen and this "
+        "rank stays blocked that long, it ends with a line naming the peer. `0` or `off` "
+        "turns the watchdog off; `init(peer_timeout_s=)` wins over it.",
+    ),
+    EnvVar(
+        PROGRESS_VAR,
+        "you",
+        "a bar only on a terminal",
+        "`0` silences `ddpkit.progress`; `1` draws it on the main rank even into a file (a "
+        "line every 10 s). Also true/false, yes/no, on/off.",
+    ),
+    EnvVar(
+        LOG_ALL_RANKS_VAR,
+        "you",
+        "main rank only",
+        "`1`: `ddpkit.get_logger()` logs on every rank at DEBUG, each line prefixed with its rank.",
+    ),
+    EnvVar(
+        HOME_VAR,
+        "you",
+        f"`{DEFAULT_HOME}`",
+        "Where `ddpkit submit` keeps its job records (`$DDPKIT_HOME/jobs`), and the third "
+        "place a profile name is looked up (`$DDPKIT_HOME/profiles`; unset: "
+        "`${XDG_CONFIG_HOME:-~/.config}/ddpkit/profiles`).",
+    ),
+    EnvVar(
+        LAUNCH_TOKEN_VAR,
+        "`ddpkit run`",
+        "",
+        "A fresh value per launch in the environment of its workers, and so of every process "
+        "they start. When the launcher dies without having ended normally (`kill -9`, the "
+        "OOM killer), its sweeper kills every process that carries it (Linux). Not yours to "
+        "set.",
+    ),
+    EnvVar(
+        EXPECTED_WORLD_SIZE_VAR,
+        "job script",
+        "",
+        "The job's number of processes. Detection checks it: a process that finds itself a world "
+        "of one in a job of several (Python started without `srun`) fails with a hint instead of "
+        "training alone.",
+        "the job script sets it from nodes x procs_per_node",
+    ),
+    EnvVar(
+        HOST_TEMPLATE_VAR,
+        "job script",
+        "",
+        "How to name a node on the fast network, e.g. `{host}-ib`: the master address (and a "
+        "`launch: torchrun` job's c10d endpoint) is the first node's name through it.",
+        "set host_template instead",
+    ),
+    EnvVar(
+        JOB_LAUNCH_VAR,
+        "job script",
+        "",
+        "`srun` or `torchrun`: how the job starts its processes, so that detection can tell a "
+        "torchrun started inside each of several srun tasks (duplicate ranks) from a right layout.",
+        "the job script sets it from launch",
+    ),
+    EnvVar(
+        SIGNAL_VAR,
+        "job script",
+        f"`{DEFAULT_SIGNAL}`",
+        "The stop signal `ddpkit.init()` latches and `preemption_guard()` watches. Accepted: "
+        "{signals} (a spec's `signal:` takes {job_signals}).",
+        "set signal instead",
+    ),
+    EnvVar(
+        MAX_REQUEUES_VAR,
+        "job script",
+        f"{DEFAULT_MAX_REQUEUES}",
+        "The requeue cap: `requeue_and_exit()` requeues only while `SLURM_RESTART_COUNT` is "
+        "below it, else every rank exits 75.",
+        "set max_requeues instead",
+    ),
+    EnvVar(
+        LATCH_DIR_VAR,
+        "job script",
+        "",
+        "A fresh folder in `log_dir` where each process marks that it has latched the stop "
+        "signal; the batch shell passes a held signal on once every process has. Every node must "
+        "see the same folder.",
+        "the batch script makes it for the stop signal's hold",
+    ),
+    EnvVar(
+        SWEEP_TASK_VAR,
+        "sweep",
+        "",
+        "A sweep run's array index (0, 1, ...).",
+        "the batch script sets it from SLURM_ARRAY_TASK_ID",
+    ),
+    EnvVar(
+        SWEEP_RUN_VAR,
+        "sweep",
+        "",
+        "A sweep run's name, e.g. `lr=0.1,seed=2`: use it to name its folders.",
+        "the batch script sets it from the task's values",
+    ),
+    EnvVar(
+        SWEEP_VAR_PREFIX + "<NAME>",
+        "sweep",
+        "",
+        "Each sweep parameter's value for this run, e.g. `DDPKIT_SWEEP_LR=0.1` for `lr`. "
+        "A spec's `env` may not set a name with this prefix.",
+    ),
+)
+
+# The variables a job script hands to the running job (in the table's order).
+JOB_SCRIPT: tuple[EnvVar, ...] = tuple(v for v in ENVIRONMENT if v.instead)
+
+# Set by the job script itself; a spec value would silently fight it.
+RESERVED_ENV: dict[str, str] = {variable.name: variable.instead for variable in JOB_SCRIPT}
+_SWEEP_HINT = "declare the parameter under sweep: instead; every rank gets DDPKIT_SWEEP_<NAME>"
+
+
+def reserved_env_hint(key: str) -> str | None:
+    """Why a spec's ``env`` may not set ``key`` (the contract's, or the sweep's prefix), or None."""
+    if key in RESERVED_ENV:
+        return RESERVED_ENV[key]
+    return _SWEEP_HINT if key.startswith(SWEEP_VAR_PREFIX) else None

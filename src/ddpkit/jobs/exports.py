@@ -1,0 +1,45 @@
+"""The job-script contract's values for a spec: what every way ddpkit starts a job exports.
+
+The sbatch templates, submitit and torchx hand the running job the same ``DDPKIT_*`` variables,
+computed here from the spec; the names, and why a spec's ``env`` may not set them, are
+:mod:`ddpkit.contract`'s. The sweep variables differ per array task: the batch script picks them
+from a table written into it by ``SLURM_ARRAY_TASK_ID`` (:func:`sweep_exports` computes one
+task's).
+"""
+
+from __future__ import annotations
+
+from ddpkit.contract import (
+    EXPECTED_WORLD_SIZE_VAR,
+    HOST_TEMPLATE_VAR,
+    JOB_LAUNCH_VAR,
+    MAX_REQUEUES_VAR,
+    SIGNAL_VAR,
+    SWEEP_RUN_VAR,
+    SWEEP_TASK_VAR,
+)
+from ddpkit.jobs.spec import JobSpec
+from ddpkit.jobs.sweep import SweepTask, value_var
+
+__all__ = ["exports", "sweep_exports"]
+
+
+def sweep_exports(task: SweepTask) -> dict[str, str]:
+    """One sweep task's variables: its index, its run name, then each value (spec order)."""
+    values = {SWEEP_TASK_VAR: str(task.index), SWEEP_RUN_VAR: task.run}
+    return values | {value_var(name): value for name, value in task.values.items()}
+
+
+def exports(spec: JobSpec, *, launch: str | None = None) -> dict[str, str]:
+    """The contract's variables for ``spec``, in the table's order (the latch folder is made by
+    the batch script at run time, so it is not here). ``launch`` overrides the spec's launch
+    mode for a backend that starts processes its own way (submitit: one task per process,
+    torchx: ``ddpkit run`` per node)."""
+    values = {EXPECTED_WORLD_SIZE_VAR: str(spec.world_size)}
+    if spec.host_template is not None:
+        values[HOST_TEMPLATE_VAR] = spec.host_template
+    values[JOB_LAUNCH_VAR] = launch or spec.launch
+    if spec.signal is not None:
+        values[SIGNAL_VAR] = spec.signal
+    values[MAX_REQUEUES_VAR] = str(spec.max_requeues)
+    return values
