@@ -21,7 +21,7 @@ import pytest
 
 from ddpkit.cli import main
 from ddpkit.cluster.durations import seconds_from_env
-from ddpkit.cluster.ports import reserved_port
+from ddpkit.cluster.rendezvous.ports import reserved_port
 from ddpkit.errors import ConfigError
 from ddpkit.worker.requeue import max_requeues_from, parse_signal, plan_requeue
 from ddpkit.worker.watchdog.policy import peer_timeout

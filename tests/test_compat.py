@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ddpkit import compat
-from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rendezvous.ports import free_port
 
 TORCH = f"torch {torch.__version__}"
 

@@ -1,4 +1,4 @@
-"""``python -m ddpkit.jobs.endpoint``: the c10d rendezvous host:port inside a SLURM job."""
+"""``python -m ddpkit.cluster.rendezvous.endpoint``: the c10d host:port inside a SLURM job."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from ddpkit.cluster.ports import port_for_job
+from ddpkit.cluster.rendezvous.endpoint import endpoint, hosts_store, main
+from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.endpoint import endpoint, hosts_store, main
 
 JOB_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[07-09],gpu-b1"}
 AUTO = port_for_job("4242", "rdzv")
@@ -84,20 +84,22 @@ def test_endpoint_errors(
     assert main(["--port", port], env) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.startswith("python -m ddpkit.jobs.endpoint: error: ")
+    assert err.startswith("python -m ddpkit.cluster.rendezvous.endpoint: error: ")
     assert message in err
     assert err.count("\n") == 1
 
 
 def test_endpoint_module_runs_without_heavy_imports() -> None:
     env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"} | JOB_ENV
-    command = [sys.executable, "-m", "ddpkit.jobs.endpoint"]
+    command = [sys.executable, "-m", "ddpkit.cluster.rendezvous.endpoint"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     assert (result.returncode, result.stdout, result.stderr) == (0, f"gpu-a07:{AUTO}\n", "")
     bad = subprocess.run(command, env={}, capture_output=True, text=True, check=False)
     assert (bad.returncode, bad.stdout) == (2, "")
     assert "SLURM_JOB_NODELIST" in bad.stderr
     heavy = "{'torch', 'pydantic', 'jinja2'}"
-    code = f"import ddpkit.jobs.endpoint, sys; print(sorted({heavy} & set(sys.modules)))"
+    code = (
+        f"import ddpkit.cluster.rendezvous.endpoint, sys; print(sorted({heavy} & set(sys.modules)))"
+    )
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert probe.stdout == "[]\n"

@@ -8,7 +8,7 @@ import pytest
 
 from ddpkit.cluster.detect import detect, detect_environment
 from ddpkit.cluster.environments.mpi import MpiEnvironment
-from ddpkit.cluster.ports import port_for_job
+from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError, TopologyError
 
 

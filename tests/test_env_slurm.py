@@ -11,8 +11,8 @@ import pytest
 from ddpkit.cluster.detect import detect, detect_environment
 from ddpkit.cluster.environments.slurm import SlurmEnvironment
 from ddpkit.cluster.nodelist import expand_tasks_per_node
-from ddpkit.cluster.ports import PORT_RANGE_END, PORT_RANGE_START, port_for_job
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.rendezvous.ports import PORT_RANGE_END, PORT_RANGE_START, port_for_job
 from ddpkit.errors import ConfigError, NodelistError, TopologyError
 
 JOB_ID = "4242"

@@ -8,7 +8,7 @@ import pytest
 
 from ddpkit.cluster.detect import detect, detect_environment
 from ddpkit.cluster.environments.submitit import SubmititEnvironment
-from ddpkit.cluster.ports import port_for_job
+from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError, TopologyError
 from test_env_slurm import srun_env
 

@@ -113,7 +113,7 @@ def test_torchs_c10d_handler_wrapped_numbers_agents_by_their_hints(hinted: bool)
     creation); node 1's agent is created first, so torch makes it rank 0; hints win."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from ddpkit.cluster.ports import free_port
+    from ddpkit.cluster.rendezvous.ports import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     handlers = []

@@ -23,7 +23,9 @@ import torch.distributed as dist
 
 import ddpkit
 from ddpkit.cluster.environments.slurm import slurm_rank_info
-from ddpkit.cluster.ports import (
+from ddpkit.cluster.rendezvous import resv_ports
+from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
+from ddpkit.cluster.rendezvous.ports import (
     CANDIDATE_COUNT,
     PORT_RANGE_END,
     PORT_RANGE_START,
@@ -34,9 +36,7 @@ from ddpkit.cluster.ports import (
     reserved_port,
 )
 from ddpkit.errors import ConfigError, RendezvousError
-from ddpkit.jobs import resv_ports
-from ddpkit.jobs.endpoint import RDZV_STEP
-from ddpkit.worker import process_group
+from ddpkit.worker.rendezvous import portsearch
 from distutil import run_workers
 
 # Where the ddpkit under test lives (src/ checkout or site-packages), for child interpreters.
@@ -70,7 +70,9 @@ def test_port_for_job_is_in_range_and_repeatable(job_id: str) -> None:
 
 def test_port_for_job_is_the_same_in_other_processes() -> None:
     # Python's hash() is salted per process; two interpreters with different seeds must agree.
-    code = "from ddpkit.cluster.ports import port_for_job; print(port_for_job('777', '3'))"
+    code = (
+        "from ddpkit.cluster.rendezvous.ports import port_for_job; print(port_for_job('777', '3'))"
+    )
     ports = set()
     for seed in ("1", "2", "random"):
         env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONHASHSEED": seed}
@@ -270,7 +272,7 @@ def _foreign_store(port: int = 0, identity: str | None = None) -> Any:
         "127.0.0.1", port, 1, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
     if identity is not None:
-        store.set(process_group.IDENTITY_KEY, identity)
+        store.set(portsearch.IDENTITY_KEY, identity)
     return store
 
 
@@ -281,9 +283,9 @@ def test_the_host_takes_the_first_port_it_can_bind() -> None:
     with _plain_listener() as taken, _plain_listener() as also_taken:
         free = free_port()
         search = PortSearch(ID, (taken, also_taken, free))
-        store, port = process_group.host_store("127.0.0.1", search, timedelta(seconds=30))
+        store, port = portsearch.host_store("127.0.0.1", search, timedelta(seconds=30))
         assert port == free
-        assert store.get(process_group.IDENTITY_KEY) == ID.encode()
+        assert store.get(portsearch.IDENTITY_KEY) == ID.encode()
 
 
 def test_a_host_with_every_candidate_taken_names_them() -> None:
@@ -292,7 +294,7 @@ def test_a_host_with_every_candidate_taken_names_them() -> None:
         with pytest.raises(
             RendezvousError, match=rf"every candidate port is taken \({first}, {second}\)"
         ):
-            process_group.host_store("127.0.0.1", search, timedelta(seconds=30))
+            portsearch.host_store("127.0.0.1", search, timedelta(seconds=30))
 
 
 def test_the_others_skip_squatters_and_find_this_jobs_store() -> None:
@@ -303,7 +305,7 @@ def test_the_others_skip_squatters_and_find_this_jobs_store() -> None:
         plain_torch = _foreign_store()  # a store without ddpkit's identity
         ours = _foreign_store(identity=ID)
         search = PortSearch(ID, (silent, other_job.port, stale.port, plain_torch.port, ours.port))
-        store, port = process_group.find_store(
+        store, port = portsearch.find_store(
             "127.0.0.1", search, 60, timedelta(seconds=30), who="rank 1"
         )
         assert port == ours.port
@@ -318,7 +320,7 @@ def test_the_others_give_up_naming_every_port_and_what_answered() -> None:
         search = PortSearch(ID, (silent, other_job.port, nobody))
         start = time.monotonic()
         with pytest.raises(RendezvousError) as caught:
-            process_group.find_store("127.0.0.1", search, 3, timedelta(seconds=30), who="rank 1")
+            portsearch.find_store("127.0.0.1", search, 3, timedelta(seconds=30), who="rank 1")
         assert time.monotonic() - start < 3 + 2 * 2 + 5  # the deadline, one bounded probe, slack
     message = str(caught.value)
     assert f"rank 1 found no rendezvous store of {ID}" in message

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 import ddpkit
-from ddpkit.cluster.ports import candidate_ports
-from ddpkit.jobs.endpoint import RDZV_STEP
+from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
+from ddpkit.cluster.rendezvous.ports import candidate_ports
 from slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -180,7 +180,7 @@ def test_without_reservation_torchrun_agents_meet_past_taken_ports(
     script = (
         "#!/bin/bash\n"
         f"#SBATCH --nodes=2 --hold --output={out} --time=5\n"
-        f'endpoint="$({sys.executable} -m ddpkit.jobs.endpoint)"\n'
+        f'endpoint="$({sys.executable} -m ddpkit.cluster.rendezvous.endpoint)"\n'
         f"srun --resv-ports=0 --ntasks-per-node=1 {run} --rdzv-endpoint $endpoint "
         f"--rdzv-id $SLURM_JOB_ID {PAYLOAD}\n"
     )

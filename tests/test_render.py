@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from ddpkit.cluster.ports import port_for_job
+from ddpkit.cluster.rendezvous.endpoint import endpoint
+from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
-from ddpkit.jobs.endpoint import endpoint
 from ddpkit.jobs.spec import JobSpec
 from golden import GOLDEN, REGEN_VAR, check_golden
 

@@ -24,6 +24,8 @@ import ddpkit
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, RendezvousError, UsageError
 from ddpkit.worker import process_group
+from ddpkit.worker.rendezvous import group
+from ddpkit.worker.rendezvous.store import probe_master
 from distutil import Indices, free_port, run_workers, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,12 +71,12 @@ def test_resolve_backend_errors(backend: str, match: str) -> None:
 
 def test_agent_store_only_under_torchrun_when_the_agent_says_so() -> None:
     agent = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
-    assert process_group.uses_agent_store(_info(launcher="torchrun"), agent)
-    assert not process_group.uses_agent_store(_info(launcher="torchrun"), {})
-    assert not process_group.uses_agent_store(
+    assert group.uses_agent_store(_info(launcher="torchrun"), agent)
+    assert not group.uses_agent_store(_info(launcher="torchrun"), {})
+    assert not group.uses_agent_store(
         _info(launcher="torchrun"), {"TORCHELASTIC_USE_AGENT_STORE": "False"}
     )
-    assert not process_group.uses_agent_store(_info(launcher="slurm"), agent)
+    assert not group.uses_agent_store(_info(launcher="slurm"), agent)
 
 
 def test_store_timeout_is_the_collective_one_else_torchs_default() -> None:
@@ -126,7 +128,7 @@ def test_probe_waits_for_a_late_master() -> None:
     timer.start()
     try:
         started = time.monotonic()
-        process_group.probe_master(_info(port=port), 15.0)
+        probe_master(_info(port=port), 15.0)
         assert 0.5 < time.monotonic() - started < 10
     finally:
         timer.join()
@@ -136,7 +138,7 @@ def test_probe_waits_for_a_late_master() -> None:
 def test_probe_of_a_tcpstore_is_silent(capfd: pytest.CaptureFixture[str]) -> None:
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=5), wait_for_workers=False)
     for _ in range(3):
-        process_group.probe_master(_info(port=store.port), 5.0)
+        probe_master(_info(port=store.port), 5.0)
     time.sleep(0.3)  # the store logs from its own thread
     store.set("still", "works")
     assert store.get("still") == b"works"
@@ -350,9 +352,9 @@ def test_under_real_torchrun(tmp_path: Path) -> None:
             """
             import os, sys, torch, torch.distributed as dist, ddpkit
             from pathlib import Path
-            from ddpkit.worker import process_group
+            from ddpkit.worker.rendezvous import group
             ctx = ddpkit.init()
-            agent = process_group.uses_agent_store(ctx.info, os.environ)
+            agent = group.uses_agent_store(ctx.info, os.environ)
             total = torch.tensor([1.0]); dist.all_reduce(total)
             # One file per rank: the ranks' stdout interleave mid-line.
             Path(sys.argv[1], f"rank{ctx.rank}").write_text(

@@ -22,7 +22,7 @@ import pytest
 
 import ddpkit
 from ddpkit.cluster.rankinfo import RankInfo
-from ddpkit.worker.store import HANDSHAKE_MIN_S, loopback_address, store_endpoint
+from ddpkit.worker.rendezvous.store import HANDSHAKE_MIN_S, loopback_address, store_endpoint
 from distutil import free_port, run_workers, torchrun_env
 from sockets import WILDCARDS, is_loopback, listening
 
@@ -105,7 +105,7 @@ def test_a_store_on_a_loopback_socket_listens_there_only_and_is_shared() -> None
 
     import torch.distributed as dist
 
-    from ddpkit.worker.store import host_tcp_store
+    from ddpkit.worker.rendezvous.store import host_tcp_store
 
     timeout = timedelta(seconds=30)
     store = host_tcp_store(

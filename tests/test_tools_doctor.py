@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cli import main
-from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.tools.doctor import DoctorOptions, Report, run_doctor
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -100,8 +100,9 @@ def env_var_rows() -> list[EnvVarRow]:
     - the job-script contract: ``ddpkit.jobs.contract.CONTRACT`` (names and how a spec sets
       each), with the meanings in ``_CONTRACT_MEANING`` above;
     - the sweep's per-parameter family: ``ddpkit.jobs.sweep.SWEEP_VAR_PREFIX``;
-    - knobs: ``ddpkit.worker.process_group.CONNECT_TIMEOUT_VAR`` / ``COLLECTIVE_TIMEOUT_VAR`` /
-      ``DEFAULT_CONNECT_TIMEOUT_S`` (read from the source file: that module imports torch),
+    - knobs: ``ddpkit.worker.rendezvous.store.CONNECT_TIMEOUT_VAR``,
+      ``ddpkit.worker.process_group.COLLECTIVE_TIMEOUT_VAR`` / ``DEFAULT_CONNECT_TIMEOUT_S``
+      (read from the source files: those modules import torch),
       ``ddpkit.worker.watchdog.policy.PEER_TIMEOUT_VAR`` / ``DEFAULT_PEER_TIMEOUT_S``,
       ``ddpkit.worker.progress.PROGRESS_VAR``, ``ddpkit.worker.rankzero.LOG_ALL_RANKS_VAR``,
       ``ddpkit.worker.requeue.DEFAULT_SIGNAL`` / ``DEFAULT_MAX_REQUEUES`` / ``ALLOWED_SIGNALS``,
@@ -116,7 +117,7 @@ def env_var_rows() -> list[EnvVarRow]:
     policy = importlib.import_module("ddpkit.worker.watchdog.policy")
     progress = importlib.import_module("ddpkit.worker.progress")
     rankzero = importlib.import_module("ddpkit.worker.rankzero")
-    group = _literals("ddpkit/worker/store.py", "CONNECT_TIMEOUT_VAR") | _literals(
+    group = _literals("ddpkit/worker/rendezvous/store.py", "CONNECT_TIMEOUT_VAR") | _literals(
         "ddpkit/worker/process_group.py",
         "COLLECTIVE_TIMEOUT_VAR",
         "DEFAULT_CONNECT_TIMEOUT_S",
@@ -132,7 +133,7 @@ def env_var_rows() -> list[EnvVarRow]:
             "Seconds a rank other than 0 waits for the master to accept connections before "
             "`ddpkit.init()` fails naming the address, port and launcher. "
             "`init(connect_timeout_s=)` wins over it.",
-            "ddpkit.worker.process_group.CONNECT_TIMEOUT_VAR",
+            "ddpkit.worker.rendezvous.store.CONNECT_TIMEOUT_VAR",
         ),
         EnvVarRow(
             group["COLLECTIVE_TIMEOUT_VAR"],

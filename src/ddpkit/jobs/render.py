@@ -267,7 +267,7 @@ def _exports(spec: JobSpec) -> list[tuple[str, str]]:
 def endpoint_command(spec: JobSpec) -> list[str]:
     """The command printing the c10d endpoint ``host:port`` inside the job (torchrun mode)."""
     port = "auto" if spec.rdzv_port in (None, "auto") else str(spec.rdzv_port)
-    return [spec.python, "-m", "ddpkit.jobs.endpoint", "--port", port]
+    return [spec.python, "-m", "ddpkit.cluster.rendezvous.endpoint", "--port", port]
 
 
 def torchrun_command(

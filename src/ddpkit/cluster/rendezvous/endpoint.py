@@ -1,4 +1,4 @@
-"""``python -m ddpkit.jobs.endpoint``: the c10d rendezvous ``host:port`` of a SLURM job.
+"""``python -m ddpkit.cluster.rendezvous.endpoint``: the c10d ``host:port`` of a SLURM job.
 
 The torchrun-mode job script runs it once, in the batch script, and hands the result to every
 node's ``ddpkit run --rdzv-endpoint``. The host is the job's first node
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from ddpkit.cluster.environments.slurm import apply_host_template
 from ddpkit.cluster.envvars import first_set, parse_port
 from ddpkit.cluster.nodelist import first_host
-from ddpkit.cluster.ports import port_for_job
+from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError, DdpkitError
 
 __all__ = ["RDZV_STEP", "endpoint", "hosts_store", "main"]
@@ -92,7 +92,7 @@ def hosts_store(env: Mapping[str, str], rdzv_endpoint: str) -> bool | None:
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Print the endpoint; exit 2 with one line on stderr when the environment is unusable."""
     parser = argparse.ArgumentParser(
-        prog="python -m ddpkit.jobs.endpoint",
+        prog="python -m ddpkit.cluster.rendezvous.endpoint",
         description="Print the c10d rendezvous host:port of this SLURM job (first node, "
         "DDPKIT_HOST_TEMPLATE applied; port derived from the job id unless given).",
     )

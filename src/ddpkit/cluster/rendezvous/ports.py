@@ -18,7 +18,8 @@ reserved for the step (``SLURM_STEP_RESV_PORTS``, from ``srun --resv-ports`` on 
 ``MpiParams=ports=``), which no other step on the node holds; then a short deterministic
 sequence derived from the job and step ids. Rank 0 takes the first one it can bind; the other
 ranks accept the first one whose store answers with the search's ``identity``
-(:mod:`ddpkit.worker.process_group` does both, as it needs torch).
+(:mod:`ddpkit.worker.rendezvous.portsearch` does both, as it needs torch). :func:`step_search`
+builds that list, for ``ddpkit.init``'s master port and ``ddpkit run``'s c10d port alike.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "free_port",
     "port_for_job",
     "reserved_port",
+    "step_search",
 ]
 
 PORT_RANGE_START = 10000
@@ -136,3 +138,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+def step_search(
+    identity: str, job_id: str, step_id: str | None, env: Mapping[str, str]
+) -> PortSearch:
+    """The search of a SLURM step: its reserved port (if any), then the candidates of
+    (``job_id``, ``step_id``), without repeats.
+
+    Even a reserved port stays backed by the candidates: SLURM keeps it from other steps, not
+    from a program started outside srun.
+    """
+    derived = candidate_ports(job_id, step_id)
+    reserved = reserved_port(env)
+    ports = derived if reserved is None else (reserved, *(p for p in derived if p != reserved))
+    return PortSearch(identity, ports)

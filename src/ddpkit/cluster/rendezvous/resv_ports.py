@@ -1,12 +1,13 @@
-"""``python -m ddpkit.jobs.resv_ports``: the srun flag that reserves a step's rendezvous port.
+"""``python -m ddpkit.cluster.rendezvous.resv_ports``: the srun flag reserving a step's port.
 
 The job scripts put its output on their ``srun`` line. Where the cluster has a port range for
 reservations (``MpiParams=ports=`` in slurm.conf), it prints ``--resv-ports=1``: SLURM then
 gives the step a port that no other step on its nodes holds (``SLURM_STEP_RESV_PORTS``), and
-ddpkit hosts the rendezvous there (:mod:`ddpkit.cluster.ports`). Elsewhere it prints nothing,
-because srun refuses the flag without that range ("Requires more ports than can be reserved",
-SLURM 22.05), and the job falls back on the derived candidate ports. A failing ``scontrol``
-also prints nothing: the probe must never stop a job. Imports neither torch nor pydantic.
+ddpkit hosts the rendezvous there (:mod:`ddpkit.cluster.rendezvous.ports`). Elsewhere it prints
+nothing, because srun refuses the flag without that range ("Requires more ports than can be
+reserved", SLURM 22.05), and the job falls back on the derived candidate ports. A failing
+``scontrol`` also prints nothing: the probe must never stop a job. Imports neither torch nor
+pydantic.
 """
 
 from __future__ import annotations

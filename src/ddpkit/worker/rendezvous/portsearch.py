@@ -1,12 +1,12 @@
 """The port search of a SLURM step without MASTER_PORT (and of ``ddpkit run``'s c10d port).
 
 A taken port does not end the job: :func:`host_store` hosts on the first candidate it can
-bind (listening where :func:`~ddpkit.worker.store.store_endpoint` says) and publishes the
+bind (listening where :func:`~ddpkit.worker.rendezvous.store.store_endpoint` says) and publishes the
 search's identity under :data:`IDENTITY_KEY`; :func:`find_store` tries the candidates in order
 and joins the first store that answers with that identity, skipping a port held by another
 job's store, by a stale store, or by a listener that is not a store at all (bounded: torch's
 client would wait forever for a reply such a listener never sends). The candidates are
-:mod:`ddpkit.cluster.ports`'s.
+:mod:`ddpkit.cluster.rendezvous.ports`'s.
 """
 
 from __future__ import annotations
@@ -19,9 +19,15 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
 
-from ddpkit.cluster.ports import PortSearch
+from ddpkit.cluster.rendezvous.ports import PortSearch
 from ddpkit.errors import RendezvousError
-from ddpkit.worker.store import CONNECT_TIMEOUT_VAR, bounded, host_tcp_store, is_taken, try_connect
+from ddpkit.worker.rendezvous.store import (
+    CONNECT_TIMEOUT_VAR,
+    bounded,
+    host_tcp_store,
+    is_taken,
+    try_connect,
+)
 
 __all__ = ["IDENTITY_KEY", "find_store", "host_store"]
 

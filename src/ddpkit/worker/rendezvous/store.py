@@ -3,7 +3,7 @@
 torch's ``TCPStore`` has no authentication: whoever reaches its port can read and write every
 key of the job (and so disturb or impersonate its ranks). ``ddpkit.init`` therefore gives a
 world of one no network store at all (an in-process ``HashStore``, see
-:mod:`ddpkit.worker.process_group`), and a larger world's store listens as narrowly as the job
+:mod:`ddpkit.worker.rendezvous.group`), and a larger world's store listens as narrowly as the job
 allows (:func:`store_endpoint`):
 
 * MASTER_ADDR a loopback address (``127.0.0.1``, any ``127.x.y.z``, ``::1``, ``localhost``):
@@ -26,7 +26,8 @@ the address as "accepts connections but does not speak the TCPStore protocol". T
 stays blocked on that listener (one per attempt; it does not keep the process alive).
 
 The port search of a SLURM step without MASTER_PORT (host on the first candidate that binds,
-find the store that answers with the job's identity) is in :mod:`ddpkit.worker.portsearch`.
+find the store that answers with the job's identity) is in
+:mod:`ddpkit.worker.rendezvous.portsearch`.
 """
 
 from __future__ import annotations
