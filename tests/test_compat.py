@@ -186,7 +186,7 @@ def test_submitit_sbatch_values_read_back_after_doubling_backslashes(
     import submitit
     from submitit.slurm import slurm as submitit_slurm
 
-    from sbatch_parser import directive_arguments
+    from tests.support.sbatch_parser import directive_arguments
 
     version = f"submitit {submitit.__version__}"
     monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))

@@ -18,7 +18,7 @@ from ddpkit.cli import main
 from ddpkit.cli.run import config_from_argv
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "tests/scripts/env_worker.py"
 
 

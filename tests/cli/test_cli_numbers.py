@@ -26,7 +26,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker.requeue import max_requeues_from, parse_signal, plan_requeue
 from ddpkit.worker.watchdog.policy import peer_timeout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "tests/scripts/env_worker.py"
 # superscript two, full-width three, Arabic-Indic three
 FOREIGN = ["²", "３", "٣"]

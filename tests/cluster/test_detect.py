@@ -25,10 +25,10 @@ from ddpkit.cluster.environments import (
 )
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.rankinfo import ANY_PORT
-from test_env_mpi import hydra_env, openmpi_env
-from test_env_slurm import BATCH_ENV, srun_env
-from test_env_submitit import local_env
-from test_env_torchrun import torchrun_env
+from tests.cluster.test_env_mpi import hydra_env, openmpi_env
+from tests.cluster.test_env_slurm import BATCH_ENV, srun_env
+from tests.cluster.test_env_submitit import local_env
+from tests.cluster.test_env_torchrun import torchrun_env
 
 # Where the ddpkit under test lives (src/ checkout or site-packages), for child interpreters.
 SRC = Path(ddpkit.__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from ddpkit.cluster.detect import detect, detect_environment
 from ddpkit.cluster.environments.submitit import SubmititEnvironment
 from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError, TopologyError
-from test_env_slurm import srun_env
+from tests.cluster.test_env_slurm import srun_env
 
 
 def local_env(rank: int, ntasks: int = 2) -> dict[str, str]:

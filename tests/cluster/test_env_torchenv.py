@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +18,9 @@ import ddpkit
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.environments import TorchEnvEnvironment
 from ddpkit.errors import ConfigError, TopologyError
-from distutil import free_port, run_workers
-from test_env_slurm import BATCH_ENV
-from test_store import clean_env
+from tests.cluster.test_env_slurm import BATCH_ENV
+from tests.support.distutil import free_port, run_workers
+from tests.worker.rendezvous.test_store import clean_env
 
 MASTER = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
 
@@ -218,52 +217,3 @@ def test_init_inside_a_foreign_group_adopts_it_even_with_a_partial_environment()
     for rank, seen in enumerate(run_workers(_adopt_worker, 2)):
         assert seen["ctx"] == (rank, 2, "gloo")
         assert seen["noted"] and seen["spared"]
-
-
-# --- mp.spawn in a SLURM batch script (no srun step), on the real cluster -----------------
-
-_SPAWN = """
-import json, os, socket, sys
-import torch.multiprocessing as mp
-
-def worker(rank, out, port):
-    # the recipe: export torch's env:// variables, then init
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    import torch, torch.distributed as dist
-    import ddpkit
-    ctx = ddpkit.init(connect_timeout_s=60)
-    total = torch.tensor([rank + 1.0])
-    dist.all_reduce(total)
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
-        json.dump({"rank": ctx.rank, "world": ctx.world_size, "launcher": ctx.info.launcher,
-                   "sum": total.item(), "job": os.environ["SLURM_JOB_ID"]}, handle)
-    ddpkit.shutdown()
-
-if __name__ == "__main__":
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(worker, args=(sys.argv[1], port), nprocs=2)
-"""
-
-
-@pytest.mark.slurm
-def test_mp_spawn_in_a_batch_script_forms_one_group(slurm: Any, tmp_path: Path) -> None:
-    # The batch script's SLURM variables (SLURM_PROCID=0, SLURM_NTASKS=1, no step) made each
-    # spawned process a single world of one, silently (no note: SLURM_NTASKS is 1).
-    spawn = tmp_path / "spawn.py"
-    spawn.write_text(_SPAWN)
-    out = tmp_path / "job.out"
-    script = (
-        "#!/bin/bash\n"
-        f"#SBATCH --nodes=1 --ntasks=1 --cpus-per-task=2 --output={out} --time=5\n"
-        f"{sys.executable} -u {spawn} {tmp_path}\n"
-    )
-    job = slurm.sbatch(script, cwd=tmp_path)
-    state = slurm.wait(job, timeout_s=180)
-    text = out.read_text() if out.exists() else ""
-    assert state == "COMPLETED", text
-    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [(s["rank"], s["world"], s["launcher"]) for s in seen] == [(0, 2, "env"), (1, 2, "env")]
-    assert {(s["sum"], s["job"]) for s in seen} == {(3.0, job)}, text

@@ -8,7 +8,7 @@ from ddpkit.cluster.detect import detect, detect_environment
 from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import ConfigError, TopologyError
-from test_env_slurm import srun_env
+from tests.cluster.test_env_slurm import srun_env
 
 
 def torchrun_env(rank: int, nproc: int = 4, nnodes: int = 2) -> dict[str, str]:

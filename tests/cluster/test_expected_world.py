@@ -7,9 +7,9 @@ import pytest
 from ddpkit.cluster import validate
 from ddpkit.cluster.detect import detect
 from ddpkit.errors import ConfigError, TopologyError
-from test_env_slurm import BATCH_ENV, srun_env
-from test_env_submitit import local_env
-from test_env_torchrun import torchrun_env
+from tests.cluster.test_env_slurm import BATCH_ENV, srun_env
+from tests.cluster.test_env_submitit import local_env
+from tests.cluster.test_env_torchrun import torchrun_env
 
 BATCH_HINT = (
     "the job spec says launch: srun — start the tasks with srun (the generated script does), "

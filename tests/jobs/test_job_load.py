@@ -22,7 +22,7 @@ from ddpkit.jobs.load import (
 )
 from ddpkit.jobs.spec import JobSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 SPECS = DATA / "specs"
 
@@ -293,7 +293,8 @@ def test_profile_found_in_each_place(tmp_path: Path) -> None:
     spec_dir, cwd, home = tmp_path / "specs", tmp_path / "cwd", tmp_path / "home"
     spec = write(spec_dir / "s.yaml", {"name": "a", "command": "t.py", "profile": "site"})
     env = {"DDPKIT_HOME": str(home)}
-    for place in (home, cwd, spec_dir):  # one place at a time (two: tests/test_job_profiles.py)
+    # one place at a time (two: tests/jobs/test_job_profiles.py)
+    for place in (home, cwd, spec_dir):
         profile = write(place / "profiles" / "site.yaml", {"partition": place.name})
         assert load(spec, cwd=cwd, env=env).partition == place.name
         profile.unlink()
@@ -445,7 +446,7 @@ def test_example_profiles_load(path: Path) -> None:
     assert read_profile(path).name == path.stem
 
 
-# -- bounded YAML and error quoting (the hostile cases: tests/test_jobs_bad_input.py) -----------
+# -- bounded YAML and error quoting (the hostile cases: tests/jobs/test_jobs_bad_input.py) ------
 
 
 def test_anchors_and_aliases_within_the_limits_still_work(tmp_path: Path) -> None:

@@ -18,8 +18,7 @@ import pytest
 from ddpkit.cli import main
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.render import render_sbatch
-
-FAKE_SBATCH = '#!/bin/sh\ncat > "$(dirname "$0")/sbatch.stdin"\necho 4242\n'
+from tests.fakes.slurm import FakeTools
 
 
 class Places:
@@ -32,11 +31,11 @@ class Places:
         self.cwd = root / "shared-scratch"
         self.xdg = root / "xdg"
         self.home = root / "ddpkit-home"
-        self.bin = root / "bin"
-        for folder in (self.specs, self.cwd, self.xdg, self.bin):
+        for folder in (self.specs, self.cwd, self.xdg):
             folder.mkdir(parents=True, exist_ok=True)
-        (self.bin / "sbatch").write_text(FAKE_SBATCH)
-        (self.bin / "sbatch").chmod(0o755)
+        self.tools = FakeTools(root / "bin")
+        self.tools.sbatch()
+        self.bin = self.tools.bin
         self.spec = self.specs / "job.yaml"
         self.spec.write_text("name: demo\ncommand: train.py\nprofile: site\n")
 
@@ -52,7 +51,7 @@ class Places:
 
     @property
     def submitted(self) -> bool:
-        return (self.bin / "sbatch.stdin").exists()
+        return self.tools.submitted()
 
 
 @pytest.fixture
@@ -62,7 +61,7 @@ def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Places:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(found.xdg))
     monkeypatch.setenv("HOME", str(tmp_path / "no-such-home"))
     monkeypatch.delenv("DDPKIT_HOME", raising=False)
-    monkeypatch.setenv("PATH", f"{found.bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", found.tools.path())
     return found
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.slurm import FakeTools
+
 MEMORY_LIMIT = 400 * 2**20  # bytes of address space for the child: python + ddpkit need ~150
 TIME_LIMIT_S = 60  # a plan takes about a second; this is for a loaded 2-core CI box
 MAX_ERROR_CHARS = 1500
 BASE = "name: demo\ncommand: train.py\n"
-FAKE_SBATCH = '#!/bin/sh\ncat > "$(dirname "$0")/sbatch.called"\necho 4242\n'
 
 
 def _limit_memory() -> None:
@@ -44,13 +45,11 @@ def flow_bomb(levels: int) -> str:
 
 
 def run_ddpkit(tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
-    (bin_dir / "sbatch").chmod(0o755)
+    tools = FakeTools(tmp_path / "bin")
+    tools.sbatch()
     env = {
         **os.environ,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PATH": tools.path(),
         "DDPKIT_HOME": str(tmp_path / "home"),
     }
     try:
@@ -78,7 +77,7 @@ def assert_one_line_error(tmp_path: Path, result: tuple[int, str, str], *expecte
     assert "(hint: " in err, err
     for part in expected:
         assert part in err, err
-    assert not (tmp_path / "bin" / "sbatch.called").exists(), "sbatch was called"
+    assert not FakeTools(tmp_path / "bin").submitted(), "sbatch was called"
     assert not (tmp_path / "home").exists(), "a job record was written"
 
 

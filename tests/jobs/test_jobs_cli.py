@@ -1,15 +1,14 @@
 """``ddpkit plan|submit|status|logs|cancel`` in-process, without a cluster; job records.
 
-SLURM's clients are replaced by small shell scripts on PATH (a fake ``sbatch`` that keeps the
-script it was given and prints a job id; a ``scontrol`` that knows nothing or one job), so the
-tests see exactly what would reach SLURM and whether anything did. The real cluster is
-tests/test_jobs_cluster.py.
+SLURM's clients are replaced by tests/fakes/slurm.py's shell scripts on PATH (a ``sbatch`` that
+keeps the script it was given and prints a job id; a ``scontrol`` that knows nothing or one
+job), so the tests see exactly what would reach SLURM and whether anything did. The real cluster is
+tests/jobs/test_jobs_cluster.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,42 +25,23 @@ from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import JobRecord, ddpkit_home, load_record, record_path, save_record
 from ddpkit.jobs.render import render_sbatch
 from ddpkit.jobs.slurm import JobState, JobStatus
+from tests.fakes.slurm import FakeTools
 
 JOB_ID = "4242"
-
-FAKE_SBATCH = """#!/bin/sh
-# records its arguments and the script (stdin), then answers like `sbatch --parsable`
-printf '%s\\n' "$@" > "{calls}/sbatch.args"
-cat > "{calls}/sbatch.stdin"
-if [ -n "$FAKE_SBATCH_FAIL" ]; then echo "sbatch: error: $FAKE_SBATCH_FAIL" >&2; exit 1; fi
-echo {job_id}
-"""
-FAKE_SCONTROL = """#!/bin/sh
-if [ -n "$FAKE_SCONTROL_JOB" ]; then echo "$FAKE_SCONTROL_JOB"; exit 0; fi
-echo "slurm_load_jobs error: Invalid job id specified" >&2
-exit 1
-"""
 
 
 @pytest.fixture
 def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Fake SLURM clients first on PATH; the directory where they leave what they were given."""
-    bin_dir, calls_dir = tmp_path / "bin", tmp_path / "calls"
-    bin_dir.mkdir()
-    calls_dir.mkdir()
-    scripts = {
-        "sbatch": FAKE_SBATCH.format(calls=calls_dir, job_id=JOB_ID),
-        "scontrol": FAKE_SCONTROL,
-    }
-    for name, text in scripts.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    tools = FakeTools(tmp_path / "bin", tmp_path / "calls")
+    tools.sbatch(JOB_ID)
+    tools.scontrol_jobs()
+    monkeypatch.setenv("PATH", tools.path())
     monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("FAKE_SBATCH_FAIL", raising=False)
     monkeypatch.delenv("FAKE_SCONTROL_JOB", raising=False)
     monkeypatch.chdir(tmp_path)
-    return calls_dir
+    return tools.calls
 
 
 @pytest.fixture
@@ -158,9 +138,7 @@ def test_submit_records_the_job_atomically(
 def test_submitit_dry_run_prints_the_executor_parameters_and_writes_nothing(
     tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake_srun = calls.parent / "bin" / "srun"  # submitit builds its script only next to srun
-    fake_srun.write_text("#!/bin/sh\nexit 0\n")
-    fake_srun.chmod(0o755)
+    FakeTools(calls.parent / "bin").srun()  # submitit builds its script only next to srun
     spec = write_spec(
         tmp_path,
         "mem_gb: 1.5\npartition: debug\nsetup: [module load x]\nenv: {A: 'x y'}\n"

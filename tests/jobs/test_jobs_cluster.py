@@ -25,11 +25,11 @@ import pytest
 from ddpkit.jobs import api
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import load_record
-from slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"
 JOB_TIMEOUT_S = 90
 LAUNCHER = {"srun": "slurm", "torchrun": "torchrun", "submitit": "submitit"}

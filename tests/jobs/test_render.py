@@ -1,7 +1,7 @@
 """sbatch scripts from job specs: golden files, quoting, executing them, user templates.
 
 Golden files live in tests/golden/; after an intended change regenerate them with
-``DDPKIT_REGEN_GOLDEN=1 python -m pytest tests/test_render.py`` and review the diff.
+``DDPKIT_REGEN_GOLDEN=1 python -m pytest tests/jobs/test_render.py`` and review the diff.
 The rendered scripts are also *run* under bash with ``srun``/``scontrol``/``sbatch`` replaced
 by stub executables that record their argv and environment (NUL-separated: arguments may hold
 newlines), so hostile values are checked by what a real shell makes of them. The real
@@ -24,7 +24,8 @@ from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
 from ddpkit.jobs.spec import JobSpec
-from golden import GOLDEN, REGEN_VAR, check_golden
+from tests.fakes.slurm import FakeTools
+from tests.support.golden import GOLDEN, REGEN_VAR, check_golden
 
 # Relative `touch` targets: any injection that runs leaves a file named pwned* behind.
 EVIL = 'it\'s "dq"; $(touch pwned1) `touch pwned2` $HOME * ünï ☃ 100% \\back'
@@ -306,24 +307,12 @@ def test_template_errors_name_the_file_and_line(
 
 # ---- executing the scripts -------------------------------------------------------------------
 
-STUB = """#!/bin/bash
-# records argv, environment and cwd of one call, NUL-separated
-d="$RECORD_DIR/$(basename "$0").$$"
-mkdir -p "$d"
-printf '%s\\0' "$@" > "$d/argv"
-env -0 > "$d/env"
-printf '%s' "$PWD" > "$d/cwd"
-"""
-
 
 def run_script(text: str, tmp_path: Path) -> dict[str, list[Path]]:
     """Run ``text`` under bash with stub srun/scontrol/sbatch; the calls each stub recorded."""
     stubs, records = tmp_path / "stubs", tmp_path / "records"
-    stubs.mkdir()
+    FakeTools(stubs).recorders("srun", "scontrol", "sbatch", "squeue")
     records.mkdir()
-    for command in ("srun", "scontrol", "sbatch", "squeue"):
-        (stubs / command).write_text(STUB)
-        (stubs / command).chmod(0o755)
     script = tmp_path / f"script dir {EVIL_PATH}" / "job.sbatch"
     script.parent.mkdir()
     script.write_text(text, encoding="utf-8")

@@ -13,8 +13,8 @@ import pytest
 
 from ddpkit.jobs import render
 from ddpkit.jobs.spec import JobSpec
-from slurm_cluster import SlurmCluster
-from test_render import EVIL, spec
+from tests.jobs.test_render import EVIL, spec
+from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

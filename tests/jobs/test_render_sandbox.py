@@ -4,7 +4,7 @@ environment of the machine that previews or submits it, through the real ``ddpki
 Each payload below runs a command (it touches a marker file) or prints an environment variable
 with a plain ``jinja2.Environment``; in the sandbox it is a one-line error naming the template
 file, exit 2, and nothing reaches sbatch. ddpkit's own templates are unchanged by the sandbox
-(tests/test_render.py compares them with the golden files).
+(tests/jobs/test_render.py compares them with the golden files).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
 from ddpkit.jobs.spec import JobSpec
+from tests.fakes.slurm import FakeTools
 
 SECRET = "sandbox-secret-4f2a9c"
 MARK = "MARKER"
@@ -50,18 +51,14 @@ PAYLOADS = {
     "mutate-spec": "{{ spec.env.update({'INJECTED': 'x'}) }}{{ spec.env }}",
 }
 
-FAKE_SBATCH = '#!/bin/sh\ncat > "$(dirname "$0")/sbatch.called"\necho 4242\n'
-
 
 def ddpkit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The real command, in ``tmp_path``, with a fake sbatch first on PATH and a secret set."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
-    (bin_dir / "sbatch").chmod(0o755)
+    tools = FakeTools(tmp_path / "bin")
+    tools.sbatch()
     env = {
         **os.environ,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PATH": tools.path(),
         "DDPKIT_HOME": str(tmp_path / "home"),
         "DDPKIT_TEST_SECRET": SECRET,
     }
@@ -93,7 +90,7 @@ def test_template_escapes_are_refused_through_the_cli(
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"{template}, line 3: " in done.stderr
     assert "sandbox" in done.stderr and "(hint: " in done.stderr
-    assert not (tmp_path / "bin" / "sbatch.called").exists(), "sbatch was called"
+    assert not FakeTools(tmp_path / "bin").submitted(), "sbatch was called"
     assert not (tmp_path / "home").exists(), "a job record was written"
 
 

@@ -4,12 +4,11 @@ The generated text of each path (sbatch template, submitit, torchx's slurm sched
 back with ``sbatch_parser`` (a port of SLURM 22.05's directive parser) for values an attacker
 or a careless copy could put in a spec: quotes, a backslash before a quote (which used to end
 submitit's quoted word and add an sbatch option of its own), whitespace, ``#``, shell syntax.
-The real cluster reads the same values in tests/test_sbatch_quoting_cluster.py.
+The real cluster reads the same values in tests/jobs/test_sbatch_quoting_cluster.py.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,8 @@ from ddpkit.errors import ConfigError
 from ddpkit.jobs import submitit_backend
 from ddpkit.jobs.render import render_sbatch, sbatch_options
 from ddpkit.jobs.spec import JobSpec
-from sbatch_parser import HETJOB, SbatchFatal, directive_arguments
+from tests.fakes.slurm import FakeTools
+from tests.support.sbatch_parser import HETJOB, SbatchFatal, directive_arguments
 
 # The first one is the attack: sbatch, reading submitit's shlex quoting, ended the comment at
 # the space and took --export=... as an option of its own.
@@ -78,11 +78,9 @@ def test_sbatch_template_lines_read_back_as_written(tmp_path: Path, value: str) 
 @pytest.fixture
 def fake_srun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """submitit renders its script only where ``srun`` is on PATH; this one does nothing."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    tools = FakeTools(tmp_path / "bin")
+    tools.srun()
+    monkeypatch.setenv("PATH", tools.path())
 
 
 def submitit_options(spec: JobSpec) -> dict[str, str | None]:

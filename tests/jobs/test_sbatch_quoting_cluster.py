@@ -16,7 +16,7 @@ import pytest
 from ddpkit.jobs import api
 from ddpkit.jobs.records import Via
 from ddpkit.jobs.spec import JobSpec
-from slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

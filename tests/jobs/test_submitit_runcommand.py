@@ -17,7 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30.0
 
 # The submitit task's side: RunCommand(argv[1:])(), reporting how it ended.

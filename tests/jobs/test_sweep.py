@@ -3,7 +3,7 @@ submitted), the array script (golden, and executed under bash per task with host
 the status table, a task's logs, submitit's map_array and torchx's refusal.
 
 The real cluster's view (a 2 x 2 sweep of 2-node jobs, preemption of one task, cancel of
-one task, MaxArraySize) is tests/test_sweep_cluster.py.
+one task, MaxArraySize) is tests/jobs/test_sweep_cluster.py.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from ddpkit.jobs.records import JobRecord, save_record
 from ddpkit.jobs.slurm import CommandResult, JobState
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.sweep_spec import unused_parameters
-from golden import GOLDEN, check_golden
-from test_jobs_cli import assert_nothing_happened, calls, home, run, write_spec
-from test_render import STUB
+from tests.fakes.slurm import FakeSlurm, FakeTools
+from tests.jobs.test_jobs_cli import assert_nothing_happened, calls, home, run, write_spec
+from tests.support.golden import GOLDEN, check_golden
 
 __all__ = ["calls", "home"]  # fixtures used here, defined in test_jobs_cli
 
@@ -124,8 +124,7 @@ def test_more_runs_than_max_array_size_is_refused_before_anything_is_written(
 ) -> None:
     # the fake scontrol answers `show config` with a small MaxArraySize (the real cluster's 1001
     # is checked in test_sweep_cluster.py)
-    scontrol = Path(os.environ["PATH"].split(os.pathsep)[0]) / "scontrol"
-    scontrol.write_text("#!/bin/sh\necho 'MaxArraySize            = 3'\n")
+    FakeTools(calls.parent / "bin").scontrol_config("MaxArraySize            = 3\n")
     code, out, err = run(["submit", str(write_spec(tmp_path)), "--sweep", "lr=1,2,3,4"], capsys)
     assert (code, out) == (2, "")
     assert "sweep has 4 runs, more than this cluster's MaxArraySize=3 allows" in err
@@ -181,11 +180,8 @@ def test_golden_array_script(launch: str) -> None:
 def _run_task(text: str, tmp_path: Path, task: str) -> tuple[list[str], dict[str, str], str]:
     """Run the array script as SLURM would run task ``task``: srun's argv and env, stderr."""
     stubs, records = tmp_path / "stubs", tmp_path / f"records-{task}"
-    stubs.mkdir(exist_ok=True)
+    FakeTools(stubs).recorders("srun", "scontrol")
     records.mkdir()
-    for command in ("srun", "scontrol"):
-        (stubs / command).write_text(STUB)
-        (stubs / command).chmod(0o755)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     env = {
@@ -239,13 +235,12 @@ def test_each_task_runs_with_its_own_values_quoted_intact(tmp_path: Path) -> Non
 # ---- status, logs, submitit, torchx ----------------------------------------------------------
 
 
-def _tools(squeue: str, sacct: str, scontrol: str) -> Any:
-    answers = {"squeue": squeue, "sacct": sacct, "scontrol": scontrol}
-
-    def runner(argv: Any, *, stdin: Any = None, env: Any = None) -> CommandResult:
-        return CommandResult(0, answers[argv[0]], "")
-
-    return runner
+def _tools(squeue: str, sacct: str, scontrol: str) -> FakeSlurm:
+    return FakeSlurm(
+        squeue=CommandResult(0, squeue, ""),
+        sacct=CommandResult(0, sacct, ""),
+        scontrol=CommandResult(0, scontrol, ""),
+    )
 
 
 def test_every_task_gets_its_state_from_one_call_per_tool() -> None:
@@ -343,9 +338,7 @@ def test_submitit_maps_the_sweep_and_torchx_refuses_it() -> None:
 def test_submitit_dry_run_of_a_sweep_shows_the_array_script_map_array_writes(
     tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake_srun = calls.parent / "bin" / "srun"  # submitit builds its script only next to srun
-    fake_srun.write_text("#!/bin/sh\nexit 0\n")
-    fake_srun.chmod(0o755)
+    FakeTools(calls.parent / "bin").srun()  # submitit builds its script only next to srun
     spec = write_spec(tmp_path, "sweep: {max_parallel: 2, params: {lr: [1, 2, 3]}}\n")
     code, out, err = run(["submit", str(spec), "--via", "submitit", "--dry-run"], capsys)
     assert code == 0, err

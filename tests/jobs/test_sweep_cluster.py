@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import FINISHED, SlurmCluster
+from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = [pytest.mark.slurm]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train.py"
 # 32 steps of at least 0.5 s, the first checkpoint after 2: the signal and the cancel, sent once
 # that checkpoint exists, have 15 s before a run could end, even with Python starting slowly on a

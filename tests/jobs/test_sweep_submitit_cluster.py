@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from slurm_cluster import FINISHED, SlurmCluster
+from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = [pytest.mark.slurm]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
 PAYLOAD = SCRIPTS / "sweep_report.py"
 TIMEOUT_S = 120

@@ -2,7 +2,8 @@
 
 Each agent of a round is a thread calling ``node_order.ordered`` with torch's rank, its hint
 (SLURM_NODEID) and one shared torch store, as the agents of a real round share the
-rendezvous store. The real rendezvous on the test cluster is tests/test_node_order_cluster.py.
+rendezvous store. The real rendezvous on the test cluster is
+tests/launch/test_node_order_cluster.py.
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ import pytest
 
 from ddpkit.jobs import api
 from ddpkit.jobs.spec import JobSpec
-from slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"
 JOB_TIMEOUT_S = 300  # several jobs of 6 Python processes each on a loaded 2-core machine
 

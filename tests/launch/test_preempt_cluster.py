@@ -36,11 +36,11 @@ from pathlib import Path
 import pytest
 
 from ddpkit.launch.local import child_pids
-from slurm_cluster import FINISHED, SlurmCluster
+from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train.py"
 TRAIN = "--epochs 3 --train-size 4000 --test-size 501 --checkpoint-every 5"
 HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")

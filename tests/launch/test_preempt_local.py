@@ -28,7 +28,7 @@ import pytest
 
 from ddpkit.launch.local import child_pids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # 4000 samples over 2 ranks in batches of 64: 32 steps an epoch, 64 in all.
 TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "4000", "--test-size", "501"]
 CHECKPOINT = re.compile(r"ckpt-(\d{9})\.pt")

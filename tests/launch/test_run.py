@@ -24,7 +24,7 @@ from ddpkit.cli.run import config_from_argv
 from ddpkit.errors import ConfigError
 from ddpkit.launch.local import build_launch_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = "tests/scripts/worker.py"
 ENV_WORKER = "tests/scripts/env_worker.py"
 PREFIX = re.compile(r"^\[rank(\d)\]: (.*)$")

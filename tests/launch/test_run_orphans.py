@@ -26,7 +26,7 @@ import pytest
 
 pytestmark = pytest.mark.multiproc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "long_worker.py")
 MOMENT_TIMEOUT_S = 120.0  # a loaded 2-core machine: torch imports take seconds
 GONE_WITHIN_S = 10.0  # death is immediate; this only bounds the machine's slowness

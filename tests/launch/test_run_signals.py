@@ -31,7 +31,7 @@ from ddpkit.worker.requeue import ALLOWED_SIGNALS, parse_signal
 
 pytestmark = pytest.mark.multiproc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "stop_worker.py")
 TRAIN_S = "1.5"
 TIMEOUT_S = 120.0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGEN_VAR = "DDPKIT_REGEN_GOLDEN"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from ddpkit.tools.envreport import mask
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJzbG9ydW0ifQ.c2lnbmF0dXJlX2hlcmU"

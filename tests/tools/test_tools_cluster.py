@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import ddpkit
-from slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

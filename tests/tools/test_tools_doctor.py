@@ -22,7 +22,7 @@ from ddpkit.cli import main
 from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.tools.doctor import DoctorOptions, Report, run_doctor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 FAST = DoctorOptions(timeout_s=1.0, comm=False)
 

@@ -23,7 +23,7 @@ import ddpkit
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker import checkpoint
 from ddpkit.worker.checkpoint import checkpoint_files
-from distutil import run_workers, torchrun_env
+from tests.support.distutil import run_workers, torchrun_env
 
 
 def _model(seed: int) -> torch.nn.Module:

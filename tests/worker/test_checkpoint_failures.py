@@ -18,7 +18,7 @@ import torch.distributed as dist
 import ddpkit
 from ddpkit.worker import ckptfiles, durable
 from ddpkit.worker.checkpoint import CheckpointError
-from distutil import run_workers, torchrun_env
+from tests.support.distutil import run_workers, torchrun_env
 
 # A run that hangs in a collective waits for its timeout (30 min); these bound it instead.
 _PROMPT_S = 60.0

@@ -28,9 +28,9 @@ import torch
 import ddpkit
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker.checkpoint import checkpoint_files
-from distutil import run_workers, torchrun_env
+from tests.support.distutil import run_workers, torchrun_env
 
-LEGACY = Path(__file__).resolve().parent / "data" / "checkpoints" / "legacy"
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "checkpoints" / "legacy"
 
 
 class _System:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.gather import comm_device
-from distutil import Indices, run_workers, torchrun_env
+from tests.support.distutil import Indices, run_workers, torchrun_env
 
 SIZES = (7, 10, 11)
 BATCHES = (2, 3, 4)

@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.loader import ShardLayout
-from distutil import Indices, run_workers, torchrun_env
+from tests.support.distutil import Indices, run_workers, torchrun_env
 
 
 class Stream(IterableDataset[int]):

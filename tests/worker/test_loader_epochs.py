@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 import ddpkit
-from distutil import Indices, run_workers, torchrun_env
+from tests.support.distutil import Indices, run_workers, torchrun_env
 
 
 def _ids(batches: Any) -> list[int]:

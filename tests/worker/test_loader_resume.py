@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 import ddpkit
 from ddpkit.errors import ConfigError
-from distutil import free_port, run_workers, torchrun_env
+from tests.support.distutil import free_port, run_workers, torchrun_env
 
 
 class Counting(Dataset[int]):

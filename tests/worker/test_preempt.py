@@ -14,7 +14,6 @@ import contextlib
 import io
 import os
 import signal
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ import ddpkit
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker import stopsignal
 from ddpkit.worker.context import current_or_none
-from distutil import free_port, run_workers, torchrun_env
+from tests.fakes.slurm import FakeTools
+from tests.support.distutil import free_port, run_workers, torchrun_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -121,18 +121,6 @@ SCENARIOS: dict[str, tuple[dict[str, str], int | None]] = {
 }
 
 
-def _fake_scontrol(directory: Path, code: int) -> None:
-    """``scontrol`` that appends its arguments to ``calls`` and exits with ``code``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    script = directory / "scontrol"
-    complaint = 'echo "scontrol: error: Invalid job id specified for $2" >&2\n' if code else ""
-    script.write_text(
-        f'#!/bin/sh\necho "$@" >> "{directory / "calls"}"\n{complaint}exit {code}\n',
-        encoding="utf-8",
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-
-
 def _requeue_worker(
     rank: int, world_size: int, port: int, ports: list[int], root: str
 ) -> dict[str, Any]:
@@ -141,7 +129,7 @@ def _requeue_worker(
     for (name, (env, code)), group_port in zip(SCENARIOS.items(), [port, *ports], strict=True):
         bin_dir = Path(root) / name
         if rank == 0 and code is not None:
-            _fake_scontrol(bin_dir, code)
+            FakeTools(bin_dir).scontrol_exits(code)
         os.environ["PATH"] = f"{bin_dir}{os.pathsep}{path}"  # this spawned worker only
         ddpkit.init(env=torchrun_env(rank, world_size, group_port), **INIT)  # a barrier too
         guard = ddpkit.preemption_guard(env=env)
@@ -170,8 +158,7 @@ def requeues(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[
 
 
 def _calls(root: Path, name: str) -> list[str] | None:
-    calls = root / name / "calls"
-    return calls.read_text(encoding="utf-8").splitlines() if calls.exists() else None
+    return FakeTools(root / name).scontrol_calls()
 
 
 def test_outside_slurm_every_rank_exits_75_saying_why(

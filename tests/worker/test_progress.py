@@ -14,7 +14,7 @@ import pytest
 import ddpkit
 from ddpkit.errors import ConfigError
 from ddpkit.worker.progress import Progress, render, wanted
-from distutil import Indices, run_workers, torchrun_env
+from tests.support.distutil import Indices, run_workers, torchrun_env
 
 
 class _Tty(io.StringIO):

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import ddpkit
 from ddpkit.errors import ConfigError
 from ddpkit.worker.rankzero import get_logger, seed_everything
-from distutil import free_port, run_workers, torchrun_env
+from tests.support.distutil import free_port, run_workers, torchrun_env
 
 
 def _as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world_size: int = 4) -> None:

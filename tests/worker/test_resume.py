@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # 8000 samples over 2 ranks in batches of 64: 63 steps an epoch, 189 in all. A checkpoint every
 # 16 steps always lands mid-epoch; every 21 steps (63 = 3 x 21) also on epoch boundaries.
 TRAIN = ["examples/train.py", "--epochs", "3", "--train-size", "8000", "--test-size", "501"]

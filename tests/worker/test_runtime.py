@@ -26,9 +26,9 @@ from ddpkit.errors import ConfigError, RendezvousError, UsageError
 from ddpkit.worker import process_group
 from ddpkit.worker.rendezvous import group
 from ddpkit.worker.rendezvous.store import probe_master
-from distutil import Indices, free_port, run_workers, torchrun_env
+from tests.support.distutil import Indices, free_port, run_workers, torchrun_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

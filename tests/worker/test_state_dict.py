@@ -17,7 +17,7 @@ from torch import nn
 
 import ddpkit
 from ddpkit.errors import ConfigError
-from distutil import run_workers, torchrun_env
+from tests.support.distutil import run_workers, torchrun_env
 
 
 def _net(seed: int) -> nn.Module:

@@ -28,9 +28,9 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog import Departure
-from distutil import free_port, run_workers, torchrun_env
+from tests.support.distutil import free_port, run_workers, torchrun_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOST = socket.gethostname()
 SLACK_S = (
     30.0  # a survivor must be gone this long after its start; the collective timeout is 30 min

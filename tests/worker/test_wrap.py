@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.wrap import resolve_strategy
-from distutil import run_workers, torchrun_env
+from tests.support.distutil import run_workers, torchrun_env
 
 
 @pytest.fixture

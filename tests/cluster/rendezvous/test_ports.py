@@ -37,7 +37,7 @@ from ddpkit.cluster.rendezvous.ports import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.worker.rendezvous import portsearch
-from distutil import run_workers
+from tests.support.distutil import run_workers
 
 # Where the ddpkit under test lives (src/ checkout or site-packages), for child interpreters.
 SRC = Path(ddpkit.__file__).resolve().parents[1]

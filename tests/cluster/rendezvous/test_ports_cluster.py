@@ -25,11 +25,11 @@ import pytest
 import ddpkit
 from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
 from ddpkit.cluster.rendezvous.ports import candidate_ports
-from slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_port.py"
 SRC = Path(ddpkit.__file__).resolve().parent
 JOB_TIMEOUT_S = 180

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cluster.rendezvous.ports import port_for_job
+from tests.fakes.slurm import FakeTools
 
 JOB_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[07-09],gpu-b1"}
 
@@ -62,10 +63,9 @@ def test_old_endpoint_path_prints_what_the_new_one_prints(
 def test_old_resv_ports_path_prints_what_the_new_one_prints(
     tmp_path: Path, config: str, flag: str
 ) -> None:
-    scontrol = tmp_path / "scontrol"  # the one tool the probe calls: `scontrol show config`
-    scontrol.write_text(f"#!/bin/sh\nprintf '%s' '{config}'\n")
-    scontrol.chmod(0o755)
-    env = _base_env(f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    tools = FakeTools(tmp_path)  # the one tool the probe calls: `scontrol show config`
+    tools.scontrol_config(config)
+    env = _base_env(tools.path())
     new = _run("ddpkit.cluster.rendezvous.resv_ports", [], env)
     assert new == (0, f"{flag}\n", "")
     assert _run("ddpkit.jobs.resv_ports", [], env) == new

@@ -1,6 +1,6 @@
 """Where the rendezvous store listens, and that joining never waits unbounded on its port.
 
-Real sockets throughout: listeners are read from /proc (tests/sockets.py), the squatters are
+Real sockets throughout: listeners are read from /proc (tests/support/sockets.py), the squatters are
 real listener threads, and every init() under test is a real one in its own process.
 """
 
@@ -23,10 +23,10 @@ import pytest
 import ddpkit
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.worker.rendezvous.store import HANDSHAKE_MIN_S, loopback_address, store_endpoint
-from distutil import free_port, run_workers, torchrun_env
-from sockets import WILDCARDS, is_loopback, listening
+from tests.support.distutil import free_port, run_workers, torchrun_env
+from tests.support.sockets import WILDCARDS, is_loopback, listening
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 _LAUNCHER_PREFIXES = (
     "SLURM_",
     "MASTER_",
@@ -51,7 +51,7 @@ def clean_env(**extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith(_LAUNCHER_PREFIXES) and k not in _LAUNCHER_VARS
     }
-    path = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # ROOT: tests.support
     return {**keep, "PYTHONPATH": path, **extra}
 
 
@@ -129,7 +129,7 @@ import json
 import torch, torch.distributed as dist
 import ddpkit
 from ddpkit.compat import default_store
-from sockets import listening
+from tests.support.sockets import listening
 before = listening()
 ctx = ddpkit.init()
 total = torch.ones(1); dist.all_reduce(total); dist.barrier()
@@ -228,7 +228,7 @@ _REPORT = """
 import json, os, sys
 import torch, torch.distributed as dist
 import ddpkit
-from sockets import listening
+from tests.support.sockets import listening
 ctx = ddpkit.init()
 dist.barrier()
 agent = listening(os.getppid())  # torch's agent is the workers' parent
