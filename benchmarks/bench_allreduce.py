@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.tools import commtest
 
 DDPKIT = "ddpkit doctor all_reduce (gloo)"

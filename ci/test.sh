@@ -10,7 +10,8 @@
 #
 # The whole suite runs against a cluster whose nodes each have their own network namespace
 # (NETNS=1; DDPKIT_SLURM_NETNS=0 turns it off): like real nodes, they share no `localhost`, so a job
-# that reaches another node through localhost fails here, and tests/test_slurm_backend.py checks it.
+# that reaches another node through localhost fails here, and
+# tests/jobs/test_slurm_backend_cluster.py checks it.
 # DDPKIT_SLURM_KEEP=1 leaves the cluster running afterwards (for re-running tests by hand).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

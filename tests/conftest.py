@@ -1,18 +1,21 @@
-"""Suite-wide guards: a test must leave no environment variable and no process group behind."""
+"""Suite-wide guards: a test must leave no environment variable and no process group behind.
+
+The tests mirror the source tree (tests/cluster/ for ddpkit/cluster/, ...; the bottom modules
+and cross-cutting checks at the top). ``tests`` is a package, so its helpers are imported as
+``tests.support.*`` (golden files, spawned gloo workers, the real SLURM test cluster) and
+``tests.fakes.slurm`` (the one SLURM fake), whichever folder a test sits in.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from slurm_cluster import slurm, slurm_cluster  # noqa: E402, F401  (fixtures of the SLURM tests)
+# the fixtures of the SLURM tests (every file using them ends in _cluster.py: test_architecture)
+from tests.support.slurm_cluster import slurm, slurm_cluster  # noqa: F401
 
 # pytest itself rewrites this one between a test's phases
 _PYTEST_OWN = {"PYTEST_CURRENT_TEST"}

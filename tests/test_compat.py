@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ddpkit import compat
-from ddpkit.cluster.ports import free_port
+from ddpkit.cluster.rendezvous.ports import free_port
 
 TORCH = f"torch {torch.__version__}"
 
@@ -186,7 +186,7 @@ def test_submitit_sbatch_values_read_back_after_doubling_backslashes(
     import submitit
     from submitit.slurm import slurm as submitit_slurm
 
-    from sbatch_parser import directive_arguments
+    from tests.support.sbatch_parser import directive_arguments
 
     version = f"submitit {submitit.__version__}"
     monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))

@@ -3,7 +3,7 @@
 Golden AppDefs live in tests/golden/*.appdef.json; after an intended change regenerate them with
 ``DDPKIT_REGEN_GOLDEN=1 python -m pytest tests/test_components.py`` and review the diff.
 Real runs: ``torchx run -s local_cwd`` (CLI) and ``torchx.runner`` (Python API) on this machine,
-and ``torchx run -s slurm`` on the test cluster (marker ``slurm``).
+and ``torchx run -s slurm`` on the test cluster in tests/test_components_cluster.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from golden import GOLDEN, check_golden
+from tests.support.golden import GOLDEN, check_golden
 
 pytest.importorskip("torchx", reason="torchx is in the dev extra: pip install -e .[dev]")
 
@@ -30,7 +30,6 @@ from ddpkit.errors import ConfigError
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.torchx_backend import appdef_to_dict, parse_j, spec_to_appdef
-from slurm_cluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -325,42 +324,3 @@ def test_runner_python_api_runs_a_spec(tmp_path: Path) -> None:
     assert [r["rank"] for r in found] == [0, 1]
     assert {(r["world_size"], r["launcher"], r["sum"]) for r in found} == {(2, "torchrun", 3)}
     assert (tmp_path / "setup-marker").read_text() == "setup ran\n"
-
-
-def run_on_slurm(slurm: SlurmCluster, tmp_path: Path, j: str) -> tuple[str, list[dict[str, Any]]]:
-    done = torchx_cli(
-        "run", "--wait", "--workspace", "", "-s", "slurm", "-cfg", "partition=debug,time=5",
-        "ddpkit.ddp", "-j", j, "--python", sys.executable, "--script", str(REPORT),
-        cwd=tmp_path, env=slurm.env,
-    )  # fmt: skip
-    output = done.stdout + done.stderr
-    handle = re.search(r"slurm://torchx/(\d+)", output)
-    assert handle, output
-    job_id = slurm.track(handle[1])
-    assert done.returncode == 0, output
-    assert "Job finished: SUCCEEDED" in output, output
-    logs = "".join(p.read_text() for p in sorted(tmp_path.glob(f"slurm-{job_id}-*-*.out")))
-    return job_id, reports(logs)
-
-
-def het_nodes(slurm: SlurmCluster, job_id: str) -> list[str]:
-    """The node of each het component (torchx: one per replica), from sacct."""
-    done = slurm.run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,NodeList")
-    return [line.split("|")[1] for line in sorted(done.stdout.split())]
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_torchx_run_slurm_2x1(slurm: SlurmCluster, tmp_path: Path) -> None:
-    job_id, found = run_on_slurm(slurm, tmp_path, "2x1")
-    by_node = check_world(found, nodes=2, procs=1)
-    nodes = het_nodes(slurm, job_id)
-    assert len(nodes) == 2 and sorted(by_node) == sorted(nodes), (by_node, nodes)
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_torchx_run_slurm_1x2(slurm: SlurmCluster, tmp_path: Path) -> None:
-    job_id, found = run_on_slurm(slurm, tmp_path, "1x2")
-    by_node = check_world(found, nodes=1, procs=2)
-    assert list(by_node) == het_nodes(slurm, job_id)

@@ -90,8 +90,10 @@ SWEEP_TASK_VAR: Final = SWEEP_VAR_PREFIX + "TASK"
 SWEEP_RUN_VAR: Final = SWEEP_VAR_PREFIX + "RUN"
 
 # ---- what job scripts run (python -m ...) --------------------------------------------------
-RESV_PORTS_MODULE: Final = "ddpkit.jobs.resv_ports"  # prints srun's --resv-ports, or nothing
-ENDPOINT_MODULE: Final = "ddpkit.jobs.endpoint"  # prints the c10d endpoint host:port
+RESV_PORTS_MODULE: Final = (
+    "ddpkit.cluster.rendezvous.resv_ports"  # prints srun's --resv-ports, or nothing
+)
+ENDPOINT_MODULE: Final = "ddpkit.cluster.rendezvous.endpoint"  # prints the c10d endpoint host:port
 CLI_MODULE: Final = "ddpkit"  # `python -m ddpkit run ...` on each node (launch: torchrun)
 RUN_COMMAND: Final = "run"
 STOP_HOLD_MODULE: Final = "ddpkit.cluster.stop.hold"  # each srun task's stop-signal holder

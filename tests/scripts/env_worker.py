@@ -1,4 +1,4 @@
-"""Worker for tests/test_run.py that never imports torch (fast to start).
+"""Worker for tests/launch/test_run.py that never imports torch (fast to start).
 
 Prints ``env RANK=.. LOCAL_RANK=.. ...`` and ``args <json of sys.argv[1:]>``; with
 ``--exit-rank R --code C`` the worker of global rank R exits with code C without raising; with

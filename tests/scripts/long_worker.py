@@ -1,4 +1,4 @@
-"""Worker for tests/test_run_orphans.py: trains "forever" and says where it is, in files.
+"""Worker for tests/launch/test_run_orphans.py: trains "forever" and says where it is, in files.
 
 Usage: ``long_worker.py DIR [--torch] [--child]``. Each process writes ``DIR/pid.<pid>`` first
 thing, then ``DIR/phase.<rank>.<name>`` as it enters each phase: ``start`` (before the slow

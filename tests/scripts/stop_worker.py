@@ -1,4 +1,5 @@
-"""Worker for tests/test_run_signals.py: latches SIGUSR2 late, as a training script's guard does.
+"""Worker for tests/launch/test_run_signals.py: latches SIGUSR2 late, as a training script's
+guard does.
 
 Usage: ``stop_worker.py DIR SECONDS``. Writes ``DIR/start.<rank>`` first thing, ignores SIGUSR1,
 waits 0.3 s (its imports), latches SIGUSR2 (``ddpkit.cluster.stop.latch``, what

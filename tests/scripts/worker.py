@@ -1,4 +1,4 @@
-"""Worker for tests/test_run.py: a gloo all_reduce, numbered output lines, optional failures.
+"""Worker for tests/launch/test_run.py: a gloo all_reduce, numbered output lines, optional failures.
 
 Run under ``ddpkit run``; prints ``env RANK=.. LOCAL_RANK=.. WORLD_SIZE=..``, ``line <rank> <i>``
 for i < --lines, ``args <json of sys.argv[1:]>`` and ``sum <all_reduce of rank + 1>``.

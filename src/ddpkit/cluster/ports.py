@@ -1,138 +1,14 @@
-"""Rendezvous ports: a deterministic port per SLURM job/step, and a free port for one process.
+"""``from ddpkit.cluster.ports import port_for_job``: the old path of
+:func:`ddpkit.cluster.rendezvous.ports.port_for_job`.
 
-``port_for_job`` must give every rank of a job the same port without talking to anyone, and
-give different jobs sharing a node different ports. Schemes seen in the wild (``job_id % 1000``,
-the last four digits) alias jobs whose ids share their last digits (pytorch#126510,
-Lightning#18466); here the ids go through a cryptographic hash, so neighbouring or
-digit-sharing ids land on unrelated ports and collisions follow the birthday bound.
-
-The range is 10000–32767: wide (22768 ports, so two random jobs on a node collide with
-probability ~1/22768), above the well-known and most registered service ports, and below
-Linux's default ephemeral range (``net.ipv4.ip_local_port_range`` = 32768–60999), where the
-kernel hands out ports for outgoing connections that could otherwise already occupy ours.
-
-A derived port can still be taken (k jobs on a node collide with probability about
-k²/45,000, and any other program may hold it), so a SLURM step does not bet on one port: its
-:class:`PortSearch` lists where rank 0 may host the store, in order. First the port SLURM
-reserved for the step (``SLURM_STEP_RESV_PORTS``, from ``srun --resv-ports`` on a cluster with
-``MpiParams=ports=``), which no other step on the node holds; then a short deterministic
-sequence derived from the job and step ids. Rank 0 takes the first one it can bind; the other
-ranks accept the first one whose store answers with the search's ``identity``
-(:mod:`ddpkit.worker.process_group` does both, as it needs torch).
+Kept only for torchx jobs submitted before the move: their app's command runs
+``python -c 'from ddpkit.cluster.ports import port_for_job; ...'`` to derive the rendezvous
+port, and a requeued or retried job re-runs that command against the installed ddpkit. New
+app definitions import :mod:`ddpkit.cluster.rendezvous.ports`. Nothing else is here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import socket
-from collections.abc import Mapping
-from dataclasses import dataclass
+from ddpkit.cluster.rendezvous.ports import port_for_job
 
-from ddpkit.cluster.envvars import number_hint, to_int
-from ddpkit.errors import ConfigError
-
-__all__ = [
-    "CANDIDATE_COUNT",
-    "PORT_RANGE_END",
-    "PORT_RANGE_START",
-    "RESV_PORTS_VAR",
-    "PortSearch",
-    "candidate_ports",
-    "free_port",
-    "port_for_job",
-    "reserved_port",
-]
-
-PORT_RANGE_START = 10000
-PORT_RANGE_END = 32767  # inclusive; Linux's ephemeral range starts at 32768
-RESV_PORTS_VAR = "SLURM_STEP_RESV_PORTS"
-# Eight candidates: with k jobs on a node, all eight taken by others needs ~(k/22768)**8.
-CANDIDATE_COUNT = 8
-
-
-@dataclass(frozen=True)
-class PortSearch:
-    """Where rank 0 may host the rendezvous store, in order, and the identity it publishes.
-
-    ``identity`` names one run of one step (job, step, restart count), so the other ranks
-    tell this job's store from another job's or from a stale one left by an earlier run.
-    """
-
-    identity: str
-    ports: tuple[int, ...]
-
-
-def port_for_job(job_id: str, step_id: str | None = None) -> int:
-    """A port in [PORT_RANGE_START, PORT_RANGE_END] derived from the job (and step) id.
-
-    Deterministic across processes, machines and Python versions (never ``hash()``, which is
-    salted per process). Passing the step id gives concurrent steps of one job different ports.
-    """
-    job = str(job_id).strip()
-    if not job:
-        raise ConfigError(
-            f"job_id={job_id!r} is empty",
-            hint="pass the scheduler's job id, e.g. the value of SLURM_JOB_ID",
-        )
-    step = "" if step_id is None else str(step_id).strip()
-    # The separator keeps ("12", "34") and ("123", "4") apart.
-    return _derive(f"{job}\x1f{step}")
-
-
-def _derive(key: str) -> int:
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    span = PORT_RANGE_END - PORT_RANGE_START + 1
-    # 64 bits reduced modulo ~2**14.5: the modulo bias is below 2**-49, i.e. none in practice.
-    return PORT_RANGE_START + int.from_bytes(digest, "big") % span
-
-
-def candidate_ports(
-    job_id: str, step_id: str | None = None, count: int = CANDIDATE_COUNT
-) -> tuple[int, ...]:
-    """``count`` distinct ports for the job/step: ``port_for_job`` first, then ports derived
-    from (job, step, k) for k = 1, 2, ... Every rank computes the same sequence alone."""
-    first = port_for_job(job_id, step_id)
-    base = f"{str(job_id).strip()}\x1f{'' if step_id is None else str(step_id).strip()}"
-    ports = [first]
-    k = 1
-    while len(ports) < count:
-        port = _derive(f"{base}\x1f{k}")  # a third field: never equal to a (job, step) key
-        if port not in ports:
-            ports.append(port)
-        k += 1
-    return tuple(ports)
-
-
-def reserved_port(env: Mapping[str, str]) -> int | None:
-    """The first port SLURM reserved for this step (``SLURM_STEP_RESV_PORTS``), else None.
-
-    SLURM writes one port (``12001``), a range (``12003-12004``) or a list of them; every
-    task of the step gets the same value. Not used in a heterogeneous job, whose components'
-    tasks need not share one reservation: every rank must search the same list.
-    """
-    if "SLURM_HET_SIZE" in env:
-        return None
-    raw = env.get(RESV_PORTS_VAR)
-    if raw is None or not raw.strip():
-        return None
-    port = to_int(raw.strip().split(",")[0].split("-")[0].strip())
-    if port is None or not 1 <= port <= 65535:
-        hint = "srun sets it (e.g. 12001 or 12003-12004) with --resv-ports; unset it if "
-        raise ConfigError(
-            f"{RESV_PORTS_VAR}={raw!r} is not a port, a range or a list of them",
-            hint=number_hint(raw, hint + "something else wrote it"),
-        )
-    return port
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (the kernel picks it by binding port 0).
-
-    Another process may take it before it is used; fine for a single process or a launcher
-    that hands it to its children at once.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-    return port
+__all__ = ["port_for_job"]

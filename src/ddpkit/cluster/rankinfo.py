@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ddpkit.cluster.ports import PortSearch
+from ddpkit.cluster.rendezvous.ports import PortSearch
 
 __all__ = ["ANY_PORT", "LAUNCHERS", "Launcher", "RankInfo"]
 
@@ -25,10 +25,10 @@ class RankInfo:
     rank 0 hosts the rendezvous store: ``ANY_PORT`` (0) for a world of one without MASTER_PORT
     (``ddpkit.init`` gives a world of one an in-process store, on no port at all). ``port_search``,
     when set, lists the ports rank 0 may host it on instead (``master_port`` is the first; see
-    :mod:`ddpkit.cluster.ports`); the rank record :func:`ddpkit.init` keeps has the port actually
-    used. ``launcher`` names the environment that started us. ``notes`` carries warnings
-    detection wants the user to see (shown once by ``ddpkit.init``); detection itself never
-    prints, warns or does I/O (it runs on every ``ddpkit.print`` before ``init``).
+    :mod:`ddpkit.cluster.rendezvous.ports`); the rank record :func:`ddpkit.init` keeps has the
+    port actually used. ``launcher`` names the environment that started us. ``notes`` carries
+    warnings detection wants the user to see (shown once by ``ddpkit.init``); detection itself
+    never prints, warns or does I/O (it runs on every ``ddpkit.print`` before ``init``).
     """
 
     rank: int

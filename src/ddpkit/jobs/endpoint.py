@@ -1,113 +1,14 @@
-"""``python -m ddpkit.jobs.endpoint``: the c10d rendezvous ``host:port`` of a SLURM job.
+"""``python -m ddpkit.jobs.endpoint``: the old path of :mod:`ddpkit.cluster.rendezvous.endpoint`.
 
-The torchrun-mode job script runs it once, in the batch script, and hands the result to every
-node's ``ddpkit run --rdzv-endpoint``. The host is the job's first node
-(``SLURM_JOB_NODELIST`` through ddpkit's hostlist parser) renamed by ``DDPKIT_HOST_TEMPLATE``
-when set; the port is ``--port N``, or with ``--port auto`` (the default) derived from the job
-id, so two jobs sharing a node get different ports. Imports neither torch nor pydantic: it
-runs on the critical path of every job start.
-
-Which node hosts the c10d store is decided here too (:func:`hosts_store`, used by ``ddpkit
-run``): torch guesses it by comparing the endpoint host with this machine's hostname and
-addresses, and a host template defeats the guess (``n1-ib`` is a second interface of ``n1``,
-neither its name nor an address ``hostname`` resolves to), so no node hosted it and every node
-waited as a client until the join timed out. For the endpoint this module prints, the first
-node of the job hosts it, explicitly.
+Kept only as an entry point: a job script rendered before the move calls this path, and a
+requeued job re-runs its old script against the installed ddpkit, so removing it would fail
+that job at its restart. It runs the new module's ``main`` and nothing else (importing it
+defines nothing); new scripts call ``python -m ddpkit.cluster.rendezvous.endpoint``.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-from collections.abc import Mapping, Sequence
-
-from ddpkit.cluster.environments.slurm import apply_host_template
-from ddpkit.cluster.envvars import first_set, parse_port
-from ddpkit.cluster.nodelist import first_host
-from ddpkit.cluster.ports import port_for_job
-from ddpkit.errors import ConfigError, DdpkitError
-
-__all__ = ["RDZV_STEP", "endpoint", "hosts_store", "main"]
-
-# The "step" mixed into port_for_job: keeps the rendezvous port apart from the port ddpkit
-# derives for the job's srun steps (MASTER_PORT), which uses the numeric step ids.
-RDZV_STEP = "rdzv"
-_NODELIST_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
-_JOB_ID_VARS = ("SLURM_JOB_ID", "SLURM_JOBID")
-_HINT = (
-    "run it inside a SLURM job, as the generated batch script does; elsewhere set {var} "
-    "yourself (SLURM_JOB_NODELIST, and SLURM_JOB_ID or --port N)"
-)
-
-
-def _first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str]:
-    found = first_set(env, names)
-    if found is None:
-        raise ConfigError(f"{' / '.join(names)} is not set", hint=_HINT.format(var=names[0]))
-    return found
-
-
-def _first_node(env: Mapping[str, str]) -> str:
-    source, nodelist = _first_set(env, _NODELIST_VARS)
-    return first_host(nodelist, source=source)
-
-
-def endpoint(env: Mapping[str, str], port: str = "auto") -> str:
-    """``host:port`` of the job's rendezvous, from SLURM's variables in ``env``; pure.
-
-    ``port`` is ``"auto"`` (derived from SLURM_JOB_ID) or a port number as text.
-    """
-    host = apply_host_template(env, _first_node(env))
-    if port == "auto":
-        number = port_for_job(_first_set(env, _JOB_ID_VARS)[1], RDZV_STEP)
-    else:
-        number = parse_port("--port", port)
-    # An IPv6 address needs brackets before the port.
-    return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
-
-
-def _endpoint_host(rdzv_endpoint: str) -> str:
-    """The host of ``host``, ``host:port`` or ``[v6]:port`` (torch's own parsing rules)."""
-    text = rdzv_endpoint.strip()
-    host = text if text.startswith("[") and text.endswith("]") else text.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def hosts_store(env: Mapping[str, str], rdzv_endpoint: str) -> bool | None:
-    """Whether this node hosts the c10d store of ``rdzv_endpoint``: True on the job's first
-    node, False on the others, when ``rdzv_endpoint`` is the one :func:`endpoint` gives (the
-    first node under DDPKIT_HOST_TEMPLATE); None (torch decides) for any other endpoint or
-    outside a SLURM job step. Pure: ``env`` holds SLURMD_NODENAME and the job's nodelist.
-    """
-    node = env.get("SLURMD_NODENAME")
-    if node is None or not any(name in env for name in _NODELIST_VARS):
-        return None
-    first = _first_node(env)
-    if _endpoint_host(rdzv_endpoint) != apply_host_template(env, first):
-        return None
-    return node == first
-
-
-def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    """Print the endpoint; exit 2 with one line on stderr when the environment is unusable."""
-    parser = argparse.ArgumentParser(
-        prog="python -m ddpkit.jobs.endpoint",
-        description="Print the c10d rendezvous host:port of this SLURM job (first node, "
-        "DDPKIT_HOST_TEMPLATE applied; port derived from the job id unless given).",
-    )
-    parser.add_argument(
-        "--port", default="auto", metavar="N|auto", help="rendezvous port (default: auto)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        text = endpoint(os.environ if env is None else env, args.port)
-    except DdpkitError as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
-    print(text)
-    return 0
-
-
 if __name__ == "__main__":
+    from ddpkit.cluster.rendezvous.endpoint import main
+
     raise SystemExit(main())

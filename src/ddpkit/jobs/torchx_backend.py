@@ -16,7 +16,8 @@ What every replica (one per node) runs, whichever torchx scheduler starts it::
   scheduler names the variable holding rank 0's host (local: ``TORCHX_RANK0_HOST=localhost``;
   slurm: ``SLURM_JOB_NODELIST_HET_GROUP_0``, the first het group's single node) and the app id
   (slurm: ``$SLURM_JOB_ID``). A spec's ``rdzv_port: auto`` (or unset) derives the port from the
-  app id with ``ddpkit.cluster.ports.port_for_job``, so two jobs sharing a node do not collide.
+  app id with ``ddpkit.cluster.rendezvous.ports.port_for_job``, so two jobs sharing a node do
+  not collide.
 * Always ``bash -c`` (never the bare command): the endpoint needs the shell, and ``setup`` lines
   are verbatim shell that must run in the same process that then ``exec``s ``ddpkit run`` (so
   ``source venv/bin/activate`` or ``module load`` affects it). Every other word is
@@ -56,9 +57,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddpkit import compat
+from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
 from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.endpoint import RDZV_STEP
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.render import sbatch_quote
 
@@ -146,7 +147,7 @@ def _endpoint(specs: Any, rdzv_port: int | None, python: str) -> _Shell:
     if rdzv_port is not None:
         return _Shell(f"{host}:{rdzv_port}")
     code = (
-        "import sys; from ddpkit.cluster.ports import port_for_job; "
+        "import sys; from ddpkit.cluster.rendezvous.ports import port_for_job; "
         f"print(port_for_job(sys.argv[1], {json.dumps(RDZV_STEP)}))"
     )
     port = f"$$({_word(python)} -c {_word(code)} {specs.macros.app_id})"

@@ -5,7 +5,8 @@ This module owns two things (no process management of its own beyond what it del
 * ``build_launch_config``: RunConfig -> torchrun argv -> ``torch.distributed.run.parse_args`` ->
   ``config_from_args``, so every flag means exactly what it means under torchrun; then the
   ddpkit defaults on top (rank prefix on every output line; in a SLURM job whose endpoint is its
-  first node, that node hosts the c10d store: ``is_host``, see ``ddpkit.jobs.endpoint``).
+  first node, that node hosts the c10d store: ``is_host``, see
+  ``ddpkit.cluster.rendezvous.endpoint``).
 * ``launch``: ``elastic_launch`` with torch's process-wide side effects undone afterwards
   (``os.environ`` writes, signal handlers), so an in-process launch leaves its caller as it was.
   While it runs, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the workers (torch's
@@ -37,6 +38,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ddpkit.cluster.rendezvous.endpoint import hosts_store
 from ddpkit.cluster.stop import forward as stop_forward
 from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
@@ -45,7 +47,6 @@ from ddpkit.compat import (
     torchrun_notice_muted,
 )
 from ddpkit.errors import ConfigError, RendezvousError
-from ddpkit.jobs.endpoint import hosts_store
 from ddpkit.launch import deathsig, node_order, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
@@ -107,8 +108,8 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
 
 def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
     """``config`` with ``is_host`` in its rendezvous settings when the SLURM job's endpoint
-    says which node hosts the c10d store (see ``ddpkit.jobs.endpoint.hosts_store``); an
-    ``is_host`` the user gave wins."""
+    says which node hosts the c10d store (see
+    ``ddpkit.cluster.rendezvous.endpoint.hosts_store``); an ``is_host`` the user gave wins."""
     if config.rdzv_backend != "c10d" or any(key == "is_host" for key, _ in config.rdzv_conf):
         return config
     hosts = hosts_store(env, config.rdzv_endpoint)

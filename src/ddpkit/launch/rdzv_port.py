@@ -1,25 +1,29 @@
 """The c10d rendezvous port of ``ddpkit run`` in a SLURM job: searched, not bet on.
 
-The job scripts and the torchx component give every node's ``ddpkit run`` the port derived
-from the job id (``rdzv_port: auto``; :mod:`ddpkit.jobs.endpoint`). torch's agent on the first
-node binds it, and when something else holds it, the agent quietly becomes a client of that
-listener instead (``_create_tcp_store`` retries as a client): it waits forever on a listener
-that is not a store, or runs in another job's store until that job ends. So before the agent
-starts, inside a SLURM step and for that derived port only (a port the user chose stays as is):
+The job scripts and the torchx component give every node's ``ddpkit run`` the port derived from
+the job id (``rdzv_port: auto``; :mod:`ddpkit.cluster.rendezvous.endpoint`). torch's agent on
+the first node binds it, and when something else holds it, the agent quietly becomes a client of
+that listener instead (``_create_tcp_store`` retries as a client): it waits forever on a
+listener that is not a store, or runs in another job's store until that job ends. So before the
+agent starts, inside a SLURM step and for that derived port only (a port the user chose stays as
+is):
 
 * the node torch would make the host hosts the store itself, on the first candidate it can
-  bind (the step's reserved port, then ``candidate_ports(job, "rdzv")``; see
-  :mod:`ddpkit.cluster.ports`), as a multi-tenant store, whose server the agent then shares
-  instead of binding the port a second time;
+  bind (the step's reserved port, then ``candidate_ports(job, "rdzv")``: ``step_search``; see
+  :mod:`ddpkit.cluster.rendezvous.ports`), as a multi-tenant store, whose server the agent then
+  shares instead of binding the port a second time;
 * the other nodes take the first candidate whose store answers with the job's identity;
 
-and every agent is pointed at that port. The search itself is
-:func:`ddpkit.worker.process_group.host_store` / :func:`~ddpkit.worker.process_group.find_store`.
+and every agent is pointed at that port. The candidates are
+:func:`ddpkit.cluster.rendezvous.ports.step_search`'s, the search itself is
+:func:`ddpkit.worker.rendezvous.portsearch.host_store` /
+:func:`~ddpkit.worker.rendezvous.portsearch.find_store`: this module is only the launcher's
+glue (torch's ``LaunchConfig`` in, the endpoint the agent uses out).
 
 Outside that search, a rendezvous endpoint on loopback (``--standalone`` is ``localhost:0``; a
 static one defaults to ``127.0.0.1``) is hosted here on loopback only, as a multi-tenant store
 the agent shares: torch's agent would listen on every interface for a job that never leaves
-this host (see :mod:`ddpkit.worker.store`).
+this host (see :mod:`ddpkit.worker.rendezvous.store`).
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
 from ddpkit.cluster.environments.slurm import in_slurm_step
-from ddpkit.cluster.ports import PortSearch, candidate_ports, port_for_job, reserved_port
+from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
+from ddpkit.cluster.rendezvous.ports import PortSearch, port_for_job, step_search
 from ddpkit.compat import matches_machine_hostname
-from ddpkit.jobs.endpoint import RDZV_STEP
-from ddpkit.worker import process_group
-from ddpkit.worker.store import host_tcp_store, is_taken, loopback_address
+from ddpkit.worker.rendezvous.portsearch import find_store, host_store
+from ddpkit.worker.rendezvous.store import host_tcp_store, is_taken, loopback_address
 
 __all__ = ["claim", "port_search"]
 
@@ -53,14 +57,11 @@ def port_search(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, Port
     if config.rdzv_backend != "c10d" or not job or not in_slurm_step(env):
         return None
     host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
-    derived = candidate_ports(job, RDZV_STEP)
     if port != port_for_job(job, RDZV_STEP):
         return None
-    reserved = reserved_port(env)
-    ports = derived if reserved is None else (reserved, *(p for p in derived if p != reserved))
     restarts = env.get("SLURM_RESTART_COUNT", "0")
     identity = f"c10d rendezvous {config.run_id} of slurm job {job} restart {restarts}"
-    return host, PortSearch(identity, ports)
+    return host, step_search(identity, job, RDZV_STEP, env)
 
 
 def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
@@ -80,14 +81,12 @@ def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
     if hosting:
         # share: torch lets several agents of one rendezvous run on the host node, the
         # first to bind hosts; the others must join it, not host a second store elsewhere.
-        store, port = process_group.host_store(
+        store, port = host_store(
             host, search, timedelta(seconds=read_s), multi_tenant=True, share=True
         )
     else:
         join_s = float(configs.get("timeout", _JOIN_TIMEOUT_S))
-        store, port = process_group.find_store(
-            host, search, join_s, timedelta(seconds=read_s), who="ddpkit run"
-        )
+        store, port = find_store(host, search, join_s, timedelta(seconds=read_s), who="ddpkit run")
         store = None  # only the answer was needed; the agent opens its own connection
     if port != port_for_job(env["SLURM_JOB_ID"], RDZV_STEP):
         _tell(host, search, port)

@@ -8,7 +8,7 @@ The steps, each within ``timeout_s``:
    the device choice, free space in the folders.
 2. Meeting, through a TCP store as the runtime forms it: rank 0 hosts it on MASTER_PORT (a
    port already in use is a FAIL) or on the first free candidate of a SLURM step's port search;
-   the others probe the master first (:func:`~ddpkit.worker.process_group.probe_master`), so an
+   the others probe the master first (:func:`~ddpkit.worker.rendezvous.store.probe_master`), so an
    unreachable master is a FAIL naming it. Under ``ddpkit run`` / torchrun every rank uses the
    agent's store instead. Each rank writes its facts; rank 0 polls until all arrived or the
    time is up, and names the ranks that never showed up.
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.cluster.detect import detect
-from ddpkit.cluster.ports import free_port
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
+from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.errors import DdpkitError
 from ddpkit.tools import netinfo
 from ddpkit.tools.checks import (

@@ -3,10 +3,10 @@
 * under torchrun / ``ddpkit run`` (``TORCHELASTIC_USE_AGENT_STORE``): every rank is a client
   of the agent's store at MASTER_ADDR:MASTER_PORT, under a prefix of its own;
 * a SLURM step without MASTER_PORT: the runtime's port search
-  (:func:`~ddpkit.worker.process_group.host_store` / ``find_store``);
+  (:func:`~ddpkit.worker.rendezvous.portsearch.host_store` / ``find_store``);
 * otherwise rank 0 hosts the store on MASTER_PORT, where a port already in use is a FAIL, and
   the other ranks first probe the master
-  (:func:`~ddpkit.worker.process_group.probe_master`), where no answer is a FAIL.
+  (:func:`~ddpkit.worker.rendezvous.store.probe_master`), where no answer is a FAIL.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # public, not in __all__
 from torch.distributed.distributed_c10d import Store
 
-from ddpkit.cluster.ports import PortSearch
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.rendezvous.ports import PortSearch
 from ddpkit.errors import RendezvousError
 from ddpkit.tools.checks import Check, from_error
-from ddpkit.worker import process_group
+from ddpkit.worker.rendezvous.portsearch import find_store, host_store
+from ddpkit.worker.rendezvous.store import probe_master
 
 __all__ = ["Meeting", "meet"]
 
@@ -80,7 +81,7 @@ def meet(info: RankInfo, env: Mapping[str, str], timeout_s: float) -> Meeting | 
     name = "master reachable"
     try:
         if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-            process_group.probe_master(info, timeout_s)
+            probe_master(info, timeout_s)
             store: Store = TCPStore(
                 info.master_addr, info.master_port, is_master=False, timeout=timeout
             )
@@ -95,7 +96,7 @@ def meet(info: RankInfo, env: Mapping[str, str], timeout_s: float) -> Meeting | 
             store = _host(info, timeout)
             how = f"rank 0 hosts the store at {where}"
         else:
-            process_group.probe_master(info, timeout_s)
+            probe_master(info, timeout_s)
             store = TCPStore(info.master_addr, info.master_port, is_master=False, timeout=timeout)
             how = f"rank 0's store at {where} answers rank {info.rank}"
     except RendezvousError as exc:
@@ -108,10 +109,8 @@ def _search(
     info: RankInfo, search: PortSearch, timeout_s: float, timeout: timedelta
 ) -> tuple[Store, int]:
     if info.rank == 0:
-        return process_group.host_store(info.master_addr, search, timeout)
-    return process_group.find_store(
-        info.master_addr, search, timeout_s, timeout, who=f"rank {info.rank}"
-    )
+        return host_store(info.master_addr, search, timeout)
+    return find_store(info.master_addr, search, timeout_s, timeout, who=f"rank {info.rank}")
 
 
 def _host(info: RankInfo, timeout: timedelta) -> Store:

@@ -1,7 +1,8 @@
 """Everything a training script calls inside a worker process.
 
     context        init() / current() / shutdown(): detect, choose the device, join the group
-    process_group  the rendezvous itself: master probe, store, init_process_group, timeouts
+    process_group  joining the group: backend, timeouts, init_process_group, GPU check
+    rendezvous/    the store: where it listens, the port search, every connect bounded
     wrap           DDP, DataParallel or the plain model
     placement      the pure decision for a model split across devices (kept, never moved)
     dataparallel   nn.DataParallel with ddpkit's scatter, threads and gather

@@ -1,81 +1,46 @@
-"""Joining the torch.distributed process group: backend, timeouts, the store, GPU check.
+"""Joining the torch.distributed process group: backend, timeouts, GPU check.
 
-Policy (which backend, how long to wait, which store) is in small pure functions; :func:`join`
-strings them together. ddpkit makes the group's store itself and hands it to
-``init_process_group(store=...)``, so that it decides where the store listens and bounds every
-wait of joining (the store's placement and the bounded connect are in
-:mod:`ddpkit.worker.store`):
-
-* a world of one gets an in-process ``HashStore``: nobody else has to meet it, so nothing
-  listens on the network for it (torch's ``tcp://``/``env://`` would host an unauthenticated
-  ``TCPStore`` on every interface);
-* rank 0 hosts a ``TCPStore`` on loopback when the job allows it, else on every interface;
-  under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the agent hosts it and every rank is
-  a client, as torch's own ``env://`` would do;
-* a client first probes the master (the TCP connect, bounded by the connect timeout), then
-  makes torch's client in a thread bounded by what is left of it (at least
-  :data:`~ddpkit.worker.store.HANDSHAKE_MIN_S`): a port held by something that accepts and
-  never answers ends as a :class:`RendezvousError` naming address, port and launcher, never as
-  a wait past the connect and collective timeouts;
-* everything after that (gloo's or NCCL's exchange of addresses through the store, their
-  connects) waits at most the collective timeout, which is also the store's own timeout.
-
-When the rank record carries a :class:`~ddpkit.cluster.ports.PortSearch` (a SLURM step
-without MASTER_PORT), rank 0 hosts on the first candidate it can bind and the others find it
-by the job's identity (:mod:`ddpkit.worker.portsearch`).
+Policy (which backend, how long to wait) is in small pure functions; :func:`join` strings them
+together. ddpkit makes the group's store itself
+(:func:`ddpkit.worker.rendezvous.group.make_store`: where it listens, the port search, every
+wait of joining bounded) and hands it to
+``init_process_group(store=...)``; everything after that (gloo's or NCCL's exchange of
+addresses through the store, their connects) waits at most the collective timeout, which is
+also the store's own timeout.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import socket
-import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed import HashStore  # type: ignore[attr-defined]  # public, not in __all__
-from torch.distributed.distributed_c10d import Store
 
 from ddpkit.cluster.devices import check_distinct_gpus
 from ddpkit.cluster.durations import positive_seconds, seconds_from_env
 from ddpkit.cluster.rankinfo import RankInfo
-from ddpkit.contract import COLLECTIVE_TIMEOUT_VAR, DEFAULT_CONNECT_TIMEOUT_S
-from ddpkit.errors import ConfigError, RendezvousError
-from ddpkit.worker.portsearch import IDENTITY_KEY, find_store, host_store
-from ddpkit.worker.store import (
+from ddpkit.contract import (
+    COLLECTIVE_TIMEOUT_VAR,
     CONNECT_TIMEOUT_VAR,
-    HANDSHAKE_MIN_S,
-    connect_client,
-    host_tcp_store,
-    is_taken,
-    probe_master,
-    store_endpoint,
+    DEFAULT_CONNECT_TIMEOUT_S,
 )
+from ddpkit.errors import ConfigError, RendezvousError
+from ddpkit.worker.rendezvous.group import make_store
 
 __all__ = [
-    "AGENT_STORE_VAR",
     "COLLECTIVE_TIMEOUT_VAR",
-    "CONNECT_TIMEOUT_VAR",
     "DEFAULT_CONNECT_TIMEOUT_S",
-    "IDENTITY_KEY",
     "check_exclusive_gpus",
     "collective_timeout",
     "connect_timeout",
     "destroy",
-    "find_store",
-    "host_store",
     "join",
-    "probe_master",
     "resolve_backend",
     "store_timeout",
-    "uses_agent_store",
 ]
-
-# Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
-AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 
 # torch's documented default timeout of an NCCL group (a CPU-only build leaves the constant None).
 _NCCL_DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -126,11 +91,6 @@ def store_timeout(backend: str, timeout_s: float | None) -> timedelta:
     return dist.constants.default_pg_timeout
 
 
-def uses_agent_store(info: RankInfo, env: Mapping[str, str]) -> bool:
-    """True when torchrun's agent hosts the store and rank 0 is one of its clients."""
-    return info.launcher == "torchrun" and env.get(AGENT_STORE_VAR) == str(True)
-
-
 def join(
     info: RankInfo,
     *,
@@ -140,14 +100,15 @@ def join(
     timeout_s: float | None,
     connect_timeout_s: float,
 ) -> RankInfo:
-    """Make or reach the store (see the module docstring), then ``init_process_group``.
+    """Make or reach the store (:func:`~ddpkit.worker.rendezvous.group.make_store`), then
+    ``init_process_group``.
 
     Returns ``info`` with the address and port of the store actually used (another port than
     ``master_port`` only after a port search; 127.0.0.1 when every rank is on one node).
     """
     if timeout_s is not None:
         positive_seconds(timeout_s, "timeout_s")
-    store, info = _store(info, env, connect_timeout_s, store_timeout(backend, timeout_s))
+    store, info = make_store(info, env, connect_timeout_s, store_timeout(backend, timeout_s))
     try:
         dist.init_process_group(
             backend=backend,
@@ -175,68 +136,6 @@ def _not_formed(info: RankInfo, exc: Exception, timeout_s: float | None) -> Rend
             "unreachable from here (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME pick the "
             f"interface). If ranks only start slowly, raise {COLLECTIVE_TIMEOUT_VAR}"
         ),
-    )
-
-
-def _store(
-    info: RankInfo, env: Mapping[str, str], connect_timeout_s: float, timeout: timedelta
-) -> tuple[Store, RankInfo]:
-    if info.world_size == 1:
-        return HashStore(), info  # nobody else to meet: nothing listens for it
-    addr, bind = store_endpoint(info)
-    info = dataclasses.replace(info, master_addr=addr)
-    search = info.port_search
-    if search is not None:
-        if info.rank == 0:
-            hosted, port = host_store(addr, search, timeout, world_size=info.world_size, bind=bind)
-        else:
-            who = f"rank {info.rank}"
-            hosted, port = find_store(addr, search, connect_timeout_s, timeout, who=who)
-        return hosted, dataclasses.replace(info, master_port=port)
-    if info.rank == 0 and not uses_agent_store(info, env):
-        return _host(info, bind, timeout, env), info
-    return _connect(info, connect_timeout_s, timeout), info
-
-
-def _host(info: RankInfo, bind: str | None, timeout: timedelta, env: Mapping[str, str]) -> Store:
-    """Rank 0's store, as torch's ``env://`` makes it (multi-tenant, libuv unless
-    ``USE_LIBUV=0``), listening on ``bind`` only when that is set."""
-    try:
-        return host_tcp_store(
-            info.master_addr,
-            info.master_port,
-            bind=bind,
-            world_size=info.world_size,
-            timeout=timeout,
-            multi_tenant=True,
-            use_libuv=env.get("USE_LIBUV", "1") == "1",
-        )
-    except (OSError, dist.DistNetworkError) as exc:
-        port = info.master_port
-        raise RendezvousError(
-            f"rank 0 could not host the rendezvous store at {bind or '*'}:{port} "
-            f"(MASTER_ADDR={info.master_addr} MASTER_PORT={port}, launcher {info.launcher}): "
-            f"{' '.join(str(exc).split())}",
-            hint=(
-                f"port {port} is taken (another job on this node?): set MASTER_PORT to a free "
-                "port, or let ddpkit derive one per job"
-                if is_taken(exc)
-                else "check that MASTER_ADDR names this host"
-            ),
-        ) from exc
-
-
-def _connect(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> Store:
-    """A client of the store: the probe, then torch's handshake, each bounded."""
-    deadline = time.monotonic() + connect_timeout_s
-    probe_master(info, connect_timeout_s)
-    return connect_client(
-        info.master_addr,
-        info.master_port,
-        world_size=info.world_size,
-        timeout=timeout,
-        bound_s=max(HANDSHAKE_MIN_S, deadline - time.monotonic()),
-        who=f"rank {info.rank} (launcher {info.launcher})",
     )
 
 

@@ -23,8 +23,8 @@ from ddpkit.cluster.environments.single import single_rank_info
 from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
 from ddpkit.cluster.envvars import env_int, first_set, master_from_env, parse_int, require_int
 from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_host
-from ddpkit.cluster.ports import PortSearch, candidate_ports, reserved_port
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
+from ddpkit.cluster.rendezvous.ports import PortSearch, step_search
 from ddpkit.contract import HOST_TEMPLATE_VAR
 from ddpkit.errors import ConfigError
 
@@ -178,19 +178,13 @@ def apply_host_template(env: Mapping[str, str], host: str) -> str:
 
 
 def _port_search(env: Mapping[str, str]) -> PortSearch:
-    """The step's reserved port (if any), then its derived candidates; see ddpkit.cluster.ports.
-
-    Even a reserved port stays backed by the candidates: SLURM keeps it from other steps,
-    not from a program started outside srun.
-    """
+    """The step's reserved port (if any), then its derived candidates; see
+    ddpkit.cluster.rendezvous.ports.step_search."""
     job_id = _require(env, "job_id")[1]
     found = _first_set(env, "step_id")
     step = None if found is None else found[1]
-    derived = candidate_ports(job_id, step)
-    reserved = reserved_port(env)
-    ports = derived if reserved is None else (reserved, *(p for p in derived if p != reserved))
     restarts = env.get("SLURM_RESTART_COUNT", "0")
-    return PortSearch(f"slurm job {job_id} step {step} restart {restarts}", ports)
+    return step_search(f"slurm job {job_id} step {step} restart {restarts}", job_id, step, env)
 
 
 def _master(env: Mapping[str, str], layout: SlurmLayout) -> tuple[str, PortSearch | int]:

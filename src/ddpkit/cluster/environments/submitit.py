@@ -15,8 +15,8 @@ from ddpkit.cluster import validate
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.slurm import SlurmEnvironment, slurm_rank_info
 from ddpkit.cluster.envvars import master_from_env, require_int
-from ddpkit.cluster.ports import port_for_job
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
+from ddpkit.cluster.rendezvous.ports import port_for_job
 from ddpkit.errors import ConfigError
 
 __all__ = ["SubmititEnvironment"]

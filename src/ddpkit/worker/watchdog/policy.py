@@ -1,7 +1,7 @@
 """The watchdog's policy, pure: its bound and interval, who left first, and what to say.
 
 No threads, no store, no torch: every decision the watchdog makes about a departure is a
-function of values, unit-tested without processes (tests/test_watchdog.py).
+function of values, unit-tested without processes (tests/worker/test_watchdog.py).
 """
 
 from __future__ import annotations

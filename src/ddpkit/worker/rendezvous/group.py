@@ -1,0 +1,120 @@
+"""The store of a process group: which one each rank makes or reaches, every wait bounded.
+
+:mod:`ddpkit.worker.process_group` hands the store made here to
+``init_process_group(store=...)``, so ddpkit, not torch, decides where it listens
+(:func:`~ddpkit.worker.rendezvous.store.store_endpoint`) and bounds every wait of joining it:
+
+* a world of one gets an in-process ``HashStore``: nobody else has to meet it, so nothing
+  listens on the network for it (torch's ``tcp://``/``env://`` would host an unauthenticated
+  ``TCPStore`` on every interface);
+* rank 0 hosts a ``TCPStore`` on loopback when the job allows it, else on every interface;
+  under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the agent hosts it and every rank is
+  a client, as torch's own ``env://`` would do;
+* a client first probes the master (the TCP connect, bounded by the connect timeout), then
+  makes torch's client in a thread bounded by what is left of it (at least
+  :data:`~ddpkit.worker.rendezvous.store.HANDSHAKE_MIN_S`): a port held by something that
+  accepts and never answers ends as a :class:`RendezvousError` naming address, port and
+  launcher, never as a wait past the connect and collective timeouts.
+
+When the rank record carries a :class:`~ddpkit.cluster.rendezvous.ports.PortSearch` (a SLURM
+step without MASTER_PORT), rank 0 hosts on the first candidate it can bind and the others find
+it by the job's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed import HashStore  # type: ignore[attr-defined]  # public, not in __all__
+from torch.distributed.distributed_c10d import Store
+
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.errors import RendezvousError
+from ddpkit.worker.rendezvous.portsearch import find_store, host_store
+from ddpkit.worker.rendezvous.store import (
+    HANDSHAKE_MIN_S,
+    connect_client,
+    host_tcp_store,
+    is_taken,
+    probe_master,
+    store_endpoint,
+)
+
+__all__ = ["AGENT_STORE_VAR", "make_store", "uses_agent_store"]
+
+# Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
+AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def uses_agent_store(info: RankInfo, env: Mapping[str, str]) -> bool:
+    """True when torchrun's agent hosts the store and rank 0 is one of its clients."""
+    return info.launcher == "torchrun" and env.get(AGENT_STORE_VAR) == str(True)
+
+
+def make_store(
+    info: RankInfo, env: Mapping[str, str], connect_timeout_s: float, timeout: timedelta
+) -> tuple[Store, RankInfo]:
+    """This rank's store of the group (see the module docstring), and ``info`` with the address
+    and port actually used (another port only after a port search; 127.0.0.1 when every rank
+    is on one node). ``timeout`` is the store's own timeout for later operations."""
+    if info.world_size == 1:
+        return HashStore(), info  # nobody else to meet: nothing listens for it
+    addr, bind = store_endpoint(info)
+    info = dataclasses.replace(info, master_addr=addr)
+    search = info.port_search
+    if search is not None:
+        if info.rank == 0:
+            hosted, port = host_store(addr, search, timeout, world_size=info.world_size, bind=bind)
+        else:
+            who = f"rank {info.rank}"
+            hosted, port = find_store(addr, search, connect_timeout_s, timeout, who=who)
+        return hosted, dataclasses.replace(info, master_port=port)
+    if info.rank == 0 and not uses_agent_store(info, env):
+        return _host(info, bind, timeout, env), info
+    return _connect(info, connect_timeout_s, timeout), info
+
+
+def _host(info: RankInfo, bind: str | None, timeout: timedelta, env: Mapping[str, str]) -> Store:
+    """Rank 0's store, as torch's ``env://`` makes it (multi-tenant, libuv unless
+    ``USE_LIBUV=0``), listening on ``bind`` only when that is set."""
+    try:
+        return host_tcp_store(
+            info.master_addr,
+            info.master_port,
+            bind=bind,
+            world_size=info.world_size,
+            timeout=timeout,
+            multi_tenant=True,
+            use_libuv=env.get("USE_LIBUV", "1") == "1",
+        )
+    except (OSError, dist.DistNetworkError) as exc:
+        port = info.master_port
+        raise RendezvousError(
+            f"rank 0 could not host the rendezvous store at {bind or '*'}:{port} "
+            f"(MASTER_ADDR={info.master_addr} MASTER_PORT={port}, launcher {info.launcher}): "
+            f"{' '.join(str(exc).split())}",
+            hint=(
+                f"port {port} is taken (another job on this node?): set MASTER_PORT to a free "
+                "port, or let ddpkit derive one per job"
+                if is_taken(exc)
+                else "check that MASTER_ADDR names this host"
+            ),
+        ) from exc
+
+
+def _connect(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> Store:
+    """A client of the store: the probe, then torch's handshake, each bounded."""
+    deadline = time.monotonic() + connect_timeout_s
+    probe_master(info, connect_timeout_s)
+    return connect_client(
+        info.master_addr,
+        info.master_port,
+        world_size=info.world_size,
+        timeout=timeout,
+        bound_s=max(HANDSHAKE_MIN_S, deadline - time.monotonic()),
+        who=f"rank {info.rank} (launcher {info.launcher})",
+    )

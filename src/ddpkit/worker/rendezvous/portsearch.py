@@ -1,0 +1,169 @@
+"""The port search of a SLURM step without MASTER_PORT (and of ``ddpkit run``'s c10d port).
+
+A taken port does not end the job: :func:`host_store` hosts on the first candidate it can
+bind (listening where :func:`~ddpkit.worker.rendezvous.store.store_endpoint` says) and publishes the
+search's identity under :data:`IDENTITY_KEY`; :func:`find_store` tries the candidates in order
+and joins the first store that answers with that identity, skipping a port held by another
+job's store, by a stale store, or by a listener that is not a store at all (bounded: torch's
+client would wait forever for a reply such a listener never sends). The candidates are
+:mod:`ddpkit.cluster.rendezvous.ports`'s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
+
+from ddpkit.cluster.rendezvous.ports import PortSearch
+from ddpkit.errors import RendezvousError
+from ddpkit.worker.rendezvous.store import (
+    CONNECT_TIMEOUT_VAR,
+    bounded,
+    host_tcp_store,
+    is_taken,
+    try_connect,
+)
+
+__all__ = ["IDENTITY_KEY", "find_store", "host_store"]
+
+# Where rank 0 publishes the job's identity in its store.
+IDENTITY_KEY = "ddpkit/job"
+# How long one candidate may take to prove it is this job's store before it is skipped for now.
+_IDENTITY_BOUND_S = 2.0
+
+
+def host_store(
+    addr: str,
+    search: PortSearch,
+    timeout: timedelta,
+    *,
+    world_size: int | None = None,
+    multi_tenant: bool = False,
+    share: bool = False,
+    bind: str | None = None,
+) -> tuple[TCPStore, int]:
+    """Host the store on the first candidate port that binds; publish the search's identity.
+
+    ``multi_tenant``: a store torch later opens on the same port in this process (the c10d
+    rendezvous of ``ddpkit run``) shares this one's server instead of binding again.
+    ``share``: a taken port whose store answers with the identity (another process of the
+    same job on this node got there first) is joined as a client instead of skipped.
+    ``bind``: the one address to listen on (see :func:`store_endpoint`); None: every interface.
+    """
+    taken: list[str] = []
+    for port in search.ports:
+        try:
+            store = host_tcp_store(
+                addr,
+                port,
+                bind=bind,
+                world_size=world_size,
+                timeout=timeout,
+                multi_tenant=multi_tenant,
+            )
+        except (OSError, dist.DistNetworkError) as exc:
+            if not is_taken(exc):
+                raise _unhostable(addr, search, f"port {port}: {exc}") from exc
+            if share:
+                client, answer, _ = _ask_identity(addr, port, _IDENTITY_BOUND_S)
+                if client is not None and answer == search.identity:
+                    client.set_timeout(timeout)
+                    return client, port
+            taken.append(str(port))
+            continue
+        store.set(IDENTITY_KEY, search.identity)
+        return store, port
+    raise _unhostable(addr, search, f"every candidate port is taken ({', '.join(taken)})")
+
+
+def _unhostable(addr: str, search: PortSearch, why: str) -> RendezvousError:
+    return RendezvousError(
+        f"the rendezvous store of {search.identity} could not be hosted on {addr}: {why}",
+        hint="free one of these ports on that node, or give the job a fixed free port "
+        "(MASTER_PORT for srun steps, rdzv_port for launch: torchrun)",
+    )
+
+
+def find_store(
+    addr: str,
+    search: PortSearch,
+    timeout_s: float,
+    timeout: timedelta,
+    *,
+    who: str,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[TCPStore, int]:
+    """The first candidate on ``addr`` whose store answers with the search's identity.
+
+    Passes over the candidates until ``timeout_s`` runs out (the host may start later): a port
+    nobody listens on, another job's store, or a silent listener is skipped for this pass. A
+    silent listener leaves a client thread blocked on it; the port is not retried while that
+    thread waits, so each port costs at most one such thread. ``who`` names the caller in the
+    error.
+    """
+    deadline = clock() + timeout_s
+    seen: dict[int, str] = {}
+    silent: dict[int, threading.Thread] = {}
+    delay_s = 0.1
+    while True:
+        for port in search.ports:
+            if port in silent and silent[port].is_alive():
+                continue
+            remaining = deadline - clock()
+            error = try_connect(addr, port, min(5.0, max(0.1, remaining)))
+            if error is not None:
+                refused = isinstance(error, ConnectionRefusedError)
+                seen[port] = "nothing listening" if refused else str(error)
+                continue
+            bound_s = min(_IDENTITY_BOUND_S, max(0.1, remaining))
+            store, answer, thread = _ask_identity(addr, port, bound_s)
+            if store is not None and answer == search.identity:
+                store.set_timeout(timeout)
+                return store, port
+            if thread is not None:
+                silent[port] = thread
+            seen[port] = f"the store of {answer}" if store is not None else answer
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise _not_found(who, addr, search, timeout_s, seen)
+        sleep(min(delay_s, remaining))
+        delay_s = min(2 * delay_s, 1.0)
+
+
+def _ask_identity(
+    addr: str, port: int, bound_s: float
+) -> tuple[TCPStore | None, str, threading.Thread | None]:
+    """(client, the identity its store holds, None), or (None, why not, the thread if it hangs)."""
+
+    def ask() -> tuple[TCPStore, str]:
+        client = TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=bound_s))
+        client.wait([IDENTITY_KEY], timedelta(seconds=bound_s))
+        return client, client.get(IDENTITY_KEY).decode(errors="replace")
+
+    outcome = bounded(ask, 2 * bound_s, f"ddpkit-store-probe-{port}")
+    if outcome.value is not None:
+        return outcome.value[0], outcome.value[1], None
+    if outcome.error is not None:  # any failure means: not (yet) this job's store
+        return None, f"a store without ddpkit's identity ({type(outcome.error).__name__})", None
+    return None, "a listener that is not a store (no answer)", outcome.pending
+
+
+def _not_found(
+    who: str, addr: str, search: PortSearch, timeout_s: float, seen: Mapping[int, str]
+) -> RendezvousError:
+    found = "; ".join(f"{port}: {what}" for port, what in seen.items())
+    return RendezvousError(
+        f"{who} found no rendezvous store of {search.identity} at {addr} within "
+        f"{timeout_s:g} s (ports tried: {found})",
+        hint=(
+            "likely causes: the host of the store (rank 0, or the first node's `ddpkit run`) "
+            "has not started or crashed (check its log); a wrong MASTER_ADDR or "
+            f"DDPKIT_HOST_TEMPLATE; a firewall. If it is only slow, raise {CONNECT_TIMEOUT_VAR}"
+        ),
+    )

@@ -1,0 +1,137 @@
+"""A user's sbatch template renders in Jinja2's sandbox: it cannot run code or read the
+environment of the machine that previews or submits it, through the real ``ddpkit`` command.
+
+Each payload below runs a command (it touches a marker file) or prints an environment variable
+with a plain ``jinja2.Environment``; in the sandbox it is a one-line error naming the template
+file, exit 2, and nothing reaches sbatch. ddpkit's own templates are unchanged by the sandbox
+(tests/jobs/test_render.py compares them with the golden files).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpkit.errors import ConfigError
+from ddpkit.jobs import render
+from ddpkit.jobs.spec import JobSpec
+from tests.fakes.slurm import FakeTools
+
+SECRET = "sandbox-secret-4f2a9c"
+MARK = "MARKER"
+
+# Each would run `touch MARKER` (or print $DDPKIT_TEST_SECRET) on the previewing machine today.
+PAYLOADS = {
+    "cycler-globals": "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
+    "subclasses": (
+        "{% for c in ''.__class__.__mro__[1].__subclasses__() %}"
+        "{% if c.__name__ == '_wrap_close' %}{{ c.__init__.__globals__['system']('touch MARKER') }}"
+        "{% endif %}{% endfor %}"
+    ),
+    "lipsum-globals": "{{ lipsum.__globals__['os'].system('touch MARKER') }}",
+    "self-builtins": (
+        "{{ self.__init__.__globals__.__builtins__.__import__('os').system('touch MARKER') }}"
+    ),
+    "spec-default-factory": (
+        "{{ spec.model_fields.python.default_factory.__globals__.sys.modules.os"
+        ".system('touch MARKER') }}"
+    ),
+    "format-string-environ": (
+        "{{ '{0.model_fields[python].default_factory.__globals__[os].environ}'.format(spec) }}"
+    ),
+    "attr-filter-environ": (
+        "{{ joiner|attr('__init__')|attr('__globals__')|attr('__getitem__')('os')"
+        "|attr('environ') }}"
+    ),
+    "namespace-environ": "{{ namespace.__init__.__globals__.os.environ['DDPKIT_TEST_SECRET'] }}",
+    "mutate-spec": "{{ spec.env.update({'INJECTED': 'x'}) }}{{ spec.env }}",
+}
+
+
+def ddpkit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real command, in ``tmp_path``, with a fake sbatch first on PATH and a secret set."""
+    tools = FakeTools(tmp_path / "bin")
+    tools.sbatch()
+    env = {
+        **os.environ,
+        "PATH": tools.path(),
+        "DDPKIT_HOME": str(tmp_path / "home"),
+        "DDPKIT_TEST_SECRET": SECRET,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "ddpkit", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "submit"])
+@pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
+def test_template_escapes_are_refused_through_the_cli(
+    tmp_path: Path, payload: str, dry: bool
+) -> None:
+    template = tmp_path / "evil.sbatch.j2"
+    template.write_text("#!/bin/bash\n# a harmless first line\n" + payload + "\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: demo\ncommand: train.py\ntemplate: evil.sbatch.j2\n")
+    done = ddpkit(tmp_path, "submit", str(spec), *(["--dry-run"] if dry else []))
+    assert not (tmp_path / MARK).exists(), "the template ran a command"
+    assert SECRET not in done.stdout + done.stderr, "the template read the environment"
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith("ddpkit: error: sbatch template "), done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"{template}, line 3: " in done.stderr
+    assert "sandbox" in done.stderr and "(hint: " in done.stderr
+    assert not FakeTools(tmp_path / "bin").submitted(), "sbatch was called"
+    assert not (tmp_path / "home").exists(), "a job record was written"
+
+
+def spec(tmp_path: Path, template: str) -> JobSpec:
+    (tmp_path / "t.j2").write_text(template)
+    # signal: null: a template need not extend ddpkit's then (tests/test_user_template.py)
+    return JobSpec(name="n", command="t.py", workdir=str(tmp_path), template="t.j2", signal=None)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ 'x' * 10**12 }}",  # a plain environment folds this at compile time: MemoryError
+        "{{ [1] * 10**12 }}",
+        "{{ 7 ** 1000000000 }}",  # minutes of CPU and 350 MB for one number
+        "{% for i in range(10) %}{{ 'x' * 100000000 }}{% endfor %}",
+    ],
+)
+def test_templates_cannot_build_huge_values(tmp_path: Path, source: str) -> None:
+    with pytest.raises(ConfigError, match=r"sbatch template .*t\.j2, line 1: .*too (big|long)"):
+        render.render_sbatch(spec(tmp_path, source))
+
+
+def test_output_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpkit.jobs import sandbox
+
+    monkeypatch.setattr(sandbox, "MAX_SCRIPT_CHARS", 1000)
+    source = "{% for i in range(100) %}{{ 'x' * 50 }}\n{% endfor %}"
+    with pytest.raises(ConfigError, match=r"t\.j2: the script is longer than 1000 characters"):
+        render.render_sbatch(spec(tmp_path, source))
+
+
+def test_what_templates_may_do_still_works(tmp_path: Path) -> None:
+    """Loops, filters, string methods and formatting of the context are not sandbox escapes."""
+    job = spec(
+        tmp_path,
+        "{% for key, value in sbatch_options %}{{ key | upper }}{{ loop.index }} {% endfor %}"
+        "{{ '%s-%d' | format(name, nodes) }} {{ '{}:{}'.format(name, procs) }} "
+        "{{ spec.model_dump()['name'] }} {{ command | map('q') | join(' ') }} "
+        "{{ 'ab' * 2 }} {{ 2 ** 10 }} {{ sweep is none }}\n",
+    )
+    out = render.render_sbatch(job)
+    assert out.startswith("JOB-NAME1 NODES2 ")
+    assert out.endswith(" n-1 n:1 n t.py abab 1024 True\n")

@@ -1,0 +1,237 @@
+"""``ddpkit submit --via torchx`` and status/logs/cancel of what it printed.
+
+In-process CLI for dry runs and bad input (nothing may be written), a subprocess without torchx
+for the missing extra, and a real local_cwd run (1 node x 2 processes, this machine). The real
+SLURM runs are tests/jobs/test_torchx_jobs_cluster.py. Payload: tests/scripts/report_rank.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpkit.cli import main
+from ddpkit.errors import ConfigError
+from ddpkit.jobs.records import JobRecord, load_record, record_key, record_path, save_record
+from ddpkit.jobs.slurm import JobState
+from ddpkit.jobs.torchx_jobs import TORCHX_STATES, state_from_torchx
+
+ROOT = Path(__file__).resolve().parents[2]
+PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_spec(directory: Path, fields: str, args: str = "") -> Path:
+    path = directory / "job.yaml"
+    path.write_text(f"name: demo\ncommand: {PAYLOAD} {args}\ntime_min: 5\n{fields}")
+    return path
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def reports(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[line.index("{") :]) for line in text.splitlines() if '{"rank"' in line]
+
+
+def test_state_table_covers_every_torchx_state() -> None:
+    from torchx.specs import AppState  # type: ignore[import-untyped]
+
+    assert set(TORCHX_STATES) == {state.name for state in AppState}
+    cases = {
+        "SUCCEEDED": JobState.COMPLETED,
+        "cancelled": JobState.CANCELLED,
+        "x": JobState.UNKNOWN,
+    }
+    for name, state in cases.items():
+        assert state_from_torchx(name) is state
+
+
+def test_record_keys_for_handles(tmp_path: Path) -> None:
+    assert record_key("slurm://torchx/1234") == record_key("1234") == "1234"
+    assert record_key("local_cwd://torchx/demo-ab1") == "local_cwd-demo-ab1"
+    for bad in ("local_cwd://torchx/../x", "slurm://torchx/12;rm", "x://y/.hidden", "a://b/c/d"):
+        with pytest.raises(ConfigError, match=r"torchx app handle|not a SLURM job id"):
+            record_path(bad, home=tmp_path)
+
+
+# --- dry runs and bad input: nothing submitted, nothing written --------------------------------
+
+
+@pytest.mark.parametrize("scheduler", ["local_cwd", "slurm"])
+def test_dry_run_prints_torchxs_request_and_writes_nothing(
+    workdir: Path, capsys: pytest.CaptureFixture[str], scheduler: str
+) -> None:
+    spec = write_spec(workdir, "nodes: 2\nprocs_per_node: 1\npartition: debug\n")
+    code, out, err = run(
+        ["submit", str(spec), "--via", "torchx", "--scheduler", scheduler, "--dry-run"], capsys
+    )
+    assert code == 0, err
+    assert out.startswith(f"# torchx dryrun: scheduler={scheduler} cfg=")
+    joined = re.sub(r"'\s*\n\s*'", "", out)  # pprint splits long strings into adjacent ones
+    assert "-m ddpkit run --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d" in joined
+    assert str(PAYLOAD) in joined
+    if scheduler == "slurm":  # the sbatch script torchx would submit: one het group per node
+        assert "sbatch --parsable $SBATCH_SCRIPT" in out
+        assert "#SBATCH --job-name=demo-0 --requeue --time=5" in out
+        assert "#SBATCH hetjob" in out and "--partition=debug" in out
+    else:
+        assert f"'log_dir': '{workdir / 'ddpkit-logs' / 'torchx'}/demo-" in out
+    assert sorted(p.name for p in workdir.iterdir()) == ["job.yaml"]
+
+
+def test_default_scheduler_is_local_cwd(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        ["submit", str(write_spec(workdir, "")), "--via", "torchx", "--dry-run"], capsys
+    )
+    assert code == 0 and out.startswith("# torchx dryrun: scheduler=local_cwd")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--scheduler", "slurm"], "--scheduler slurm is for --via torchx, not --via sbatch"),
+        (["--via", "submitit", "--scheduler", "local_cwd"], "not --via submitit"),
+        (["--via", "torchx", "--scheduler", "kubernetes"], "invalid choice: 'kubernetes'"),
+    ],
+)
+def test_bad_flag_combinations_exit_2_and_write_nothing(
+    workdir: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    spec = write_spec(workdir, "")
+    for dry in ([], ["--dry-run"]):
+        code, out, err = run(["submit", str(spec), *flags, *dry], capsys)
+        assert (code, out) == (2, "")
+        assert message in err
+        assert err.count("\n") == 1 or "usage:" in err
+    assert sorted(p.name for p in workdir.iterdir()) == ["job.yaml"]
+
+
+def test_bad_handles_exit_2(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["status", "local_cwd://torchx/../../x"], ["cancel", "slurm://torchx/1;x"]):
+        code, out, err = run(argv, capsys)
+        assert (code, out) == (2, "")
+        assert err.startswith("ddpkit: error: ") and err.count("\n") == 1
+
+
+def test_help_and_parsing_import_no_torchx() -> None:
+    code = (
+        "import sys\n"
+        "from ddpkit.cli import main\n"
+        "main(['--help']); main(['submit', '--help']); main(['status', 'x://y/../z'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchx'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "--via {sbatch,submitit,torchx}" in done.stdout
+
+
+def test_without_torchx_the_core_works_and_torchx_names_the_extra(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "")
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torchx' or name.startswith('torchx.'):\n"
+        "            raise ImportError(f'blocked {name}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from ddpkit.cli import main\n"
+        "assert main(['--help']) == 0\n"
+        "print('torchx loaded:', any(m.split('.')[0] == 'torchx' for m in sys.modules))\n"
+        f"assert main(['plan', {str(spec)!r}]) == 0\n"
+        f"print('codes', main(['submit', {str(spec)!r}, '--via', 'torchx']),"
+        f" main(['submit', {str(spec)!r}, '--via', 'torchx', '--dry-run']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "DDPKIT_HOME": str(tmp_path / "home")},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torchx loaded: False" in done.stdout
+    assert "codes 2 2" in done.stdout
+    assert done.stderr.count("pip install ddpkit[torchx]") == 2, done.stderr
+    assert not (tmp_path / "home").exists()
+
+
+# --- a real local_cwd run --------------------------------------------------------------------
+
+
+@pytest.mark.multiproc
+def test_local_cwd_one_node_two_processes(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(workdir, "procs_per_node: 2\n")
+    code, out, err = run(
+        ["submit", str(spec), "--via", "torchx", "--scheduler", "local_cwd"], capsys
+    )
+    assert code == 0, err
+    handle = out.strip()
+    assert re.fullmatch(r"local_cwd://torchx/demo-[a-z0-9]+", handle), out
+    assert f"{handle} ended SUCCEEDED" in err
+    record = load_record(handle)
+    assert record is not None
+    assert (record.via, record.handle, record.final_state) == (
+        "torchx",
+        handle,
+        "SUCCEEDED",
+    )
+
+    assert run(["status", handle], capsys) == (0, "COMPLETED (exit code 0)\n", "")
+    code, logs, _ = run(["logs", handle], capsys)
+    assert code == 0
+    found = sorted(reports(logs), key=lambda r: r["rank"])
+    assert [(r["rank"], r["local_rank"], r["world_size"], r["sum"]) for r in found] == [
+        (0, 0, 2, 3),
+        (1, 1, 2, 3),
+    ]
+    for rank in (0, 1):
+        code, text, _ = run(["logs", handle, "--rank", str(rank)], capsys)
+        assert code == 0 and [r["rank"] for r in reports(text)] == [rank]
+    assert run(["cancel", handle], capsys) == (0, "", "")  # ended: nothing to do
+
+
+def test_local_status_without_final_state_is_unknown_with_a_hint(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = "local_cwd://torchx/demo-abc"
+    save_record(
+        JobRecord(
+            "demo-abc",
+            "torchx",
+            "demo",
+            str(workdir),
+            "torchx",
+            1,
+            2,
+            str(workdir),
+            handle=handle,
+        )
+    )
+    code, out, err = run(["status", handle], capsys)
+    assert (code, out) == (1, "UNKNOWN\n")
+    assert "still running it, or was killed" in err and "torchx does not know" in err
+    code, _, err = run(["cancel", handle], capsys)
+    assert code == 2 and "Ctrl-C" in err

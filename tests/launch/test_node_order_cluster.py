@@ -1,0 +1,187 @@
+"""``launch: torchrun`` on the real cluster: global ranks follow SLURM's node order, always.
+
+torch's c10d rendezvous orders its agents by their address, then pid; SLURM orders the job's
+nodes by its own node table. The test cluster's names (n1, n2) sort alike, so each job's
+``python`` is a wrapper that hands ``ddpkit run`` a ``--local-addr`` sorting the other way (node
+0 by name, the others by IP address: digits sort before letters, as ``node10`` sorts before
+``node9`` on a real cluster), and can start one node's agent late or give the agents a restart.
+Several 2 x 2 jobs run at once while a CPU hog runs; every rank's (rank, host) is checked
+against SLURM's node order (``scontrol show job``). Before the fix, every "reversed" job put
+ranks 0-1 on the second node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpkit.jobs import api
+from ddpkit.jobs.spec import JobSpec
+from tests.support.slurm_cluster import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"
+JOB_TIMEOUT_S = 300  # several jobs of 6 Python processes each on a loaded 2-core machine
+
+WRAPPER = """#!/bin/bash
+# The job's python. `python -u -m ddpkit run ...` (one agent per node) gets --local-addr: the
+# node's name, or with ORDER_TEST_ADDR=reversed its IP address on nodes other than node 0;
+# ORDER_TEST_DELAY_NODE's agent starts ORDER_TEST_DELAY_S late; --max-restarts from the env.
+py={python}
+if [ "$1 $2 $3 $4" = "-u -m ddpkit run" ]; then
+  shift 4
+  host=$(hostname)
+  addr=$host
+  if [ "${{ORDER_TEST_ADDR:-}}" = reversed ] && [ "$SLURM_NODEID" != 0 ]; then
+    addr=$(getent hosts "$host" | awk '{{print $1; exit}}')
+  fi
+  if [ "$SLURM_NODEID" = "${{ORDER_TEST_DELAY_NODE:-none}}" ]; then
+    sleep "$ORDER_TEST_DELAY_S"
+  fi
+  echo "agent of node $SLURM_NODEID ($host): --local-addr $addr" >&2
+  exec "$py" -u -m ddpkit run --local-addr "$addr" \\
+    --max-restarts "${{ORDER_TEST_RESTARTS:-0}}" "$@"
+fi
+exec "$py" "$@"
+"""
+
+# A worker of node 1 fails before joining on the first attempt: both agents restart theirs.
+FAIL_ONCE = """import os, sys
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["SLURM_NODEID"] == "1":
+    if os.environ["LOCAL_RANK"] == "0":
+        sys.exit(3)
+sys.argv[1:] = []
+import runpy
+print("restart", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+runpy.run_path({payload!r}, run_name="__main__")
+"""
+
+
+@pytest.fixture
+def workdir(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for key in ("SLURM_CONF", "PATH"):
+        monkeypatch.setenv(key, slurm.env[key])
+    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
+    wrapper = tmp_path / "python.sh"
+    wrapper.write_text(WRAPPER.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    return tmp_path
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[None]:
+    """One busy process for the test's duration: the agents start and join at uneven times."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait(timeout=10)
+
+
+def submit(slurm: SlurmCluster, workdir: Path, name: str, command: list[str], **env: str) -> str:
+    spec = JobSpec(
+        name=name,
+        command=command,
+        python=str(workdir / "python.sh"),
+        nodes=2,
+        procs_per_node=2,
+        launch="torchrun",
+        time_min=10,
+        workdir=str(workdir),
+        env=env,
+    )
+    return slurm.track(api.submit(spec, "sbatch").job_id)
+
+
+def slurm_nodes(slurm: SlurmCluster, job: str) -> list[str]:
+    """The job's nodes in SLURM's order (SLURM_NODEID 0, 1, ...)."""
+    shown = slurm.run("scontrol", "show", "job", "--oneliner", job).stdout
+    nodelist = re.search(r"(?:^|\s)NodeList=(\S+)", shown)
+    assert nodelist is not None, shown
+    return slurm.run("scontrol", "show", "hostnames", nodelist.group(1)).stdout.split()
+
+
+def rank_reports(workdir: Path, name: str, job: str) -> tuple[list[dict[str, Any]], str]:
+    """Every rank's JSON line from the job's node files, by rank; and the files' text."""
+    text = "".join(
+        path.read_text(errors="replace")
+        for path in sorted((workdir / "ddpkit-logs").glob(f"{name}-{job}-node*.out"))
+    )
+    found = [json.loads(line[line.index('{"rank"') :]) for line in text.splitlines()
+             if '{"rank"' in line]  # fmt: skip
+    return sorted(found, key=lambda r: r["rank"]), text
+
+
+def placement_problem(slurm: SlurmCluster, workdir: Path, name: str, job: str) -> str | None:
+    """None when the job completed with rank r on SLURM's node r // 2; else what went wrong
+    (with the job's output)."""
+    state = slurm.wait(job, timeout_s=JOB_TIMEOUT_S)
+    found, text = rank_reports(workdir, name, job)
+    if state != "COMPLETED":
+        return f"{name} ({job}): {state}\n{text}"
+    nodes = slurm_nodes(slurm, job)
+    placed = [(r["rank"], r["local_rank"], r["node"]) for r in found]
+    expected = [(rank, rank % 2, nodes[rank // 2]) for rank in range(4)]
+    if placed != expected or {(r["world_size"], r["sum"]) for r in found} != {(4, 10)}:
+        return f"{name} ({job}): (rank, local rank, node) {placed}, SLURM's order {nodes}"
+    return None
+
+
+VARIANTS = {  # name: the job's ORDER_TEST_* variables
+    "rev-late0": {"ORDER_TEST_ADDR": "reversed", "ORDER_TEST_DELAY_NODE": "0"},
+    "rev-late1": {"ORDER_TEST_ADDR": "reversed", "ORDER_TEST_DELAY_NODE": "1"},
+    "rev": {"ORDER_TEST_ADDR": "reversed"},
+    "rev-late0-short": {"ORDER_TEST_ADDR": "reversed", "ORDER_TEST_DELAY_NODE": "0"},
+    "plain-late0": {"ORDER_TEST_DELAY_NODE": "0"},
+    "plain": {},
+}
+DELAYS = {"rev-late0-short": "0.5"}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cpu_hog")
+def test_ranks_follow_slurm_node_order_in_jobs_started_together_under_load(
+    slurm: SlurmCluster, workdir: Path
+) -> None:
+    jobs = {
+        name: submit(
+            slurm,
+            workdir,
+            name,
+            [str(PAYLOAD)],
+            **variables,
+            ORDER_TEST_DELAY_S=DELAYS.get(name, "4"),
+        )
+        for name, variables in VARIANTS.items()
+    }
+    problems = [placement_problem(slurm, workdir, name, job) for name, job in jobs.items()]
+    assert not any(problems), "\n".join(p for p in problems if p)
+
+
+@pytest.mark.slow
+def test_ranks_keep_slurm_node_order_after_a_restart(slurm: SlurmCluster, workdir: Path) -> None:
+    (workdir / "fail_once.py").write_text(FAIL_ONCE.format(payload=str(PAYLOAD)))
+    job = submit(
+        slurm,
+        workdir,
+        "restart",
+        [str(workdir / "fail_once.py")],
+        ORDER_TEST_ADDR="reversed",
+        ORDER_TEST_RESTARTS="1",
+    )
+    problem = placement_problem(slurm, workdir, "restart", job)
+    text = rank_reports(workdir, "restart", job)[1]
+    assert problem is None, f"{problem}\n{text}"
+    # node 1's agent restarted after its worker failed; node 0's restarted on seeing it rejoin
+    # (a membership change: torch keeps its TORCHELASTIC_RESTART_COUNT at 0)
+    assert "failed (exitcode: 3)" in text and text.count("restart 1") == 2, text

@@ -1,0 +1,281 @@
+"""Preemption on the real SLURM cluster: stop signal -> checkpoint -> requeue -> exact resume.
+
+Seven jobs of examples/train.py, 2 nodes x 1 process each, run at the same time (the module
+fixture submits them together, so the suite waits for the slowest, not for the sum):
+
+* ``srun``, ``torchrun`` (launch modes of the sbatch templates) and ``submitit``: once the
+  first checkpoint exists, ``scancel --signal=USR2 <job>`` (what SLURM's own warning does);
+* ``timelimit``: nobody sends anything; ``time_min: 2`` with ``signal_delay_s: 60`` makes SLURM
+  signal the batch shell (``--signal=B:USR2@60``), whose trap passes it on to the step;
+* ``startup``: ``scancel --batch --signal=USR2`` (what SLURM's warning does) every few tenths of a
+  second from the moment the batch shell has set its trap (its latch folder exists) until the
+  ranks agree to stop: at many moments of srun's and Python's start, before any rank latched.
+  The shell holds the signal until every process has latched it, so none dies of it;
+* ``direct``, ``direct-torchrun``: ``scancel --signal=USR2`` (every process of the step at once,
+  as a user would send it) every few tenths of a second from the moment each task's wrapper has
+  started its command until the ranks agree to stop: the wrapper holds it for a Python that has
+  not latched it yet, and under torchrun the workers start with it blocked.
+
+Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one),
+resume from its checkpoint, and end with weights bitwise identical to an uninterrupted run of
+the same command (``ddpkit run --nproc-per-node 2`` on this machine: CPU and world size 2,
+where gloo's sum of two values does not depend on order, make the comparison exact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpkit.contract import STOP_HOLD_MODULE
+from ddpkit.launch.local import child_pids
+from tests.support.slurm_cluster import FINISHED, SlurmCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train.py"
+TRAIN = "--epochs 3 --train-size 4000 --test-size 501 --checkpoint-every 5"
+HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")
+JOBS_TIMEOUT_S = 600  # seven jobs on 2 nodes, and the time-limit one may run 3 times
+
+
+@dataclass
+class Scenario:
+    name: str
+    fields: str  # YAML lines of the spec
+    via: str = "sbatch"
+    step_delay: float = 0.1
+    signal_by_hand: bool = True
+    # "batch": scancel --batch --signal=USR2 from the batch shell's start until the ranks stop;
+    # "direct": scancel --signal=USR2 (every process of the step) from the tasks' start
+    storm: str | None = None
+    latches: int = 2  # processes that latch: the ranks, plus the agents under torchrun
+
+
+SCENARIOS = {
+    "srun": Scenario("srun", "launch: srun\ntime_min: 5\n"),
+    "torchrun": Scenario("torchrun", "launch: torchrun\nrdzv_port: auto\ntime_min: 5\n"),
+    "submitit": Scenario("submitit", "launch: srun\ntime_min: 5\n", via="submitit"),
+    # ~70 s of steps: SLURM's warning (60 s before a 2 min limit, checked every 30 s) comes
+    # 30-60 s after the start, so at least the first run is cut short.
+    "timelimit": Scenario(
+        "timelimit",
+        "launch: srun\ntime_min: 2\nsignal_delay_s: 60\n",
+        step_delay=0.7,
+        signal_by_hand=False,
+    ),
+    "startup": Scenario(
+        "startup", "launch: srun\ntime_min: 5\n", signal_by_hand=False, storm="batch"
+    ),
+    "direct": Scenario(
+        "direct", "launch: srun\ntime_min: 5\n", signal_by_hand=False, storm="direct"
+    ),
+    "direct-torchrun": Scenario(
+        "direct-torchrun",
+        "launch: torchrun\nrdzv_port: auto\ntime_min: 5\n",
+        signal_by_hand=False,
+        storm="direct",
+        latches=4,
+    ),
+}
+STOPPING = "every rank stops after this step"
+
+
+@dataclass
+class Outcome:
+    job_id: str
+    workdir: Path
+    history: list[tuple[str, str]]  # (State, ExitCode) of each run of the job, oldest first
+    logs: str  # every log file of the job, concatenated
+    signalled_at: float | None
+    held: int  # storm: signals sent to the batch shell before every process had latched
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 120) -> str:
+    done = subprocess.run(
+        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def history(slurm: SlurmCluster, job_id: str) -> list[tuple[str, str]]:
+    """Every run of the job (sacct --duplicates), allocation lines only."""
+    out = slurm.run(
+        "sacct", "-j", job_id, "--duplicates", "-n", "-P", "-X", "-o", "JobID,State,ExitCode"
+    ).stdout
+    return [tuple(line.split("|")[1:3]) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The final weights of an uninterrupted run (no checkpoint dir, no signal)."""
+    where = tmp_path_factory.mktemp("reference")
+    out = run(
+        [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(EXAMPLE),
+         *TRAIN.split()],
+        env={**_base_env(), "OMP_NUM_THREADS": "1"},
+        cwd=where,
+    )  # fmt: skip
+    found = HASH.findall(out)
+    assert len(found) == 1, out
+    return found[0]
+
+
+def _base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDPKIT_"))}
+
+
+@pytest.fixture(scope="module")
+def outcomes(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Outcome]:
+    slurm = slurm_cluster
+    if not slurm.accounting:
+        pytest.fail("these tests read the job's runs from sacct: start ci/slurm-up with accounting")
+    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path_factory.mktemp("home"))}
+    submitted: dict[str, tuple[str, Path]] = {}
+    try:
+        for name, case in SCENARIOS.items():
+            workdir = tmp_path_factory.mktemp(name)
+            spec = workdir / "job.yaml"
+            spec.write_text(
+                f"name: pre-{name}\npartition: debug\nnodes: 2\nprocs_per_node: 1\n"
+                f"workdir: {workdir}\nlog_dir: logs\nenv: {{OMP_NUM_THREADS: '1'}}\n"
+                f"command: {EXAMPLE} {TRAIN} --checkpoint-dir {workdir / 'ck'} "
+                f"--step-delay {case.step_delay}\n{case.fields}{_gate(case, workdir)}"
+            )
+            job_id = run(
+                [sys.executable, "-m", "ddpkit", "submit", str(spec), "--via", case.via],
+                env=env,
+                cwd=workdir,
+            ).strip()
+            submitted[name] = (slurm.track(job_id), workdir)
+        signalled, held = _signal_when_training(slurm, submitted)
+        deadline = time.monotonic() + JOBS_TIMEOUT_S
+        for job_id, _ in submitted.values():
+            slurm.wait(job_id, timeout_s=max(1.0, deadline - time.monotonic()), states=FINISHED)
+        return {
+            name: Outcome(
+                job_id,
+                workdir,
+                history(slurm, job_id),
+                "\n".join(
+                    f"==> {path.name}\n{path.read_text(errors='replace')}"
+                    for path in sorted((workdir / "logs").glob("*"))
+                    if path.is_file() and path.suffix in (".out", ".err")
+                ),
+                signalled.get(name),
+                held.get(name, 0),
+            )
+            for name, (job_id, workdir) in submitted.items()
+        }
+    finally:
+        slurm.cancel_tracked()
+
+
+def _signal_when_training(
+    slurm: SlurmCluster, submitted: dict[str, tuple[str, Path]]
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Signal the jobs: each hand-signalled one once its first checkpoint exists (``scancel
+    --signal=USR2``), each storm one from its start until its ranks stop; when each was
+    signalled, and how many storm signals came before every process had latched."""
+    waiting = {n: submitted[n] for n, case in SCENARIOS.items() if case.signal_by_hand}
+    storming = {n: submitted[n] for n, case in SCENARIOS.items() if case.storm}
+    signalled: dict[str, float] = {}
+    held = dict.fromkeys(storming, 0)
+    deadline = time.monotonic() + JOBS_TIMEOUT_S
+    while (waiting or storming) and time.monotonic() < deadline:
+        for name, (job_id, workdir) in list(waiting.items()):
+            if any((workdir / "ck").glob("ckpt-*.pt")):
+                slurm.run("scancel", "--signal=USR2", job_id)
+                signalled[name] = time.monotonic()
+                del waiting[name]
+        for name, (job_id, workdir) in list(storming.items()):
+            case = SCENARIOS[name]
+            if STOPPING in _task_logs(workdir):
+                del storming[name]
+            elif name in signalled or _storm_may_start(case, workdir):
+                batch = ["--batch"] if case.storm == "batch" else []
+                slurm.run("scancel", *batch, "--signal=USR2", job_id, check=False)
+                signalled.setdefault(name, time.monotonic())
+                (workdir / "go").touch()  # a gated batch shell goes on only now (_gate)
+                # markers only appear: fewer after the signal means fewer when it was sent
+                if _markers(workdir) < case.latches:
+                    held[name] += 1
+        time.sleep(0.2)
+    assert not waiting, f"no checkpoint appeared in time for {sorted(waiting)}"
+    assert not storming, f"no rank stopped in time in {sorted(storming)}"
+    return signalled, held
+
+
+def _gate(case: Scenario, workdir: Path) -> str:
+    """A batch storm's job waits in its setup lines (after the shell's trap and latch folder,
+    before any task starts) until its first signal has been sent: so that signal always comes
+    before any process has latched, however slowly this test's loop runs on a loaded machine
+    (ungated, it once came only after both ranks had latched)."""
+    if case.storm != "batch":
+        return ""
+    return f"setup: ['while [ ! -e {workdir / 'go'} ]; do sleep 0.1; done']\n"
+
+
+def _storm_may_start(case: Scenario, workdir: Path) -> bool:
+    """Synchronization, not timing: the batch shell has set its trap (its latch folder, made
+    after it, exists), or every task's wrapper has set its own and started its command."""
+    if case.storm == "batch":
+        return bool(list((workdir / "logs").glob(".ddpkit-latched-*")))
+    marker = str(workdir / "ck").encode()
+    wrappers = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or it just ended
+            continue
+        wrapper = argv[1:3] == [b"-m", STOP_HOLD_MODULE.encode()]  # not srun's own argv
+        if wrapper and marker in argv and child_pids(int(entry.name)):
+            wrappers += 1
+    return wrappers == 2  # 2 nodes x 1 task
+
+
+def _task_logs(workdir: Path) -> str:
+    """Every output file of the job: the tasks' (-rank%t, or -node%n under torchrun), the batch
+    shell's."""
+    return "".join(path.read_text(errors="replace") for path in (workdir / "logs").glob("*.out"))
+
+
+def _markers(workdir: Path) -> int:
+    count = 0
+    for folder in (workdir / "logs").glob(".ddpkit-latched-*"):
+        with contextlib.suppress(OSError):  # the batch shell removes it when it ends
+            count += len(os.listdir(folder))
+    return count
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_stop_signal_requeues_and_resumes_exactly(
+    name: str, outcomes: dict[str, Outcome], reference: str
+) -> None:
+    outcome = outcomes[name]
+    where = f"job {outcome.job_id} ({name}); logs:\n{outcome.logs[-6000:]}"
+    states = [state for state, _ in outcome.history]
+    assert states[-1] == "COMPLETED", f"runs {outcome.history}; {where}"
+    assert "REQUEUED" in states[:-1], f"never requeued: runs {outcome.history}; {where}"
+    assert STOPPING in outcome.logs, where
+    assert re.search(r"requeue \S+ \(1 of 10\): done", outcome.logs), where
+    assert re.search(r"resumed from \S+ at step [1-9]\d* ", outcome.logs), where
+    hashes = HASH.findall(outcome.logs)
+    assert hashes == [reference], f"final weights {hashes} != uninterrupted {reference}; {where}"
+    if name in ("timelimit", "startup"):  # to the batch shell, which held it, then passed it on
+        assert "ddpkit: SIGUSR2: time limit near; holding it until every" in outcome.logs, where
+        assert "SIGUSR2: every process has latched it, passing it on" in outcome.logs, where
+    if SCENARIOS[name].storm:  # signals came while the tasks were starting, before they latched
+        assert outcome.held > 0, where

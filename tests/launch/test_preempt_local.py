@@ -1,0 +1,381 @@
+"""The stop signal under ``ddpkit run``: the launcher passes SIGUSR2 on, the run stops with 75.
+
+``examples/train.py`` runs as 2 workers; once it saved a checkpoint, SIGUSR2 goes to the
+``ddpkit run`` process alone. It must pass the signal on to its workers (whose guard agrees,
+saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behind. Running the
+same command again resumes from the stop's checkpoint and ends with the weights of an
+uninterrupted run, which runs alongside the stopped one to save time.
+
+A storm of SIGUSR2 to the launcher and its workers (``DDPKIT_SIGNAL=USR2``, as in a ddpkit
+job), from several moments (the launcher's start, init, training, evaluation, teardown) to the
+end of the run, must never kill a process either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpkit.contract import STOP_HOLD_MODULE
+from ddpkit.launch.local import child_pids
+
+ROOT = Path(__file__).resolve().parents[2]
+# 4000 samples over 2 ranks in batches of 64: 32 steps an epoch, 64 in all.
+TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "4000", "--test-size", "501"]
+CHECKPOINT = re.compile(r"ckpt-(\d{9})\.pt")
+HASH = re.compile(r"^\[rank0\]:? ?weights sha256: ([0-9a-f]{64})$", re.MULTILINE)
+RESUMED = re.compile(r"^\[rank0\]:? ?resumed from .* at step (\d+)", re.MULTILINE)
+SAVED = re.compile(r"^\[rank0\]:? ?stop signal: saved step (\d+) in ", re.MULTILINE)
+TIMEOUT_S = 90.0
+
+
+def _env() -> dict[str, str]:
+    kept = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDPKIT_", "SUBMITIT_"))
+    }
+    return {**kept, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+
+
+def _command(*extra: str) -> list[str]:
+    return [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *TRAIN, *extra]
+
+
+def _start(command: list[str], out: Path) -> subprocess.Popen[str]:
+    # into files: a pipe nobody reads while we poll could fill up and stall the run
+    with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as stderr:
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=_env(),
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+
+
+def _logs(out: Path) -> tuple[str, str]:
+    return out.with_suffix(".out").read_text(), out.with_suffix(".err").read_text()
+
+
+def _worker_pids(marker: str) -> list[int]:
+    """Processes other than the launcher with ``marker`` as an argument."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):  # not a process, or it just ended
+            continue
+        if marker in argv and "-m" not in argv:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _kill(run: subprocess.Popen[str], marker: str) -> None:
+    """Kill a launcher and any worker it left (workers run in sessions of their own)."""
+    run.kill()
+    run.wait()
+    for pid in _worker_pids(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _steps_saved(directory: Path) -> list[int]:
+    names = os.listdir(directory) if directory.is_dir() else []
+    return sorted(int(m[1]) for m in map(CHECKPOINT.fullmatch, names) if m)
+
+
+def _final_hash(stdout: str) -> str:
+    found = HASH.findall(stdout)
+    assert len(found) == 1, stdout
+    return str(found[0])
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The stopped run, its rerun on the same directory and an uninterrupted reference."""
+
+    code: int  # the stopped launcher's exit code
+    out: str
+    err: str
+    leftovers: list[int]  # its workers still alive after it exited
+    steps_saved: list[int]
+    rerun: subprocess.CompletedProcess[str]
+    reference_code: int
+    reference_out: str
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    tmp_path = tmp_path_factory.mktemp("preempt-local")
+    directory = tmp_path / "stop-ckpt"  # unique: marks this run's workers in /proc
+    marker = str(directory)
+    command = _command("--checkpoint-dir", marker, "--checkpoint-every", "5")
+    reference = _start(_command(), tmp_path / "reference")  # alongside: saves wall time
+    try:
+        first = _start([*command, "--step-delay", "0.05"], tmp_path / "first")
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while not _steps_saved(directory):
+                assert first.poll() is None, f"ended unsaved (exit {first.returncode})"
+                assert time.monotonic() < deadline, f"no checkpoint in {directory}"
+                time.sleep(0.005)
+            assert len(_worker_pids(marker)) == 2, "expected the 2 workers to be running"
+            first.send_signal(signal.SIGUSR2)  # the launcher only
+            code = first.wait(timeout=TIMEOUT_S)
+            leftovers = _worker_pids(marker)
+        finally:
+            _kill(first, marker)  # and any leftover, before the rerun uses the same directory
+        out, err = _logs(tmp_path / "first")
+        steps_saved = _steps_saved(directory)
+        rerun = subprocess.run(
+            command,
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        reference_code = reference.wait(timeout=TIMEOUT_S)
+    finally:
+        reference.kill()
+        reference.wait()
+    reference_out = _logs(tmp_path / "reference")[0]
+    return Runs(code, out, err, leftovers, steps_saved, rerun, reference_code, reference_out)
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_sigusr2_to_the_launcher_reaches_the_workers_which_stop_with_75(runs: Runs) -> None:
+    assert runs.code == 75, f"exit {runs.code}\n{runs.out}\n{runs.err}"
+    assert runs.leftovers == [], f"workers left behind: {runs.leftovers}"
+    assert "SIGUSR2 received: every rank stops after this step" in runs.err, runs.err
+    assert "not a SLURM job" in runs.err, runs.err
+    assert not HASH.search(runs.out), runs.out  # it did stop before the end
+    saved = [int(step) for step in SAVED.findall(runs.err)]
+    assert len(saved) == 1 and saved[0] < 64, runs.err
+    assert runs.steps_saved[-1:] == saved, (runs.steps_saved, runs.err)
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_launcher_reports_the_stop_as_stopped_early_with_a_checkpoint(runs: Runs) -> None:
+    # Both workers exit 75, a few ms apart: torch's agent must not SIGTERM the slower one
+    # (whose "signal SIGTERM" would turn the report into "worker failed (root cause)").
+    assert runs.code == 75
+    assert "stopped early with a checkpoint" in runs.err, runs.err
+    assert "worker failed" not in runs.err, runs.err
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_rerun_resumes_from_the_stop_to_the_weights_of_an_uninterrupted_run(runs: Runs) -> None:
+    rerun = runs.rerun
+    assert rerun.returncode == 0, f"{rerun.stdout}\n{rerun.stderr}"
+    saved = [int(step) for step in SAVED.findall(runs.err)]
+    assert [int(step) for step in RESUMED.findall(rerun.stdout)] == saved, rerun.stdout
+    assert runs.reference_code == 0, runs.reference_out
+    assert _final_hash(rerun.stdout) == _final_hash(runs.reference_out)
+
+
+def test_child_pids_lists_direct_children_but_not_grandchildren() -> None:
+    plain = subprocess.Popen(["sleep", "60"])
+    parent = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True
+    )
+    grandchild = None
+    try:
+        assert parent.stdout is not None
+        grandchild = int(parent.stdout.readline())
+        found = child_pids()
+        assert {plain.pid, parent.pid} <= set(found), found
+        assert grandchild not in found and os.getpid() not in found, found
+        assert found == sorted(found)
+        assert child_pids(parent.pid) == [grandchild]
+        assert child_pids(grandchild) == []
+    finally:
+        if grandchild is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, signal.SIGKILL)
+        for child in (plain, parent):
+            child.kill()
+            child.wait()
+    assert plain.pid not in child_pids() and parent.pid not in child_pids()
+
+
+def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> None:
+    """``/proc/<pid>/stat`` is ``pid (comm) state ppid``; comm may hold spaces and ')'."""
+    stats = {
+        "100": "100 (python) S 1 100 100 0",
+        "101": "101 (odd name) S 100 1 1 0",
+        "102": "102 (tricky) S 100 (x) S 7 1 1 0",  # its parent is 7, not 100
+        "103": "103 (w) S 100",
+        "104": "104 (w) S 1000 1 1 0",
+        "105": "105 (ok) S 100 1 1 0",
+    }
+    for pid, text in stats.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "stat").write_text(text + "\n")
+    (tmp_path / "106").mkdir()  # ended meanwhile: no stat
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "stat").write_text("100 (python) S 100 1 1 0\n")
+    assert child_pids(100, proc=str(tmp_path)) == [101, 103, 105]
+    assert child_pids(7, proc=str(tmp_path)) == [102]
+    assert child_pids(100, proc=str(tmp_path / "missing")) == []
+
+
+# A stop signal at any moment from the launcher's start to the exit: a storm of SIGUSR2 (one to
+# the launcher and to each worker every millisecond, as SLURM signals every process of a step)
+# starts at a given moment and lasts until the launcher has exited. "start": once the launcher
+# holds the signal (its marker in DDPKIT_LATCH_DIR), before its workers exist, so they are hit
+# while Python and torch start, before their init(). Training that sees it stops with 75; a
+# storm that starts after the last step meets the evaluation and the teardown (the weights line,
+# atexit, the interpreter's finalization, the launcher's own exit), and the run ends 0.
+STORM_TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "2000", "--test-size", "501"]
+STORM_FROM = {
+    "start": None,
+    "init": re.compile(r"^\[rank0\]:? ?ddpkit: torchrun, world size 2", re.MULTILINE),
+    "training": re.compile(r"^\[rank0\]:? ?epoch 0: ", re.MULTILINE),
+    "evaluation": re.compile(r"^\[rank0\]:? ?epoch 1: ", re.MULTILINE),
+    "teardown": HASH,
+}
+
+
+def _storm(run: subprocess.Popen[str], started: Callable[[], bool]) -> tuple[int, int]:
+    """Wait until ``started()``, then signal the run until it exits; how many were sent."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not started():
+        assert run.poll() is None, "the run ended before the storm"
+        assert time.monotonic() < deadline, "the storm's moment never came"
+        time.sleep(0.005)
+    sent = 0
+    while run.poll() is None:
+        for pid in [run.pid, *_descendants(run.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR2)
+                sent += 1
+        time.sleep(0.001)
+        assert time.monotonic() < deadline, "the run did not end"
+    return sent
+
+
+def _moment(line: re.Pattern[str] | None, out: Path, latched: Path) -> Callable[[], bool]:
+    """Has the storm's moment come: ``line`` in the run's stdout, or (None) a latch marker?"""
+    if line is None:
+        return lambda: bool(os.listdir(latched))
+    return lambda: bool(line.search(_logs(out)[0]))
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        children = child_pids(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_a_stop_signal_at_any_moment_never_kills_a_process(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *STORM_TRAIN]
+    outcomes = {}
+    for name, line in STORM_FROM.items():
+        out, latched = tmp_path / name, tmp_path / f"{name}-latched"
+        latched.mkdir()
+        env = {**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)}
+        with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
+            run = subprocess.Popen(
+                [*command, "--step-delay", "0.02"],
+                cwd=ROOT, env=env, stdout=stdout, stderr=err, text=True, start_new_session=True,
+            )  # fmt: skip
+        try:
+            sent = _storm(run, _moment(line, out, latched))
+        finally:
+            if run.poll() is None:  # a failed check: this run's workers, then the launcher
+                for pid in _descendants(run.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                run.kill()
+            run.wait()
+        outcomes[name] = (run.returncode, sent, *_logs(out))
+    for name, (code, sent, stdout, stderr) in outcomes.items():
+        where = f"storm from {name}: exit {code}, {sent} signals sent\n{stdout}\n{stderr}"
+        assert sent > 0, where
+        stopped = "every rank stops after this step" in stderr
+        assert code == (75 if stopped else 0), where
+        assert "worker failed" not in stderr and "Signal" not in stderr, where
+        assert stopped or len(HASH.findall(stdout)) == 1, where
+        if name == "start":  # the signal was there before the loop: stopped at the first step
+            assert stopped and code == 75, where
+        if name in ("evaluation", "teardown"):  # their lines come after the last should_stop
+            assert code == 0, where
+
+
+# The task wrapper of ddpkit's sbatch scripts, as rendered, run here under bash: the command's
+# Python is signalled (with the wrapper, as SLURM signals every process of a step) before it has
+# latched the signal; it must not die, and must get the signal once it has latched it. A SIGTERM
+# must not end the wrapper before the command (SLURM would then kill the rest of the task).
+LATE_CHILD = """
+import os, signal, sys
+print(f"child: starting {os.getpid()}", flush=True)
+sys.stdin.readline()  # the test sends the line once the signals are out
+print(f"child: SIGINT {signal.getsignal(signal.SIGINT).__name__}", flush=True)
+from ddpkit.cluster.stop import latch as stopsignal
+stopsignal.latch_from_env(os.environ)
+import time
+deadline = time.monotonic() + 10
+while not stopsignal.received(signal.SIGUSR2) and time.monotonic() < deadline:
+    time.sleep(0.005)
+print(f"child: received {stopsignal.received(signal.SIGUSR2)}", flush=True)
+sys.stdin.readline()  # the test sends the line once it has sent the wrapper a SIGTERM
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("launch", ["srun", "torchrun"])
+def test_the_task_wrapper_holds_a_signal_until_the_command_has_latched_it(
+    tmp_path: Path, launch: str
+) -> None:
+    from ddpkit.jobs.render import render_sbatch
+    from ddpkit.jobs.spec import JobSpec
+
+    job = JobSpec(name="w", command=["train.py"], workdir=str(tmp_path), launch=launch)
+    holder = f" -m {STOP_HOLD_MODULE} "
+    assert holder in render_sbatch(job), "no task wrapper in the script"
+    latched = tmp_path / "latched"
+    latched.mkdir()
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", STOP_HOLD_MODULE, sys.executable, "-c", LATE_CHILD],
+        env={**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wrapper.stdin is not None and wrapper.stdout is not None
+        first = wrapper.stdout.readline()
+        assert first.startswith("child: starting"), first
+        for pid in (wrapper.pid, int(first.split()[-1])):
+            os.kill(pid, signal.SIGUSR2)
+        wrapper.stdin.write("go\n")
+        wrapper.stdin.flush()
+        lines = [wrapper.stdout.readline(), wrapper.stdout.readline()]
+        os.kill(wrapper.pid, signal.SIGTERM)  # the wrapper alone: it must wait for the command
+        out, err = wrapper.communicate("exit\n", timeout=TIMEOUT_S)
+        out = "".join(lines) + out
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    assert "child: SIGINT default_int_handler" in out, (out, err)  # as without the wrapper
+    assert "child: received True" in out, (out, err)
+    assert wrapper.returncode == 3, (wrapper.returncode, out, err)  # the command's own code

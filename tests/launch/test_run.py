@@ -1,0 +1,314 @@
+"""``ddpkit run`` end to end: real workers started by torch's elastic agent, gloo on 127.0.0.1.
+
+Launches cost seconds on a small machine, so each test checks everything one launch can show.
+The worker scripts live in tests/scripts/ (worker.py imports torch; env_worker.py does not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.run as torch_run
+
+from ddpkit.cli import main
+from ddpkit.cli.run import config_from_argv
+from ddpkit.errors import ConfigError
+from ddpkit.launch.local import build_launch_config
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = "tests/scripts/worker.py"
+ENV_WORKER = "tests/scripts/env_worker.py"
+PREFIX = re.compile(r"^\[rank(\d)\]: (.*)$")
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    for name in list(os.environ):
+        if name.startswith("PET_") or name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE":
+            monkeypatch.delenv(name)
+
+
+def by_rank(text: str) -> dict[int, list[str]]:
+    """Worker lines grouped by the rank in their prefix (lines without one are skipped)."""
+    lines: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        match = PREFIX.match(line)
+        if match:
+            lines.setdefault(int(match.group(1)), []).append(match.group(2))
+    return lines
+
+
+def summary(err: str) -> str:
+    """ddpkit's root-cause report: everything from its first line on."""
+    start = err.find("ddpkit: worker failed")
+    assert start >= 0, err
+    return err[start:]
+
+
+# --- LaunchConfig built by torch's own parser ---------------------------------------------------
+
+
+def test_launch_config_matches_torchrun_for_a_static_multi_node_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # else torch's config_from_args writes it
+    argv = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "node1", "--nproc-per-node", "2"]
+    argv += ["--max-restarts", "3", "--rdzv-conf", "join_timeout=60", "-t", "2", WORKER, "--x"]
+    plan = build_launch_config(config_from_argv(argv))
+    theirs, cmd, cmd_args = torch_run.config_from_args(torch_run.parse_args(argv))
+    ours = plan.launch_config
+    assert ours.rdzv_endpoint == "node1:29500" and ours.rdzv_backend == "static"
+    for name in ("min_nodes", "max_nodes", "nproc_per_node", "run_id", "role", "rdzv_configs"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    for name in ("max_restarts", "monitor_interval", "start_method", "local_addr"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert (
+        repr(ours.logs_specs).split("root_log_dir")[0]
+        == repr(theirs.logs_specs).split("root_log_dir")[0]
+    )
+    assert (plan.entrypoint, list(plan.args)) == (cmd, cmd_args)
+    assert ours.log_line_prefix_template == "[rank${rank}]: "
+    assert theirs.log_line_prefix_template is None
+    assert plan.worker_env == {}
+
+
+def test_standalone_is_c10d_on_a_free_port_and_omp_goes_to_workers_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    first = build_launch_config(config_from_argv(["--nproc-per-node", "2", WORKER]))
+    second = build_launch_config(config_from_argv(["--nproc-per-node", "2", WORKER]))
+    config = first.launch_config
+    assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "localhost:0")
+    assert config.run_id != second.launch_config.run_id
+    assert "OMP_NUM_THREADS" not in os.environ
+    assert first.worker_env == {"OMP_NUM_THREADS": "1"}
+    assert "redirects=0, tee=3," in repr(config.logs_specs)
+
+
+@pytest.mark.parametrize(
+    ("node", "conf", "is_host"),
+    [
+        ("n1", [], "1"),  # the job's first node hosts the store, explicitly
+        ("n2", [], "0"),
+        ("n2", ["--rdzv-conf", "is_host=1,join_timeout=60"], "1"),  # the user's setting wins
+        (None, [], None),  # not in a SLURM job step: torch guesses
+    ],
+)
+def test_c10d_store_host_in_a_slurm_job_with_a_host_template(
+    monkeypatch: pytest.MonkeyPatch, node: str | None, conf: list[str], is_host: str | None
+) -> None:
+    # the endpoint the generated torchrun job script passes: its first node, host template on
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "DDPKIT_HOST_TEMPLATE": "{host}-ib"}
+    env |= {} if node is None else {"SLURMD_NODENAME": node}
+    for name in ("SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "n1-ib:29400", *conf]
+    plan = build_launch_config(config_from_argv([*argv, WORKER]))
+    assert plan.launch_config.rdzv_configs.get("is_host") == is_host
+    assert (plan.launch_config.rdzv_configs.get("join_timeout") == "60") == bool(conf)
+
+
+def test_device_kind_this_machine_lacks_is_a_config_error() -> None:
+    config = config_from_argv(["--nproc-per-node", "gpu", WORKER])
+    if torch.cuda.is_available():
+        count = build_launch_config(config).launch_config.nproc_per_node
+        assert count == torch.cuda.device_count()
+    else:
+        with pytest.raises(ConfigError, match=r"--nproc-per-node='gpu'.*Cuda is not available"):
+            build_launch_config(config)
+
+
+# --- launches ------------------------------------------------------------------------------------
+
+
+def test_two_ranks_all_reduce_with_prefixed_ordered_output(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    handler_before = signal.getsignal(signal.SIGTERM)
+    script_args = ["--lines", "15", "pos", "--opt=1", "-x"]
+    assert main(["run", "--nproc-per-node", "2", WORKER, *script_args]) == 0
+    out, err = capfd.readouterr()
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # torch's handler was removed
+    assert all(PREFIX.match(line) for line in out.splitlines() if line), out
+    stdout, stderr = by_rank(out), by_rank(err)
+    for rank in (0, 1):
+        lines = stdout[rank]
+        env = f"env RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2"
+        assert lines[0].startswith(env), lines
+        assert json.loads(lines[1].removeprefix("args ")) == script_args
+        assert [line for line in lines if line.startswith("line")] == [
+            f"line {rank} {i}" for i in range(15)
+        ]
+        assert lines[-1] == "sum 3"  # 1 + 2
+        assert [line for line in stderr[rank] if line.startswith("eline")] == [
+            f"eline {rank} {i}" for i in range(15)
+        ]
+
+
+def test_two_concurrent_runs_via_python_m_do_not_collide() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc_per_node=2", WORKER]
+    runs = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    ports = set()
+    for out in outputs:
+        lines = by_rank(out)
+        assert lines[0][-1] == lines[1][-1] == "sum 3", out
+        ports.add(re.findall(r"MASTER_PORT=(\d+)", out)[0])
+    assert len(ports) == 2
+
+
+def test_module_flag_runs_python_m(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    scripts = str(ROOT / "tests" / "scripts")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([scripts, os.environ.get("PYTHONPATH", "")]))
+    assert main(["run", "--nproc-per-node", "2", "-m", "env_worker", "a", "-b"]) == 0
+    lines = by_rank(capfd.readouterr().out)
+    for rank in (0, 1):
+        assert lines[rank][0].startswith(f"env RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2")
+        assert json.loads(lines[rank][1].removeprefix("args ")) == ["a", "-b"]
+
+
+def test_no_python_runs_a_command(capfd: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--no-python", sys.executable, ENV_WORKER, "z"]
+    assert main(argv) == 0
+    lines = by_rank(capfd.readouterr().out)
+    assert sorted(lines) == [0, 1]
+    assert all(json.loads(lines[r][1].removeprefix("args ")) == ["z"] for r in (0, 1))
+
+
+def test_run_path_runs_the_script_inside_spawned_interpreters(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--run-path", ENV_WORKER]
+    assert main([*argv, "--exit-rank", "1", "--code", "4"]) == 4
+    out, err = capfd.readouterr()
+    lines = by_rank(out)
+    for rank in (0, 1):
+        assert json.loads(lines[rank][1].removeprefix("args ")) == [
+            "--exit-rank",
+            "1",
+            "--code",
+            "4",
+        ]
+    assert (
+        summary(err)
+        .splitlines()[0]
+        .endswith("rank 1 (local rank 1) on " + socket.gethostname() + ": exit code 4")
+    )
+
+
+def test_worker_exit_code_without_traceback_is_passed_on_after_restarts(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--max-restarts", "1", ENV_WORKER]
+    assert main([*argv, "--exit-rank", "1", "--code", "3"]) == 3
+    out, err = capfd.readouterr()
+    restarts = [line.split("RESTART_COUNT=")[1] for line in by_rank(out)[1] if "env" in line]
+    assert restarts == ["0", "1"]  # one restart, then the launch gives up
+    report = summary(err)
+    assert "rank 1 (local rank 1)" in report and report.splitlines()[0].endswith("exit code 3")
+    assert "no traceback: the worker exited without raising" in report
+    assert re.search(r"attempt_1/1/stderr\.log\)", report), report  # the last attempt's log
+
+
+def test_failing_rank_reports_root_cause_with_traceback(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--log-dir", str(tmp_path), WORKER]
+    assert main([*argv, "--fail-rank", "1"]) == 1
+    err = capfd.readouterr().err
+    report = summary(err)
+    first = report.splitlines()[0]
+    assert first.startswith("ddpkit: worker failed (root cause): rank 1 (local rank 1) on ")
+    assert first.endswith(": exit code 1")
+    log = re.escape(str(tmp_path)) + r"/[^/]+_[^/]+/attempt_0/1/stderr\.log"
+    assert re.fullmatch(rf"ddpkit: traceback of rank 1 \(from {log}\):", report.splitlines()[1])
+    assert "  ValueError: boom from rank 1" in report.splitlines()
+    assert "[rank1]" not in report  # the prefixes of the log were stripped
+    # the tee'd traceback: torch's excepthook prefix and the launcher's, once
+    console = err[: err.find("ddpkit: worker failed")].splitlines()
+    assert "[rank1]: Traceback (most recent call last):" in console, err
+    assert not [line for line in console if line.startswith("[rank1]: [rank1]")], err
+    assert "ChildFailedError" not in err and "Root Cause" not in err  # no torch box
+    assert "ddpkit: worker logs: " in report
+
+
+def test_recorded_failure_via_subprocess_uses_the_error_file() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", WORKER]
+    done = subprocess.run(
+        [*command, "--fail-rank", "0", "--record"],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    report = summary(done.stderr)
+    assert report.startswith("ddpkit: worker failed (root cause): rank 0 (local rank 0)")
+    assert "error.json" in report.splitlines()[1]
+    assert "  ValueError: boom from rank 0" in report.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("how", "sig"),
+    [
+        ("abort", signal.SIGABRT),
+        ("segv", signal.SIGSEGV),
+        ("SIGBUS", signal.SIGBUS),
+        ("SIGKILL", signal.SIGKILL),
+        ("SIGTERM", signal.SIGTERM),
+    ],
+)
+def test_a_worker_killed_by_a_signal_is_reported_with_that_signal_and_its_stderr(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, how: str, sig: signal.Signals
+) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--log-dir", str(tmp_path), ENV_WORKER]
+    assert main([*argv, "--die-rank", "1", "--die", how]) == 128 + sig
+    report = summary(capfd.readouterr().err)
+    lines = report.splitlines()
+    assert f"rank 1 (local rank 1) on {socket.gethostname()}: signal {sig.name}" in lines[0]
+    assert f"(exit code {128 + sig})" in lines[0]
+    assert "ddpkit: traceback of rank" not in report  # the handled one it logged is no cause
+    why = next(line for line in lines if line.startswith("ddpkit: no traceback"))
+    assert f"died of {sig.name}" in why, report
+    # only SIGKILL may be the OOM killer, and then only as a possibility
+    assert ("OOM" in report) == (sig == signal.SIGKILL), report
+    assert "out of memory" not in report.lower() or "possibly the OOM killer" in report
+    (log,) = tmp_path.glob("*/attempt_0/1/stderr.log")
+    assert f"rank 1 dies by {how}" in log.read_text()
+    assert f"ddpkit: last lines of its stderr ({log}):" in lines, report
+    assert f"  rank 1 dies by {how}" in lines, report
+
+
+def test_a_killed_worker_whose_stderr_went_to_the_console_only_says_so(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", "--nproc-per-node", "2", "--tee", "1", ENV_WORKER]
+    assert main([*argv, "--die-rank", "0", "--die", "abort"]) == 128 + signal.SIGABRT
+    report = summary(capfd.readouterr().err)
+    assert "died of SIGABRT" in report
+    assert "its stderr went to the console only" in report, report

@@ -1,0 +1,428 @@
+"""Where the rendezvous store listens, and that joining never waits unbounded on its port.
+
+Real sockets throughout: listeners are read from /proc (tests/support/sockets.py), the squatters are
+real listener threads, and every init() under test is a real one in its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ddpkit
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.worker.rendezvous.store import HANDSHAKE_MIN_S, loopback_address, store_endpoint
+from tests.support.distutil import free_port, run_workers, torchrun_env
+from tests.support.sockets import WILDCARDS, is_loopback, listening
+
+ROOT = Path(__file__).resolve().parents[3]
+_LAUNCHER_PREFIXES = (
+    "SLURM_",
+    "MASTER_",
+    "TORCHELASTIC_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "MV2_",
+    "MPI_",
+    "SUBMITIT_",
+    "DDPKIT_",
+    "GROUP_",
+    "ROLE_",
+)
+_LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without any launcher's variables, importing this tree's ddpkit and helpers."""
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_LAUNCHER_PREFIXES) and k not in _LAUNCHER_VARS
+    }
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # ROOT: tests.support
+    return {**keep, "PYTHONPATH": path, **extra}
+
+
+# --- where the store listens: the rule ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("addr", "expected"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("127.0.1.1", "127.0.1.1"),  # Debian's line for the host name: loopback too
+        ("localhost", "127.0.0.1"),
+        ("LOCALHOST", "127.0.0.1"),
+        ("::1", "::1"),
+        ("[::1]", "::1"),
+        ("10.0.0.5", None),
+        ("fe80::1", None),
+        ("node-1", None),  # never resolved: it may be loopback here and not elsewhere
+        ("0.0.0.0", None),
+    ],
+)
+def test_loopback_address(addr: str, expected: str | None) -> None:
+    assert loopback_address(addr) == expected
+
+
+def _info(addr: str, num_nodes: int, launcher: Any = "slurm") -> RankInfo:
+    return RankInfo(1, 1, 4, 4 // num_nodes, 0, num_nodes, addr, 29500, launcher)
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        (_info("127.0.0.1", 2), ("127.0.0.1", "127.0.0.1")),  # loopback named: bound there
+        (_info("localhost", 1), ("127.0.0.1", "127.0.0.1")),
+        (_info("::1", 2), ("::1", "::1")),
+        (_info("gpu07", 1), ("127.0.0.1", "127.0.0.1")),  # one node: loopback whatever named
+        (_info("10.1.2.3", 1, "mpi"), ("127.0.0.1", "127.0.0.1")),
+        (_info("gpu07", 2), ("gpu07", None)),  # several nodes: every interface, as torch
+        (_info("10.1.2.3", 4, "torchrun"), ("10.1.2.3", None)),
+    ],
+)
+def test_store_endpoint(info: RankInfo, expected: tuple[str, str | None]) -> None:
+    assert store_endpoint(info) == expected
+
+
+def test_a_store_on_a_loopback_socket_listens_there_only_and_is_shared() -> None:
+    """What the placement relies on from torch: ``master_listen_fd`` (public) keeps the
+    server on that socket, a multi-tenant store on the same host and port shares it, and the
+    server closes the socket when the last store goes."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddpkit.worker.rendezvous.store import host_tcp_store
+
+    timeout = timedelta(seconds=30)
+    store = host_tcp_store(
+        "127.0.0.1", 0, bind="127.0.0.1", world_size=None, timeout=timeout, multi_tenant=True
+    )
+    port = store.port
+    assert [pair for pair in listening() if pair[1] == port] == [("127.0.0.1", port)]
+    twin = dist.TCPStore("127.0.0.1", port, None, True, timeout, multi_tenant=True)
+    store.set("key", "shared")
+    assert twin.get("key") == b"shared"
+    client = dist.TCPStore("127.0.0.1", port, None, False, timeout)
+    assert client.get("key") == b"shared" and store.clone().get("key") == b"shared"
+    del store, twin, client
+    assert [pair for pair in listening() if pair[1] == port] == []
+
+
+# --- a world of one: no network store ------------------------------------------------------
+
+_WORLD_OF_ONE = """
+import json
+import torch, torch.distributed as dist
+import ddpkit
+from ddpkit.compat import default_store
+from tests.support.sockets import listening
+before = listening()
+ctx = ddpkit.init()
+total = torch.ones(1); dist.all_reduce(total); dist.barrier()
+store = default_store()
+while hasattr(store, "underlying_store"):
+    store = store.underlying_store
+print(json.dumps({"before": before, "after": listening(), "store": type(store).__name__,
+                  "world": ctx.world_size, "sum": total.item()}))
+"""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"MASTER_PORT": "port"}, {"RANK": "0", "WORLD_SIZE": "1"}],
+    ids=["plain", "master-port-set", "env-world-of-one"],
+)
+def test_a_world_of_one_listens_on_no_network_port(extra: dict[str, str]) -> None:
+    # Before: torch's TCPStore on [::]:port (every interface, no authentication). gloo's own
+    # listener stays (one, per device): GLOO_SOCKET_IFNAME=lo keeps it on loopback here, so
+    # the test is the same on a machine whose host name resolves to a routable address.
+    extra = {k: str(free_port()) if v == "port" else v for k, v in extra.items()}
+    env = clean_env(GLOO_SOCKET_IFNAME="lo", **extra)
+    done = subprocess.run(
+        [sys.executable, "-c", _WORLD_OF_ONE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert (seen["world"], seen["sum"]) == (1, 1.0)
+    assert seen["before"] == []
+    after = [tuple(pair) for pair in seen["after"]]
+    assert not [pair for pair in after if pair[0] in WILDCARDS], after
+    assert all(is_loopback(addr) for addr, _ in after), after
+    assert len(after) == 1, f"only gloo's own listener may remain: {after}"
+    if "MASTER_PORT" in extra:
+        assert int(extra["MASTER_PORT"]) not in [port for _, port in after]
+    assert seen["store"] == "HashStore"
+
+
+# --- several ranks on this host: the store on loopback only ---------------------------------
+
+
+def _store_listener(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
+    env = _job_env(kind, rank, world_size, port)
+    ctx = ddpkit.init(env=env, connect_timeout_s=60)
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    mine = [pair for pair in listening() if pair[1] == ctx.info.master_port]
+    dist.barrier()  # rank 0 keeps the store until every rank has looked
+    ddpkit.shutdown()
+    return {"addr": ctx.info.master_addr, "listeners": mine, "sum": total.item()}
+
+
+def _job_env(kind: str, rank: int, world_size: int, port: int) -> dict[str, str]:
+    host = socket.gethostname()
+    if kind == "torchrun-vars":  # the variables of a one-node torchrun, no agent store
+        return torchrun_env(rank, world_size, port)
+    step = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": str(world_size),
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_TASKS_PER_NODE": str(world_size),
+        "SLURM_STEP_NODELIST": host,
+    }
+    if kind == "slurm-one-node":  # MASTER_ADDR names this host, not loopback
+        return {**step, "MASTER_ADDR": host, "MASTER_PORT": str(port)}
+    assert kind == "slurm-port-search"  # no MASTER_*: rank 0's host from the node list
+    return {**step, "SLURM_JOB_ID": f"store-test-{port}"}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("kind", ["torchrun-vars", "slurm-one-node", "slurm-port-search"])
+def test_a_one_node_job_hosts_its_store_on_loopback(kind: str) -> None:
+    # Before: rank 0's store listened on [::]:port, reachable from every network of the node.
+    results = run_workers(_store_listener, 2, kind, timeout_s=180)
+    assert [r["sum"] for r in results] == [3.0, 3.0]
+    assert {r["addr"] for r in results} == {"127.0.0.1"}
+    assert [tuple(pair) for pair in results[0]["listeners"]] == [
+        ("127.0.0.1", results[0]["listeners"][0][1])
+    ], results[0]["listeners"]
+    assert results[1]["listeners"] == []  # rank 1 hosts nothing
+
+
+_REPORT = """
+import json, os, sys
+import torch, torch.distributed as dist
+import ddpkit
+from tests.support.sockets import listening
+ctx = ddpkit.init()
+dist.barrier()
+agent = listening(os.getppid())  # torch's agent is the workers' parent
+mine = listening()
+dist.barrier()
+with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
+    json.dump({"agent": agent, "mine": mine}, out)
+dist.barrier()
+ddpkit.shutdown()
+"""
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("flags", [[], ["--master-port", "port"]], ids=["standalone", "static"])
+def test_ddpkit_run_on_one_node_listens_on_loopback_only(tmp_path: Path, flags: list[str]) -> None:
+    # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface).
+    script = tmp_path / "report.py"
+    script.write_text(_REPORT)
+    flags = [str(free_port()) if flag == "port" else flag for flag in flags]
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
+    done = subprocess.run(
+        [*command, str(script), str(tmp_path)],
+        env=clean_env(GLOO_SOCKET_IFNAME="lo"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["agent"], "the agent hosts the rendezvous store"
+        for addr, port in seen["agent"] + seen["mine"]:
+            assert is_loopback(addr), f"rank {rank}: a listener on {addr}:{port}"
+
+
+# --- a MASTER_PORT held by something that is not a store ----------------------------------
+
+
+@contextmanager
+def _squatter(mode: str) -> Iterator[int]:
+    """A real listener on 127.0.0.1 that accepts, then never answers ("silent"), closes at
+    once ("close") or sends bytes that are no TCPStore reply ("garbage"); or another job's
+    real store ("store"), which answers but where this job's peers never appear."""
+    if mode == "store":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        other = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600))
+        yield other.port
+        del other
+        return
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            held.append(conn)
+            if mode == "close":
+                conn.close()
+            elif mode == "garbage":
+                conn.sendall(b"\xff\x00HTTP/1.1 400 Bad Request\r\n\r\n" * 4)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+_JOIN = """
+import json, sys, time
+import torch.distributed  # imported before the clock starts: slow on a loaded machine
+import ddpkit
+from ddpkit.errors import RendezvousError
+started = time.monotonic()
+try:
+    ddpkit.init(connect_timeout_s=float(sys.argv[1]), timeout_s=float(sys.argv[2]))
+except RendezvousError as exc:
+    print(json.dumps({"elapsed": time.monotonic() - started, "error": str(exc)}), flush=True)
+    sys.exit(3)
+print(json.dumps({"joined": True}))
+"""
+
+
+def _launcher_env(launcher: str, port: int) -> dict[str, str]:
+    master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    if launcher == "torchrun":
+        return torchrun_env(1, 2, port)
+    if launcher == "torchrun-agent":  # the agent's store: rank 0 is a client too
+        return torchrun_env(0, 2, port, TORCHELASTIC_USE_AGENT_STORE="True")
+    assert launcher == "slurm"
+    return {
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "2",
+        "SLURM_STEP_NODELIST": "n1",
+        **master,
+    }
+
+
+# (squatter, launcher, connect timeout s, collective timeout s)
+_CASES = [
+    ("silent", "torchrun", 1, 2),
+    ("silent", "torchrun", 3, 1),
+    ("silent", "torchrun", 6, 3),
+    ("silent", "torchrun-agent", 2, 2),
+    ("silent", "slurm", 1, 1),
+    ("close", "torchrun", 1, 1),
+    ("close", "slurm", 2, 3),
+    ("garbage", "torchrun", 1, 1),
+    ("garbage", "torchrun-agent", 2, 1),
+    ("store", "torchrun", 1, 2),
+    ("store", "slurm", 2, 1),
+]
+
+
+@pytest.mark.multiproc
+def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts(tmp_path: Path) -> None:
+    # Before: the silent listener held rank 1 in torch's TCPStore handshake for good (no bound
+    # at all); "close"/"garbage" ended after torch's own retries with a hint about EADDRINUSE;
+    # another job's store ended at the collective timeout in torch's words (DistStoreError).
+    # ~20 s: eleven interpreters importing torch at once on a small machine, then the longest
+    # case's bounds (6 s connect, 3 s collective).
+    # The cases run at once (each in its own process), so the test takes about its longest.
+    with ExitStack() as stack:
+        runs = []
+        for mode, launcher, connect_s, collective_s in _CASES:
+            port = stack.enter_context(_squatter(mode))
+            env = clean_env(**_launcher_env(launcher, port))
+            argv = [sys.executable, "-c", _JOIN, str(connect_s), str(collective_s)]
+            err = stack.enter_context((tmp_path / f"{len(runs)}.err").open("w"))
+            child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+            runs.append((mode, launcher, connect_s, collective_s, port, child))
+        for index, (mode, launcher, connect_s, collective_s, port, child) in enumerate(runs):
+            case = f"{mode} listener, {launcher}, timeouts {connect_s}/{collective_s} s"
+            bound_s = max(connect_s, HANDSHAKE_MIN_S) + collective_s + 5  # + a few seconds
+            # (the handshake gets at least HANDSHAKE_MIN_S after a connect that used them all)
+            try:
+                out, _ = child.communicate(timeout=bound_s + 90)  # + starting python and torch
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+                pytest.fail(f"{case}: init() still waiting after {bound_s + 90:g} s")
+            err_text = (tmp_path / f"{index}.err").read_text()[-3000:]
+            assert child.returncode == 3, f"{case}: exit {child.returncode}: {out}{err_text}"
+            seen = json.loads(out)
+            assert seen["elapsed"] <= bound_s, f"{case}: ended after {seen['elapsed']:.1f} s"
+            message = seen["error"]
+            assert "\n" not in message, case
+            why = (
+                ("but the group did not form", "another job's store on that port")
+                if mode == "store"
+                else (
+                    "accepts connections but does not speak the TCPStore protocol",
+                    "another service holds port",
+                )
+            )
+            for part in (f"127.0.0.1:{port}", f"(launcher {launcher.split('-')[0]})", *why):
+                assert part in message, f"{case}: {message}"
+
+
+def test_a_store_that_answers_late_is_still_joined() -> None:
+    """The bound cuts a store that never answers, not one that answers after the TCP connect:
+    rank 1 starts first, rank 0's real store appears a moment later (several moments: ~10 s,
+    three 2-process jobs)."""
+    for delay_s in (0.0, 0.5, 2.0):
+        results = run_workers(_late_master, 2, delay_s, timeout_s=120)
+        assert [r["sum"] for r in results] == [3.0, 3.0], delay_s
+
+
+def _late_master(rank: int, world_size: int, port: int, delay_s: float) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        time.sleep(delay_s)
+    ddpkit.init(env=torchrun_env(rank, world_size, port), connect_timeout_s=60)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    ddpkit.shutdown()
+    return {"sum": total.item()}

@@ -1,0 +1,477 @@
+"""The peer watchdog: survivors of a rank that leaves end within the bound, naming it.
+
+Pure pieces (configuration, messages, the blocked-thread check) run in-process. The scenarios
+start real processes (gloo on 127.0.0.1): ``_spawn`` starts one interpreter per rank with
+torchrun's variables in its own environment (so each process's stderr and exit code can be
+read), and one test goes through ``python -m ddpkit run``. Timed asserts are generous (30 s
+against a bound of a few seconds): the point is "not the 30-minute collective timeout".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import ddpkit
+from ddpkit.errors import ConfigError
+from ddpkit.worker import context as runtime
+from ddpkit.worker import process_group, watchdog
+from ddpkit.worker.watchdog import Departure
+from tests.support.distutil import free_port, run_workers, torchrun_env
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = socket.gethostname()
+SLACK_S = (
+    30.0  # a survivor must be gone this long after its start; the collective timeout is 30 min
+)
+_FOREIGN_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MV2_", "PET_", "TORCHELASTIC_", "SUBMITIT_")
+
+# Rank --leave-rank leaves after --steps all_reduces; the others all_reduce on, or work alone.
+WORKER = """
+import argparse, os, signal, sys, time
+import torch
+import torch.distributed as dist
+import ddpkit
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--leave", choices=["return", "raise", "kill", "freeze"], default="return")
+parser.add_argument("--leave-rank", type=int, default=1)
+parser.add_argument("--solo-s", type=float, default=0.0)
+parser.add_argument("--children", action="store_true")
+opts = parser.parse_args()
+
+ctx = ddpkit.init()
+print(f"pid {ctx.rank} {os.getpid()}", flush=True)
+
+
+def nap():  # a child that outlives its parent unless someone ends it
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    time.sleep(120)
+
+
+if opts.children and ctx.rank != opts.leave_rank:  # 2 data loader workers, 1 plain child
+    import multiprocessing
+    from torch.utils.data import DataLoader
+    batches = iter(DataLoader(list(range(1000)), batch_size=2, num_workers=2))
+    next(batches)
+    sleeper = multiprocessing.get_context("fork").Process(target=nap)
+    sleeper.start()
+    pids = [worker.pid for worker in batches._workers] + [sleeper.pid]
+    print("children " + " ".join(str(pid) for pid in pids), flush=True)
+value = torch.ones(1)
+for _ in range(3):
+    dist.all_reduce(value)
+if ctx.rank == opts.leave_rank:
+    print("leaving", flush=True)
+    if opts.leave == "raise":
+        raise ValueError(f"boom from rank {ctx.rank}")
+    if opts.leave == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if opts.leave == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    sys.exit(0)
+if opts.solo_s:  # work alone after the peer finished: short sleeps and computations
+    deadline = time.monotonic() + opts.solo_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        sum(range(5000))
+    print("solo done", flush=True)
+    sys.exit(0)
+while True:
+    dist.all_reduce(value)
+"""
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "explicit", "expected"),
+    [
+        ({}, None, 60.0),
+        ({"DDPKIT_PEER_TIMEOUT": "5"}, None, 5.0),
+        ({"DDPKIT_PEER_TIMEOUT": " 2.5 "}, None, 2.5),
+        ({"DDPKIT_PEER_TIMEOUT": "off"}, None, None),
+        ({"DDPKIT_PEER_TIMEOUT": "OFF"}, None, None),
+        ({"DDPKIT_PEER_TIMEOUT": "0"}, None, None),
+        ({"DDPKIT_PEER_TIMEOUT": ""}, None, 60.0),
+        ({"DDPKIT_PEER_TIMEOUT": "off"}, 7, 7.0),  # the keyword wins
+        ({}, 0, None),
+    ],
+)
+def test_peer_timeout_resolution(
+    env: dict[str, str], explicit: float | None, expected: float | None
+) -> None:
+    assert watchdog.peer_timeout(env, explicit) == expected
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1", "inf", "nan", "1e400"])
+def test_bad_peer_timeout_variable_is_a_config_error(raw: str) -> None:
+    with pytest.raises(ConfigError, match=rf"DDPKIT_PEER_TIMEOUT='{re.escape(raw)}'") as info:
+        watchdog.peer_timeout({"DDPKIT_PEER_TIMEOUT": raw}, None)
+    assert "off" in str(info.value.hint)
+
+
+@pytest.mark.parametrize("value", [-1.0, True, float("inf")])
+def test_bad_peer_timeout_keyword_is_a_config_error(value: float) -> None:
+    with pytest.raises(ConfigError, match=r"peer_timeout_s="):
+        watchdog.peer_timeout({}, value)
+
+
+def test_collective_timeout_from_the_keyword_the_variable_or_torch() -> None:
+    assert process_group.collective_timeout({}, None) is None  # torch's default
+    assert process_group.collective_timeout({"DDPKIT_COLLECTIVE_TIMEOUT": "900"}, None) == 900.0
+    assert process_group.collective_timeout({"DDPKIT_COLLECTIVE_TIMEOUT": "900"}, 5) == 5.0
+
+
+@pytest.mark.parametrize("raw", ["10min", "-3", "0", "inf"])
+def test_bad_collective_timeout_variable_is_a_config_error(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"DDPKIT_COLLECTIVE_TIMEOUT=") as info:
+        process_group.collective_timeout({"DDPKIT_COLLECTIVE_TIMEOUT": raw}, None)
+    assert raw.lstrip("-") in str(info.value) and info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"), [("DDPKIT_PEER_TIMEOUT", "soon"), ("DDPKIT_COLLECTIVE_TIMEOUT", "x")]
+)
+def test_init_rejects_a_bad_variable_before_joining(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{name}='{raw}'"):
+        ddpkit.init(env={name: raw})
+    assert runtime.current_or_none() is None
+
+
+def test_interval_is_a_quarter_of_the_bound_at_most_one_second() -> None:
+    assert watchdog.interval_for(60) == 1.0
+    assert watchdog.interval_for(2) == 0.5
+
+
+# --- naming ---------------------------------------------------------------------------------------
+
+
+def _gone(rank: int | None, how: str, *, victim: bool = False) -> Departure:
+    return Departure(rank, watchdog.describe_rank(rank or 0, "nodeB", 4242), how, victim=victim)
+
+
+def test_the_first_rank_that_left_on_its_own_is_named() -> None:
+    first_victim = _gone(0, "raised RuntimeError: Connection closed by peer", victim=True)
+    culprit = _gone(2, "exited")
+    assert watchdog.pick_cause([first_victim, culprit, _gone(3, "exited")], me=1) is culprit
+    assert watchdog.pick_cause([first_victim], me=1) is first_victim  # better than nothing
+    assert watchdog.pick_cause([_gone(1, "exited")], me=1) is None  # never itself
+
+
+def test_messages_name_the_rank_host_pid_and_bound() -> None:
+    cause = _gone(1, "exited")
+    line = watchdog.abort_message(cause, me=0, waited_s=5.04, bound_s=5)
+    assert line.startswith(
+        "ddpkit: rank 1 on host nodeB (pid 4242) exited while rank 0 was waiting for it in a "
+        "collective; ending rank 0 after 5.0 s (bound: DDPKIT_PEER_TIMEOUT=5)"
+    )
+    assert "ddpkit.shutdown()" in line and "\n" not in line
+    raised = watchdog.raised_message(cause, me=2, error="RuntimeError", waited_s=2.0)
+    assert raised.startswith("ddpkit: rank 1 on host nodeB (pid 4242) exited while rank 2")
+    assert "the RuntimeError above" in raised
+    assert "no rank reported leaving" in watchdog.raised_message(None, 2, "RuntimeError", 2.0)
+
+
+def test_peer_failures_are_told_from_the_programs_own_errors() -> None:
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [1.2.3.4]:5")
+    assert watchdog.looks_like_peer_failure(gloo)
+    assert not watchdog.looks_like_peer_failure(ValueError("bad batch 17"))
+    assert not watchdog.looks_like_peer_failure(RuntimeError("CUDA out of memory"))
+
+
+# --- the blocked-thread check ---------------------------------------------------------------------
+
+
+def _blocked_for(target_wait: threading.Event, work: threading.Thread) -> float:
+    """Sample ``work`` like the watchdog does for ~1 s; how long it looked blocked."""
+    work.start()
+    time.sleep(0.2)
+    progress = watchdog.Progress(work, time.monotonic)
+    start = time.monotonic()
+    for _ in range(6):
+        time.sleep(0.2)
+        progress.sample(time.monotonic())
+    target_wait.set()
+    work.join()
+    return time.monotonic() - max(progress.blocked_since, start)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="context switches need Linux")
+def test_a_loop_of_short_sleeps_is_progress_a_blocking_wait_is_not() -> None:
+    released = threading.Event()
+    blocked = _blocked_for(released, threading.Thread(target=released.wait))
+    assert blocked > 0.7  # one wait, same frame and instruction, no context switch
+
+    done = threading.Event()
+
+    def naps() -> None:  # the same frame and instruction at every sample, yet moving
+        while not done.is_set():
+            time.sleep(0.01)
+
+    assert _blocked_for(done, threading.Thread(target=naps)) < 0.5
+
+
+# --- real processes -------------------------------------------------------------------------------
+
+
+def _threads() -> set[str]:
+    deadline = time.monotonic() + 3.0
+    while True:
+        names = {t.name for t in threading.enumerate() if t.name.startswith("ddpkit-watchdog")}
+        if not names or time.monotonic() > deadline:
+            return names
+        time.sleep(0.05)
+
+
+def _lifecycle_worker(rank: int, world_size: int, port: int, more: list[int]) -> dict[str, object]:
+    seen: dict[str, object] = {}
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    seen["owned"] = watchdog.active() is not None
+    seen["threads"] = sorted(
+        t.name for t in threading.enumerate() if t.name.startswith("ddpkit-watchdog")
+    )
+    ddpkit.shutdown()
+    seen["after_shutdown"] = (watchdog.active(), _threads())
+    ddpkit.init(env=torchrun_env(rank, world_size, more[0], DDPKIT_PEER_TIMEOUT="off"))
+    seen["off"] = watchdog.active()
+    ddpkit.shutdown()
+    url = f"tcp://127.0.0.1:{more[1]}"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world_size)
+    ddpkit.init(env=torchrun_env(rank, world_size, more[1]))
+    seen["adopted"] = watchdog.active()
+    ddpkit.shutdown()
+    dist.destroy_process_group()
+    return seen
+
+
+@pytest.mark.multiproc
+def test_started_for_an_owned_group_stopped_by_shutdown_absent_when_off_or_adopted() -> None:
+    for seen in run_workers(_lifecycle_worker, 2, [free_port(), free_port()]):
+        assert seen["owned"] is True
+        assert seen["threads"] == [watchdog.THREAD_NAME, "ddpkit-watchdog-store"]
+        assert seen["after_shutdown"] == (None, set())
+        assert seen["off"] is None and seen["adopted"] is None
+
+
+@dataclass
+class Rank:
+    rank: int
+    code: int
+    out: str
+    err: str
+    ended_s: float  # seconds after the start of all ranks
+
+    def pid(self) -> int:
+        return int(re.findall(rf"^pid {self.rank} (\d+)$", self.out, re.MULTILINE)[0])
+
+    def children(self) -> list[int]:
+        found = re.findall(r"^children ([\d ]+)$", self.out, re.MULTILINE)
+        return [int(pid) for pid in found[0].split()] if found else []
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_FOREIGN_PREFIXES) and not k.startswith("DDPKIT_")
+    }
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    return {**env, **extra}
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has ended; only its exit status waits to be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _spawn(
+    script: Path,
+    world_size: int,
+    args: list[str],
+    *,
+    bound_s: float,
+    expect_stuck: tuple[int, ...] = (),
+    timeout_s: float = 45.0,
+) -> list[Rank]:
+    """Run ``script`` as ranks 0..world_size-1; ranks in ``expect_stuck`` are killed once the
+    others are done (a frozen rank cannot end itself). Nothing is left running afterwards."""
+    port = free_port()
+    procs = []
+    started = time.monotonic()
+    for rank in range(world_size):
+        env = _child_env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            DDPKIT_PEER_TIMEOUT=f"{bound_s:g}",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs: dict[int, tuple[str, str]] = {}
+    ended: dict[int, float] = {}
+    readers = [
+        threading.Thread(target=lambda r=r: outputs.__setitem__(r, procs[r].communicate()))
+        for r in range(world_size)
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        deadline = started + timeout_s
+        waiting = [r for r in range(world_size) if r not in expect_stuck]
+        while waiting and time.monotonic() < deadline:
+            for r in list(waiting):
+                if procs[r].poll() is not None:
+                    ended[r] = time.monotonic() - started
+                    waiting.remove(r)
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        for reader in readers:
+            reader.join()
+    for r in expect_stuck:
+        ended[r] = time.monotonic() - started
+    return [
+        Rank(r, procs[r].returncode, *outputs[r], ended.get(r, float("inf")))
+        for r in range(world_size)
+    ]
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Path:
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+def _named(rank: Rank, culprit: Rank, how: str) -> None:
+    """``rank``'s stderr ends with the line naming ``culprit`` (rank, host, pid)."""
+    subject = f"ddpkit: rank {culprit.rank} on host {HOST} (pid {culprit.pid()}) {how}"
+    lines = [line for line in rank.err.splitlines() if line.startswith("ddpkit: ")]
+    assert lines and lines[-1].startswith(subject), rank.err[-3000:]
+    assert f"while rank {rank.rank} was waiting for it in a collective" in lines[-1]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
+    ("leave", "how"),
+    [("return", "exited"), ("raise", "raised ValueError: boom from rank 1")],
+)
+def test_peer_failing_at_a_rank_that_returned_early_names_it(
+    worker: Path, leave: str, how: str
+) -> None:
+    rank0, rank1 = _spawn(worker, 2, ["--leave", leave], bound_s=3)
+    assert rank1.code == (0 if leave == "return" else 1), rank1.err
+    assert "ddpkit: " not in rank1.err  # the rank that left says nothing about itself
+    assert rank0.code == 1 and rank0.ended_s < SLACK_S
+    assert "Connection closed by peer" in rank0.err  # gloo's own error, then the name
+    _named(rank0, rank1, how)
+
+
+@pytest.mark.multiproc
+def test_ddpkit_run_of_three_with_a_rank_returning_early_reports_it(worker: Path) -> None:
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "3", str(worker)]
+    started = time.monotonic()
+    done = subprocess.run(
+        command,
+        env=_child_env(DDPKIT_PEER_TIMEOUT="3"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    pids = {
+        int(r): int(p) for r, p in re.findall(r"^\[rank\d\]: pid (\d) (\d+)$", done.stdout, re.M)
+    }
+    assert sorted(pids) == [0, 1, 2], done.stdout
+    assert done.returncode == 1 and elapsed < SLACK_S, done.stderr[-3000:]
+    # The root cause is a survivor; its traceback, as the launcher quotes it, ends with the name.
+    report = done.stderr[done.stderr.index("ddpkit: worker failed (root cause): rank ") :]
+    survivor = int(report.split("rank ", 1)[1].split(" ", 1)[0])
+    assert survivor in (0, 2)
+    named = (
+        f"  ddpkit: rank 1 on host {HOST} (pid {pids[1]}) exited while rank {survivor} was "
+        "waiting for it in a collective"
+    )
+    assert any(line.startswith(named) for line in report.splitlines()), report
+    assert [pid for pid in pids.values() if _running(pid)] == []  # the launcher left nothing
+
+
+@pytest.mark.multiproc
+def test_killed_rank_is_named_by_both_survivors(worker: Path) -> None:
+    ranks = _spawn(worker, 3, ["--leave", "kill"], bound_s=3)
+    assert ranks[1].code == -9
+    for survivor in (ranks[0], ranks[2]):
+        assert survivor.code == 1 and survivor.ended_s < SLACK_S, survivor.err[-2000:]
+        _named(survivor, ranks[1], "stopped sending heartbeats")
+
+
+@pytest.mark.multiproc
+def test_blocked_survivor_of_a_frozen_rank_is_ended_and_its_children_reaped(
+    worker: Path,
+) -> None:
+    # SIGSTOP: rank 1 is alive but silent, so gloo raises nothing and rank 0 stays blocked in
+    # all_reduce, as NCCL ranks stay blocked on a dead peer.
+    rank0, rank1 = _spawn(
+        worker, 2, ["--leave", "freeze", "--children"], bound_s=3, expect_stuck=(1,)
+    )
+    children = rank0.children()  # 2 data loader workers, 1 sleeper
+    running_after = [pid for pid in children if _running(pid)]
+    for pid in running_after:  # a failure here must not leave them behind either
+        os.kill(pid, signal.SIGKILL)
+    assert len(children) == 3, rank0.out
+    assert rank0.code == watchdog.ABORT_EXIT_CODE and rank0.ended_s < SLACK_S, rank0.err
+    _named(rank0, rank1, "stopped sending heartbeats")
+    assert "ending rank 0 after" in rank0.err and "DDPKIT_PEER_TIMEOUT=3" in rank0.err
+    assert "in all_reduce" in rank0.err  # where it was blocked
+    assert running_after == []
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("leaver", [1, 0])  # 0: the store's host leaves first
+def test_rank_working_alone_after_its_peer_finished_is_left_alone(
+    worker: Path, leaver: int
+) -> None:
+    ranks = _spawn(worker, 2, ["--leave-rank", str(leaver), "--solo-s", "5"], bound_s=2.5)
+    solo = ranks[1 - leaver]
+    assert [r.code for r in ranks] == [0, 0], solo.err[-3000:]
+    assert "solo done" in solo.out
+    assert "ddpkit:" not in solo.err and "TCPStore" not in solo.err  # nothing, not even noise
