@@ -104,10 +104,10 @@ def test_sbatch_reads_hostile_directives_back_exactly(slurm: SlurmCluster, tmp_p
 
 
 def test_a_user_template_with_allowed_blocks_runs(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """A user template (tests/test_user_template.py's ALLOWED: an #SBATCH line, shell lines
+    """A user template (tests/jobs/test_user_template.py's ALLOWED: an #SBATCH line, shell lines
     before and after the step, an srun option, a wrapper around the command) extends ddpkit's
     base: sbatch takes it, and the job runs with the stop-signal protocol in place."""
-    from test_user_template import ALLOWED
+    from tests.jobs.test_user_template import ALLOWED
 
     (tmp_path / "report.py").write_text(REPORT)
     (tmp_path / "site.sh.j2").write_text(ALLOWED)

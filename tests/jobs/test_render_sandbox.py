@@ -96,7 +96,7 @@ def test_template_escapes_are_refused_through_the_cli(
 
 def spec(tmp_path: Path, template: str) -> JobSpec:
     (tmp_path / "t.j2").write_text(template)
-    # signal: null: a template need not extend ddpkit's then (tests/test_user_template.py)
+    # signal: null: a template need not extend ddpkit's then (tests/jobs/test_user_template.py)
     return JobSpec(name="n", command="t.py", workdir=str(tmp_path), template="t.j2", signal=None)
 
 

@@ -19,7 +19,7 @@ from ddpkit.jobs import render
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.user_template import USER_BLOCKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "src" / "ddpkit" / "templates"
 
 # A complete script of its own (what a user copied from the docs before): no trap, no latch

@@ -18,7 +18,7 @@ from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, SIGNAL_VAR
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.launch import relay
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _spec(**fields: object) -> JobSpec:
