@@ -25,7 +25,7 @@ from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import JobRecord, ddpkit_home, load_record, record_path, save_record
 from ddpkit.jobs.render import render_sbatch
-from ddpkit.jobs.slurm import JobState, JobStatus
+from ddpkit.cluster.slurmtools import JobState, JobStatus
 
 JOB_ID = "4242"
 

@@ -1,4 +1,4 @@
-"""ddpkit.jobs.slurm: error paths through a fake Runner, then the real cluster (marker ``slurm``).
+"""ddpkit.cluster.slurmtools: error paths through a fake Runner, then the real cluster (marker ``slurm``).
 
 The fake answers each SLURM tool the way SLURM 22.05 does (texts copied from the real tools,
 including a cluster without accounting, where sacct fails); the real-cluster tests submit tiny
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs import slurm as sl
-from ddpkit.jobs.slurm import CommandResult, JobState, SlurmError
+from ddpkit.cluster import slurmtools as sl
+from ddpkit.cluster.slurmtools import CommandResult, JobState, SlurmError
 from slurm_cluster import SlurmCluster
 
 NO_ACCOUNTING = "Slurm accounting storage is disabled\n"

@@ -23,7 +23,7 @@ import pytest
 from ddpkit.cli import main
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.records import JobRecord, load_record, record_key, record_path, save_record
-from ddpkit.jobs.slurm import JobState
+from ddpkit.cluster.slurmtools import JobState
 from ddpkit.jobs.torchx_jobs import TORCHX_STATES, state_from_torchx
 from slurm_cluster import SlurmCluster
 

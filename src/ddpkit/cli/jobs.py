@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.records import Via, parse_job
-from ddpkit.jobs.slurm import JobState, JobStatus
+from ddpkit.cluster.slurmtools import JobState, JobStatus
 
 if TYPE_CHECKING:
     from ddpkit.jobs.load import ResolvedSpec

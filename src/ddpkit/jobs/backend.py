@@ -28,7 +28,7 @@ from ddpkit.jobs.records import JobRecord, Via
 
 if TYPE_CHECKING:
     from ddpkit.jobs.logs import LogFile
-    from ddpkit.jobs.slurm import JobStatus
+    from ddpkit.cluster.slurmtools import JobStatus
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["BACKENDS", "Backend", "Request", "get_backend"]

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ddpkit.jobs import slurm
+from ddpkit.cluster import slurmtools as slurm
 from ddpkit.jobs.records import JobRecord, record_path
-from ddpkit.jobs.slurm import SlurmError
+from ddpkit.cluster.slurmtools import SlurmError
 
 __all__ = ["JobLogs", "LogFile", "read_new", "read_text", "slurm_log_files"]
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.slurm import parse_job_id
+from ddpkit.cluster.slurmtools import parse_job_id
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec

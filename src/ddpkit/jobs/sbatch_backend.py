@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs import slurm
-from ddpkit.jobs.arrays import max_array_size
+from ddpkit.cluster import slurmtools as slurm
+from ddpkit.cluster.slurmtools.arrays import max_array_size
 from ddpkit.jobs.backend import Request
 from ddpkit.jobs.logs import LogFile, slurm_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record
 from ddpkit.jobs.render import render_sbatch
 
 if TYPE_CHECKING:
-    from ddpkit.jobs.slurm import JobStatus
+    from ddpkit.cluster.slurmtools import JobStatus
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["BACKEND", "SbatchBackend", "SlurmJobs", "check_array_size", "log_dir_made"]

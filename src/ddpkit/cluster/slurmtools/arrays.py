@@ -2,7 +2,7 @@
 
 Each tool is asked once for the whole array (``squeue --array``, ``sacct``, ``scontrol show
 job``), whose rows name tasks (``123_4``) or, for pending ones, ranges (``123_[5-9%2]``); each
-task then gets its answer in :func:`ddpkit.jobs.slurm.query_state`'s order. One task's own
+task then gets its answer in :func:`ddpkit.cluster.slurmtools.query_state`'s order. One task's own
 state, cancel and requeue need nothing here: ``123_4`` is a job id to every SLURM tool.
 """
 
@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.slurm import (
+from ddpkit.cluster.slurmtools.query import (
     JobState,
     JobStatus,
     Row,
