@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from ddpkit.cli import main
+from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import api
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import JobRecord, ddpkit_home, load_record, record_path, save_record
 from ddpkit.jobs.render import render_sbatch
-from ddpkit.cluster.slurmtools import JobState, JobStatus
 
 JOB_ID = "4242"
 

@@ -1,4 +1,5 @@
-"""ddpkit.cluster.slurmtools: error paths through a fake Runner, then the real cluster (marker ``slurm``).
+"""ddpkit.cluster.slurmtools: error paths through a fake Runner, then the real cluster (marker
+``slurm``).
 
 The fake answers each SLURM tool the way SLURM 22.05 does (texts copied from the real tools,
 including a cluster without accounting, where sacct fails); the real-cluster tests submit tiny
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.errors import ConfigError
 from ddpkit.cluster import slurmtools as sl
 from ddpkit.cluster.slurmtools import CommandResult, JobState, SlurmError
+from ddpkit.errors import ConfigError
 from slurm_cluster import SlurmCluster
 
 NO_ACCOUNTING = "Slurm accounting storage is disabled\n"

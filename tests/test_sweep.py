@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
+from ddpkit.cluster.slurmtools import CommandResult, JobState, arrays
 from ddpkit.errors import ConfigError
-from ddpkit.cluster.slurmtools import arrays
 from ddpkit.jobs import api, render, sweep
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import JobRecord, save_record
-from ddpkit.cluster.slurmtools import CommandResult, JobState
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.sweep_spec import unused_parameters
 from golden import GOLDEN, check_golden

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from ddpkit.cli import main
+from ddpkit.cluster.slurmtools import JobState
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.records import JobRecord, load_record, record_key, record_path, save_record
-from ddpkit.cluster.slurmtools import JobState
 from ddpkit.jobs.torchx_jobs import TORCHX_STATES, state_from_torchx
 from slurm_cluster import SlurmCluster
 

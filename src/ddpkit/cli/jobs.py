@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.records import Via, parse_job
-from ddpkit.cluster.slurmtools import JobState, JobStatus
 
 if TYPE_CHECKING:
     from ddpkit.jobs.load import ResolvedSpec

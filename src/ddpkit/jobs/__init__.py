@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from ddpkit.cluster.slurmtools import JobState, JobStatus
     from ddpkit.jobs.api import (
         cancel,
         dry_run,
@@ -94,7 +95,6 @@ if TYPE_CHECKING:
     from ddpkit.jobs.logs import JobLogs, LogFile
     from ddpkit.jobs.records import JobRecord
     from ddpkit.jobs.render import render_sbatch
-    from ddpkit.cluster.slurmtools import JobState, JobStatus
     from ddpkit.jobs.spec import ClusterProfile, JobSpec
 
 

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.errors import ConfigError
+from ddpkit.cluster.slurmtools import JobState, JobStatus, poll_until_finished
 from ddpkit.cluster.slurmtools.arrays import query_tasks
+from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Backend, Request, get_backend
 from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
@@ -30,7 +31,6 @@ from ddpkit.jobs.records import (
     parse_job,
     save_record,
 )
-from ddpkit.cluster.slurmtools import JobState, JobStatus, poll_until_finished
 
 if TYPE_CHECKING:
     import submitit

@@ -27,8 +27,8 @@ from ddpkit.hints import did_you_mean
 from ddpkit.jobs.records import JobRecord, Via
 
 if TYPE_CHECKING:
-    from ddpkit.jobs.logs import LogFile
     from ddpkit.cluster.slurmtools import JobStatus
+    from ddpkit.jobs.logs import LogFile
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["BACKENDS", "Backend", "Request", "get_backend"]

@@ -8,13 +8,12 @@ on SLURM through ddpkit's templates or submitit (:func:`slurm_log_files`), and t
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ddpkit.cluster import slurmtools as slurm
+from ddpkit.cluster.slurmtools.query import job_fields
+from ddpkit.cluster.slurmtools.runner import Runner, subprocess_runner
 from ddpkit.jobs.records import JobRecord, record_path
-from ddpkit.cluster.slurmtools import SlurmError
 
 __all__ = ["JobLogs", "LogFile", "read_new", "read_text", "slurm_log_files"]
 
@@ -45,7 +44,11 @@ class JobLogs:
 
 
 def slurm_log_files(
-    job_id: str, record: JobRecord | None, rank: int | None = None
+    job_id: str,
+    record: JobRecord | None,
+    rank: int | None = None,
+    *,
+    runner: Runner = subprocess_runner,
 ) -> tuple[list[LogFile], str]:
     """The output files of a SLURM job that exist, and a description of where they were looked for.
 
@@ -57,7 +60,7 @@ def slurm_log_files(
     """
     if record is not None and record.sweep_runs is not None:
         return _sweep_log_files(job_id, record, rank)
-    directory, stem, via, source = _locate(job_id, record)
+    directory, stem, via, source = _locate(job_id, record, runner)
     if via == "submitit":  # <id>_<task>_log.out; the batch output is task 0's file
         ranks = _numbered(directory, f"{stem}_", "_log.out")
         looked = f"{directory}/{stem}_<N>_log.out ({source})"
@@ -121,7 +124,9 @@ def _pick(
     return [LogFile(p, f"node {n}", rank=rank) for n, p in nodes.items()]
 
 
-def _locate(job_id: str, record: JobRecord | None) -> tuple[Path, str, str | None, str]:
+def _locate(
+    job_id: str, record: JobRecord | None, runner: Runner
+) -> tuple[Path, str, str | None, str]:
     """(log directory, file stem, backend, how it was found) of a job's output files.
 
     The stem holds a glob for the job name when only the directory is known.
@@ -130,7 +135,7 @@ def _locate(job_id: str, record: JobRecord | None) -> tuple[Path, str, str | Non
         stem = job_id if record.via == "submitit" else f"{record.name}-{job_id}"
         return Path(record.log_dir), stem, record.via, f"job record {record_path(job_id)}"
     source = f"no job record {record_path(job_id)}"
-    out = _slurm_output(job_id)
+    out = _slurm_output(job_id, runner)
     if out is None:
         guess = Path.cwd() / "ddpkit-logs"
         return guess, f"*-{job_id}", None, f"{source}, SLURM does not know the job"
@@ -141,17 +146,11 @@ def _locate(job_id: str, record: JobRecord | None) -> tuple[Path, str, str | Non
     return out.parent, out.name.removesuffix(".out"), "sbatch", source
 
 
-_STDOUT = re.compile(r"(?:^|\s)StdOut=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/:]*=|$)")
-
-
-def _slurm_output(job_id: str) -> Path | None:
-    """The batch output file SLURM shows for the job, while the controller remembers it."""
-    try:
-        done = slurm.subprocess_runner(["scontrol", "show", "job", "--oneliner", job_id])
-    except SlurmError:  # no SLURM here at all: the caller says where it looked instead
-        return None
-    match = _STDOUT.search(done.stdout) if done.returncode == 0 else None
-    return Path(match.group(1)) if match else None
+def _slurm_output(job_id: str, runner: Runner) -> Path | None:
+    """The batch output file SLURM shows for the job, while the controller remembers it (None
+    without SLURM at all: the caller says where it looked instead)."""
+    stdout = (job_fields(job_id, runner=runner) or {}).get("StdOut")
+    return Path(stdout) if stdout else None
 
 
 def _numbered(directory: Path, prefix: str, suffix: str) -> dict[int, Path]:

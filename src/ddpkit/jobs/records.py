@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ddpkit.errors import ConfigError
 from ddpkit.cluster.slurmtools import parse_job_id
+from ddpkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpkit.errors import ConfigError
 from ddpkit.cluster import slurmtools as slurm
-from ddpkit.cluster.slurmtools.arrays import max_array_size
+from ddpkit.cluster.slurmtools.config import max_array_size, show_config
+from ddpkit.errors import ConfigError
 from ddpkit.jobs.backend import Request
 from ddpkit.jobs.logs import LogFile, slurm_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record
@@ -70,7 +70,7 @@ def check_array_size(spec: JobSpec, *, runner: slurm.Runner = slurm.subprocess_r
     0..MaxArraySize-1), before anything is written; unchecked when SLURM does not say."""
     if spec.sweep is None:
         return
-    limit = max_array_size(runner=runner)
+    limit = max_array_size(show_config(runner=runner))
     count = spec.sweep.count
     if limit is not None and count > limit:
         raise ConfigError(

@@ -16,8 +16,8 @@ its record says how to follow it. Two torchx facts shape what follows:
   files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the process.
 * torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
   ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
-  job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when SLURM does
-  not know the job, and any exception of torchx becomes an UNKNOWN state with a hint.
+  job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
+  SLURM does not know the job, and any exception of torchx becomes an UNKNOWN state with a hint.
 
 Logs are read from the files torchx's ``log_iter`` reads (``log_lines`` cannot serve a later
 process for either scheduler, see above), so ``ddpkit logs -f`` follows them like any job's.
@@ -36,12 +36,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.cluster import slurmtools as slurm
+from ddpkit.cluster.slurmtools import JobState, JobStatus
+from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs.backend import Request
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record
-from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.jobs.torchx_backend import import_torchx, refuse_sweep
 
 if TYPE_CHECKING:

@@ -1,199 +1,41 @@
-"""SLURM's command-line tools behind one seam: submit, query, cancel and wait for batch jobs.
+"""Asking SLURM about a job: squeue (live) -> sacct (accounting) -> scontrol -> UNKNOWN.
 
-This module owns
-
-* the :class:`Runner` seam: every ``sbatch``/``squeue``/``sacct``/``scontrol``/``scancel`` call goes
-  through a callable ``runner(argv, stdin=..., env=...) -> CommandResult``, so tests can replace
-  the cluster (or one tool of it) without patching;
-* :class:`JobState` and the ONE table (:data:`SLURM_STATES`) from SLURM's state strings (long names,
-  ``squeue``'s short codes, ``sacct``'s ``CANCELLED by 0`` and truncated ``CANCELLED+``) to it;
-* the query order of :func:`query_state`: ``squeue`` (live jobs) -> ``sacct`` (accounting) ->
-  ``scontrol show job`` (recently finished jobs, no accounting needed) -> ``UNKNOWN`` with a hint.
-
-Job ids are strings: ``123``, array tasks ``123_4`` and heterogeneous components ``123+0``.
-Nothing here imports torch or writes ``os.environ``; ``env=None`` means the caller's environment.
+This module owns job ids (:func:`parse_job_id`: ``123``, array tasks ``123_4``, heterogeneous
+components ``123+0``), one parser per tool's output (``squeue``'s ``%i|%T``, ``sacct
+--parsable2``, ``scontrol --oneliner``'s ``Key=value`` pairs: :func:`scontrol_fields`), and
+:func:`query_state`'s order. Every command goes through a :class:`~.runner.Runner`.
 """
 
 from __future__ import annotations
 
-import enum
-import os
 import re
-import shlex
-import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, NamedTuple, Protocol
+from typing import NamedTuple
 
-from ddpkit.errors import ConfigError, SchedulerError
+from ddpkit.cluster.slurmtools.runner import (
+    Runner,
+    SlurmError,
+    first_line,
+    lines,
+    subprocess_runner,
+)
+from ddpkit.cluster.slurmtools.states import JobState, JobStatus, Source, state_from_slurm
+from ddpkit.errors import ConfigError
 
 __all__ = [
-    "SLURM_STATES",
-    "CommandResult",
-    "JobState",
-    "JobStatus",
+    "NOT_FOUND",
     "Row",
-    "Runner",
-    "SlurmError",
-    "cancel",
     "covers",
+    "is_job_id",
+    "job_fields",
     "parse_job_id",
-    "poll_until_finished",
     "query_state",
     "row_status",
-    "state_from_slurm",
-    "submit_script",
-    "subprocess_runner",
+    "scontrol_fields",
     "tool_rows",
-    "wait",
 ]
 
-COMMAND_TIMEOUT_S = 60.0
-
-
-# The scheduler error of the package-wide tree, under the name this module's callers use.
-SlurmError = SchedulerError
-
-
-class CommandResult(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-class Runner(Protocol):
-    """Runs ``argv`` with ``stdin`` text and the full environment ``env`` (None: inherit)."""
-
-    def __call__(
-        self, argv: Sequence[str], *, stdin: str | None = None, env: Mapping[str, str] | None = None
-    ) -> CommandResult: ...
-
-
-def subprocess_runner(
-    argv: Sequence[str], *, stdin: str | None = None, env: Mapping[str, str] | None = None
-) -> CommandResult:
-    """The real :class:`Runner`: ``subprocess.run`` with a timeout; errors as SlurmError."""
-    command = shlex.join(argv)
-    try:
-        done = subprocess.run(
-            list(argv),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            env=None if env is None else dict(env),
-            timeout=COMMAND_TIMEOUT_S,
-            check=False,
-        )
-    except FileNotFoundError as exc:
-        raise SlurmError(
-            f"command {argv[0]!r} not found (running `{command}`)",
-            hint="install SLURM's client tools (Debian: slurm-client) or put them on PATH",
-        ) from exc
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmError(
-            f"`{command}` did not answer within {COMMAND_TIMEOUT_S:g} s",
-            hint="is the controller up? `scontrol ping` tells",
-        ) from exc
-    return CommandResult(done.returncode, done.stdout, done.stderr)
-
-
-class JobState(enum.Enum):
-    """Where a job is in its life; SLURM's many strings map onto these by :data:`SLURM_STATES`.
-
-    PENDING -> CONFIGURING -> RUNNING -> COMPLETING -> one finished state (COMPLETED, FAILED,
-    CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE). RUNNING can go
-    to SUSPENDED and back; a requeued job goes through REQUEUED back to PENDING. COMPLETING is not
-    finished: processes of the job may still be exiting. UNKNOWN: no tool knows the job (or SLURM
-    printed a state this table lacks) - also not finished.
-    """
-
-    PENDING = "PENDING"
-    CONFIGURING = "CONFIGURING"
-    RUNNING = "RUNNING"
-    COMPLETING = "COMPLETING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    PREEMPTED = "PREEMPTED"
-    REQUEUED = "REQUEUED"
-    NODE_FAIL = "NODE_FAIL"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    SUSPENDED = "SUSPENDED"
-    BOOT_FAIL = "BOOT_FAIL"
-    DEADLINE = "DEADLINE"
-    UNKNOWN = "UNKNOWN"
-
-    @property
-    def is_finished(self) -> bool:
-        """True once the job has ended for good and none of its processes is left."""
-        return self in _FINISHED
-
-
 _S = JobState
-_FINISHED = frozenset({
-    _S.COMPLETED, _S.FAILED, _S.CANCELLED, _S.TIMEOUT, _S.PREEMPTED, _S.NODE_FAIL,
-    _S.OUT_OF_MEMORY, _S.BOOT_FAIL, _S.DEADLINE,
-})  # fmt: skip
-# SLURM 22.05+ state names (squeue %T, sacct State, scontrol JobState) and squeue's %t codes.
-SLURM_STATES: Mapping[str, JobState] = {
-    **{state.value: state for state in JobState if state is not JobState.UNKNOWN},
-    "REQUEUE_HOLD": _S.REQUEUED,  # requeued and held until released
-    "REQUEUE_FED": _S.REQUEUED,
-    "SPECIAL_EXIT": _S.REQUEUED,  # requeued (held) after a site-chosen exit code
-    "RESV_DEL_HOLD": _S.PENDING,  # held because its reservation was deleted
-    "RESIZING": _S.RUNNING,
-    "SIGNALING": _S.RUNNING,
-    "STAGE_OUT": _S.COMPLETING,  # burst buffer stage-out after the processes ended
-    "STOPPED": _S.SUSPENDED,  # SIGSTOPped, keeps its resources
-    "REVOKED": _S.CANCELLED,  # federation: a sibling job started elsewhere
-    "PD": _S.PENDING, "CF": _S.CONFIGURING, "R": _S.RUNNING, "CG": _S.COMPLETING,
-    "CD": _S.COMPLETED, "F": _S.FAILED, "CA": _S.CANCELLED, "TO": _S.TIMEOUT,
-    "PR": _S.PREEMPTED, "RQ": _S.REQUEUED, "NF": _S.NODE_FAIL, "OOM": _S.OUT_OF_MEMORY,
-    "S": _S.SUSPENDED, "BF": _S.BOOT_FAIL, "DL": _S.DEADLINE, "RH": _S.REQUEUED,
-    "RF": _S.REQUEUED, "SE": _S.REQUEUED, "RD": _S.PENDING, "RS": _S.RUNNING,
-    "SI": _S.RUNNING, "SO": _S.COMPLETING, "ST": _S.SUSPENDED, "RV": _S.CANCELLED,
-}  # fmt: skip
-_LONG_NAMES = sorted(name for name in SLURM_STATES if len(name) > 3)
-
-
-def state_from_slurm(raw: str) -> JobState:
-    """Map any state string SLURM prints to a :class:`JobState`; unknown strings give UNKNOWN.
-
-    ``sacct`` appends who cancelled (``CANCELLED by 0``) and, in fixed-width output, truncates
-    with ``+`` (``CANCELLED+``, ``OUT_OF_ME+``): both are understood.
-    """
-    text = re.sub(r"\s+BY\s+\S+$", "", raw.strip().upper())
-    if text in SLURM_STATES:
-        return SLURM_STATES[text]
-    if text.endswith("+"):
-        states = {SLURM_STATES[name] for name in _LONG_NAMES if name.startswith(text[:-1])}
-        if len(states) == 1:
-            return states.pop()
-    return JobState.UNKNOWN
-
-
-Source = Literal["squeue", "sacct", "scontrol", "torchx", "none"]
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """One answer about a job: the mapped state, SLURM's own string, and who said so.
-
-    ``exit_code``/``signal`` come from ``sacct``/``scontrol`` (``ExitCode=3:0``); ``squeue`` has
-    none. ``hint`` explains an UNKNOWN state.
-    """
-
-    state: JobState
-    raw: str
-    exit_code: int | None
-    source: Source
-    signal: int | None = None
-    hint: str | None = None
-
-
 _JOB_ID = re.compile(r"\d+(?:_\d+|\+\d+)?")
 
 
@@ -206,6 +48,11 @@ def parse_job_id(job_id: str | int) -> str:
             hint="a number like 123, an array task like 123_4 or a component like 123+0",
         )
     return text
+
+
+def is_job_id(text: str) -> bool:
+    """Whether ``text`` is a job id as SLURM prints it (``123``, ``123_4``, ``123+0``)."""
+    return _JOB_ID.fullmatch(text) is not None
 
 
 class Row(NamedTuple):
@@ -261,27 +108,32 @@ _LIVE = [_S.RUNNING, _S.COMPLETING, _S.CONFIGURING, _S.SUSPENDED, _S.REQUEUED, _
 _LIVE_RANK = {state: rank for rank, state in enumerate(_LIVE)}
 
 
-_NOT_FOUND = ("Invalid job id specified",)
+NOT_FOUND = ("Invalid job id specified",)
 
 
 def _squeue_rows(stdout: str) -> list[Row]:
-    return [Row(*line.partition("|")[::2], None, None) for line in _lines(stdout)]
+    return [Row(*line.partition("|")[::2], None, None) for line in lines(stdout)]
 
 
 def _sacct_rows(stdout: str) -> list[Row]:
-    fields = [line.split("|") for line in _lines(stdout)]
+    fields = [line.split("|") for line in lines(stdout)]
     return [Row(row[0], row[1], *_exit_code(row[2])) for row in fields if len(row) == 3]
 
 
 _SCONTROL_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
 
 
-def _scontrol_row(line: str) -> Row:
+def scontrol_fields(line: str) -> dict[str, str]:
     """``Key=value`` pairs of one ``scontrol --oneliner`` line (values may hold spaces)."""
     keys = list(_SCONTROL_KEY.finditer(line))
     ends = [match.start() for match in keys[1:]] + [len(line)]
     pairs = zip(keys, ends, strict=True)
-    fields = {key.group(1): line[key.end() : end].strip() for key, end in pairs}
+    return {key.group(1): line[key.end() : end].strip() for key, end in pairs}
+
+
+def _scontrol_row(line: str) -> Row:
+    """The row of one ``scontrol show job --oneliner`` line."""
+    fields = scontrol_fields(line)
     job_id = fields.get("JobId", "")
     task = fields.get("ArrayTaskId", "N/A")
     if task != "N/A" and "ArrayJobId" in fields:
@@ -305,7 +157,7 @@ _TOOLS: dict[Source, tuple[list[str], Callable[[str], list[Row]], str]] = {
     ),
     "scontrol": (
         ["scontrol", "show", "job", "--oneliner"],
-        lambda stdout: [_scontrol_row(line) for line in _lines(stdout)],
+        lambda stdout: [_scontrol_row(line) for line in lines(stdout)],
         "forgotten or never known",
     ),
 }
@@ -318,8 +170,8 @@ def tool_rows(
     argv, parse, no_row = _TOOLS[source]
     done = runner([*argv, job_id], env=env)
     if done.returncode != 0:
-        not_found = any(text in done.stderr for text in _NOT_FOUND)
-        return [], no_row if not_found else f"failed: {_first_line(done.stderr)}"
+        not_found = any(text in done.stderr for text in NOT_FOUND)
+        return [], no_row if not_found else f"failed: {first_line(done.stderr)}"
     return parse(done.stdout), no_row
 
 
@@ -366,113 +218,14 @@ def query_state(
     return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
 
 
-def submit_script(
-    text: str,
-    *,
-    cwd: str | os.PathLike[str],
-    runner: Runner = subprocess_runner,
-    env: Mapping[str, str] | None = None,
-    extra_args: Sequence[str] = (),
-) -> str:
-    """Submit a batch script given as text (``sbatch --parsable``, script on stdin); its job id.
-
-    ``cwd`` becomes the job's working directory (``--chdir``), against which relative
-    ``#SBATCH --output`` paths resolve.
-    """
-    workdir = Path(cwd).resolve()
-    if not workdir.is_dir():
-        raise ConfigError(
-            f"cwd={os.fspath(cwd)!r} is not a directory", hint="submit from an existing directory"
-        )
-    argv = ["sbatch", "--parsable", f"--chdir={workdir}", *extra_args]
-    done = runner(argv, stdin=text, env=env)
-    if done.returncode != 0:
-        message = " ".join(_lines(done.stderr)) or "(no message)"
-        raise SlurmError(
-            f"`{shlex.join(argv)}` failed with exit code {done.returncode}: {message}",
-            hint="the message is sbatch's own; compare the #SBATCH lines with `sinfo`",
-        )
-    answer = (_lines(done.stdout) or [""])[-1]
-    job_id = answer.split(";", 1)[0]  # --parsable prints "id" or "id;cluster"
-    if not _JOB_ID.fullmatch(job_id):
-        raise SlurmError(
-            f"`{shlex.join(argv)}` printed {done.stdout!r}, not a job id",
-            hint="an sbatch wrapper may be printing extra lines; call SLURM's own sbatch",
-        )
-    return job_id
-
-
-def cancel(
-    job_id: str | int, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
-) -> None:
-    """Cancel ``job_id`` (``scancel``); a job that already ended is left alone.
-
-    ``scancel`` exits 0 even for an unknown id and only says so with ``--verbose``.
-    """
-    job = parse_job_id(job_id)
-    argv = ["scancel", "--verbose", job]
-    done = runner(argv, env=env)
-    if any(text in done.stderr for text in _NOT_FOUND):
-        raise ConfigError(
-            f"job_id={job!r} is not known to SLURM (`{shlex.join(argv)}`)",
-            hint="check the id with `squeue`; SLURM forgets finished jobs after MinJobAge",
-        )
-    if done.returncode != 0:
-        raise SlurmError(
-            f"`{shlex.join(argv)}` failed with exit code {done.returncode}: "
-            f"{_first_line(done.stderr)}",
-            hint="is the controller up? `scontrol ping` tells",
-        )
-
-
-def wait(
-    job_id: str | int,
-    timeout_s: float,
-    poll_s: float = 1.0,
-    *,
-    runner: Runner = subprocess_runner,
-    env: Mapping[str, str] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> JobStatus:
-    """Poll :func:`query_state` every ``poll_s`` until the job is finished; its final status."""
-    return poll_until_finished(
-        lambda: query_state(job_id, runner=runner, env=env),
-        str(job_id),
-        timeout_s,
-        poll_s,
-        clock=clock,
-        sleep=sleep,
-    )
-
-
-def poll_until_finished(
-    query: Callable[[], JobStatus],
-    job: str,
-    timeout_s: float,
-    poll_s: float = 1.0,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> JobStatus:
-    """Ask ``query`` every ``poll_s`` until the job is finished; its final status. The one
-    waiting loop of every backend; a SlurmError naming ``job`` after ``timeout_s``."""
-    deadline = clock() + timeout_s
-    while True:
-        status = query()
-        if status.state.is_finished:
-            return status
-        if clock() >= deadline:
-            raise SlurmError(
-                f"job {job} is still {status.state.value} after timeout_s={timeout_s:g}",
-                hint=status.hint or f"wait longer, or stop it with `ddpkit cancel {job}`",
-            )
-        sleep(poll_s)
-
-
-def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-def _first_line(text: str) -> str:
-    return (_lines(text) or ["(no message)"])[0]
+def job_fields(
+    job_id: str, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
+) -> dict[str, str] | None:
+    """``scontrol show job``'s fields of the job (its first line), or None when the controller
+    does not know it or SLURM is not there at all."""
+    try:
+        done = runner(["scontrol", "show", "job", "--oneliner", parse_job_id(job_id)], env=env)
+    except SlurmError:
+        return None
+    found = lines(done.stdout) if done.returncode == 0 else []
+    return scontrol_fields(found[0]) if found else None
