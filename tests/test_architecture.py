@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.backend import BACKENDS, Backend, get_backend
+from ddpkit.jobs.backends import BACKENDS, Backend, get_backend
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -23,7 +23,7 @@ TIMEOUT_S = 30.0
 # The submitit task's side: RunCommand(argv[1:])(), reporting how it ended.
 RUNNER = """
 import sys
-from ddpkit.jobs.submitit_backend import RunCommand
+from ddpkit.jobs.backends.submitit import RunCommand
 try:
     code = RunCommand(sys.argv[1:])()
 except SystemExit as exc:

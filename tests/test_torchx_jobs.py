@@ -23,8 +23,8 @@ import pytest
 from ddpkit.cli import main
 from ddpkit.cluster.slurmtools import JobState
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends.torchx import TORCHX_STATES, state_from_torchx
 from ddpkit.jobs.records import JobRecord, load_record, record_key, record_path, save_record
-from ddpkit.jobs.torchx_jobs import TORCHX_STATES, state_from_torchx
 from slurm_cluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[1]

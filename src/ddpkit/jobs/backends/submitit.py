@@ -60,12 +60,13 @@ import yaml
 
 from ddpkit.compat import submitit_sbatch_text, submitit_sbatch_value
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.backend import Request
+from ddpkit.jobs.backends import Request
+from ddpkit.jobs.backends.sbatch import SlurmJobs, check_array_size, log_dir_made
 from ddpkit.jobs.contract import SUBMITIT_SIGNAL_VAR, sweep_exports
 from ddpkit.jobs.contract import exports as contract_exports
+from ddpkit.jobs.logs import LogFile, numbered, pick, sweep_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record
 from ddpkit.jobs.render import batch_output_path
-from ddpkit.jobs.sbatch_backend import SlurmJobs, check_array_size, log_dir_made
 from ddpkit.jobs.sweep import substitute
 from ddpkit.worker.requeue import signal_from_env
 
@@ -85,6 +86,7 @@ __all__ = [
     "import_submitit",
     "make_executor",
     "map_function",
+    "record_of_function",
     "submit_command",
     "submit_function",
     "submitted_script",
@@ -323,6 +325,34 @@ class SubmititBackend(SlurmJobs):
         check_array_size(spec)
         with log_dir_made(spec):
             return submit_command(spec)
+
+    def stem(self, job: str, record: JobRecord) -> str:
+        """submitit names its files by the job id alone."""
+        return job
+
+    def files_at(
+        self, directory: Path, job: str, rank: int | None, stem: str, source: str
+    ) -> tuple[list[LogFile], str]:
+        """submitit's layout: ``<folder>/<id>_<task>_log.out`` (``stem`` is the job id); task
+        0's file is the batch output."""
+        ranks = numbered(directory, f"{stem}_", "_log.out")
+        return pick(rank, [], ranks, {}), f"{directory}/{stem}_<N>_log.out ({source})"
+
+    def sweep_files(
+        self, job: str, record: JobRecord, rank: int | None
+    ) -> tuple[list[LogFile], str]:
+        """A sweep through ``map_array``: ``<folder>/<array>_<task>_<rank>_log.out``."""
+
+        def task_files(directory: Path, array: str, task: int, run: str) -> list[LogFile]:
+            return pick(rank, [], numbered(directory, f"{array}_{task}_", "_log.out"), {})
+
+        pattern = f"{record.log_dir}/{job.partition('_')[0]}_<task>_<N>_log.out"
+        return sweep_log_files(job, record, rank, task_files, pattern)
+
+
+def record_of_function(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
+    """The record of a function job (:func:`submit_function`), as ``ddpkit status`` reads it."""
+    return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
 
 
 BACKEND = SubmititBackend()
