@@ -33,9 +33,9 @@ import jinja2
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
-from ddpkit.jobs.checks import shown
 from ddpkit.jobs.contract import exports as contract_exports
 from ddpkit.jobs.contract import sweep_exports
+from ddpkit.jobs.spec_checks import shown
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec

@@ -24,7 +24,7 @@ from torch.distributed.distributed_c10d import Store
 from ddpkit.cluster.ports import PortSearch
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import RendezvousError
-from ddpkit.tools.checks import Check, from_error
+from ddpkit.tools.doctor_checks import Check, from_error
 from ddpkit.worker import process_group
 
 __all__ = ["Meeting", "meet"]
