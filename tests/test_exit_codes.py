@@ -84,7 +84,9 @@ def test_sbatch_refusing_the_job_exits_4_with_sbatchs_message(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: refused\ncommand: /bin/true\ntime_min: 1\npartition: no-such-partition\n")
+    spec.write_text(
+        "name: refused\ncommand: /bin/true\ntime_min: 1\npartition: no-such-partition\n"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "ddpkit", "submit", str(spec)],
         env={**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")},
