@@ -32,7 +32,6 @@ from ddpkit.errors import DdpkitError
 __all__ = ["build_parser", "main"]
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     """The full ``ddpkit`` parser; each subcommand stores its handler as ``args.handler``."""
     parser = argparse.ArgumentParser(
