@@ -30,7 +30,7 @@ from pathlib import Path
 import benchjson
 from benchcluster import DEFAULT_ENV_FILE, cluster_env, wait_idle
 
-from ddpkit.jobs import slurm
+from ddpkit.cluster import slurmtools as slurm
 
 # report-needs: slurm
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.backend import BACKENDS, Backend, get_backend
+from ddpkit.jobs.backends import BACKENDS, Backend, get_backend
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -199,12 +199,6 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"bottom", "cluster", "worker", "jobs", "launch", "tools"},
     "top": {"bottom", "cluster", "worker", "jobs", "components", "launch", "tools", "cli"},
 }
-# Upward imports that the other branches of issue 18 remove (contract.py at the bottom, the stop
-# signal's home in cluster/stop/, masking.py at the bottom, submitit's task runner in launch/).
-# The lead empties this set at merge; an entry that is no longer a violation fails the test too.
-_PENDING_UNTIL_MERGE = {
-    ("ddpkit.jobs.layout", "ddpkit.tools.masking"),
-}
 
 
 def layer_of(module: str) -> str | None:
@@ -236,8 +230,7 @@ def test_every_import_goes_down_the_layers() -> None:
     type from a higher layer ties the lower one to it all the same) and modules imported by
     name (``lazy_exports`` tables, ``import_module``)."""
     found = layer_violations(import_graph(type_checking=True))
-    assert sorted(found - _PENDING_UNTIL_MERGE) == [], "upward imports"
-    assert sorted(_PENDING_UNTIL_MERGE - found) == [], "fixed: remove from _PENDING_UNTIL_MERGE"
+    assert sorted(found) == [], "upward imports"
 
 
 def test_type_checking_and_named_imports_are_in_the_graph() -> None:

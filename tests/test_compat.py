@@ -6,6 +6,7 @@ version: fix ddpkit/compat.py, nothing else.
 
 from __future__ import annotations
 
+import ast
 import functools
 import io
 import logging
@@ -305,3 +306,50 @@ def test_refused_globals_names_what_weights_only_refused(tmp_path: Path, kind: s
     }[kind]
     assert expected in names, (TORCH, names, str(caught.value))
     assert compat.refused_globals(RuntimeError("unexpected pos"), path) == [], TORCH
+
+
+# --- no reach outside this module ---------------------------------------------------------------
+
+
+def private_torch_reaches(package: Path) -> list[str]:
+    """``file:line name`` of every private torch name (a dotted part starting with ``_``, e.g.
+    ``torch._C._distributed_c10d.TCPStore``) imported or used outside ``compat.py``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names if alias.name.startswith("torch")]
+            elif isinstance(node, ast.Attribute) and ast.unparse(node).startswith("torch."):
+                names = [ast.unparse(node)]
+            for name in names:
+                if any(
+                    part.startswith("_") and not part.startswith("__") for part in name.split(".")
+                ):
+                    found.append(f"{path.relative_to(package)}:{getattr(node, 'lineno', 0)} {name}")
+    return found
+
+
+def test_no_private_torch_name_is_reached_outside_compat() -> None:
+    assert private_torch_reaches(Path(compat.__file__).parent) == []
+
+
+@reach
+def test_the_public_store_classes_are_torchs_own() -> None:
+    """ddpkit's stores use ``torch.distributed.TCPStore``/``HashStore``/``PrefixStore`` (public,
+    though not in ``__all__``) with ``master_listen_fd``, ``multi_tenant`` and ``use_libuv``;
+    tests/test_store.py runs them (a store on a loopback socket, shared, closed)."""
+    from torch._C import _distributed_c10d as c10d
+
+    assert (dist.TCPStore, dist.HashStore, dist.PrefixStore) == (  # type: ignore[attr-defined]
+        c10d.TCPStore,
+        c10d.HashStore,
+        c10d.PrefixStore,
+    )
+    signature = dist.TCPStore.__init__.__doc__ or ""  # type: ignore[attr-defined]
+    for keyword in ("master_listen_fd", "multi_tenant", "use_libuv"):
+        assert keyword in signature, signature

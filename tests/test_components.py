@@ -27,9 +27,9 @@ from torchx.specs import AppState, file_linter, finder
 
 from ddpkit import components
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends.torchx_appdef import appdef_to_dict, parse_j, spec_to_appdef
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.spec import JobSpec
-from ddpkit.jobs.torchx_backend import appdef_to_dict, parse_j, spec_to_appdef
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -267,7 +267,7 @@ sys.meta_path.insert(0, Block())
 import ddpkit, ddpkit.jobs
 from ddpkit.cli import main
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.torchx_backend import spec_to_appdef
+from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
 spec = ddpkit.jobs.load_spec({str(DATA / "specs" / "full.yaml")!r}, cwd=Path({str(DATA)!r}))
 assert "#SBATCH" in ddpkit.jobs.render_sbatch(spec)
 try:

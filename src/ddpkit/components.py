@@ -9,7 +9,7 @@ Registered under the ``torchx.components`` entry point ``ddpkit`` (so ``torchx b
 
 Importing this module needs torchx (``pip install ddpkit[torchx]``). Every function here is a
 component: torchx lists all functions of the module, so helpers live in
-``ddpkit.jobs.torchx_backend``, which also holds the one spec -> AppDef conversion.
+``ddpkit.jobs.backends.torchx_appdef``, which also holds the one spec -> AppDef conversion.
 
 The signatures are written for torchx, not for modern typing: torchx's component linter
 (``torchx.specs.file_linter``) reads the annotations from the source and only accepts names,
@@ -24,7 +24,7 @@ from typing import Dict, Optional
 from torchx import specs  # type: ignore[import-untyped]
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs import torchx_backend
+from ddpkit.jobs.backends import torchx_appdef
 
 __all__ = ["ddp"]
 
@@ -77,15 +77,15 @@ def ddp(
             )
         from ddpkit.jobs.load import load_spec
 
-        return torchx_backend.spec_to_appdef(load_spec(spec))
+        return torchx_appdef.spec_to_appdef(load_spec(spec))
     if (script is None) == (m is None):
         raise ConfigError(
             f"script={script!r}, m={m!r}: give exactly one",
             hint="--script train.py to run a script, or -m pkg.train to run a module",
         )
-    nodes, procs = torchx_backend.parse_j(j)
+    nodes, procs = torchx_appdef.parse_j(j)
     command = [script] if script is not None else ["-m", str(m)]
-    return torchx_backend.ddp_appdef(
+    return torchx_appdef.ddp_appdef(
         name=name,
         command=[*command, *script_args],
         nodes=nodes,

@@ -2,7 +2,7 @@
 
 Two seams, two fakes:
 
-* :class:`FakeSlurm`, a ``Runner`` (``ddpkit.jobs.slurm``'s seam for SLURM's tools) answering
+* :class:`FakeSlurm`, a ``Runner`` (the seam of ``ddpkit.cluster.slurmtools``) answering
   per tool the way SLURM 22.05 does (texts copied from the real tools, e.g. a cluster without
   accounting, where sacct fails) and recording every call;
 * :class:`FakeTools`, SLURM's command-line clients as small shell scripts in a folder put
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.jobs.slurm import CommandResult
+from ddpkit.cluster.slurmtools import CommandResult
 
 __all__ = [
     "INVALID_ID",

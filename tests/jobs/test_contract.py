@@ -53,7 +53,7 @@ def test_sbatch_exports_the_contract(variant: str) -> None:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_submitit_exports_the_contract(variant: str) -> None:
     pytest.importorskip("submitit")  # the dev extra installs it
-    from ddpkit.jobs.submitit_backend import executor_parameters
+    from ddpkit.jobs.backends.submitit import executor_parameters
 
     spec = _spec(**VARIANTS[variant])
     lines = executor_parameters(spec)["slurm_setup"]
@@ -67,7 +67,7 @@ def test_submitit_exports_the_contract(variant: str) -> None:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_torchx_carries_the_contract_stop_signal_included(variant: str) -> None:
     pytest.importorskip("torchx")  # the dev extra installs it
-    from ddpkit.jobs.torchx_backend import spec_to_appdef
+    from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
 
     spec = _spec(**VARIANTS[variant])
     (role,) = spec_to_appdef(spec).roles

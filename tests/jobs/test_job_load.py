@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.checks import shown
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import (
     build_spec,
@@ -21,6 +20,7 @@ from ddpkit.jobs.load import (
     read_profile,
 )
 from ddpkit.jobs.spec import JobSpec
+from ddpkit.jobs.spec_checks import shown
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"

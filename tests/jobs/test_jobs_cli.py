@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from ddpkit.cli import main
+from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import api
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import JobRecord, ddpkit_home, load_record, record_path, save_record
 from ddpkit.jobs.render import render_sbatch
-from ddpkit.jobs.slurm import JobState, JobStatus
 from tests.fakes.slurm import FakeTools
 
 JOB_ID = "4242"
@@ -264,7 +264,7 @@ def test_failed_submission_writes_no_record_and_removes_the_log_dir(
 ) -> None:
     monkeypatch.setenv("FAKE_SBATCH_FAIL", "invalid partition specified: gpu")
     code, out, err = run(["submit", str(write_spec(tmp_path))], capsys)
-    assert (code, out) == (2, "")
+    assert (code, out) == (4, "")  # the scheduler refused: 4, not bad input's 2
     assert "invalid partition specified: gpu" in err
     assert not (tmp_path / "home").exists()
     assert not (tmp_path / "ddpkit-logs").exists()

@@ -274,7 +274,7 @@ def test_torchrun_command_and_output_paths() -> None:
 
 def test_user_template_gets_the_same_context(tmp_path: Path) -> None:
     (tmp_path / "t.j2").write_text("{{ name | q }} {{ world_size }} {{ spec.nodes }}\n")
-    # signal: null: no stop-signal protocol to keep, so any template (tests/jobs/test_user_template.py)
+    # signal: null: no stop-signal protocol to keep, so any template (jobs/test_user_template.py)
     job = spec(workdir=str(tmp_path), template="t.j2", nodes=3, name="n", signal=None)
     assert render.render_sbatch(job) == "n 3 3\n"
     # A user template may extend a built-in one: the same text comes out.

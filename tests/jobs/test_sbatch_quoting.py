@@ -15,7 +15,7 @@ import pytest
 
 from ddpkit import compat
 from ddpkit.errors import ConfigError
-from ddpkit.jobs import submitit_backend
+from ddpkit.jobs.backends import submitit as submitit_backend
 from ddpkit.jobs.render import render_sbatch, sbatch_options
 from ddpkit.jobs.spec import JobSpec
 from tests.fakes.slurm import FakeTools

@@ -1,4 +1,4 @@
-"""ddpkit.jobs.slurm: error paths through the shared fake Runner (tests/fakes/slurm.py).
+"""ddpkit.cluster.slurmtools: error paths through the shared fake Runner (tests/fakes/slurm.py).
 
 The fake answers each SLURM tool the way SLURM 22.05 does (texts copied from the real tools,
 including a cluster without accounting, where sacct fails). The same calls on the real cluster
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.cluster import slurmtools as sl
+from ddpkit.cluster.slurmtools import CommandResult, JobState, SlurmError
 from ddpkit.errors import ConfigError
-from ddpkit.jobs import slurm as sl
-from ddpkit.jobs.slurm import CommandResult, JobState, SlurmError
 from tests.fakes.slurm import INVALID_ID, NO_ACCOUNTING, OK, FakeSlurm, scontrol_line
 
 # ---------------------------------------------------------------- submit_script

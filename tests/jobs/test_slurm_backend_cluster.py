@@ -1,4 +1,4 @@
-"""ddpkit.jobs.slurm on the real cluster (marker ``slurm``): tiny scripts through the real tools.
+"""ddpkit.cluster.slurmtools on the real cluster (marker ``slurm``): tiny scripts, real tools.
 
 RUNNING -> COMPLETED (with and without accounting), FAILED with its exit code, CANCELLED with
 nothing of the job left on the nodes, array/heterogeneous ids, TIMEOUT (slow: SLURM's shortest
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.cluster import slurmtools as sl
+from ddpkit.cluster.slurmtools import CommandResult, JobState
 from ddpkit.errors import ConfigError
-from ddpkit.jobs import slurm as sl
-from ddpkit.jobs.slurm import CommandResult, JobState
 from tests.fakes.slurm import NO_ACCOUNTING
 from tests.support.slurm_cluster import SlurmCluster
 

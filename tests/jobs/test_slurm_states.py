@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ddpkit.cluster.slurmtools import SLURM_STATES, JobState, parse_job_id, state_from_slurm
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.slurm import SLURM_STATES, JobState, parse_job_id, state_from_slurm
 
 S = JobState
 

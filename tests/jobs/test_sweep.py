@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from ddpkit.cluster.slurmtools import CommandResult, JobState, arrays
 from ddpkit.errors import ConfigError
-from ddpkit.jobs import api, arrays, render, sweep
+from ddpkit.jobs import api, render, sweep
+from ddpkit.jobs.backends import sbatch as sbatch_backend
 from ddpkit.jobs.load import load_spec
 from ddpkit.jobs.records import JobRecord, save_record
-from ddpkit.jobs.slurm import CommandResult, JobState
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.sweep_spec import unused_parameters
 from tests.fakes.slurm import FakeSlurm, FakeTools
@@ -287,7 +288,7 @@ def test_status_of_a_sweep_is_one_table_and_a_task_is_one_line(
     _record_sweep(tmp_path)
     runner = _tools("77_1|RUNNING\n", "77_0|FAILED|3:0\n77_1|RUNNING|0:0\n", "")
     monkeypatch.setattr(
-        api, "query_tasks", lambda job, n: arrays.query_tasks(job, n, runner=runner)
+        sbatch_backend, "query_tasks", lambda job, n: arrays.query_tasks(job, n, runner=runner)
     )
     code, out, _ = run(["status", "77"], capsys)
     assert code == 0
@@ -322,8 +323,8 @@ def test_logs_of_one_task_read_its_run_folder_and_follow_labels_every_task(
 
 
 def test_submitit_maps_the_sweep_and_torchx_refuses_it() -> None:
-    from ddpkit.jobs import submitit_backend
-    from ddpkit.jobs.torchx_backend import refuse_sweep
+    from ddpkit.jobs.backends import submitit as submitit_backend
+    from ddpkit.jobs.backends.torchx_appdef import refuse_sweep
 
     spec = sweep_spec()
     runs = submitit_backend.sweep_runs(spec)
@@ -357,7 +358,7 @@ def test_a_one_run_sweep_through_submitit_is_recorded_as_the_plain_job_it_is(
 ) -> None:
     from types import SimpleNamespace
 
-    from ddpkit.jobs import submitit_backend
+    from ddpkit.jobs.backends import submitit as submitit_backend
 
     spec = sweep_spec(sweep={"params": {"lr": ["0.1"], "seed": ["1", "2"]}})
     paths = SimpleNamespace(submission_file=tmp_path / "7_submission.sh")

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from ddpkit.cli import main
+from ddpkit.cluster.slurmtools import JobState
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends.torchx import TORCHX_STATES, state_from_torchx
 from ddpkit.jobs.records import JobRecord, load_record, record_key, record_path, save_record
-from ddpkit.jobs.slurm import JobState
-from ddpkit.jobs.torchx_jobs import TORCHX_STATES, state_from_torchx
 
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"

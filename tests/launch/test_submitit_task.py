@@ -206,7 +206,7 @@ def test_a_runner_pickled_at_its_old_path_still_loads() -> None:
     requeued one unpickles it from there (the one shim), and gets the runner of launch/."""
     import pickle
 
-    from ddpkit.jobs import submitit_backend
+    from ddpkit.jobs.backends import submitit as submitit_backend
     from ddpkit.launch.submitit_task import RunCommand
 
     old = pickle.dumps(RunCommand(["true"], cwd="/tmp"), protocol=0).replace(  # text: editable

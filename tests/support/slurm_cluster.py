@@ -6,7 +6,8 @@ answers, a test using the fixture FAILS under ``CI=true`` and is skipped (saying
 Tests using it must be marked ``@pytest.mark.slurm`` (checked), so ``-m slurm`` finds them all.
 
 The handle never touches ``os.environ``: ``slurm.env`` is the environment to hand to SLURM's
-clients (``subprocess.run(..., env=slurm.env)``, ``ddpkit.jobs.slurm.query_state(..., env=...)``).
+clients (``subprocess.run(..., env=slurm.env)``,
+``ddpkit.cluster.slurmtools.query_state(..., env=...)``).
 Its helpers talk to SLURM directly, independent of ``ddpkit.jobs``, so they can judge it; jobs it
 submitted or was told about with :meth:`SlurmCluster.track` are cancelled after each test.
 """

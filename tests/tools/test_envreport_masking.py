@@ -154,7 +154,7 @@ def test_values_without_credentials_are_shown_as_they_are(value: str) -> None:
 def test_masking_stays_linear_on_hostile_values() -> None:
     """128 KiB (the kernel's limit for one variable) of repeats that would make a careless
     regex quadratic: each within a generous bound on a loaded machine."""
-    from ddpkit.tools.masking import mask_text
+    from ddpkit.masking import mask_text
 
     for value in ("k=" * 65_000, "a" * 131_000, "a:" + "b@" * 65_000, "://" * 43_000,
                   "https://" + "u:p@" * 30_000, "password=" * 14_000, "eyJ" * 43_000):  # fmt: skip
@@ -164,7 +164,7 @@ def test_masking_stays_linear_on_hostile_values() -> None:
 
 
 def test_printable_escapes_control_characters() -> None:
-    from ddpkit.tools.masking import printable
+    from ddpkit.masking import printable
 
     assert printable("a\nb\r\x1b[2Kc\td\x85") == "a\\nb\\r\\x1b[2Kc\\td\\x85"
     assert printable("plain value") == "plain value"

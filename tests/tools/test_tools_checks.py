@@ -6,7 +6,7 @@ import pytest
 
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.tools import commtest, netinfo
-from ddpkit.tools.checks import (
+from ddpkit.tools.doctor_checks import (
     RankFacts,
     check_arrivals,
     check_free_space,

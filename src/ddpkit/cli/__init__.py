@@ -5,9 +5,17 @@ This module owns the process-level contract of the CLI: exit codes and how error
 value), so tests can call it in-process. Importing it never imports torch: subcommands import
 their heavy parts only when they run, so ``ddpkit --help`` answers at once.
 
-Exit codes: 0 success; 2 bad input (argparse usage errors and any ``DdpkitError``, printed as one
-line ``ddpkit: error: <message>`` without a traceback); otherwise what the subcommand returns
-(``ddpkit run``: the failed worker's exit code, 128 + N when it died of signal N).
+Exit codes (a ``DdpkitError`` is printed as one line ``ddpkit: error: <message>``, without a
+traceback, and exits with its class's ``exit_code``, see :mod:`ddpkit.errors`):
+
+    0  success
+    1  another DdpkitError (CheckpointError, UsageError)
+    2  bad input only: argparse usage errors, ConfigError (NodelistError too), TopologyError
+    3  the rendezvous failed (RendezvousError)
+    4  the scheduler failed (SchedulerError: sbatch refused the job, squeue/sacct/scancel down)
+    *  otherwise what the subcommand returns (``ddpkit run``: the failed worker's exit code,
+       128 + N when it died of signal N, 75 when it stopped early with a checkpoint;
+       ``ddpkit doctor``: 1 when a check fails)
 """
 
 from __future__ import annotations
@@ -22,8 +30,6 @@ from ddpkit.cli import tools as tools_cmd
 from ddpkit.errors import DdpkitError
 
 __all__ = ["build_parser", "main"]
-
-USAGE_ERROR = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return _exit_code(stop.code)
     except DdpkitError as exc:
         print(f"ddpkit: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return USAGE_ERROR
+        return exc.exit_code
     return code
 
 

@@ -13,9 +13,10 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends import BACKENDS, check_scheduler
 from ddpkit.jobs.records import Via, parse_job
-from ddpkit.jobs.slurm import JobState, JobStatus
 
 if TYPE_CHECKING:
     from ddpkit.jobs.load import ResolvedSpec
@@ -89,11 +90,7 @@ def request_from_args(args: argparse.Namespace) -> JobsRequest:
         raise ConfigError(f"--rank {rank} is negative", hint="ranks count from 0")
     via: Via = getattr(args, "via", None) or "sbatch"
     scheduler = getattr(args, "scheduler", None)
-    if scheduler is not None and via != "torchx":
-        raise ConfigError(
-            f"--scheduler {scheduler} is for --via torchx, not --via {via}",
-            hint="add --via torchx, or drop --scheduler",
-        )
+    check_scheduler(via, scheduler, flags=True)
     return JobsRequest(
         command=args.command,
         spec_path=getattr(args, "spec", None),
@@ -117,7 +114,7 @@ def add_parsers(commands: Any) -> None:
     _spec_arguments(submit)
     submit.add_argument(
         "--via",
-        choices=("sbatch", "submitit", "torchx"),
+        choices=tuple(BACKENDS),
         default="sbatch",
         help="plain sbatch script (default), submitit's executor, or torchx's runner",
     )

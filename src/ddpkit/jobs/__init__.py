@@ -25,8 +25,8 @@ _EXPORTS: dict[str, str] = {
     "rank_layout": "ddpkit.jobs.layout",
     "format_plan": "ddpkit.jobs.layout",
     "render_sbatch": "ddpkit.jobs.render",
-    "JobState": "ddpkit.jobs.slurm",
-    "JobStatus": "ddpkit.jobs.slurm",
+    "JobState": "ddpkit.cluster.slurmtools",
+    "JobStatus": "ddpkit.cluster.slurmtools",
     "JobRecord": "ddpkit.jobs.records",
     "load": "ddpkit.jobs.api",
     "plan": "ddpkit.jobs.api",
@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from ddpkit.cluster.slurmtools import JobState, JobStatus
     from ddpkit.jobs.api import (
         cancel,
         dry_run,
@@ -94,7 +95,6 @@ if TYPE_CHECKING:
     from ddpkit.jobs.logs import JobLogs, LogFile
     from ddpkit.jobs.records import JobRecord
     from ddpkit.jobs.render import render_sbatch
-    from ddpkit.jobs.slurm import JobState, JobStatus
     from ddpkit.jobs.spec import ClusterProfile, JobSpec
 
 

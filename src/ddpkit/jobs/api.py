@@ -2,7 +2,7 @@
 
 This module owns the orchestration behind ``ddpkit plan|submit|status|logs|cancel`` (the CLI is
 a thin layer over it) and the Python-only ``submit_function``. The backends (sbatch, submitit,
-torchx) sit behind one protocol (:mod:`ddpkit.jobs.backend`): submission is "dry run plus
+torchx) sit behind one protocol (:mod:`ddpkit.jobs.backends`): submission is "dry run plus
 schedule": :func:`dry_run` returns exactly the text a submission would hand over, and
 :func:`submit` schedules that very request and writes the job record. A job is followed by the
 backend its record names; one ddpkit did not submit is followed through SLURM (a job id) or
@@ -16,21 +16,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.errors import ConfigError
-from ddpkit.jobs.arrays import query_tasks
-from ddpkit.jobs.backend import Backend, Request, get_backend
+from ddpkit.cluster.slurmtools import JobState, JobStatus, poll_until_finished
+from ddpkit.jobs.backends import Backend, Request, check_scheduler, follower, get_backend
 from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
 from ddpkit.jobs.records import (
     JobRecord,
     Via,
-    is_torchx_handle,
     load_record,
-    new_record,
     parse_job,
     save_record,
 )
-from ddpkit.jobs.slurm import JobState, JobStatus, poll_until_finished
 
 if TYPE_CHECKING:
     import submitit
@@ -93,11 +89,7 @@ def plan(spec: JobSpec, profile_path: Path | None = None) -> str:
 def request(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None) -> Request:
     """What submitting ``spec`` through ``via`` would hand over (``scheduler``: torchx's, only
     with ``via="torchx"``); nothing is submitted or written."""
-    if scheduler is not None and via != "torchx":
-        raise ConfigError(
-            f"scheduler={scheduler!r} is for via 'torchx', not via {via!r}",
-            hint="add --via torchx, or drop --scheduler",
-        )
+    check_scheduler(via, scheduler)
     return get_backend(via).dry_run(spec, scheduler)
 
 
@@ -126,11 +118,10 @@ def submit_function(
     Returns the ``submitit.Job`` (``.result()`` is rank 0's return value, ``.results()`` every
     task's). The job is recorded like any other, so ``ddpkit logs/status/cancel`` know it.
     """
-    from ddpkit.jobs import submitit_backend
+    from ddpkit.jobs.backends import submitit as submitit_backend
 
     job = submitit_backend.submit_function(fn, args, kwargs, spec=spec)
-    script = submitit_backend.submitted_script(job)
-    save_record(new_record(spec, str(job.job_id), "submitit", script, launch="srun"))
+    save_record(submitit_backend.record_of_function(spec, job))
     return job
 
 
@@ -138,7 +129,7 @@ def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[
     """Run ``fn(**values)`` once per run of the spec's sweep, as one SLURM array through
     submitit's ``map_array`` (values as text); the array is recorded like ``submit``'s, so
     ``ddpkit status/logs/cancel`` know it. Returns the tasks' ``submitit.Job`` objects."""
-    from ddpkit.jobs import submitit_backend
+    from ddpkit.jobs.backends import submitit as submitit_backend
 
     jobs = submitit_backend.map_function(fn, spec=spec)
     save_record(submitit_backend.sweep_record(spec, jobs))
@@ -150,9 +141,7 @@ def _follow(job: str) -> tuple[Backend, str, JobRecord | None]:
     torchx for an app handle and SLURM (the sbatch backend's following) for a job id."""
     text = parse_job(job)
     record = load_record(text)
-    if record is not None:
-        return get_backend(record.via), text, record
-    return get_backend("torchx" if is_torchx_handle(text) else "sbatch"), text, None
+    return follower(text, record), text, record
 
 
 def status(job_id: str) -> JobStatus:
@@ -168,12 +157,8 @@ def sweep_status(job_id: str) -> list[tuple[str, JobStatus, str]] | None:
     """Every task of a sweep ddpkit submitted: ``(task id, status, run name)`` in task order,
     each SLURM tool asked once for the whole array; None when ``job_id`` is not a sweep's
     array id (a single task ``123_4`` included: :func:`status` answers for it)."""
-    _, job, record = _follow(job_id)
-    runs = None if record is None else record.sweep_runs
-    if runs is None or not job.isdigit() or record is None or record.via == "torchx":
-        return None
-    states = query_tasks(job, len(runs))
-    return [(f"{job}_{index}", states[index], run) for index, run in enumerate(runs)]
+    backend, job, record = _follow(job_id)
+    return backend.sweep_status(job, record)
 
 
 def cancel(job_id: str) -> None:

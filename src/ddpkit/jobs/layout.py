@@ -10,7 +10,7 @@ Ranks are node-major in both launch modes, so one table describes both:
   order in which nodes join, so the host behind ``node1`` is known only at run time.
 
 Host names are placeholders (``node0``, ``node1``, ...): SLURM picks the hosts at submission.
-The plan shows ``env`` values and every other string through :mod:`ddpkit.tools.masking`'s
+The plan shows ``env`` values and every other string through :mod:`ddpkit.masking`'s
 rule (a plan is pasted into issues); ``submit --dry-run`` prints the literal script instead.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from ddpkit.jobs.checks import shown
 from ddpkit.jobs.spec import JobSpec
-from ddpkit.tools.masking import mask, mask_tree
+from ddpkit.jobs.spec_checks import shown
+from ddpkit.masking import mask, mask_tree
 
 __all__ = [
     "PLAN_ROWS",

@@ -44,9 +44,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.checks import shown
 from ddpkit.jobs.profiles import find_profile, profile_search_path
 from ddpkit.jobs.spec import ClusterProfile, JobSpec
+from ddpkit.jobs.spec_checks import shown
 from ddpkit.jobs.spec_errors import config_error, field_path
 from ddpkit.jobs.spec_yaml import parse_yaml_value, read_yaml_mapping
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from ddpkit.contract import HOME_VAR
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
-from ddpkit.jobs.checks import shown
+from ddpkit.jobs.spec_checks import shown
 
 __all__ = ["PROFILE_EXTENSIONS", "find_profile", "is_profile_path", "profile_search_path"]
 

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ddpkit.cluster.slurmtools import parse_job_id
 from ddpkit.contract import DEFAULT_HOME, HOME_VAR
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.slurm import parse_job_id
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec

@@ -42,9 +42,9 @@ from ddpkit.contract import (
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
-from ddpkit.jobs.checks import shown
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
+from ddpkit.jobs.spec_checks import shown
 from ddpkit.jobs.user_template import LAUNCH_TEMPLATE_NAME, check_user_template
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.checks import shown
+from ddpkit.jobs.spec_checks import shown
 
 __all__ = [
     "MAX_SCRIPT_CHARS",

@@ -30,8 +30,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ddpkit.cluster.stop.signals import JobSignal
 from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RESERVED_ENV, reserved_env_hint
-from ddpkit.jobs import checks
-from ddpkit.jobs.checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
+from ddpkit.jobs import spec_checks
+from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.sweep_spec import SWEEP_DESCRIPTION, Sweep, check_placeholders
 
 __all__ = [
@@ -98,7 +98,7 @@ def _check_name(text: str) -> str:
         fixed = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "my-job"
         raise invalid(
             "may only contain letters, digits, '.', '_' and '-' (it names files and the job)",
-            stripped_hint(text, _NAME) or f"e.g. {checks.shown(fixed)}",
+            stripped_hint(text, _NAME) or f"e.g. {spec_checks.shown(fixed)}",
         )
     return text
 
@@ -127,13 +127,13 @@ def _check_command(words: list[str]) -> list[str]:
             raise invalid("has '-m' without a module name", "e.g. command: -m pkg.train --lr 0.1")
         if not _MODULE.fullmatch(words[1]):
             raise invalid(
-                f"has {checks.shown(words[1])} after '-m', which is not a module name",
+                f"has {spec_checks.shown(words[1])} after '-m', which is not a module name",
                 "a dotted Python name, e.g. -m pkg.train",
             )
     elif first.startswith("-"):
         hint = f"write '-m {first[2:]}'" if first.startswith("-m") else f"e.g. {example}"
         raise invalid(
-            f"starts with {checks.shown(first)}: only '-m' may come before the program", hint
+            f"starts with {spec_checks.shown(first)}: only '-m' may come before the program", hint
         )
     return words
 
@@ -149,7 +149,8 @@ def _check_env_key(key: str) -> str:
         raise invalid(
             "is not a valid environment variable name",
             stripped_hint(key, _ENV_KEY)
-            or f"letters, digits and '_', not starting with a digit, e.g. {checks.shown(fixed)}",
+            or "letters, digits and '_', not starting with a digit, "
+            f"e.g. {spec_checks.shown(fixed)}",
         )
     reserved = reserved_env_hint(key)
     if reserved is not None:
@@ -160,7 +161,7 @@ def _check_env_key(key: str) -> str:
 def _check_sbatch_key(key: str) -> str:
     if key.startswith("-"):
         raise invalid(
-            "starts with '-'", f"write {checks.shown(key.lstrip('-'))}: ddpkit adds the dashes"
+            "starts with '-'", f"write {spec_checks.shown(key.lstrip('-'))}: ddpkit adds the dashes"
         )
     if not _SBATCH_KEY.fullmatch(key):
         raise invalid(
@@ -257,21 +258,21 @@ class JobSpec(Model):
     command: Command = Field(description="a script or -m and a module, e.g. train.py --lr 0.1")
     python: Line = Field(default_factory=lambda: sys.executable, description=_D_PYTHON)
     nodes: int = Field(
-        1, ge=1, le=checks.MAX_NODES, description="a whole number >= 1, e.g. nodes: 2"
+        1, ge=1, le=spec_checks.MAX_NODES, description="a whole number >= 1, e.g. nodes: 2"
     )
-    gpus_per_node: int = Field(0, ge=0, le=checks.MAX_PER_NODE, description=_D_GPUS)
+    gpus_per_node: int = Field(0, ge=0, le=spec_checks.MAX_PER_NODE, description=_D_GPUS)
     procs_per_node: int | None = Field(
         None,
         ge=1,
-        le=checks.MAX_PER_NODE,
+        le=spec_checks.MAX_PER_NODE,
         description="default: one per GPU, or 1; e.g. procs_per_node: 4",
     )
-    cpus_per_task: int = Field(1, ge=1, le=checks.MAX_CPUS, description=_D_CPUS)
-    cpus_per_node: int | None = Field(None, ge=1, le=checks.MAX_CPUS, description=_D_CPUS_NODE)
+    cpus_per_task: int = Field(1, ge=1, le=spec_checks.MAX_CPUS, description=_D_CPUS)
+    cpus_per_node: int | None = Field(None, ge=1, le=spec_checks.MAX_CPUS, description=_D_CPUS_NODE)
     mem_gb: float | None = Field(
-        None, gt=0, le=checks.MAX_MEM_GB, allow_inf_nan=False, description=_D_MEM
+        None, gt=0, le=spec_checks.MAX_MEM_GB, allow_inf_nan=False, description=_D_MEM
     )
-    time_min: int = Field(60, ge=1, le=checks.MAX_TIME_MIN, description=_D_TIME)
+    time_min: int = Field(60, ge=1, le=spec_checks.MAX_TIME_MIN, description=_D_TIME)
     partition: Line | None = Field(None, description=_D_SLURM)
     account: Line | None = Field(None, description=_D_SLURM)
     qos: Line | None = Field(None, description=_D_SLURM)
@@ -292,10 +293,10 @@ class JobSpec(Model):
     host_template: HostTemplate | None = Field(None, description=_D_HOST)
     signal: JobSignal | None = Field(DEFAULT_SIGNAL, description=_D_SIGNAL)
     signal_delay_s: int | None = Field(
-        None, ge=1, le=checks.MAX_TIME_MIN * 60, description=_D_SIGNAL_DELAY
+        None, ge=1, le=spec_checks.MAX_TIME_MIN * 60, description=_D_SIGNAL_DELAY
     )
     max_requeues: int = Field(
-        DEFAULT_MAX_REQUEUES, ge=0, le=checks.MAX_REQUEUES, description=_D_REQUEUES
+        DEFAULT_MAX_REQUEUES, ge=0, le=spec_checks.MAX_REQUEUES, description=_D_REQUEUES
     )
     sweep: Sweep | None = Field(None, description=SWEEP_DESCRIPTION)
 
@@ -392,12 +393,12 @@ class ClusterProfile(Model):
     template: Line | None = Field(None, description=_D_TEMPLATE)
     sbatch: SbatchMap = Field(default_factory=dict, description=_D_SBATCH)
     python: Line | None = Field(None, description=_D_PYTHON)
-    cpus_per_task: int | None = Field(None, ge=1, le=checks.MAX_CPUS, description=_D_CPUS)
-    cpus_per_node: int | None = Field(None, ge=1, le=checks.MAX_CPUS, description=_D_CPUS_NODE)
+    cpus_per_task: int | None = Field(None, ge=1, le=spec_checks.MAX_CPUS, description=_D_CPUS)
+    cpus_per_node: int | None = Field(None, ge=1, le=spec_checks.MAX_CPUS, description=_D_CPUS_NODE)
     mem_gb: float | None = Field(
-        None, gt=0, le=checks.MAX_MEM_GB, allow_inf_nan=False, description=_D_MEM
+        None, gt=0, le=spec_checks.MAX_MEM_GB, allow_inf_nan=False, description=_D_MEM
     )
-    time_min: int | None = Field(None, ge=1, le=checks.MAX_TIME_MIN, description=_D_TIME)
+    time_min: int | None = Field(None, ge=1, le=spec_checks.MAX_TIME_MIN, description=_D_TIME)
     log_dir: Line | None = Field(None, description=_D_LOG)
 
     def defaults(self) -> dict[str, object]:

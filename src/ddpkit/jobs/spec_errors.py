@@ -2,7 +2,7 @@
 
 ``<source>: <field.path>=<value>: <problem> (hint: ...)``: the first error (an unknown key
 first: it is usually the cause of the others), where ``<source>`` is the file (or ``--set``)
-that supplied the value, the value quoted by :func:`ddpkit.jobs.checks.shown` (cut short), the
+that supplied the value, the value quoted by :func:`ddpkit.jobs.spec_checks.shown` (cut short), the
 hint from the check that failed, the field's description or its limit.
 """
 
@@ -15,8 +15,8 @@ from pydantic import BaseModel, ValidationError
 
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest, did_you_mean
-from ddpkit.jobs.checks import LIMIT_HINTS, shown
 from ddpkit.jobs.spec import ERROR_TYPE, ClusterProfile, JobSpec
+from ddpkit.jobs.spec_checks import LIMIT_HINTS, shown
 
 __all__ = ["config_error", "field_path"]
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.checks import shown
+from ddpkit.jobs.spec_checks import shown
 
 __all__ = [
     "MAX_YAML_BYTES",

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ddpkit.hints import did_you_mean
 from ddpkit.jobs import sweep as sweeps
-from ddpkit.jobs.checks import Model, invalid, no_nul, number_to_str, shown, stripped_hint
+from ddpkit.jobs.spec_checks import Model, invalid, no_nul, number_to_str, shown, stripped_hint
 
 __all__ = [
     "MAX_SWEEP_TASKS",

@@ -22,7 +22,7 @@ import jinja2
 from jinja2 import nodes
 
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.checks import shown
+from ddpkit.jobs.spec_checks import shown
 
 __all__ = ["LAUNCH_TEMPLATE_NAME", "USER_BLOCKS", "check_user_template"]
 

@@ -10,7 +10,7 @@ nor the forwarded one can kill it while Python and torch start; a command that d
 ``ddpkit.init()`` but handles the signal itself must unblock it
 (``signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])``).
 
-The submitit backend (:mod:`ddpkit.jobs.submitit_backend`) pickles a :class:`RunCommand` per task;
+The submitit backend (:mod:`ddpkit.jobs.backends.submitit`) pickles a :class:`RunCommand` per task;
 it names this module by ``ddpkit.contract.SUBMITIT_TASK_MODULE`` (jobs/ imports nothing from
 launch/).
 """

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,10 +18,8 @@ from torch.distributed.distributed_c10d import Store
 
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.tools import commtest
-from ddpkit.tools.checks import Check
-
-if TYPE_CHECKING:
-    from ddpkit.tools.doctor import DoctorOptions, Report
+from ddpkit.tools.doctor_checks import Check
+from ddpkit.tools.doctor_report import DoctorOptions, Report
 
 __all__ = ["run"]
 

@@ -19,7 +19,7 @@ The steps, each within ``timeout_s``:
 
 Rank 0 prints the report; another rank prints only what it could not deliver to rank 0.
 Credentials in what it prints (a MASTER_ADDR written as a URL with a password) are masked by
-:mod:`ddpkit.tools.masking`'s rule.
+:mod:`ddpkit.masking`'s rule.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
 from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.errors import DdpkitError
 from ddpkit.tools import netinfo
-from ddpkit.tools.checks import (
+from ddpkit.tools.doctor_checks import (
     Check,
     RankFacts,
     check_arrivals,
@@ -52,68 +52,14 @@ from ddpkit.tools.checks import (
     check_visible_devices,
     from_error,
 )
-from ddpkit.tools.masking import mask_text, mask_tree
+from ddpkit.tools.doctor_report import DEFAULT_TIMEOUT_S, DoctorOptions, Report
 
 if TYPE_CHECKING:
     from ddpkit.tools.meeting import Meeting
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DoctorOptions", "Report", "run_doctor"]
 
-DEFAULT_TIMEOUT_S = 30.0
 _POLL_S = 0.1
-
-
-@dataclass(frozen=True)
-class DoctorOptions:
-    """What ``ddpkit doctor``'s flags ask for."""
-
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    quick: bool = False
-    comm: bool = True
-    folders: tuple[str, ...] = ()
-    min_free_gb: float = 1.0
-
-
-@dataclass
-class Report:
-    """The checks (one line each), the sweep rows and the references (rank 0's view)."""
-
-    rank: int
-    checks: list[Check]
-    allreduce: list[dict[str, Any]]
-    references: dict[str, float | None]
-
-    @property
-    def failed(self) -> bool:
-        return any(c.status == "FAIL" for c in self.checks)
-
-    def text(self, *, problems_only: bool = False) -> str:
-        """The check lines (only WARN/FAIL with ``problems_only``), then the sweep's table."""
-        lines = [
-            mask_text(c.line()) for c in self.checks if c.status != "PASS" or not problems_only
-        ]
-        if self.allreduce:
-            lines.append(
-                f"{'backend':>8} {'size (B)':>10} {'time (us)':>11} "
-                f"{'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
-            )
-            lines += [
-                f"{r['backend']:>8} {r['size_bytes']:>10} {r['time_us']:>11.1f} "
-                f"{r['algbw_gbps']:>13.3f} {r['busbw_gbps']:>13.3f}"
-                for r in self.allreduce
-            ]
-        return "\n".join(lines)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "rank": self.rank,
-                "ok": not self.failed,
-                "checks": [mask_tree(asdict(c)) for c in self.checks],
-                "allreduce": self.allreduce,
-                "references": self.references,
-            }
-        )
 
 
 def run_doctor(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Report:
@@ -262,7 +208,7 @@ def _together(
         )
     report = Report(info.rank, checks, [], {})
     if ok and options.comm:
-        from ddpkit.tools import commrun
+        from ddpkit.tools import commrun  # imports torch: only when the sweep runs
 
         commrun.run(report, info, met.store, options)
     return report

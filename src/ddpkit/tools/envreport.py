@@ -2,11 +2,11 @@
 
 Sections: versions (``importlib.metadata``, no import), GPUs (``nvidia-smi`` or
 ``/proc/driver/nvidia``, no torch), the launcher ddpkit detects and its rank record, the
-relevant variables masked by :mod:`ddpkit.tools.masking`'s rule, the network (interfaces,
+relevant variables masked by :mod:`ddpkit.masking`'s rule, the network (interfaces,
 the route to MASTER_ADDR, what gloo and NCCL would use) and, only unless ``torch=False``, the
 backends as torch sees them (CUDA build, devices, NCCL version, gloo/NCCL/MPI availability):
 the one section that needs ``import torch`` (about a second). Every string of the report goes
-through :func:`~ddpkit.tools.masking.mask_text` too (a MASTER_ADDR or an error message may
+through :func:`~ddpkit.masking.mask_text` too (a MASTER_ADDR or an error message may
 quote a URL with its password), and the text form escapes control characters, so one value is
 one line.
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 from ddpkit.cluster.detect import detect
 from ddpkit.errors import DdpkitError
+from ddpkit.masking import MASKED, mask, mask_tree, printable
 from ddpkit.tools import netinfo
-from ddpkit.tools.masking import MASKED, mask, mask_tree, printable
 
 __all__ = ["MASKED", "PREFIXES", "build_report", "format_report", "mask", "relevant_variables"]
 

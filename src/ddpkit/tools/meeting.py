@@ -24,7 +24,7 @@ from torch.distributed.distributed_c10d import Store
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.cluster.rendezvous.ports import PortSearch
 from ddpkit.errors import RendezvousError
-from ddpkit.tools.checks import Check, from_error
+from ddpkit.tools.doctor_checks import Check, from_error
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import probe_master
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Mapping
 from typing import NoReturn
@@ -41,6 +40,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from ddpkit.cluster.slurmtools.commands import requeue
 from ddpkit.cluster.stop import latch as stopsignal
 from ddpkit.cluster.stop.requeue import RequeuePlan, max_requeues_from, plan_requeue
 from ddpkit.cluster.stop.signals import (
@@ -161,7 +161,7 @@ class PreemptionGuard:
             dist.barrier()  # everybody is past its checkpoint before the job is touched
         outcome: list[str | None] = [None]
         if context.is_main:
-            outcome[0] = _requeue(plan.target) if plan.target is not None else plan.why
+            outcome[0] = requeue(plan.target) if plan.target is not None else plan.why
         if grouped:
             dist.broadcast_object_list(outcome, src=0)
         failure = outcome[0]
@@ -174,24 +174,6 @@ class PreemptionGuard:
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(0 if failure is None else EXIT_STOPPED)
-
-
-def _requeue(target: str) -> str | None:
-    """``scontrol requeue <target>``; None on success, else why it failed."""
-    try:
-        done = subprocess.run(
-            ["scontrol", "requeue", target],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"scontrol requeue {target} could not run ({error})"
-    if done.returncode != 0:
-        output = " ".join((done.stderr or done.stdout).split())[:300]
-        return f"scontrol requeue {target} failed with exit code {done.returncode}: {output}"
-    return None
 
 
 def _say(message: str) -> None:

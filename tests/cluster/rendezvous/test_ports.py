@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +35,7 @@ from ddpkit.cluster.rendezvous.ports import (
     port_for_job,
     reserved_port,
 )
+from ddpkit.cluster.slurmtools.runner import CommandResult, subprocess_runner
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.worker.rendezvous import portsearch
 from tests.support.distutil import run_workers
@@ -250,7 +251,10 @@ def test_srun_flag_only_where_slurm_has_a_port_range(config: str, flag: str) -> 
 def test_srun_flag_probe_never_fails_the_job(
     scontrol: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert resv_ports.main(scontrol) == 0
+    def runner(argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        return subprocess_runner([*scontrol, *argv[1:]], **kwargs)
+
+    assert resv_ports.main(runner) == 0
     assert capsys.readouterr().out == "\n"
 
 

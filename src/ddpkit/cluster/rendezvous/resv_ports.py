@@ -12,8 +12,8 @@ pydantic.
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Sequence
+from ddpkit.cluster.slurmtools.config import has_port_range, parse_config, show_config
+from ddpkit.cluster.slurmtools.runner import Runner, subprocess_runner
 
 __all__ = ["FLAG", "main", "srun_flag"]
 
@@ -22,24 +22,12 @@ FLAG = "--resv-ports=1"
 
 def srun_flag(config: str) -> str:
     """``--resv-ports=1`` when ``scontrol show config`` text has a port range in MpiParams."""
-    for line in config.splitlines():
-        name, _, value = line.partition("=")
-        if name.strip().lower() == "mpiparams" and "ports=" in value.lower():
-            return FLAG
-    return ""
+    return FLAG if has_port_range(parse_config(config)) else ""
 
 
-def _scontrol_config(argv: Sequence[str]) -> str:
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout if done.returncode == 0 else ""
-
-
-def main(scontrol: Sequence[str] = ("scontrol", "show", "config")) -> int:
-    """Print the flag (or an empty line); always exit 0."""
-    print(srun_flag(_scontrol_config(scontrol)))
+def main(runner: Runner = subprocess_runner) -> int:
+    """Print the flag (or an empty line); always exit 0 (no SLURM answer: no flag)."""
+    print(FLAG if has_port_range(show_config(runner=runner)) else "")
     return 0
 
 

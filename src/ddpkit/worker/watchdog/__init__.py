@@ -51,7 +51,7 @@ threads cannot run for the bound (the GIL held that long) is reported by rank 0 
 A rank that hangs while alive and keeps sending heartbeats is bounded by the collective timeout
 (``init(timeout_s=)`` or ``DDPKIT_COLLECTIVE_TIMEOUT``), not by this module.
 
-Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.progress` (is the
+Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.liveness` (is the
 training thread blocked), :mod:`.store` (the link to the store), :mod:`.watcher` (the judging
 thread), :mod:`.hooks` (process-wide wiring: start, stop, excepthook, atexit). Only starting a
 watchdog imports torch.
@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from ddpkit.contract import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_VAR
 from ddpkit.worker.watchdog.hooks import active, start, stop
+from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
     ABORT_EXIT_CODE,
     THREAD_NAME,
@@ -73,7 +74,6 @@ from ddpkit.worker.watchdog.policy import (
     pick_cause,
     raised_message,
 )
-from ddpkit.worker.watchdog.progress import Progress
 from ddpkit.worker.watchdog.watcher import Watchdog
 
 __all__ = [

@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
     ABORT_EXIT_CODE,
     HOOK_POLL_S,
@@ -31,7 +32,6 @@ from ddpkit.worker.watchdog.policy import (
     pick_cause,
     raised_message,
 )
-from ddpkit.worker.watchdog.progress import Progress
 from ddpkit.worker.watchdog.store import StoreLink
 
 # --- the watchdog -------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 
 This module owns the torchx side of the jobs API: the scheduler run config, dry run and
 submission through ``torchx.runner`` (the AppDef comes from the one conversion,
-``ddpkit.jobs.torchx_backend.spec_to_appdef``), the ONE table :data:`TORCHX_STATES` from torchx's
-``AppState`` to ddpkit's :class:`JobState`, and where torchx's log files are.
+``ddpkit.jobs.backends.torchx_appdef.spec_to_appdef``), the ONE table :data:`TORCHX_STATES`
+from torchx's ``AppState`` to ddpkit's :class:`JobState`, and where torchx's log files are.
 
 The job id is torchx's app handle (``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``);
 its record says how to follow it. Two torchx facts shape what follows:
@@ -16,8 +16,8 @@ its record says how to follow it. Two torchx facts shape what follows:
   files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the process.
 * torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
   ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
-  job id, ddpkit asks SLURM itself (``ddpkit.jobs.slurm``); torchx is asked only when SLURM does
-  not know the job, and any exception of torchx becomes an UNKNOWN state with a hint.
+  job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
+  SLURM does not know the job, and any exception of torchx becomes an UNKNOWN state with a hint.
 
 Logs are read from the files torchx's ``log_iter`` reads (``log_lines`` cannot serve a later
 process for either scheduler, see above), so ``ddpkit logs -f`` follows them like any job's.
@@ -36,13 +36,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.cluster import slurmtools as slurm
+from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError, DdpkitError
-from ddpkit.jobs import slurm
-from ddpkit.jobs.backend import Request
+from ddpkit.jobs.backends import Request
+from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record
-from ddpkit.jobs.slurm import JobState, JobStatus
-from ddpkit.jobs.torchx_backend import import_torchx, refuse_sweep
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -95,7 +95,7 @@ def run_config(spec: JobSpec, scheduler: str) -> dict[str, str]:
     """The scheduler's run options (torchx ``cfg``): the spec's SLURM options (``scheduler_cfg``),
     and for local_cwd the spec's ``log_dir``, so the output files outlive the submitting process.
     """
-    from ddpkit.jobs.torchx_backend import scheduler_cfg
+    from ddpkit.jobs.backends.torchx_appdef import scheduler_cfg
 
     cfg = scheduler_cfg(spec, scheduler)
     if scheduler == "local_cwd":
@@ -111,7 +111,7 @@ def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, Any, dict[str, str]]:
             hint=f"use one of {', '.join(SCHEDULERS)}",
         )
     runner_module = import_torchx("runner")
-    from ddpkit.jobs.torchx_backend import spec_to_appdef
+    from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
 
     app = spec_to_appdef(spec, scheduler=scheduler)
     return runner_module.get_runner(), app, run_config(spec, scheduler)
@@ -161,6 +161,11 @@ class TorchxBackend:
 
     def cancel(self, job_id: str, record: JobRecord | None) -> None:
         cancel(record or record_for(job_id))
+
+    def sweep_status(
+        self, job_id: str, record: JobRecord | None
+    ) -> list[tuple[str, JobStatus, str]] | None:
+        return None  # torchx has no job arrays: refuse_sweep keeps sweeps away from it
 
     def log_files(
         self, job_id: str, record: JobRecord | None, rank: int | None

@@ -3,13 +3,16 @@
 In the spirit of torchx's ``Scheduler``: a backend turns a spec into a printable
 :class:`Request` without side effects (``dry_run``), submits exactly that request
 (``schedule``: so a submission is a dry run plus a schedule), and follows what it submitted
-(``status``, ``cancel``, ``log_files``). The jobs API (:mod:`ddpkit.jobs.api`) only looks a
-backend up and calls it; nothing outside a backend's module branches on its name.
+(``status``, ``sweep_status``, ``cancel``, ``log_files``: each backend owns its log layout).
+The jobs API (:mod:`ddpkit.jobs.api`) and the CLI only look a backend up and call it: nothing
+outside this package branches on a backend's name (tests/test_backend_names.py checks).
 
-    backend name   module                              submits with
-    sbatch         ddpkit.jobs.sbatch_backend          sbatch, a script from ddpkit's templates
-    submitit       ddpkit.jobs.submitit_backend        submitit's AutoExecutor (on SLURM)
-    torchx         ddpkit.jobs.torchx_jobs             torchx's runner (local_cwd or slurm)
+    backend name   module                         submits with
+    sbatch         ddpkit.jobs.backends.sbatch    sbatch, a script from ddpkit's templates
+    submitit       ddpkit.jobs.backends.submitit  submitit's AutoExecutor (on SLURM)
+    torchx         ddpkit.jobs.backends.torchx    torchx's runner (local_cwd or slurm); the
+                                                  spec -> AppDef conversion it shares with
+                                                  ddpkit.components is backends.torchx_appdef
 
 Modules are imported when their backend is first used (submitit and torchx are optional
 extras). A fourth backend is one module with a ``BACKEND`` object and one line in
@@ -24,20 +27,28 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.errors import ConfigError
 from ddpkit.hints import did_you_mean
-from ddpkit.jobs.records import JobRecord, Via
+from ddpkit.jobs.records import JobRecord, Via, is_torchx_handle
 
 if TYPE_CHECKING:
+    from ddpkit.cluster.slurmtools import JobStatus
     from ddpkit.jobs.logs import LogFile
-    from ddpkit.jobs.slurm import JobStatus
     from ddpkit.jobs.spec import JobSpec
 
-__all__ = ["BACKENDS", "Backend", "Request", "get_backend"]
+__all__ = [
+    "BACKENDS",
+    "SCHEDULERS",
+    "Backend",
+    "Request",
+    "check_scheduler",
+    "follower",
+    "get_backend",
+]
 
 # backend name -> the module whose BACKEND implements it (imported on first use)
 BACKENDS: dict[Via, str] = {
-    "sbatch": "ddpkit.jobs.sbatch_backend",
-    "submitit": "ddpkit.jobs.submitit_backend",
-    "torchx": "ddpkit.jobs.torchx_jobs",
+    "sbatch": "ddpkit.jobs.backends.sbatch",
+    "submitit": "ddpkit.jobs.backends.submitit",
+    "torchx": "ddpkit.jobs.backends.torchx",
 }
 
 
@@ -81,11 +92,46 @@ class Backend(Protocol):
         """Stop the job (every step and process of it)."""
         ...
 
+    def sweep_status(
+        self, job_id: str, record: JobRecord | None
+    ) -> list[tuple[str, JobStatus, str]] | None:
+        """Every task of a recorded sweep, ``(task id, status, run name)``; None when
+        ``job_id`` is not a sweep's (or the backend has no sweeps)."""
+        ...
+
     def log_files(
         self, job_id: str, record: JobRecord | None, rank: int | None
     ) -> tuple[list[LogFile], str]:
-        """The job's output files that exist, and where they were looked for."""
+        """The job's output files that exist, and where they were looked for: the backend owns
+        its log layout (file names, per-rank files, a sweep's tasks)."""
         ...
+
+
+# backends that take a scheduler (``--scheduler``), and which
+SCHEDULERS: dict[Via, tuple[str, ...]] = {"torchx": ("local_cwd", "slurm")}
+
+
+def check_scheduler(via: str, scheduler: str | None, *, flags: bool = False) -> None:
+    """A ConfigError when ``scheduler`` is given to a backend that takes none; ``flags``: word
+    it as the CLI's ``--scheduler``/``--via``."""
+    if scheduler is None or via in SCHEDULERS:
+        return
+    takers = ", ".join(SCHEDULERS)
+    if flags:
+        message = f"--scheduler {scheduler} is for --via {takers}, not --via {via}"
+        hint = f"add --via {takers}, or drop --scheduler"
+    else:
+        message = f"scheduler={scheduler!r} is for via {takers!r}, not via {via!r}"
+        hint = f"add --via {takers}, or drop --scheduler"
+    raise ConfigError(message, hint=hint)
+
+
+def follower(job: str, record: JobRecord | None) -> Backend:
+    """The backend that follows ``job``: its record's; without one, torchx for an app handle
+    (``scheduler://session/app``) and the sbatch backend (SLURM's tools) for a job id."""
+    if record is not None:
+        return get_backend(record.via)
+    return get_backend("torchx" if is_torchx_handle(job) else "sbatch")
 
 
 def get_backend(via: str) -> Backend:

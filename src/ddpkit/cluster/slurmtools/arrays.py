@@ -1,32 +1,21 @@
-"""SLURM job arrays (a sweep's runs): the state of every task at once, and ``MaxArraySize``.
+"""SLURM job arrays (a sweep's runs): the state of every task at once.
 
 Each tool is asked once for the whole array (``squeue --array``, ``sacct``, ``scontrol show
 job``), whose rows name tasks (``123_4``) or, for pending ones, ranges (``123_[5-9%2]``); each
-task then gets its answer in :func:`ddpkit.jobs.slurm.query_state`'s order. One task's own
+task then gets its answer in :func:`ddpkit.cluster.slurmtools.query_state`'s order. One task's own
 state, cancel and requeue need nothing here: ``123_4`` is a job id to every SLURM tool.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
+from ddpkit.cluster.slurmtools.query import Row, covers, parse_job_id, row_status, tool_rows
+from ddpkit.cluster.slurmtools.runner import Runner, subprocess_runner
+from ddpkit.cluster.slurmtools.states import JobState, JobStatus, Source
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.slurm import (
-    JobState,
-    JobStatus,
-    Row,
-    Runner,
-    SlurmError,
-    Source,
-    covers,
-    parse_job_id,
-    row_status,
-    subprocess_runner,
-    tool_rows,
-)
 
-__all__ = ["max_array_size", "query_tasks"]
+__all__ = ["query_tasks"]
 
 
 def _task_statuses(rows: Sequence[Row], array: str, source: Source) -> dict[int, JobStatus]:
@@ -92,15 +81,3 @@ def _pick(found: Mapping[Source, JobStatus], job: str) -> JobStatus:
         return accounted
     hint = f"no SLURM tool lists {job}; without accounting SLURM forgets it MinJobAge s after"
     return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
-
-
-def max_array_size(
-    *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
-) -> int | None:
-    """The cluster's ``MaxArraySize`` (``scontrol show config``), or None when not known."""
-    try:
-        done = runner(["scontrol", "show", "config"], env=env)
-    except SlurmError:
-        return None
-    match = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", done.stdout, re.MULTILINE)
-    return int(match.group(1)) if done.returncode == 0 and match else None

@@ -1,0 +1,66 @@
+"""SLURM's command-line tools behind the one :class:`Runner` seam (torch-free, stdlib only).
+
+    runner.py    the seam: ``runner(argv, stdin=, env=) -> CommandResult``; the real one runs
+                 the tool with a timeout; every SLURM command of ddpkit goes through it
+    states.py    JobState, the ONE table from SLURM's state strings to it, JobStatus
+    query.py     job ids; one parser per tool's output; squeue -> sacct -> scontrol -> UNKNOWN
+    arrays.py    every task of a job array at once
+    commands.py  submit (sbatch), cancel (scancel), requeue (scontrol), wait
+    config.py    ``scontrol show config``, asked and parsed in one place
+
+Nothing here imports torch or writes ``os.environ``; ``env=None`` means the caller's
+environment. The names below are the ones the rest of ddpkit uses.
+"""
+
+from __future__ import annotations
+
+from ddpkit.cluster.slurmtools.commands import (
+    cancel,
+    poll_until_finished,
+    requeue,
+    submit_script,
+    wait,
+)
+from ddpkit.cluster.slurmtools.query import (
+    Row,
+    covers,
+    job_fields,
+    parse_job_id,
+    query_state,
+    row_status,
+    scontrol_fields,
+    tool_rows,
+)
+from ddpkit.cluster.slurmtools.runner import CommandResult, Runner, SlurmError, subprocess_runner
+from ddpkit.cluster.slurmtools.states import (
+    SLURM_STATES,
+    JobState,
+    JobStatus,
+    Source,
+    state_from_slurm,
+)
+
+__all__ = [
+    "SLURM_STATES",
+    "CommandResult",
+    "JobState",
+    "JobStatus",
+    "Row",
+    "Runner",
+    "SlurmError",
+    "Source",
+    "cancel",
+    "covers",
+    "job_fields",
+    "parse_job_id",
+    "poll_until_finished",
+    "query_state",
+    "requeue",
+    "row_status",
+    "scontrol_fields",
+    "state_from_slurm",
+    "submit_script",
+    "subprocess_runner",
+    "tool_rows",
+    "wait",
+]

@@ -1,0 +1,355 @@
+"""The submitit backend: a JobSpec as ``submitit.AutoExecutor`` parameters, and submission.
+
+This module owns the translation spec -> executor parameters (one function, so the dry run shows
+exactly what a submission uses) and the two ways to submit: the spec's command, run in every
+task by ``submitit.helpers.CommandFunction``, or any picklable Python function. submitit is an
+optional dependency, imported only here and only when used; without it the error names the
+extra to install.
+
+Every task is one process (submitit starts ``nodes * procs`` SLURM tasks), so inside the job
+``ddpkit.init()`` finds its rank through submitit's SLURM environment.
+
+Stop signals: submitit asks SLURM for its USR2 warning before the time limit (``--signal``, set
+here from the spec's ``signal`` and ``warning_s``) and, in the job, binds USR2 to a handler
+that on rank 0 requeues the job at once, without waiting for anything. A Python function that
+creates ``ddpkit.preemption_guard()`` replaces that handler in its own process. The spec's
+command runs under submitit's task runner (``ddpkit.launch.submitit_task.RunCommand``), which
+holds the signal and passes it on to the command instead (:mod:`ddpkit.cluster.stop`).
+
+A sweep goes through ``executor.map_array``: one SLURM array, each task a ``RunCommand``
+with the task's command (placeholders substituted here, as words: no shell in between) and
+its ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism`` is ``max_parallel`` (else every
+run at once: submitit's default would cap it at 256). submitit submits a single item as a
+plain job, not an array of one, and :func:`sweep_record` records it as one. A Python function
+goes through :func:`map_function`, which calls it with each task's values as keyword arguments.
+
+``#SBATCH`` values: submitit quotes them for bash (``shlex.quote``), but sbatch's own parser
+reads them and takes a backslash as an escape even inside single quotes, so a value with
+``\\'`` could add an sbatch option of its own. Every value is handed to submitit with its
+backslashes doubled (:func:`ddpkit.compat.submitit_sbatch_value`), which sbatch reads back as
+the value itself; a backslash in the log folder (``--output``) is refused, as SLURM turns the
+``%j`` patterns off there. The dry run shows the spec's values in ``parameters`` and the
+script as submitted.
+
+The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
+rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
+would lose the SLURM variables they find their ranks from. The spec's ``template`` is for sbatch
+scripts only: submitit writes its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from ddpkit.compat import submitit_sbatch_text, submitit_sbatch_value
+from ddpkit.contract import SUBMITIT_SIGNAL_VAR, SUBMITIT_TASK_MODULE
+from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends import Request
+from ddpkit.jobs.backends.sbatch import SlurmJobs, check_array_size, log_dir_made
+from ddpkit.jobs.exports import exports as contract_exports
+from ddpkit.jobs.exports import sweep_exports
+from ddpkit.jobs.logs import LogFile, numbered, pick, sweep_log_files
+from ddpkit.jobs.records import JobRecord, Via, new_record
+from ddpkit.jobs.render import batch_output_path
+from ddpkit.jobs.sweep import substitute
+
+if TYPE_CHECKING:
+    import submitit
+
+    from ddpkit.jobs.spec import JobSpec
+
+__all__ = [
+    "BACKEND",
+    "SubmititBackend",
+    "command_line",
+    "dry_run",
+    "executor_parameters",
+    "folder",
+    "import_submitit",
+    "make_executor",
+    "map_function",
+    "record_of_function",
+    "submit_command",
+    "submit_function",
+    "submitted_script",
+    "sweep_record",
+    "sweep_runs",
+]
+
+_INSTALL_HINT = "pip install ddpkit[submitit]"
+
+
+def import_submitit() -> ModuleType:
+    """``import submitit``, or a ConfigError naming the extra to install."""
+    try:
+        import submitit
+    except ImportError as exc:
+        raise ConfigError(
+            f"via 'submitit' needs the submitit package, which cannot be imported ({exc})",
+            hint=f"{_INSTALL_HINT}, or submit with --via sbatch",
+        ) from exc
+    return submitit
+
+
+def folder(spec: JobSpec) -> Path:
+    """The executor folder: the spec's log_dir, made absolute against its workdir."""
+    return Path(spec.log_path)
+
+
+def command_line(spec: JobSpec) -> list[str]:
+    """What every task runs: the spec's python, unbuffered, then its command."""
+    return [spec.python, "-u", *spec.command]
+
+
+def _setup_lines(spec: JobSpec) -> list[str]:
+    """The spec's setup lines (verbatim shell), then its environment as quoted exports."""
+    # The job contract, as the sbatch templates export it (every submitit task is one process,
+    # as under launch: srun), and the signal submitit's own job side binds.
+    exports = {**spec.env, **contract_exports(spec, launch="srun")}
+    if spec.signal is not None:
+        exports[SUBMITIT_SIGNAL_VAR] = spec.signal
+    return [*spec.setup, *(f"export {k}={shlex.quote(v)}" for k, v in exports.items())]
+
+
+def executor_parameters(spec: JobSpec) -> dict[str, Any]:
+    """``AutoExecutor.update_parameters`` keyword arguments for ``spec``."""
+    if spec.launch != "srun":
+        raise ConfigError(
+            f"launch={spec.launch!r} cannot go through submitit, which starts one SLURM task "
+            "per process (as launch: srun does)",
+            hint="submit it with --via sbatch, or set launch: srun",
+        )
+    # False means "leave the option out" for an #SBATCH switch; submitit would write "=False".
+    extras: dict[str, Any] = {k: v for k, v in spec.sbatch.items() if v is not False}
+    extras.setdefault("chdir", spec.workdir)
+    if spec.signal is not None:
+        # submitit writes --signal=USR2@90 itself; its additional parameters win. No "B:": the
+        # signal goes to every process of the step, as submitit expects.
+        extras["signal"] = f"{spec.signal}@{spec.warning_s}"
+    if spec.max_requeues == 0:
+        extras["no-requeue"] = True
+    params: dict[str, Any] = {
+        "name": spec.name,
+        "nodes": spec.nodes,
+        "tasks_per_node": spec.procs,
+        "cpus_per_task": spec.cpus_per_task,
+        "timeout_min": spec.time_min,
+        "stderr_to_stdout": True,  # one file per rank, as srun --output gives in sbatch mode
+        "slurm_setup": _setup_lines(spec),
+        "slurm_additional_parameters": extras,
+    }
+    if spec.sweep is not None:
+        params["slurm_array_parallelism"] = spec.sweep.max_parallel or spec.sweep.count
+    if spec.gpus_per_node:
+        params["gpus_per_node"] = spec.gpus_per_node
+    if spec.mem_gb is not None:
+        params["mem_gb"] = spec.mem_gb
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(spec, key)
+        if value is not None:
+            params[f"slurm_{key}"] = value
+    return params
+
+
+def _sbatch_read_back(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with every text that submitit writes on an ``#SBATCH`` line made to reach
+    sbatch as it is (:func:`ddpkit.compat.submitit_sbatch_value`); ``slurm_setup`` is bash."""
+    out = {k: submitit_sbatch_value(v) if isinstance(v, str) else v for k, v in params.items()}
+    extras = params["slurm_additional_parameters"]
+    out["slurm_additional_parameters"] = {
+        k: submitit_sbatch_value(v) if isinstance(v, str) else v for k, v in extras.items()
+    }
+    return out
+
+
+def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
+    """A SLURM ``AutoExecutor`` configured from ``spec`` (needs ``srun`` on PATH)."""
+    # The folder is in submitit's --output patterns, where SLURM turns %j off after a
+    # backslash: refused, as for sbatch scripts (the error names workdir or log_dir).
+    batch_output_path(spec)
+    module = import_submitit()
+    try:
+        executor: submitit.AutoExecutor = module.AutoExecutor(
+            folder=folder(spec), cluster="slurm", slurm_python=shlex.quote(spec.python)
+        )
+    except RuntimeError as exc:  # SlurmExecutor refuses to exist without srun
+        raise ConfigError(
+            f"via 'submitit' cannot reach SLURM: {exc}",
+            hint="run on a host with the SLURM client commands (srun, sbatch) on PATH",
+        ) from exc
+    executor.update_parameters(**_sbatch_read_back(executor_parameters(spec)))
+    return executor
+
+
+def dry_run(spec: JobSpec) -> str:
+    """The executor folder, parameters and command, plus the sbatch text submitit would write.
+
+    Nothing is created: the sbatch text comes from submitit's own renderer, which is reachable
+    only where ``srun`` exists; elsewhere a comment says so. Without submitit installed this
+    fails as a submission would.
+    """
+    import_submitit()
+    shown: dict[str, Any] = {
+        "folder": str(folder(spec)),
+        "python": spec.python,
+        "parameters": executor_parameters(spec),
+        "command": command_line(spec),
+        "cwd": spec.workdir,
+    }
+    if spec.sweep is not None:
+        shown["map_array"] = [
+            {"task": task.index, "command": command.command, "env": command.env}
+            for task, command in zip(spec.sweep.tasks, sweep_runs(spec), strict=True)
+        ]
+    head = yaml.safe_dump(shown, sort_keys=False, default_flow_style=False)
+    count = None if spec.sweep is None else spec.sweep.count
+    try:
+        script = submitit_sbatch_text(make_executor(spec), map_count=count)
+    except ConfigError as exc:
+        return f"{head}# sbatch script: not shown ({exc.message})\n"
+    return f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
+
+
+def run_command(command: list[str], *, cwd: str, env: dict[str, str] | None = None) -> Any:
+    """The picklable task runner for ``command`` (``RunCommand`` of the module
+    ``SUBMITIT_TASK_MODULE`` names: launch/, above jobs/, so not imported by name)."""
+    return importlib.import_module(SUBMITIT_TASK_MODULE).RunCommand(command, cwd=cwd, env=env)
+
+
+def sweep_runs(spec: JobSpec) -> list[Any]:
+    """One task runner (:func:`run_command`) per task of the spec's sweep: its command and
+    variables."""
+    if spec.sweep is None:
+        return []
+    return [
+        run_command(
+            [
+                spec.python,
+                "-u",
+                *(substitute(word, task.placeholder_values()) for word in spec.command),
+            ],
+            cwd=spec.workdir,
+            env=sweep_exports(task),
+        )
+        for task in spec.sweep.tasks
+    ]
+
+
+def _run(command: Callable[[], int]) -> int:
+    """What each array task of a sweep calls (map_array passes one argument per task)."""
+    return command()
+
+
+def submit_command(spec: JobSpec) -> JobRecord:
+    """Submit the spec's command (a sweep: one array through ``map_array``); its record."""
+    executor = make_executor(spec)
+    # records say launch "srun", whatever the spec's: submitit starts one task per process
+    if spec.sweep is None:
+        job = executor.submit(run_command(command_line(spec), cwd=spec.workdir))
+        return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
+    return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
+
+
+def sweep_record(spec: JobSpec, jobs: Sequence[submitit.Job[Any]]) -> JobRecord:
+    """The record of a sweep that ``map_array`` submitted, from its tasks' jobs.
+
+    submitit submits a ``map_array`` of one item as a plain job (``123``, not ``123_0``):
+    SLURM has no array whose tasks ``ddpkit status``/``logs`` could list, so the record is a
+    plain job's (the run still gets its values, through its command and variables).
+    """
+    array, _, task = str(jobs[0].job_id).partition("_")
+    record = new_record(spec, array, "submitit", submitted_script(jobs[0]), launch="srun")
+    return record if task else replace(record, sweep_runs=None)
+
+
+def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[Any]]:
+    """Run ``fn(**values)`` for each task of the spec's sweep, as one array (``map_array``);
+    the values are the task's text, as the command would get them."""
+    if spec.sweep is None:
+        raise ConfigError(
+            f"spec {spec.name!r} has no sweep to map over",
+            hint="add a sweep: section (or --sweep), or use submit_function",
+        )
+    check_array_size(spec)
+    calls = [_Call(fn, dict(task.values)) for task in spec.sweep.tasks]
+    return list(make_executor(spec).map_array(_Call.__call__, calls))
+
+
+class _Call:
+    """``fn(**kwargs)``, picklable, for map_array."""
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, str]) -> None:
+        self.fn = fn
+        self.kwargs = kwargs
+
+    def __call__(self) -> Any:
+        return self.fn(**self.kwargs)
+
+
+def submit_function(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, spec: JobSpec
+) -> submitit.Job[Any]:
+    """Submit ``fn(*args, **kwargs)`` to run in every task, with the spec's resources."""
+    return make_executor(spec).submit(fn, *args, **kwargs)
+
+
+def submitted_script(job: submitit.Job[Any]) -> str | None:
+    """The sbatch text submitit wrote for ``job`` (None if it is gone)."""
+    try:
+        return job.paths.submission_file.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+class SubmititBackend(SlurmJobs):
+    """The ``submitit`` backend: the spec's command through submitit's ``AutoExecutor``."""
+
+    via: Via = "submitit"
+
+    def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        return Request(self.via, spec, dry_run(spec))
+
+    def schedule(self, request: Request) -> JobRecord:
+        spec = request.spec
+        check_array_size(spec)
+        with log_dir_made(spec):
+            return submit_command(spec)
+
+    def stem(self, job: str, record: JobRecord) -> str:
+        """submitit names its files by the job id alone."""
+        return job
+
+    def files_at(
+        self, directory: Path, job: str, rank: int | None, stem: str, source: str
+    ) -> tuple[list[LogFile], str]:
+        """submitit's layout: ``<folder>/<id>_<task>_log.out`` (``stem`` is the job id); task
+        0's file is the batch output."""
+        ranks = numbered(directory, f"{stem}_", "_log.out")
+        return pick(rank, [], ranks, {}), f"{directory}/{stem}_<N>_log.out ({source})"
+
+    def sweep_files(
+        self, job: str, record: JobRecord, rank: int | None
+    ) -> tuple[list[LogFile], str]:
+        """A sweep through ``map_array``: ``<folder>/<array>_<task>_<rank>_log.out``."""
+
+        def task_files(directory: Path, array: str, task: int, run: str) -> list[LogFile]:
+            return pick(rank, [], numbered(directory, f"{array}_{task}_", "_log.out"), {})
+
+        pattern = f"{record.log_dir}/{job.partition('_')[0]}_<task>_<N>_log.out"
+        return sweep_log_files(job, record, rank, task_files, pattern)
+
+
+def record_of_function(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
+    """The record of a function job (:func:`submit_function`), as ``ddpkit status`` reads it."""
+    return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
+
+
+BACKEND = SubmititBackend()

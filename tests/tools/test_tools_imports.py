@@ -1,0 +1,32 @@
+"""The doctor and its communication step depend on ``tools/doctor_report.py`` (options and
+report), not on each other: no import of ``tools/doctor.py`` from ``tools/commrun.py``, not even
+one hidden under ``TYPE_CHECKING`` (a cycle that type checking alone still needs)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parents[2] / "src" / "ddpkit" / "tools"
+
+
+def imported(path: Path) -> set[str]:
+    """Every ddpkit module ``path`` names in an import, anywhere in the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("ddpkit")}
+
+
+def test_commrun_does_not_import_the_doctor() -> None:
+    assert "ddpkit.tools.doctor" not in imported(TOOLS / "commrun.py")
+    assert "ddpkit.tools.doctor_report" in imported(TOOLS / "commrun.py")
+
+
+def test_doctor_report_imports_neither() -> None:
+    names = imported(TOOLS / "doctor_report.py")
+    assert not names & {"ddpkit.tools.doctor", "ddpkit.tools.commrun"}, names
