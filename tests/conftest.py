@@ -8,8 +8,10 @@ and cross-cutting checks at the top). ``tests`` is a package, so its helpers are
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -25,24 +27,23 @@ def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _PYTEST_OWN}
 
 
-# torch sets this one in os.environ itself, the first time anything imports torch._dynamo (a
-# torch.compile, a launcher's log formatter): not a test's leak, whichever test comes first
-_TORCH_ON_DYNAMO_IMPORT = "TORCHINDUCTOR_CACHE_DIR"
+# torch's inductor writes this one into os.environ whenever it looks its cache folder up
+# (torch/_inductor/runtime/cache_dir_utils.py: cache_dir(), at every compile, not only the first):
+# set once for the whole session, to the absolute path it would write, so that a compile in any
+# test, in any order, changes nothing (a per-test exception for the first import of
+# torch._dynamo missed later compiles once the test order changed)
+_INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
+os.environ.setdefault(
+    _INDUCTOR_CACHE_VAR,
+    os.path.abspath(os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")),
+)
 
 
 @pytest.fixture(autouse=True)
 def _no_env_leak() -> Iterator[None]:
     before = _environ()
-    dynamo_before = "torch._dynamo" in sys.modules
     yield
     after = _environ()
-    if (
-        not dynamo_before
-        and "torch._dynamo" in sys.modules
-        and _TORCH_ON_DYNAMO_IMPORT in after
-        and _TORCH_ON_DYNAMO_IMPORT not in before
-    ):
-        before[_TORCH_ON_DYNAMO_IMPORT] = after[_TORCH_ON_DYNAMO_IMPORT]
     if after != before:
         added = sorted(set(after) - set(before))
         removed = sorted(set(before) - set(after))

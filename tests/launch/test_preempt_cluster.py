@@ -151,7 +151,8 @@ def outcomes(
             spec.write_text(
                 f"name: pre-{name}\npartition: debug\nnodes: 2\nprocs_per_node: 1\n"
                 f"workdir: {workdir}\nlog_dir: logs\nenv: {{OMP_NUM_THREADS: '1'}}\n"
-                f"command: {EXAMPLE} {TRAIN} --checkpoint-dir {workdir / 'ck'} "
+                f"command: {_task_gate(case, workdir)}{EXAMPLE} {TRAIN} "
+                f"--checkpoint-dir {workdir / 'ck'} "
                 f"--step-delay {case.step_delay}\n{case.fields}{_gate(case, workdir)}"
             )
             job_id = run(
@@ -226,6 +227,32 @@ def _gate(case: Scenario, workdir: Path) -> str:
     if case.storm != "batch":
         return ""
     return f"setup: ['while [ ! -e {workdir / 'go'} ]; do sleep 0.1; done']\n"
+
+
+_TASK_GATE = """\
+import runpy, sys, time
+from pathlib import Path
+
+go, deadline = Path({go!r}), time.monotonic() + 600
+while not go.exists():  # bounded: a test that never says go must not leave a task behind
+    if time.monotonic() > deadline:
+        sys.exit("gate: no go within 600 s")
+    time.sleep(0.1)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _task_gate(case: Scenario, workdir: Path) -> str:
+    """A direct storm's ranks wait in a gate script (under the task's holder, the signal still
+    blocked) until the first signal has been sent, then run the training script: so that signal
+    always comes before any rank has latched. Ungated, on a loaded machine, the storm's first
+    signal once came only after both ranks had latched (held 0), and the case tested nothing."""
+    if case.storm != "direct":
+        return ""
+    gate = workdir / "gate.py"
+    gate.write_text(_TASK_GATE.format(go=str(workdir / "go")))
+    return f"{gate} "
 
 
 def _storm_may_start(case: Scenario, workdir: Path) -> bool:
