@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "gather": "ddpkit.worker.gather",
     "save_checkpoint": "ddpkit.worker.checkpoint",
     "load_checkpoint": "ddpkit.worker.checkpoint",
+    "checkpoint_origin": "ddpkit.worker.ckptfiles",
     "preemption_guard": "ddpkit.worker.preempt",
     "PreemptionGuard": "ddpkit.worker.preempt",
     "print": "ddpkit.worker.rankzero",
@@ -57,6 +58,7 @@ __all__ = [
     "RankInfo",
     "__version__",
     "balanced_loss",
+    "checkpoint_origin",
     "clean_state_dict",
     "current",
     "detect",
@@ -83,6 +85,7 @@ if TYPE_CHECKING:
     from ddpkit.cluster.rankinfo import RankInfo
     from ddpkit.worker.balanced import Args, balanced_loss
     from ddpkit.worker.checkpoint import load_checkpoint, save_checkpoint
+    from ddpkit.worker.ckptfiles import checkpoint_origin
     from ddpkit.worker.context import Context, current, init, shutdown
     from ddpkit.worker.gather import gather
     from ddpkit.worker.loader import loader

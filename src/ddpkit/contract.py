@@ -48,6 +48,8 @@ __all__ = [
     "RESERVED_ENV",
     "RESV_PORTS_MODULE",
     "RUN_COMMAND",
+    "RUN_ID_MAX_CHARS",
+    "RUN_ID_VAR",
     "SIGNAL_VAR",
     "STOP_HOLD_MODULE",
     "SUBMITIT_SIGNAL_VAR",
@@ -70,6 +72,9 @@ LOG_ALL_RANKS_VAR: Final = "DDPKIT_LOG_ALL_RANKS"
 HOME_VAR: Final = "DDPKIT_HOME"
 DEFAULT_HOME: Final = "~/.cache/ddpkit"
 LAUNCH_TOKEN_VAR: Final = "DDPKIT_LAUNCH_TOKEN"  # set by `ddpkit run` for its workers
+# yours to set; else `ddpkit run` sets it for its workers (ddpkit.cluster.runid says from what)
+RUN_ID_VAR: Final = "DDPKIT_RUN_ID"
+RUN_ID_MAX_CHARS: Final = 128  # a W&B run id, a file name, a log line: short and plain
 
 # ---- the job-script contract ---------------------------------------------------------------
 EXPECTED_WORLD_SIZE_VAR: Final = "DDPKIT_EXPECTED_WORLD_SIZE"
@@ -166,6 +171,17 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "they start. When the launcher dies without having ended normally (`kill -9`, the "
         "OOM killer), its sweeper kills every process that carries it (Linux). Not yours to "
         "set.",
+    ),
+    EnvVar(
+        RUN_ID_VAR,
+        "you, else `ddpkit run`",
+        "the SLURM job (`slurm-<job id>`, `slurm-<array id>_<task>`), else the launch",
+        "The run's identity, the same on every rank and in every attempt of the run (a "
+        "requeue, a `--max-restarts` restart): `ctx.run_id`, stored in each checkpoint, "
+        "shown by `ddpkit status`; pass it to a tracker to resume one run per requeue (see "
+        f"[tracking](../guide/tracking.md)). At most {RUN_ID_MAX_CHARS} characters: letters, "
+        "digits, `.`, `_`, `-`, starting with a letter or digit. Without a SLURM job, `ddpkit "
+        "run` sets it for its workers (the rendezvous id, else a fresh one per launch).",
     ),
     EnvVar(
         EXPECTED_WORLD_SIZE_VAR,

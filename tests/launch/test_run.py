@@ -38,6 +38,8 @@ def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("PET_") or name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE":
             monkeypatch.delenv(name)
+    for name in ("DDPKIT_RUN_ID", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):  # the run id's sources
+        monkeypatch.delenv(name, raising=False)
 
 
 def by_rank(text: str) -> dict[int, list[str]]:
@@ -94,7 +96,9 @@ def test_standalone_is_c10d_on_a_free_port_and_omp_goes_to_workers_only(
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "localhost:0")
     assert config.run_id != second.launch_config.run_id
     assert "OMP_NUM_THREADS" not in os.environ
-    assert first.worker_env == {"OMP_NUM_THREADS": "1"}
+    # one run id per launch for its workers: the rendezvous id, fresh per standalone launch
+    assert first.worker_env == {"OMP_NUM_THREADS": "1", "DDPKIT_RUN_ID": config.run_id}
+    assert second.worker_env["DDPKIT_RUN_ID"] == second.launch_config.run_id != config.run_id
     assert "redirects=0, tee=3," in repr(config.logs_specs)
 
 

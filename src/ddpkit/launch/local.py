@@ -39,6 +39,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezv
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ddpkit.cluster.rendezvous.endpoint import hosts_store
+from ddpkit.cluster.runid import launch_run_id
 from ddpkit.cluster.stop import forward as stop_forward
 from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
@@ -46,6 +47,7 @@ from ddpkit.compat import (
     tail_logs_tuned,
     torchrun_notice_muted,
 )
+from ddpkit.contract import RUN_ID_VAR
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.launch import deathsig, node_order, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
@@ -102,6 +104,10 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
                 hint="use a process count, or a device kind this machine has",
             ) from exc
         worker_env = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    # One run id per launch, kept by every agent restart (see ddpkit.cluster.runid)
+    run_id = launch_run_id(os.environ, args.rdzv_id, one_node=config.max_nodes == 1)
+    if run_id is not None:
+        worker_env[RUN_ID_VAR] = run_id
     launch_config.log_line_prefix_template = config.log_line_prefix_template
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env)
 

@@ -66,6 +66,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpkit.cluster.runid import run_identity
 from ddpkit.errors import CheckpointError, ConfigError, DdpkitError
 from ddpkit.worker import ckptfiles
 from ddpkit.worker.context import current_or_none
@@ -117,8 +118,9 @@ def save_checkpoint(
     path: Path | None = None
     if rank == 0:
         rngs = [rng for rng, _ in gathered]
-        payload = {"step": step, "world_size": world_size, "state": saved, "rng": rngs}
         try:
+            payload = {"step": step, "world_size": world_size, **_run_stamp(), "state": saved}
+            payload["rng"] = rngs
             path = _save(Path(directory), payload, step, keep_last)
         except Exception as error:
             failure = error
@@ -220,6 +222,17 @@ def _restore(saved: Mapping[str, Any], state: MutableMapping[str, Any]) -> None:
             target.load_state_dict(value)
         else:
             state[key] = value
+
+
+def _run_stamp() -> dict[str, Any]:
+    """The run id and attempt that write this checkpoint (see :mod:`ddpkit.cluster.runid`):
+    strings and ints in the file's head, so ``checkpoint_origin`` reads them unpickling
+    nothing; none without a context whose run the environment names."""
+    context = current_or_none()
+    run = context.run if context is not None else run_identity(os.environ)
+    if run.source == "fresh" and context is None:
+        return {}  # a fresh id per save would name no run
+    return {"run_id": run.run_id, "attempt": run.attempt}
 
 
 def _identity(payload: Mapping[str, Any] | None) -> tuple[int, int] | None:

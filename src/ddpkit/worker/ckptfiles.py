@@ -11,6 +11,10 @@ about its sequence; that only changes which file a load tries first, and the loa
 ``weights_only`` (:mod:`ddpkit.worker.safeload`). Format 1 files (before the sequence) count
 as older than any later save, by step among themselves.
 
+The same head names the run that wrote the file (``"run_id": "slurm-1234", "attempt": 1``, after
+``step`` and ``world_size``; a reader that takes integers only stops before them):
+:func:`checkpoint_origin` reads it the same way, for any rank, without loading the file.
+
 Pruning deletes the files a save replaces or no longer keeps, and the temporary files of dead
 writers (:func:`ddpkit.worker.durable.stale_temps`), never a live writer's.
 """
@@ -18,6 +22,7 @@ writers (:func:`ddpkit.worker.durable.stale_temps`), never a live writer's.
 from __future__ import annotations
 
 import io
+import os
 import pickletools
 import re
 from collections.abc import Iterator
@@ -27,13 +32,24 @@ from typing import NamedTuple
 from ddpkit import compat
 from ddpkit.worker.durable import stale_temps
 
-__all__ = ["COMPLETE", "READABLE", "Found", "doomed", "numbered", "prune", "written"]
+__all__ = [
+    "COMPLETE",
+    "READABLE",
+    "Found",
+    "Origin",
+    "checkpoint_origin",
+    "doomed",
+    "numbered",
+    "prune",
+    "written",
+]
 
 READABLE = (1, 2)  # format 1 has no sequence: older than every format-2 save
 # used with fullmatch: "$" also matches before a final newline ("ckpt-000000001.pt\n")
 COMPLETE = re.compile(r"ckpt-(\d{9,})\.pt")
 _TEMP_PREFIX = "ckpt-"  # temporary files are ".ckpt-<step>.pt.<writer>.tmp"
-_HEAD_BYTES = 4096  # the header's few items take ~60 bytes; a bound, whatever the file holds
+_HEAD_BYTES = 4096  # the header's few items take ~200 bytes; a bound, whatever the file holds
+_MAX_TEXT = 256  # a header string (the run id: 128 at most); a longer one ends the header
 _MEMO = {"PROTO", "FRAME", "BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"}
 _STRINGS = {"BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE"}
 _INTS = {"BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG"}
@@ -46,6 +62,16 @@ class Found(NamedTuple):
     step: int
     path: Path
     problem: str | None  # why its sequence could not be read, or None
+
+
+class Origin(NamedTuple):
+    """Which run wrote a checkpoint: its ``run_id`` and ``attempt`` (None in a checkpoint saved
+    without them: by an older ddpkit, or with no run id known), and the file and its step."""
+
+    path: Path
+    step: int
+    run_id: str | None
+    attempt: int | None
 
 
 def written(folder: Path) -> list[Found]:
@@ -73,27 +99,60 @@ def found(path: Path, step: int) -> Found:
         problem = f"it cannot be read as a checkpoint ({type(error).__name__}: {error})"
         return Found(-1, step, path, problem)
     header = header_of(head)
-    version = header.get("format")
+    version, sequence = header.get("format"), header.get("sequence", 0)
     if version not in READABLE or (version == 2 and "sequence" not in header):
         return Found(-1, step, path, "not written by ddpkit.save_checkpoint")
-    return Found(header.get("sequence", 0), step, path, None)
+    if not isinstance(sequence, int):
+        return Found(-1, step, path, "not written by ddpkit.save_checkpoint")
+    return Found(sequence, step, path, None)
 
 
-def header_of(head: bytes) -> dict[str, int]:
-    """The leading ``str: int`` items of the dict pickled in ``head`` (a bounded prefix),
-    decoded opcode by opcode: ``{"format": 2, "sequence": 7, "step": 100}`` for a ddpkit
-    checkpoint, ``{}`` for anything that does not start with such a dict."""
+def header_of(head: bytes) -> dict[str, int | str]:
+    """The leading ``str: int`` and short ``str: str`` items of the dict pickled in ``head`` (a
+    bounded prefix), decoded opcode by opcode: ``{"format": 2, "sequence": 7, "step": 100,
+    ...}`` for a ddpkit checkpoint, ``{}`` for anything that does not start with such a dict."""
     operations = _operations(head)
     if [next(operations, None), next(operations, None)] != [("EMPTY_DICT", None), ("MARK", None)]:
         return {}
-    items: dict[str, int] = {}
+    items: dict[str, int | str] = {}
     for (key_op, key), (value_op, value) in zip(operations, operations, strict=False):
-        if key_op not in _STRINGS or value_op not in _INTS or isinstance(value, bool):
+        if key_op not in _STRINGS or not isinstance(key, str) or not _plain(value_op, value):
             break
-        if not isinstance(key, str) or not isinstance(value, int) or not 0 <= value < 2**63:
-            break
+        assert isinstance(value, int | str)  # for mypy: _plain checked it
         items[key] = value
     return items
+
+
+def _plain(opcode: str, value: object) -> bool:
+    """Whether a header value is one this reader takes: an int in 0..2**63-1, a short str."""
+    if opcode in _INTS:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return opcode in _STRINGS and isinstance(value, str) and len(value) <= _MAX_TEXT
+
+
+def checkpoint_origin(path: str | os.PathLike[str]) -> Origin | None:
+    """Which run wrote checkpoint ``path``, or the newest complete one when ``path`` is a
+    folder (the file ``load_checkpoint`` tries first); None when there is none. Reads the head
+    of the file only (nothing unpickled, no collective: any rank may ask)."""
+    target = Path(path)
+    if target.is_dir():
+        entries = [entry for entry in written(target) if entry.problem is None]
+        if not entries:
+            return None
+        target = entries[-1].path
+    try:
+        header = header_of(compat.saved_pickle_head(target, _HEAD_BYTES))
+    except Exception:  # a missing or foreign file: no ddpkit checkpoint, no origin
+        return None
+    step, run_id, attempt = (header.get(key) for key in ("step", "run_id", "attempt"))
+    if header.get("format") not in READABLE or not isinstance(step, int):
+        return None
+    return Origin(
+        target,
+        step,
+        run_id if isinstance(run_id, str) else None,
+        attempt if isinstance(attempt, int) else None,
+    )
 
 
 def _operations(head: bytes) -> Iterator[tuple[str, object]]:

@@ -8,7 +8,9 @@ store (none on the network for a world of one; every wait bounded: see
 share a GPU, and start the peer watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent,
 adopts a process group someone else created (without a watchdog; even when detection rejects
 the environment, since the group's numbers win), never writes ``os.environ``, and destroys at
-exit only a group it created itself.
+exit only a group it created itself. The context also carries the run's identity (``run_id``,
+``attempt``: :mod:`ddpkit.cluster.runid`), the same on every rank: read from the environment the
+ranks share, or, when nothing there names the run, rank 0's fresh id, agreed on at ``init``.
 
 The one piece of process-wide state is :data:`_STATE` (the context, the group it belongs to,
 whether ddpkit owns that group, its watchdog): a process is in at most one job, and
@@ -36,6 +38,7 @@ import torch.distributed as dist
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.devices import choose_device, owned_devices
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
+from ddpkit.cluster.runid import RunIdentity, run_identity
 from ddpkit.cluster.stop import latch
 from ddpkit.errors import ConfigError, TopologyError, UsageError
 from ddpkit.worker import process_group, watchdog
@@ -45,11 +48,23 @@ __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
 
 @dataclass(frozen=True)
 class Context:
-    """Who this process is (``info``), which device it computes on, which backend it talks."""
+    """Who this process is (``info``), which device it computes on, which backend it talks,
+    and which run and attempt it belongs to (``run``)."""
 
     info: RankInfo
     device: torch.device
     backend: str
+    run: RunIdentity
+
+    @property
+    def run_id(self) -> str:
+        """The run's id: the same on every rank and in every attempt (requeue, restart)."""
+        return self.run.run_id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt of the run, from 0 (see :mod:`ddpkit.cluster.runid`)."""
+        return self.run.attempt
 
     @property
     def is_main(self) -> bool:
@@ -124,11 +139,13 @@ def init(
     adopting = dist.is_initialized()
     info = _detect_for_adoption(snapshot) if adopting else detect(snapshot)
     _warn_notes(info.notes)
+    run = run_identity(snapshot)  # before joining: a bad DDPKIT_RUN_ID fails before any wait
     if adopting:
-        return _remember(_adopt(info, device), owns_group=False)
+        return _remember(_agreed(_adopt(info, device, run)), owns_group=False)
     return _join(
         info,
         snapshot,
+        run,
         backend=backend,
         device=device,
         timeout_s=timeout_s,
@@ -140,6 +157,7 @@ def init(
 def _join(
     info: RankInfo,
     env: Mapping[str, str],
+    run: RunIdentity,
     *,
     backend: str,
     device: str | torch.device | None,
@@ -163,17 +181,28 @@ def _join(
         timeout_s=collective_s,
         connect_timeout_s=wait_s,
     )
-    context = _remember(Context(info, chosen, resolved), owns_group=True)
-    if chosen.type == "cuda" and info.world_size > 1:
-        # Not exercised by the CPU-only test suite: it needs several GPUs.
-        try:
+    context = _remember(Context(info, chosen, resolved, run), owns_group=True)
+    try:
+        context = _remember(_agreed(context), owns_group=True)
+        if chosen.type == "cuda" and info.world_size > 1:
+            # Not exercised by the CPU-only test suite: it needs several GPUs.
             process_group.check_exclusive_gpus(_used_gpus(info, chosen, device))
-        except BaseException:
-            shutdown()
-            raise
+    except BaseException:
+        shutdown()
+        raise
     if bound_s is not None and info.world_size > 1:
         _start_watchdog(info, bound_s)
     return context
+
+
+def _agreed(context: Context) -> Context:
+    """``context`` with rank 0's run id when nothing in the environment named the run (each rank
+    drew a fresh one): a collective, so only ``init`` (called on every rank) does it."""
+    if context.run.source != "fresh" or context.world_size == 1:
+        return context
+    box = [context.run.run_id]
+    dist.broadcast_object_list(box, src=0)
+    return replace(context, run=replace(context.run, run_id=str(box[0])))
 
 
 def _start_watchdog(info: RankInfo, bound_s: float) -> None:
@@ -226,7 +255,9 @@ def current_or_none() -> Context | None:
     if _STATE.implicit is None or not _lives(_STATE.implicit[0]):
         info = _detect_for_adoption(os.environ)
         _warn_notes(info.notes)
-        _STATE.implicit = (weakref.ref(dist.group.WORLD), _adopt(info, None))
+        # no collective here (any rank may ask alone): a fresh run id stays this rank's own
+        run = run_identity(os.environ)
+        _STATE.implicit = (weakref.ref(dist.group.WORLD), _adopt(info, None, run))
     return _STATE.implicit[1]
 
 
@@ -321,7 +352,7 @@ def _detect_for_adoption(env: Mapping[str, str]) -> RankInfo:
     return info
 
 
-def _adopt(info: RankInfo, override: str | torch.device | None) -> Context:
+def _adopt(info: RankInfo, override: str | torch.device | None, run: RunIdentity) -> Context:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if (rank, world_size) != (info.rank, info.world_size):
         warnings.warn(
@@ -332,4 +363,4 @@ def _adopt(info: RankInfo, override: str | torch.device | None) -> Context:
             stacklevel=3,
         )
         info = replace(info, rank=rank, world_size=world_size)
-    return Context(info, _pick_device(info, override), str(dist.get_backend()))
+    return Context(info, _pick_device(info, override), str(dist.get_backend()), run)

@@ -1,0 +1,46 @@
+"""On the real test cluster: a job that requeues itself (``requeue_and_exit`` in attempt 0)
+runs twice, and both runs print one run id, ``slurm-<job id>``, with attempts 0 and 1."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.slurm_cluster import FINISHED, SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "scripts" / "requeue_self.py"
+LINE = re.compile(r"rank (\d) run (\S+) attempt (\d+)")
+
+
+def test_a_requeued_job_keeps_its_run_id_and_counts_attempts(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: runid\npartition: debug\nnodes: 2\nprocs_per_node: 1\nworkdir: {tmp_path}\n"
+        f"log_dir: logs\nlaunch: srun\ntime_min: 5\ncommand: {SCRIPT}\n"
+    )
+    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job = slurm.track(done.stdout.strip())
+    state = slurm.wait(job, timeout_s=240, states=FINISHED)
+    logs = "\n".join(
+        path.read_text(errors="replace") for path in sorted((tmp_path / "logs").glob("*"))
+    )
+    assert state == "COMPLETED", logs
+    seen = sorted(set(LINE.findall(logs)))
+    assert seen == [
+        ("0", f"slurm-{job}", "0"), ("0", f"slurm-{job}", "1"),
+        ("1", f"slurm-{job}", "0"), ("1", f"slurm-{job}", "1"),
+    ], logs  # fmt: skip

@@ -1,0 +1,37 @@
+"""``ddpkit run --max-restarts 1`` whose first attempt fails on purpose: both attempts of every
+rank share one run id (the one the launcher fixed for this launch), the second is attempt 1 and
+finds the checkpoint attempt 0 wrote, under the same run id (that a second launch is another
+run: tests/cluster/test_runid.py and the standalone test of tests/launch/test_run.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ddpkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(r"^\[rank(\d)\]: run (\S+) attempt (\d+) origin (\S+)$", re.MULTILINE)
+
+
+def launch(capfd: pytest.CaptureFixture[str], folder: Path) -> list[tuple[str, ...]]:
+    argv = ["run", "--nproc-per-node", "2", "--max-restarts", "1"]
+    assert main([*argv, str(ROOT / "tests/scripts/run_id_worker.py"), str(folder)]) == 0
+    return LINE.findall(capfd.readouterr().out)
+
+
+@pytest.mark.multiproc
+def test_restarted_workers_keep_the_run_id_and_count_the_attempt(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("DDPKIT_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    lines = launch(capfd, tmp_path / "ckpt")
+    assert sorted((rank, attempt) for rank, _, attempt, _ in lines) == [
+        ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1"),
+    ], lines  # fmt: skip
+    (run_id,) = {run_id for _, run_id, _, _ in lines}
+    origins = {attempt: origin for _, _, attempt, origin in lines}
+    assert origins == {"0": "none", "1": f"{run_id}/0"}, lines
