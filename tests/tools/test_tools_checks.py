@@ -222,7 +222,9 @@ def test_open_files_sized_for_the_job_with_the_store_host_needing_more() -> None
     [(8, 4096, "PASS"), (4096, 4096, "PASS"), (4097, 4096, "WARN"), (1024, 128, "WARN"),
      (8, None, "WARN")],
 )  # fmt: skip
-def test_listen_backlog_against_the_world_size(world: int, somaxconn: int | None, status: str) -> None:
+def test_listen_backlog_against_the_world_size(
+    world: int, somaxconn: int | None, status: str
+) -> None:
     check = check_listen_backlog(world, somaxconn)
     assert check.status == status
     if somaxconn is not None and status == "WARN":

@@ -267,7 +267,8 @@ def check_open_files(world_size: int, soft: int, hard: int, *, hosts_store: bool
     if soft >= need:
         return Check("PASS", "open files", f"ulimit -n {soft} >= {need} ({rule})")
     fix = (
-        f"`ulimit -n {need}` in the job script before the launcher (the hard limit {hard} allows it)"
+        f"`ulimit -n {need}` in the job script before the launcher (the hard limit {hard} "
+        "allows it)"
         if hard >= need
         else f"the hard limit is {hard}: ask the admins to raise it (limits.conf, or SLURM's "
         "PropagateResourceLimits from the submitting shell)"
