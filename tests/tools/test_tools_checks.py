@@ -13,9 +13,12 @@ from ddpkit.tools.doctor_checks import (
     check_gpus,
     check_interface,
     check_layout,
+    check_listen_backlog,
     check_master_address,
+    check_open_files,
     check_versions,
     check_visible_devices,
+    open_files_needed,
 )
 from ddpkit.tools.envreport import MASKED, mask, relevant_variables
 
@@ -198,3 +201,31 @@ def test_bus_bandwidth_factor_and_iterations_as_nccl_tests() -> None:
     assert [commtest.bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
     assert commtest.FULL_SIZES[0] == 4 and commtest.FULL_SIZES[-1] == 64 * 2**20
     assert commtest.iterations(4, quick=True) == 50 and commtest.iterations(2**26, False) == 3
+
+
+def test_open_files_sized_for_the_job_with_the_store_host_needing_more() -> None:
+    assert open_files_needed(1024, hosts_store=False) == 1023 + 2 + 256
+    assert open_files_needed(1024, hosts_store=True) == 1023 + 2 + 256 + 2 * 1024
+    assert check_open_files(1024, 20000, 20000, hosts_store=True).status == "PASS"
+    low = check_open_files(4096, 1024, 524288, hosts_store=True)
+    assert low.status == "WARN" and "ulimit -n 1024 < 12545" in low.detail
+    assert low.hint is not None and "ulimit -n 12545" in low.hint
+    capped = check_open_files(4096, 1024, 4096, hosts_store=False)
+    assert capped.status == "WARN" and capped.hint and "hard limit is 4096" in capped.hint
+    # a rank that does not host the store needs no descriptor per store connection
+    assert check_open_files(2048, 2400, 2400, hosts_store=False).status == "PASS"
+    assert check_open_files(2048, 2400, 2400, hosts_store=True).status == "WARN"
+
+
+@pytest.mark.parametrize(
+    ("world", "somaxconn", "status"),
+    [(8, 4096, "PASS"), (4096, 4096, "PASS"), (4097, 4096, "WARN"), (1024, 128, "WARN"),
+     (8, None, "WARN")],
+)  # fmt: skip
+def test_listen_backlog_against_the_world_size(
+    world: int, somaxconn: int | None, status: str
+) -> None:
+    check = check_listen_backlog(world, somaxconn)
+    assert check.status == status
+    if somaxconn is not None and status == "WARN":
+        assert check.hint and f"net.core.somaxconn={max(4096, world)}" in check.hint

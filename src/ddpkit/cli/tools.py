@@ -60,6 +60,13 @@ def add_parsers(commands: Any) -> None:
     doctor.add_argument(
         "--min-free-gb", default="1", metavar="GB", help="free space below this fails (default 1)"
     )
+    doctor.add_argument(
+        "--world-size",
+        default=None,
+        metavar="N",
+        help="check open files and the listen backlog for a job of N ranks "
+        "(default: this job's world size)",
+    )
     doctor.add_argument("--json", action="store_true", help="one JSON object instead of text")
     doctor.set_defaults(handler=doctor_command)
 
@@ -92,6 +99,13 @@ def _number(flag: str, raw: str, example: str) -> float:
     return value
 
 
+def _count(flag: str, raw: str) -> int:
+    text = raw.strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{flag}={raw!r} is not a whole number >= 1", hint=f"e.g. {flag} 1024")
+    return int(text)
+
+
 def doctor_command(args: argparse.Namespace) -> int:
     from ddpkit.tools.doctor import DoctorOptions, run_doctor
 
@@ -101,6 +115,7 @@ def doctor_command(args: argparse.Namespace) -> int:
         comm=not args.no_comm,
         folders=tuple(args.dir),
         min_free_gb=_number("--min-free-gb", args.min_free_gb, "5"),
+        world_size=None if args.world_size is None else _count("--world-size", args.world_size),
     )
     report = run_doctor(options)
     if report.rank == 0:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import socket
 import time
@@ -47,7 +48,9 @@ from ddpkit.tools.doctor_checks import (
     check_gpus,
     check_interface,
     check_layout,
+    check_listen_backlog,
     check_master_address,
+    check_open_files,
     check_versions,
     check_visible_devices,
     from_error,
@@ -118,7 +121,26 @@ def _local_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions
     folders = options.folders or (os.getcwd(),)
     free = {folder: _free_bytes(folder) for folder in folders}
     checks.append(check_free_space(free, int(options.min_free_gb * 2**30)))
+    return checks + _limit_checks(info, options)
+
+
+def _limit_checks(info: RankInfo, options: DoctorOptions) -> list[Check]:
+    """Open files on every rank; on rank 0 (the store's host) its listen queue too."""
+    world = options.world_size or info.world_size
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    unlimited = resource.RLIM_INFINITY
+    soft, hard = (2**31 if v == unlimited else v for v in (soft, hard))
+    checks = [check_open_files(world, soft, hard, hosts_store=info.rank == 0 and world > 1)]
+    if info.rank == 0 and world > 1:
+        checks.append(check_listen_backlog(world, _somaxconn()))
     return checks
+
+
+def _somaxconn() -> int | None:
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _free_bytes(folder: str) -> int | None:

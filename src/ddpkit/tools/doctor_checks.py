@@ -25,10 +25,13 @@ __all__ = [
     "check_gpus",
     "check_interface",
     "check_layout",
+    "check_listen_backlog",
     "check_master_address",
+    "check_open_files",
     "check_versions",
     "check_visible_devices",
     "from_error",
+    "open_files_needed",
 ]
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -234,3 +237,64 @@ def check_free_space(folders: Mapping[str, int | None], min_free_bytes: int) -> 
                 "free space, or write logs and checkpoints elsewhere",
             )
     return Check("PASS", "free space", ", ".join(shown))
+
+
+# --- limits that must grow with the job --------------------------------------------------------
+
+# Connections each rank keeps open to the rendezvous store: the group's client and the
+# watchdog's clone (benchmarks/bench_scale.py counts them: 2 kept, plus the probe, closed).
+STORE_CONNECTIONS_PER_RANK = 2
+# Descriptors a rank needs besides the job's sockets: Python, torch's libraries, log files,
+# data loader pipes.
+SPARE_FILES = 256
+
+
+def open_files_needed(world_size: int, hosts_store: bool) -> int:
+    """Descriptors one rank needs: a socket per peer (gloo's full mesh; NCCL's bootstrap
+    ring needs fewer), its own store connections, the spare, and on the store's host one
+    accepted connection per store connection of every rank."""
+    own = (world_size - 1) + STORE_CONNECTIONS_PER_RANK + SPARE_FILES
+    return own + (STORE_CONNECTIONS_PER_RANK * world_size if hosts_store else 0)
+
+
+def check_open_files(world_size: int, soft: int, hard: int, *, hosts_store: bool) -> Check:
+    """The open-files limit (``ulimit -n``: ``soft``; ``hard`` its ceiling) fits the job."""
+    need = open_files_needed(world_size, hosts_store)
+    rule = (
+        f"{world_size} ranks: {STORE_CONNECTIONS_PER_RANK} store connections each"
+        f"{' accepted here' if hosts_store else ''}, a socket per peer, {SPARE_FILES} spare"
+    )
+    if soft >= need:
+        return Check("PASS", "open files", f"ulimit -n {soft} >= {need} ({rule})")
+    fix = (
+        f"`ulimit -n {need}` in the job script before the launcher (the hard limit {hard} "
+        "allows it)"
+        if hard >= need
+        else f"the hard limit is {hard}: ask the admins to raise it (limits.conf, or SLURM's "
+        "PropagateResourceLimits from the submitting shell)"
+    )
+    return Check("WARN", "open files", f"ulimit -n {soft} < {need} ({rule})", fix)
+
+
+def check_listen_backlog(world_size: int, somaxconn: int | None) -> Check:
+    """``net.core.somaxconn`` caps the store's listen queue (torch asks for the largest one):
+    below the world size, the connects of a job's start overflow it and the dropped ones are
+    retried only after the kernel's SYN back-off (1 s, 3 s, 7 s ...)."""
+    if somaxconn is None:
+        return Check(
+            "WARN",
+            "listen backlog",
+            "net.core.somaxconn cannot be read: the store's listen queue is unknown",
+            "check /proc/sys/net/core/somaxconn on the node of rank 0",
+        )
+    if somaxconn >= world_size:
+        return Check(
+            "PASS", "listen backlog", f"net.core.somaxconn {somaxconn} >= {world_size} ranks"
+        )
+    return Check(
+        "WARN",
+        "listen backlog",
+        f"net.core.somaxconn {somaxconn} < {world_size} ranks: ranks connecting to the store "
+        "at once overflow its listen queue and wait for the kernel's retries",
+        f"on the node of rank 0: sysctl -w net.core.somaxconn={max(4096, world_size)} (root)",
+    )

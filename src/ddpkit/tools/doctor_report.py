@@ -27,6 +27,7 @@ class DoctorOptions:
     comm: bool = True
     folders: tuple[str, ...] = ()
     min_free_gb: float = 1.0
+    world_size: int | None = None  # size the limits for this many ranks (default: the job's)
 
 
 @dataclass

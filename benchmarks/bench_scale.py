@@ -1,0 +1,311 @@
+"""How the control plane's cost grows with the job: 2 -> 4096 simulated ranks on one store.
+
+    python benchmarks/bench_scale.py [--max-ranks 4096] [--procs 2] [--runs 2] [--window-s 3]
+        [--quick] [--json FILE]
+
+Each simulated rank is a thread with its own store client doing what a rank does against the
+rendezvous store (:mod:`scalesim`: ddpkit's own rendezvous and watchdog code, beside plain
+torch's ``env://`` store rendezvous), rank 0 in this process hosting the store, the others spread
+over ``--procs`` processes. Per world size N, the two variants alternate trial after trial:
+
+* time to ready: from the moment every rank is let go until the last one is ready;
+* store calls per rank during start-up, and connections per rank;
+* watchdog load: store calls (and keys named) per second at the store over ``--window-s``
+  once every rank is up (plain torch has no watchdog: nothing);
+* stop agreement: ``PreemptionGuard.should_stop()`` (an all_reduce, no store call) against a
+  plain ``dist.all_reduce`` of the same flag, real gloo processes with ``ddpkit.init()``, at
+  the world sizes this machine runs as processes (2..8; 2..4 with ``--quick``).
+
+The growth of each figure with N is fitted (the slope of log(value) against log(N)) and named:
+constant, log, linear or worse than linear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchjson
+import scalesim
+
+DDPKIT, PLAIN = "ddpkit (rendezvous + watchdog)", "plain torch (env:// TCPStore)"
+STOP_DDPKIT, STOP_PLAIN = "ddpkit PreemptionGuard.should_stop", "plain dist.all_reduce(MAX)"
+
+
+# This sandbox's resolver (a nameserver nobody answers) stalls torch's client, which looks up
+# its socket's host name ("socket.cpp ... hostname of the client socket cannot be retrieved"),
+# 5 s per try when many connect at once: the same for both variants, not the control plane.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def worker(job: tuple[list[int], int, int, str], events: Any, out: Any) -> None:
+    """A process of simulated ranks: start them, report readiness, tally the heartbeat window."""
+    ranks, world, port, variant = job
+    raise_fd_limit()
+    threading.stack_size(256 * 1024)
+    scalesim.instrument()
+    go, window, finish = events
+    out.put(("loaded", None))
+    go.wait()
+    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
+    threads = [threading.Thread(target=sim.run, daemon=True) for sim in sims]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    errors = [sim.error for sim in sims if sim.error]
+    ready = max((sim.ready_at or math.inf for sim in sims), default=0.0)
+    setup = [sim.setup_calls for sim in sims]
+    body = {"ready_at": ready, "errors": errors[:3], "calls": sum(setup), "max_calls": max(setup),
+            "connections": scalesim.TALLY.snapshot()["connections"]}  # fmt: skip
+    out.put(("ready", body))
+    window.wait()
+    first = scalesim.TALLY.snapshot()
+    finish.wait()
+    out.put(("window", {"first": first, "last": scalesim.TALLY.snapshot()}))
+    scalesim.stop_links(sims)
+    out.put(("done", None))
+
+
+def total(tallies: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(store calls, keys named, connections) summed over processes."""
+    calls = sum(sum(t["calls"].values()) for t in tallies)
+    return calls, sum(t["keys"] for t in tallies), sum(t["connections"] for t in tallies)
+
+
+def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, float]:
+    """One simulated job of ``world`` ranks: its figures."""
+    ctx = mp.get_context("spawn")
+    port = scalesim.listen_port()
+    events = (ctx.Event(), ctx.Event(), ctx.Event())
+    out: Any = ctx.Queue()
+    others = list(range(1, world))
+    chunks = [others[i::procs] for i in range(procs) if others[i::procs]]
+    children = [
+        ctx.Process(target=worker, args=((c, world, port, variant), events, out)) for c in chunks
+    ]
+    for child in children:
+        child.start()
+    messages: dict[str, list[Any]] = {}
+
+    def expect(kind: str) -> list[Any]:
+        while len(messages.get(kind, [])) < len(children):
+            got, body = out.get(timeout=900)
+            messages.setdefault(got, []).append(body)
+        return messages[kind]
+
+    expect("loaded")
+    before = scalesim.TALLY.snapshot()
+    rank0 = scalesim.Rank(0, world, port, variant)
+    host = threading.Thread(target=rank0.run, daemon=True)  # plain: waits for every client
+    host.start()
+    scalesim.wait_listening(port)
+    start = time.monotonic()
+    events[0].set()
+    ready = expect("ready")
+    host.join(600)
+    errors = [e for body in ready for e in body["errors"]] + ([rank0.error] if rank0.error else [])
+    if errors or rank0.ready_at is None:
+        raise RuntimeError(f"{variant} at N={world}: {errors[:3] or 'rank 0 not ready'}")
+    ready_s = max([body["ready_at"] for body in ready] + [rank0.ready_at]) - start
+    calls = sum(body["calls"] for body in ready) + rank0.setup_calls
+    connections = sum(body["connections"] for body in ready)
+    connections += scalesim.TALLY.snapshot()["connections"] - before["connections"]
+    events[1].set()
+    first = scalesim.TALLY.snapshot()
+    time.sleep(window_s)
+    events[2].set()
+    last = scalesim.TALLY.snapshot()
+    window = [_minus(body["last"], body["first"]) for body in expect("window")]
+    beat_calls, beat_keys, _ = total([*window, _minus(last, first)])
+    expect("done")
+    for child in children:
+        child.join(30)
+    scalesim.stop_links([rank0])
+    return {
+        "ready_s": ready_s,
+        "calls_per_rank": calls / world,
+        "connections_per_rank": connections / world,
+        "rank0_calls": float(rank0.setup_calls),
+        "max_other_calls": float(max(body["max_calls"] for body in ready)),
+        "beat_calls_s": beat_calls / window_s,
+        "beat_keys_s": beat_keys / window_s,
+    }
+
+
+def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    calls = {op: n - before["calls"].get(op, 0) for op, n in after["calls"].items()}
+    return {
+        "calls": calls,
+        "keys": after["keys"] - before["keys"],
+        "connections": after["connections"] - before["connections"],
+    }
+
+
+# --- the stop agreement: real gloo processes ------------------------------------------------
+
+
+def agree(rank: int, world: int, port: int, calls: int, out: Any) -> None:
+    """One rank: ``ddpkit.init()``, then timed stop agreements, ddpkit's and plain, alternating."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    import torch
+    import torch.distributed as dist
+
+    import ddpkit
+
+    ddpkit.init(backend="gloo")
+    guard = ddpkit.preemption_guard()
+    times: dict[str, list[float]] = {STOP_DDPKIT: [], STOP_PLAIN: []}
+    for trial in range(6):
+        order = (STOP_DDPKIT, STOP_PLAIN) if trial % 2 == 0 else (STOP_PLAIN, STOP_DDPKIT)
+        for variant in order:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                if variant == STOP_DDPKIT:
+                    guard.should_stop()
+                else:
+                    flag = torch.tensor([0], dtype=torch.int32)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            slowest = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            times[variant].append(float(slowest.item()) * 1e6)
+    if rank == 0:
+        out.put(times)
+    ddpkit.shutdown()
+
+
+def stop_agreement(world: int, calls: int) -> dict[str, list[float]]:
+    ctx = mp.get_context("spawn")
+    out: Any = ctx.Queue()
+    port = scalesim.listen_port()
+    children = [ctx.Process(target=agree, args=(r, world, port, calls, out)) for r in range(world)]
+    for child in children:
+        child.start()
+    times: dict[str, list[float]] = out.get(timeout=600)
+    for child in children:
+        child.join(60)
+    return times
+
+
+# --- fit, figures, report ---------------------------------------------------------------------
+
+
+def growth(points: list[tuple[float, float]]) -> str:
+    """The name of the growth of ``value`` with N: the slope of log(value) on log(N)."""
+    points = [(n, v) for n, v in points if v > 0]
+    if len(points) < 3:
+        return "too few points"
+    xs, ys = [math.log(n) for n, _ in points], [math.log(v) for _, v in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    if slope < 0.1:
+        name = "constant"
+    elif slope < 0.5:
+        name = "about log N"
+    elif slope < 1.15:
+        name = "linear"
+    else:
+        name = "worse than linear"
+    return f"{name} (log-log slope {slope:.2f})"
+
+
+FIGURES = [  # key, figure, unit, higher is better
+    ("ready_s", "time to ready", "s", False),
+    ("calls_per_rank", "store calls per rank, start-up (mean)", "calls", False),
+    ("rank0_calls", "store calls of rank 0, start-up", "calls", False),
+    ("max_other_calls", "store calls of any other rank, start-up (max)", "calls", False),
+    ("connections_per_rank", "store connections per rank", "connections", False),
+    ("beat_calls_s", "watchdog load at the store", "calls/s", False),
+    ("beat_keys_s", "watchdog keys read or written at the store", "keys/s", False),
+]
+
+
+def figures(results: dict[str, dict[int, list[dict[str, float]]]]) -> tuple[list[Any], list[str]]:
+    rows, notes = [], []
+    for key, figure, unit, higher in FIGURES:
+        for variant, by_n in results.items():
+            medians = [(n, statistics.median(t[key] for t in trials)) for n, trials in by_n.items()]
+            if not any(value for _, value in medians):  # plain torch has none: no line at 0
+                notes.append(f"{figure}, {variant}: 0 at every N")
+                continue
+            for n, value in medians:
+                trials = [t[key] for t in by_n[n]]
+                rows.append(benchjson.row(figure, variant, value, unit, higher, x=n, trials=trials))
+            notes.append(f"{figure}, {variant}: {growth(medians)}")
+    return rows, notes
+
+
+def print_table(results: dict[str, dict[int, list[dict[str, float]]]]) -> None:
+    keys = [key for key, *_ in FIGURES]
+    print(f"{'variant':<32} {'N':>5} " + " ".join(f"{k:>20}" for k in keys))
+    for variant, by_n in results.items():
+        for n, trials in by_n.items():
+            values = [statistics.median(t[k] for t in trials) for k in keys]
+            print(f"{variant:<32} {n:>5} " + " ".join(f"{v:>20.4g}" for v in values))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchjson.add_arguments(parser)
+    parser.add_argument("--max-ranks", type=int, default=4096)
+    parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
+    parser.add_argument("--runs", type=int, default=2, help="trials per N (order alternates)")
+    parser.add_argument("--window-s", type=float, default=3.0, help="heartbeat window")
+    parser.add_argument("--stop-max", type=int, default=8, help="largest real gloo group")
+    args = parser.parse_args()
+    if args.quick:
+        args.max_ranks, args.runs, args.window_s, args.stop_max = 64, 1, 2.0, 4
+    raise_fd_limit()
+    scalesim.instrument()
+    sizes = [n for n in (2, 8, 32, 128, 512, 1024, 2048, 4096) if n <= args.max_ranks]
+    results: dict[str, dict[int, list[dict[str, float]]]] = {DDPKIT: {}, PLAIN: {}}
+    for n in sizes:
+        for trial in range(args.runs):
+            order = (DDPKIT, PLAIN) if trial % 2 == 0 else (PLAIN, DDPKIT)
+            for variant in order:
+                kind = "ddpkit" if variant == DDPKIT else "plain"
+                found = job(n, kind, args.procs, args.window_s)
+                results[variant].setdefault(n, []).append(found)
+                print(f"N={n} {variant}: {found}", flush=True)
+    print_table(results)
+    rows, notes = figures(results)
+    stops: dict[str, list[tuple[float, float]]] = {STOP_DDPKIT: [], STOP_PLAIN: []}
+    for n in [n for n in (2, 4, 8, 16) if n <= args.stop_max]:
+        for variant, trials in stop_agreement(n, 20 if args.quick else 100).items():
+            value = statistics.median(trials)
+            stops[variant].append((n, value))
+            rows.append(benchjson.row("stop agreement (one should_stop)", variant, value, "us",
+                                      False, x=n, trials=trials))  # fmt: skip
+            print(f"stop agreement N={n} {variant}: {value:.0f} us", flush=True)
+    notes += [f"stop agreement, {variant}: {growth(points)}" for variant, points in stops.items()]
+    for note in notes:
+        print(note)
+    benchjson.write(args.json, "scale", "Control plane against world size: simulated ranks on "
+                    "one store (threads), and the stop agreement on real gloo processes",
+                    "python", rows, notes=notes)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

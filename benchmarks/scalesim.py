@@ -1,0 +1,216 @@
+"""Simulated ranks for ``bench_scale.py``: store clients in threads doing a rank's store traffic.
+
+A *rank* here is a thread holding its own store client and doing exactly what a ddpkit rank does
+against the rendezvous store, with ddpkit's own code (no copy of it):
+
+* ``ddpkit``: :func:`ddpkit.worker.rendezvous.group.make_store` (rank 0 hosts, the others probe
+  and connect, every wait bounded), then the watchdog's store link
+  (:class:`ddpkit.worker.watchdog.store.StoreLink` over a ``clone()`` of that client, under a
+  ``PrefixStore`` as :func:`ddpkit.worker.watchdog.hooks.start` makes it), left running to
+  measure its heartbeats. Ready: the link has introduced itself (``who/<rank>``; rank 0 also
+  created every ``beat/<rank>`` key).
+* ``plain``: what ``init_process_group("env://")`` does before its backend: torch's
+  ``TCPStore(addr, port, world_size, is_master=rank == 0)`` (rank 0 hosts and waits in its
+  constructor until every client has checked in). Ready: rank 0's constructor returned.
+
+What the backend then does through the store (gloo's full-mesh address exchange, NCCL's unique
+id) is the same with or without ddpkit and is not simulated. Every store call a rank makes from
+Python goes through :class:`Counting` (the calls and the keys they name); each TCP connection to
+the store is counted apart (torch's client handshake, a validate and a ping, plus an ``add`` of its
+check-in key when given the world size, happens inside its constructor, out of Python's sight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+import ddpkit.worker.rendezvous.store as store_module
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.worker.rendezvous.group import make_store
+from ddpkit.worker.watchdog.policy import KEY_PREFIX, interval_for
+from ddpkit.worker.watchdog.store import StoreLink
+
+TIMEOUT = timedelta(seconds=600)
+OPS = ("set", "get", "add", "check", "multi_get", "append", "wait", "compare_set", "multi_set")
+
+
+class Tally:
+    """Store calls, keys named and connections, of every simulated rank of this process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.keys = 0
+        self.connections = 0
+
+    def add(self, op: str, keys: int) -> None:
+        with self.lock:
+            self.calls[op] += 1
+            self.keys += keys
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"calls": dict(self.calls), "keys": self.keys, "connections": self.connections}
+
+
+TALLY = Tally()
+
+
+class Counting:
+    """A store whose every call is counted in :data:`TALLY` (the watchdog's ``KeyValue``)."""
+
+    def __init__(self, inner: Any, mine: Tally) -> None:
+        self._inner, self._mine = inner, mine
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in OPS:
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            first = args[0] if args else None
+            keys = len(first) if isinstance(first, list) else 1
+            TALLY.add(name, keys)
+            self._mine.add(name, keys)
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def _counted_tcpstore(*args: Any, **kwargs: Any) -> TCPStore:
+    with TALLY.lock:
+        TALLY.connections += 1
+    return TCPStore(*args, **kwargs)
+
+
+def _counted_try_connect(*args: Any, **kwargs: Any) -> OSError | None:
+    with TALLY.lock:
+        TALLY.connections += 1
+    return _TRY_CONNECT(*args, **kwargs)
+
+
+_TRY_CONNECT = store_module.try_connect
+
+
+def instrument() -> None:
+    """Count the connections ddpkit's rendezvous code opens (its probe and its clients)."""
+    store_module.TCPStore = _counted_tcpstore  # type: ignore[misc]
+    store_module.try_connect = _counted_try_connect
+
+
+def rank_info(rank: int, world: int, port: int) -> RankInfo:
+    return RankInfo(rank, rank, world, world, 0, 1, "127.0.0.1", port, "env")
+
+
+@dataclasses.dataclass
+class Rank:
+    """One simulated rank: its stores, its watchdog link, when it was ready."""
+
+    rank: int
+    world: int
+    port: int
+    variant: str
+    bound_s: float = 60.0
+    ready_at: float | None = None
+    error: str | None = None
+    store: Any = None
+    link: StoreLink | None = None
+    tally: Tally = dataclasses.field(default_factory=Tally)
+    setup_calls: int = 0  # this rank's store calls until it was ready
+
+    def run(self) -> None:
+        try:
+            if self.variant == "ddpkit":
+                self._ddpkit()
+            else:
+                self._plain()
+        except Exception as exc:  # reported by the caller with the rank
+            self.error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+
+    def _plain(self) -> None:
+        self.store = _counted_tcpstore("127.0.0.1", self.port, self.world, self.rank == 0, TIMEOUT)
+        self.ready_at = time.monotonic()
+
+    def _ddpkit(self) -> None:
+        info = rank_info(self.rank, self.world, self.port)
+        self.store, _ = make_store(info, {}, 600.0, TIMEOUT)
+        with TALLY.lock:
+            TALLY.connections += 1  # the watchdog's clone: a connection of its own
+        own = self.store.clone()
+        own.set_timeout(timedelta(seconds=max(10.0, 4 * interval_for(self.bound_s))))
+        introduced = threading.Event()
+        counted = Counting(PrefixStore(f"{KEY_PREFIX}0/1/", own), self.tally)
+        self.link = StoreLink(
+            _Introduced(counted, introduced, self.rank, self.world),  # type: ignore[arg-type]
+            rank=self.rank,
+            world_size=self.world,
+            interval_s=interval_for(self.bound_s),
+            bound_s=self.bound_s,
+            host_rank=0,
+            address=f"127.0.0.1:{self.port}",
+            clock=time.monotonic,
+        )
+        self.link.start()
+        if not introduced.wait(600):
+            raise TimeoutError("the watchdog link did not introduce itself in 600 s")
+        self.ready_at = time.monotonic()
+        self.setup_calls = sum(self.tally.snapshot()["calls"].values())
+
+
+class _Introduced:
+    """Sets ``done`` when the link's introduction is over (``who/<rank>``; rank 0: every beat
+    key), so readiness is timed without touching the link's code."""
+
+    def __init__(self, inner: Counting, done: threading.Event, rank: int, world: int) -> None:
+        self._inner, self._done = inner, done
+        self._left = world if rank == 0 else 0  # rank 0 adds every beat key after its who/
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def set(self, key: str, value: str) -> None:
+        self._inner.set(key, value)
+        if key.startswith("who/") and not self._left:
+            self._done.set()
+
+    def add(self, key: str, value: int) -> int:
+        result = int(self._inner.add(key, value))
+        if self._left and key.startswith("beat/") and value == 0:
+            self._left -= 1
+            if not self._left:
+                self._done.set()
+        return result
+
+
+def wait_listening(port: int, timeout_s: float = 60.0) -> None:
+    """Until the store on ``port`` accepts connections (the host is up before ranks are let go,
+    so that the clients' connect retries and back-off are not what is timed)."""
+    deadline = time.monotonic() + timeout_s
+    while _TRY_CONNECT("127.0.0.1", port, 1.0) is not None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:g} s")
+        time.sleep(0.01)
+
+
+def listen_port() -> int:
+    """A free port on loopback for the store."""
+    from ddpkit.cluster.rendezvous.ports import free_port
+
+    return free_port()
+
+
+def stop_links(ranks: list[Rank], wait_s: float = 5.0) -> None:
+    for rank in ranks:
+        if rank.link is not None:
+            rank.link.stop(wait_s=0)
+    deadline = time.monotonic() + wait_s
+    for rank in ranks:
+        if rank.link is not None:
+            rank.link.stop(wait_s=max(0.0, deadline - time.monotonic()))
