@@ -350,7 +350,7 @@ def _slurm_worker(
 def test_a_step_whose_derived_ports_are_taken_still_starts(delay_s: float) -> None:
     # The job's own port and the next two candidates are held by things that are not its
     # store; before the port search, rank 0 failed with EADDRINUSE and the job was lost.
-    job_id = f"test-{uuid.uuid4().hex[:12]}"
+    job_id = str(uuid.uuid4().int % 10**9)  # SLURM's job ids are whole numbers
     ports = candidate_ports(job_id, "0")
     with ExitStack() as stack:
         stack.enter_context(_plain_listener(ports[0]))

@@ -208,7 +208,7 @@ def _job_env(kind: str, rank: int, world_size: int, port: int) -> dict[str, str]
     if kind == "slurm-one-node":  # MASTER_ADDR names this host, not loopback
         return {**step, "MASTER_ADDR": host, "MASTER_PORT": str(port)}
     assert kind == "slurm-port-search"  # no MASTER_*: rank 0's host from the node list
-    return {**step, "SLURM_JOB_ID": f"store-test-{port}"}
+    return {**step, "SLURM_JOB_ID": str(900000 + port)}  # a whole number, as SLURM sets it
 
 
 @pytest.mark.multiproc
