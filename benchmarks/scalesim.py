@@ -165,28 +165,25 @@ class Rank:
 
 
 class _Introduced:
-    """Sets ``done`` when the link's introduction is over (``who/<rank>``; rank 0: every beat
-    key), so readiness is timed without touching the link's code."""
+    """Sets ``done`` when the link's introduction is over (``who/<rank>``; rank 0: then every
+    beat key, in one ``multi_set``), so readiness is timed without touching the link's code."""
 
     def __init__(self, inner: Counting, done: threading.Event, rank: int, world: int) -> None:
         self._inner, self._done = inner, done
-        self._left = world if rank == 0 else 0  # rank 0 adds every beat key after its who/
+        self._host = rank == 0  # rank 0 creates every beat key after its who/
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def set(self, key: str, value: str) -> None:
         self._inner.set(key, value)
-        if key.startswith("who/") and not self._left:
+        if key.startswith("who/") and not self._host:
             self._done.set()
 
-    def add(self, key: str, value: int) -> int:
-        result = int(self._inner.add(key, value))
-        if self._left and key.startswith("beat/") and value == 0:
-            self._left -= 1
-            if not self._left:
-                self._done.set()
-        return result
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self._inner.multi_set(keys, values)
+        if self._host and keys and keys[0].startswith("beat/"):
+            self._done.set()
 
 
 def wait_listening(port: int, timeout_s: float = 60.0) -> None:

@@ -31,6 +31,7 @@ class KeyValue(Protocol):
     def add(self, key: str, value: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
     def multi_get(self, keys: list[str]) -> list[bytes]: ...
+    def multi_set(self, keys: list[str], values: list[str]) -> None: ...
     def append(self, key: str, value: str) -> None: ...
 
 
@@ -213,8 +214,13 @@ class StoreLink:
         me = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
         self._store.set(f"who/{self.rank}", me)
         if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
-            for rank in range(self.world_size):
-                self._store.add(f"beat/{rank}", 0)
+            # One round trip, not one per rank (N sequential adds made rank 0 ready only after
+            # ~N store calls: 10x plain torch's time to ready at 4096 ranks). Setting a counter
+            # some rank already bumped back to 0 is harmless: the judges look for a counter that
+            # does not move, and none has read beat/0 yet (rank 0 bumps it only after this, and
+            # they read every beat key or none).
+            keys = [f"beat/{rank}" for rank in range(self.world_size)]
+            self._store.multi_set(keys, ["0"] * len(keys))
 
     def write_marker(self, rank: int, marker: Mapping[str, Any]) -> None:
         """``exit/<rank>``, then ``order``, then ``events``: readers rely on that order."""

@@ -1,0 +1,109 @@
+"""The watchdog's store link against a real TCPStore: what rank 0 does to make every heartbeat
+key exist, what that costs as the world grows, and that a rank which never beat at all is
+still named."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from torch.distributed import PrefixStore, TCPStore
+
+from ddpkit.worker.watchdog.store import StoreLink
+
+
+class Counted:
+    """A store whose calls are counted by name."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+
+        def counted(*args: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args)
+
+        return counted
+
+
+@pytest.fixture
+def host() -> TCPStore:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def _link(store: Any, rank: int, world: int, bound_s: float = 600.0) -> StoreLink:
+    return StoreLink(
+        store,
+        rank=rank,
+        world_size=world,
+        interval_s=min(1.0, bound_s / 4),
+        bound_s=bound_s,
+        host_rank=0,
+        address="127.0.0.1:0",
+        clock=time.monotonic,
+    )
+
+
+def _wait(predicate: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("world", [2, 64, 1024])
+def test_rank_zero_creates_every_beat_key_in_one_call_whatever_the_world(
+    host: TCPStore, world: int
+) -> None:
+    counted = Counted(PrefixStore("w", host))
+    link = _link(counted, 0, world)
+    link.start()
+    try:
+        _wait(lambda: host.check(["w/beat/0"]), 10)
+        # every key exists at once, readable without blocking, at 0 for the silent ranks
+        keys = [f"w/beat/{rank}" for rank in range(world)]
+        assert host.check(keys)
+        assert [int(v) for v in host.multi_get(keys[1:])] == [0] * (world - 1)
+        assert counted.calls.get("multi_set") == 1
+        # the start-up's store calls do not grow with the world (was one add per rank)
+        assert counted.calls.get("add", 0) < 10
+    finally:
+        link.stop()
+
+
+def test_a_beat_sent_before_rank_zero_arrived_keeps_counting(host: TCPStore) -> None:
+    early = _link(PrefixStore("w", host), 1, 2)
+    early.start()
+    try:
+        _wait(lambda: host.check(["w/beat/1"]), 10)
+        zero = _link(PrefixStore("w", host), 0, 2)
+        zero.start()
+        try:
+            _wait(lambda: host.check(["w/beat/0"]), 10)
+            before = int(host.get("w/beat/1"))
+            _wait(lambda: int(host.get("w/beat/1")) > before, 10)
+        finally:
+            zero.stop()
+    finally:
+        early.stop()
+
+
+def test_ranks_that_never_sent_a_beat_are_named_after_the_bound(host: TCPStore) -> None:
+    zero = _link(PrefixStore("w", host), 0, 3, bound_s=1.2)
+    zero.start()
+    try:
+        _wait(lambda: _names(host) == {1, 2}, 15)
+        assert {d.rank for d in zero.departures()} == {1, 2}
+        for rank in (1, 2):
+            marker = host.get(f"w/exit/{rank}").decode()
+            assert "stopped sending heartbeats" in marker
+    finally:
+        zero.stop()
+
+
+def _names(host: TCPStore) -> set[int]:
+    return {rank for rank in (1, 2) if host.check([f"w/exit/{rank}"])}
