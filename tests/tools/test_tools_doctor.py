@@ -174,3 +174,62 @@ def test_bad_flags_are_one_line_and_exit_2(
     assert main(["doctor", flag, value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag}={value!r} is not a positive number" in err
+
+
+class _CountingStore:
+    """A real TCPStore whose calls are counted by name."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner, self.calls = inner, {}  # type: dict[str, int]
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._inner, name)
+
+        def counted(*args: object) -> object:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args)
+
+        return counted
+
+
+def _gather_at(world: int, present: list[int]) -> tuple[dict[str, int], list[str]]:
+    """Rank 0's gather over a real store where ``present`` ranks have told their facts."""
+    from dataclasses import asdict
+
+    from torch.distributed import TCPStore
+
+    from ddpkit.cluster.rankinfo import RankInfo
+    from ddpkit.tools import doctor
+    from ddpkit.tools.doctor_checks import Check, RankFacts
+    from ddpkit.tools.meeting import Meeting
+
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for rank in present:
+        facts = RankFacts(rank, world, "n1", "2.13", None, None)
+        host.set(f"facts/{rank}", json.dumps(asdict(facts)))
+        host.add("arrivals", 1)
+    store = _CountingStore(host)
+    info = RankInfo(0, 0, world, world, 0, 1, "127.0.0.1", host.port, "env")
+    met = Meeting(store, Check("PASS", "master", "ok"), 0, world, 0.5)  # type: ignore[arg-type]
+    checks = doctor._gather_checks(info, met, 0.5)
+    assert met.present == tuple(present)
+    return store.calls, [c.line() for c in checks if c.status == "FAIL"]
+
+
+def test_rank_zero_gathers_in_a_few_store_calls_whatever_the_world_size() -> None:
+    small, failures = _gather_at(4, list(range(4)))
+    assert failures == []
+    large, failures = _gather_at(1024, list(range(1024)))
+    assert failures == []
+    assert large == small  # was a check per rank per poll and a get per rank
+    assert sum(large.values()) <= 3, large
+
+
+def test_late_ranks_are_named_and_the_others_facts_still_read() -> None:
+    calls, failures = _gather_at(6, [0, 1, 3, 4])
+    assert failures == [
+        "FAIL ranks: 2 of 6 ranks never showed up within 0.5 s: 2, 5 (hint: did those ranks "
+        "start (check their logs and the launcher's task count)? a rank that cannot reach the "
+        "master prints its own FAIL line)"
+    ]
+    assert calls["multi_get"] == 1

@@ -208,6 +208,7 @@ def _together(
 ) -> Report:
     """Steps 2-4 once the store is reached: exchange, cross-rank checks, verdict, sweep."""
     met.store.set(f"facts/{info.rank}", json.dumps(asdict(facts)))
+    met.store.add("arrivals", 1)  # after the facts: rank 0 counts, then reads them all at once
     if info.rank == 0:
         checks = [*checks, met.check, *_gather_checks(info, met, options.timeout_s)]
         ok = not any(c.status == "FAIL" for c in checks)
@@ -239,10 +240,14 @@ def _together(
 def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check]:
     store = met.store
     keys = [f"facts/{r}" for r in range(info.world_size)]
-    arrived = _poll(
-        lambda: [r for r, k in enumerate(keys) if store.check([k])], info.world_size, timeout_s
-    )
-    facts = [RankFacts(**json.loads(store.get(keys[r]).decode())) for r in arrived]
+    # One store call per poll whatever the world size (a check per rank made rank 0's wait
+    # O(N) calls every 0.1 s), then one multi_get; only a late rank costs a look at each key.
+    if _poll(lambda: int(store.add("arrivals", 0)), info.world_size, timeout_s):
+        arrived = list(range(info.world_size))
+    else:
+        arrived = [r for r, key in enumerate(keys) if store.check([key])]
+    values = store.multi_get([keys[r] for r in arrived]) if arrived else []
+    facts = [RankFacts(**json.loads(value.decode())) for value in values]
     met.present = tuple(arrived)
     checks = [check_arrivals(info.world_size, arrived, timeout_s)]
     for fact in facts[1:]:  # other ranks' own WARN/FAIL lines, named by rank
@@ -260,10 +265,11 @@ def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check
     return checks
 
 
-def _poll(arrived: Callable[[], list[int]], world_size: int, timeout_s: float) -> list[int]:
+def _poll(count: Callable[[], int], world_size: int, timeout_s: float) -> bool:
+    """Whether ``count()`` reached ``world_size`` within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    found = arrived()
-    while len(found) < world_size and time.monotonic() < deadline:
+    while count() < world_size:
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(_POLL_S)
-        found = arrived()
-    return found
+    return True

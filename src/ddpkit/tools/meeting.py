@@ -61,15 +61,15 @@ class Meeting:
             yield
         finally:
             try:
-                self.store.set(f"done/{self.rank}", "1")
+                done = int(self.store.add("done", 1))  # one call a poll, whatever the size
                 if self.rank == 0:
                     deadline = time.monotonic() + self.timeout_s
-                    ranks = range(self.world_size) if self.present is None else self.present
-                    keys = [f"done/{r}" for r in ranks if r != 0]
-                    while not all(self.store.check([k]) for k in keys):
+                    present = self.world_size if self.present is None else len(self.present)
+                    while done < present:
                         if time.monotonic() >= deadline:
                             break
                         time.sleep(0.1)
+                        done = int(self.store.add("done", 0))
             except (RuntimeError, dist.DistError):  # the host went away: nothing left to wait for
                 pass
 
