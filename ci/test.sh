@@ -3,7 +3,7 @@
 # needs on a bare machine, proves the README's first command in a brand-new venv (ci/contract.sh),
 # runs the linters and the type checker, builds the docs with `mkdocs build --strict` (a broken
 # link or a stale reference fails the run), starts the real SLURM test
-# cluster (ci/slurm-up: 2 nodes, accounting, installed with apt-get when missing), runs the whole
+# cluster (ci/slurm-up: 4 nodes, accounting, installed with apt-get when missing), runs the whole
 # test suite against it (the SLURM tests in two pytest-xdist workers beside the others), and stops
 # it again (ci/slurm-down) however pytest ends. Arguments go to one plain pytest run instead,
 # e.g. `bash ci/test.sh -m slurm -q`.
@@ -41,6 +41,9 @@ export DDPKIT_SLURM_NETNS=${DDPKIT_SLURM_NETNS:-${NETNS:-1}}
 # 8 CPUs a node (more than the real cores: the test jobs mostly wait), so that the jobs of the
 # two SLURM test workers below run side by side instead of queueing behind each other
 export DDPKIT_SLURM_CPUS=${DDPKIT_SLURM_CPUS:-8}
+# 4 nodes: the tests of bad-node exclusion (a job needing 2 of 3 nodes) and of a 4-node job at
+# scale need them; the others ask for the nodes they use (-N 1 or 2)
+export DDPKIT_SLURM_NODES=${DDPKIT_SLURM_NODES:-4}
 stop_cluster() {
   if [ "${DDPKIT_SLURM_KEEP:-0}" = 1 ]; then
     echo "== SLURM test cluster left running (DDPKIT_SLURM_KEEP=1): ci/slurm-down stops it"

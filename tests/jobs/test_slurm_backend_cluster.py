@@ -213,7 +213,9 @@ def test_netns_nodes_do_not_share_localhost(slurm: SlurmCluster, tmp_path: Path)
     out = tmp_path / "job.out"
     job = slurm.track(
         sl.submit_script(
-            batch(out, body, "--nodes=2", "--ntasks-per-node=1"), cwd=tmp_path, env=slurm.env
+            batch(out, body, "--nodes=2", "--nodelist=n[1-2]", "--ntasks-per-node=1"),
+            cwd=tmp_path,
+            env=slurm.env,
         )
     )
     final = sl.wait(job, 60, 0.2, env=slurm.env)

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[3]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_port.py"
 SRC = Path(ddpkit.__file__).resolve().parent
 JOB_TIMEOUT_S = 180
-FIRST_NODE = "n1"  # a 2-node job on the 2-node cluster: its node list is n[1-2]
+FIRST_NODE = "n1"  # every 2-node job here asks for n[1-2] (the cluster may have more nodes)
+NODES = "n[1-2]"
 
 # A plain listener that never answers; with --store, a torch store of another job instead.
 _SQUAT = """
@@ -100,7 +101,7 @@ def test_without_reservation_a_step_whose_derived_ports_are_taken_still_starts(
     out = tmp_path / "job.out"
     script = (
         "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --ntasks-per-node=2 --hold --output={out} --time=5\n"
+        f"#SBATCH --nodes=2 --nodelist={NODES} --ntasks-per-node=2 --hold --output={out} --time=5\n"
         f"srun --resv-ports=0 {sys.executable} -u {PAYLOAD}\n"
     )
     job = cluster.sbatch(script, cwd=tmp_path)
@@ -146,7 +147,7 @@ def test_the_generated_script_uses_the_port_slurm_reserved(
     spec = tmp_path / "job.yaml"
     spec.write_text(
         f"command: {PAYLOAD}\nname: ports\nnodes: 2\nprocs_per_node: 2\nlaunch: {launch}\n"
-        "time_min: 5\nsbatch: {hold: true}\n"
+        f"time_min: 5\nsbatch: {{hold: true, nodelist: '{NODES}'}}\n"
         + ("rdzv_port: auto\n" if launch == "torchrun" else "")
     )
     env = {**cluster.env, "DDPKIT_HOME": str(tmp_path / "home")}
@@ -179,7 +180,7 @@ def test_without_reservation_torchrun_agents_meet_past_taken_ports(
     run = f"{sys.executable} -u -m ddpkit run --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d"
     script = (
         "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --hold --output={out} --time=5\n"
+        f"#SBATCH --nodes=2 --nodelist={NODES} --hold --output={out} --time=5\n"
         f'endpoint="$({sys.executable} -m ddpkit.cluster.rendezvous.endpoint)"\n'
         f"srun --resv-ports=0 --ntasks-per-node=1 {run} --rdzv-endpoint $endpoint "
         f"--rdzv-id $SLURM_JOB_ID {PAYLOAD}\n"
