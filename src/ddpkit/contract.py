@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Final, NamedTuple
 
 __all__ = [
+    "BOUND_PER_RANK_S",
     "CLI_MODULE",
     "COLLECTIVE_TIMEOUT_VAR",
     "CONNECT_TIMEOUT_VAR",
@@ -64,6 +65,11 @@ __all__ = [
 # ---- knobs ---------------------------------------------------------------------------------
 CONNECT_TIMEOUT_VAR: Final = "DDPKIT_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S: Final = 60.0
+# What a default start-up bound (the connect bound, `ddpkit run`'s c10d read timeout) grows by
+# per rank of the job after the first: a store serves its clients one by one, and torch's own
+# figures (96K ranks ready in ~100 s on its libuv store, ~1 ms a rank) make 10 ms a rank a 10x
+# margin. A bound the user sets is used as given.
+BOUND_PER_RANK_S: Final = 0.01
 COLLECTIVE_TIMEOUT_VAR: Final = "DDPKIT_COLLECTIVE_TIMEOUT"  # default: torch's own
 PEER_TIMEOUT_VAR: Final = "DDPKIT_PEER_TIMEOUT"
 DEFAULT_PEER_TIMEOUT_S: Final = 60.0
@@ -121,9 +127,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar(
         CONNECT_TIMEOUT_VAR,
         "you",
-        f"{DEFAULT_CONNECT_TIMEOUT_S:g} s",
+        f"{DEFAULT_CONNECT_TIMEOUT_S:g} s + {BOUND_PER_RANK_S * 1000:g} ms a rank after the first",
         "Seconds a rank other than 0 waits for the master to accept connections before "
-        "`ddpkit.init()` fails naming the address, port and launcher. "
+        "`ddpkit.init()` fails naming the address, port and launcher. Unset, the bound grows "
+        "with the job (4,096 ranks: 101 s); a value set here is used as given. "
         "`init(connect_timeout_s=)` wins over it.",
     ),
     EnvVar(

@@ -127,6 +127,26 @@ def test_c10d_store_host_in_a_slurm_job_with_a_host_template(
     assert (plan.launch_config.rdzv_configs.get("join_timeout") == "60") == bool(conf)
 
 
+C10D = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:29400"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--nproc-per-node", "2"], 61),  # standalone: 60 s + 10 ms a rank after the first
+        (["--nnodes", "1:512", "--nproc-per-node", "8", *C10D], 101),  # 4,096 ranks at most
+        (["--nnodes", "512", "--nproc-per-node", "8", *C10D, "--rdzv-conf", "read_timeout=30"],
+         "30"),  # the user's value, as given
+        (["--nnodes", "2", "--master-addr", "n1", "--nproc-per-node", "2"], None),  # static
+    ],
+)  # fmt: skip
+def test_c10d_read_timeout_grows_with_the_job_unless_given(
+    argv: list[str], expected: int | str | None
+) -> None:
+    plan = build_launch_config(config_from_argv([*argv, WORKER]))
+    assert plan.launch_config.rdzv_configs.get("read_timeout") == expected
+
+
 def test_device_kind_this_machine_lacks_is_a_config_error() -> None:
     config = config_from_argv(["--nproc-per-node", "gpu", WORKER])
     if torch.cuda.is_available():

@@ -100,6 +100,16 @@ def test_connect_timeout(env: dict[str, str], explicit: float | None, expected: 
 
 
 @pytest.mark.parametrize(
+    ("world", "expected"), [(1, 60.0), (2, 60.01), (1024, 70.23), (4096, 100.95), (96000, 1019.99)]
+)
+def test_the_default_connect_bound_grows_with_the_world_size(world: int, expected: float) -> None:
+    assert process_group.connect_timeout({}, None, world) == pytest.approx(expected)
+    # a bound the user set is used as given, whatever the size
+    assert process_group.connect_timeout({"DDPKIT_CONNECT_TIMEOUT": "5"}, None, world) == 5.0
+    assert process_group.connect_timeout({}, 7, world) == 7.0
+
+
+@pytest.mark.parametrize(
     ("env", "default", "match"),
     [
         ({"DDPKIT_CONNECT_TIMEOUT": "soon"}, None, "DDPKIT_CONNECT_TIMEOUT='soon'"),

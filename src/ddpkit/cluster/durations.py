@@ -12,9 +12,10 @@ import math
 from collections.abc import Mapping
 
 from ddpkit.cluster.envvars import number_hint, to_float
+from ddpkit.contract import BOUND_PER_RANK_S
 from ddpkit.errors import ConfigError
 
-__all__ = ["positive_seconds", "seconds_from_env"]
+__all__ = ["positive_seconds", "scaled_bound", "seconds_from_env"]
 
 
 def positive_seconds(
@@ -49,3 +50,10 @@ def seconds_from_env(
             f"{name}={raw!r} is not a number of seconds", hint=number_hint(raw, advice)
         )
     return positive_seconds(value, name, hint=advice, shown=raw)
+
+
+def scaled_bound(base_s: float, ranks: int) -> float:
+    """A default start-up bound for a job of ``ranks`` ranks: ``base_s`` + 10 ms a rank after
+    the first (:data:`~ddpkit.contract.BOUND_PER_RANK_S`): the ranks reach one store one by
+    one. Only defaults scale; a bound the user set is used as given."""
+    return base_s + BOUND_PER_RANK_S * max(0, ranks - 1)

@@ -22,6 +22,7 @@ one-line agent logs stay.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import uuid
@@ -38,6 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ddpkit.cluster.durations import scaled_bound
 from ddpkit.cluster.rendezvous.endpoint import hosts_store
 from ddpkit.cluster.runid import launch_run_id
 from ddpkit.cluster.stop import forward as stop_forward
@@ -109,7 +111,19 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     if run_id is not None:
         worker_env[RUN_ID_VAR] = run_id
     launch_config.log_line_prefix_template = config.log_line_prefix_template
+    _scale_read_timeout(launch_config, config)
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env)
+
+
+def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
+    """c10d's store read timeout (torch: 60 s, which published runs outgrew at many nodes),
+    grown with the job by ddpkit's rule for start-up bounds
+    (:func:`~ddpkit.cluster.durations.scaled_bound`); a ``read_timeout`` given is kept."""
+    if launch_config.rdzv_backend != "c10d" or "read_timeout" in dict(config.rdzv_conf):
+        return
+    ranks = launch_config.max_nodes * launch_config.nproc_per_node
+    seconds = math.ceil(scaled_bound(rdzv_port.READ_TIMEOUT_S, ranks))  # torch reads an int
+    launch_config.rdzv_configs["read_timeout"] = seconds
 
 
 def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:

@@ -44,11 +44,11 @@ from ddpkit.compat import matches_machine_hostname
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import host_tcp_store, is_taken, loopback_address
 
-__all__ = ["claim", "port_search"]
+__all__ = ["READ_TIMEOUT_S", "claim", "port_search"]
 
 _C10D_DEFAULT_PORT = 29400  # torch's c10d rendezvous default, when the endpoint has no port
 _JOIN_TIMEOUT_S = 900.0  # torch's default rdzv join timeout (rdzv_configs["timeout"])
-_READ_TIMEOUT_S = 60.0  # torch's default c10d store read timeout (rdzv_configs["read_timeout"])
+READ_TIMEOUT_S = 60.0  # torch's default c10d store read timeout (rdzv_configs["read_timeout"])
 
 
 def port_search(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, PortSearch] | None:
@@ -75,7 +75,7 @@ def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
         return _host_on_loopback(config)
     host, search = found
     configs = config.rdzv_configs
-    read_s = float(configs.get("read_timeout", _READ_TIMEOUT_S))
+    read_s = float(configs.get("read_timeout", READ_TIMEOUT_S))
     is_host = configs.get("is_host")
     hosting = matches_machine_hostname(host) if is_host is None else _truthy(is_host)
     if hosting:
@@ -109,7 +109,7 @@ def _host_on_loopback(config: LaunchConfig) -> Any:
     hosting = _truthy(configs.get("is_host", "1")) and str(configs.get("rank", 0)) == "0"
     if bind is None or not hosting:
         return None
-    read_s = float(configs.get("read_timeout", _READ_TIMEOUT_S))
+    read_s = float(configs.get("read_timeout", READ_TIMEOUT_S))
     try:
         store = host_tcp_store(
             bind,

@@ -118,7 +118,8 @@ def init(
     torch's default, 10-30 min by backend; keep it above the longest wait of your program, e.g.
     ranks waiting at a barrier while rank 0 prepares data). ``connect_timeout_s``: how long
     ranks other than 0 wait for the master to accept connections (None:
-    ``DDPKIT_CONNECT_TIMEOUT`` from ``env``, else 60 s). ``env``: the variables to detect the
+    ``DDPKIT_CONNECT_TIMEOUT`` from ``env``, else 60 s + 10 ms a rank after the first).
+    ``env``: the variables to detect the
     launcher from (default ``os.environ``; never written). ``device``: overrides the device
     choice (``cuda:<local_rank>``, ``cuda:0`` when each task has GPUs of its own, else cpu).
     ``peer_timeout_s``: the watchdog's bound: when a peer has exited, died or stopped sending
@@ -168,7 +169,7 @@ def _join(
     """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
-    wait_s = process_group.connect_timeout(env, connect_timeout_s)
+    wait_s = process_group.connect_timeout(env, connect_timeout_s, info.world_size)
     collective_s = process_group.collective_timeout(env, timeout_s)
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     if chosen.type == "cuda":

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.cluster.devices import check_distinct_gpus
-from ddpkit.cluster.durations import positive_seconds, seconds_from_env
+from ddpkit.cluster.durations import positive_seconds, scaled_bound, seconds_from_env
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.contract import (
     COLLECTIVE_TIMEOUT_VAR,
@@ -46,14 +46,15 @@ __all__ = [
 _NCCL_DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 
-def connect_timeout(env: Mapping[str, str], explicit_s: float | None) -> float:
+def connect_timeout(env: Mapping[str, str], explicit_s: float | None, world_size: int = 1) -> float:
     """Seconds to wait for the master: the caller's ``connect_timeout_s`` when given, else
     ``DDPKIT_CONNECT_TIMEOUT`` from ``env`` (so operators can lengthen it without editing the
-    script), else 60 s."""
+    script), else 60 s plus 10 ms per rank of ``world_size`` after the first (see
+    :data:`~ddpkit.contract.BOUND_PER_RANK_S`): ranks reach one store one by one."""
     if explicit_s is not None:
         return positive_seconds(explicit_s, "connect_timeout_s")
     value = seconds_from_env(env, CONNECT_TIMEOUT_VAR, example="120")
-    return DEFAULT_CONNECT_TIMEOUT_S if value is None else value
+    return scaled_bound(DEFAULT_CONNECT_TIMEOUT_S, world_size) if value is None else value
 
 
 def collective_timeout(env: Mapping[str, str], explicit_s: float | None) -> float | None:

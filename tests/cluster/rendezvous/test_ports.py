@@ -400,7 +400,7 @@ def test_ddpkit_run_agents_meet_past_a_taken_rendezvous_port(tmp_path: Path) -> 
     # Both agents of a 2-node rendezvous on this machine (both think they are the host, as
     # torch allows), the job's derived c10d port held by a listener that never answers. Before
     # the search, torch's agent fell back to being a client of that listener and hung.
-    job_id = f"test-{uuid.uuid4().hex[:12]}"
+    job_id = str(uuid.uuid4().int % 10**9)  # SLURM job ids are whole numbers
     ports = candidate_ports(job_id, RDZV_STEP)
     script = tmp_path / "worker.py"
     script.write_text(_RDZV_WORKER)
