@@ -180,13 +180,17 @@ def _steady_state(rank: int, world_size: int) -> dict[str, Any]:
     and still: a shape that every rank changes alike is followed, one rank's is an error."""
     seen: dict[str, Any] = {}
     calls: list[int] = []
-    real = dist.all_gather
+    real, real_into = dist.all_gather, dist.all_gather_into_tensor
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counting(real: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            return real(*args, **kwargs)
 
-    dist.all_gather = counting  # this worker process's own module: no other test sees it
+        return counted
+
+    # this worker process's own module: no other test sees them
+    dist.all_gather, dist.all_gather_into_tensor = counting(real), counting(real_into)
     try:
         rows: list[int] = []
         wide: list[list[float]] = []
@@ -205,7 +209,7 @@ def _steady_state(rank: int, world_size: int) -> dict[str, Any]:
                 seen["late_mismatch"] = str(exc)
             seen["after_late_mismatch"] = sorted(ddpkit.gather(batch).tolist())
     finally:
-        dist.all_gather = real
+        dist.all_gather, dist.all_gather_into_tensor = real, real_into
     return seen
 
 

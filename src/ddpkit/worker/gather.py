@@ -132,20 +132,40 @@ def _check_same_signature(local: torch.Tensor, world_size: int) -> None:
         _raise_shape_mismatch(local, world_size)
 
 
-def _gather_checked(local: torch.Tensor, world_size: int) -> list[torch.Tensor]:
-    """Check the signature with its own collective, then all-gather (two collectives)."""
+def _gather_checked(local: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Check the signature with its own collective, then all-gather (two collectives):
+    every rank's rows, stacked as (W, rows, ...)."""
     _check_same_signature(local, world_size)
     parts = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(parts, local)
-    return parts
+    return torch.stack(parts)
+
+
+def _all_gather_flat(buffer: torch.Tensor, world_size: int, backend: str) -> torch.Tensor:
+    """Every rank's 1-d ``buffer`` as the rows of one (W, n) tensor. Gloo and NCCL gather
+    into one flat tensor (no list of W outputs to allocate, one header comparison after):
+    about 0.1 ms less per call on gloo here; another backend gets the list form."""
+    if all(name in ("gloo", "nccl") for name in _backend_names(backend)):
+        out = buffer.new_empty(world_size * buffer.numel())
+        dist.all_gather_into_tensor(out, buffer)
+        return out.view(world_size, -1)
+    parts = [torch.empty_like(buffer) for _ in range(world_size)]
+    dist.all_gather(parts, buffer)
+    return torch.stack(parts)
+
+
+@functools.lru_cache(maxsize=16)
+def _backend_names(backend: str) -> tuple[str, ...]:
+    """``"gloo"`` -> ("gloo",); ``"cpu:gloo,cuda:nccl"`` -> ("gloo", "nccl")."""
+    return tuple(part.rsplit(":", 1)[-1].strip() for part in backend.split(","))
 
 
 def _gather_with_header(
-    local: torch.Tensor, agreed: tuple[torch.dtype, tuple[int, ...]], world_size: int
-) -> list[torch.Tensor] | None:
+    local: torch.Tensor, agreed: tuple[torch.dtype, tuple[int, ...]], world_size: int, backend: str
+) -> torch.Tensor | None:
     """One collective: a header and rows of the agreed size from every rank. The rows of
-    every rank, or None when every rank sent the same new signature (agree on it, gather
-    again); raises the shape error when ranks differ."""
+    every rank as (W, rows, ...), or None when every rank sent the same new signature (agree
+    on it, gather again); raises the shape error when ranks differ."""
     dtype, trailing = agreed
     rows = int(local.shape[0])
     mine = (local.dtype, tuple(local.shape[1:]))
@@ -155,45 +175,47 @@ def _gather_with_header(
     else:  # send the size everyone expects; the header tells them why it is zeros
         numel = rows * int(torch.Size(trailing).numel())
         payload = torch.zeros(numel * dtype.itemsize, dtype=torch.uint8, device=local.device)
-    buffer = torch.cat([header, payload])
-    parts = [torch.empty_like(buffer) for _ in range(world_size)]
-    dist.all_gather(parts, buffer)
+    gathered = _all_gather_flat(torch.cat([header, payload]), world_size, backend)
+    headers = gathered[:, :_HEADER_BYTES]
     expected = _header(dtype, trailing, local.device)
-    headers = [part[:_HEADER_BYTES] for part in parts]
-    if all(torch.equal(h, expected) for h in headers):
-        return [part[_HEADER_BYTES:].view(dtype).reshape(rows, *trailing) for part in parts]
-    if all(torch.equal(h, headers[0]) for h in headers):
+    if torch.equal(headers, expected.expand(world_size, -1)):
+        # row stride 16 + rows x item size bytes: the byte view of each row's payload is
+        # aligned for ``dtype`` (16 is a multiple of every item size)
+        return gathered[:, _HEADER_BYTES:].view(dtype).reshape(world_size, rows, *trailing)
+    if torch.equal(headers, headers[:1].expand(world_size, -1)):
         return None  # every rank changed alike: a new signature they all share
     _raise_shape_mismatch(local, world_size)
 
 
 def _gather_parts(
-    local: torch.Tensor, world_size: int, memo: GatherMemo | None, step: int
-) -> list[torch.Tensor]:
+    local: torch.Tensor, context: Context, memo: GatherMemo | None, step: int
+) -> torch.Tensor:
+    world_size = context.world_size
     if memo is None:
         return _gather_checked(local, world_size)
     ordinal = memo.ordinal(step)
     mine = (local.dtype, tuple(local.shape[1:]))
     agreed = memo.agreed.get(ordinal)
     if agreed is not None:
-        parts = _gather_with_header(local, agreed, world_size)
+        parts = _gather_with_header(local, agreed, world_size, context.backend)
         if parts is not None:
             return parts
-        parts = [torch.empty_like(local) for _ in range(world_size)]
-        dist.all_gather(parts, local)  # every rank's header said: this same new signature
+        again = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(again, local)  # every rank's header said: this same new signature
+        stacked = torch.stack(again)
     else:
-        parts = _gather_checked(local, world_size)
+        stacked = _gather_checked(local, world_size)
     memo.agreed[ordinal] = mine
-    return parts
+    return stacked
 
 
 def _gather_tensor(
     x: torch.Tensor, context: Context, layout: ShardLayout, step: int
 ) -> torch.Tensor:
     local = x.detach().to(comm_device(context.backend, context.device, x.device)).contiguous()
-    parts = _gather_parts(local, context.world_size, active_gather_memo(), step)
-    # (rows, W, ...) → row j of rank r lands at j * W + r: the sampler's position order.
-    merged = torch.stack(parts, dim=1).reshape(-1, *local.shape[1:])
+    parts = _gather_parts(local, context, active_gather_memo(), step)
+    # (W, rows, ...) → row j of rank r lands at j * W + r: the sampler's position order.
+    merged = parts.transpose(0, 1).reshape(-1, *local.shape[1:])
     return merged[: layout.real_rows(step)].to(x.device)
 
 
