@@ -63,6 +63,8 @@ class _ActiveSlot:
         self._stack = [ref for ref in self._stack if ref() is not None and ref() is not drop]
 
     def mark(self, iterator: Pass) -> None:
+        if self._stack and self._stack[-1]() is iterator:  # every batch of a loop: no change
+            return
         self._prune(drop=iterator)
         self._stack.append(weakref.ref(iterator))
 
@@ -70,8 +72,11 @@ class _ActiveSlot:
         self._prune(drop=iterator)
 
     def get(self) -> Pass | None:
-        self._prune()
-        return self._stack[-1]() if self._stack else None
+        top = self._stack[-1]() if self._stack else None
+        if top is None:  # the latest pass was collected: fall back to a live one
+            self._prune()
+            top = self._stack[-1]() if self._stack else None
+        return top
 
 
 ACTIVE = _ActiveSlot()
