@@ -72,6 +72,27 @@ def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> No
 
 
 @reach
+def test_rdzv_method_names_cheap_gives_torchs_answer() -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = dynamic_rendezvous.get_method_name
+
+    def event_of_a_method() -> tuple[str, str]:  # as torch's handler methods call it
+        return dynamic_rendezvous.get_method_name(), dynamic_rendezvous.get_method_name(1)
+
+    def next_rendezvous() -> tuple[str, str]:
+        return event_of_a_method()
+
+    expected = next_rendezvous()
+    assert expected == ("next_rendezvous", "event_of_a_method"), f"{TORCH}: {expected}"
+    with compat.rdzv_method_names_cheap():
+        assert dynamic_rendezvous.get_method_name is not original
+        assert next_rendezvous() == expected
+        assert dynamic_rendezvous.get_method_name(10**6) == original(10**6) == "no_method_name"
+    assert dynamic_rendezvous.get_method_name is original  # put back afterwards
+
+
+@reach
 def test_launch_config_from_torchrun_args(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed.run as torch_run
 

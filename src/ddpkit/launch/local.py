@@ -46,6 +46,7 @@ from ddpkit.cluster.stop import forward as stop_forward
 from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
     launch_config_from_args,
+    rdzv_method_names_cheap,
     tail_logs_tuned,
     torchrun_notice_muted,
 )
@@ -150,6 +151,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _environ_restored(),
         _signal_handlers_restored(handled),
         tail_logs_tuned(LOG_TAIL_INTERVAL_S),
+        rdzv_method_names_cheap(),
         _signals_forwarded(FORWARDED_SIGNALS),
         deathsig.tied() as token,
     ):
