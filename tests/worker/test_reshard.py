@@ -43,9 +43,9 @@ def test_a_fresh_pass_is_torchs_distributed_sampler(shuffle: bool, drop_last: bo
                     )
                     torch_sampler.set_epoch(epoch)
                     where = (size, world, rank, epoch)
-                    assert reshard.shard(order, 0, world, rank, drop_last) == list(
-                        torch_sampler
-                    ), where
+                    assert reshard.shard(order, 0, world, rank, drop_last) == list(torch_sampler), (
+                        where
+                    )
                     assert reshard.per_rank(size, 0, world, drop_last) == len(torch_sampler)
 
 
