@@ -1,8 +1,10 @@
 """On the real test cluster: a job that requeues itself (``requeue_and_exit`` in attempt 0)
-runs twice, and both runs print one run id, ``slurm-<job id>``, with attempts 0 and 1."""
+runs twice, and both runs print one run id, ``slurm-<job id>``, with attempts 0 and 1; its job
+record holds that run id and ``ddpkit status`` shows it with attempt 1 (SLURM's ``Restarts=``)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -44,3 +46,12 @@ def test_a_requeued_job_keeps_its_run_id_and_counts_attempts(
         ("0", f"slurm-{job}", "0"), ("0", f"slurm-{job}", "1"),
         ("1", f"slurm-{job}", "0"), ("1", f"slurm-{job}", "1"),
     ], logs  # fmt: skip
+    record = json.loads((tmp_path / "home" / "jobs" / f"{job}.json").read_text())
+    assert record["run_id"] == f"slurm-{job}"
+    status = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "status", job],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (status.returncode, status.stdout) == (
+        0, f"COMPLETED (exit code 0)\nrun slurm-{job} attempt 1\n"
+    ), status.stderr  # fmt: skip
