@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 import ddpkit
 
-SIZE, BATCH = 23, 2
+SIZE, BATCH, SEED = 23, 2, 3
 
 
 class Indices(Dataset[int]):
@@ -37,7 +37,7 @@ def main(folder: Path, epochs: int, stop: int) -> None:
     torch.manual_seed(0)
     model = ddpkit.wrap(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = ddpkit.loader(Indices(), BATCH, seed=3)
+    loader = ddpkit.loader(Indices(), BATCH, seed=SEED)
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "loader": loader, "step": 0}
     ddpkit.load_checkpoint(folder, state)
     folder.mkdir(parents=True, exist_ok=True)
