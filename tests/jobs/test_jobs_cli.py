@@ -28,6 +28,7 @@ from ddpkit.jobs.records import (
     JobRecord,
     ddpkit_home,
     load_record,
+    new_record,
     record_path,
     recorded_run_id,
     save_record,
@@ -489,13 +490,14 @@ def test_submit_records_the_run_id_the_ranks_will_have(
 
 
 def test_submitted_run_id_rules(tmp_path: Path) -> None:
-    spec = load_spec(write_spec(tmp_path))
-    assert submitted_run_id(spec, "12", {}) == "slurm-12"
-    assert submitted_run_id(spec, None, {}) is None  # not a SLURM job: the launch names it
-    assert submitted_run_id(spec, "12", {"DDPKIT_RUN_ID": "a.b-c"}) == "a.b-c"
-    assert submitted_run_id(spec, "12", {"DDPKIT_RUN_ID": "no way"}) is None  # ranks refuse it
-    sweep = load_spec(write_spec(tmp_path, "sweep: {params: {lr: [1, 2]}}\n", name="sweep.yaml"))
-    assert submitted_run_id(sweep, "12", {}) is None  # every task has its own
+    assert submitted_run_id({}, "12", {}) == "slurm-12"
+    assert submitted_run_id({}, None, {}) is None  # not a SLURM job: the launch names it
+    assert submitted_run_id({}, "12", {"DDPKIT_RUN_ID": "a.b-c"}) == "a.b-c"
+    assert submitted_run_id({"DDPKIT_RUN_ID": "x"}, "12", {"DDPKIT_RUN_ID": "y"}) == "x"
+    assert submitted_run_id({}, "12", {"DDPKIT_RUN_ID": "no way"}) is None  # ranks refuse it
+    assert submitted_run_id({}, "12", {}, array=True) is None  # every task has its own
+    sweep = write_spec(tmp_path, "sweep: {params: {lr: [1, 2]}}\n", name="sweep.yaml")
+    assert new_record(load_spec(sweep), "12", "sbatch", None, env={}).run_id is None
 
 
 def test_old_records_without_a_run_id_still_load(tmp_path: Path) -> None:

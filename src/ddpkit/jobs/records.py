@@ -119,23 +119,31 @@ def new_record(
         script=script,
         submitted_at=time.time(),
         sweep_runs=None if spec.sweep is None else tuple(task.run for task in spec.sweep.tasks),
-        run_id=submitted_run_id(spec, job_id, os.environ if env is None else env),
+        run_id=submitted_run_id(
+            spec.env, job_id, os.environ if env is None else env, array=spec.sweep is not None
+        ),
     )
 
 
-def submitted_run_id(spec: JobSpec, slurm_job: str | None, env: Mapping[str, str]) -> str | None:
-    """The run id the ranks of ``spec``'s job will have, by :mod:`ddpkit.cluster.runid`'s
-    steps 1 and 2: ``DDPKIT_RUN_ID`` from the spec's ``env``, else from ``env`` (the submitting
-    environment, which the job inherits), else ``slurm-<slurm_job>``. None when that is not one
-    id: a sweep (each task its own), no SLURM job (``slurm_job`` None), or a ``DDPKIT_RUN_ID``
-    that is no usable run id (the job's ranks will refuse it)."""
-    named = spec.env.get(RUN_ID_VAR) or env.get(RUN_ID_VAR)
+def submitted_run_id(
+    spec_env: Mapping[str, str],
+    slurm_job: str | None,
+    env: Mapping[str, str],
+    *,
+    array: bool = False,
+) -> str | None:
+    """The run id the ranks of a job will have, by :mod:`ddpkit.cluster.runid`'s steps 1 and
+    2: ``DDPKIT_RUN_ID`` from the spec's ``env`` (``spec_env``), else from ``env`` (the
+    submitting environment, which the job inherits), else ``slurm-<slurm_job>``. None when that
+    is not one id: a job ``array`` (each task its own), no SLURM job (``slurm_job`` None), or a
+    ``DDPKIT_RUN_ID`` that is no usable run id (the job's ranks will refuse it)."""
+    named = spec_env.get(RUN_ID_VAR) or env.get(RUN_ID_VAR)
     if named:
         try:
             return check_run_id(named)
         except ConfigError:
             return None
-    if slurm_job is None or spec.sweep is not None:
+    if slurm_job is None or array:
         return None
     return f"slurm-{slurm_job}"
 

@@ -209,7 +209,7 @@ def _record(spec: JobSpec, handle: str) -> JobRecord:
         procs_per_node=spec.procs,
         workdir=spec.workdir,
         submitted_at=time.time(),
-        run_id=submitted_run_id(spec, app_id if scheduler == "slurm" else None, os.environ),
+        run_id=submitted_run_id(spec.env, app_id if scheduler == "slurm" else None, os.environ),
         handle=handle,
     )
 
