@@ -444,8 +444,9 @@ def test_record_round_trip_home_default_and_bad_files(
 
 
 def test_status_prints_state_exit_code_and_says_when_slurm_does_not_know(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path))  # no record: no run line
     answers: Iterator[JobStatus] = iter([
         JobStatus(JobState.FAILED, "FAILED", 3, "scontrol"),
         JobStatus(JobState.CANCELLED, "CANCELLED by 0", 0, "sacct", signal=15),
