@@ -12,20 +12,30 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ddpkit.cli import main
-from ddpkit.cluster.slurmtools import JobState, JobStatus
+from ddpkit.cluster.slurmtools import CommandResult, JobState, JobStatus
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import api
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import load_spec
-from ddpkit.jobs.records import JobRecord, ddpkit_home, load_record, record_path, save_record
+from ddpkit.jobs.records import (
+    JobRecord,
+    ddpkit_home,
+    load_record,
+    new_record,
+    record_path,
+    recorded_run_id,
+    save_record,
+    submitted_run_id,
+)
 from ddpkit.jobs.render import render_sbatch
-from tests.fakes.slurm import FakeTools
+from tests.fakes.slurm import FakeSlurm, FakeTools, scontrol_line
 
 JOB_ID = "4242"
 
@@ -434,8 +444,9 @@ def test_record_round_trip_home_default_and_bad_files(
 
 
 def test_status_prints_state_exit_code_and_says_when_slurm_does_not_know(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path))  # no record: no run line
     answers: Iterator[JobStatus] = iter([
         JobStatus(JobState.FAILED, "FAILED", 3, "scontrol"),
         JobStatus(JobState.CANCELLED, "CANCELLED by 0", 0, "sacct", signal=15),
@@ -457,3 +468,74 @@ def test_follow_does_not_wait_for_a_job_slurm_does_not_know(
     unknown = JobStatus(JobState.UNKNOWN, "", None, "none", hint="forgotten")
     monkeypatch.setattr(api, "status", lambda job: unknown)
     assert run(["logs", "77", "--rank", "0", "--follow"], capsys) == (0, "last words", "")
+
+
+# --- run identity in records and status -------------------------------------------------------
+
+
+def test_submit_records_the_run_id_the_ranks_will_have(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DDPKIT_RUN_ID", raising=False)
+    spec = write_spec(tmp_path)
+    assert run(["submit", str(spec)], capsys)[:2] == (0, f"{JOB_ID}\n")
+    assert load_record(JOB_ID) == replace(load_record(JOB_ID), run_id=f"slurm-{JOB_ID}")  # type: ignore[type-var]
+    named = write_spec(tmp_path, "env: {DDPKIT_RUN_ID: bert-3}\n", name="named.yaml")
+    assert run(["submit", str(named)], capsys)[0] == 0
+    assert load_record(JOB_ID).run_id == "bert-3"  # type: ignore[union-attr]
+    monkeypatch.setenv("DDPKIT_RUN_ID", "from-shell")  # sbatch passes the environment on
+    assert run(["submit", str(spec)], capsys)[0] == 0
+    assert load_record(JOB_ID).run_id == "from-shell"  # type: ignore[union-attr]
+    assert run(["submit", str(named)], capsys)[0] == 0  # the spec's env wins, as in the job
+    assert load_record(JOB_ID).run_id == "bert-3"  # type: ignore[union-attr]
+
+
+def test_submitted_run_id_rules(tmp_path: Path) -> None:
+    assert submitted_run_id({}, "12", {}) == "slurm-12"
+    assert submitted_run_id({}, None, {}) is None  # not a SLURM job: the launch names it
+    assert submitted_run_id({}, "12", {"DDPKIT_RUN_ID": "a.b-c"}) == "a.b-c"
+    assert submitted_run_id({"DDPKIT_RUN_ID": "x"}, "12", {"DDPKIT_RUN_ID": "y"}) == "x"
+    assert submitted_run_id({}, "12", {"DDPKIT_RUN_ID": "no way"}) is None  # ranks refuse it
+    assert submitted_run_id({}, "12", {}, array=True) is None  # every task has its own
+    sweep = write_spec(tmp_path, "sweep: {params: {lr: [1, 2]}}\n", name="sweep.yaml")
+    assert new_record(load_spec(sweep), "12", "sbatch", None, env={}).run_id is None
+
+
+def test_old_records_without_a_run_id_still_load(tmp_path: Path) -> None:
+    record = JobRecord("31", "sbatch", "x", "/l", "srun", 1, 1, "/w", run_id="slurm-31")
+    path = save_record(record, home=tmp_path)
+    data = json.loads(path.read_text())
+    assert data["run_id"] == "slurm-31"
+    del data["run_id"]  # as ddpkit wrote records before the field
+    path.write_text(json.dumps(data))
+    old = load_record("31", home=tmp_path)
+    assert old == replace(record, run_id=None)
+    assert recorded_run_id(old, "31") is None  # unknown, not guessed
+    assert recorded_run_id(None, "31") is None
+    sweep = replace(record, run_id=None, sweep_runs=("lr=1", "lr=2"))
+    assert recorded_run_id(sweep, "31_1") == "slurm-31_1"  # a task of a sweep: SLURM's rule
+    assert recorded_run_id(sweep, "31") is None
+
+
+def test_status_prints_the_run_id_and_slurms_restart_count_as_the_attempt(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = JobRecord("77", "sbatch", "demo", str(tmp_path), "srun", 1, 1, str(tmp_path))
+    monkeypatch.setattr(api, "status", lambda job: JobStatus(JobState.RUNNING, "R", None, "squeue"))
+    save_record(replace(record, run_id="slurm-77"))
+    line = scontrol_line("77", "RUNNING").replace("Restarts=0", "Restarts=2")
+    monkeypatch.setenv("FAKE_SCONTROL_JOB", line)
+    assert run(["status", "77"], capsys) == (0, "RUNNING\nrun slurm-77 attempt 2\n", "")
+    monkeypatch.delenv("FAKE_SCONTROL_JOB")  # the controller forgot the job: no attempt
+    assert run(["status", "77"], capsys) == (0, "RUNNING\nrun slurm-77\n", "")
+    save_record(record)  # an old record: no run line
+    assert run(["status", "77"], capsys) == (0, "RUNNING\n", "")
+
+
+def test_run_of_asks_scontrol_through_the_runner_seam(home: Path, tmp_path: Path) -> None:
+    record = JobRecord("5_1", "sbatch", "demo", str(tmp_path), "srun", 1, 1, str(tmp_path))
+    save_record(replace(record, job_id="5", sweep_runs=("a", "b")))
+    fake = FakeSlurm(scontrol=CommandResult(0, scontrol_line("5_1", "RUNNING"), ""))
+    assert api.run_of("5_1", runner=fake) == api.RunOfJob("slurm-5_1", 0)
+    assert fake.calls == [(["scontrol", "show", "job", "--oneliner", "5_1"], None)]
+    assert api.run_of("6", runner=FakeSlurm()) is None  # no record: nothing asked

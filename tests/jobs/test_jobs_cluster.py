@@ -113,7 +113,7 @@ def test_two_nodes_two_processes_every_rank_where_slurm_put_it(
     )
     job = jobs.submit(spec, "--via", via)
     followed = jobs.ddpkit("logs", job, "--follow", timeout_s=JOB_TIMEOUT_S)
-    assert jobs.ddpkit("status", job) == "COMPLETED (exit code 0)\n"
+    assert jobs.ddpkit("status", job) == f"COMPLETED (exit code 0)\nrun slurm-{job} attempt 0\n"
 
     nodes = placement(jobs.slurm, job)
     assert len(nodes) == 2
@@ -217,7 +217,8 @@ def test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name(
     spec = jobs.spec('name: ib\nnodes: 2\nlaunch: torchrun\nhost_template: "{host}-ib"\n')
     job = jobs.submit(spec)
     followed = jobs.ddpkit("logs", job, "--follow", timeout_s=JOB_TIMEOUT_S)
-    assert jobs.ddpkit("status", job) == "COMPLETED (exit code 0)\n", followed
+    shown = jobs.ddpkit("status", job)
+    assert shown == f"COMPLETED (exit code 0)\nrun slurm-{job} attempt 0\n", followed
     nodes = placement(jobs.slurm, job)
     batch = api.read_logs(job).text
     assert f"ddpkit: c10d rendezvous endpoint {nodes[0]}-ib:" in batch, batch

@@ -373,6 +373,7 @@ def test_a_one_run_sweep_through_submitit_is_recorded_as_the_plain_job_it_is(
     # submitit submits a single item as job 7 (not 7_0): no array tasks to list
     plain = submitit_backend.sweep_record(spec, [job("7")])
     assert (plain.job_id, plain.sweep_runs) == ("7", None)
+    assert (array.run_id, plain.run_id) == (None, "slurm-7")  # a task's: slurm-7_<task>
 
 
 def test_the_sweep_section_loads_from_yaml(tmp_path: Path) -> None:

@@ -221,7 +221,8 @@ def test_a_one_run_sweep_is_one_plain_job_that_status_and_logs_find(sweeps: Swee
     # submitit's map_array submits a single item as a plain job (no array, no SOLO_0)
     assert sweeps.states[sweeps.solo] == "COMPLETED"
     done = sweeps.ddpkit("status", sweeps.solo)
-    assert (done.returncode, done.stdout) == (0, "COMPLETED (exit code 0)\n"), done.stderr
+    shown = f"COMPLETED (exit code 0)\nrun slurm-{sweeps.solo} attempt 0\n"
+    assert (done.returncode, done.stdout) == (0, shown), done.stderr
     logs = sweeps.ddpkit("logs", sweeps.solo, "--rank", "0")
     assert logs.returncode == 0, logs.stderr
     report = [json.loads(line) for line in logs.stdout.splitlines() if line.startswith("{")]

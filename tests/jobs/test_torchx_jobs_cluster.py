@@ -76,8 +76,9 @@ def het_nodes(slurm: SlurmCluster, job_id: str) -> dict[int, str]:
 def test_slurm_two_nodes_one_process_each(slurm: SlurmCluster, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "nodes: 2\n")
     handle, job_id = submit(slurm, tmp_path, spec)
-    assert wait_status(slurm, tmp_path, handle, "COMPLETED") == "COMPLETED (exit code 0)\n"
-    assert ddpkit(slurm, tmp_path, "status", job_id).stdout == "COMPLETED (exit code 0)\n"
+    shown = f"COMPLETED (exit code 0)\nrun slurm-{job_id} attempt 0\n"  # the run: SLURM's job
+    assert wait_status(slurm, tmp_path, handle, "COMPLETED") == shown
+    assert ddpkit(slurm, tmp_path, "status", job_id).stdout == shown
     nodes = het_nodes(slurm, job_id)
     assert sorted(nodes) == [0, 1] and len(set(nodes.values())) == 2
     for k, node in nodes.items():  # replica k ran on het component k's node

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import stat
 import subprocess
@@ -390,14 +391,25 @@ def test_two_ranks_each_get_their_own_rng(tmp_path: Path) -> None:
         assert result["files"] == ["ckpt-000000005.pt"]  # the barrier: written before return
 
 
-def test_world_size_change_skips_rng_with_warning(tmp_path: Path) -> None:
+def test_world_size_change_reseeds_rng_deterministically_with_warning(tmp_path: Path) -> None:
     run_workers(_two_rank_worker, 2, str(tmp_path))
-    torch.manual_seed(4)
-    expected = torch.rand(2)
-    torch.manual_seed(4)
-    with pytest.warns(RuntimeWarning, match="saved by 2 ranks"):
-        assert ddpkit.load_checkpoint(tmp_path, {}) == 5
-    assert torch.equal(torch.rand(2), expected)  # this process's RNG was left alone
+    draws = []
+    for before in (4, 5):  # whatever the RNGs held before the load
+        random.seed(before)
+        torch.manual_seed(before)
+        with pytest.warns(RuntimeWarning, match="saved by 2 ranks.*re-seeded") as caught:
+            assert ddpkit.load_checkpoint(tmp_path, {}) == 5
+        draws.append((torch.rand(2).tolist(), random.random(), str(caught[0].message)))
+    assert draws[0] == draws[1]  # the same resume, the same streams
+    (seed,) = re.findall(r"seed (\d+)", draws[0][2])
+    torch.manual_seed(int(seed))
+    assert torch.rand(2).tolist() == draws[0][0]
+    saved = torch.load(checkpoint_files(tmp_path)[-1], weights_only=False)["rng"]
+    for rank in (0, 1):  # and not the saved stream of any rank
+        torch.set_rng_state(saved[rank]["torch"])
+        assert torch.rand(2).tolist() != draws[0][0]
+    seeds = {checkpoint._resized_seed(saved, 5, 3, rank) for rank in range(3)}
+    assert len(seeds) == 3 and int(seed) == checkpoint._resized_seed(saved, 5, 1, 0)
 
 
 def test_a_file_name_with_a_trailing_newline_is_not_a_checkpoint(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from ddpkit.jobs.backends import BACKENDS, check_scheduler
 from ddpkit.jobs.records import Via, parse_job
 
 if TYPE_CHECKING:
+    from ddpkit.jobs.api import RunOfJob
     from ddpkit.jobs.load import ResolvedSpec
     from ddpkit.jobs.spec import JobSpec
 
@@ -129,7 +130,11 @@ def add_parsers(commands: Any) -> None:
         action="store_true",
         help="print exactly what would be submitted (script, submitit parameters, torchx dryrun)",
     )
-    status = _add(commands, "status", "print a job's state (and exit code when known)")
+    status = _add(
+        commands,
+        "status",
+        "print a job's state (and exit code when known), then its run id and attempt",
+    )
     _job_argument(status)
     logs = _add(commands, "logs", "print a job's output files")
     logs.epilog = _LOGS_EPILOG
@@ -199,6 +204,9 @@ def run_jobs_command(args: argparse.Namespace) -> int:
         return 1 if all(task.state is JobState.UNKNOWN for _, task, _ in tasks) else 0
     status = api.status(job_id)
     print(describe_status(status))
+    run = api.run_of(job_id)
+    if run is not None:
+        print(describe_run(run))
     if status.hint:
         print(f"ddpkit: {status.hint}", file=sys.stderr)
     return 1 if status.state is JobState.UNKNOWN else 0
@@ -262,6 +270,13 @@ def describe_status(status: JobStatus) -> str:
     if status.signal:
         ending.append(f"signal {status.signal}")
     return f"{status.state.name} ({', '.join(ending)})" if ending else status.state.name
+
+
+def describe_run(run: RunOfJob) -> str:
+    """``run slurm-1234 attempt 1``: the run id the ranks have and SLURM's requeue count (no
+    attempt once the controller has forgotten the job)."""
+    attempt = "" if run.attempt is None else f" attempt {run.attempt}"
+    return f"run {run.run_id}{attempt}"
 
 
 def describe_sweep(tasks: list[tuple[str, JobStatus, str]]) -> str:

@@ -36,6 +36,8 @@ _EXPORTS: dict[str, str] = {
     "map_function": "ddpkit.jobs.api",
     "sweep_status": "ddpkit.jobs.api",
     "status": "ddpkit.jobs.api",
+    "run_of": "ddpkit.jobs.api",
+    "RunOfJob": "ddpkit.jobs.api",
     "cancel": "ddpkit.jobs.api",
     "wait": "ddpkit.jobs.api",
     "log_files": "ddpkit.jobs.api",
@@ -53,6 +55,7 @@ __all__ = [
     "JobState",
     "JobStatus",
     "LogFile",
+    "RunOfJob",
     "cancel",
     "dry_run",
     "follow_logs",
@@ -66,6 +69,7 @@ __all__ = [
     "rank_layout",
     "read_logs",
     "render_sbatch",
+    "run_of",
     "status",
     "submit",
     "submit_function",
@@ -76,6 +80,7 @@ __all__ = [
 if TYPE_CHECKING:
     from ddpkit.cluster.slurmtools import JobState, JobStatus
     from ddpkit.jobs.api import (
+        RunOfJob,
         cancel,
         dry_run,
         follow_logs,
@@ -84,6 +89,7 @@ if TYPE_CHECKING:
         map_function,
         plan,
         read_logs,
+        run_of,
         status,
         submit,
         submit_function,

@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.cluster.slurmtools import JobState, JobStatus, poll_until_finished
+from ddpkit.cluster.slurmtools import (
+    JobState,
+    JobStatus,
+    Runner,
+    job_restarts,
+    poll_until_finished,
+    subprocess_runner,
+)
 from ddpkit.jobs.backends import Backend, Request, check_scheduler, follower, get_backend
 from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
@@ -25,6 +33,7 @@ from ddpkit.jobs.records import (
     Via,
     load_record,
     parse_job,
+    recorded_run_id,
     save_record,
 )
 
@@ -37,6 +46,7 @@ __all__ = [
     "JobLogs",
     "JobRecord",
     "LogFile",
+    "RunOfJob",
     "cancel",
     "dry_run",
     "follow_logs",
@@ -47,6 +57,7 @@ __all__ = [
     "read_logs",
     "request",
     "resolve",
+    "run_of",
     "status",
     "submit",
     "submit_function",
@@ -151,6 +162,32 @@ def status(job_id: str) -> JobStatus:
     """
     backend, job, record = _follow(job_id)
     return backend.status(job, record)
+
+
+@dataclass(frozen=True)
+class RunOfJob:
+    """The run a job's ranks belong to: its run id and, while SLURM remembers the job, the
+    attempt (SLURM's requeue count: ddpkit's job scripts restart no workers themselves)."""
+
+    run_id: str
+    attempt: int | None
+
+
+def run_of(job_id: str, *, runner: Runner = subprocess_runner) -> RunOfJob | None:
+    """The run id (from the job's record) and attempt (``scontrol show job``'s ``Restarts=``)
+    of a job ddpkit submitted; None when its record does not name the run (no record, one
+    written before run ids were kept, a local torchx app without ``DDPKIT_RUN_ID``)."""
+    job = parse_job(job_id)
+    record = load_record(job)
+    run_id = recorded_run_id(record, job)
+    if run_id is None or record is None:
+        return None
+    slurm_job: str | None = job
+    if record.via == "torchx":
+        scheduler, _, rest = (record.handle or "").partition("://")
+        slurm_job = rest.rpartition("/")[2] if scheduler == "slurm" else None
+    attempt = None if slurm_job is None else job_restarts(slurm_job, runner=runner)
+    return RunOfJob(run_id, attempt)
 
 
 def sweep_status(job_id: str) -> list[tuple[str, JobStatus, str]] | None:

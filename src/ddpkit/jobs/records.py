@@ -15,6 +15,12 @@ names a record (:func:`record_key`): a slurm handle shares the file of its SLURM
 schedulers' handles get ``<scheduler>-<app id>.json``. A job that runs in the foreground of the
 submitting process (torchx's local_cwd) gets its record rewritten once more with the backend's
 final state (``final_state``).
+
+``run_id`` is the run id the job's ranks will have (:mod:`ddpkit.cluster.runid`), as far as
+the submission knows it: ``DDPKIT_RUN_ID`` from the spec's ``env`` or the submitting
+environment (which sbatch passes on), else ``slurm-<job id>``; None where the ranks make their
+own (a sweep's tasks are ``slurm-<array id>_<task>``, see :func:`recorded_run_id`; a local
+torchx app is named by its launch). Records written before the field existed read as None.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ddpkit.cluster.runid import check_run_id
 from ddpkit.cluster.slurmtools import parse_job_id
-from ddpkit.contract import DEFAULT_HOME, HOME_VAR
+from ddpkit.contract import DEFAULT_HOME, HOME_VAR, RUN_ID_VAR
 from ddpkit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,7 +53,9 @@ __all__ = [
     "parse_job",
     "record_key",
     "record_path",
+    "recorded_run_id",
     "save_record",
+    "submitted_run_id",
 ]
 
 Via = Literal["sbatch", "submitit", "torchx"]
@@ -74,6 +83,7 @@ class JobRecord:
     final_state: str | None = None  # a job run in the foreground: the backend's final state
     # a sweep (job array): each task's run name, by task index; the job id is the array's
     sweep_runs: tuple[str, ...] | None = None
+    run_id: str | None = None  # the ranks' run id as the submission knew it (module doc)
 
     @property
     def name_for_user(self) -> str:
@@ -86,10 +96,17 @@ _RENAMED = {"torchx_handle": "handle", "torchx_state": "final_state"}
 
 
 def new_record(
-    spec: JobSpec, job_id: str, via: Via, script: str | None, *, launch: str | None = None
+    spec: JobSpec,
+    job_id: str,
+    via: Via,
+    script: str | None,
+    *,
+    launch: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> JobRecord:
-    """The record of ``spec`` just submitted as ``job_id`` (``launch``: the spec's, unless
-    the backend starts processes its own way)."""
+    """The record of ``spec`` just submitted to SLURM as ``job_id`` (``launch``: the spec's,
+    unless the backend starts processes its own way; ``env``: the submitting environment,
+    default ``os.environ``, read only)."""
     return JobRecord(
         job_id=job_id,
         via=via,
@@ -102,7 +119,47 @@ def new_record(
         script=script,
         submitted_at=time.time(),
         sweep_runs=None if spec.sweep is None else tuple(task.run for task in spec.sweep.tasks),
+        run_id=submitted_run_id(
+            spec.env, job_id, os.environ if env is None else env, array=spec.sweep is not None
+        ),
     )
+
+
+def submitted_run_id(
+    spec_env: Mapping[str, str],
+    slurm_job: str | None,
+    env: Mapping[str, str],
+    *,
+    array: bool = False,
+) -> str | None:
+    """The run id the ranks of a job will have, by :mod:`ddpkit.cluster.runid`'s steps 1 and
+    2: ``DDPKIT_RUN_ID`` from the spec's ``env`` (``spec_env``), else from ``env`` (the
+    submitting environment, which the job inherits), else ``slurm-<slurm_job>``. None when that
+    is not one id: a job ``array`` (each task its own), no SLURM job (``slurm_job`` None), or a
+    ``DDPKIT_RUN_ID`` that is no usable run id (the job's ranks will refuse it)."""
+    named = spec_env.get(RUN_ID_VAR) or env.get(RUN_ID_VAR)
+    if named:
+        try:
+            return check_run_id(named)
+        except ConfigError:
+            return None
+    if slurm_job is None or array:
+        return None
+    return f"slurm-{slurm_job}"
+
+
+def recorded_run_id(record: JobRecord | None, job: str) -> str | None:
+    """The run id of ``job`` (a job id, a sweep task ``123_4``, a handle) by its record: the
+    recorded one, else for a task of a sweep submitted to SLURM ``slurm-<task>``; None without
+    a record or when the record does not know it (one written before run ids were kept)."""
+    if record is None:
+        return None
+    if record.run_id is not None:
+        return record.run_id
+    base, sep, task = job.partition("_")
+    if record.sweep_runs is not None and record.via != "torchx" and sep and task.isdigit():
+        return f"slurm-{base}_{task}"
+    return None
 
 
 def ddpkit_home(env: Mapping[str, str] | None = None) -> Path:

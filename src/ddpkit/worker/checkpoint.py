@@ -29,7 +29,10 @@ Values with ``state_dict()`` are stored as their state dict. ``DistributedDataPa
 on both sides: a checkpoint saved under single, dp, ddp or a compiled model loads into any
 of them, also one whose state was saved with the prefixes (by an older save or by hand). Every
 rank's RNG states (python, numpy when installed, torch CPU, torch CUDA when available) are
-gathered to the main rank and saved, and each rank gets its own back on load. Ranks are the
+gathered to the main rank and saved, and each rank gets its own back on load; a load at another
+world size re-seeds each rank instead, deterministically from the saved states, the step, the
+new world size and the rank (the saved streams belong to ranks that no longer exist; the
+loader's position is remapped, see :mod:`ddpkit.worker.reshard`). Ranks are the
 process group's (:func:`ddpkit.worker.context.current_or_none`), whether ``ddpkit.init()`` or plain
 ``torch.distributed`` created it.
 
@@ -56,6 +59,7 @@ skips work: the fsync before the rename stays.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 import warnings
@@ -373,12 +377,15 @@ def _rng_state() -> dict[str, Any]:
 def _restore_rng(payload: Mapping[str, Any], world_size: int, rank: int) -> None:
     saved = payload["rng"]
     if len(saved) != world_size:
+        seed = _resized_seed(saved, payload["step"], world_size, rank)
         warnings.warn(
             f"checkpoint step {payload['step']} was saved by {len(saved)} ranks, this job has "
-            f"{world_size}: the RNG states are not restored",
+            f"{world_size}: each rank's RNGs (python, numpy, torch) are re-seeded from the "
+            f"checkpoint and the rank, not restored (this rank: seed {seed})",
             RuntimeWarning,
             stacklevel=3,
         )
+        _seed_all(seed)
         return
     mine = saved[rank]
     random.setstate(mine["python"])
@@ -389,3 +396,23 @@ def _restore_rng(payload: Mapping[str, Any], world_size: int, rank: int) -> None
         numpy.random.set_state(mine["numpy"])
     if "cuda" in mine and torch.cuda.is_available():  # not exercised by the CPU-only suite
         torch.cuda.set_rng_state_all([state.cpu() for state in mine["cuda"]])
+
+
+def _resized_seed(saved: Sequence[Mapping[str, Any]], step: int, world_size: int, rank: int) -> int:
+    """The seed of ``rank`` when a checkpoint of another world size loads: a digest of every
+    saved rank's torch RNG state (so it follows the run's own seeds), the step, the new world
+    size and the rank; the same resume gives the same seeds, and every rank its own."""
+    digest = hashlib.blake2b(f"{step}:{world_size}:{rank}".encode(), digest_size=4)
+    for state in saved:
+        digest.update(state["torch"].cpu().numpy().tobytes())
+    return int.from_bytes(digest.digest(), "big")
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)  # also every CUDA device's generator
+    try:
+        import numpy
+    except ImportError:  # numpy is optional
+        return
+    numpy.random.seed(seed)

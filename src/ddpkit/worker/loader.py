@@ -21,6 +21,9 @@ many rows each rank holds at that step and which are padding.
 ``state_dict()``/``load_state_dict()`` save and restore the position (epoch of the pass and
 batches yielded); a restored loader skips the consumed batches at the sampler, so their
 samples are never read, and its steps keep counting from there so ``gather`` stays right.
+A state saved at another world size or batch size is remapped (:mod:`ddpkit.worker.reshard`):
+the next pass lays the rest of the epoch out over this world, so that every sample of the
+epoch is still read once in total.
 ``len(loader)`` counts the batches of the current pass (of the next one when no pass is in
 progress), so a resumed pass reports only the batches it still yields.
 """
@@ -34,6 +37,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from ddpkit.errors import ConfigError
+from ddpkit.worker import reshard
 from ddpkit.worker.active import ACTIVE, GatherMemo, active_gather_memo, active_step
 from ddpkit.worker.context import current
 
@@ -55,6 +59,9 @@ class ShardLayout:
     ``DistributedSampler`` pads the (shuffled) index list to ``per_rank * world_size`` by
     repeating its head, then gives rank ``r`` positions ``r, r + W, r + 2W, ...``: rank r's
     j-th sample sits at position ``j * W + r``, and positions ``>= dataset_len`` are padding.
+    A pass resumed after a remap lays out the rest of the epoch alike (see
+    :mod:`ddpkit.worker.reshard`): its positions count from its start, and ``dataset_len``
+    is then the real samples the pass has left.
     """
 
     dataset_len: int
@@ -113,6 +120,10 @@ class EpochSampler(DistributedSampler[Any]):
         self._next_epoch = self.epoch
         self._skip_next = 0  # samples the next pass leaves out at its head (resume)
         self._skip = 0  # samples the pass in progress leaves out
+        # positions of the epoch's order consumed before the next pass / the one in progress
+        # (non-zero after a resume at another world or batch size: reshard)
+        self._start_next = 0
+        self._start = 0
         self._named = False  # set_epoch/skip_next named the next start since a pass started
 
     @property
@@ -129,28 +140,57 @@ class EpochSampler(DistributedSampler[Any]):
         """The samples the next pass will leave out at its head."""
         return self._skip_next
 
-    def skip_next(self, samples: int) -> None:
-        """Leave out the first ``samples`` indices of the next pass (they are never read)."""
-        self._skip_next = samples
+    @property
+    def pending_start(self) -> int:
+        """The positions of its epoch's order that the next pass leaves to earlier passes."""
+        return self._start_next
+
+    @property
+    def pass_start(self) -> int:
+        """The positions of its epoch's order that the pass in progress leaves out."""
+        return self._start
+
+    def skip_next(self, samples: int, start: int = 0) -> None:
+        """Make the next pass lay out its epoch's order from position ``start`` on (see
+        :mod:`ddpkit.worker.reshard`) and leave out the first ``samples`` indices of this rank's
+        share of it (they are never read)."""
+        self._skip_next, self._start_next = samples, start
         self._named = True
 
-    def start_pass(self) -> tuple[int, int]:
-        """Make the next pass the one :meth:`__iter__` yields: its (epoch, samples left out).
+    def samples_from(self, start: int) -> int:
+        """This rank's samples in a pass that starts at position ``start`` of its epoch."""
+        return reshard.per_rank(len(self.dataset), start, self.num_replicas, self.drop_last)  # type: ignore[arg-type]
+
+    def start_pass(self) -> tuple[int, int, int]:
+        """Make the next pass the one :meth:`__iter__` yields: its (epoch, start, samples left
+        out).
 
         The next start stays where it is: a pass that never counts leaves it for the pass
         after it, which then repeats this one from its first batch.
         """
-        self.epoch, self._skip = self._next_epoch, self._skip_next
+        self.epoch, self._skip, self._start = self._next_epoch, self._skip_next, self._start_next
         self._named = False
-        return self.epoch, self._skip
+        return self.epoch, self._start, self._skip
 
     def count_pass(self, epoch: int) -> None:
         """The pass of ``epoch`` counts: the next pass starts ``epoch + 1`` at its head, unless
         ``set_epoch``/``skip_next`` named another start since that pass started."""
         if not self._named:
-            self._next_epoch, self._skip_next = epoch + 1, 0
+            self._next_epoch, self._skip_next, self._start_next = epoch + 1, 0, 0
+
+    def __len__(self) -> int:
+        return self.samples_from(self._start)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._start:  # a pass resumed at another layout: the rest of the order, resharded
+            order = reshard.epoch_order(
+                len(self.dataset),  # type: ignore[arg-type]
+                shuffle=self.shuffle,
+                seed=self.seed,
+                epoch=self.epoch,
+            )
+            mine = reshard.shard(order, self._start, self.num_replicas, self.rank, self.drop_last)
+            return iter(mine[self._skip :])
         indices = super().__iter__()
         # DistributedSampler builds the whole index list anyway; slicing it reads no sample.
         return iter(list(indices)[self._skip :]) if self._skip else indices
@@ -182,11 +222,17 @@ class DistributedLoader(DataLoader[Any]):
     def __len__(self) -> int:
         if self._position is not None:
             return self._pass_length
-        return self._remaining(self._epoch_sampler.pending_skip // (self.batch_size or 1))
+        sampler = self._epoch_sampler
+        return self._remaining(
+            sampler.pending_start, sampler.pending_skip // (self.batch_size or 1)
+        )
 
-    def _remaining(self, skipped: int) -> int:
-        """The batches of a pass that leaves out its first ``skipped`` batches."""
-        return max(0, super().__len__() - skipped)
+    def _remaining(self, start: int, skipped: int) -> int:
+        """The batches of a pass that starts at position ``start`` of its epoch and leaves out
+        its first ``skipped`` batches."""
+        full, rest = divmod(self._epoch_sampler.samples_from(start), self.batch_size or 1)
+        whole = full if self.drop_last or rest == 0 else full + 1
+        return max(0, whole - skipped)
 
     @property
     def epoch(self) -> int:
@@ -201,9 +247,9 @@ class DistributedLoader(DataLoader[Any]):
     def layout(self) -> ShardLayout:
         sampler = self._epoch_sampler
         return ShardLayout(
-            dataset_len=len(sampler.dataset),  # type: ignore[arg-type]
+            dataset_len=len(sampler.dataset) - sampler.pass_start,  # type: ignore[arg-type]
             world_size=sampler.num_replicas,
-            per_rank=sampler.num_samples,
+            per_rank=sampler.samples_from(sampler.pass_start),
             batch_size=self.batch_size or 1,
             drop_last_batch=self.drop_last,
         )
@@ -214,12 +260,18 @@ class DistributedLoader(DataLoader[Any]):
         After a finished pass (its loop ran to the end), the next epoch and 0 batches. A pass
         whose last batch was yielded but whose loop has not ended yet reports all its batches;
         resuming from that gives an empty pass, then the next epoch, as the loop would have.
+        ``start`` is where the pass began in its epoch's order (0 unless a resume at another
+        world or batch size remapped it; ``batches`` count from there).
         """
         sampler = self._epoch_sampler
-        epoch, batches = self._position or (sampler.next_epoch, self._resume_batches)
+        if self._position is None:
+            epoch, batches, start = sampler.next_epoch, self._resume_batches, sampler.pending_start
+        else:
+            (epoch, batches), start = self._position, sampler.pass_start
         return {
             "epoch": epoch,
             "batches": batches,
+            "start": start,
             "seed": sampler.seed,
             "world_size": sampler.num_replicas,
             "batch_size": self.batch_size or 1,
@@ -228,7 +280,12 @@ class DistributedLoader(DataLoader[Any]):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next pass resume at ``state``'s epoch, skipping its first batches unread."""
+        """Make the next pass resume at ``state``'s epoch, skipping its consumed samples unread.
+
+        At the world size and batch size that saved ``state``, the next pass is the saved one,
+        its first batches left out; at another, the rest of the epoch is laid out over this
+        world (:mod:`ddpkit.worker.reshard`), so every sample is still read once in the epoch.
+        """
         mine = self.state_dict()
         for key, hint in _MUST_MATCH.items():
             if key in state and state[key] != mine[key]:
@@ -237,23 +294,23 @@ class DistributedLoader(DataLoader[Any]):
                     f"{key}={mine[key]!r}",
                     hint=hint,
                 )
-        batches = state["batches"]
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise ConfigError(
-                f"loader state batches={batches!r} must be a non-negative int",
-                hint="pass a dict that DistributedLoader.state_dict() returned",
-            )
-        self._epoch_sampler.set_epoch(state["epoch"])
-        self._epoch_sampler.skip_next(batches * mine["batch_size"])
-        self._position, self._resume_batches = None, batches
+        begin = reshard.remap(
+            state,
+            world_size=mine["world_size"],
+            batch_size=mine["batch_size"],
+            dataset_len=mine["dataset_len"],
+        )
+        self._epoch_sampler.set_epoch(begin.epoch)
+        self._epoch_sampler.skip_next(begin.skip * mine["batch_size"], begin.start)
+        self._position, self._resume_batches = None, begin.skip
 
     # torch annotates its private iterator class; ours wraps it and keeps its interface.
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # Planned before torch builds its iterator: with worker processes, building it already
         # draws the sampler's indices (prefetch); without, the first batch does.
-        epoch, skipped = self._epoch_sampler.start_pass()
+        epoch, start, skipped = self._epoch_sampler.start_pass()
         first = skipped // (self.batch_size or 1)
-        length = self._remaining(first)
+        length = self._remaining(start, first)
         inner = super().__iter__()
         self._passes += 1
         self._position, self._resume_batches = (epoch, first), 0
@@ -277,11 +334,8 @@ class DistributedLoader(DataLoader[Any]):
 # A pass counts as an epoch from its second batch on: a peek (`next(iter(loader))`) takes one.
 _COUNTS_AT_BATCH = 2
 
+# world_size and batch_size may differ: the position is remapped (reshard)
 _MUST_MATCH = {
-    "world_size": "the position is per rank of a sharded epoch; resume with the world size "
-    "the checkpoint was written with (or start the epoch over: load without the loader state)",
-    "batch_size": "batches are counted in the saved batch size; resume with the same "
-    "batch_size (or start the epoch over: load without the loader state)",
     "dataset_len": "the checkpoint's position belongs to a dataset of another size; resume "
     "with the same dataset",
     "seed": "the shuffle depends on the seed; pass the checkpoint's seed to ddpkit.loader",

@@ -28,6 +28,7 @@ __all__ = [
     "covers",
     "is_job_id",
     "job_fields",
+    "job_restarts",
     "parse_job_id",
     "query_state",
     "row_status",
@@ -229,3 +230,12 @@ def job_fields(
         return None
     found = lines(done.stdout) if done.returncode == 0 else []
     return scontrol_fields(found[0]) if found else None
+
+
+def job_restarts(
+    job_id: str, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
+) -> int | None:
+    """How many times SLURM requeued the job (``scontrol show job``'s ``Restarts=``, which the
+    job sees as ``SLURM_RESTART_COUNT``); None when the controller no longer knows the job."""
+    value = (job_fields(job_id, runner=runner, env=env) or {}).get("Restarts", "")
+    return int(value) if value.isdigit() else None

@@ -40,6 +40,7 @@ scripts only: submitit writes its own.
 from __future__ import annotations
 
 import importlib
+import os
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -57,7 +58,7 @@ from ddpkit.jobs.backends.sbatch import SlurmJobs, check_array_size, log_dir_mad
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
 from ddpkit.jobs.logs import LogFile, numbered, pick, sweep_log_files
-from ddpkit.jobs.records import JobRecord, Via, new_record
+from ddpkit.jobs.records import JobRecord, Via, new_record, submitted_run_id
 from ddpkit.jobs.render import batch_output_path
 from ddpkit.jobs.sweep import substitute
 
@@ -267,7 +268,10 @@ def sweep_record(spec: JobSpec, jobs: Sequence[submitit.Job[Any]]) -> JobRecord:
     """
     array, _, task = str(jobs[0].job_id).partition("_")
     record = new_record(spec, array, "submitit", submitted_script(jobs[0]), launch="srun")
-    return record if task else replace(record, sweep_runs=None)
+    if task:
+        return record
+    plain = submitted_run_id(spec.env, array, os.environ)  # SLURM's run id of a plain job
+    return replace(record, sweep_runs=None, run_id=plain)
 
 
 def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[Any]]:

@@ -42,7 +42,7 @@ from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs.backends import Request
 from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep
 from ddpkit.jobs.logs import LogFile
-from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record
+from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record, submitted_run_id
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -209,6 +209,7 @@ def _record(spec: JobSpec, handle: str) -> JobRecord:
         procs_per_node=spec.procs,
         workdir=spec.workdir,
         submitted_at=time.time(),
+        run_id=submitted_run_id(spec.env, app_id if scheduler == "slurm" else None, os.environ),
         handle=handle,
     )
 

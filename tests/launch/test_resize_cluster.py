@@ -1,0 +1,69 @@
+"""On the real test cluster: one run (one ``DDPKIT_RUN_ID``, one checkpoint folder) as three jobs,
+2 nodes x 2, then 1 node x 2, then 2 x 2 again, the first two stopped mid-epoch after saving
+(tests/scripts/resize_worker.py, ``launch: srun``): every sample of every epoch is kept once
+by ``gather`` over the jobs, and the epoch after the resize is in the order of an
+uninterrupted run (the local test, tests/launch/test_resize_launch.py, compares with a real
+one; here the order comes from torch's sampler layout, :mod:`ddpkit.worker.reshard`).
+
+A job resumes on fewer nodes by a new submission: the job script of a requeued job expects
+the world size it was submitted with (``DDPKIT_EXPECTED_WORLD_SIZE``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ddpkit.worker import reshard
+from tests.launch.test_resize_launch import EPOCHS, SIZE, steps
+from tests.scripts.resize_worker import BATCH, SEED
+from tests.support.slurm_cluster import FINISHED, SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "scripts" / "resize_worker.py"
+
+
+def run_piece(slurm: SlurmCluster, tmp_path: Path, nodes: int, stop: int) -> None:
+    spec = tmp_path / f"piece-{nodes}-{stop}.yaml"
+    spec.write_text(
+        f"name: resize\npartition: debug\nnodes: {nodes}\nprocs_per_node: 2\n"
+        f"workdir: {tmp_path}\nlog_dir: logs\nlaunch: srun\ntime_min: 5\n"
+        f"env: {{DDPKIT_RUN_ID: resize-run}}\n"
+        f"command: {SCRIPT} {tmp_path / 'run'} {EPOCHS} {stop}\n"
+    )
+    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job = slurm.track(done.stdout.strip())
+    state = slurm.wait(job, timeout_s=240, states=FINISHED)
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("*")))
+    assert state == "COMPLETED", logs
+
+
+def test_a_run_resumed_on_fewer_nodes_then_more_keeps_every_sample_once(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    run_piece(slurm, tmp_path, 2, 4)  # world 4: epoch 0 and the first step of epoch 1
+    run_piece(slurm, tmp_path, 1, 2)  # world 2: 2 of the 4 steps epoch 1 has left
+    run_piece(slurm, tmp_path, 2, 0)  # world 4: the rest of epoch 1, then epoch 2
+    four, two = steps(tmp_path / "run", 4), steps(tmp_path / "run", 2)
+    pieces = sorted(four[0] + two[0], key=lambda s: s["step"])
+    assert [s["step"] for s in pieces] == list(range(1, 11))
+    assert [s["epoch"] for s in pieces] == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+    assert [s["step"] for s in two[0]] == [5, 6]
+    for epoch in range(EPOCHS):
+        kept = Counter(i for s in pieces if s["epoch"] == epoch for i in s["kept"])
+        assert sorted(kept.elements()) == list(range(SIZE)), epoch
+    order = reshard.epoch_order(SIZE, shuffle=True, seed=SEED, epoch=2)
+    for rank in range(4):
+        mine = reshard.shard(order, 0, 4, rank, False)
+        expected = [mine[i : i + BATCH] for i in range(0, len(mine), BATCH)]
+        assert [s["ids"] for s in four[rank] if s["epoch"] == 2] == expected, rank
