@@ -7,6 +7,7 @@ The dataset returns its own index, so gathering a batch says which samples came 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -180,7 +181,8 @@ def _steady_state(rank: int, world_size: int) -> dict[str, Any]:
     and still: a shape that every rank changes alike is followed, one rank's is an error."""
     seen: dict[str, Any] = {}
     calls: list[int] = []
-    real, real_into = dist.all_gather, dist.all_gather_into_tensor
+    flat = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    real, real_into = dist.all_gather, getattr(dist, flat)
 
     def counting(real: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -190,7 +192,11 @@ def _steady_state(rank: int, world_size: int) -> dict[str, Any]:
         return counted
 
     # this worker process's own module: no other test sees them
-    dist.all_gather, dist.all_gather_into_tensor = counting(real), counting(real_into)
+    dist.all_gather = counting(real)
+    setattr(dist, flat, counting(real_into))
+    caught = warnings.catch_warnings(record=True)
+    warned = caught.__enter__()
+    warnings.simplefilter("always")  # torch's deprecation of a collective would land here
     try:
         rows: list[int] = []
         wide: list[list[float]] = []
@@ -209,7 +215,10 @@ def _steady_state(rank: int, world_size: int) -> dict[str, Any]:
                 seen["late_mismatch"] = str(exc)
             seen["after_late_mismatch"] = sorted(ddpkit.gather(batch).tolist())
     finally:
-        dist.all_gather, dist.all_gather_into_tensor = real, real_into
+        dist.all_gather = real
+        setattr(dist, flat, real_into)
+        caught.__exit__(None, None, None)
+    seen["warnings"] = [f"{w.category.__name__}: {w.message}" for w in warned]
     return seen
 
 
@@ -227,6 +236,7 @@ def test_every_sample_once_in_a_real_group(world_size: int) -> None:
         # each), the widening at step 1 costs one gather again, every other gather is one
         # collective (the old way: 2 x 9 = 18)
         assert seen["steady_calls"] == 3 * 2 + (1 + 2 + 1) + 3 * 1, seen["steady_calls"]
+        assert seen["warnings"] == []  # e.g. no FutureWarning of a deprecated collective
         assert seen["steady_rows"] == list(range(6 * world_size))
         assert [row[0] for row in seen["steady_wide"]] == [float(r % world_size) for r in
                                                            range(6 * world_size)]  # fmt: skip

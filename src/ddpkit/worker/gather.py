@@ -147,7 +147,9 @@ def _all_gather_flat(buffer: torch.Tensor, world_size: int, backend: str) -> tor
     about 0.1 ms less per call on gloo here; another backend gets the list form."""
     if all(name in ("gloo", "nccl") for name in _backend_names(backend)):
         out = buffer.new_empty(world_size * buffer.numel())
-        dist.all_gather_into_tensor(out, buffer)
+        # torch 2.13 deprecates all_gather_into_tensor (a FutureWarning in the user's output)
+        # for all_gather_single; the torch versions before it have only the former
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, buffer)
         return out.view(world_size, -1)
     parts = [torch.empty_like(buffer) for _ in range(world_size)]
     dist.all_gather(parts, buffer)
