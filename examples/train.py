@@ -88,13 +88,25 @@ def resume(directory: Path | None, state: dict[str, Any]) -> None:
         return
     step = ddpkit.load_checkpoint(directory, state, map_location="cpu")  # loss sum stays on CPU
     if step is not None:
+        # the saved running loss is every rank's (see save): it counts once, on rank 0
+        if ddpkit.current().rank != 0:
+            state["loss"] = torch.zeros(2)
         ddpkit.print(f"resumed from {directory} at step {step} (epoch {state['epoch']})")
+
+
+def save(directory: Path, state: dict[str, Any]) -> None:
+    """A checkpoint of ``state`` (a collective). Rank 0 writes it, so the running loss it holds
+    is summed over the ranks first; each rank keeps its own running sum meanwhile."""
+    total = state["loss"].clone()
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.all_reduce(total)
+    ddpkit.save_checkpoint(directory, {**state, "loss": total}, step=state["step"])
 
 
 def maybe_checkpoint(directory: Path | None, state: dict[str, Any], every: int) -> None:
     """Save ``state`` every ``every`` steps (a collective: every rank calls it)."""
     if directory is not None and state["step"] % every == 0:
-        ddpkit.save_checkpoint(directory, state, step=state["step"])
+        save(directory, state)
 
 
 def stop(directory: Path | None, state: dict[str, Any], guard: ddpkit.PreemptionGuard) -> None:
@@ -102,7 +114,7 @@ def stop(directory: Path | None, state: dict[str, Any], guard: ddpkit.Preemption
     if directory is None:
         ddpkit.print("stop signal: no --checkpoint-dir, so nothing is saved", file=sys.stderr)
     else:
-        ddpkit.save_checkpoint(directory, state, step=state["step"])
+        save(directory, state)
         ddpkit.print(f"stop signal: saved step {state['step']} in {directory}", file=sys.stderr)
     guard.requeue_and_exit()
 
