@@ -88,8 +88,9 @@ def read_reports(text: str) -> dict[str, str | None]:
         node, ok, why = report.get("node"), report.get("ok"), report.get("why")
         if not isinstance(node, str) or not _NODE.fullmatch(node):
             continue
-        failed = str(why) if why else "health check failed"
-        found[node] = None if ok is True else found.get(node) or failed
+        if found.get(node) is not None:
+            continue  # a failure stays: a second report (a rerun step) does not undo it
+        found[node] = None if ok is True else str(why) if why else "health check failed"
     return found
 
 
