@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,11 +72,22 @@ def submit(slurm: SlurmCluster, workdir: Path, name: str, fields: str) -> str:
     return slurm.track(done.stdout.strip())
 
 
+def accounted(slurm: SlurmCluster, job: str, timeout_s: float = 30) -> list[tuple[str, str, str]]:
+    """sacct's runs of ``job`` once it has recorded the last one's end (it lags scontrol)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = slurm.run(
+            "sacct", "-j", job, "--duplicates", "-n", "-P", "-X", "-o", "State,ExitCode,NodeList"
+        ).stdout
+        runs = [tuple(line.split("|")) for line in out.splitlines() if line.strip()]
+        if (runs and runs[-1][0] in FINISHED) or time.monotonic() > deadline:
+            return runs  # type: ignore[return-value]
+        time.sleep(0.2)
+
+
 def outcome(slurm: SlurmCluster, job: str, workdir: Path) -> Outcome:
     state = slurm.wait(job, timeout_s=150, states=FINISHED)
-    runs = slurm.run(
-        "sacct", "-j", job, "--duplicates", "-n", "-P", "-X", "-o", "State,ExitCode,NodeList"
-    ).stdout
+    runs = accounted(slurm, job)
     shown = slurm.run("scontrol", "show", "job", "--oneliner", job).stdout
     excluded = next(f for f in shown.split() if f.startswith("ExcNodeList=")).split("=", 1)[1]
     logs = workdir / "logs"
@@ -83,7 +95,7 @@ def outcome(slurm: SlurmCluster, job: str, workdir: Path) -> Outcome:
         job,
         workdir,
         state,
-        [tuple(line.split("|")) for line in runs.splitlines() if line.strip()],  # type: ignore[misc]
+        runs,
         excluded,
         (logs / f"{workdir.name}-{job}.out").read_text(errors="replace"),
         "".join(p.read_text(errors="replace") for p in sorted(logs.glob("*-rank*.out"))),

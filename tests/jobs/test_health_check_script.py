@@ -45,7 +45,7 @@ exit 0
 
 
 def health_spec(tmp_path: Path, **fields: Any) -> JobSpec:
-    return JobSpec(**{
+    return JobSpec.model_validate({
         "name": "hc", "command": ["app.py"], "python": sys.executable, "nodes": 2,
         "workdir": str(tmp_path / "work it's $(touch pwned3)"), "log_dir": "logs",
         "health_check": CHECK, "max_excluded_nodes": 1, "health_check_timeout_s": 30,
