@@ -57,7 +57,7 @@ def run(job: JobSpec, tmp_path: Path, bad: str) -> tuple[subprocess.CompletedPro
     tools = FakeTools(tmp_path / "bin")
     tools.install("srun", SRUN.format(module=shlex.quote(HEALTH_MODULE)))
     tools.install("scontrol", SCONTROL)
-    tools.install("sinfo", "#!/bin/sh\nprintf 'n1\\nn2\\nn3\\nn4\\n'\n")
+    tools.install("sinfo", "#!/bin/sh\nprintf 'n1 idle\\nn2 idle\\nn3 idle\\nn4 idle\\n'\n")
     Path(job.workdir).mkdir(parents=True, exist_ok=True)
     records = tmp_path / "records"
     records.mkdir()

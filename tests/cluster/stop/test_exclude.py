@@ -179,15 +179,20 @@ ENV = {
 REPORTS = f"{report_line('n1', 'exit code 1: bad')}\n{report_line('n2', None)}\n"
 
 
-def fake(exc: str = "n4", *, requeue: CommandResult = OK, update: CommandResult = OK) -> FakeSlurm:
+def fake(
+    exc: str = "n4",
+    *,
+    req: str = "(null)",
+    requeue: CommandResult = OK,
+    update: CommandResult = OK,
+) -> FakeSlurm:
     def scontrol(argv: Sequence[str], stdin: str | None) -> CommandResult:
         if argv[1] == "show":
-            return CommandResult(
-                0, scontrol_line(argv[-1], "RUNNING", extra=f"ExcNodeList={exc} "), ""
-            )
+            extra = f"ReqNodeList={req} ExcNodeList={exc} "
+            return CommandResult(0, scontrol_line(argv[-1], "RUNNING", extra=extra), "")
         return requeue if argv[1] == "requeue" else update
 
-    sinfo = CommandResult(0, "".join(f"n{i}\n" for i in range(1, 7)), "")
+    sinfo = CommandResult(0, "".join(f"n{i} idle\n" for i in range(1, 7)), "")
     return FakeSlurm(scontrol=scontrol, sinfo=sinfo)
 
 
@@ -199,7 +204,7 @@ def test_requeue_comes_before_the_update_and_the_record_counts_it(
     assert code == EXIT_REQUEUED
     assert [argv for argv, _ in slurm.calls] == [
         ["scontrol", "show", "job", "--oneliner", "17"],
-        ["sinfo", "--noheader", "--Node", "--partition", "debug", "-o", "%N"],
+        ["sinfo", "--noheader", "--Node", "--partition", "debug", "-o", "%N %t"],
         ["scontrol", "requeue", "17"],  # first: SLURM updates ExcNodeList of pending jobs only
         ["scontrol", "update", "JobId=17", "ExcNodeList=n4,n1"],
     ]
@@ -309,3 +314,36 @@ def test_main_turns_an_error_into_a_failed_job(
     err = capsys.readouterr().err
     assert err.startswith("ddpkit: health check: SLURM_JOB_NODELIST='n[1-' is malformed")
     assert err.rstrip().endswith("; the job fails")
+
+
+def test_an_unknown_exclude_list_is_not_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = fake()
+    slurm.answers["scontrol"] = CommandResult(1, "", "slurm_load_jobs error: Socket timed out\n")
+    assert exclude.run(REPORTS, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm) == 1
+    assert [argv[:2] for argv, _ in slurm.calls] == [["scontrol", "show"]]
+    assert "`scontrol show job 17` did not answer, so the job's ExcNodeList is not known" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_node_the_job_requires_is_not_excluded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = fake(req="n[1-2]")
+    assert exclude.run(REPORTS, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm) == 1
+    assert "requeue" not in [argv[1] for argv, _ in slurm.calls]
+    assert "not excluding n1: the job requires it (--nodelist n1,n2); the job fails" in (
+        capsys.readouterr().err
+    )
+
+
+def test_down_and_drained_nodes_do_not_count_as_room_left(tmp_path: Path) -> None:
+    slurm = fake("(null)")
+    slurm.answers["sinfo"] = CommandResult(
+        0, "n1 mix\nn2 alloc\nn3 drain*\nn4 down~\nn5 drng\n", ""
+    )
+    assert exclude.run(REPORTS, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm) == 1
+    slurm.answers["sinfo"] = CommandResult(0, "n1 mix\nn2 alloc\nn3 idle~\nn4 down\n", "")
+    assert exclude.run(REPORTS, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm) == 3

@@ -58,6 +58,9 @@ __all__ = [
 EXIT_FAILED = 1  # the job fails: a node is bad and nothing more may be excluded
 EXIT_REQUEUED = 3  # requeued without the blamed nodes: the batch shell ends (exit 0)
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# sinfo's short node states that take no job, and the flags it appends to a state
+_UNUSABLE = frozenset({"down", "drain", "drng", "fail", "failg", "maint", "inval", "unk", "npc"})
+_STATE_FLAGS = "*~#!%$@^-+"
 _NO_REPORT = "no health report (the check could not run there, or srun could not reach it)"
 
 
@@ -115,10 +118,11 @@ def plan_exclusion(
     max_excluded: int,
     requeue_plan: RequeuePlan,
     partition_nodes: Sequence[str] | None,
+    required: Sequence[str] = (),
 ) -> Verdict:
     """The verdict (pure). ``excluded``: the job's ``ExcNodeList`` now; ``ours``: the nodes
-    ddpkit excluded before; ``partition_nodes``: the nodes the job may run on (None: not
-    known, not checked)."""
+    ddpkit excluded before; ``partition_nodes``: the usable nodes of the job's partition (None:
+    not known, not checked); ``required``: its ``ReqNodeList`` (``--nodelist``)."""
     attempt = requeue_plan.restarts + 1
     if not blamed:
         passed = f"health check passed on {', '.join(job_nodes)} (attempt {attempt})"
@@ -137,6 +141,13 @@ def plan_exclusion(
         return Verdict("fail", lines)
     if requeue_plan.target is None:
         lines.append(f"not excluding {names}: {requeue_plan.why}; the job fails")
+        return Verdict("fail", lines)
+    pinned = [node for node in blamed if node in required]
+    if pinned:
+        lines.append(
+            f"not excluding {', '.join(pinned)}: the job requires it (--nodelist "
+            f"{','.join(required)}); the job fails (drop it from sbatch: nodelist)"
+        )
         return Verdict("fail", lines)
     exclude = list(dict.fromkeys([*excluded, *blamed]))
     if partition_nodes is not None:
@@ -186,17 +197,23 @@ def _nodes(text: str, source: str) -> list[str]:
 
 
 def _partition_nodes(partition: str, runner: Runner) -> list[str] | None:
-    """The nodes of ``partition`` (``sinfo``), or None when sinfo does not tell."""
+    """The usable nodes of ``partition`` (``sinfo``: not down, drained, failed...), or None
+    when sinfo does not tell."""
     if not partition or "," in partition:
         return None
+    argv = ["sinfo", "--noheader", "--Node", "--partition", partition, "-o", "%N %t"]
     try:
-        done = runner(["sinfo", "--noheader", "--Node", "--partition", partition, "-o", "%N"])
+        done = runner(argv)
     except SlurmError:
         return None
-    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-    if done.returncode != 0 or not names or not all(_NODE.fullmatch(n) for n in names):
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip()]
+    if (
+        done.returncode != 0
+        or not rows
+        or not all(len(r) == 2 and _NODE.fullmatch(r[0]) for r in rows)
+    ):
         return None
-    return names
+    return [name for name, state in rows if state.rstrip(_STATE_FLAGS) not in _UNUSABLE]
 
 
 def exclude_and_requeue(target: str, exclude: Sequence[str], runner: Runner) -> str | None:
@@ -234,12 +251,20 @@ def decide(
             requeue_plan=plan, partition_nodes=None,
         )  # fmt: skip
         return verdict, plan.target
-    fields = job_fields(plan.target, runner=runner) or {}
+    fields = job_fields(plan.target, runner=runner)
+    if fields is None:  # an update from nothing would drop the job's own excludes
+        lines = [f"node {node}: {why}" for node, why in blamed.items()]
+        lines.append(
+            f"not excluding {', '.join(blamed)}: `scontrol show job {plan.target}` did not "
+            "answer, so the job's ExcNodeList is not known; the job fails"
+        )
+        return Verdict("fail", lines), plan.target
     record = record_path(record_dir, plan.target)
     return plan_exclusion(
         blamed,
         job_nodes=job_nodes,
         excluded=_nodes(fields.get("ExcNodeList", ""), "the job's ExcNodeList"),
+        required=_nodes(fields.get("ReqNodeList", ""), "the job's ReqNodeList"),
         ours=read_record(record),
         max_excluded=max_excluded,
         requeue_plan=plan,
