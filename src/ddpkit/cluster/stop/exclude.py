@@ -97,15 +97,21 @@ def read_reports(text: str) -> dict[str, str | None]:
     return found
 
 
-def blame(job_nodes: Sequence[str], reports: Mapping[str, str | None]) -> dict[str, str]:
+def blame(
+    job_nodes: Sequence[str], reports: Mapping[str, str | None], *, step_exit: int | None = None
+) -> dict[str, str]:
     """The job's nodes to blame, in the job's order: those whose check failed or that sent
-    no report; reports of nodes that are not the job's are ignored."""
+    no report; reports of nodes that are not the job's are ignored. ``step_exit``: the check
+    ran after the job's step failed with that code; a node without a report is not blamed then
+    (the job may be ending: a time limit, a cancel)."""
+    when = "" if step_exit is None else f" after the job's step exited {step_exit}"
     blamed = {}
     for node in job_nodes:
         if node not in reports:
-            blamed[node] = _NO_REPORT
+            if step_exit is None:
+                blamed[node] = _NO_REPORT
         elif reports[node] is not None:
-            blamed[node] = f"health check failed: {reports[node]}"
+            blamed[node] = f"health check failed{when}: {reports[node]}"
     return blamed
 
 
@@ -239,12 +245,19 @@ def decide(
     max_excluded: int,
     record_dir: str,
     runner: Runner = subprocess_runner,
+    step_exit: int | None = None,
 ) -> tuple[Verdict, str | None]:
-    """Read the job's state, plan, and act on a requeue verdict: the verdict, and the target
-    (the job id ``scontrol`` takes) when there is one."""
+    """Read the job's state and plan: the verdict, and the target (the job id ``scontrol``
+    takes) when there is one. ``step_exit``: after the job's step failed with it."""
     job_nodes = _nodes(env.get("SLURM_JOB_NODELIST", ""), "SLURM_JOB_NODELIST")
-    blamed = blame(job_nodes, read_reports(reports_text))
+    blamed = blame(job_nodes, read_reports(reports_text), step_exit=step_exit)
     plan = plan_requeue(env, max_requeues_from(None, env))
+    if not blamed and step_exit is not None:
+        line = (
+            f"the job's step exited {step_exit}; no node failed its health check after it "
+            "(not a node fault): the job ends with that code"
+        )
+        return Verdict("fail", [line]), plan.target
     if not blamed or plan.target is None:
         verdict = plan_exclusion(
             blamed, job_nodes=job_nodes, excluded=[], ours=[], max_excluded=max_excluded,
@@ -279,11 +292,18 @@ def run(
     max_excluded: int,
     record_dir: str,
     runner: Runner = subprocess_runner,
+    step_exit: int | None = None,
 ) -> int:
-    """Decide, act, log (stderr: the job's log); the exit code for the batch shell."""
+    """Decide, act, log (stderr: the job's log); the exit code for the batch shell.
+
+    Before the job's step: 0 (go on), :data:`EXIT_REQUEUED` or :data:`EXIT_FAILED`. After it
+    failed (``step_exit``): 0 when requeued, else ``step_exit`` (the job ends as it would
+    have), so that no code of the step can be taken for "requeued"."""
     verdict, target = decide(
-        reports_text, env, max_excluded=max_excluded, record_dir=record_dir, runner=runner
-    )
+        reports_text, env, max_excluded=max_excluded, record_dir=record_dir, runner=runner,
+        step_exit=step_exit,
+    )  # fmt: skip
+    failed_code = EXIT_FAILED if step_exit is None else step_exit
     for line in verdict.lines[:-1]:
         _say(line)
     if verdict.action == "run":
@@ -291,20 +311,20 @@ def run(
         return 0
     if verdict.action == "fail" or target is None:
         _say(verdict.lines[-1])
-        return EXIT_FAILED
+        return failed_code
     record = record_path(record_dir, target)
     blamed = [node for node in verdict.ours if node not in read_record(record)]
     failed = exclude_and_requeue(target, verdict.exclude, runner)
     if failed is not None and not failed.startswith("requeued"):
         _say(f"could not requeue: {failed}; the job fails")
-        return EXIT_FAILED
+        return failed_code
     if failed is None:
         with record.open("a", encoding="utf-8") as out:
             out.writelines(f"{node}\texcluded by ddpkit's health check\n" for node in blamed)
         _say(verdict.lines[-1])
     else:  # requeued: it runs again, maybe on the same node, which its check blames again
         _say(f"{failed}; the job was requeued without excluding {', '.join(blamed)}")
-    return EXIT_REQUEUED
+    return EXIT_REQUEUED if step_exit is None else 0
 
 
 def _say(message: str) -> None:
@@ -315,19 +335,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__)
     parser.add_argument("--max-excluded", type=int, required=True)
     parser.add_argument("--record-dir", required=True)
+    parser.add_argument("--step-exit", type=int, help="after the job's step failed with it")
     args = parser.parse_args(argv)
     if args.max_excluded < 0:
         parser.error(f"--max-excluded {args.max_excluded} must be >= 0")
+    if args.step_exit is not None and args.step_exit <= 0:
+        parser.error(f"--step-exit {args.step_exit} must be a failed step's code (> 0)")
     # `scontrol requeue` makes SLURM TERM every process of the job: finish the update first
     # (SIGKILL still comes after KillWait)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         return run(
-            sys.stdin.read(), os.environ, max_excluded=args.max_excluded, record_dir=args.record_dir
-        )
+            sys.stdin.read(), os.environ, max_excluded=args.max_excluded,
+            record_dir=args.record_dir, step_exit=args.step_exit,
+        )  # fmt: skip
     except DdpkitError as error:
         _say(f"health check: {error}; the job fails")
-        return EXIT_FAILED
+        return EXIT_FAILED if args.step_exit is None else args.step_exit
 
 
 if __name__ == "__main__":
