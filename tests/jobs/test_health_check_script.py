@@ -23,9 +23,11 @@ from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
 from ddpkit.jobs.spec import JobSpec
 from tests.fakes.slurm import FakeTools
 
-# fails on the node named in BAD_NODE, printing a hostile line; `touch` would leave pwned*
+# fails on the node named in $RECORD_DIR/bad (the step writes it), else in BAD_NODE, printing a
+# hostile line; `touch` would leave pwned*
 CHECK = (
-    '[ "$SLURMD_NODENAME" != "$BAD_NODE" ] || '
+    'bad="$(cat "$RECORD_DIR/bad" 2>/dev/null || echo "$BAD_NODE")"; '
+    '[ "$SLURMD_NODENAME" != "$bad" ] || '
     '{ echo "it\'s bad; $(echo sub) \\$(touch pwned1) `echo tick`"; exit 1; } # ; touch pwned2'
 )
 SRUN = """#!/bin/bash
@@ -36,6 +38,9 @@ if printf '%s\\n' "$@" | grep -qx {module}; then
   exit 0
 fi
 mkdir -p "$RECORD_DIR"; printf '%s\\0' "$@" > "$RECORD_DIR/srun.$$"
+# the job's step: on request, a node goes bad meanwhile, and the step fails
+if [ -n "$BAD_AFTER_STEP" ]; then echo "$BAD_AFTER_STEP" > "$RECORD_DIR/bad"; fi
+exit "${{FAKE_STEP_EXIT:-0}}"
 """
 SCONTROL = """#!/bin/bash
 printf '%s\\0' "$@" >> "$RECORD_DIR/scontrol.calls"; printf '\\n' >> "$RECORD_DIR/scontrol.calls"
@@ -53,7 +58,9 @@ def health_spec(tmp_path: Path, **fields: Any) -> JobSpec:
     } | fields)  # fmt: skip
 
 
-def run(job: JobSpec, tmp_path: Path, bad: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def run(
+    job: JobSpec, tmp_path: Path, bad: str, **more: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     tools = FakeTools(tmp_path / "bin")
     tools.install("srun", SRUN.format(module=shlex.quote(HEALTH_MODULE)))
     tools.install("scontrol", SCONTROL)
@@ -67,7 +74,7 @@ def run(job: JobSpec, tmp_path: Path, bad: str) -> tuple[subprocess.CompletedPro
         "PATH": tools.path(), "HOME": str(tmp_path), "LANG": "C.UTF-8",
         "RECORD_DIR": str(records), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[3-4]",
         "SLURM_JOB_PARTITION": "debug", "FAKE_NODES": "n3 n4", "BAD_NODE": bad,
-        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""), **more,
     }  # fmt: skip
     done = subprocess.run(
         ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -136,3 +143,34 @@ def test_submitit_and_torchx_refuse_a_health_check(tmp_path: Path) -> None:
         executor_parameters(job)
     with pytest.raises(ConfigError, match=r"health_check=.* runs only in ddpkit's sbatch"):
         spec_to_appdef(job)
+
+
+@pytest.mark.parametrize("signal", ["USR2", None])
+def test_a_step_that_fails_on_a_node_gone_bad_is_requeued_without_it(
+    tmp_path: Path, signal: str | None
+) -> None:
+    job = health_spec(tmp_path, signal=signal)
+    done, records = run(job, tmp_path, bad="none", BAD_AFTER_STEP="n3", FAKE_STEP_EXIT="3")
+    assert done.returncode == 0, done.stderr
+    assert "ddpkit: health check passed on n3, n4 (attempt 1)" in done.stderr
+    assert (
+        "ddpkit: excluding node n3 (health check failed after the job's step exited 3: exit "
+        "code 1: it's bad; sub $(touch pwned1) tick); requeue attempt 2, excluded: n3 (1 of max 1)"
+    ) in done.stderr
+    assert scontrol_calls(records)[-2:] == [
+        ["requeue", "4242"],
+        ["update", "JobId=4242", "ExcNodeList=n3"],
+    ]
+
+
+@pytest.mark.parametrize("signal", ["USR2", None])
+def test_a_step_that_fails_on_healthy_nodes_ends_with_its_code(
+    tmp_path: Path, signal: str | None
+) -> None:
+    job = health_spec(tmp_path, signal=signal)
+    done, records = run(job, tmp_path, bad="none", FAKE_STEP_EXIT="7")
+    assert done.returncode == 7, done.stderr
+    assert "ddpkit: the job's step exited 7; no node failed its health check after it" in (
+        done.stderr
+    )
+    assert ["requeue", "4242"] not in scontrol_calls(records)

@@ -347,3 +347,51 @@ def test_down_and_drained_nodes_do_not_count_as_room_left(tmp_path: Path) -> Non
     assert exclude.run(REPORTS, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm) == 1
     slurm.answers["sinfo"] = CommandResult(0, "n1 mix\nn2 alloc\nn3 idle~\nn4 down\n", "")
     assert exclude.run(REPORTS, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm) == 3
+
+
+# ---------------------------------------------------------------------------- after the step
+
+
+def test_after_a_failed_step_only_a_failing_check_blames_a_node() -> None:
+    reports = {"n1": "exit code 1: ECC errors"}  # n2 sent nothing: the job may be ending
+    assert blame(["n1", "n2"], reports, step_exit=137) == {
+        "n1": "health check failed after the job's step exited 137: exit code 1: ECC errors"
+    }
+
+
+def test_a_failed_step_on_healthy_nodes_ends_with_the_steps_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = fake()
+    reports = f"{report_line('n1', None)}\n"
+    code = exclude.run(
+        reports, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm, step_exit=7
+    )
+    assert code == 7
+    assert slurm.calls == []
+    assert capsys.readouterr().err == (
+        "ddpkit: the job's step exited 7; no node failed its health check after it (not a node "
+        "fault): the job ends with that code\n"
+    )
+
+
+def test_a_failed_step_with_a_failing_node_is_requeued_without_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = fake()
+    code = exclude.run(
+        REPORTS, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm, step_exit=3
+    )
+    assert code == 0  # requeued; never the step's own code, which might be EXIT_REQUEUED (3)
+    assert slurm.calls[-1][0] == ["scontrol", "update", "JobId=17", "ExcNodeList=n4,n1"]
+    assert (
+        "ddpkit: excluding node n1 (health check failed after the job's step exited 3: exit code "
+        "1: bad); requeue attempt 2, excluded: n1 (1 of max 2)"
+    ) in capsys.readouterr().err
+    # past the cap, the job ends with the step's code
+    slurm = fake()
+    code = exclude.run(
+        REPORTS, ENV, max_excluded=0, record_dir=str(tmp_path), runner=slurm, step_exit=9
+    )
+    assert code == 9
+    assert "requeue" not in [argv[1] for argv, _ in slurm.calls]
