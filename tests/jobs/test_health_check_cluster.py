@@ -15,6 +15,7 @@ Both jobs are confined to n1..n3 (``sbatch: {exclude: n4}``, which must stay in 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -44,6 +45,27 @@ fi
 """
 
 
+# rank 1 of the first attempt marks its node bad, then fails (rank 0 waits to be ended by
+# srun's --kill-on-bad-exit); every later attempt just runs
+APP_BREAKS = """import os, time
+node = os.environ["SLURMD_NODENAME"]
+if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    if os.environ["SLURM_PROCID"] == "1":
+        with open("bad.tmp", "w") as out:
+            out.write(node)
+        os.replace("bad.tmp", "bad")
+        raise SystemExit(f"rank 1 on {node}: this node just went bad")
+    time.sleep(60)
+print("app ran on", node, flush=True)
+"""
+MARKED_BAD = """#!/bin/bash
+cd -- "$(dirname -- "$0")"
+if [ "$SLURMD_NODENAME" = "$(cat bad 2>/dev/null)" ]; then
+  echo "node $SLURMD_NODENAME is marked bad by the job"; exit 1
+fi
+"""
+
+
 @dataclass
 class Outcome:
     job: str
@@ -55,8 +77,8 @@ class Outcome:
     app: str  # the command's output, every rank
 
 
-def submit(slurm: SlurmCluster, workdir: Path, name: str, fields: str) -> str:
-    (workdir / "app.py").write_text(APP)
+def submit(slurm: SlurmCluster, workdir: Path, name: str, fields: str, app: str = APP) -> str:
+    (workdir / "app.py").write_text(app)
     spec = workdir / "job.yaml"
     spec.write_text(
         f"name: {name}\npartition: debug\nprocs_per_node: 1\ntime_min: 3\nworkdir: {workdir}\n"
@@ -111,7 +133,9 @@ def outcomes(
         pytest.fail("these tests read the job's runs from sacct: start ci/slurm-up with accounting")
     one_bad = tmp_path_factory.mktemp("hc-one-bad", numbered=False)
     everywhere = tmp_path_factory.mktemp("hc-everywhere", numbered=False)
+    after_step = tmp_path_factory.mktemp("hc-after-step", numbered=False)
     (one_bad / "check.sh").write_text(FIRST_BAD.format(python=sys.executable))
+    (after_step / "check.sh").write_text(MARKED_BAD)
     check = f"bash {one_bad / 'check.sh'}"
     try:
         jobs = {
@@ -122,6 +146,11 @@ def outcomes(
                        "nodes: 1\nmax_excluded_nodes: 1\n"
                        "health_check: echo \"broken on $SLURMD_NODENAME\"; exit 1\n"),
                 everywhere,
+            ),
+            "after-step": (
+                submit(slurm, after_step, after_step.name,
+                       f"nodes: 2\nhealth_check: bash {after_step / 'check.sh'}\n", APP_BREAKS),
+                after_step,
             ),
         }  # fmt: skip
         return {name: outcome(slurm, job, workdir) for name, (job, workdir) in jobs.items()}
@@ -176,3 +205,30 @@ def test_past_the_cap_the_job_fails_with_the_reason_and_nothing_left(
 
 def _hosts(nodelist: str) -> list[str]:
     return expand_nodelist(nodelist)
+
+
+def test_a_node_that_fails_its_check_after_the_step_failed_is_excluded(
+    outcomes: dict[str, Outcome],
+) -> None:
+    found = outcomes["after-step"]
+    where = f"job {found.job}: {found.runs}\n{found.log}"
+    bad = (found.workdir / "bad").read_text().strip()
+    assert found.state == "COMPLETED", where
+    assert [run[0] for run in found.runs] == ["REQUEUED", "COMPLETED"], where
+    first, second = (set(_hosts(run[2])) for run in found.runs)
+    assert bad in first and bad not in second and len(second) == 2, where
+    assert sorted(_hosts(found.excluded)) == sorted(["n4", bad]), where
+    assert (
+        f"ddpkit: health check passed on {', '.join(sorted(first, key=ALL.index))} (attempt 1)"
+        in (found.log)
+    ), where
+    # srun's own code: the failed task's 1, or 143 when srun reports the step it terminated
+    excluding = re.search(
+        f"ddpkit: excluding node {bad} \\(health check failed after the job's step exited "
+        f"[0-9]+: exit code 1: node {bad} is marked bad by the job\\); requeue attempt 2, "
+        f"excluded: {bad} \\(1 of max 2\\)\n",
+        found.log,
+    )
+    assert excluding, where
+    ran = sorted(line.split()[-1] for line in found.app.splitlines() if "app ran on" in line)
+    assert ran == sorted(second), found.app
