@@ -245,8 +245,9 @@ _D_SIGNAL = "USR2 (default) or USR1, sent before the time limit; null: none"
 _D_SIGNAL_DELAY = "seconds before the time limit (default 120, at most half of it), e.g. 300"
 _D_REQUEUES = "how often the job may requeue itself, a whole number >= 0, e.g. max_requeues: 10"
 _D_HEALTH = (
-    "a shell line run on every node at the start of each attempt (sbatch only); a node where it "
-    "fails is excluded and the job requeued, e.g. health_check: 'nvidia-smi -L'"
+    "a shell line run on every node at the start of each attempt and after a failed step "
+    "(sbatch only); a node where it fails is excluded and the job requeued, e.g. "
+    "health_check: 'nvidia-smi -L'"
 )
 _D_HEALTH_TIMEOUT = "seconds the health check may take on a node (default 60), e.g. 120"
 _D_EXCLUDED = (

@@ -11,8 +11,15 @@ script of a spec with ``health_check:``, after each node has run the check
   job is pending, so after the requeue; the requeued job cannot start before this process is
   gone, which keeps it COMPLETING), a line per node and one summary in the job's log, exit
   :data:`EXIT_REQUEUED` (the batch shell ends; SLURM runs the job again elsewhere);
-* past a cap (``max_excluded_nodes``, the requeue cap, or fewer nodes left in the partition
-  than the job needs): nothing is excluded, the log says why, exit :data:`EXIT_FAILED`.
+* past a cap (``max_excluded_nodes``, the requeue cap, or fewer usable nodes left in the
+  partition than the job needs), for a node the job requires (``--nodelist``), or when
+  ``scontrol show job`` does not answer (an update would drop the job's own excludes):
+  nothing is excluded, the log says why, exit :data:`EXIT_FAILED`.
+
+With ``--step-exit N`` it runs after the job's step failed with code N, the check run again:
+a node whose check fails now is blamed for the failure (a node without a report is not: the
+job may be ending), the job requeued without it, exit 0; otherwise nothing is done and the
+exit code is N, so the job ends as it would have.
 
 The nodes ddpkit excluded are counted in ``DIR/.ddpkit-excluded-<job>`` (the log folder,
 shared by every node, kept across requeues): excludes the job had from its submission

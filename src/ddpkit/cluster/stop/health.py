@@ -2,7 +2,8 @@
 one node, reported as one line of JSON.
 
 The batch script (a spec with ``health_check:``) runs this once per node at the start of each
-attempt (``srun --ntasks-per-node=1``) and pipes the lines of every node to
+attempt, and again after the job's step failed (``srun --ntasks-per-node=1``), and pipes the
+lines of every node to
 :mod:`.exclude`, which blames the nodes that failed or did not answer. ``CHECK`` is the
 spec's shell line, run as ``bash -c CHECK`` (the user's own shell, like ``setup:``); its output
 goes to this process's stderr (the job's log), prefixed with the node's name, and its last
