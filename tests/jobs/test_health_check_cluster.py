@@ -1,16 +1,19 @@
 """Bad nodes on the real test cluster: a spec's ``health_check`` blames a node, the job is
 requeued without it and completes on others; past ``max_excluded_nodes`` it fails, saying so.
 
-Both jobs are confined to n1..n3 (``sbatch: {exclude: n4}``, which must stay in the job's
+The jobs are confined to n1..n3 (``sbatch: {exclude: n4}``, which must stay in the job's
 ``ExcNodeList`` and not count against the cap) and submitted together:
 
-* ``one-bad``: 2 nodes; the check fails on the first node of the first attempt (it writes that
-  node's name to a file, and fails wherever the file names the node). The job must run twice
-  (sacct: REQUEUED, then COMPLETED), the second time on the two other nodes, with
-  ``ExcNodeList`` = n4 + the bad node, and the job's log must say why;
+* ``one-bad``: 2 nodes, ``launch: torchrun``; the check fails on the first node of the first
+  attempt (it writes that node's name to a file, and fails wherever the file names the node).
+  The job must run twice (sacct: REQUEUED, then COMPLETED), the second time on the two other
+  nodes, with ``ExcNodeList`` = n4 + the bad node, and the job's log must say why;
 * ``everywhere``: 1 node, ``max_excluded_nodes: 1``, a check that fails on every node: the
   first attempt excludes its node, the second fails the job (exit code 1) with the message,
-  the command never runs and nothing of the job is left running.
+  the command never runs and nothing of the job is left running;
+* ``after-step``: 2 nodes, ``launch: srun``, a check that passes at the start; rank 1 of the
+  first attempt marks its node bad and fails: the check after the failed step blames that node,
+  and the job completes on the two others.
 """
 
 from __future__ import annotations
@@ -120,7 +123,9 @@ def outcome(slurm: SlurmCluster, job: str, workdir: Path) -> Outcome:
         runs,
         excluded,
         (logs / f"{workdir.name}-{job}.out").read_text(errors="replace"),
-        "".join(p.read_text(errors="replace") for p in sorted(logs.glob("*-rank*.out"))),
+        "".join(
+            p.read_text(errors="replace") for p in sorted(logs.glob(f"{workdir.name}-{job}-*.out"))
+        ),
     )
 
 
@@ -139,7 +144,8 @@ def outcomes(
     check = f"bash {one_bad / 'check.sh'}"
     try:
         jobs = {
-            "one-bad": (submit(slurm, one_bad, one_bad.name, f"nodes: 2\nhealth_check: {check}\n"),
+            "one-bad": (submit(slurm, one_bad, one_bad.name,
+                               f"nodes: 2\nlaunch: torchrun\nhealth_check: {check}\n"),
                         one_bad),
             "everywhere": (
                 submit(slurm, everywhere, everywhere.name,
