@@ -419,6 +419,13 @@ class ClusterProfile(Model):
     )
     time_min: int | None = Field(None, ge=1, le=spec_checks.MAX_TIME_MIN, description=_D_TIME)
     log_dir: Line | None = Field(None, description=_D_LOG)
+    health_check: Line | None = Field(None, description=_D_HEALTH)
+    health_check_timeout_s: int | None = Field(
+        None, ge=1, le=24 * 3600, description=_D_HEALTH_TIMEOUT
+    )
+    max_excluded_nodes: int | None = Field(
+        None, ge=0, le=spec_checks.MAX_NODES, description=_D_EXCLUDED
+    )
 
     def defaults(self) -> dict[str, object]:
         """The spec fields this profile sets (those written in its file), ``name`` excluded."""
