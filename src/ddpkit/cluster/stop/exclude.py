@@ -42,6 +42,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ddpkit.cluster.nodelist import expand_nodelist
 from ddpkit.cluster.slurmtools.commands import requeue
@@ -62,6 +63,7 @@ __all__ = [
     "record_path",
 ]
 
+Action = Literal["run", "requeue", "fail"]
 EXIT_FAILED = 1  # the job fails: a node is bad and nothing more may be excluded
 EXIT_REQUEUED = 3  # requeued without the blamed nodes: the batch shell ends (exit 0)
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -78,7 +80,7 @@ class Verdict:
     ``exclude``: the job's whole new ``ExcNodeList`` (requeue only); ``ours``: the nodes
     ddpkit will have excluded (the record); ``lines``: what to print, in order."""
 
-    action: str
+    action: Action
     lines: list[str]
     exclude: list[str] = field(default_factory=list)
     ours: list[str] = field(default_factory=list)
