@@ -35,7 +35,9 @@ __all__ = [
     "DEFAULT_SIGNAL",
     "ENDPOINT_MODULE",
     "ENVIRONMENT",
+    "EXCLUDE_MODULE",
     "EXPECTED_WORLD_SIZE_VAR",
+    "HEALTH_MODULE",
     "HOME_VAR",
     "HOST_TEMPLATE_VAR",
     "JOB_LAUNCH_VAR",
@@ -108,6 +110,8 @@ ENDPOINT_MODULE: Final = "ddpkit.cluster.rendezvous.endpoint"  # prints the c10d
 CLI_MODULE: Final = "ddpkit"  # `python -m ddpkit run ...` on each node (launch: torchrun)
 RUN_COMMAND: Final = "run"
 STOP_HOLD_MODULE: Final = "ddpkit.cluster.stop.hold"  # each srun task's stop-signal holder
+HEALTH_MODULE: Final = "ddpkit.cluster.stop.health"  # a spec's health_check, on each node
+EXCLUDE_MODULE: Final = "ddpkit.cluster.stop.exclude"  # blames, excludes and requeues bad nodes
 # submitit tasks unpickle RunCommand from it (jobs/ names it by this path: launch/ is above)
 SUBMITIT_TASK_MODULE: Final = "ddpkit.launch.submitit_task"
 

@@ -300,6 +300,23 @@ def test_profile_found_in_each_place(tmp_path: Path) -> None:
         profile.unlink()
 
 
+def test_a_site_profile_can_give_every_job_a_health_check(tmp_path: Path) -> None:
+    site = {"health_check": "nvidia-smi -L", "health_check_timeout_s": 30, "max_excluded_nodes": 1}
+    write(tmp_path / "profiles" / "site.yaml", site)
+    spec = write(tmp_path / "s.yaml", {"name": "a", "command": "t.py", "profile": "site"})
+    job = load(spec, cwd=tmp_path)
+    assert (job.health_check, job.health_check_timeout_s, job.max_excluded_nodes) == (
+        "nvidia-smi -L", 30, 1,
+    )  # fmt: skip
+    spec = write(
+        tmp_path / "s.yaml",
+        {"name": "a", "command": "t.py", "profile": "site", "health_check": None,
+         "max_excluded_nodes": 3},
+    )  # fmt: skip
+    job = load(spec, cwd=tmp_path)  # the spec wins, null drops the profile's
+    assert (job.health_check, job.max_excluded_nodes) == (None, 3)
+
+
 def test_profile_by_path_relative_to_spec(tmp_path: Path) -> None:
     write(tmp_path / "conf" / "my-site.yml", {"partition": "from-path"})
     spec = write(

@@ -88,6 +88,9 @@ def test_defaults(tmp_path: Path) -> None:
         "signal_delay_s": None,
         "max_requeues": 10,
         "sweep": None,
+        "health_check": None,
+        "health_check_timeout_s": 60,
+        "max_excluded_nodes": 2,
     }
     assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)

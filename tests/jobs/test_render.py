@@ -99,6 +99,14 @@ GOLDEN_SPECS = {
     "torchrun-gpu-2x4": lambda: gpu_spec("torchrun"),
     "srun-hostile": lambda: hostile_spec("srun", "/srv/evil"),
     "torchrun-hostile": lambda: hostile_spec("torchrun", "/srv/evil"),
+    # a health check with quotes and $(): one word for bash -c on each node
+    "srun-health": lambda: spec(
+        nodes=2,
+        health_check="""nvidia-smi -L > /dev/null && test -w "$TMPDIR" # it's $(fine)""",
+        health_check_timeout_s=30,
+        max_excluded_nodes=1,
+        sbatch={"exclude": "n4"},
+    ),
 }
 
 

@@ -30,9 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from ddpkit.cluster.stop.exclude import EXIT_REQUEUED
 from ddpkit.contract import (
     CLI_MODULE,
     ENDPOINT_MODULE,
+    EXCLUDE_MODULE,
+    HEALTH_MODULE,
     RESV_PORTS_MODULE,
     RUN_COMMAND,
     STOP_HOLD_MODULE,
@@ -94,6 +97,7 @@ _UNWRITABLE = ("\n", "\r", "\x00")
 _SLURM_NAMES = ("partition", "account", "qos", "constraint")
 # Extras that already say how many GPUs a node gets: then no --gpus-per-node is added.
 _GPU_OPTIONS = ("gres", "gpus", "gpus-per-task")
+HEALTH_STEP_MARGIN_S = 60  # srun's bound on the health step beyond the check's own
 
 
 # ---- quoting -----------------------------------------------------------------------------
@@ -342,6 +346,23 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "endpoint_command": endpoint_command(spec) if torchrun else [],
         "torchrun_argv": torchrun_command(spec) if torchrun else [],
         "sweep": _sweep_context(spec),
+        "health": _health_context(spec),
+    }
+
+
+def _health_context(spec: JobSpec) -> dict[str, Any] | None:
+    """The health check's part of the script (:mod:`ddpkit.cluster.stop.exclude`), or None."""
+    if spec.health_check is None:
+        return None
+    return {
+        "check": spec.health_check,
+        "timeout_s": spec.health_check_timeout_s,
+        # srun's own bound: the check's, plus the time to start a step on every node
+        "step_timeout_s": spec.health_check_timeout_s + HEALTH_STEP_MARGIN_S,
+        "max_excluded": spec.max_excluded_nodes,
+        "health_module": HEALTH_MODULE,
+        "exclude_module": EXCLUDE_MODULE,
+        "exit_requeued": EXIT_REQUEUED,
     }
 
 

@@ -244,6 +244,18 @@ _D_HOST = "how to name a node on the fast network, e.g. host_template: '{host}-i
 _D_SIGNAL = "USR2 (default) or USR1, sent before the time limit; null: none"
 _D_SIGNAL_DELAY = "seconds before the time limit (default 120, at most half of it), e.g. 300"
 _D_REQUEUES = "how often the job may requeue itself, a whole number >= 0, e.g. max_requeues: 10"
+_D_HEALTH = (
+    "a shell line run on every node at the start of each attempt and after a failed step "
+    "(sbatch only); a node where it fails is excluded and the job requeued, e.g. "
+    "health_check: 'nvidia-smi -L'"
+)
+_D_HEALTH_TIMEOUT = "seconds the health check may take on a node (default 60), e.g. 120"
+_D_EXCLUDED = (
+    "how many nodes a failed health check may exclude from the job (default 2; 0: none, the "
+    "job fails instead), e.g. max_excluded_nodes: 2"
+)
+DEFAULT_HEALTH_CHECK_TIMEOUT_S = 60
+DEFAULT_MAX_EXCLUDED_NODES = 2
 
 
 class JobSpec(Model):
@@ -299,6 +311,13 @@ class JobSpec(Model):
         DEFAULT_MAX_REQUEUES, ge=0, le=spec_checks.MAX_REQUEUES, description=_D_REQUEUES
     )
     sweep: Sweep | None = Field(None, description=SWEEP_DESCRIPTION)
+    health_check: Line | None = Field(None, description=_D_HEALTH)
+    health_check_timeout_s: int = Field(
+        DEFAULT_HEALTH_CHECK_TIMEOUT_S, ge=1, le=24 * 3600, description=_D_HEALTH_TIMEOUT
+    )
+    max_excluded_nodes: int = Field(
+        DEFAULT_MAX_EXCLUDED_NODES, ge=0, le=spec_checks.MAX_NODES, description=_D_EXCLUDED
+    )
 
     @model_validator(mode="after")
     def _check_placeholders(self) -> JobSpec:
@@ -400,6 +419,13 @@ class ClusterProfile(Model):
     )
     time_min: int | None = Field(None, ge=1, le=spec_checks.MAX_TIME_MIN, description=_D_TIME)
     log_dir: Line | None = Field(None, description=_D_LOG)
+    health_check: Line | None = Field(None, description=_D_HEALTH)
+    health_check_timeout_s: int | None = Field(
+        None, ge=1, le=24 * 3600, description=_D_HEALTH_TIMEOUT
+    )
+    max_excluded_nodes: int | None = Field(
+        None, ge=0, le=spec_checks.MAX_NODES, description=_D_EXCLUDED
+    )
 
     def defaults(self) -> dict[str, object]:
         """The spec fields this profile sets (those written in its file), ``name`` excluded."""

@@ -10,6 +10,10 @@
               pending there until the child latches it
     hold      ``python -m ddpkit.cluster.stop.hold COMMAND...``: a command run under
               hold-and-forward (each srun task of an sbatch job; submitit's task runner)
+    health    ``python -m ddpkit.cluster.stop.health``: a spec's health check on one node,
+              reported as one JSON line
+    exclude   ``python -m ddpkit.cluster.stop.exclude``: blames the nodes whose check failed,
+              excludes them (``scontrol update ExcNodeList``) and requeues the job, up to a cap
 
 The torch side, ``ddpkit.preemption_guard()`` (:mod:`ddpkit.worker.preempt`), and the
 launcher's (:mod:`ddpkit.launch.relay`) build on these. Importing this package imports nothing.

@@ -128,6 +128,12 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
             "per process (as launch: srun does)",
             hint="submit it with --via sbatch, or set launch: srun",
         )
+    if spec.health_check is not None:
+        raise ConfigError(
+            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
+            "through submitit",
+            hint="submit with --via sbatch, or remove health_check",
+        )
     # False means "leave the option out" for an #SBATCH switch; submitit would write "=False".
     extras: dict[str, Any] = {k: v for k, v in spec.sbatch.items() if v is not False}
     extras.setdefault("chdir", spec.workdir)

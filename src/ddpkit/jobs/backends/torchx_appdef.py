@@ -76,6 +76,7 @@ __all__ = [
     "ddp_appdef",
     "import_torchx",
     "parse_j",
+    "refuse_health_check",
     "refuse_sweep",
     "replica_script",
     "require_torchx",
@@ -334,6 +335,18 @@ def refuse_sweep(spec: JobSpec) -> None:
             "arrays (one job per AppDef)",
             hint="submit the sweep with --via sbatch (one SLURM array) or --via submitit "
             "(map_array)",
+        )
+    refuse_health_check(spec, "torchx")
+
+
+def refuse_health_check(spec: JobSpec, via: str) -> None:
+    """A spec's ``health_check`` runs in ddpkit's sbatch scripts only: refused elsewhere, rather
+    than silently not run."""
+    if spec.health_check is not None:
+        raise ConfigError(
+            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
+            f"through {via}",
+            hint="submit with --via sbatch, or remove health_check",
         )
 
 
