@@ -4,7 +4,11 @@ A *rank* here is a thread holding its own store client and doing exactly what a 
 against the rendezvous store, with ddpkit's own code (no copy of it):
 
 * ``ddpkit``: :func:`ddpkit.worker.rendezvous.group.make_store` (rank 0 hosts, the others probe
-  and connect, every wait bounded), then the watchdog's store link
+  and connect, every wait bounded), then the group forms (``init()`` calls
+  ``init_process_group``, which returns on no rank before every rank has joined: gloo connects
+  its full mesh, NCCL, given the device, initialises eagerly; here a store barrier, the same
+  check-in plain torch's ``TCPStore`` constructor does, not counted either), then the watchdog's
+  store link
   (:class:`ddpkit.worker.watchdog.store.StoreLink` over a ``clone()`` of that client, under a
   ``PrefixStore`` as :func:`ddpkit.worker.watchdog.hooks.start` makes it), left running to
   measure its heartbeats. Ready: the link has introduced itself (``who/<rank>``; rank 0 also
@@ -138,9 +142,17 @@ class Rank:
         self.store = _counted_tcpstore("127.0.0.1", self.port, self.world, self.rank == 0, TIMEOUT)
         self.ready_at = time.monotonic()
 
+    def _group_formed(self) -> None:
+        """Until every rank has joined (what ``init_process_group`` waits for before ``init()``
+        starts the watchdog): one ``add``, one ``wait``, uncounted, as torch's own check-in."""
+        if int(self.store.add("sim/joined", 1)) == self.world:
+            self.store.set("sim/formed", "1")
+        self.store.wait(["sim/formed"], TIMEOUT)
+
     def _ddpkit(self) -> None:
         info = rank_info(self.rank, self.world, self.port)
         self.store, _ = make_store(info, {}, 600.0, TIMEOUT)
+        self._group_formed()
         with TALLY.lock:
             TALLY.connections += 1  # the watchdog's clone: a connection of its own
         own = self.store.clone()
