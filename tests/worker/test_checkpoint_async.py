@@ -158,6 +158,39 @@ def test_tied_tensors_stay_one_and_types_are_kept(tmp_path: Path) -> None:
     assert torch.equal(loaded["a"], shared) and loaded["t"][:2] == (1, "x")
 
 
+def test_each_save_holds_its_own_state_when_the_copy_memory_is_reused(tmp_path: Path) -> None:
+    """From the second save on the copy reuses the previous copy's memory (its write is over):
+    every file still holds the state of its own save."""
+    model, optimizer = _trained(1)
+    state = {"model": model, "optimizer": optimizer}
+    expected = {}
+    for step in range(1, 4):
+        expected[step] = _copy(state)
+        ddpkit.async_save_checkpoint(tmp_path, state, step=step, keep_last=3)
+        _step(model, optimizer)
+    ddpkit.wait_for_checkpoint()
+    for step, saved in expected.items():
+        loaded: dict[str, Any] = {}
+        assert ddpkit.load_checkpoint(tmp_path / f"ckpt-{step:09d}.pt", loaded) == step
+        assert _same(loaded["model"], saved["model"]), step
+        assert _same(loaded["optimizer"], saved["optimizer"]), step
+
+
+def test_a_spare_is_reused_only_where_it_fits_and_once() -> None:
+    first = asyncsave.snapshot({"a": torch.ones(3), "b": [torch.ones(2, 2)]})
+    a, b = torch.arange(3.0), torch.arange(4.0).reshape(2, 2)
+    again = asyncsave.snapshot({"a": a, "b": [b]}, first)
+    assert again["a"] is first["a"] and again["b"][0] is first["b"][0]  # the memory reused
+    assert torch.equal(again["a"], a) and torch.equal(again["b"][0], b)
+    tied = torch.ones(3)
+    spare = asyncsave.snapshot({"x": tied, "y": tied})  # one tensor at two places
+    x, y = torch.zeros(3), torch.full((3,), 2.0)
+    copied = asyncsave.snapshot({"x": x, "y": y}, spare)  # now two: two buffers
+    assert torch.equal(copied["x"], x) and torch.equal(copied["y"], y)
+    other = asyncsave.snapshot({"a": torch.ones(4), "b": [b.double()]}, first)  # misfits
+    assert other["a"] is not first["a"] and other["b"][0].dtype == torch.float64
+
+
 # --- at most one write in flight ---------------------------------------------------------------
 
 
