@@ -45,6 +45,9 @@ and a rank whose ``load_state_dict`` raises make every rank raise :class:`Checkp
 naming the step, the directory, the rank and the cause (the failing rank chains the original);
 the process group stays usable and nothing half-written is left behind.
 
+In the background: :mod:`ddpkit.worker.asyncsave` runs the first half of a save
+(:func:`collect`) in the loop and the second (:func:`save_payload`) in a thread, on a copy.
+
 Write speed: the file is written through a stream that asks the kernel to start writing each
 16 MB back to disk as soon as it is written (``sync_file_range``), so the fsync that makes the
 file durable waits for the tail only; and the page cache of the checkpoints this save will
@@ -94,7 +97,9 @@ def save_checkpoint(
     complete checkpoints written last (this one included, whatever the others' steps) and
     deletes the others and the temporary files of dead writers.
     When a rank's ``state_dict()`` raises or the main rank cannot write the file, every rank
-    raises :class:`CheckpointError` (the checkpoints already there stay as they were).
+    raises :class:`CheckpointError` (the checkpoints already there stay as they were). A
+    checkpoint still written in the background (:func:`ddpkit.async_save_checkpoint`) is
+    waited for first, and its failure raised here.
     """
     world_size, rank = _world()
     payload = collect(directory, state, step=step, keep_last=keep_last)  # after any pending
