@@ -34,14 +34,18 @@ TIMEOUT_S = 120.0
 _NEXT = ["async", "sync", "wait", "wait_for_checkpoint", "load"]
 
 
-def _seam(fail_steps: set[int], delay_s: float = 0.0) -> threading.Event:
-    """On this process: the background write waits ``delay_s``, then fails for
-    ``fail_steps`` (a write that raises) or writes; the event is set once it has ended."""
+def _seam(
+    fail_steps: set[int], delay_s: float = 0.0, slow_steps: set[int] | None = None
+) -> threading.Event:
+    """On this process: the background write waits ``delay_s`` (only for ``slow_steps`` when
+    given), then fails for ``fail_steps`` (a write that raises) or writes; the event is set
+    once it has ended."""
     ended, real = threading.Event(), asyncsave.save_payload
 
     def save(folder: Path, payload: dict[str, Any], step: int, keep_last: int) -> Path:
         try:
-            time.sleep(delay_s)  # the moment: the next call may already be waiting
+            if slow_steps is None or step in slow_steps:
+                time.sleep(delay_s)  # the moment: the next call may already be waiting
             if step in fail_steps:
                 raise OSError(28, f"injected: no space for step {step}")
             return real(folder, payload, step, keep_last)
@@ -113,6 +117,7 @@ _EXITING = textwrap.dedent(
     from ddpkit.worker import asyncsave
 
     folder, delay_s, rank = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    timeout_s = float(sys.argv[4])
     ddpkit.init(backend="gloo", timeout_s=30.0, peer_timeout_s=30.0)
     real = asyncsave.save_payload
 
@@ -121,24 +126,34 @@ _EXITING = textwrap.dedent(
         return real(*args)
 
     asyncsave.save_payload = slow
-    ddpkit.async_save_checkpoint(folder, {"w": torch.ones(3)}, step=5)
+    ddpkit.async_save_checkpoint(folder, {"w": torch.ones(3)}, step=5, timeout_s=timeout_s)
     print(f"rank {rank} done", flush=True)  # and the script ends without waiting
     """
 )
 
 
-@pytest.mark.parametrize("delay_s", [0.0, 1.0])
-@pytest.mark.parametrize("fails", [True, False])
+# name: (the folder cannot be made, the write's delay, its timeout_s)
+EXITS = {
+    "ok-at-once": (False, 0.0, 300.0),
+    "ok-late": (False, 1.0, 300.0),
+    "fails-at-once": (True, 0.0, 300.0),
+    "fails-late": (True, 1.0, 300.0),
+    "too-slow": (False, 60.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", EXITS)
 def test_at_exit_the_write_is_waited_for_and_a_failure_ends_every_rank_with_1(
-    tmp_path: Path, delay_s: float, fails: bool
+    tmp_path: Path, case: str
 ) -> None:
+    fails, delay_s, timeout_s = EXITS[case]
     if fails:
         (tmp_path / "a-file").write_text("not a folder")
     folder = tmp_path / ("a-file" if fails else "ok") / "ckpt"
     port = free_port()
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", _EXITING, str(folder), str(delay_s), str(rank)],
+            [sys.executable, "-c", _EXITING, str(folder), str(delay_s), str(rank), str(timeout_s)],
             env={**os.environ, **torchrun_env(rank, 2, port)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -159,13 +174,18 @@ def test_at_exit_the_write_is_waited_for_and_a_failure_ends_every_rank_with_1(
             assert process.returncode == 1, output
             assert "failed to write checkpoint step 5" in output, output
             assert "NotADirectoryError" in output, output
+        elif case == "too-slow":
+            assert process.returncode == 1, output
+            assert "checkpoint step 5" in output and "did not finish within 1 s" in output, output
         else:
             assert process.returncode == 0, output
             assert "error" not in output, output
-    if not fails:
+    if case.startswith("ok"):
         assert sorted(p.name for p in folder.iterdir()) == ["ckpt-000000005.pt"]
         with pytest.warns(RuntimeWarning, match="saved by 2 ranks"):
             assert ddpkit.load_checkpoint(folder, {}) == 5
+    elif case == "too-slow":  # ended mid-wait: no file, at most a dead writer's temporary
+        assert not list(folder.glob("ckpt-*.pt"))
 
 
 # --- resume: async is sync, bitwise ------------------------------------------------------------
@@ -240,20 +260,22 @@ def _equal(one: Any, other: Any) -> bool:
 
 
 def _guard_worker(
-    rank: int, world_size: int, port: int, root: str, case: tuple[float, bool]
+    rank: int, world_size: int, port: int, root: str, case: tuple[float, str]
 ) -> dict[str, Any]:
-    delay_s, fails = case
+    delay_s, outcome = case
+    fails, timeout_s = {4} if outcome == "fails" else set(), 1.0 if outcome == "slow" else 300.0
     ddpkit.init(env=torchrun_env(rank, world_size, port), **INIT)
     guard = ddpkit.preemption_guard(env={"SLURM_RESTART_COUNT": "0"})  # not SLURM: exit 75
     folder = Path(root) / "ckpt"
-    ended = _seam({4} if fails else set(), delay_s) if rank == 0 else threading.Event()
+    slow = {4} if outcome == "slow" else None
+    ended = _seam(fails, delay_s, slow) if rank == 0 else threading.Event()
     model, optimizer = _fresh(0)
     state = {"model": model, "optimizer": optimizer}
     try:
         for step in range(1, 10):
             _train(model, optimizer, range(1))
             if step in (2, 4):
-                ddpkit.async_save_checkpoint(folder, state, step=step)
+                ddpkit.async_save_checkpoint(folder, state, step=step, timeout_s=timeout_s)
             if step == 5 and rank == 1:
                 os.kill(os.getpid(), signal.SIGUSR2)  # arrives while step 4 is written
             if guard.should_stop():
@@ -274,16 +296,21 @@ def _guard_worker(
         ddpkit.shutdown()
 
 
-@pytest.mark.parametrize(("delay_s", "fails"), [(0.0, False), (1.5, False), (0.5, True)])
+@pytest.mark.parametrize(
+    ("delay_s", "outcome"), [(0.0, "ok"), (1.5, "ok"), (0.5, "fails"), (60.0, "slow")]
+)
 def test_the_guard_waits_for_the_write_before_it_ends_the_job(
-    tmp_path: Path, delay_s: float, fails: bool
+    tmp_path: Path, delay_s: float, outcome: str
 ) -> None:
-    results = run_workers(_guard_worker, 2, str(tmp_path), (delay_s, fails), timeout_s=TIMEOUT_S)
-    if fails:
+    results = run_workers(_guard_worker, 2, str(tmp_path), (delay_s, outcome), timeout_s=TIMEOUT_S)
+    if outcome != "ok":
+        expected = "failed to write" if outcome == "fails" else "did not finish within 1 s"
         for result in results:
             assert result["step"] == 5
-            assert "failed to write checkpoint step 4" in result["error"], result
-            assert "injected" in result["error"]
+            assert "checkpoint step 4" in result["error"], result
+            assert expected in result["error"], result
+        if outcome == "slow":
+            return  # the write goes on in the background
         with pytest.warns(RuntimeWarning, match="saved by 2 ranks"):
             assert ddpkit.load_checkpoint(tmp_path / "ckpt", {}) == 2  # the previous one
         return
