@@ -2,8 +2,8 @@
 
 Run as one process (no launcher needed)::
 
-    python benchmarks/bench_ckpt_stall.py [--params-mb 128] [--runs 6] [--steps 60]
-                                          [--every 20] [--loops 3] [--dir DIR] [--quick]
+    python benchmarks/bench_ckpt_stall.py [--params-mb 128] [--runs 6] [--steps 100]
+                                          [--every 50] [--loops 2] [--dir DIR] [--quick]
                                           [--json F]
 
 The state is a model of ``--params-mb`` MB of float32 parameters and its Adam optimizer after
@@ -23,12 +23,14 @@ Second figure: the throughput of a training loop (``--steps`` Adam steps on batc
 checkpoints every ``--every`` steps with ddpkit async, against the same loop that never does
 and one that calls ``torch.save`` instead, ``--loops`` trials in rotating order; the time runs
 until the last step (the last write finishes after it, outside the figure). Goal: ddpkit async
-at >= 0.95 of the loop that never checkpoints.
+at >= 0.95 of the loop that never checkpoints (shown as a reference: the ceiling). Real jobs
+checkpoint every few minutes; ``--every`` sets how much training a write overlaps with.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -170,15 +172,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params-mb", type=int, default=128)
     parser.add_argument("--runs", type=int, default=6, help="stall trials after one warm-up")
-    parser.add_argument("--steps", type=int, default=60, help="training steps per loop trial")
-    parser.add_argument("--every", type=int, default=20, help="checkpoint every N steps")
-    parser.add_argument("--loops", type=int, default=3, help="loop trials per variant")
+    parser.add_argument("--steps", type=int, default=100, help="training steps per loop trial")
+    parser.add_argument("--every", type=int, default=50, help="checkpoint every N steps")
+    parser.add_argument("--loops", type=int, default=2, help="loop trials per variant")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     benchjson.add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
         args.params_mb, args.runs = min(args.params_mb, 8), min(args.runs, 2)
-        args.steps, args.every, args.loops = min(args.steps, 12), min(args.every, 4), 1
+        args.steps, args.every, args.loops = min(args.steps, 12), min(args.every, 6), 1
+    load = os.getloadavg()[0]
     model, optimizer = make_state(args.params_mb)
     root = Path(tempfile.mkdtemp(prefix="bench-stall-", dir=args.dir))
     try:
@@ -197,6 +200,7 @@ def main() -> None:
         where = root.parent
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    print(f"load average (1 min) at start / end: {load:.2f} / {os.getloadavg()[0]:.2f}")
     missing = [name for name in SYNC_SAVERS if name not in names]
     stall = report_stall(trials, names, size_mb, where, missing)
     rate = report_loops(loops, args)
@@ -208,10 +212,11 @@ def main() -> None:
     ]
     loop_figure = f"training loop, checkpoint every {args.every} steps"
     labels = {"never": "no checkpoint", "ddpkit async": ASYNC, "torch.save": "torch.save"}
-    rows += [
-        benchjson.row(loop_figure, labels[kind], rate[kind], "steps/s", True, trials=loops[kind])
+    rows += [  # the loop that never checkpoints is the ceiling, not a baseline to beat
+        benchjson.row(loop_figure, labels[kind], rate[kind], "steps/s", True,
+                      trials=loops[kind], reference=kind == "never")
         for kind in LOOPS
-    ]
+    ]  # fmt: skip
     notes = [f"{name}: not installed" for name in missing]
     title = "Checkpoint stall: ddpkit async vs torch.save, DCP, Lightning Fabric, Accelerate"
     benchjson.write(args.json, "ckpt_stall", title, "python", rows, notes=notes)

@@ -337,3 +337,21 @@ def test_kill_9_during_the_background_write_keeps_the_previous_checkpoint(
     assert torch.equal(state["w"], torch.full((4,), 1.0))
     ddpkit.async_save_checkpoint(folder, {"w": torch.zeros(1)}, step=3).wait()
     assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]  # the temp removed
+
+
+def test_the_writer_thread_yields_the_cpu_to_the_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write runs at a lower CPU priority than the loop (its own thread's nice value)."""
+    seen: list[int] = []
+    real = asyncsave.save_payload
+
+    def save(*args: Any) -> Path:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(*args)
+
+    monkeypatch.setattr(asyncsave, "save_payload", save)
+    ddpkit.async_save_checkpoint(tmp_path, {"w": torch.ones(2)}, step=1).wait()
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == [min(19, mine + inflight._NICER)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # loop untouched
