@@ -7,7 +7,8 @@ the save on every rank (saves are collectives, so every rank knows whether one i
 :class:`CheckpointError` when the write failed or did not finish in time. Every save (sync or
 async), ``PendingCheckpoint.wait()``, ``ddpkit.wait_for_checkpoint()`` and the preemption
 guard's ``requeue_and_exit`` call it first, so at most one write is ever in flight and a new
-checkpoint is never numbered before the previous one is in place.
+checkpoint is never numbered before the previous one is in place. The writer thread runs at a
+lower CPU priority than the training (its own nice value, +10).
 
 At interpreter exit (a safety net for a script that never waited): the main rank waits for a
 write still in flight (bounded), and while the process group lives and no exception ends the
