@@ -9,7 +9,8 @@ Four calls make a training script distributed, and the same script runs as one p
     train = ddpkit.loader(dataset, 32)     # per-rank shards; the epoch advances by itself
     preds = ddpkit.gather(preds)           # in an eval loop: every sample exactly once
 
-``save_checkpoint`` / ``load_checkpoint`` and ``preemption_guard`` make it resumable.
+``save_checkpoint`` / ``load_checkpoint`` (``async_save_checkpoint`` writes in the
+background) and ``preemption_guard`` make it resumable.
 
 Attributes are imported lazily so that ``import ddpkit`` (and ``ddpkit --help``) stay cheap and
 never import torch until a runtime function is used.
@@ -42,6 +43,9 @@ _EXPORTS: dict[str, str] = {
     "gather": "ddpkit.worker.gather",
     "save_checkpoint": "ddpkit.worker.checkpoint",
     "load_checkpoint": "ddpkit.worker.checkpoint",
+    "async_save_checkpoint": "ddpkit.worker.asyncsave",
+    "wait_for_checkpoint": "ddpkit.worker.asyncsave",
+    "PendingCheckpoint": "ddpkit.worker.asyncsave",
     "checkpoint_origin": "ddpkit.worker.ckptfiles",
     "preemption_guard": "ddpkit.worker.preempt",
     "PreemptionGuard": "ddpkit.worker.preempt",
@@ -54,9 +58,11 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "Args",
     "Context",
+    "PendingCheckpoint",
     "PreemptionGuard",
     "RankInfo",
     "__version__",
+    "async_save_checkpoint",
     "balanced_loss",
     "checkpoint_origin",
     "clean_state_dict",
@@ -76,6 +82,7 @@ __all__ = [
     "seed_everything",
     "shutdown",
     "unwrap",
+    "wait_for_checkpoint",
     "wrap",
 ]
 
@@ -83,6 +90,11 @@ if TYPE_CHECKING:
     from ddpkit.cluster.detect import detect
     from ddpkit.cluster.nodelist import expand_nodelist
     from ddpkit.cluster.rankinfo import RankInfo
+    from ddpkit.worker.asyncsave import (
+        PendingCheckpoint,
+        async_save_checkpoint,
+        wait_for_checkpoint,
+    )
     from ddpkit.worker.balanced import Args, balanced_loss
     from ddpkit.worker.checkpoint import load_checkpoint, save_checkpoint
     from ddpkit.worker.ckptfiles import checkpoint_origin

@@ -14,6 +14,8 @@
     active         which loader pass yielded the latest batch (what gather reads)
     gather         every rank's rows of an evaluation step, padding duplicates removed
     checkpoint     atomic, collective save / load with every rank's RNG state
+    asyncsave      async_save_checkpoint: the state copied, written by a thread
+    inflight       the one background write: bounded waits, its failure on every rank
     ckptfiles      a checkpoint folder's files and write order, read without unpickling
     safeload       which checkpoint a load restores, read weights_only (an allow-list)
     durable        atomic writes; dead writers' temporary files; the disk-full error

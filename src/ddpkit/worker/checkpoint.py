@@ -48,6 +48,9 @@ and a rank whose ``load_state_dict`` raises make every rank raise :class:`Checkp
 naming the step, the directory, the rank and the cause (the failing rank chains the original);
 the process group stays usable and nothing half-written is left behind.
 
+In the background: :mod:`ddpkit.worker.asyncsave` runs the first half of a save
+(:func:`collect`) in the loop and the second (:func:`save_payload`) in a thread, on a copy.
+
 Write speed: the file is written through a stream that asks the kernel to start writing each
 16 MB back to disk as soon as it is written (``sync_file_range``), so the fsync that makes the
 file durable waits for the tail only; and the page cache of the checkpoints this save will
@@ -72,7 +75,7 @@ import torch.distributed as dist
 
 from ddpkit.cluster.runid import run_identity
 from ddpkit.errors import CheckpointError, ConfigError, DdpkitError
-from ddpkit.worker import ckptfiles
+from ddpkit.worker import ckptfiles, inflight
 from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
@@ -98,11 +101,48 @@ def save_checkpoint(
     complete checkpoints written last (this one included, whatever the others' steps) and
     deletes the others and the temporary files of dead writers.
     When a rank's ``state_dict()`` raises or the main rank cannot write the file, every rank
-    raises :class:`CheckpointError` (the checkpoints already there stay as they were).
+    raises :class:`CheckpointError` (the checkpoints already there stay as they were). A
+    checkpoint still written in the background (:func:`ddpkit.async_save_checkpoint`) is
+    waited for first, and its failure raised here.
     """
+    world_size, rank = _world()
+    payload = collect(directory, state, step=step, keep_last=keep_last)  # after any pending
+    path: Path | None = None
+    failure: Exception | None = None
+    if rank == 0:
+        try:
+            path = save_payload(Path(directory), payload, step, keep_last)
+        except Exception as error:
+            failure = error
+    # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
+    # everybody learns whether it is.
+    outcome: _Failure = _broadcast(world_size, _describe(failure))
+    if outcome is not None:
+        text, hint = outcome
+        raise CheckpointError(
+            f"the main rank (rank 0) failed to write checkpoint step {step} to {directory}: {text}",
+            hint=hint
+            or f"check that {directory} is (or can be created as) a writable directory with "
+            "enough free space, and that every value in the state can be pickled; the "
+            "checkpoints already there are untouched",
+        ) from failure
+    return path
+
+
+def collect(
+    directory: str | os.PathLike[str],
+    state: Mapping[str, Any],
+    *,
+    step: int,
+    keep_last: int,
+) -> dict[str, Any]:
+    """The first half of a save, on every rank (a collective): check the arguments, end the
+    save in flight (:mod:`ddpkit.worker.inflight`), take every value's state and gather the
+    RNG states. Returns the payload to write on the main rank, {} on the others."""
     _check_count("step", step, minimum=0, hint="pass the global training step, e.g. step=1000")
     _check_count("keep_last", keep_last, minimum=1, hint="keep at least one checkpoint")
     world_size, rank = _world()
+    inflight.finish(world_size)  # at most one write in flight, and numbered after the last
     saved: dict[str, Any] = {}
     mine: dict[str, Any] | None = None
     failure: Exception | None = None
@@ -119,28 +159,11 @@ def save_checkpoint(
         hint="every value's state_dict() must succeed on every rank",
         own=failure,
     )
-    path: Path | None = None
-    if rank == 0:
-        rngs = [rng for rng, _ in gathered]
-        try:
-            payload = {"step": step, "world_size": world_size, **_run_stamp(), "state": saved}
-            payload["rng"] = rngs
-            path = _save(Path(directory), payload, step, keep_last)
-        except Exception as error:
-            failure = error
-    # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
-    # everybody learns whether it is.
-    outcome: _Failure = _broadcast(world_size, _describe(failure))
-    if outcome is not None:
-        text, hint = outcome
-        raise CheckpointError(
-            f"the main rank (rank 0) failed to write checkpoint step {step} to {directory}: {text}",
-            hint=hint
-            or f"check that {directory} is (or can be created as) a writable directory with "
-            "enough free space, and that every value in the state can be pickled; the "
-            "checkpoints already there are untouched",
-        ) from failure
-    return path
+    if rank != 0:
+        return {}
+    payload = {"step": step, "world_size": world_size, **_run_stamp(), "state": saved}
+    payload["rng"] = [rng for rng, _ in gathered]
+    return payload
 
 
 def load_checkpoint(
@@ -170,6 +193,7 @@ def load_checkpoint(
     """
     trusted = check_trusted(trusted_types)
     world_size, rank = _world()
+    inflight.finish(world_size)  # a checkpoint written in the background is in place first
     if map_location is None:
         context = current_or_none()
         map_location = context.device if context is not None else torch.device("cpu")
@@ -313,7 +337,7 @@ def _saveable(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") else value
 
 
-def _save(folder: Path, payload: dict[str, Any], step: int, keep_last: int) -> Path:
+def save_payload(folder: Path, payload: dict[str, Any], step: int, keep_last: int) -> Path:
     """Write ``payload`` as checkpoint ``step``, the newest in ``folder``; prune the others."""
     folder.mkdir(parents=True, exist_ok=True)
     # A dead writer's temporary file must not take the space this write needs; a failure

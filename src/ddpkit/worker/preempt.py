@@ -7,8 +7,8 @@ ddpkit's templates write; ``scancel --signal=USR2`` does the same by hand)::
     for features, labels in train:
         ...                                # one training step
         if guard.should_stop():            # a collective: True on every rank, or on none
-            ddpkit.save_checkpoint(directory, state, step=step)
-            guard.requeue_and_exit()       # never returns
+            ddpkit.save_checkpoint(directory, state, step=step)  # or async_save_checkpoint
+            guard.requeue_and_exit()       # never returns; waits for a background write
 
 The signal handler only sets a flag. ``should_stop`` turns the flags of all ranks into one
 decision with an ``all_reduce(MAX)`` of one number, so every rank stops after the *same* step
@@ -52,6 +52,7 @@ from ddpkit.cluster.stop.signals import (
 )
 from ddpkit.contract import MAX_REQUEUES_VAR, SIGNAL_VAR
 from ddpkit.errors import ConfigError, UsageError
+from ddpkit.worker import inflight
 from ddpkit.worker.context import current, shutdown
 
 __all__ = [
@@ -147,10 +148,16 @@ class PreemptionGuard:
     def requeue_and_exit(self) -> NoReturn:
         """Requeue this SLURM job from the main rank, then end every rank; never returns.
 
-        Call it on every rank after the checkpoint is saved. Exit code 0 when the job was
-        requeued, :data:`EXIT_STOPPED` (75) otherwise, with the reason printed on the main rank.
+        Call it on every rank after the checkpoint is saved; a checkpoint still written in the
+        background (``async_save_checkpoint``) is waited for first (bounded), and when its
+        write failed every rank raises :class:`~ddpkit.errors.CheckpointError` instead. Exit
+        code 0 when the job was requeued, :data:`EXIT_STOPPED` (75) otherwise, with the reason
+        printed on the main rank.
         """
         context = self._context
+        # A checkpoint still written in the background is complete (or its failure raised on
+        # every rank) before the job is touched; the wait is bounded.
+        inflight.finish(context.world_size if dist.is_initialized() else 1)
         plan = plan_requeue(self._env, self.max_requeues)
         # Every rank ends on its own terms from here: `scontrol requeue` makes SLURM SIGTERM
         # every process of the job at once (SIGKILL still comes after KillWait), and torch's

@@ -1,0 +1,229 @@
+"""The one checkpoint write that may run in the background, and waiting for it, bounded.
+
+:func:`ddpkit.async_save_checkpoint` hands the main rank's write to a thread here and records
+the save on every rank (saves are collectives, so every rank knows whether one is in flight).
+:func:`finish` is the collective that ends it: the main rank waits for its thread (at most
+``timeout_s``), then tells every rank the outcome, and every rank raises
+:class:`CheckpointError` when the write failed or did not finish in time. Every save (sync or
+async), ``PendingCheckpoint.wait()``, ``ddpkit.wait_for_checkpoint()`` and the preemption
+guard's ``requeue_and_exit`` call it first, so at most one write is ever in flight and a new
+checkpoint is never numbered before the previous one is in place. The writer thread runs at a
+lower CPU priority than the training (its own nice value, +10).
+
+At interpreter exit (a safety net for a script that never waited): the main rank waits for a
+write still in flight (bounded), and while the process group lives and no exception ends the
+process, the outcome goes to every rank through the job's store (not a collective: a rank
+exiting must not wait in one its peers never join). When the write failed or timed out, every
+rank that learns it prints the error and exits with code 1 (an exception cannot be raised
+there). After ``ddpkit.shutdown()`` or ``destroy_process_group()`` only the main rank knows:
+wait before you shut down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ddpkit import compat
+from ddpkit.errors import CheckpointError, DdpkitError
+
+__all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
+
+# How long a wait for the write in flight may take before it is an error. Below the collective
+# timeouts (10 min for NCCL, 30 for gloo): the other ranks wait in a collective meanwhile.
+WAIT_TIMEOUT_S = 300.0
+_NICER = 10  # how much lower the writer thread's CPU priority is than the training's
+_ACK_TIMEOUT_S = 30.0  # the main rank keeps the store up this long for the others to read
+# (kind, text, hint): kind "failed" or "timeout"; None when the write succeeded
+_Outcome = tuple[str, str, str | None] | None
+
+
+@dataclass
+class _Write:
+    """One save in flight; ``thread`` only on the main rank."""
+
+    step: int
+    folder: Path
+    timeout_s: float
+    rank: int
+    world_size: int
+    generation: int
+    thread: threading.Thread | None = None
+    path: Path | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _State:
+    pending: _Write | None = None
+    generation: int = 0
+    atexit_registered: bool = False
+
+
+_STATE = _State()
+
+
+def in_flight() -> bool:
+    """True while a save started in the background has not been waited for."""
+    return _STATE.pending is not None
+
+
+def start(
+    step: int,
+    folder: Path,
+    *,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    write: Callable[[], Path] | None,
+) -> _Write:
+    """Record a background save on this rank; run ``write`` in a thread (the main rank's)."""
+    if _STATE.pending is not None:  # the callers finish() first; a bug if not
+        raise RuntimeError("a checkpoint write is still in flight")
+    _STATE.generation += 1
+    pending = _Write(step, folder, timeout_s, rank, world_size, _STATE.generation)
+    if write is not None:
+        pending.thread = threading.Thread(
+            target=_run, args=(pending, write), name=f"ddpkit-checkpoint-{step}", daemon=True
+        )
+        pending.thread.start()
+    else:
+        pending.done.set()
+    _STATE.pending = pending
+    if not _STATE.atexit_registered:  # after init()'s: runs before the group is destroyed
+        atexit.register(_at_exit)
+        _STATE.atexit_registered = True
+    return pending
+
+
+def _run(pending: _Write, write: Callable[[], Path]) -> None:
+    _yield_to_training()
+    try:
+        pending.path = write()
+    except BaseException as error:  # kept for every rank to raise at the next wait
+        pending.error = error
+    finally:
+        pending.done.set()
+
+
+def _yield_to_training() -> None:
+    """Lower this thread's CPU priority (Linux: a thread has its own nice value), so the write
+    takes the CPU the training leaves instead of slowing its steps; while the loop waits for
+    the write, nothing else of this process competes with it. Raising one's nice value needs
+    no privilege; where it fails the write simply keeps the process's priority."""
+    with contextlib.suppress(OSError, AttributeError):
+        thread = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + _NICER)
+        )
+
+
+def finish(world_size: int, *, timeout_s: float | None = None) -> Path | None:
+    """End the save in flight, if any; a collective. Returns its path on the main rank.
+
+    Every rank raises :class:`CheckpointError` when the write failed (the save is over: the
+    checkpoints before it stay the newest) or did not finish within ``timeout_s`` (default:
+    the save's own; it stays in flight, and the next wait waits for it again).
+    """
+    pending = _STATE.pending
+    if pending is None:
+        return None
+    outcome = _outcome(pending, timeout_s) if pending.thread is not None else None
+    if world_size > 1:
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0)
+        outcome = box[0]
+    if outcome is None or outcome[0] == "failed":
+        _STATE.pending = None
+    if outcome is None:
+        return pending.path
+    raise _error(pending, outcome) from pending.error
+
+
+def _outcome(pending: _Write, timeout_s: float | None) -> _Outcome:
+    """The main rank's view of its write, after waiting for it at most ``timeout_s``."""
+    bound = pending.timeout_s if timeout_s is None else timeout_s
+    if not pending.done.wait(bound):
+        return (
+            "timeout",
+            f"the write did not finish within {bound:g} s (still writing in the background)",
+            "pass a larger timeout_s to async_save_checkpoint or wait(), or check the "
+            "filesystem's speed and free space",
+        )
+    error = pending.error
+    if error is None:
+        return None
+    if isinstance(error, DdpkitError):
+        return "failed", error.message, error.hint
+    return "failed", f"{type(error).__name__}: {error}", None
+
+
+def _error(pending: _Write, outcome: tuple[str, str, str | None]) -> CheckpointError:
+    _, text, hint = outcome
+    return CheckpointError(
+        f"the main rank (rank 0) failed to write checkpoint step {pending.step} to "
+        f"{pending.folder} in the background: {text}",
+        hint=hint
+        or f"check that {pending.folder} is (or can be created as) a writable directory with "
+        "enough free space, and that every value in the state can be pickled; the "
+        "checkpoints written before it are untouched",
+    )
+
+
+# --- at exit -----------------------------------------------------------------------------------
+
+
+def _at_exit() -> None:
+    pending = _STATE.pending
+    if pending is None:
+        return
+    _STATE.pending = None
+    outcome = _outcome(pending, None) if pending.thread is not None else None
+    crashed = getattr(sys, "last_value", None) is not None  # an uncaught exception ends us
+    if pending.world_size > 1 and not crashed and dist.is_available() and dist.is_initialized():
+        outcome = _share_at_exit(pending, outcome)
+    if outcome is not None:
+        print(f"ddpkit: error: {_error(pending, outcome)}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        _end_failed()
+
+
+def _share_at_exit(pending: _Write, outcome: _Outcome) -> _Outcome:
+    """The main rank's outcome on every rank, through the store (bounded waits)."""
+    store = compat.default_store()
+    key = f"ddpkit/checkpoint-write/{pending.generation}"
+    try:
+        if pending.rank == 0:
+            store.set(key, "" if outcome is None else "\0".join([*outcome[:2], outcome[2] or ""]))
+            deadline = time.monotonic() + _ACK_TIMEOUT_S  # keep the store up while they read
+            while store.add(f"{key}/read", 0) < pending.world_size - 1:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            return outcome
+        store.wait([key], timedelta(seconds=pending.timeout_s + _ACK_TIMEOUT_S))
+        text = store.get(key).decode()
+        store.add(f"{key}/read", 1)
+    except Exception as error:  # a store gone with the main rank: say so, do not hang
+        return "failed", f"its outcome could not be read at exit ({error})", None
+    if not text:
+        return None
+    kind, message, hint = text.split("\0")
+    return kind, message, hint or None
+
+
+def _end_failed() -> None:
+    """Exit with code 1 from an atexit handler (raising there would not change the status)."""
+    sys.stderr.flush()
+    os._exit(1)
