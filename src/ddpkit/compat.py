@@ -13,6 +13,8 @@ against the installed version and names that version when one has moved.
     run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
     error file "message" keys      torch       the root cause's traceback from ``@record`` files
     c10d._get_default_store        torch       the peer watchdog's own store connection
+    ProcessGroup._get_sequence_    torch       the hang report numbers collectives as torch
+      number_for_group                         (and its flight recorder) does
     rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
       machine_hostname                         whether this node hosts the c10d store
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
@@ -58,6 +60,7 @@ __all__ = [
     "COMPILED_ATTRIBUTE",
     "compiled_inner",
     "default_store",
+    "group_sequence",
     "launch_config_from_args",
     "matches_machine_hostname",
     "recorded_traceback",
@@ -176,6 +179,18 @@ def default_store() -> Store:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def group_sequence(group: Any) -> int | None:
+    """The number of collectives torch has issued on ``group`` (the default group when None),
+    the counter its flight recorder calls ``collective_seq_id``; None where torch has none."""
+    try:
+        import torch.distributed as dist
+
+        pg = group if group is not None else dist.group.WORLD
+        return int(pg._get_sequence_number_for_group())
+    except Exception:
+        return None
 
 
 def matches_machine_hostname(host: str) -> bool:

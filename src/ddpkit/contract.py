@@ -28,6 +28,8 @@ __all__ = [
     "COLLECTIVE_TIMEOUT_VAR",
     "CONNECT_TIMEOUT_VAR",
     "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_HANG_FIRST_TIMEOUT_S",
+    "DEFAULT_HANG_TIMEOUT_S",
     "DEFAULT_HOME",
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_PEER_TIMEOUT_S",
@@ -35,6 +37,8 @@ __all__ = [
     "ENDPOINT_MODULE",
     "ENVIRONMENT",
     "EXPECTED_WORLD_SIZE_VAR",
+    "HANG_FIRST_TIMEOUT_VAR",
+    "HANG_TIMEOUT_VAR",
     "HOME_VAR",
     "HOST_TEMPLATE_VAR",
     "JOB_LAUNCH_VAR",
@@ -67,6 +71,10 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 60.0
 COLLECTIVE_TIMEOUT_VAR: Final = "DDPKIT_COLLECTIVE_TIMEOUT"  # default: torch's own
 PEER_TIMEOUT_VAR: Final = "DDPKIT_PEER_TIMEOUT"
 DEFAULT_PEER_TIMEOUT_S: Final = 60.0
+HANG_TIMEOUT_VAR: Final = "DDPKIT_HANG_TIMEOUT"
+DEFAULT_HANG_TIMEOUT_S: Final = 180.0
+HANG_FIRST_TIMEOUT_VAR: Final = "DDPKIT_HANG_FIRST_TIMEOUT"
+DEFAULT_HANG_FIRST_TIMEOUT_S: Final = 900.0
 PROGRESS_VAR: Final = "DDPKIT_PROGRESS"
 LOG_ALL_RANKS_VAR: Final = "DDPKIT_LOG_ALL_RANKS"
 HOME_VAR: Final = "DDPKIT_HOME"
@@ -141,6 +149,24 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "The watchdog's bound in seconds: when a peer has exited, died or frozen and this "
         "rank stays blocked that long, it ends with a line naming the peer. `0` or `off` "
         "turns the watchdog off; `init(peer_timeout_s=)` wins over it.",
+    ),
+    EnvVar(
+        HANG_TIMEOUT_VAR,
+        "you",
+        f"{DEFAULT_HANG_TIMEOUT_S:g} s",
+        "The hang watchdog's per-collective bound in seconds, once the job is past its first "
+        "step: a rank in one collective that long (every rank alive) gathers every rank's "
+        "stack and last collectives, names the stuck rank in one report and ends the job. "
+        "Grows with the world size past 64 ranks (x log2(world)/6). `0` or `off` turns it "
+        "off, with the rank-0-only collective guard; `init(hang_timeout_s=)` wins over it.",
+    ),
+    EnvVar(
+        HANG_FIRST_TIMEOUT_VAR,
+        "you",
+        f"{DEFAULT_HANG_FIRST_TIMEOUT_S:g} s",
+        "The hang watchdog's bound before the job's first step (until a collective's call "
+        "site comes round again): generous, so that ranks may wait while rank 0 prepares "
+        "data. Never below the other bound; `init(hang_first_timeout_s=)` wins over it.",
     ),
     EnvVar(
         PROGRESS_VAR,

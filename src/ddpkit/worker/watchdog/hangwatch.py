@@ -1,0 +1,187 @@
+"""The hang watchdog's moving part: notice a collective past its bound, gather, report.
+
+Run by the watchdog thread each interval (:meth:`HangWatch.check`); the store thread answers
+an ask with :meth:`HangWatch.piece`. The first rank whose collective passes the bound claims
+the report (``hang/claim``), asks every rank for its piece, waits for them (a bounded
+gathering time), writes the report to the store, prints it when it is rank 0 and writes it to
+the job's log folder. Every rank that sees the report ends: rank 0 prints it (the one report
+of the job), the others one line pointing to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ddpkit.worker.watchdog.hang import REPORT_FILE, HangBounds, report
+from ddpkit.worker.watchdog.record import Record
+from ddpkit.worker.watchdog.store import StoreLink
+
+_CALL_WAIT_S = 5.0  # one store operation of the gathering, at most
+_LOADER = os.path.join("torch", "utils", "data", "")
+
+
+class HangWatch:
+    def __init__(
+        self,
+        link: StoreLink,
+        record: Record,
+        bounds: HangBounds,
+        *,
+        main: threading.Thread,
+        clock: Callable[[], float],
+        interval_s: float,
+        report_dir: str | None,
+    ) -> None:
+        self._link, self.record, self.bounds = link, record, bounds
+        self._main, self._clock, self._interval_s = main, clock, interval_s
+        self._report_dir = report_dir
+        self._claimed = False
+        self.report_path: str | None = None
+        link.piece = self.piece
+
+    def gather_s(self) -> float:
+        """How long the gatherer waits for the pieces: every rank polls once an interval."""
+        return max(3.0, 3 * self._interval_s + 1.0)
+
+    # the store thread
+
+    def piece(self) -> dict[str, Any]:
+        """This rank's answer: host, pid, main thread's stack, its collectives."""
+        now = self._clock()
+        running = self.record.running()
+        last = self.record.last()
+        stack = _stack(self._main)
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "stack": stack,
+            "at": _program_frame(stack),
+            "running": running[0].as_dict(now) if running else None,
+            "last": last.as_dict(now) if last is not None else None,
+            "tail": [call.as_dict(now) for call in self.record.calls()[-4:-1]],
+            "loader": _loader_pids(stack),
+        }
+
+    # the watchdog thread
+
+    def check(self, now: float) -> str | None:
+        """The report when this rank must end now (it saw one, or made one), else None."""
+        with contextlib.suppress(Exception):
+            seen = self._link.hang_report
+            if seen is not None:
+                return seen
+        if self._claimed:
+            return None
+        running = self.record.running()
+        if not running:
+            return None
+        past = self.record.past_first_step
+        waited_s = now - running[0].entered_at
+        if waited_s < self.bounds.bound(past):
+            return None
+        self._claimed = True
+        won = self._on_store(lambda: self._link.claim_hang({"by": self._link.rank}))
+        if not won:
+            return None  # another rank gathers; its report comes through the store
+        return self._gather(waited_s, self.bounds.which(past))
+
+    def _gather(self, waited_s: float, bound: str) -> str:
+        link = self._link
+        deadline = self._clock() + self.gather_s()
+        while self._clock() < deadline:
+            count = self._on_store(link.answered)
+            if count is not None and count >= link.world_size:
+                break
+            time.sleep(0.1)
+        pieces = self._on_store(link.pieces) or {}
+        text = report(pieces, link.world_size, waited_s, bound, link.rank)
+        self.report_path = self._write(text)
+        if self.report_path:
+            text += f"\nddpkit: this report is also in {self.report_path}"
+        self._on_store(lambda: link.publish_report(text))
+        return text
+
+    def _on_store(self, work: Callable[[], Any]) -> Any:
+        box: list[Any] = []
+        self._link.call(lambda: box.append(work()), _CALL_WAIT_S)
+        return box[0] if box else None
+
+    def _write(self, text: str) -> str | None:
+        """The report in the job's log folder, when it has one."""
+        if not self._report_dir:
+            return None
+        path = os.path.join(self._report_dir, REPORT_FILE)
+        try:
+            os.makedirs(self._report_dir, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(text + "\n")
+        except OSError:
+            return None
+        return path
+
+
+def report_dir(env: Mapping[str, str]) -> str | None:
+    """Where the report goes besides stderr: under ``ddpkit run`` (and torchrun), the attempt's
+    log folder, beside the workers' error files, where the launcher's summary finds it."""
+    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
+    if error_file and os.path.isabs(error_file):
+        return os.path.dirname(os.path.dirname(error_file))
+    return None
+
+
+def _stack(thread: threading.Thread) -> list[list[Any]]:
+    """The thread's stack as [file, line, function, code] rows, outermost first, without
+    ddpkit's own wrapper frames."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return []
+    try:
+        summary = traceback.extract_stack(frame)
+    finally:
+        del frame
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [
+        [entry.filename, entry.lineno, entry.name, (entry.line or "").strip()]
+        for entry in summary
+        if not entry.filename.startswith(here)
+    ]
+
+
+def _program_frame(stack: list[list[Any]]) -> list[Any] | None:
+    """The innermost frame of the program itself (not torch's, ddpkit's or the standard
+    library's)."""
+    import torch
+
+    foreign = tuple(
+        os.path.join(os.path.dirname(path), "")
+        for path in (os.__file__, torch.__file__, os.path.dirname(os.path.dirname(__file__)))
+    )
+    for filename, line, function, code in reversed(stack):
+        if filename.startswith("<") or os.path.abspath(filename).startswith(foreign):
+            continue
+        return [_short(filename), line, function, code]
+    return None
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 2 else path
+
+
+def _loader_pids(stack: list[list[Any]]) -> str | None:
+    """The pids of this rank's data loader workers when its main thread waits for them."""
+    if not any(_LOADER in str(row[0]) for row in stack):
+        return None
+    with contextlib.suppress(Exception):
+        pids = [str(child.pid) for child in multiprocessing.active_children()]
+        return ", ".join(pids) or "none alive"
+    return None

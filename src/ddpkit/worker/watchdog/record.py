@@ -1,0 +1,248 @@
+"""ddpkit's own record of the collectives this process calls: what a hang report quotes.
+
+While a hang watchdog runs, the collectives of ``torch.distributed`` (``all_reduce``,
+``barrier``, ``broadcast_object_list``, ...) are replaced, in ``torch.distributed`` and in
+``torch.distributed.distributed_c10d``, by thin wrappers that note each call on entry and on
+return: the op, the group's sequence number (torch's own counter, the number its flight
+recorder shows; ddpkit's count where torch has none), the first tensor's shape and dtype, the
+group, the caller's file and line, and the monotonic times. A call made from inside another
+(``broadcast_object_list`` calling ``broadcast``) is the outer one's business and is not noted.
+Only the last :data:`TAIL` calls are kept. ``uninstall`` puts torch's functions back.
+
+Not seen: collectives torch issues from C++ (DDP's gradient all-reduces) and code that bound a
+function before the watchdog started (``from torch.distributed import all_reduce`` at import):
+the report then rests on the stacks alone.
+
+The phase: a job is past its first step once a call site comes round a second time (the loop
+has turned); until then the generous first bound applies (see :mod:`.hang`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TAIL = 16
+# The collectives every rank of a group must call alike (point-to-point ops are not here).
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "monitored_barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+)
+
+
+@dataclass
+class Call:
+    """One collective this process entered; ``left_at`` is None while it runs."""
+
+    op: str
+    seq: int | None  # the group's sequence number of this call (1 = its first)
+    group: str
+    group_size: int
+    sizes: str
+    site: str  # "train.py:88"
+    thread: int
+    entered_at: float
+    left_at: float | None = None
+
+    def describe(self) -> str:
+        """``all_reduce #12 [1024] float32 on default_pg at train.py:88``."""
+        number = f" #{self.seq}" if self.seq is not None else ""
+        sizes = f" {self.sizes}" if self.sizes else ""
+        return f"{self.op}{number}{sizes} on {self.group} at {self.site}"
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "seq": self.seq,
+            "group": self.group,
+            "group_size": self.group_size,
+            "sizes": self.sizes,
+            "site": self.site,
+            "age_s": round(now - self.entered_at, 3),
+            "running": self.left_at is None,
+        }
+
+
+class Record:
+    """The calls of this process; written by the calling threads, read by the watchdog."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sequence: Callable[[Any], int | None] | None = None,
+        before_call: Callable[[str, Any], None] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._sequence = sequence  # the group's torch counter (before the call), if any
+        self._before = before_call  # the rank-0 guard: may raise instead of calling
+        self._lock = threading.Lock()
+        self._tail: deque[Call] = deque(maxlen=TAIL)
+        self._running: dict[int, Call] = {}
+        self._counts: dict[str, int] = {}
+        self._sites: set[str] = set()
+        self._local = threading.local()
+        self.past_first_step = False
+
+    def calls(self) -> list[Call]:
+        with self._lock:
+            return list(self._tail)
+
+    def running(self) -> list[Call]:
+        """The calls entered and not returned, oldest first."""
+        with self._lock:
+            return sorted(self._running.values(), key=lambda call: call.entered_at)
+
+    def last(self) -> Call | None:
+        with self._lock:
+            return self._tail[-1] if self._tail else None
+
+    def wrap(self, op: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` noting each outermost call in this record."""
+
+        @functools.wraps(function)
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            local = self._local
+            if getattr(local, "depth", 0):
+                return function(*args, **kwargs)
+            group = kwargs.get("group")
+            if group is None:
+                group = next((a for a in args if type(a).__name__ == "ProcessGroup"), None)
+            if self._before is not None:
+                self._before(op, group)
+            call = self._enter(op, group, args, sys._getframe(1))
+            local.depth = 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                local.depth = 0
+                self._leave(call)
+
+        noted.__ddpkit_noted__ = True  # type: ignore[attr-defined]
+        return noted
+
+    def _enter(self, op: str, group: Any, args: tuple[Any, ...], caller: Any) -> Call:
+        name, size = _group_of(group)
+        site = f"{_short(caller.f_code.co_filename)}:{caller.f_lineno}"
+        del caller
+        before = self._sequence(group) if self._sequence is not None else None
+        with self._lock:
+            count = self._counts.get(name, 0) + 1
+            self._counts[name] = count
+            seq = count if before is None else before + 1
+            call = Call(
+                op, seq, name, size, _sizes(args), site, threading.get_ident(), self._clock()
+            )
+            if site in self._sites:
+                self.past_first_step = True
+            self._sites.add(site)
+            self._running[call.thread] = call
+            self._tail.append(call)
+        return call
+
+    def _leave(self, call: Call) -> None:
+        with self._lock:
+            call.left_at = self._clock()
+            if self._running.get(call.thread) is call:
+                del self._running[call.thread]
+
+
+def _short(path: str) -> str:
+    """The last two parts of a path: enough to find the file, short enough to read."""
+    parts = path.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 2 else path
+
+
+def _group_of(group: Any) -> tuple[str, int]:
+    """The group's name and size; the default group when ``group`` is None."""
+    try:
+        import torch.distributed as dist
+
+        pg = group if group is not None else dist.group.WORLD
+        if pg is None:
+            return "default_pg", 0
+        name = "default_pg" if group is None else str(getattr(pg, "group_name", "") or "group")
+        return name, int(pg.size())
+    except Exception:
+        return "group", 0
+
+
+def _sizes(args: tuple[Any, ...]) -> str:
+    """The first argument's shape and dtype (``[1024] float32``), ``3 x [8] float32`` for a
+    list of tensors, ``3 objects`` for a list of other things; else ""."""
+    if not args:
+        return ""
+    first = args[0]
+    shape = getattr(first, "shape", None)
+    if shape is not None:
+        return f"{list(shape)} {str(getattr(first, 'dtype', '')).removeprefix('torch.')}"
+    if isinstance(first, list) and first:
+        inner = _sizes((first[0],))
+        return f"{len(first)} x {inner}" if inner else f"{len(first)} objects"
+    return ""
+
+
+# --- installing it in torch.distributed ---------------------------------------------------------
+
+
+@dataclass
+class _Installed:
+    record: Record
+    originals: dict[tuple[str, str], Any]
+
+
+_INSTALLED: list[_Installed] = []
+
+
+def install(record: Record) -> None:
+    """Replace torch's collectives by ``record``'s wrappers (replacing any earlier record)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    uninstall()
+    originals: dict[tuple[str, str], Any] = {}
+    for op in COLLECTIVES:
+        function = getattr(distributed_c10d, op, None)
+        if function is None or getattr(function, "__ddpkit_noted__", False):
+            continue
+        noted = record.wrap(op, function)
+        for module in (dist, distributed_c10d):
+            if getattr(module, op, None) is function:
+                originals[(module.__name__, op)] = function
+                setattr(module, op, noted)
+    _INSTALLED.append(_Installed(record, originals))
+
+
+def uninstall() -> None:
+    """Put back torch's functions where ddpkit's wrappers still stand."""
+    while _INSTALLED:
+        installed = _INSTALLED.pop()
+        for (module_name, op), function in installed.originals.items():
+            module = sys.modules.get(module_name)
+            if module is not None and getattr(getattr(module, op, None), "__ddpkit_noted__", False):
+                setattr(module, op, function)
+
+
+def installed() -> Record | None:
+    return _INSTALLED[-1].record if _INSTALLED else None
