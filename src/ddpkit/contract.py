@@ -38,6 +38,7 @@ __all__ = [
     "ENVIRONMENT",
     "EXPECTED_WORLD_SIZE_VAR",
     "HANG_FIRST_TIMEOUT_VAR",
+    "HANG_REPORT_FILE",
     "HANG_TIMEOUT_VAR",
     "HOME_VAR",
     "HOST_TEMPLATE_VAR",
@@ -75,6 +76,8 @@ HANG_TIMEOUT_VAR: Final = "DDPKIT_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT_S: Final = 180.0
 HANG_FIRST_TIMEOUT_VAR: Final = "DDPKIT_HANG_FIRST_TIMEOUT"
 DEFAULT_HANG_FIRST_TIMEOUT_S: Final = 900.0
+# the hang watchdog's report, in the attempt's log folder of `ddpkit run`: the launcher quotes it
+HANG_REPORT_FILE: Final = "ddpkit-hang-report.txt"
 PROGRESS_VAR: Final = "DDPKIT_PROGRESS"
 LOG_ALL_RANKS_VAR: Final = "DDPKIT_LOG_ALL_RANKS"
 HOME_VAR: Final = "DDPKIT_HOME"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from ddpkit.worker import watchdog
 from ddpkit.worker.watchdog import hang
 from ddpkit.worker.watchdog import record as calls
 from ddpkit.worker.watchdog.guard import RankZeroGuard, is_rank_zero_test
-from tests.support.spawned import Rank, running, spawn
+from tests.support.spawned import Rank, child_env, running, spawn
 
 HOST = socket.gethostname()
 SLACK_S = 30.0
@@ -415,3 +417,45 @@ def test_the_report_lands_in_the_attempt_folder_of_a_launcher(tmp_path: Path) ->
         tmp_path / "run_x" / "attempt_0"
     )
     assert report_dir({}) is None
+
+
+def test_the_launchers_summary_quotes_the_report_it_finds(tmp_path: Path) -> None:
+    from ddpkit.contract import HANG_REPORT_FILE
+    from ddpkit.launch.report import LaunchOutcome, WorkerFailure
+
+    root = WorkerFailure(rank=1, local_rank=1, host="n1", pid=42, exit_code=1)
+    outcome = LaunchOutcome(1, root, log_dir=str(tmp_path))
+    assert "the job hung" not in outcome.describe()  # no report: the usual summary
+    (tmp_path / HANG_REPORT_FILE).write_text("ddpkit: hang: rank 1 ...\nddpkit: stack of rank 1\n")
+    lines = outcome.describe().splitlines()
+    assert lines[:4] == [
+        "ddpkit: worker failed (root cause): rank 1 (local rank 1) on n1: exit code 1",
+        f"ddpkit: the job hung; the hang watchdog's report (from {tmp_path / HANG_REPORT_FILE}):",
+        "  ddpkit: hang: rank 1 ...",
+        "  ddpkit: stack of rank 1",
+    ]
+
+
+@pytest.mark.multiproc
+def test_ddpkit_run_quotes_the_report_in_its_summary(worker: Path) -> None:
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "3", str(worker)]
+    env = child_env(DDPKIT_PEER_TIMEOUT="3", **BOUNDS)
+    done = subprocess.run(
+        [*command, "--case", "sleep"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    pids = {
+        int(r): int(p) for r, p in re.findall(r"^\[rank\d\]: pid (\d) (\d+)$", done.stdout, re.M)
+    }
+    assert sorted(pids) == [0, 1, 2], done.stdout
+    assert [pid for pid in pids.values() if running(pid)] == []
+    assert done.returncode == 1, done.stderr[-3000:]
+    summary = done.stderr[done.stderr.index("ddpkit: worker failed (root cause)") :]
+    found = re.search(r"the hang watchdog's report \(from (\S+)\):", summary)
+    assert found and Path(found.group(1)).name == "ddpkit-hang-report.txt", summary
+    assert f"  ddpkit: hang: rank 1 (host {HOST}, pid {pids[1]}) is in " in summary
+    assert Path(found.group(1)).read_text().startswith(f"ddpkit: hang: rank 1 (host {HOST}")

@@ -29,7 +29,6 @@ from ddpkit.contract import (
     HANG_TIMEOUT_VAR,
 )
 
-REPORT_FILE = "ddpkit-hang-report.txt"
 _STACK_FRAMES = 14  # the innermost frames of each stack in the report
 
 

@@ -21,7 +21,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddpkit.worker.watchdog.hang import REPORT_FILE, HangBounds, report
+from ddpkit.contract import HANG_REPORT_FILE
+from ddpkit.worker.watchdog.hang import HangBounds, report
 from ddpkit.worker.watchdog.record import Record
 from ddpkit.worker.watchdog.store import StoreLink
 
@@ -45,7 +46,6 @@ class HangWatch:
         self._main, self._clock, self._interval_s = main, clock, interval_s
         self._report_dir = report_dir
         self._claimed = False
-        self.report_path: str | None = None
         link.piece = self.piece
 
     def gather_s(self) -> float:
@@ -104,9 +104,6 @@ class HangWatch:
             time.sleep(0.1)
         pieces = self._on_store(link.pieces) or {}
         text = report(pieces, link.world_size, waited_s, bound, link.rank)
-        self.report_path = self._write(text)
-        if self.report_path:
-            text += f"\nddpkit: this report is also in {self.report_path}"
         self._on_store(lambda: link.publish_report(text))
         return text
 
@@ -115,16 +112,21 @@ class HangWatch:
         self._link.call(lambda: box.append(work()), _CALL_WAIT_S)
         return box[0] if box else None
 
-    def _write(self, text: str) -> str | None:
-        """The report in the job's log folder, when it has one."""
+    def write(self, text: str) -> str | None:
+        """The report in this rank's log folder, when it has one (every rank writes it, so
+        that each node's launcher finds it; whole, through a rename); its path."""
         if not self._report_dir:
             return None
-        path = os.path.join(self._report_dir, REPORT_FILE)
+        path = os.path.join(self._report_dir, HANG_REPORT_FILE)
+        partial = f"{path}.{os.getpid()}.partial"
         try:
             os.makedirs(self._report_dir, exist_ok=True)
-            with open(path, "w", encoding="utf-8") as out:
+            with open(partial, "w", encoding="utf-8") as out:
                 out.write(text + "\n")
+            os.replace(partial, path)
         except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
             return None
         return path
 

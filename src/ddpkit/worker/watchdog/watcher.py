@@ -124,13 +124,15 @@ class Watchdog:
     def _end_for_hang(self, text: str) -> None:
         """Rank 0 prints the report, the others a line pointing to it; then leave and exit."""
         self.ending = True
+        path = self.hangs.write(text) if self.hangs is not None else None
+        also = f" and in {path}" if path else ""
         if self.rank == 0:
-            write_stderr(text + "\n")
+            write_stderr(text + (f"\nddpkit: this report is also in {path}" if path else "") + "\n")
         else:
             head = text.splitlines()[0]
             write_stderr(
                 f"ddpkit: rank {self.rank} ends: the hang watchdog's report is on rank 0's "
-                f"stderr; its first line: {head}\n"
+                f"stderr{also}; its first line: {head}\n"
             )
         self._stopped = True
         if self._link.store_departure(self._clock()) is None:
