@@ -162,6 +162,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "stack and last collectives, names the stuck rank in one report and ends the job. "
         "Grows with the world size past 64 ranks (x log2(world)/6). `0` or `off` turns it "
         "off, with the rank-0-only collective guard; `init(hang_timeout_s=)` wins over it.",
+        "set hang_timeout_s instead",
     ),
     EnvVar(
         HANG_FIRST_TIMEOUT_VAR,
@@ -170,6 +171,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "The hang watchdog's bound before the job's first step (until a collective's call "
         "site comes round again): generous, so that ranks may wait while rank 0 prepares "
         "data. Never below the other bound; `init(hang_first_timeout_s=)` wins over it.",
+        "set hang_first_timeout_s instead",
     ),
     EnvVar(
         PROGRESS_VAR,

@@ -87,6 +87,8 @@ def test_defaults(tmp_path: Path) -> None:
         "signal": "USR2",
         "signal_delay_s": None,
         "max_requeues": 10,
+        "hang_timeout_s": None,
+        "hang_first_timeout_s": None,
         "sweep": None,
     }
     assert job.warning_s == 120
@@ -254,6 +256,9 @@ ERRORS: list[tuple[dict[str, Any], list[str]]] = [
     ({"signal_delay_s": 3600}, ["signal_delay_s=3600: is not shorter than the time limit"]),
     ({"time_min": 2, "signal_delay_s": 120}, ["time_min=2, 120 s", "e.g. signal_delay_s: 60"]),
     ({"max_requeues": -1}, ["max_requeues=-1: "]),
+    ({"hang_timeout_s": -1}, ["hang_timeout_s=-1: ", "e.g. hang_timeout_s: 300"]),
+    ({"hang_first_timeout_s": 0}, ["hang_first_timeout_s=0: ", "hang_first_timeout_s: 1800"]),
+    ({"env": {"DDPKIT_HANG_TIMEOUT": "5"}}, ["env.DDPKIT_HANG_TIMEOUT", "set hang_timeout_s"]),
     ({"max_requeues": "3"}, ["max_requeues='3': ", "e.g. max_requeues: 10"]),
     ({"setup": ["ok", 3]}, ["setup[1]=3: is not a string"]),
     ({"setup": ["ok", "bad\x00"]}, ["setup[1]='bad\\x00': contains a NUL"]),

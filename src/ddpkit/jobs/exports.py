@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from ddpkit.contract import (
     EXPECTED_WORLD_SIZE_VAR,
+    HANG_FIRST_TIMEOUT_VAR,
+    HANG_TIMEOUT_VAR,
     HOST_TEMPLATE_VAR,
     JOB_LAUNCH_VAR,
     MAX_REQUEUES_VAR,
@@ -42,4 +44,8 @@ def exports(spec: JobSpec, *, launch: str | None = None) -> dict[str, str]:
     if spec.signal is not None:
         values[SIGNAL_VAR] = spec.signal
     values[MAX_REQUEUES_VAR] = str(spec.max_requeues)
+    if spec.hang_timeout_s is not None:
+        values[HANG_TIMEOUT_VAR] = f"{spec.hang_timeout_s:g}"
+    if spec.hang_first_timeout_s is not None:
+        values[HANG_FIRST_TIMEOUT_VAR] = f"{spec.hang_first_timeout_s:g}"
     return values
