@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from ddpkit import compat
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker import watchdog
 from ddpkit.worker.watchdog import hang
@@ -190,7 +191,13 @@ def test_no_rank_in_a_collective_names_nobody() -> None:
 def test_identical_stacks_are_grouped_the_largest_group_last() -> None:
     pieces = {r: _piece(r, _call("all_reduce", 8)) for r in range(4)}
     pieces[2] = _piece(2, None, at="train.py:88")
+    pieces[2]["torch"] = [
+        {"op": "gloo:all_reduce", "seq": 8, "group": "default_pg", "sizes": [[4]], "state": "x"}
+    ]
     text = hang.report(pieces, 4, 5.0, "b", reporter=0)
+    assert (
+        "\n    torch's flight recorder, last: gloo:all_reduce #8 [[4]] on default_pg (x)\n" in text
+    )
     stacks = [line for line in text.splitlines() if line.startswith("ddpkit: stack of")]
     assert stacks == [
         "ddpkit: stack of rank 2 (main thread, innermost last):",
@@ -357,6 +364,8 @@ def test_a_rank_sleeping_before_a_collective_is_named(worker: Path, stuck: int) 
     assert "bound: DDPKIT_HANG_TIMEOUT=3)" in report.splitlines()[0]
     assert f"ddpkit: stack of rank {stuck} (main thread, innermost last):" in report
     assert f"ddpkit: stack of {waiters} (main thread, innermost last):" in report
+    if compat.flight_recorder_tail(1) is not None:  # torch 2.13 keeps one for gloo
+        assert "torch's flight recorder, last: gloo:all_reduce #" in report
 
 
 @pytest.mark.multiproc

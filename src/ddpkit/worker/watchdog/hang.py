@@ -7,6 +7,10 @@ than the bound asks every rank, over the store, for its piece: its main thread's
 tail of its collective record (:mod:`.record`); the pieces are grouped by identical stacks and
 the rank(s) not where the majority waits are named, in one report.
 
+Where torch keeps a flight recorder (gloo and NCCL in torch 2.13), each rank's last entries are
+quoted too: it also sees the collectives torch issues from C++ (DDP's gradient all-reduces),
+which ddpkit's own record cannot.
+
 Two bounds, as torchtitan has: until the job is past its first step (a collective call site
 came round a second time) the generous ``DDPKIT_HANG_FIRST_TIMEOUT`` (data preparation on rank
 0 while the others wait at a barrier must still work), then ``DDPKIT_HANG_TIMEOUT``, which grows
@@ -150,6 +154,13 @@ def _state(piece: Mapping[str, Any]) -> tuple[str, ...]:
     return ("out",)
 
 
+def _torch_entry(entry: Mapping[str, Any]) -> str:
+    """``gloo:all_reduce #6 [[4]] on default_pg (scheduled)``."""
+    sizes = f" {entry['sizes']}" if entry.get("sizes") else ""
+    where = f"on {entry.get('group')} ({entry.get('state')})"
+    return f"{entry.get('op')} #{entry.get('seq')}{sizes} {where}"
+
+
 def _who(ranks: Sequence[int], pieces: Mapping[int, Mapping[str, Any]]) -> str:
     if len(ranks) == 1:
         piece = pieces[ranks[0]]
@@ -248,6 +259,10 @@ def report(
             continue
         tail = ", ".join(_call_text(call).split(" at ")[0] for call in piece.get("tail", [])[-3:])
         lines.append(f"  {_who([rank], pieces)} {_doing(piece)}; before: {tail or 'none'}")
+        recorded = piece.get("torch")
+        if recorded:
+            entries = ", ".join(_torch_entry(entry) for entry in recorded)
+            lines.append(f"    torch's flight recorder, last: {entries}")
     for ranks, stack in stack_groups(pieces):
         lines.append(f"ddpkit: stack of {ranks_text(ranks)} (main thread, innermost last):")
         lines += stack or ["  (no stack)"]

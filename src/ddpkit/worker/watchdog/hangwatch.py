@@ -21,6 +21,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ddpkit.compat import flight_recorder_tail
 from ddpkit.contract import HANG_REPORT_FILE
 from ddpkit.worker.watchdog.hang import HangBounds, report
 from ddpkit.worker.watchdog.record import Record
@@ -69,6 +70,7 @@ class HangWatch:
             "last": last.as_dict(now) if last is not None else None,
             "tail": [call.as_dict(now) for call in self.record.calls()[-4:-1]],
             "loader": _loader_pids(stack),
+            "torch": flight_recorder_tail(2),
         }
 
     # the watchdog thread
