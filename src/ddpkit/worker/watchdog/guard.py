@@ -25,7 +25,7 @@ from typing import Any
 
 from ddpkit.errors import UsageError
 
-_MAX_FRAMES = 12
+_MAX_FRAMES = 8
 _RANK_ZERO_FLAGS = ("is_main", "is_main_process", "is_global_zero", "is_rank_zero", "is_master")
 _RANK_NAMES = ("rank", "global_rank", "get_rank", "get_global_rank", "process_index")
 
@@ -106,44 +106,50 @@ def _enclosing(filename: str, line: int) -> tuple[int, str] | None:
     return first[2], first[3]
 
 
+_CACHE_MAX = 65536
+
+
 class RankZeroGuard:
-    """Called before each collective on rank 0; raises inside rank-0-only code."""
+    """Called before each collective; raises inside rank-0-only code. One dictionary look-up
+    per calling frame (by code object and line), a parse the first time a file is seen."""
 
     def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
         self._foreign = _foreign_roots()
-        self._mine: dict[str, bool] = {}
+        # (id of a code object, line) -> (the code object, the answer); the code object is
+        # compared too, since an id may be reused once a code object is gone
+        self._seen: dict[tuple[int, int], tuple[object, tuple[int, str] | None]] = {}
 
     def _is_program(self, filename: str) -> bool:
-        known = self._mine.get(filename)
-        if known is None:
-            known = not filename.startswith("<") and not os.path.abspath(filename).startswith(
-                self._foreign
-            )
-            self._mine[filename] = known
-        return known
+        return not filename.startswith("<") and not os.path.abspath(filename).startswith(
+            self._foreign
+        )
+
+    def _lookup(self, filename: str, line: int) -> tuple[int, str] | None:
+        return _enclosing(filename, line) if self._is_program(filename) else None
 
     def __call__(self, op: str, group: Any) -> None:
-        if group is not None and not _is_world(group):  # a subgroup: its ranks may differ
-            return
+        if group is not None and group is not self._dist.group.WORLD:
+            return  # a subgroup: its rank 0 may well call collectives with its peers
+        seen = self._seen
         frame: FrameType | None = sys._getframe(2)
         try:
             for _ in range(_MAX_FRAMES):
                 if frame is None:
                     return
-                filename = frame.f_code.co_filename
-                if self._is_program(filename):
-                    found = _enclosing(filename, frame.f_lineno)
-                    if found is not None:
-                        raise _error(op, frame, found)
+                code, line = frame.f_code, frame.f_lineno
+                entry = seen.get((id(code), line))
+                if entry is None or entry[0] is not code:
+                    if len(seen) >= _CACHE_MAX:
+                        seen.clear()
+                    entry = seen[(id(code), line)] = (code, self._lookup(code.co_filename, line))
+                if entry[1] is not None:
+                    raise _error(op, frame, entry[1])
                 frame = frame.f_back
         finally:
             del frame
-
-
-def _is_world(group: Any) -> bool:
-    import torch.distributed as dist
-
-    return group is dist.group.WORLD
 
 
 def _error(op: str, frame: FrameType, block: tuple[int, str]) -> UsageError:

@@ -51,32 +51,50 @@ COLLECTIVES = (
 )
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class Call:
-    """One collective this process entered; ``left_at`` is None while it runs."""
+    """One collective this process entered; ``left_at`` is None while it runs. Noted raw (the
+    group object, the first argument's shape and dtype, the caller's file and line) and
+    formatted only when a report asks: noting costs about a microsecond."""
 
     op: str
     seq: int | None  # the group's sequence number of this call (1 = its first)
-    group: str
-    group_size: int
-    sizes: str
-    site: str  # "train.py:88"
+    group: Any  # the ProcessGroup; None: the default group
+    shape: Any  # the first argument's shape; (count, shape) for a list
+    dtype: Any
+    filename: str
+    line: int
     thread: int
     entered_at: float
     left_at: float | None = None
+
+    @property
+    def site(self) -> str:
+        return f"{_short(self.filename)}:{self.line}"
+
+    @property
+    def sizes(self) -> str:
+        """``[1024] float32``, ``3 x [8] float32`` for a list of tensors, ``3 objects``."""
+        dtype = str(self.dtype).removeprefix("torch.") if self.dtype is not None else ""
+        if isinstance(self.shape, tuple) and len(self.shape) == 2 and self.shape[0] == "list":
+            return f"{self.shape[1]} objects"
+        if isinstance(self.shape, tuple) and len(self.shape) == 3 and self.shape[0] == "list":
+            return f"{self.shape[1]} x {list(self.shape[2])} {dtype}".rstrip()
+        return "" if self.shape is None else f"{list(self.shape)} {dtype}".rstrip()
 
     def describe(self) -> str:
         """``all_reduce #12 [1024] float32 on default_pg at train.py:88``."""
         number = f" #{self.seq}" if self.seq is not None else ""
         sizes = f" {self.sizes}" if self.sizes else ""
-        return f"{self.op}{number}{sizes} on {self.group} at {self.site}"
+        return f"{self.op}{number}{sizes} on {_group_of(self.group)[0]} at {self.site}"
 
     def as_dict(self, now: float) -> dict[str, Any]:
+        name, size = _group_of(self.group)
         return {
             "op": self.op,
             "seq": self.seq,
-            "group": self.group,
-            "group_size": self.group_size,
+            "group": name,
+            "group_size": size,
             "sizes": self.sizes,
             "site": self.site,
             "age_s": round(now - self.entered_at, 3),
@@ -85,7 +103,8 @@ class Call:
 
 
 class Record:
-    """The calls of this process; written by the calling threads, read by the watchdog."""
+    """The calls of this process; written by the calling threads, read by the watchdog (the
+    GIL makes each deque append and dict update atomic: no lock on the calling path)."""
 
     def __init__(
         self,
@@ -97,75 +116,87 @@ class Record:
         self._clock = clock
         self._sequence = sequence  # the group's torch counter (before the call), if any
         self._before = before_call  # the rank-0 guard: may raise instead of calling
-        self._lock = threading.Lock()
         self._tail: deque[Call] = deque(maxlen=TAIL)
         self._running: dict[int, Call] = {}
-        self._counts: dict[str, int] = {}
-        self._sites: set[str] = set()
+        self._counts: dict[int, int] = {}  # id(group) -> calls, where torch counts none
+        self._sites: set[tuple[int, int]] = set()  # (id of the caller's code, line)
         self._local = threading.local()
         self.past_first_step = False
 
     def calls(self) -> list[Call]:
-        with self._lock:
-            return list(self._tail)
+        return list(self._tail)
 
     def running(self) -> list[Call]:
         """The calls entered and not returned, oldest first."""
-        with self._lock:
-            return sorted(self._running.values(), key=lambda call: call.entered_at)
+        return sorted(list(self._running.values()), key=lambda call: call.entered_at)
 
     def last(self) -> Call | None:
-        with self._lock:
-            return self._tail[-1] if self._tail else None
+        tail = self.calls()
+        return tail[-1] if tail else None
 
     def wrap(self, op: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function`` noting each outermost call in this record."""
+        local = self._local
+        group_type = _group_type()
 
         @functools.wraps(function)
         def noted(*args: Any, **kwargs: Any) -> Any:
-            local = self._local
             if getattr(local, "depth", 0):
                 return function(*args, **kwargs)
             group = kwargs.get("group")
-            if group is None:
-                group = next((a for a in args if type(a).__name__ == "ProcessGroup"), None)
+            if group is None and len(args) > 1:
+                for arg in args:
+                    if type(arg) is group_type:
+                        group = arg
+                        break
             if self._before is not None:
                 self._before(op, group)
-            call = self._enter(op, group, args, sys._getframe(1))
+            call = self._enter(op, group, args[0] if args else None, sys._getframe(1))
             local.depth = 1
             try:
                 return function(*args, **kwargs)
             finally:
                 local.depth = 0
-                self._leave(call)
+                call.left_at = self._clock()
+                if self._running.get(call.thread) is call:
+                    del self._running[call.thread]
 
         noted.__ddpkit_noted__ = True  # type: ignore[attr-defined]
         return noted
 
-    def _enter(self, op: str, group: Any, args: tuple[Any, ...], caller: Any) -> Call:
-        name, size = _group_of(group)
-        site = f"{_short(caller.f_code.co_filename)}:{caller.f_lineno}"
+    def _enter(self, op: str, group: Any, first: Any, caller: Any) -> Call:
+        code, line = caller.f_code, caller.f_lineno
         del caller
         before = self._sequence(group) if self._sequence is not None else None
-        with self._lock:
-            count = self._counts.get(name, 0) + 1
-            self._counts[name] = count
-            seq = count if before is None else before + 1
-            call = Call(
-                op, seq, name, size, _sizes(args), site, threading.get_ident(), self._clock()
-            )
-            if site in self._sites:
-                self.past_first_step = True
+        if before is None:
+            before = self._counts.get(id(group), 0)
+            self._counts[id(group)] = before + 1
+        shape, dtype = getattr(first, "shape", None), getattr(first, "dtype", None)
+        if shape is None and type(first) is list:
+            inner = getattr(first[0], "shape", None) if first else None
+            dtype = getattr(first[0], "dtype", None) if first else None
+            shape = ("list", len(first)) if inner is None else ("list", len(first), inner)
+        thread = threading.get_ident()
+        call = Call(
+            op, before + 1, group, shape, dtype, code.co_filename, line, thread, self._clock()
+        )
+        site = (id(code), line)
+        if site in self._sites:
+            self.past_first_step = True
+        else:
             self._sites.add(site)
-            self._running[call.thread] = call
-            self._tail.append(call)
+        self._running[thread] = call
+        self._tail.append(call)
         return call
 
-    def _leave(self, call: Call) -> None:
-        with self._lock:
-            call.left_at = self._clock()
-            if self._running.get(call.thread) is call:
-                del self._running[call.thread]
+
+def _group_type() -> type | None:
+    try:
+        import torch.distributed as dist
+
+        return dist.ProcessGroup
+    except (ImportError, AttributeError):
+        return None
 
 
 def _short(path: str) -> str:
@@ -186,21 +217,6 @@ def _group_of(group: Any) -> tuple[str, int]:
         return name, int(pg.size())
     except Exception:
         return "group", 0
-
-
-def _sizes(args: tuple[Any, ...]) -> str:
-    """The first argument's shape and dtype (``[1024] float32``), ``3 x [8] float32`` for a
-    list of tensors, ``3 objects`` for a list of other things; else ""."""
-    if not args:
-        return ""
-    first = args[0]
-    shape = getattr(first, "shape", None)
-    if shape is not None:
-        return f"{list(shape)} {str(getattr(first, 'dtype', '')).removeprefix('torch.')}"
-    if isinstance(first, list) and first:
-        inner = _sizes((first[0],))
-        return f"{len(first)} x {inner}" if inner else f"{len(first)} objects"
-    return ""
 
 
 # --- installing it in torch.distributed ---------------------------------------------------------
