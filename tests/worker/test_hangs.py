@@ -39,7 +39,8 @@ import torch.distributed as dist
 import ddpkit
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--case", choices=["sleep", "other", "loader", "rank0", "prep"])
+parser.add_argument("--case", choices=["sleep", "other", "loader", "rank0", "prep", "ckpt"])
+parser.add_argument("--dir", default="")
 parser.add_argument("--stuck", type=int, default=1)
 opts = parser.parse_args()
 
@@ -62,7 +63,13 @@ if opts.case == "prep" and ctx.is_main:
     time.sleep(7)  # rank 0 prepares data before the first step: more than the tight bound
 for step in range(3):
     dist.all_reduce(value)
-if opts.case == "prep":
+if opts.case == "ckpt":  # rank 0 writes slowly (a slow filesystem); the others wait for it
+    from ddpkit.worker import checkpoint
+    write = checkpoint._save
+    checkpoint._save = lambda *args: (time.sleep(7), write(*args))[1]
+    ddpkit.save_checkpoint(opts.dir, {"value": value}, step=3)
+    dist.all_reduce(value)
+if opts.case in ("prep", "ckpt"):
     raise SystemExit(0)
 if opts.case == "loader" and ctx.rank == opts.stuck:
     batches = iter(torch.utils.data.DataLoader(Slow(), batch_size=2, num_workers=1))
@@ -326,9 +333,11 @@ def worker(tmp_path: Path) -> Path:
     return path
 
 
-def _run(worker: Path, case: str, stuck: int = 1, world_size: int = 3) -> list[Rank]:
-    ranks = spawn(worker, world_size, ["--case", case, "--stuck", str(stuck)], bound_s=3,
-                  env=BOUNDS)  # fmt: skip
+def _run(
+    worker: Path, case: str, stuck: int = 1, world_size: int = 3, extra: tuple[str, ...] = ()
+) -> list[Rank]:
+    args = ["--case", case, "--stuck", str(stuck), *extra]
+    ranks = spawn(worker, world_size, args, bound_s=3, env=BOUNDS)
     pids = [rank.pid() for rank in ranks] + [pid for rank in ranks for pid in rank.children()]
     left = [pid for pid in pids if running(pid)]
     assert left == [], f"left running: {left}"
@@ -416,6 +425,31 @@ def test_data_preparation_on_rank_zero_before_the_first_step_is_left_alone(
     ranks = _run(worker, "prep")
     assert [rank.code for rank in ranks] == [0, 0, 0], ranks[0].err[-3000:]
     assert all("ddpkit:" not in rank.err for rank in ranks)
+
+
+@pytest.mark.multiproc
+def test_ranks_waiting_while_rank_zero_writes_a_checkpoint_are_left_alone(
+    worker: Path, tmp_path: Path
+) -> None:
+    ranks = _run(worker, "ckpt", extra=("--dir", str(tmp_path / "ckpt")))
+    assert [rank.code for rank in ranks] == [0, 0, 0], ranks[1].err[-3000:]
+    assert all("ddpkit:" not in rank.err for rank in ranks)
+    assert len(list((tmp_path / "ckpt").iterdir())) >= 1
+
+
+def test_a_patient_collective_is_noted_as_such() -> None:
+    record = calls.Record()
+    calls.install(record)
+    try:
+        seen: list[bool] = []
+        wait = record.wrap("broadcast", lambda: seen.append(record.running()[0].patient))
+        wait()
+        with calls.patient():
+            wait()
+        wait()
+    finally:
+        calls.uninstall()
+    assert seen == [False, True, False]
 
 
 def test_the_report_lands_in_the_attempt_folder_of_a_launcher(tmp_path: Path) -> None:

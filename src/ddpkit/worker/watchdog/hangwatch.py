@@ -86,7 +86,7 @@ class HangWatch:
         running = self.record.running()
         if not running:
             return None
-        past = self.record.past_first_step
+        past = self.record.past_first_step and not running[0].patient
         waited_s = now - running[0].entered_at
         if waited_s < self.bounds.bound(past):
             return None

@@ -19,12 +19,13 @@ has turned); until then the generous first bound applies (see :mod:`.hang`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,7 @@ class Call:
     thread: int
     entered_at: float
     left_at: float | None = None
+    patient: bool = False  # it waits for a rank's long solo work: the generous bound applies
 
     @property
     def site(self) -> str:
@@ -152,6 +154,8 @@ class Record:
             if self._before is not None:
                 self._before(op, group)
             call = self._enter(op, group, args[0] if args else None, sys._getframe(1))
+            if getattr(local, "patient", False):
+                call.patient = True
             local.depth = 1
             try:
                 return function(*args, **kwargs)
@@ -262,3 +266,21 @@ def uninstall() -> None:
 
 def installed() -> Record | None:
     return _INSTALLED[-1].record if _INSTALLED else None
+
+
+@contextlib.contextmanager
+def patient() -> Iterator[None]:
+    """The collectives this thread enters inside wait for another rank's long solo work (rank
+    0 writing a checkpoint while the others wait for its word): the hang watchdog judges them
+    by the generous first bound, not the per-collective one."""
+    record = installed()
+    if record is None:
+        yield
+        return
+    local = record._local
+    before = getattr(local, "patient", False)
+    local.patient = True
+    try:
+        yield
+    finally:
+        local.patient = before
