@@ -39,7 +39,7 @@ import torch.distributed as dist
 import ddpkit
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--case", choices=["sleep", "other", "loader", "rank0", "prep", "ckpt"])
+parser.add_argument("--case", choices=["sleep", "other", "loader", "rank0", "prep", "ckpt", "ddp"])
 parser.add_argument("--dir", default="")
 parser.add_argument("--stuck", type=int, default=1)
 opts = parser.parse_args()
@@ -63,6 +63,13 @@ if opts.case == "prep" and ctx.is_main:
     time.sleep(7)  # rank 0 prepares data before the first step: more than the tight bound
 for step in range(3):
     dist.all_reduce(value)
+if opts.case == "ddp":  # DDP all-reduces from C++ inside backward(): no Python collective
+    model = ddpkit.wrap(torch.nn.Linear(8, 2))
+    for step in range(100):
+        loss = model(torch.randn(4, 8)).sum()
+        if step == 5 and ctx.rank == opts.stuck:
+            time.sleep(600)  # stuck before backward
+        loss.backward()
 if opts.case == "ckpt":  # rank 0 writes slowly (a slow filesystem); the others wait for it
     from ddpkit.worker import checkpoint
     write = checkpoint._save
@@ -244,16 +251,20 @@ def test_the_record_notes_outer_calls_and_knows_the_first_step() -> None:
 
 
 def test_install_wraps_torchs_collectives_and_uninstall_puts_them_back() -> None:
-    original = dist.all_reduce
+    import torch.autograd
+
+    original, backward = dist.all_reduce, torch.autograd.backward
     record = calls.Record()
     calls.install(record)
     try:
         assert dist.all_reduce is not original and dist.all_reduce.__wrapped__ is original
         assert dist.distributed_c10d.barrier.__ddpkit_noted__
+        assert torch.autograd.backward.__wrapped__ is backward  # DDP all-reduces inside it
         assert calls.installed() is record
     finally:
         calls.uninstall()
     assert dist.all_reduce is original and calls.installed() is None
+    assert torch.autograd.backward is backward
 
 
 # --- the guard -----------------------------------------------------------------------------------
@@ -401,6 +412,21 @@ def test_a_rank_stuck_in_its_data_loader_worker_is_named(worker: Path) -> None:
         f"{_site(worker, 'for batch in batches:')} `for batch in batches:`, not in a collective, "
         f"waiting for its data loader worker(s) (pids {child})"
     ), head
+
+
+@pytest.mark.multiproc
+def test_a_rank_missing_from_ddps_gradient_all_reduce_is_named(worker: Path) -> None:
+    ranks = _run(worker, "ddp", stuck=2)
+    _ended_by_the_report(ranks)
+    head = _report_of(ranks[0]).splitlines()[0]
+    place = f"{_site(worker, 'time.sleep(600)  # stuck before backward')}"
+    assert head.startswith(
+        f"ddpkit: hang: rank 2 (host {HOST}, pid {ranks[2].pid()}) is in {place} "
+        "`time.sleep(600)  # stuck before backward`, not in a collective; its last "
+        "collective: backward #"
+    ), head
+    waited = re.search(r"ranks 0-1 wait in backward #(\d+) on default_pg at (\S+) ", head)
+    assert waited and waited.group(2) == _site(worker, "loss.backward()"), head
 
 
 @pytest.mark.multiproc

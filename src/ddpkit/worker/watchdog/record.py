@@ -9,9 +9,11 @@ group, the caller's file and line, and the monotonic times. A call made from ins
 (``broadcast_object_list`` calling ``broadcast``) is the outer one's business and is not noted.
 Only the last :data:`TAIL` calls are kept. ``uninstall`` puts torch's functions back.
 
-Not seen: collectives torch issues from C++ (DDP's gradient all-reduces) and code that bound a
-function before the watchdog started (``from torch.distributed import all_reduce`` at import):
-the report then rests on the stacks alone.
+``torch.autograd.backward`` (``loss.backward()``) is noted as a collective too: DDP's gradient
+all-reduces run inside it, from C++, and a rank whose peer is stuck waits there. Not seen:
+other collectives torch issues from C++ and code that bound a function before the watchdog
+started (``from torch.distributed import all_reduce`` at import): the report then rests on the
+stacks (and torch's flight recorder) alone.
 
 The phase: a job is past its first step once a call site comes round a second time (the loop
 has turned); until then the generous first bound applies (see :mod:`.hang`).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import threading
 import time
@@ -30,6 +33,22 @@ from dataclasses import dataclass
 from typing import Any
 
 TAIL = 16
+# ``torch.autograd.backward`` (what ``loss.backward()`` calls) counts as a collective: DDP runs
+# its gradient all-reduces from C++ inside it, where no Python wrapper sees them, and a rank
+# waits there for the others; its number is the group's next collective.
+BACKWARD = "backward"
+_MAX_TORCH_FRAMES = 8
+
+
+def _torch_dir() -> str:
+    try:
+        import torch
+
+        return os.path.join(os.path.dirname(torch.__file__), "")
+    except ImportError:
+        return "\0"
+
+
 # The collectives every rank of a group must call alike (point-to-point ops are not here).
 COLLECTIVES = (
     "all_reduce",
@@ -116,6 +135,7 @@ class Record:
         before_call: Callable[[str, Any], None] | None = None,
     ) -> None:
         self._clock = clock
+        self._torch_dir = _torch_dir()
         self._sequence = sequence  # the group's torch counter (before the call), if any
         self._before = before_call  # the rank-0 guard: may raise instead of calling
         self._tail: deque[Call] = deque(maxlen=TAIL)
@@ -151,9 +171,10 @@ class Record:
                     if type(arg) is group_type:
                         group = arg
                         break
-            if self._before is not None:
+            if self._before is not None and op != BACKWARD:
                 self._before(op, group)
-            call = self._enter(op, group, args[0] if args else None, sys._getframe(1))
+            first = args[0] if args and op != BACKWARD else None
+            call = self._enter(op, group, first, sys._getframe(1))
             if getattr(local, "patient", False):
                 call.patient = True
             local.depth = 1
@@ -169,6 +190,11 @@ class Record:
         return noted
 
     def _enter(self, op: str, group: Any, first: Any, caller: Any) -> Call:
+        for _ in range(_MAX_TORCH_FRAMES):  # the program's call, not torch's own
+            outer = caller.f_back
+            if outer is None or not caller.f_code.co_filename.startswith(self._torch_dir):
+                break
+            caller = outer
         code, line = caller.f_code, caller.f_lineno
         del caller
         before = self._sequence(group) if self._sequence is not None else None
@@ -237,11 +263,16 @@ _INSTALLED: list[_Installed] = []
 
 def install(record: Record) -> None:
     """Replace torch's collectives by ``record``'s wrappers (replacing any earlier record)."""
+    import torch.autograd
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
     uninstall()
     originals: dict[tuple[str, str], Any] = {}
+    backward = torch.autograd.backward
+    if not getattr(backward, "__ddpkit_noted__", False):
+        originals[(torch.autograd.__name__, "backward")] = backward
+        torch.autograd.backward = record.wrap(BACKWARD, backward)
     for op in COLLECTIVES:
         function = getattr(distributed_c10d, op, None)
         if function is None or getattr(function, "__ddpkit_noted__", False):
