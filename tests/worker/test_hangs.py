@@ -39,7 +39,9 @@ import torch.distributed as dist
 import ddpkit
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--case", choices=["sleep", "other", "loader", "rank0", "prep", "ckpt", "ddp"])
+parser.add_argument(
+    "--case", choices=["sleep", "other", "loader", "rank0", "prep", "ckpt", "ddp", "gil"]
+)
 parser.add_argument("--dir", default="")
 parser.add_argument("--stuck", type=int, default=1)
 opts = parser.parse_args()
@@ -83,6 +85,9 @@ if opts.case == "loader" and ctx.rank == opts.stuck:
     print("children " + " ".join(str(w.pid) for w in batches._workers), flush=True)
     for batch in batches:
         dist.all_reduce(value)
+if opts.case == "gil" and ctx.rank == opts.stuck:
+    import re
+    re.match(r"(a+)+$", "a" * 40 + "b")  # holds the GIL for hours: no thread of it runs
 if opts.case == "sleep" and ctx.rank == opts.stuck:
     time.sleep(600)
 if opts.case == "other" and ctx.rank == opts.stuck:
@@ -345,10 +350,16 @@ def worker(tmp_path: Path) -> Path:
 
 
 def _run(
-    worker: Path, case: str, stuck: int = 1, world_size: int = 3, extra: tuple[str, ...] = ()
+    worker: Path,
+    case: str,
+    *,
+    stuck: int = 1,
+    world_size: int = 3,
+    extra: tuple[str, ...] = (),
+    frozen: tuple[int, ...] = (),
 ) -> list[Rank]:
     args = ["--case", case, "--stuck", str(stuck), *extra]
-    ranks = spawn(worker, world_size, args, bound_s=3, env=BOUNDS)
+    ranks = spawn(worker, world_size, args, bound_s=3, env=BOUNDS, expect_stuck=frozen)
     pids = [rank.pid() for rank in ranks] + [pid for rank in ranks for pid in rank.children()]
     left = [pid for pid in pids if running(pid)]
     assert left == [], f"left running: {left}"
@@ -373,7 +384,7 @@ def _ended_by_the_report(ranks: list[Rank], reported_by: int = 0) -> None:
 @pytest.mark.multiproc
 @pytest.mark.parametrize("stuck", [1, 0])  # 0: the store's host and reporter is the stuck one
 def test_a_rank_sleeping_before_a_collective_is_named(worker: Path, stuck: int) -> None:
-    ranks = _run(worker, "sleep", stuck)
+    ranks = _run(worker, "sleep", stuck=stuck)
     _ended_by_the_report(ranks)
     report = _report_of(ranks[0])
     waiters = "ranks 1-2" if stuck == 0 else "ranks 0,2"
@@ -427,6 +438,23 @@ def test_a_rank_missing_from_ddps_gradient_all_reduce_is_named(worker: Path) -> 
     ), head
     waited = re.search(r"ranks 0-1 wait in backward #(\d+) on default_pg at (\S+) ", head)
     assert waited and waited.group(2) == _site(worker, "loss.backward()"), head
+
+
+@pytest.mark.multiproc
+def test_rank_zero_holding_the_gil_is_reported_by_the_rank_that_gathered(worker: Path) -> None:
+    # rank 0 answers nothing and judges no heartbeats; the store (C++) still serves the others.
+    # A rank whose threads cannot run cannot end itself: its launcher ends it (here: the test).
+    ranks = _run(worker, "gil", stuck=0, frozen=(0,))
+    reporter = next(rank for rank in ranks[1:] if rank.err.startswith("ddpkit: hang: "))
+    _ended_by_the_report(ranks[1:], reported_by=reporter.rank)
+    lines = reporter.err.splitlines()
+    head = next(line for line in lines if line.startswith("ddpkit: hang: "))
+    assert head.startswith(
+        "ddpkit: hang: rank 0 did not answer within the gathering time (frozen, or its threads "
+        "cannot run: a long call holding the GIL?); ranks 1-2 wait in all_reduce #"
+    ), head
+    assert "  rank 0: no answer" in lines
+    assert f"ddpkit: hang report (gathered by rank {reporter.rank}), each rank:" in lines
 
 
 @pytest.mark.multiproc

@@ -47,6 +47,7 @@ class HangWatch:
         self._main, self._clock, self._interval_s = main, clock, interval_s
         self._report_dir = report_dir
         self._claimed = False
+        self.without_rank0 = False  # this rank gathered and rank 0 did not answer: it prints
         link.piece = self.piece
 
     def gather_s(self) -> float:
@@ -105,6 +106,7 @@ class HangWatch:
                 break
             time.sleep(0.1)
         pieces = self._on_store(link.pieces) or {}
+        self.without_rank0 = 0 not in pieces
         text = report(pieces, link.world_size, waited_s, bound, link.rank)
         self._on_store(lambda: link.publish_report(text))
         return text

@@ -126,7 +126,7 @@ class Watchdog:
         self.ending = True
         path = self.hangs.write(text) if self.hangs is not None else None
         also = f" and in {path}" if path else ""
-        if self.rank == 0:
+        if self.rank == 0 or (self.hangs is not None and self.hangs.without_rank0):
             write_stderr(text + (f"\nddpkit: this report is also in {path}" if path else "") + "\n")
         else:
             head = text.splitlines()[0]
