@@ -47,6 +47,7 @@ __all__ = [
     "LATCH_DIR_VAR",
     "LAUNCH_TOKEN_VAR",
     "LOG_ALL_RANKS_VAR",
+    "LOG_DIR_VAR",
     "MAX_REQUEUES_VAR",
     "PEER_TIMEOUT_VAR",
     "PROGRESS_VAR",
@@ -97,6 +98,7 @@ DEFAULT_SIGNAL: Final = "USR2"
 MAX_REQUEUES_VAR: Final = "DDPKIT_MAX_REQUEUES"
 DEFAULT_MAX_REQUEUES: Final = 10
 LATCH_DIR_VAR: Final = "DDPKIT_LATCH_DIR"
+LOG_DIR_VAR: Final = "DDPKIT_LOG_DIR"
 # not ddpkit's: which signal submitit's job side binds (its own handler, replaced by ddpkit's)
 SUBMITIT_SIGNAL_VAR: Final = "SUBMITIT_PREEMPT_SIGNAL"
 
@@ -254,6 +256,14 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "The requeue cap: `requeue_and_exit()` requeues only while `SLURM_RESTART_COUNT` is "
         "below it, else every rank exits 75.",
         "set max_requeues instead",
+    ),
+    EnvVar(
+        LOG_DIR_VAR,
+        "job script",
+        "",
+        "The job's log folder (the spec's `log_dir`, absolute): the hang watchdog writes its "
+        "report there as `ddpkit-hang-report-<SLURM job id>.txt`.",
+        "set log_dir instead",
     ),
     EnvVar(
         LATCH_DIR_VAR,

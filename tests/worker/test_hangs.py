@@ -506,14 +506,18 @@ def test_a_patient_collective_is_noted_as_such() -> None:
     assert seen == [False, True, False]
 
 
-def test_the_report_lands_in_the_attempt_folder_of_a_launcher(tmp_path: Path) -> None:
-    from ddpkit.worker.watchdog.hangwatch import report_dir
+def test_the_report_lands_in_the_attempt_folder_and_the_jobs_log_folder(tmp_path: Path) -> None:
+    from ddpkit.worker.watchdog.hangwatch import report_paths
 
     error_file = tmp_path / "run_x" / "attempt_0" / "3" / "error.json"
-    assert report_dir({"TORCHELASTIC_ERROR_FILE": str(error_file)}) == str(
-        tmp_path / "run_x" / "attempt_0"
-    )
-    assert report_dir({}) is None
+    logs = tmp_path / "logs"
+    assert report_paths({"TORCHELASTIC_ERROR_FILE": str(error_file)}) == [
+        str(tmp_path / "run_x" / "attempt_0" / "ddpkit-hang-report.txt")
+    ]
+    env = {"TORCHELASTIC_ERROR_FILE": str(error_file), "DDPKIT_LOG_DIR": str(logs)}
+    assert report_paths({**env, "SLURM_JOB_ID": "77"})[1] == str(logs / "ddpkit-hang-report-77.txt")
+    assert report_paths({"DDPKIT_LOG_DIR": str(logs)}) == [str(logs / "ddpkit-hang-report.txt")]
+    assert report_paths({"DDPKIT_LOG_DIR": "relative", "TORCHELASTIC_ERROR_FILE": "x"}) == []
 
 
 def test_the_launchers_summary_quotes_the_report_it_finds(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddpkit.compat import flight_recorder_tail
-from ddpkit.contract import HANG_REPORT_FILE
+from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
 from ddpkit.worker.watchdog.hang import HangBounds, report
 from ddpkit.worker.watchdog.record import Record
 from ddpkit.worker.watchdog.store import StoreLink
@@ -41,11 +41,11 @@ class HangWatch:
         main: threading.Thread,
         clock: Callable[[], float],
         interval_s: float,
-        report_dir: str | None,
+        report_paths: list[str],
     ) -> None:
         self._link, self.record, self.bounds = link, record, bounds
         self._main, self._clock, self._interval_s = main, clock, interval_s
-        self._report_dir = report_dir
+        self._report_paths = report_paths
         self._claimed = False
         self.without_rank0 = False  # this rank gathered and rank 0 did not answer: it prints
         link.piece = self.piece
@@ -116,32 +116,40 @@ class HangWatch:
         self._link.call(lambda: box.append(work()), _CALL_WAIT_S)
         return box[0] if box else None
 
-    def write(self, text: str) -> str | None:
-        """The report in this rank's log folder, when it has one (every rank writes it, so
-        that each node's launcher finds it; whole, through a rename); its path."""
-        if not self._report_dir:
-            return None
-        path = os.path.join(self._report_dir, HANG_REPORT_FILE)
-        partial = f"{path}.{os.getpid()}.partial"
-        try:
-            os.makedirs(self._report_dir, exist_ok=True)
-            with open(partial, "w", encoding="utf-8") as out:
-                out.write(text + "\n")
-            os.replace(partial, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
-            return None
-        return path
+    def write(self, text: str) -> list[str]:
+        """The report in this rank's log folders (every rank writes it, so that each node's
+        launcher finds it; whole, through a rename); the paths written."""
+        written = []
+        for path in self._report_paths:
+            partial = f"{path}.{os.getpid()}.partial"
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(partial, "w", encoding="utf-8") as out:
+                    out.write(text + "\n")
+                os.replace(partial, path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                continue
+            written.append(path)
+        return written
 
 
-def report_dir(env: Mapping[str, str]) -> str | None:
-    """Where the report goes besides stderr: under ``ddpkit run`` (and torchrun), the attempt's
-    log folder, beside the workers' error files, where the launcher's summary finds it."""
+def report_paths(env: Mapping[str, str]) -> list[str]:
+    """Where the report goes besides stderr: under ``ddpkit run`` (and torchrun) the attempt's
+    log folder, beside the workers' error files, where the launcher's summary finds it; in a
+    ddpkit job, its log folder (``DDPKIT_LOG_DIR``), named after the SLURM job."""
+    paths = []
     error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file and os.path.isabs(error_file):
-        return os.path.dirname(os.path.dirname(error_file))
-    return None
+        paths.append(os.path.join(os.path.dirname(os.path.dirname(error_file)), HANG_REPORT_FILE))
+    log_dir = env.get(LOG_DIR_VAR, "")
+    if log_dir and os.path.isabs(log_dir):
+        stem, suffix = os.path.splitext(HANG_REPORT_FILE)
+        job = env.get("SLURM_JOB_ID", "").strip()
+        name = f"{stem}-{job}{suffix}" if job.isdigit() else HANG_REPORT_FILE
+        paths.append(os.path.join(log_dir, name))
+    return paths
 
 
 def _stack(thread: threading.Thread) -> list[list[Any]]:

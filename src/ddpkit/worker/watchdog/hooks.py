@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ddpkit.worker.watchdog import record as calls
 from ddpkit.worker.watchdog.guard import RankZeroGuard
 from ddpkit.worker.watchdog.hang import HangBounds
-from ddpkit.worker.watchdog.hangwatch import HangWatch, report_dir
+from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
 from ddpkit.worker.watchdog.policy import HOOK_POLL_S, KEY_PREFIX, interval_for
 from ddpkit.worker.watchdog.store import KeyValue, StoreLink
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
@@ -165,7 +165,7 @@ def start(
             main=threading.current_thread(),
             clock=clock,
             interval_s=watchdog.interval_s,
-            report_dir=report_dir(os.environ),
+            report_paths=report_paths(os.environ),
         )
         calls.install(record)
     _wire_process()

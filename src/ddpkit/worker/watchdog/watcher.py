@@ -124,10 +124,11 @@ class Watchdog:
     def _end_for_hang(self, text: str) -> None:
         """Rank 0 prints the report, the others a line pointing to it; then leave and exit."""
         self.ending = True
-        path = self.hangs.write(text) if self.hangs is not None else None
-        also = f" and in {path}" if path else ""
+        paths = self.hangs.write(text) if self.hangs is not None else []
+        also = f" and in {' and '.join(paths)}" if paths else ""
         if self.rank == 0 or (self.hangs is not None and self.hangs.without_rank0):
-            write_stderr(text + (f"\nddpkit: this report is also in {path}" if path else "") + "\n")
+            where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
+            write_stderr(text + where + "\n")
         else:
             head = text.splitlines()[0]
             write_stderr(
