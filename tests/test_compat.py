@@ -178,6 +178,29 @@ def test_default_store_is_the_groups_store() -> None:
 
 
 @reach
+def test_group_sequence_and_flight_recorder_count_the_groups_collectives() -> None:
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    store.set_timeout(timedelta(seconds=20))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        before = compat.group_sequence(None)
+        assert before is not None, f"{TORCH}: ProcessGroup._get_sequence_number_for_group moved"
+        dist.all_reduce(torch.ones(2))
+        dist.barrier()
+        assert compat.group_sequence(None) == before + 2, TORCH
+        assert compat.group_sequence(dist.group.WORLD) == before + 2, TORCH
+        tail = compat.flight_recorder_tail(2)
+        assert tail is not None, f"{TORCH}: _dump_fr_trace_json moved"
+        assert [(entry["op"], entry["seq"]) for entry in tail] == [
+            ("gloo:all_reduce", before + 1),
+            ("gloo:barrier", before + 2),
+        ], f"{TORCH}: the flight recorder's entries changed: {tail}"
+        assert tail[0]["sizes"] == [[2]] and tail[0]["group"] == "default_pg", tail
+    finally:
+        dist.destroy_process_group()
+
+
+@reach
 def test_submitit_renders_a_script_without_submitting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,11 @@ against the installed version and names that version when one has moved.
     run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
     error file "message" keys      torch       the root cause's traceback from ``@record`` files
     c10d._get_default_store        torch       the peer watchdog's own store connection
+    ProcessGroup._get_sequence_    torch       the hang report numbers collectives as torch
+      number_for_group                         (and its flight recorder) does
+    c10d._dump_fr_trace_json       torch       the hang report quotes torch's flight recorder
+      and its entries' keys                    (JSON, never the pickled dump), which also
+                                               sees collectives issued from C++ (DDP's)
     rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
       machine_hostname                         whether this node hosts the c10d store
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
@@ -58,6 +63,8 @@ __all__ = [
     "COMPILED_ATTRIBUTE",
     "compiled_inner",
     "default_store",
+    "flight_recorder_tail",
+    "group_sequence",
     "launch_config_from_args",
     "matches_machine_hostname",
     "rdzv_method_names_cheap",
@@ -208,6 +215,45 @@ def default_store() -> Store:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def group_sequence(group: Any) -> int | None:
+    """The number of collectives torch has issued on ``group`` (the default group when None),
+    the counter its flight recorder calls ``collective_seq_id``; None where torch has none."""
+    try:
+        import torch.distributed as dist
+
+        pg: Any = group if group is not None else dist.group.WORLD
+        return int(pg._get_sequence_number_for_group())
+    except Exception:
+        return None
+
+
+def flight_recorder_tail(count: int) -> list[dict[str, Any]] | None:
+    """The last ``count`` collectives in torch's flight recorder, oldest first, as
+    ``{"op", "seq", "group", "sizes", "state"}``; None where torch has no recorder (or it
+    fails). Read from its JSON dump: the default dump is a pickle, which ddpkit never loads."""
+    try:
+        import json
+
+        from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+            _dump_fr_trace_json,
+        )
+
+        dump = json.loads(_dump_fr_trace_json(True, False))
+        entries = dump.get("entries") or []
+        return [
+            {
+                "op": str(entry.get("profiling_name", "?")),
+                "seq": entry.get("collective_seq_id"),
+                "group": str((entry.get("process_group") or ["", "?"])[-1]),
+                "sizes": entry.get("input_sizes"),
+                "state": str(entry.get("state", "?")),
+            }
+            for entry in entries[-count:]
+        ]
+    except Exception:
+        return None
 
 
 def matches_machine_hostname(host: str) -> bool:

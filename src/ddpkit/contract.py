@@ -29,6 +29,8 @@ __all__ = [
     "COLLECTIVE_TIMEOUT_VAR",
     "CONNECT_TIMEOUT_VAR",
     "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_HANG_FIRST_TIMEOUT_S",
+    "DEFAULT_HANG_TIMEOUT_S",
     "DEFAULT_HOME",
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_PEER_TIMEOUT_S",
@@ -37,6 +39,9 @@ __all__ = [
     "ENVIRONMENT",
     "EXCLUDE_MODULE",
     "EXPECTED_WORLD_SIZE_VAR",
+    "HANG_FIRST_TIMEOUT_VAR",
+    "HANG_REPORT_FILE",
+    "HANG_TIMEOUT_VAR",
     "HEALTH_MODULE",
     "HOME_VAR",
     "HOST_TEMPLATE_VAR",
@@ -45,6 +50,7 @@ __all__ = [
     "LATCH_DIR_VAR",
     "LAUNCH_TOKEN_VAR",
     "LOG_ALL_RANKS_VAR",
+    "LOG_DIR_VAR",
     "MAX_REQUEUES_VAR",
     "PEER_TIMEOUT_VAR",
     "PROGRESS_VAR",
@@ -75,6 +81,12 @@ BOUND_PER_RANK_S: Final = 0.01
 COLLECTIVE_TIMEOUT_VAR: Final = "DDPKIT_COLLECTIVE_TIMEOUT"  # default: torch's own
 PEER_TIMEOUT_VAR: Final = "DDPKIT_PEER_TIMEOUT"
 DEFAULT_PEER_TIMEOUT_S: Final = 60.0
+HANG_TIMEOUT_VAR: Final = "DDPKIT_HANG_TIMEOUT"
+DEFAULT_HANG_TIMEOUT_S: Final = 180.0
+HANG_FIRST_TIMEOUT_VAR: Final = "DDPKIT_HANG_FIRST_TIMEOUT"
+DEFAULT_HANG_FIRST_TIMEOUT_S: Final = 900.0
+# the hang watchdog's report, in the attempt's log folder of `ddpkit run`: the launcher quotes it
+HANG_REPORT_FILE: Final = "ddpkit-hang-report.txt"
 PROGRESS_VAR: Final = "DDPKIT_PROGRESS"
 LOG_ALL_RANKS_VAR: Final = "DDPKIT_LOG_ALL_RANKS"
 HOME_VAR: Final = "DDPKIT_HOME"
@@ -94,6 +106,7 @@ DEFAULT_SIGNAL: Final = "USR2"
 MAX_REQUEUES_VAR: Final = "DDPKIT_MAX_REQUEUES"
 DEFAULT_MAX_REQUEUES: Final = 10
 LATCH_DIR_VAR: Final = "DDPKIT_LATCH_DIR"
+LOG_DIR_VAR: Final = "DDPKIT_LOG_DIR"
 # not ddpkit's: which signal submitit's job side binds (its own handler, replaced by ddpkit's)
 SUBMITIT_SIGNAL_VAR: Final = "SUBMITIT_PREEMPT_SIGNAL"
 
@@ -152,6 +165,26 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "The watchdog's bound in seconds: when a peer has exited, died or frozen and this "
         "rank stays blocked that long, it ends with a line naming the peer. `0` or `off` "
         "turns the watchdog off; `init(peer_timeout_s=)` wins over it.",
+    ),
+    EnvVar(
+        HANG_TIMEOUT_VAR,
+        "you",
+        f"{DEFAULT_HANG_TIMEOUT_S:g} s",
+        "The hang watchdog's per-collective bound in seconds, once the job is past its first "
+        "step: a rank in one collective that long (every rank alive) gathers every rank's "
+        "stack and last collectives, names the stuck rank in one report and ends the job. "
+        "Grows with the world size past 64 ranks (x log2(world)/6). `0` or `off` turns it "
+        "off, with the rank-0-only collective guard; `init(hang_timeout_s=)` wins over it.",
+        "set hang_timeout_s instead",
+    ),
+    EnvVar(
+        HANG_FIRST_TIMEOUT_VAR,
+        "you",
+        f"{DEFAULT_HANG_FIRST_TIMEOUT_S:g} s",
+        "The hang watchdog's bound before the job's first step (until a collective's call "
+        "site comes round again): generous, so that ranks may wait while rank 0 prepares "
+        "data. Never below the other bound; `init(hang_first_timeout_s=)` wins over it.",
+        "set hang_first_timeout_s instead",
     ),
     EnvVar(
         PROGRESS_VAR,
@@ -234,6 +267,14 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "The requeue cap: `requeue_and_exit()` requeues only while `SLURM_RESTART_COUNT` is "
         "below it, else every rank exits 75.",
         "set max_requeues instead",
+    ),
+    EnvVar(
+        LOG_DIR_VAR,
+        "job script",
+        "",
+        "The job's log folder (the spec's `log_dir`, absolute): the hang watchdog writes its "
+        "report there as `ddpkit-hang-report-<SLURM job id>.txt`.",
+        "set log_dir instead",
     ),
     EnvVar(
         LATCH_DIR_VAR,

@@ -25,6 +25,8 @@ VARIANTS = {
     "plain": {},
     "signal": {"signal": "USR1", "max_requeues": 3, "host_template": "{host}-ib"},
     "no-signal": {"signal": None, "max_requeues": 0},
+    "hang-bounds": {"hang_timeout_s": 90, "hang_first_timeout_s": 1200.5},
+    "hang-off": {"hang_timeout_s": 0},
 }
 
 

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,13 +28,16 @@ from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog import Departure
 from tests.support.distutil import free_port, run_workers, torchrun_env
+from tests.support.spawned import Rank
+from tests.support.spawned import child_env as _child_env
+from tests.support.spawned import running as _running
+from tests.support.spawned import spawn as _spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = socket.gethostname()
 SLACK_S = (
     30.0  # a survivor must be gone this long after its start; the collective timeout is 30 min
 )
-_FOREIGN_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MV2_", "PET_", "TORCHELASTIC_", "SUBMITIT_")
 
 # Rank --leave-rank leaves after --steps all_reduces; the others all_reduce on, or work alone.
 WORKER = """
@@ -266,112 +268,6 @@ def test_started_for_an_owned_group_stopped_by_shutdown_absent_when_off_or_adopt
         assert seen["threads"] == [watchdog.THREAD_NAME, "ddpkit-watchdog-store"]
         assert seen["after_shutdown"] == (None, set())
         assert seen["off"] is None and seen["adopted"] is None
-
-
-@dataclass
-class Rank:
-    rank: int
-    code: int
-    out: str
-    err: str
-    ended_s: float  # seconds after the start of all ranks
-
-    def pid(self) -> int:
-        return int(re.findall(rf"^pid {self.rank} (\d+)$", self.out, re.MULTILINE)[0])
-
-    def children(self) -> list[int]:
-        found = re.findall(r"^children ([\d ]+)$", self.out, re.MULTILINE)
-        return [int(pid) for pid in found[0].split()] if found else []
-
-
-def _child_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(_FOREIGN_PREFIXES) and not k.startswith("DDPKIT_")
-    }
-    src = str(ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    return {**env, **extra}
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has ended; only its exit status waits to be read)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
-def _spawn(
-    script: Path,
-    world_size: int,
-    args: list[str],
-    *,
-    bound_s: float,
-    expect_stuck: tuple[int, ...] = (),
-    timeout_s: float = 45.0,
-) -> list[Rank]:
-    """Run ``script`` as ranks 0..world_size-1; ranks in ``expect_stuck`` are killed once the
-    others are done (a frozen rank cannot end itself). Nothing is left running afterwards."""
-    port = free_port()
-    procs = []
-    started = time.monotonic()
-    for rank in range(world_size):
-        env = _child_env(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_WORLD_SIZE=str(world_size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            DDPKIT_PEER_TIMEOUT=f"{bound_s:g}",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), *args],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outputs: dict[int, tuple[str, str]] = {}
-    ended: dict[int, float] = {}
-    readers = [
-        threading.Thread(target=lambda r=r: outputs.__setitem__(r, procs[r].communicate()))
-        for r in range(world_size)
-    ]
-    for reader in readers:
-        reader.start()
-    try:
-        deadline = started + timeout_s
-        waiting = [r for r in range(world_size) if r not in expect_stuck]
-        while waiting and time.monotonic() < deadline:
-            for r in list(waiting):
-                if procs[r].poll() is not None:
-                    ended[r] = time.monotonic() - started
-                    waiting.remove(r)
-            time.sleep(0.05)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        for reader in readers:
-            reader.join()
-    for r in expect_stuck:
-        ended[r] = time.monotonic() - started
-    return [
-        Rank(r, procs[r].returncode, *outputs[r], ended.get(r, float("inf")))
-        for r in range(world_size)
-    ]
 
 
 @pytest.fixture

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from ddpkit.contract import (
     EXPECTED_WORLD_SIZE_VAR,
+    HANG_FIRST_TIMEOUT_VAR,
+    HANG_TIMEOUT_VAR,
     HOST_TEMPLATE_VAR,
     JOB_LAUNCH_VAR,
+    LOG_DIR_VAR,
     MAX_REQUEUES_VAR,
     SIGNAL_VAR,
     SWEEP_RUN_VAR,
@@ -42,4 +45,9 @@ def exports(spec: JobSpec, *, launch: str | None = None) -> dict[str, str]:
     if spec.signal is not None:
         values[SIGNAL_VAR] = spec.signal
     values[MAX_REQUEUES_VAR] = str(spec.max_requeues)
+    values[LOG_DIR_VAR] = spec.log_path
+    if spec.hang_timeout_s is not None:
+        values[HANG_TIMEOUT_VAR] = f"{spec.hang_timeout_s:g}"
+    if spec.hang_first_timeout_s is not None:
+        values[HANG_FIRST_TIMEOUT_VAR] = f"{spec.hang_first_timeout_s:g}"
     return values

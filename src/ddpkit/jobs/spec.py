@@ -243,6 +243,14 @@ _D_TEMPLATE = "the path of an sbatch Jinja2 template, e.g. template: my-sbatch.s
 _D_HOST = "how to name a node on the fast network, e.g. host_template: '{host}-ib'"
 _D_SIGNAL = "USR2 (default) or USR1, sent before the time limit; null: none"
 _D_SIGNAL_DELAY = "seconds before the time limit (default 120, at most half of it), e.g. 300"
+_D_HANG = (
+    "the hang watchdog's per-collective bound in seconds (DDPKIT_HANG_TIMEOUT; default 180, "
+    "0: off), e.g. hang_timeout_s: 300"
+)
+_D_HANG_FIRST = (
+    "the hang watchdog's bound before the first step (DDPKIT_HANG_FIRST_TIMEOUT; default "
+    "900), e.g. hang_first_timeout_s: 1800"
+)
 _D_REQUEUES = "how often the job may requeue itself, a whole number >= 0, e.g. max_requeues: 10"
 _D_HEALTH = (
     "a shell line run on every node at the start of each attempt and after a failed step "
@@ -309,6 +317,12 @@ class JobSpec(Model):
     )
     max_requeues: int = Field(
         DEFAULT_MAX_REQUEUES, ge=0, le=spec_checks.MAX_REQUEUES, description=_D_REQUEUES
+    )
+    hang_timeout_s: float | None = Field(
+        None, ge=0, le=spec_checks.MAX_TIME_MIN * 60, allow_inf_nan=False, description=_D_HANG
+    )
+    hang_first_timeout_s: float | None = Field(
+        None, gt=0, le=spec_checks.MAX_TIME_MIN * 60, allow_inf_nan=False, description=_D_HANG_FIRST
     )
     sweep: Sweep | None = Field(None, description=SWEEP_DESCRIPTION)
     health_check: Line | None = Field(None, description=_D_HEALTH)

@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from ddpkit.cluster.stop.signals import EXIT_STOPPED
 from ddpkit.compat import recorded_traceback
+from ddpkit.contract import HANG_REPORT_FILE
 
 __all__ = ["LaunchOutcome", "WorkerFailure", "attempt_dir", "failed_outcome"]
 
@@ -80,7 +81,12 @@ class LaunchOutcome:
                 "e.g. after a stop signal outside SLURM); run the same command again to resume"
             )
         lines = [f"ddpkit: worker failed (root cause): {root.headline()}"]
-        if root.traceback:
+        hung = _hang_report(self.log_dir)
+        if hung is not None:
+            path, text = hung
+            lines.append(f"ddpkit: the job hung; the hang watchdog's report (from {path}):")
+            lines += ["  " + line for line in text.splitlines()]
+        elif root.traceback:
             lines.append(f"ddpkit: traceback of rank {root.rank} (from {root.source}):")
             lines += ["  " + line for line in root.traceback.splitlines()]
         elif root.signal is not None:
@@ -132,6 +138,19 @@ def _killed(failure: WorkerFailure) -> list[str]:
         return [*lines, f"ddpkit: its stderr ({failure.stderr_log}) is empty"]
     lines.append(f"ddpkit: last lines of its stderr ({failure.stderr_log}):")
     return lines + ["  " + line for line in tail]
+
+
+def _hang_report(log_dir: str | None) -> tuple[str, str] | None:
+    """The hang watchdog's report a worker left in the attempt's log folder, if any."""
+    if not log_dir:
+        return None
+    path = os.path.join(log_dir, HANG_REPORT_FILE)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as report:
+            text = report.read(_LOG_TAIL_BYTES).rstrip()
+    except OSError:
+        return None
+    return (path, text) if text else None
 
 
 def _log_tail(path: str, count: int) -> list[str]:

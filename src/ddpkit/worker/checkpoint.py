@@ -80,6 +80,7 @@ from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
 from ddpkit.worker.state_dict import load_state_dict, unwrap
+from ddpkit.worker.watchdog.record import patient
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
@@ -116,7 +117,8 @@ def save_checkpoint(
             failure = error
     # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
     # everybody learns whether it is.
-    outcome: _Failure = _broadcast(world_size, _describe(failure))
+    with patient():  # the others wait while rank 0 writes: maybe minutes, not a hang
+        outcome: _Failure = _broadcast(world_size, _describe(failure))
     if outcome is not None:
         text, hint = outcome
         raise CheckpointError(

@@ -109,6 +109,8 @@ def init(
     env: Mapping[str, str] | None = None,
     device: str | torch.device | None = None,
     peer_timeout_s: float | None = None,
+    hang_timeout_s: float | None = None,
+    hang_first_timeout_s: float | None = None,
 ) -> Context:
     """Join the job (once) and return its :class:`Context`.
 
@@ -125,7 +127,13 @@ def init(
     ``peer_timeout_s``: the watchdog's bound: when a peer has exited, died or stopped sending
     heartbeats and this rank stays blocked that long, it ends with a line naming the peer
     (None: ``DDPKIT_PEER_TIMEOUT`` from ``env``, else 60 s; 0, or ``off`` in the variable,
-    turns the watchdog off; see :mod:`ddpkit.worker.watchdog`).
+    turns the watchdog off; see :mod:`ddpkit.worker.watchdog`). ``hang_timeout_s``: the hang
+    watchdog's per-collective bound once the job is past its first step: a rank in one
+    collective that long, every rank alive, ends the job with one report naming the stuck rank
+    (None: ``DDPKIT_HANG_TIMEOUT``, else 180 s, grown past 64 ranks; 0 turns it off, with the
+    guard against collectives in rank-0-only code). ``hang_first_timeout_s``: its bound before
+    the first step (None: ``DDPKIT_HANG_FIRST_TIMEOUT``, else 900 s; see
+    :mod:`ddpkit.worker.watchdog.hang`). Both need the peer watchdog on.
 
     A second call returns the same context (its arguments are not looked at again). If a
     process group already exists, it is adopted as is; ``shutdown()`` will not destroy it.
@@ -152,6 +160,7 @@ def init(
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
         peer_timeout_s=peer_timeout_s,
+        hang_s=(hang_timeout_s, hang_first_timeout_s),
     )
 
 
@@ -165,6 +174,7 @@ def _join(
     timeout_s: float | None,
     connect_timeout_s: float | None,
     peer_timeout_s: float | None,
+    hang_s: tuple[float | None, float | None],
 ) -> Context:
     """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
     chosen = _pick_device(info, device)
@@ -172,6 +182,7 @@ def _join(
     wait_s = process_group.connect_timeout(env, connect_timeout_s, info.world_size)
     collective_s = process_group.collective_timeout(env, timeout_s)
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
+    hangs = watchdog.hang_bounds(env, *hang_s, info.world_size)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
     info = process_group.join(  # where the store actually is (a port search, loopback)
@@ -192,7 +203,7 @@ def _join(
         shutdown()
         raise
     if bound_s is not None and info.world_size > 1:
-        _start_watchdog(info, bound_s)
+        _start_watchdog(info, bound_s, hangs)
     return context
 
 
@@ -206,11 +217,11 @@ def _agreed(context: Context) -> Context:
     return replace(context, run=replace(context.run, run_id=str(box[0])))
 
 
-def _start_watchdog(info: RankInfo, bound_s: float) -> None:
+def _start_watchdog(info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None) -> None:
     """Start the watchdog; training goes on without one (with a warning) if it cannot start."""
     try:
         _STATE.peer_watchdog = watchdog.start(
-            rank=info.rank, world_size=info.world_size, bound_s=bound_s
+            rank=info.rank, world_size=info.world_size, bound_s=bound_s, hangs=hangs
         )
     except Exception as exc:
         warnings.warn(

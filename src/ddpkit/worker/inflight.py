@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from ddpkit import compat
 from ddpkit.errors import CheckpointError, DdpkitError
+from ddpkit.worker.watchdog.record import patient
 
 __all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
 
@@ -142,7 +143,8 @@ def finish(world_size: int, *, timeout_s: float | None = None) -> Path | None:
     outcome = _outcome(pending, timeout_s) if pending.thread is not None else None
     if world_size > 1:
         box = [outcome]
-        dist.broadcast_object_list(box, src=0)
+        with patient():  # the others wait while rank 0 finishes the write: not a hang
+            dist.broadcast_object_list(box, src=0)
         outcome = box[0]
     if outcome is None or outcome[0] == "failed":
         _STATE.pending = None

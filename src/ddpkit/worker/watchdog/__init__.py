@@ -48,8 +48,11 @@ False positives: a rank whose training thread sits in ONE long call (a C call, a
 left looks exactly like a blocked rank and is ended. Raise the bound, or call
 ``ddpkit.shutdown()`` before such solo work: after it the watchdog is stopped. A rank whose
 threads cannot run for the bound (the GIL held that long) is reported by rank 0 as silent.
-A rank that hangs while alive and keeps sending heartbeats is bounded by the collective timeout
-(``init(timeout_s=)`` or ``DDPKIT_COLLECTIVE_TIMEOUT``), not by this module.
+A rank that hangs while alive and keeps sending heartbeats is the hang watchdog's (same threads,
+same store): a rank in one collective past ``DDPKIT_HANG_TIMEOUT`` gathers every rank's stack
+and last collectives and ends the job with one report naming the stuck rank (:mod:`.hang`,
+:mod:`.hangwatch`, :mod:`.record`); a collective inside rank-0-only code raises at once
+(:mod:`.guard`).
 
 Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.liveness` (is the
 training thread blocked), :mod:`.store` (the link to the store), :mod:`.watcher` (the judging
@@ -60,6 +63,7 @@ watchdog imports torch.
 from __future__ import annotations
 
 from ddpkit.contract import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_VAR
+from ddpkit.worker.watchdog.hang import HangBounds, hang_bounds
 from ddpkit.worker.watchdog.hooks import active, start, stop
 from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
@@ -82,11 +86,13 @@ __all__ = [
     "PEER_TIMEOUT_VAR",
     "THREAD_NAME",
     "Departure",
+    "HangBounds",
     "Progress",
     "Watchdog",
     "abort_message",
     "active",
     "describe_rank",
+    "hang_bounds",
     "interval_for",
     "looks_like_peer_failure",
     "peer_timeout",

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,11 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
-from ddpkit.worker.watchdog.policy import KEY_PREFIX, interval_for
+from ddpkit.worker.watchdog import record as calls
+from ddpkit.worker.watchdog.guard import RankZeroGuard
+from ddpkit.worker.watchdog.hang import HangBounds
+from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
+from ddpkit.worker.watchdog.policy import HOOK_POLL_S, KEY_PREFIX, interval_for
 from ddpkit.worker.watchdog.store import KeyValue, StoreLink
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
@@ -50,6 +55,8 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
     """Chained ``sys.excepthook``: the marker, the usual traceback, then the culprit's name
     (last, where launchers such as ``ddpkit run`` look for the cause)."""
     watchdog, culprit = _PROCESS.active, False
+    if watchdog is not None and _hang_ends_it(watchdog):
+        return
     if watchdog is not None:
         try:
             culprit = watchdog.on_uncaught(kind, error)
@@ -59,6 +66,17 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
     if culprit and watchdog is not None:
         with contextlib.suppress(Exception):
             write_stderr(watchdog.name_culprit(kind) + "\n")
+
+
+def _hang_ends_it(watchdog: Watchdog) -> bool:
+    """A hang report is being made: the error is its doing (a peer it ended); wait, bounded,
+    for the watchdog thread to end this process after the report, and say nothing."""
+    if not watchdog.hang_pending() or watchdog.hangs is None:
+        return False
+    deadline = time.monotonic() + watchdog.hangs.gather_s() + 4 * watchdog.interval_s + 5.0
+    while time.monotonic() < deadline:
+        time.sleep(HOOK_POLL_S)
+    return False
 
 
 def _at_exit() -> None:
@@ -97,6 +115,7 @@ def start(
     bound_s: float,
     store: Store | None = None,
     clock: Callable[[], float] = time.monotonic,
+    hangs: HangBounds | None = None,
 ) -> Watchdog:
     """Start this rank's watchdog on the default group's store (or ``store``).
 
@@ -106,7 +125,7 @@ def start(
     """
     from torch.distributed.distributed_c10d import PrefixStore
 
-    from ddpkit.compat import default_store
+    from ddpkit.compat import default_store, group_sequence
 
     stop("left the job")
     base = store if store is not None else default_store()
@@ -137,6 +156,18 @@ def start(
         clock=clock,
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
+    if hangs is not None:
+        record = calls.Record(clock=clock, sequence=group_sequence, before_call=RankZeroGuard())
+        watchdog.hangs = HangWatch(
+            link,
+            record,
+            hangs,
+            main=threading.current_thread(),
+            clock=clock,
+            interval_s=watchdog.interval_s,
+            report_paths=report_paths(os.environ),
+        )
+        calls.install(record)
     _wire_process()
     watchdog.start()
     _PROCESS.active = watchdog
@@ -147,4 +178,5 @@ def stop(how: str = "exited") -> None:
     """Stop this process's watchdog, if one runs (its exit marker says ``how``)."""
     watchdog, _PROCESS.active = _PROCESS.active, None
     if watchdog is not None:
+        calls.uninstall()
         watchdog.stop(how)

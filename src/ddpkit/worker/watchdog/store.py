@@ -77,6 +77,10 @@ class StoreLink:
         self._silent: list[Departure] | None = None
         self._beats: dict[int, tuple[int, float]] = {}
         self._presumed_dead: set[int] = set()  # ranks rank 0 wrote a heartbeat marker for
+        # the hang watchdog's: what this rank answers when asked, what it learned
+        self.piece: Callable[[], Mapping[str, Any]] | None = None
+        self.hang_asked = False
+        self.hang_report: str | None = None
         self._thread = threading.Thread(target=self._run, name=STORE_THREAD_NAME, daemon=True)
 
     # called from other threads
@@ -235,6 +239,10 @@ class StoreLink:
         if events == self._events_seen:
             return
         self._events_seen = events
+        if self.piece is not None:
+            self._hang_poll()
+        if not self._store.check(["order"]):  # an event of the hang watchdog's only
+            return
         ranks = [int(item) for item in self._store.get("order").decode().split(",") if item]
         fresh, self._order_seen = ranks[self._order_seen :], len(ranks)
         now = self._clock()
@@ -250,6 +258,53 @@ class StoreLink:
         if host_left and self._store.check(["closing"]):  # it waits for our "done", then goes
             with self._lock:
                 self.released = True
+
+    # the hang watchdog's keys: hang/claim, hang/ask, hang/piece/<rank>, hang/answered,
+    # hang/report; the ask and the report bump ``events``, so they cost no poll of their own
+
+    def _hang_poll(self) -> None:
+        if not self.hang_asked and self._store.check(["hang/ask"]):
+            self._answer()
+        if self.hang_report is None and self._store.check(["hang/report"]):
+            text = self._store.get("hang/report").decode(errors="replace")
+            with self._lock:
+                self.hang_report = text
+
+    def _answer(self) -> None:
+        self.hang_asked = True
+        if self.piece is not None:
+            self._store.set(f"hang/piece/{self.rank}", json.dumps(dict(self.piece())))
+            self._store.add("hang/answered", 1)
+
+    def claim_hang(self, ask: Mapping[str, Any]) -> bool:
+        """The first rank to claim gathers: it asks every rank for its piece (its own first)."""
+        if int(self._store.add("hang/claim", 1)) != 1:
+            return False
+        self._store.set("hang/ask", json.dumps(dict(ask)))
+        self._answer()
+        self._store.add("events", 1)
+        return True
+
+    def answered(self) -> int:
+        return int(self._store.add("hang/answered", 0))
+
+    def pieces(self) -> dict[int, dict[str, Any]]:
+        """Every piece written so far (a rank that never answered is missing)."""
+        found: dict[int, dict[str, Any]] = {}
+        for rank in range(self.world_size):
+            key = f"hang/piece/{rank}"
+            if self._store.check([key]):
+                try:
+                    found[rank] = dict(json.loads(self._store.get(key).decode()))
+                except (ValueError, TypeError):
+                    continue
+        return found
+
+    def publish_report(self, text: str) -> None:
+        self._store.set("hang/report", text)
+        self._store.add("events", 1)
+        with self._lock:
+            self.hang_report = text
 
     def _read_marker(self, rank: int, now: float) -> Departure:
         raw = self._store.get(f"exit/{rank}")

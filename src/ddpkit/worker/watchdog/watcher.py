@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from ddpkit.worker.watchdog.hangwatch import HangWatch
 from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
     ABORT_EXIT_CODE,
@@ -51,6 +52,8 @@ class Watchdog:
         self._said = False
         self._stopped = False
         self._handled: int | None = None
+        self.hangs: HangWatch | None = None  # the hang watchdog, when on
+        self.ending = False  # a hang report is out: this rank ends, quietly
         self._judge = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
 
     @property
@@ -80,6 +83,9 @@ class Watchdog:
             try:
                 now = self._clock()
                 progress.sample(now)
+                text = self.hangs.check(now) if self.hangs is not None else None
+                if text is not None and not self._stop.is_set():
+                    self._end_for_hang(text)
                 cause = self._cause(now)
                 if cause is None:
                     continue
@@ -114,6 +120,33 @@ class Watchdog:
             self._link.stop()
         _reap_children()
         os._exit(ABORT_EXIT_CODE)
+
+    def _end_for_hang(self, text: str) -> None:
+        """Rank 0 prints the report, the others a line pointing to it; then leave and exit."""
+        self.ending = True
+        paths = self.hangs.write(text) if self.hangs is not None else []
+        also = f" and in {' and '.join(paths)}" if paths else ""
+        if self.rank == 0 or (self.hangs is not None and self.hangs.without_rank0):
+            where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
+            write_stderr(text + where + "\n")
+        else:
+            head = text.splitlines()[0]
+            write_stderr(
+                f"ddpkit: rank {self.rank} ends: the hang watchdog's report is on rank 0's "
+                f"stderr{also}; its first line: {head}\n"
+            )
+        self._stopped = True
+        if self._link.store_departure(self._clock()) is None:
+            self._say("was ended by the ddpkit hang watchdog", victim=True)
+            self._linger()
+            self._link.stop()
+        _reap_children()
+        os._exit(ABORT_EXIT_CODE)
+
+    def hang_pending(self) -> bool:
+        """Whether a hang report is being gathered or is out (the main thread's collective
+        failing then is the report's doing: it waits for the watchdog to end the process)."""
+        return self.ending or self._link.hang_asked
 
     # leaving
 

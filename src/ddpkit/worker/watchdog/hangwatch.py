@@ -1,0 +1,201 @@
+"""The hang watchdog's moving part: notice a collective past its bound, gather, report.
+
+Run by the watchdog thread each interval (:meth:`HangWatch.check`); the store thread answers
+an ask with :meth:`HangWatch.piece`. The first rank whose collective passes the bound claims
+the report (``hang/claim``), asks every rank for its piece, waits for them (a bounded
+gathering time), writes the report to the store, prints it when it is rank 0 and writes it to
+the job's log folder. Every rank that sees the report ends: rank 0 prints it (the one report
+of the job), the others one line pointing to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ddpkit.compat import flight_recorder_tail
+from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
+from ddpkit.worker.watchdog.hang import HangBounds, report
+from ddpkit.worker.watchdog.record import Record
+from ddpkit.worker.watchdog.store import StoreLink
+
+_CALL_WAIT_S = 5.0  # one store operation of the gathering, at most
+_LOADER = os.path.join("torch", "utils", "data", "")
+
+
+class HangWatch:
+    def __init__(
+        self,
+        link: StoreLink,
+        record: Record,
+        bounds: HangBounds,
+        *,
+        main: threading.Thread,
+        clock: Callable[[], float],
+        interval_s: float,
+        report_paths: list[str],
+    ) -> None:
+        self._link, self.record, self.bounds = link, record, bounds
+        self._main, self._clock, self._interval_s = main, clock, interval_s
+        self._report_paths = report_paths
+        self._claimed = False
+        self.without_rank0 = False  # this rank gathered and rank 0 did not answer: it prints
+        link.piece = self.piece
+
+    def gather_s(self) -> float:
+        """How long the gatherer waits for the pieces: every rank polls once an interval."""
+        return max(3.0, 3 * self._interval_s + 1.0)
+
+    # the store thread
+
+    def piece(self) -> dict[str, Any]:
+        """This rank's answer: host, pid, main thread's stack, its collectives."""
+        now = self._clock()
+        running = self.record.running()
+        last = self.record.last()
+        stack = _stack(self._main)
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "stack": stack,
+            "at": _program_frame(stack),
+            "running": running[0].as_dict(now) if running else None,
+            "last": last.as_dict(now) if last is not None else None,
+            "tail": [call.as_dict(now) for call in self.record.calls()[-4:-1]],
+            "loader": _loader_pids(stack),
+            "torch": flight_recorder_tail(2),
+        }
+
+    # the watchdog thread
+
+    def check(self, now: float) -> str | None:
+        """The report when this rank must end now (it saw one, or made one), else None."""
+        with contextlib.suppress(Exception):
+            seen = self._link.hang_report
+            if seen is not None:
+                return seen
+        if self._claimed:
+            return None
+        running = self.record.running()
+        if not running:
+            return None
+        past = self.record.past_first_step and not running[0].patient
+        waited_s = now - running[0].entered_at
+        if waited_s < self.bounds.bound(past):
+            return None
+        self._claimed = True
+        won = self._on_store(lambda: self._link.claim_hang({"by": self._link.rank}))
+        if not won:
+            return None  # another rank gathers; its report comes through the store
+        return self._gather(waited_s, self.bounds.which(past))
+
+    def _gather(self, waited_s: float, bound: str) -> str:
+        link = self._link
+        deadline = self._clock() + self.gather_s()
+        while self._clock() < deadline:
+            count = self._on_store(link.answered)
+            if count is not None and count >= link.world_size:
+                break
+            time.sleep(0.1)
+        pieces = self._on_store(link.pieces) or {}
+        self.without_rank0 = 0 not in pieces
+        text = report(pieces, link.world_size, waited_s, bound, link.rank)
+        self._on_store(lambda: link.publish_report(text))
+        return text
+
+    def _on_store(self, work: Callable[[], Any]) -> Any:
+        box: list[Any] = []
+        self._link.call(lambda: box.append(work()), _CALL_WAIT_S)
+        return box[0] if box else None
+
+    def write(self, text: str) -> list[str]:
+        """The report in this rank's log folders (every rank writes it, so that each node's
+        launcher finds it; whole, through a rename); the paths written."""
+        written = []
+        for path in self._report_paths:
+            partial = f"{path}.{os.getpid()}.partial"
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(partial, "w", encoding="utf-8") as out:
+                    out.write(text + "\n")
+                os.replace(partial, path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                continue
+            written.append(path)
+        return written
+
+
+def report_paths(env: Mapping[str, str]) -> list[str]:
+    """Where the report goes besides stderr: under ``ddpkit run`` (and torchrun) the attempt's
+    log folder, beside the workers' error files, where the launcher's summary finds it; in a
+    ddpkit job, its log folder (``DDPKIT_LOG_DIR``), named after the SLURM job."""
+    paths = []
+    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
+    if error_file and os.path.isabs(error_file):
+        paths.append(os.path.join(os.path.dirname(os.path.dirname(error_file)), HANG_REPORT_FILE))
+    log_dir = env.get(LOG_DIR_VAR, "")
+    if log_dir and os.path.isabs(log_dir):
+        stem, suffix = os.path.splitext(HANG_REPORT_FILE)
+        job = env.get("SLURM_JOB_ID", "").strip()
+        name = f"{stem}-{job}{suffix}" if job.isdigit() else HANG_REPORT_FILE
+        paths.append(os.path.join(log_dir, name))
+    return paths
+
+
+def _stack(thread: threading.Thread) -> list[list[Any]]:
+    """The thread's stack as [file, line, function, code] rows, outermost first, without
+    ddpkit's own wrapper frames."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return []
+    try:
+        summary = traceback.extract_stack(frame)
+    finally:
+        del frame
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [
+        [entry.filename, entry.lineno, entry.name, (entry.line or "").strip()]
+        for entry in summary
+        if not entry.filename.startswith(here)
+    ]
+
+
+def _program_frame(stack: list[list[Any]]) -> list[Any] | None:
+    """The innermost frame of the program itself (not torch's, ddpkit's or the standard
+    library's)."""
+    import torch
+
+    foreign = tuple(
+        os.path.join(os.path.dirname(path), "")
+        for path in (os.__file__, torch.__file__, os.path.dirname(os.path.dirname(__file__)))
+    )
+    for filename, line, function, code in reversed(stack):
+        if filename.startswith("<") or os.path.abspath(filename).startswith(foreign):
+            continue
+        return [_short(filename), line, function, code]
+    return None
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 2 else path
+
+
+def _loader_pids(stack: list[list[Any]]) -> str | None:
+    """The pids of this rank's data loader workers when its main thread waits for them."""
+    if not any(_LOADER in str(row[0]) for row in stack):
+        return None
+    with contextlib.suppress(Exception):
+        pids = [str(child.pid) for child in multiprocessing.active_children()]
+        return ", ".join(pids) or "none alive"
+    return None

@@ -1,0 +1,562 @@
+"""The hang watchdog: every rank alive, one stuck; the job ends within the bound with one report
+naming the stuck rank; a collective in rank-0-only code raises at once.
+
+Pure pieces (bounds, the diagnosis, the report, the guard's reading of ``if`` tests, the record)
+run in-process. The scenarios start real ranks (gloo on 127.0.0.1, see
+:mod:`tests.support.spawned`) with a small per-collective bound (3 s) and a large first bound
+(60 s): ending within ``SLACK_S`` (30 s) shows that the tight bound applied after the first step
+and that nothing waited for torch's 30-minute collective timeout.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ddpkit import compat
+from ddpkit.errors import ConfigError, UsageError
+from ddpkit.worker import watchdog
+from ddpkit.worker.watchdog import hang
+from ddpkit.worker.watchdog import record as calls
+from ddpkit.worker.watchdog.guard import RankZeroGuard, is_rank_zero_test
+from tests.support.spawned import Rank, child_env, running, spawn
+
+HOST = socket.gethostname()
+SLACK_S = 30.0
+BOUNDS = {"DDPKIT_HANG_TIMEOUT": "3", "DDPKIT_HANG_FIRST_TIMEOUT": "60"}
+
+WORKER = """
+import argparse, os, time
+import torch
+import torch.distributed as dist
+import ddpkit
+
+parser = argparse.ArgumentParser()
+parser.add_argument(
+    "--case", choices=["sleep", "other", "loader", "rank0", "prep", "ckpt", "ddp", "gil"]
+)
+parser.add_argument("--dir", default="")
+parser.add_argument("--stuck", type=int, default=1)
+opts = parser.parse_args()
+
+ctx = ddpkit.init()
+print(f"pid {ctx.rank} {os.getpid()}", flush=True)
+
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, index):
+        if index >= 4:
+            time.sleep(600)  # a slow filesystem
+        return torch.ones(2)
+
+
+value = torch.ones(4)
+if opts.case == "prep" and ctx.is_main:
+    time.sleep(7)  # rank 0 prepares data before the first step: more than the tight bound
+for step in range(3):
+    dist.all_reduce(value)
+if opts.case == "ddp":  # DDP all-reduces from C++ inside backward(): no Python collective
+    model = ddpkit.wrap(torch.nn.Linear(8, 2))
+    for step in range(100):
+        loss = model(torch.randn(4, 8)).sum()
+        if step == 5 and ctx.rank == opts.stuck:
+            time.sleep(600)  # stuck before backward
+        loss.backward()
+if opts.case == "ckpt":  # rank 0 writes slowly (a slow filesystem); the others wait for it
+    from ddpkit.worker import checkpoint
+    write = checkpoint._save
+    checkpoint._save = lambda *args: (time.sleep(7), write(*args))[1]
+    ddpkit.save_checkpoint(opts.dir, {"value": value}, step=3)
+    dist.all_reduce(value)
+if opts.case in ("prep", "ckpt"):
+    raise SystemExit(0)
+if opts.case == "loader" and ctx.rank == opts.stuck:
+    batches = iter(torch.utils.data.DataLoader(Slow(), batch_size=2, num_workers=1))
+    print("children " + " ".join(str(w.pid) for w in batches._workers), flush=True)
+    for batch in batches:
+        dist.all_reduce(value)
+if opts.case == "gil" and ctx.rank == opts.stuck:
+    import re
+    re.match(r"(a+)+$", "a" * 40 + "b")  # holds the GIL for hours: no thread of it runs
+if opts.case == "sleep" and ctx.rank == opts.stuck:
+    time.sleep(600)
+if opts.case == "other" and ctx.rank == opts.stuck:
+    dist.barrier()  # other
+if opts.case == "rank0" and ctx.is_main:
+    dist.barrier()  # rank0
+while True:
+    dist.all_reduce(value)
+"""
+
+
+def _line(code: str) -> int:
+    """The line of the worker script holding ``code``."""
+    return next(i for i, text in enumerate(WORKER.splitlines(), 1) if text.strip() == code)
+
+
+def _site(worker: Path, code: str) -> str:
+    """``<folder>/worker.py:<line>``, as the report writes a place."""
+    return f"{worker.parent.name}/worker.py:{_line(code)}"
+
+
+# --- bounds --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "explicit", "expected"),
+    [
+        ({}, (None, None), (900.0, 180.0)),
+        ({"DDPKIT_HANG_TIMEOUT": "5"}, (None, None), (900.0, 5.0)),
+        ({"DDPKIT_HANG_TIMEOUT": "5", "DDPKIT_HANG_FIRST_TIMEOUT": "30"}, (None, None), (30, 5)),
+        ({"DDPKIT_HANG_TIMEOUT": "50", "DDPKIT_HANG_FIRST_TIMEOUT": "20"}, (None, None), (50, 50)),
+        ({"DDPKIT_HANG_TIMEOUT": "5"}, (7, 8), (8.0, 7.0)),  # the keywords win
+        ({"DDPKIT_HANG_TIMEOUT": "off"}, (None, None), None),
+        ({"DDPKIT_HANG_TIMEOUT": "0"}, (None, None), None),
+        ({}, (0, None), None),
+    ],
+)
+def test_bounds_from_keywords_variables_or_defaults(
+    env: dict[str, str], explicit: tuple[float | None, float | None], expected: object
+) -> None:
+    bounds = hang.hang_bounds(env, *explicit, world_size=8)
+    got = None if bounds is None else (bounds.first_s, bounds.step_s)
+    assert got == expected
+
+
+def test_the_bound_grows_with_the_world_size_past_64_ranks() -> None:
+    assert [hang.scaled_for(100, n) for n in (2, 64, 512, 4096)] == [100, 100, 150, 200]
+    bounds = hang.hang_bounds({"DDPKIT_HANG_TIMEOUT": "100"}, None, None, world_size=4096)
+    assert bounds is not None and bounds.bound(past_first_step=True) == 200
+    assert bounds.bound(past_first_step=False) == 900
+    assert bounds.which(True) == "DDPKIT_HANG_TIMEOUT=100 x 2.00 for the world size"
+    assert bounds.which(False) == "DDPKIT_HANG_FIRST_TIMEOUT=900, before the first step"
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [("DDPKIT_HANG_TIMEOUT", "soon"), ("DDPKIT_HANG_FIRST_TIMEOUT", "-3")],
+)
+def test_a_bad_bound_is_a_config_error_naming_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        hang.hang_bounds({name: raw}, None, None, world_size=2)
+
+
+def test_a_bad_keyword_is_a_config_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match="hang_timeout_s"):
+        hang.hang_bounds({}, -1, None, world_size=2)
+
+
+# --- the diagnosis and the report ----------------------------------------------------------------
+
+
+def _call(op: str, seq: int, site: str = "train.py:40", age_s: float = 4.0) -> dict[str, object]:
+    return {"op": op, "seq": seq, "group": "default_pg", "sizes": "[4] float32", "site": site,
+            "age_s": age_s, "running": True}  # fmt: skip
+
+
+def _piece(rank: int, running: dict[str, object] | None, at: str = "train.py:40") -> dict:
+    frame = ["train.py", int(at.split(":")[1]), "<module>", "step()"]
+    return {
+        "host": f"n{rank // 2}",
+        "pid": 100 + rank,
+        "stack": [["/job/train.py", frame[1], "<module>", "step()"]],
+        "at": frame,
+        "running": running,
+        "last": _call("all_reduce", 7),
+        "tail": [],
+        "loader": None,
+    }
+
+
+def test_the_rank_outside_the_collective_is_the_odd_one() -> None:
+    pieces = {r: _piece(r, _call("all_reduce", 8)) for r in (0, 1, 2)}
+    pieces[3] = _piece(3, None, at="train.py:88")
+    assert hang.diagnose(pieces, 4) == ([3], [0, 1, 2], [])
+    line = hang.headline(pieces, 4, 5.0, "DDPKIT_HANG_TIMEOUT=3")
+    assert line.startswith(
+        "ddpkit: hang: rank 3 (host n1, pid 103) is in train.py:88 `step()`, not in a "
+        "collective; its last collective: all_reduce #7"
+    )
+    assert "; ranks 0-2 wait in all_reduce #8 [4] float32 on default_pg at train.py:40" in line
+
+
+def test_a_rank_in_another_collective_and_a_silent_rank_are_named() -> None:
+    pieces = {r: _piece(r, _call("all_reduce", 8)) for r in (0, 2, 3)}
+    pieces[1] = _piece(1, _call("barrier", 8, site="train.py:50"))
+    assert hang.diagnose(pieces, 5) == ([1], [0, 2, 3], [4])
+    line = hang.headline(pieces, 5, 5.0, "b")
+    assert (
+        "rank 1 (host n0, pid 101) is in barrier #8 [4] float32 on default_pg at train.py:50"
+        in line
+    )
+    assert "rank 4 did not answer" in line and "ranks 0,2-3 wait in all_reduce #8" in line
+
+
+def test_no_rank_in_a_collective_names_nobody() -> None:
+    pieces = {r: _piece(r, None) for r in (0, 1)}
+    assert hang.diagnose(pieces, 2) == ([], [], [])
+
+
+def test_identical_stacks_are_grouped_the_largest_group_last() -> None:
+    pieces = {r: _piece(r, _call("all_reduce", 8)) for r in range(4)}
+    pieces[2] = _piece(2, None, at="train.py:88")
+    pieces[2]["torch"] = [
+        {"op": "gloo:all_reduce", "seq": 8, "group": "default_pg", "sizes": [[4]], "state": "x"}
+    ]
+    text = hang.report(pieces, 4, 5.0, "b", reporter=0)
+    assert (
+        "\n    torch's flight recorder, last: gloo:all_reduce #8 [[4]] on default_pg (x)\n" in text
+    )
+    stacks = [line for line in text.splitlines() if line.startswith("ddpkit: stack of")]
+    assert stacks == [
+        "ddpkit: stack of rank 2 (main thread, innermost last):",
+        "ddpkit: stack of ranks 0-1,3 (main thread, innermost last):",
+    ]
+    assert '  File "/job/train.py", line 88, in <module>' in text
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [([3], "rank 3"), ([2, 0, 1], "ranks 0-2"), ([0, 2, 5, 6, 7], "ranks 0,2,5-7")],
+)
+def test_ranks_text(ranks: list[int], text: str) -> None:
+    assert hang.ranks_text(ranks) == text
+
+
+# --- the record ----------------------------------------------------------------------------------
+
+
+def test_the_record_notes_outer_calls_and_knows_the_first_step() -> None:
+    record = calls.Record(clock=iter(range(100)).__next__)
+    inner = record.wrap("broadcast", lambda *args, **kwargs: None)
+    outer = record.wrap("broadcast_object_list", lambda objects, src=0: inner(objects))
+    seen: list[list[tuple[str, float | None]]] = []
+    during = record.wrap(
+        "barrier", lambda: seen.append([(c.op, c.left_at) for c in record.running()])
+    )
+    outer([1, 2], src=0)  # its inner broadcast is not noted
+    for _ in range(2):
+        assert not record.past_first_step  # the loop below has not come round yet
+        during()
+    assert record.past_first_step
+    assert [call.op for call in record.calls()] == ["broadcast_object_list", "barrier", "barrier"]
+    assert [call.seq for call in record.calls()] == [1, 2, 3]  # no torch counter: ddpkit's own
+    assert seen == [[("barrier", None)], [("barrier", None)]]  # running while it runs
+    assert record.running() == [] and record.calls()[0].sizes == "2 objects"
+
+
+def test_install_wraps_torchs_collectives_and_uninstall_puts_them_back() -> None:
+    import torch.autograd
+
+    original, backward = dist.all_reduce, torch.autograd.backward
+    record = calls.Record()
+    calls.install(record)
+    try:
+        assert dist.all_reduce is not original and dist.all_reduce.__wrapped__ is original
+        assert dist.distributed_c10d.barrier.__ddpkit_noted__
+        assert torch.autograd.backward.__wrapped__ is backward  # DDP all-reduces inside it
+        assert calls.installed() is record
+    finally:
+        calls.uninstall()
+    assert dist.all_reduce is original and calls.installed() is None
+    assert torch.autograd.backward is backward
+
+
+# --- the guard -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("test", "rank_zero"),
+    [
+        ("ctx.is_main", True),
+        ("ctx.is_main and epoch % 5 == 0", True),
+        ("fabric.is_global_zero", True),
+        ("dist.get_rank() == 0", True),
+        ("0 == rank", True),
+        ("self.global_rank == 0", True),
+        ("ctx.is_main or debug", False),
+        ("not ctx.is_main", False),
+        ("dist.get_rank(pp_group) == 0", False),  # a subgroup's rank 0
+        ("ctx.local_rank == 0", False),
+        ("rank == 1", False),
+        ("rank == False", False),
+    ],
+)
+def test_which_if_tests_hold_on_rank_zero_only(test: str, rank_zero: bool) -> None:
+    assert is_rank_zero_test(ast.parse(test, mode="eval").body) is rank_zero
+
+
+GUARDED = """
+def save(collective):
+    collective()
+
+
+def main(ctx, collective):
+    if ctx.is_main:
+        save(collective)
+    if ctx.is_main:
+        print("no collective here")
+    else:
+        collective()
+    collective()
+"""
+
+
+def test_the_guard_raises_in_a_rank_zero_block_and_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "train_guarded.py"
+    path.write_text(GUARDED)
+    namespace: dict[str, object] = {}
+    exec(compile(GUARDED, str(path), "exec"), namespace)
+    guard = RankZeroGuard()
+    calls_made: list[str] = []
+
+    def barrier() -> None:
+        guard("barrier", None)
+        calls_made.append("barrier")
+
+    class Main:
+        is_main = True
+
+    with pytest.raises(UsageError) as raised:
+        namespace["main"](Main(), barrier)  # type: ignore[operator]
+    assert f"{path}:8 `save(collective)` runs under `if ctx.is_main:` (line 7)" in str(raised.value)
+    assert "collective barrier() called inside rank-0-only code" in str(raised.value)
+
+    class Other:
+        is_main = False
+
+    namespace["main"](Other(), barrier)  # type: ignore[operator]  # the else branch: allowed
+    assert calls_made == ["barrier", "barrier"]
+
+
+# --- the scenarios -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Path:
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+def _run(
+    worker: Path,
+    case: str,
+    *,
+    stuck: int = 1,
+    world_size: int = 3,
+    extra: tuple[str, ...] = (),
+    frozen: tuple[int, ...] = (),
+) -> list[Rank]:
+    args = ["--case", case, "--stuck", str(stuck), *extra]
+    ranks = spawn(worker, world_size, args, bound_s=3, env=BOUNDS, expect_stuck=frozen)
+    pids = [rank.pid() for rank in ranks] + [pid for rank in ranks for pid in rank.children()]
+    left = [pid for pid in pids if running(pid)]
+    assert left == [], f"left running: {left}"
+    return ranks
+
+
+def _report_of(rank0: Rank) -> str:
+    lines = rank0.err.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("ddpkit: hang: ")]
+    assert len(heads) == 1, rank0.err[-4000:]
+    return "\n".join(lines[heads[0] :])
+
+
+def _ended_by_the_report(ranks: list[Rank], reported_by: int = 0) -> None:
+    for rank in ranks:
+        assert rank.code == watchdog.ABORT_EXIT_CODE and rank.ended_s < SLACK_S, rank.err[-3000:]
+        if rank.rank != reported_by:
+            assert f"ddpkit: rank {rank.rank} ends: the hang watchdog's report" in rank.err
+        assert "Traceback" not in rank.err, rank.err[-3000:]  # no noise from ended collectives
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("stuck", [1, 0])  # 0: the store's host and reporter is the stuck one
+def test_a_rank_sleeping_before_a_collective_is_named(worker: Path, stuck: int) -> None:
+    ranks = _run(worker, "sleep", stuck=stuck)
+    _ended_by_the_report(ranks)
+    report = _report_of(ranks[0])
+    waiters = "ranks 1-2" if stuck == 0 else "ranks 0,2"
+    who = f"rank {stuck} (host {HOST}, pid {ranks[stuck].pid()})"
+    place = f"{_site(worker, 'time.sleep(600)')} `time.sleep(600)`, not in a collective"
+    assert report.startswith(f"ddpkit: hang: {who} is in {place}"), report
+    assert f"; {waiters} wait in all_reduce #" in report.splitlines()[0]
+    assert "bound: DDPKIT_HANG_TIMEOUT=3)" in report.splitlines()[0]
+    assert f"ddpkit: stack of rank {stuck} (main thread, innermost last):" in report
+    assert f"ddpkit: stack of {waiters} (main thread, innermost last):" in report
+    if compat.flight_recorder_tail(1) is not None:  # torch 2.13 keeps one for gloo
+        assert "torch's flight recorder, last: gloo:all_reduce #" in report
+
+
+@pytest.mark.multiproc
+def test_a_rank_in_a_different_collective_is_named(worker: Path) -> None:
+    ranks = _run(worker, "other")
+    _ended_by_the_report(ranks)
+    head = _report_of(ranks[0]).splitlines()[0]
+    found = re.search(
+        rf"is in barrier #(\d+) on default_pg at {worker.parent.name}/worker.py:(\d+)", head
+    )
+    assert found and head.startswith(f"ddpkit: hang: rank 1 (host {HOST}, pid {ranks[1].pid()})")
+    assert int(found.group(2)) == _line("dist.barrier()  # other")
+    assert f"ranks 0,2 wait in all_reduce #{found.group(1)} [4] float32 on default_pg" in head
+
+
+@pytest.mark.multiproc
+def test_a_rank_stuck_in_its_data_loader_worker_is_named(worker: Path) -> None:
+    ranks = _run(worker, "loader")
+    _ended_by_the_report(ranks)
+    (child,) = ranks[1].children()
+    head = _report_of(ranks[0]).splitlines()[0]
+    assert head.startswith(
+        f"ddpkit: hang: rank 1 (host {HOST}, pid {ranks[1].pid()}) is in "
+        f"{_site(worker, 'for batch in batches:')} `for batch in batches:`, not in a collective, "
+        f"waiting for its data loader worker(s) (pids {child})"
+    ), head
+
+
+@pytest.mark.multiproc
+def test_a_rank_missing_from_ddps_gradient_all_reduce_is_named(worker: Path) -> None:
+    ranks = _run(worker, "ddp", stuck=2)
+    _ended_by_the_report(ranks)
+    head = _report_of(ranks[0]).splitlines()[0]
+    place = f"{_site(worker, 'time.sleep(600)  # stuck before backward')}"
+    assert head.startswith(
+        f"ddpkit: hang: rank 2 (host {HOST}, pid {ranks[2].pid()}) is in {place} "
+        "`time.sleep(600)  # stuck before backward`, not in a collective; its last "
+        "collective: backward #"
+    ), head
+    waited = re.search(r"ranks 0-1 wait in backward #(\d+) on default_pg at (\S+) ", head)
+    assert waited and waited.group(2) == _site(worker, "loss.backward()"), head
+
+
+@pytest.mark.multiproc
+def test_rank_zero_holding_the_gil_is_reported_by_the_rank_that_gathered(worker: Path) -> None:
+    # rank 0 answers nothing and judges no heartbeats; the store (C++) still serves the others.
+    # A rank whose threads cannot run cannot end itself: its launcher ends it (here: the test).
+    ranks = _run(worker, "gil", stuck=0, frozen=(0,))
+    reporter = next(rank for rank in ranks[1:] if rank.err.startswith("ddpkit: hang: "))
+    _ended_by_the_report(ranks[1:], reported_by=reporter.rank)
+    lines = reporter.err.splitlines()
+    head = next(line for line in lines if line.startswith("ddpkit: hang: "))
+    assert head.startswith(
+        "ddpkit: hang: rank 0 did not answer within the gathering time (frozen, or its threads "
+        "cannot run: a long call holding the GIL?); ranks 1-2 wait in all_reduce #"
+    ), head
+    assert "  rank 0: no answer" in lines
+    assert f"ddpkit: hang report (gathered by rank {reporter.rank}), each rank:" in lines
+
+
+@pytest.mark.multiproc
+def test_a_barrier_in_rank_zero_only_code_raises_at_once(worker: Path) -> None:
+    ranks = _run(worker, "rank0")
+    line = _line("dist.barrier()  # rank0")
+    assert ranks[0].code == 1 and ranks[0].ended_s < SLACK_S
+    assert (
+        f"UsageError: collective barrier() called inside rank-0-only code: {worker}:{line} "
+        f"`dist.barrier()  # rank0` runs under `if opts.case == 'rank0' and ctx.is_main:` (line "
+        f"{line - 1})"
+    ) in ranks[0].err
+    for peer in ranks[1:]:  # the peers name rank 0 through the peer watchdog
+        assert peer.code == 1 and peer.ended_s < SLACK_S
+        assert f"rank 0 on host {HOST} (pid {ranks[0].pid()}) raised UsageError" in peer.err
+
+
+@pytest.mark.multiproc
+def test_data_preparation_on_rank_zero_before_the_first_step_is_left_alone(
+    worker: Path,
+) -> None:
+    ranks = _run(worker, "prep")
+    assert [rank.code for rank in ranks] == [0, 0, 0], ranks[0].err[-3000:]
+    assert all("ddpkit:" not in rank.err for rank in ranks)
+
+
+@pytest.mark.multiproc
+def test_ranks_waiting_while_rank_zero_writes_a_checkpoint_are_left_alone(
+    worker: Path, tmp_path: Path
+) -> None:
+    ranks = _run(worker, "ckpt", extra=("--dir", str(tmp_path / "ckpt")))
+    assert [rank.code for rank in ranks] == [0, 0, 0], ranks[1].err[-3000:]
+    assert all("ddpkit:" not in rank.err for rank in ranks)
+    assert len(list((tmp_path / "ckpt").iterdir())) >= 1
+
+
+def test_a_patient_collective_is_noted_as_such() -> None:
+    record = calls.Record()
+    calls.install(record)
+    try:
+        seen: list[bool] = []
+        wait = record.wrap("broadcast", lambda: seen.append(record.running()[0].patient))
+        wait()
+        with calls.patient():
+            wait()
+        wait()
+    finally:
+        calls.uninstall()
+    assert seen == [False, True, False]
+
+
+def test_the_report_lands_in_the_attempt_folder_and_the_jobs_log_folder(tmp_path: Path) -> None:
+    from ddpkit.worker.watchdog.hangwatch import report_paths
+
+    error_file = tmp_path / "run_x" / "attempt_0" / "3" / "error.json"
+    logs = tmp_path / "logs"
+    assert report_paths({"TORCHELASTIC_ERROR_FILE": str(error_file)}) == [
+        str(tmp_path / "run_x" / "attempt_0" / "ddpkit-hang-report.txt")
+    ]
+    env = {"TORCHELASTIC_ERROR_FILE": str(error_file), "DDPKIT_LOG_DIR": str(logs)}
+    assert report_paths({**env, "SLURM_JOB_ID": "77"})[1] == str(logs / "ddpkit-hang-report-77.txt")
+    assert report_paths({"DDPKIT_LOG_DIR": str(logs)}) == [str(logs / "ddpkit-hang-report.txt")]
+    assert report_paths({"DDPKIT_LOG_DIR": "relative", "TORCHELASTIC_ERROR_FILE": "x"}) == []
+
+
+def test_the_launchers_summary_quotes_the_report_it_finds(tmp_path: Path) -> None:
+    from ddpkit.contract import HANG_REPORT_FILE
+    from ddpkit.launch.report import LaunchOutcome, WorkerFailure
+
+    root = WorkerFailure(rank=1, local_rank=1, host="n1", pid=42, exit_code=1)
+    outcome = LaunchOutcome(1, root, log_dir=str(tmp_path))
+    assert "the job hung" not in outcome.describe()  # no report: the usual summary
+    (tmp_path / HANG_REPORT_FILE).write_text("ddpkit: hang: rank 1 ...\nddpkit: stack of rank 1\n")
+    lines = outcome.describe().splitlines()
+    assert lines[:4] == [
+        "ddpkit: worker failed (root cause): rank 1 (local rank 1) on n1: exit code 1",
+        f"ddpkit: the job hung; the hang watchdog's report (from {tmp_path / HANG_REPORT_FILE}):",
+        "  ddpkit: hang: rank 1 ...",
+        "  ddpkit: stack of rank 1",
+    ]
+
+
+@pytest.mark.multiproc
+def test_ddpkit_run_quotes_the_report_in_its_summary(worker: Path) -> None:
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "3", str(worker)]
+    env = child_env(DDPKIT_PEER_TIMEOUT="3", **BOUNDS)
+    done = subprocess.run(
+        [*command, "--case", "sleep"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    pids = {
+        int(r): int(p) for r, p in re.findall(r"^\[rank\d\]: pid (\d) (\d+)$", done.stdout, re.M)
+    }
+    assert sorted(pids) == [0, 1, 2], done.stdout
+    assert [pid for pid in pids.values() if running(pid)] == []
+    assert done.returncode == 1, done.stderr[-3000:]
+    summary = done.stderr[done.stderr.index("ddpkit: worker failed (root cause)") :]
+    found = re.search(r"the hang watchdog's report \(from (\S+)\):", summary)
+    assert found and Path(found.group(1)).name == "ddpkit-hang-report.txt", summary
+    assert f"  ddpkit: hang: rank 1 (host {HOST}, pid {pids[1]}) is in " in summary
+    assert Path(found.group(1)).read_text().startswith(f"ddpkit: hang: rank 1 (host {HOST}")

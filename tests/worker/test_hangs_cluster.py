@@ -1,0 +1,85 @@
+"""On the real test cluster, 2 nodes x 2 processes (``launch: torchrun``: one ``ddpkit run`` per
+node): a stuck rank is named in one report within the bound, set by the spec's
+``hang_timeout_s``, a launcher quotes it and the job's log folder keeps it; a rank-0-only
+barrier raises at once. Nothing of the job is left running."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.slurm_cluster import FINISHED, SlurmCluster
+from tests.worker.test_hangs import WORKER
+
+pytestmark = pytest.mark.slurm
+
+PIDS = re.compile(r"pid (\d) (\d+)$", re.MULTILINE)
+
+
+def _submit(slurm: SlurmCluster, tmp_path: Path, case: str, stuck: int) -> tuple[str, str]:
+    """Run the job to its end; (its final state, every log of it)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: hang-{case}\npartition: debug\nnodes: 2\nprocs_per_node: 2\n"
+        f"workdir: {tmp_path}\nlog_dir: logs\nlaunch: torchrun\ntime_min: 5\n"
+        "hang_timeout_s: 5\nhang_first_timeout_s: 120\nenv: {DDPKIT_PEER_TIMEOUT: '5'}\n"
+        f"command: {worker} --case {case} --stuck {stuck}\n"
+    )
+    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job = slurm.track(done.stdout.strip())
+    state = slurm.wait(job, timeout_s=150, states=FINISHED)
+    logs = "\n".join(
+        path.read_text(errors="replace") for path in sorted((tmp_path / "logs").glob("*"))
+    )
+    assert slurm.processes(str(worker)) == [], "left running"
+    return state, logs
+
+
+@pytest.mark.parametrize(
+    ("case", "stuck", "named"),
+    [
+        ("sleep", 3, r"is in \S*worker.py:\d+ `time.sleep\(600\)`, not in a collective"),
+        ("other", 2, r"is in barrier #\d+ on default_pg at \S*worker.py:\d+"),
+        (
+            "loader",
+            3,
+            r"is in \S*worker.py:\d+ `for batch in batches:`, not in a collective, waiting for "
+            r"its data loader worker\(s\) \(pids \d+\)",
+        ),
+    ],
+    ids=["sleep", "other", "loader"],
+)
+def test_a_stuck_rank_on_the_second_node_is_named_in_the_report_and_the_summary(
+    slurm: SlurmCluster, tmp_path: Path, case: str, stuck: int, named: str
+) -> None:
+    state, logs = _submit(slurm, tmp_path, case, stuck)
+    assert state == "FAILED", logs[-4000:]
+    pids = {int(rank): pid for rank, pid in PIDS.findall(logs)}
+    assert sorted(pids) == [0, 1, 2, 3], logs[-4000:]
+    head = rf"ddpkit: hang: rank {stuck} \(host (\S+), pid {pids[stuck]}\) {named}"
+    found = re.search(head, logs)
+    assert found, logs[-6000:]
+    assert "bound: DDPKIT_HANG_TIMEOUT=5)" in logs
+    # a node's `ddpkit run` quotes the report from its own attempt folder (the other node's
+    # may be ended by srun's --kill-on-bad-exit before it writes its summary)
+    assert "ddpkit: the job hung; the hang watchdog's report (from " in logs, logs[-6000:]
+    (kept,) = (tmp_path / "logs").glob("ddpkit-hang-report-*.txt")  # the job's log folder
+    assert re.match(head, kept.read_text()), kept.read_text()
+
+
+def test_a_rank_zero_only_barrier_raises_on_rank_zero(slurm: SlurmCluster, tmp_path: Path) -> None:
+    state, logs = _submit(slurm, tmp_path, "rank0", 0)
+    assert state == "FAILED", logs[-4000:]
+    assert "UsageError: collective barrier() called inside rank-0-only code: " in logs
+    assert "`dist.barrier()  # rank0` runs under `if opts.case == 'rank0' and ctx.is_main:`" in logs
