@@ -40,7 +40,8 @@ import ddpkit
 
 parser = argparse.ArgumentParser()
 parser.add_argument(
-    "--case", choices=["sleep", "other", "loader", "rank0", "prep", "ckpt", "ddp", "gil"]
+    "--case",
+    choices=["sleep", "other", "loader", "rank0", "prep", "ckpt", "ckpt-async", "ddp", "gil"],
 )
 parser.add_argument("--dir", default="")
 parser.add_argument("--stuck", type=int, default=1)
@@ -74,11 +75,19 @@ if opts.case == "ddp":  # DDP all-reduces from C++ inside backward(): no Python 
         loss.backward()
 if opts.case == "ckpt":  # rank 0 writes slowly (a slow filesystem); the others wait for it
     from ddpkit.worker import checkpoint
-    write = checkpoint._save
-    checkpoint._save = lambda *args: (time.sleep(7), write(*args))[1]
+    write = checkpoint.save_payload
+    checkpoint.save_payload = lambda *args: (time.sleep(7), write(*args))[1]
     ddpkit.save_checkpoint(opts.dir, {"value": value}, step=3)
     dist.all_reduce(value)
-if opts.case in ("prep", "ckpt"):
+if opts.case == "ckpt-async":  # the others wait at the next save for rank 0's slow write
+    from ddpkit.worker import checkpoint
+    write = checkpoint.save_payload
+    checkpoint.save_payload = lambda *args: (time.sleep(7), write(*args))[1]
+    ddpkit.async_save_checkpoint(opts.dir, {"value": value}, step=3)
+    dist.all_reduce(value)
+    ddpkit.wait_for_checkpoint()
+    dist.all_reduce(value)
+if opts.case in ("prep", "ckpt", "ckpt-async"):
     raise SystemExit(0)
 if opts.case == "loader" and ctx.rank == opts.stuck:
     batches = iter(torch.utils.data.DataLoader(Slow(), batch_size=2, num_workers=1))
@@ -482,10 +491,11 @@ def test_data_preparation_on_rank_zero_before_the_first_step_is_left_alone(
 
 
 @pytest.mark.multiproc
+@pytest.mark.parametrize("case", ["ckpt", "ckpt-async"])
 def test_ranks_waiting_while_rank_zero_writes_a_checkpoint_are_left_alone(
-    worker: Path, tmp_path: Path
+    worker: Path, tmp_path: Path, case: str
 ) -> None:
-    ranks = _run(worker, "ckpt", extra=("--dir", str(tmp_path / "ckpt")))
+    ranks = _run(worker, case, extra=("--dir", str(tmp_path / "ckpt")))
     assert [rank.code for rank in ranks] == [0, 0, 0], ranks[1].err[-3000:]
     assert all("ddpkit:" not in rank.err for rank in ranks)
     assert len(list((tmp_path / "ckpt").iterdir())) >= 1
