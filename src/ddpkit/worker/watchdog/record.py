@@ -75,7 +75,7 @@ COLLECTIVES = (
 class Call:
     """One collective this process entered; ``left_at`` is None while it runs. Noted raw (the
     group object, the first argument's shape and dtype, the caller's file and line) and
-    formatted only when a report asks: noting costs about a microsecond."""
+    formatted only when a report asks: noting costs a few microseconds."""
 
     op: str
     seq: int | None  # the group's sequence number of this call (1 = its first)
