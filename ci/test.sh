@@ -73,10 +73,11 @@ fi
 # report after the rest's. Either failing fails the run.
 echo "== pytest: the SLURM tests (2 workers, log below) beside the others"
 slurm_log=$(mktemp /tmp/ddpkit-slurm-tests-XXXXXX)
-python3 -m pytest -m slurm -n 2 --dist loadfile --durations=20 >"$slurm_log" 2>&1 &
+# (with them the `sidecar` tests: local processes that mostly wait for bounds and signals)
+python3 -m pytest -m "slurm or sidecar" -n 2 --dist loadfile --durations=20 >"$slurm_log" 2>&1 &
 slurm_pid=$!
 rc=0
-python3 -m pytest -m "not slurm" --durations=30 || rc=$?
+python3 -m pytest -m "not slurm and not sidecar" --durations=30 || rc=$?
 slurm_rc=0
 wait "$slurm_pid" || slurm_rc=$?
 echo "== pytest -m slurm (exit $slurm_rc)"

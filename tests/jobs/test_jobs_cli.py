@@ -174,6 +174,7 @@ def test_submitit_dry_run_prints_the_executor_parameters_and_writes_nothing(
             "export DDPKIT_JOB_LAUNCH=srun",
             "export DDPKIT_SIGNAL=USR2",
             "export DDPKIT_MAX_REQUEUES=10",
+            f"export DDPKIT_LOG_DIR={tmp_path / 'ddpkit-logs'}",
             "export SUBMITIT_PREEMPT_SIGNAL=USR2",
         ],
         "slurm_additional_parameters": {

@@ -117,7 +117,7 @@ def rank_reports(workdir: Path, name: str, job: str) -> tuple[list[dict[str, Any
         path.read_text(errors="replace")
         for path in sorted((workdir / "ddpkit-logs").glob(f"{name}-{job}-node*.out"))
     )
-    found = [json.loads(line[line.index('{"rank"') :]) for line in text.splitlines()
+    found = [_first_json(line[line.index('{"rank"') :]) for line in text.splitlines()
              if '{"rank"' in line]  # fmt: skip
     return sorted(found, key=lambda r: r["rank"]), text
 
@@ -185,3 +185,10 @@ def test_ranks_keep_slurm_node_order_after_a_restart(slurm: SlurmCluster, workdi
     # node 1's agent restarted after its worker failed; node 0's restarted on seeing it rejoin
     # (a membership change: torch keeps its TORCHELASTIC_RESTART_COUNT at 0)
     assert "failed (exitcode: 3)" in text and text.count("restart 1") == 2, text
+
+
+def _first_json(text: str) -> dict[str, Any]:
+    """The JSON object ``text`` starts with; what follows it on the line is left (under load a
+    peer's tee'd output can land on the same line of the shared node log)."""
+    found, _ = json.JSONDecoder().raw_decode(text)
+    return dict(found)

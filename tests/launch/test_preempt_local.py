@@ -29,6 +29,8 @@ import pytest
 from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.launch.local import child_pids
 
+pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
+
 ROOT = Path(__file__).resolve().parents[2]
 # 4000 samples over 2 ranks in batches of 64: 32 steps an epoch, 64 in all.
 TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "4000", "--test-size", "501"]

@@ -15,6 +15,8 @@ import pytest
 
 from ddpkit.cli import main
 
+pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests/scripts/resize_worker.py"
 SIZE, EPOCHS = 23, 3  # at world 4: 6 per rank (one padding position), 3 steps of 2 per epoch

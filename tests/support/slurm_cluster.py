@@ -94,9 +94,31 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             state = self.state(job_id)
             if state in states:
+                if state in FINISHED and self.accounting:
+                    self._sacct_settled(job_id, max(30.0, deadline - time.monotonic()))
                 return state
             time.sleep(0.2)
         pytest.fail(f"job {job_id} still {state or 'unknown'} after {timeout_s} s, not {states}")
+
+    def _sacct_settled(self, job_id: str, timeout_s: float) -> None:
+        """Until sacct, which lags scontrol, has recorded the end of every run of the job (no
+        run still RUNNING, PENDING or REQUEUED there), so that a test reading its history sees
+        what scontrol saw; bounded: the test's own assertion then shows what sacct holds."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done = self.run(
+                "sacct", "-j", job_id, "--duplicates", "-n", "-P", "-X", "-o", "JobID,State",
+                check=False,
+            )  # fmt: skip
+            last: dict[str, str] = {}  # each job's (array task's) newest run, oldest first
+            for line in done.stdout.splitlines():
+                job, _, state = line.partition("|")
+                if state.strip():
+                    last[job] = state.split()[0]
+            active = {"RUNNING", "PENDING", "REQUEUED", "COMPLETING"}
+            if last and not set(last.values()) & active:
+                return
+            time.sleep(0.5)
 
     def wait_for_text(self, path: Path, text: str, timeout_s: float = 60) -> str:
         """Poll a job's output file until it contains ``text``; the file's content."""

@@ -250,7 +250,8 @@ def test_checkpoints_written_before_weights_only_still_load(tmp_path: Path) -> N
         for mine, theirs in zip(model.state_dict().values(), weights, strict=True):
             assert torch.equal(mine, theirs)
         assert state["optimizer"].state_dict()["param_groups"][0]["lr"] == 0.1
-        assert state["train"].state_dict() == expected["train"]
+        # a loader state saved before "start" existed reads as the start of the epoch
+        assert state["train"].state_dict() == {"start": 0, **expected["train"]}
         assert state["note"] == "legacy" and torch.equal(state["loss"], torch.tensor([1.5, 8.0]))
         draws = [random.random(), numpy.random.rand(2).tolist(), torch.rand(3).tolist()]
         assert draws == expected["draws"]

@@ -28,6 +28,8 @@ from ddpkit.worker.watchdog import record as calls
 from ddpkit.worker.watchdog.guard import RankZeroGuard, is_rank_zero_test
 from tests.support.spawned import Rank, child_env, running, spawn
 
+pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
+
 HOST = socket.gethostname()
 SLACK_S = 30.0
 BOUNDS = {"DDPKIT_HANG_TIMEOUT": "3", "DDPKIT_HANG_FIRST_TIMEOUT": "60"}

@@ -183,8 +183,8 @@ def run_of(job_id: str, *, runner: Runner = subprocess_runner) -> RunOfJob | Non
     if run_id is None or record is None:
         return None
     slurm_job: str | None = job
-    if record.via == "torchx":
-        scheduler, _, rest = (record.handle or "").partition("://")
+    if record.handle is not None:  # an app handle: its scheduler's job id is in it
+        scheduler, _, rest = record.handle.partition("://")
         slurm_job = rest.rpartition("/")[2] if scheduler == "slurm" else None
     attempt = None if slurm_job is None else job_restarts(slurm_job, runner=runner)
     return RunOfJob(run_id, attempt)

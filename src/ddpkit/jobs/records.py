@@ -157,7 +157,7 @@ def recorded_run_id(record: JobRecord | None, job: str) -> str | None:
     if record.run_id is not None:
         return record.run_id
     base, sep, task = job.partition("_")
-    if record.sweep_runs is not None and record.via != "torchx" and sep and task.isdigit():
+    if record.sweep_runs is not None and record.handle is None and sep and task.isdigit():
         return f"slurm-{base}_{task}"
     return None
 

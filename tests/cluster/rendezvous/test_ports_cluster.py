@@ -75,7 +75,7 @@ def squat(slurm: SlurmCluster, node: str, port: int, kind: str) -> Iterator[None
 
 def reports(text: str) -> list[dict[str, Any]]:
     """The JSON lines of report_port.py (torchrun's "[rankN]: " prefix removed)."""
-    return [json.loads(line[line.index('{"rank"') :]) for line in text.splitlines()
+    return [_first_json(line[line.index('{"rank"') :]) for line in text.splitlines()
             if '{"rank"' in line]  # fmt: skip
 
 
@@ -191,3 +191,10 @@ def test_without_reservation_torchrun_agents_meet_past_taken_ports(
     check_ranks(reports(text))
     met = f"c10d rendezvous at n1:{ports[2]} ({ports[0]}, {ports[1]} taken)"
     assert text.count(met) == 2, text
+
+
+def _first_json(text: str) -> dict[str, Any]:
+    """The JSON object ``text`` starts with; what follows it on the line is left (under load a
+    peer's tee'd output can land on the same line of the shared node log)."""
+    found, _ = json.JSONDecoder().raw_decode(text)
+    return dict(found)
