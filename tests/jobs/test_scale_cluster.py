@@ -8,8 +8,6 @@ sample exactly once (a test set of 1001 rows: 1001 = 16 x 62 + 9, so the sampler
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,13 +34,7 @@ def test_four_nodes_of_four_detect_train_gather_stop_requeue_resume(
         "env: {OMP_NUM_THREADS: '1'}\n"
         f"command: {EXAMPLE} {TRAIN} --checkpoint-dir {tmp_path / 'ck'} --step-delay 0.3\n"
     )
-    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
-    done = subprocess.run(
-        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    job = slurm.track(done.stdout.strip())
+    job = slurm.submit_spec(spec, home=tmp_path / "home")
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not any((tmp_path / "ck").glob("ckpt-*")):  # training: its first checkpoint
         assert slurm.state(job) not in FINISHED, _logs(tmp_path)

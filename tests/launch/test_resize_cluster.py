@@ -10,8 +10,6 @@ the world size it was submitted with (``DDPKIT_EXPECTED_WORLD_SIZE``)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -36,13 +34,7 @@ def run_piece(slurm: SlurmCluster, tmp_path: Path, nodes: int, stop: int) -> Non
         f"env: {{DDPKIT_RUN_ID: resize-run}}\n"
         f"command: {SCRIPT} {tmp_path / 'run'} {EPOCHS} {stop}\n"
     )
-    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
-    done = subprocess.run(
-        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    job = slurm.track(done.stdout.strip())
+    job = slurm.submit_spec(spec, home=tmp_path / "home")
     state = slurm.wait(job, timeout_s=240, states=FINISHED)
     logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("*")))
     assert state == "COMPLETED", logs

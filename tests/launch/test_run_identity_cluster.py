@@ -31,13 +31,8 @@ def test_a_requeued_job_keeps_its_run_id_and_counts_attempts(
         f"name: runid\npartition: debug\nnodes: 2\nprocs_per_node: 1\nworkdir: {tmp_path}\n"
         f"log_dir: logs\nlaunch: srun\ntime_min: 5\ncommand: {SCRIPT}\n"
     )
-    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
-    done = subprocess.run(
-        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    job = slurm.track(done.stdout.strip())
+    job = slurm.submit_spec(spec, home=tmp_path / "home")
+    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}  # ddpkit status reads the record
     shown = watch_status(env, tmp_path, job)  # at whatever moments the polls land
     state = slurm.wait(job, timeout_s=240, states=FINISHED)
     logs = "\n".join(

@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,18 @@ class SlurmCluster:
         """Remember a job submitted by other means, so the fixture cancels it after the test."""
         self.submitted.append(job_id)
         return job_id
+
+    def submit_spec(self, spec: Path, *, home: Path, via: str | None = None) -> str:
+        """``ddpkit submit SPEC`` (from the spec's folder, with its own DDPKIT_HOME), the job
+        tracked for cleanup; its id. Fails the test with ddpkit's stderr when it exits != 0."""
+        argv = [sys.executable, "-m", "ddpkit", "submit", str(spec)]
+        done = subprocess.run(
+            [*argv, "--via", via] if via else argv,
+            env={**self.env, "DDPKIT_HOME": str(home)}, cwd=spec.parent,
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return self.track(done.stdout.strip())
 
     def state(self, job_id: str) -> str:
         """``scontrol``'s JobState (COMPLETING while processes are still exiting), or ''."""

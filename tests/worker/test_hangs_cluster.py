@@ -6,8 +6,6 @@ barrier raises at once. Nothing of the job is left running."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,13 +29,7 @@ def _submit(slurm: SlurmCluster, tmp_path: Path, case: str, stuck: int) -> tuple
         "hang_timeout_s: 5\nhang_first_timeout_s: 120\nenv: {DDPKIT_PEER_TIMEOUT: '5'}\n"
         f"command: {worker} --case {case} --stuck {stuck}\n"
     )
-    env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
-    done = subprocess.run(
-        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    job = slurm.track(done.stdout.strip())
+    job = slurm.submit_spec(spec, home=tmp_path / "home")
     state = slurm.wait(job, timeout_s=150, states=FINISHED)
     logs = "\n".join(
         path.read_text(errors="replace") for path in sorted((tmp_path / "logs").glob("*"))
