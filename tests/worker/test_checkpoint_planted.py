@@ -1,0 +1,127 @@
+"""A file planted in a checkpoint folder, met by every ddpkit call that reads the folder.
+
+The planted files are those of ``test_checkpoint_trust`` (real pickles whose unpickling runs
+code that creates a marker file). Here each one meets every entry point in turn: a sync save,
+an async save, the list and origin helpers, a load of the folder and a load of the file itself.
+The marker must never appear, and a load that meets the file by name must refuse it in one line
+naming it. (No ``ddpkit`` command reads checkpoint files: ``doctor`` only measures a folder's
+free space.)
+
+A planted file can also claim any place in the write order. One that claims the last place the
+reader takes (sequence 2**63 - 1) made every later save write a sequence the reader refuses:
+the run's own checkpoints then counted as foreign files, ``keep_last`` pruned them first, and
+once the planted file was gone a load skipped them all and the job trained from scratch. A
+save now refuses to be ordered after such a file, saying which file and why.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ddpkit
+from ddpkit.errors import CheckpointError
+from ddpkit.worker import ckptfiles
+from ddpkit.worker.checkpoint import checkpoint_files
+from tests.worker.test_checkpoint_trust import KINDS, _plant
+
+PLANTED = "ckpt-000000999.pt"
+
+
+def _quietly(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` with its warnings (skipped files, higher steps) kept apart."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return call(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_entry_point_runs_a_planted_file(tmp_path: Path, kind: str) -> None:
+    marker = tmp_path / "marker"
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=5)
+    planted = _plant(folder / PLANTED, kind, marker)
+
+    keep = {"keep_last": 10}  # the planted file stays through both saves
+    _quietly(ddpkit.save_checkpoint, folder, {"w": torch.ones(2) * 6}, step=6, **keep)
+    assert not marker.exists(), "a sync save ran the planted file"
+    pending = _quietly(
+        ddpkit.async_save_checkpoint, folder, {"w": torch.ones(2) * 7}, step=7, **keep
+    )
+    newest = folder / "ckpt-000000007.pt"
+    assert pending.wait() == newest
+    assert not marker.exists(), "an async save ran the planted file"
+    assert planted in checkpoint_files(folder) and checkpoint_files(folder)[-1] == newest
+    origin = ddpkit.checkpoint_origin(folder)
+    assert origin is not None and origin.path == newest  # saved after it: the newest
+    ddpkit.checkpoint_origin(planted)
+    assert not marker.exists(), "the list or origin helpers ran the planted file"
+
+    state: dict[str, Any] = {}
+    assert _quietly(ddpkit.load_checkpoint, folder, state) == 7
+    assert torch.equal(state["w"], torch.ones(2) * 7)
+    with pytest.raises(CheckpointError) as caught:  # asked for by name: a one-line refusal
+        ddpkit.load_checkpoint(planted, {})
+    message = str(caught.value)
+    assert "\n" not in message and str(planted) in message, message
+    assert " holds " in message and "does not unpickle" in message, message
+    assert not marker.exists(), "a load ran the planted file"
+
+    # the planted file does run its code when unpickled as torch.load did by default before 2.6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.load(planted, weights_only=False)
+        except Exception:  # what the code returns is no checkpoint; it ran all the same
+            pass
+    assert marker.exists(), "the planted file is harmless: this test could not fail"
+
+
+def _forge(path: Path, sequence: int) -> Path:
+    """A file with ddpkit's header claiming ``sequence``, holding only plain values (it loads
+    under weights_only: the worst a forged file can hold)."""
+    header = {"format": 2, "sequence": sequence, "step": 1, "world_size": 1}
+    torch.save({**header, "state": {"w": torch.zeros(2)}, "rng": [{}]}, path)
+    return path
+
+
+def _sequences(folder: Path) -> dict[str, int]:
+    return {entry.path.name: entry.sequence for entry in ckptfiles.written(folder)}
+
+
+def test_a_planted_last_place_in_the_write_order_cannot_hide_the_runs_own_saves(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=10)
+    planted = _forge(folder / "ckpt-000000001.pt", 2**63 - 1)  # the largest the reader takes
+    with pytest.raises(CheckpointError) as caught:
+        ddpkit.save_checkpoint(folder, {"w": torch.ones(2) * 2}, step=20)
+    message = str(caught.value)
+    assert f"{planted} claims to be save number {2**63 - 1} in {folder}" in message, message
+    assert "\n" not in message and f"remove {planted}" in (caught.value.hint or "")
+    assert sorted(os.listdir(folder)) == ["ckpt-000000001.pt", "ckpt-000000010.pt"]
+    assert _sequences(folder)["ckpt-000000010.pt"] == 1  # the run's own save is untouched
+
+    planted.unlink()  # whoever owns the folder removes it: the run's saves are all there
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(2) * 2}, step=20)
+    state: dict[str, Any] = {}
+    assert ddpkit.load_checkpoint(folder, state) == 20
+    assert torch.equal(state["w"], torch.ones(2) * 2)
+    assert _sequences(folder) == {"ckpt-000000010.pt": 1, "ckpt-000000020.pt": 2}
+
+
+def test_the_last_sequence_the_reader_takes_is_still_written(tmp_path: Path) -> None:
+    """The bound is the reader's own: one place below it, a save still takes the last one."""
+    folder = tmp_path / "ckpt"
+    _forge(folder.mkdir() or folder / "ckpt-000000001.pt", 2**63 - 2)
+    _quietly(ddpkit.save_checkpoint, folder, {"w": torch.ones(2)}, step=0)
+    assert _sequences(folder)["ckpt-000000000.pt"] == 2**63 - 1  # read back: not "foreign"
+    assert ddpkit.load_checkpoint(folder, {}) == 0
+    with pytest.raises(CheckpointError, match=r"ckpt-000000000\.pt claims to be save number"):
+        ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=3)
