@@ -347,7 +347,7 @@ def save_payload(folder: Path, payload: dict[str, Any], step: int, keep_last: in
     with contextlib.suppress(OSError):
         ckptfiles.remove_stale_temps(folder)
     found = ckptfiles.written(folder)
-    sequence = 1 + max((entry.sequence for entry in found), default=0)
+    sequence = ckptfiles.next_sequence(folder, found)
     doomed = ckptfiles.doomed(found, step, keep_last)
     drop_cache([entry.path for entry in doomed])
     # "format" and "sequence" first: the write order is read from the head of the pickle

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ddpkit import compat
+from ddpkit.errors import CheckpointError
 from ddpkit.worker.durable import stale_temps
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "Origin",
     "checkpoint_origin",
     "doomed",
+    "next_sequence",
     "numbered",
     "prune",
     "written",
@@ -49,6 +51,7 @@ READABLE = (1, 2)  # format 1 has no sequence: older than every format-2 save
 COMPLETE = re.compile(r"ckpt-(\d{9,})\.pt")
 _TEMP_PREFIX = "ckpt-"  # temporary files are ".ckpt-<step>.pt.<writer>.tmp"
 _HEAD_BYTES = 4096  # the header's few items take ~200 bytes; a bound, whatever the file holds
+_MAX_INT = 2**63 - 1  # the largest header int this reader takes (a sequence, a step)
 _MAX_TEXT = 256  # a header string (the run id: 128 at most); a longer one ends the header
 _MEMO = {"PROTO", "FRAME", "BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"}
 _STRINGS = {"BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE"}
@@ -126,7 +129,7 @@ def header_of(head: bytes) -> dict[str, int | str]:
 def _plain(opcode: str, value: object) -> bool:
     """Whether a header value is one this reader takes: an int in 0..2**63-1, a short str."""
     if opcode in _INTS:
-        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_INT
     return opcode in _STRINGS and isinstance(value, str) and len(value) <= _MAX_TEXT
 
 
@@ -164,6 +167,23 @@ def _operations(head: bytes) -> Iterator[tuple[str, object]]:
                 yield opcode.name, argument
     except Exception:  # truncated, unknown opcode: nothing after it is read
         return
+
+
+def next_sequence(folder: Path, entries: list[Found]) -> int:
+    """The sequence of the next save in ``folder``: one more than any of ``entries``. A file
+    claiming the last sequence the reader takes (only a forged one can: no run saves 2**63
+    times) is an error naming it: the next save's sequence would not be readable, so the run's
+    own checkpoints would count as foreign files from then on (pruned first, skipped by a
+    load)."""
+    last = max(entries, key=lambda entry: entry.sequence, default=None)
+    if last is None or last.sequence < _MAX_INT:
+        return 1 + max(0, last.sequence if last is not None else 0)
+    raise CheckpointError(
+        f"{last.path} claims to be save number {last.sequence} in {folder}, the last one a "
+        "checkpoint can record: no run saves that often (a forged or planted file), and a save "
+        "after it could not be ordered after it",
+        hint=f"remove {last.path}, or save to a folder only your own runs write to",
+    )
 
 
 def doomed(entries: list[Found], step: int, keep_last: int) -> list[Found]:

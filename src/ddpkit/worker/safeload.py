@@ -58,16 +58,30 @@ def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> dict[s
 
 def _load_exactly(path: Path, map_location: Any, trusted: list[Any]) -> dict[str, Any]:
     """The checkpoint in the file ``path``; a file that does not load is an error (asked
-    for by name, it is not swapped for another one)."""
+    for by name, it is not swapped for another one). A file whose head is not a ddpkit
+    checkpoint's is refused unread, as a folder's load skips it: nothing of it is unpickled."""
+    damaged = (
+        f"it is damaged or unreadable; pass its folder {path.parent} to resume from the "
+        "newest checkpoint there that loads"
+    )
+    head = ckptfiles.found(path, -1)
+    if head.problem is not None and not head.problem.startswith("not written"):
+        raise CheckpointError(
+            f"checkpoint file {path} cannot be loaded: {head.problem}", hint=damaged
+        )
+    if head.problem is not None:
+        raise CheckpointError(
+            f"{path} was not written by ddpkit.save_checkpoint (it does not start like a "
+            "ddpkit checkpoint), so load_checkpoint does not unpickle it",
+            hint="pass a ckpt-<step>.pt file that save_checkpoint wrote, or its folder",
+        )
     try:
         payload = load_file(path, map_location, trusted)
     except CheckpointError:
         raise
     except Exception as error:
         raise CheckpointError(
-            f"checkpoint file {path} cannot be loaded ({type(error).__name__}: {error})",
-            hint=f"it is damaged or unreadable; pass its folder {path.parent} to resume from "
-            "the newest checkpoint there that loads",
+            f"checkpoint file {path} cannot be loaded ({brief(error)})", hint=damaged
         ) from error
     if not _valid(payload):
         raise CheckpointError(
@@ -90,7 +104,7 @@ def _load_newest(folder: Path, map_location: Any, trusted: list[Any]) -> dict[st
         except CheckpointError:
             raise
         except Exception as error:  # damaged past the header: fall back to the previous one
-            _warn_skipped(entry.path, f"it cannot be loaded ({type(error).__name__}: {error})")
+            _warn_skipped(entry.path, f"it cannot be loaded ({brief(error)})")
             continue
         if not _valid(payload):
             _warn_skipped(entry.path, "not written by ddpkit.save_checkpoint")
@@ -108,6 +122,22 @@ def _valid(payload: object) -> bool:
         and isinstance(payload.get("state"), dict)
         and isinstance(payload.get("rng"), list)
     )
+
+
+def brief(error: BaseException) -> str:
+    """``error`` in one line: its type and the first line of its own words (torch's
+    weights-only refusals wrap one line in a page of advice; a damaged zip says it in one)."""
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if len(line) > _BRIEF_CHARS:
+        line = line[: _BRIEF_CHARS - 3] + "..."
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
+
+
+_BRIEF_CHARS = 300  # a file's own words can be long: a bound for a one-line error
 
 
 def _warn_skipped(path: Path, why: str) -> None:
