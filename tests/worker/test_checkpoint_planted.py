@@ -130,3 +130,25 @@ def test_the_last_sequence_the_reader_takes_is_still_written(tmp_path: Path) -> 
     assert ddpkit.load_checkpoint(folder, {}) == 0
     with pytest.raises(CheckpointError, match=r"ckpt-000000000\.pt claims to be save number"):
         ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=3)
+
+
+def test_a_file_torchs_restricted_reader_cannot_read_is_named_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """ddpkit's head, then opcodes torch's weights-only reader does not know (pickle protocol
+    4's FRAME): torch explains on a page; the warning and the error say it in one line."""
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=5)
+    odd = folder / "ckpt-000000006.pt"
+    header = {"format": 2, "sequence": 9, "step": 6, "world_size": 1}
+    torch.save({**header, "state": {}, "rng": [{}]}, odd, pickle_protocol=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ddpkit.load_checkpoint(folder, {}) == 5  # skipped as damaged, the previous loads
+    (warning,) = [str(item.message) for item in caught if str(odd) in str(item.message)]
+    assert "\n" not in warning and "(UnpicklingError: Unsupported operand" in warning, warning
+    with pytest.raises(CheckpointError) as raised:
+        ddpkit.load_checkpoint(odd, {})
+    message = str(raised.value)
+    assert "\n" not in message and len(message) < 700, message
+    assert f"checkpoint file {odd} cannot be loaded (UnpicklingError: Unsupported" in message
