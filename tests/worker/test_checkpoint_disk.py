@@ -44,6 +44,7 @@ _WRITER = textwrap.dedent(
     size, step = int(sys.argv[4]), int(sys.argv[5])
     go = Path(f"{marker}.go")
     durable._WRITEBACK_CHUNK = 256 * 1024  # the data in many writes: a pause lands mid-file
+    durable.HEARTBEAT_S = 0.2  # the live writer touches its file often: a test waits little
 
     def pause(where):
         marker.write_text(where)
@@ -94,11 +95,19 @@ class _Writer:
     """A process saving checkpoint ``step`` of ``size`` bytes into ``folder``, paused at
     ``moment`` until it is killed or let go."""
 
-    def __init__(self, folder: Path, moment: str, size: int, step: int) -> None:
+    def __init__(
+        self, folder: Path, moment: str, size: int, step: int, elsewhere: bool = False
+    ) -> None:
         self.marker = folder.parent / f"paused-{moment}-{step}"
         arguments = [str(folder), str(self.marker), moment, str(size), str(step)]
+        # elsewhere: in a PID namespace of its own (a container, or as good as another host:
+        # this process cannot tell by its PID whether it lives); --kill-child: it dies with us
+        command = [sys.executable, "-c", _WRITER, *arguments]
+        if elsewhere:
+            command = ["unshare", "--pid", "--fork", "--kill-child", *command]
+        self.elsewhere = elsewhere
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _WRITER, *arguments],
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -114,8 +123,21 @@ class _Writer:
             time.sleep(0.02)
 
     def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        assert self.process.wait(timeout=30) == -signal.SIGKILL
+        """SIGKILL to the writer itself (inside ``unshare``, its only child), and wait until
+        it is gone."""
+        target = self.process.pid
+        if self.elsewhere:
+            children = Path(f"/proc/{target}/task/{target}/children").read_text().split()
+            assert len(children) == 1, children
+            target = int(children[0])
+        os.kill(target, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        if not self.elsewhere:
+            assert self.process.returncode == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{target}").exists():  # a zombie of unshare's until it reaps it
+            assert time.monotonic() < deadline, f"writer {target} still there after SIGKILL"
+            time.sleep(0.02)
 
     def resume(self) -> tuple[int, str]:
         Path(f"{self.marker}.go").touch()
@@ -132,8 +154,8 @@ class _Writer:
 def writers() -> Iterator[Callable[..., _Writer]]:
     started: list[_Writer] = []
 
-    def start(folder: Path, moment: str, size: int, step: int) -> _Writer:
-        started.append(_Writer(folder, moment, size, step))
+    def start(folder: Path, moment: str, size: int, step: int, elsewhere: bool = False) -> _Writer:
+        started.append(_Writer(folder, moment, size, step, elsewhere))
         return started[-1]
 
     yield start
@@ -183,6 +205,55 @@ def test_a_live_writers_temporary_file_is_left_alone(
     assert _temps(folder) == [theirs]
     code, output = writer.resume()
     assert code == 0 and "saved" in output, output  # its file was there to be renamed
+    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000002.pt", "ckpt-000000003.pt"]
+
+
+def _age(path: Path, seconds: float) -> None:
+    """Date ``path``'s last write ``seconds`` back: the time a restart takes (a requeue onto
+    another node, a container started again), without waiting for it."""
+    when = time.time() - seconds
+    os.utime(path, (when, when))
+
+
+@pytest.mark.parametrize("moment", ["pickling", "written-0.01", "written-0.5", "fsynced"])
+def test_a_dead_writer_elsewhere_is_cleared_minutes_later(
+    tmp_path: Path, writers: Callable[..., _Writer], moment: str
+) -> None:
+    """A writer this process cannot check by PID (another PID namespace here; another node
+    after a requeue) killed mid-save: its file goes once it has not been written to for
+    minutes, not a quarter of an hour (during which every save on a nearly full disk fails)."""
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(1)}, step=1)
+    writer = writers(folder, moment, 8 * MiB, 2, elsewhere=True)
+    writer.wait_paused()
+    writer.kill()
+    (temp,) = _temps(folder)
+    assert f".{durable.writer_tag()}." not in temp, temp  # not checkable by PID from here
+    _age(folder / temp, 3 * 60)
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(1)}, step=3)
+    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
+
+
+def test_a_live_writer_elsewhere_keeps_its_file_however_long_its_save(
+    tmp_path: Path, writers: Callable[..., _Writer]
+) -> None:
+    """A live writer in another PID namespace, mid-save: dated back past every bound (a save
+    that has been running for 20 minutes), its file is still left alone, because the writer
+    keeps touching it while its save runs."""
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(1)}, step=1)
+    writer = writers(folder, "written-0.5", 8 * MiB, 2, elsewhere=True)
+    writer.wait_paused()
+    (theirs,) = _temps(folder)
+    _age(folder / theirs, 20 * 60)
+    deadline = time.monotonic() + _WAIT_S
+    while time.time() - (folder / theirs).stat().st_mtime > 60:  # until the writer touches it
+        assert time.monotonic() < deadline, "the live writer never touched its temporary file"
+        time.sleep(0.05)
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(1)}, step=3)
+    assert _temps(folder) == [theirs]
+    code, output = writer.resume()
+    assert code == 0 and "saved" in output, output
     assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000002.pt", "ckpt-000000003.pt"]
 
 
@@ -279,6 +350,25 @@ def test_a_dead_writers_file_does_not_fill_a_small_disk_for_good(
     writer.kill()  # leaves a 3.6 MiB temporary file: 2.5 + 3.6 + 2.5 > 8
     assert len(_temps(folder)) == 1
     assert shutil.disk_usage(folder).free < 2.5 * MiB
+    ddpkit.save_checkpoint(folder, checkpoint, step=3)
+    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
+    assert ddpkit.load_checkpoint(folder, {}) == 3
+
+
+def test_a_dead_writer_elsewheres_file_does_not_fill_a_small_disk_for_long(
+    small_disk: Callable[[str], Path], writers: Callable[..., _Writer]
+) -> None:
+    """The issue's case across a restart elsewhere: a nearly full disk, a writer in another PID
+    namespace killed at 90% of its save, the next save three minutes later."""
+    folder = small_disk("8m") / "ckpt"
+    checkpoint = {"w": torch.ones(int(2.5 * MiB) // 4)}  # 2.5 MiB
+    ddpkit.save_checkpoint(folder, checkpoint, step=1)
+    writer = writers(folder, "written-0.9", 4 * MiB, 2, elsewhere=True)
+    writer.wait_paused()
+    writer.kill()
+    (temp,) = _temps(folder)
+    assert shutil.disk_usage(folder).free < 2.5 * MiB
+    _age(folder / temp, 3 * 60)
     ddpkit.save_checkpoint(folder, checkpoint, step=3)
     assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
     assert ddpkit.load_checkpoint(folder, {}) == 3
