@@ -259,13 +259,17 @@ def test_a_live_writer_elsewhere_keeps_its_file_however_long_its_save(
 
 def test_which_temporary_files_are_stale(tmp_path: Path) -> None:
     """The rule of durable.stale_temps, file by file: same host (and PID namespace) by the
-    writer's PID, anything else by age."""
+    writer's PID, anything else by age: minutes for a writer that touches its file while it
+    writes (".hb"), a quarter of an hour for any other name."""
     mine, other = durable.writer_tag(), "elsewhere~0123abcd"
     dead = _dead_pid()
     live = subprocess.Popen(["sleep", "60"])
     now = time.time()
     fresh, old = now - durable.STALE_AFTER_S + 120, now - durable.STALE_AFTER_S - 120
     name = ".ckpt-000000002.pt.{}.{}.{}.tmp"
+    beat = ".ckpt-000000002.pt.{}.{}.{}.hb.tmp"
+    fresh_beat = now - durable.BEAT_STALE_AFTER_S + 60
+    old_beat = now - durable.BEAT_STALE_AFTER_S - 60
     cases = {  # name: (last written, stays)
         name.format(mine, dead, "0000aaa1"): (now, False),  # its writer is gone
         name.format(mine, live.pid, "0000aaa2"): (now, True),  # alive
@@ -273,6 +277,11 @@ def test_which_temporary_files_are_stale(tmp_path: Path) -> None:
         name.format(mine, os.getpid(), "0000aaa4"): (old, True),  # this process
         name.format(other, dead, "0000aaa5"): (fresh, True),  # another host: by age
         name.format(other, dead, "0000aaa6"): (old, False),
+        # a writer that touches its file while it writes (".hb"): elsewhere, by minutes
+        beat.format(other, dead, "0000aab1"): (old_beat, False),
+        beat.format(other, dead, "0000aab2"): (fresh_beat, True),
+        beat.format(mine, dead, "0000aab3"): (now, False),  # here: by its PID still
+        beat.format(mine, live.pid, "0000aab4"): (now, True),
         ".ckpt-000000002.pt.0a1b2c3d.tmp": (fresh, True),  # ddpkit before host names
         ".ckpt-000000002.pt.0a1b2c3d.tmp.x": (old, True),  # not a temporary file name
         ".ckpt-000000003.pt.0a1b2c3e.tmp": (old, False),

@@ -7,16 +7,23 @@ fsynced so that the rename itself is durable. ``drop_cache`` releases the page c
 about to be deleted, so that their eviction does not slow the write. Used by checkpoints.
 
 What a crash leaves behind: a ``kill -9`` mid-write leaves its temporary file, named
-``.<final>.<host>~<scope>.<pid>.<token>.tmp`` (``scope``: a hash of this boot and this PID
-namespace, so that a PID means one process). :func:`stale_temps` finds those whose writer is
-dead, never a live writer's (another job, another host sharing the folder):
+``.<final>.<host>~<scope>.<pid>.<token>.hb.tmp`` (``scope``: a hash of this boot and this PID
+namespace, so that a PID means one process; ``hb``: its writer touches it every
+:data:`HEARTBEAT_S` while the write runs, pickling and fsync included). :func:`stale_temps`
+finds those whose writer is dead, never a live writer's (another job, another host sharing
+the folder):
 
 - same host and scope: stale when no process has that PID, or when the process that has it
   started after the file was last written (the PID was reused);
-- any other host, scope or name (ddpkit before host names, a hand-made name): stale when the
-  file was last written more than :data:`STALE_AFTER_S` ago. A live writer writes its file
-  continuously (every write updates its time), so only a writer stalled that long mid-save
-  (a suspended job) can lose its file, and then its own save fails with a clear error.
+- another host or scope (a requeue onto another node, a container started again): stale when
+  the file has not been touched for :data:`BEAT_STALE_AFTER_S` (a dozen missed heartbeats), so
+  a restart elsewhere finds the space free again within minutes;
+- a name without ``hb`` (ddpkit before the heartbeat or before host names, a hand-made name):
+  stale when the file was last written more than :data:`STALE_AFTER_S` ago (such a writer
+  touches its file only when it writes data).
+
+Only a writer stalled that long mid-save (a suspended job) can lose its file, and then its own
+save fails with a clear error.
 
 A write that runs out of space (ENOSPC, EDQUOT, a write that writes nothing), whether the
 failure reaches the caller as an ``OSError`` or as the ``RuntimeError`` torch's zip writer
@@ -37,8 +44,10 @@ import shutil
 import socket
 import stat
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -46,16 +55,29 @@ import torch
 
 from ddpkit.errors import CheckpointError
 
-__all__ = ["STALE_AFTER_S", "drop_cache", "stale_temps", "write_atomically", "writer_tag"]
+__all__ = [
+    "BEAT_STALE_AFTER_S",
+    "HEARTBEAT_S",
+    "STALE_AFTER_S",
+    "drop_cache",
+    "stale_temps",
+    "write_atomically",
+    "writer_tag",
+]
 
 _WRITEBACK_CHUNK = 16 * 2**20  # bytes written between two writeback requests
-# A temporary file not written for this long, by a writer this process cannot check, is stale.
+# A writer touches its temporary file this often while its write runs.
+HEARTBEAT_S = 10.0
+# A touched ("hb") temporary file not touched for this long, by a writer this process cannot
+# check by its PID, is stale.
+BEAT_STALE_AFTER_S = 120.0
+# Any other temporary file (an older ddpkit's, a hand-made name) not written for this long.
 STALE_AFTER_S = 15 * 60.0
 _MB = 10**6
-# .<final>.<host>~<scope>.<pid>.<token>.tmp; no re.DOTALL: a name with a newline is not ours
+# .<final>.<host>~<scope>.<pid>.<token>[.hb].tmp; no re.DOTALL: a name with a newline is not ours
 _TEMP = re.compile(
     r"\.(?P<final>.+)\.(?P<tag>[A-Za-z0-9-]+~[0-9a-f]{8})\.(?P<pid>[0-9]{1,10})"
-    r"\.[0-9a-f]{8}\.tmp"
+    r"\.[0-9a-f]{8}(?P<beat>\.hb)?\.tmp"
 )
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
@@ -89,7 +111,7 @@ def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
     (and the directory's default ACL) as ``torch.save`` would create it; mkstemp's 0600 would
     keep the checkpoint from teammates and evaluation jobs. Its name says who writes it."""
     while True:
-        temp = folder / f".{name}.{writer_tag()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        temp = folder / f".{name}.{writer_tag()}.{os.getpid()}.{secrets.token_hex(4)}.hb.tmp"
         try:
             return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temp
         except FileExistsError:  # drawn before: draw again
@@ -108,9 +130,10 @@ def write_atomically(folder: Path, name: str, payload: Any) -> Path:
     stream = _StreamingFile(descriptor)
     try:
         try:
-            # torch.save calls only write() and flush() on a file object.
-            torch.save(payload, cast("IO[bytes]", stream))
-            os.fsync(descriptor)  # durable before it gets its final name
+            with _heartbeat(descriptor):
+                # torch.save calls only write() and flush() on a file object.
+                torch.save(payload, cast("IO[bytes]", stream))
+                os.fsync(descriptor)  # durable before it gets its final name
         finally:
             os.close(descriptor)
         _replace(temp, final)
@@ -125,6 +148,29 @@ def write_atomically(folder: Path, name: str, payload: Any) -> Path:
     return final
 
 
+@contextmanager
+def _heartbeat(descriptor: int) -> Iterator[None]:
+    """Touch the open file every :data:`HEARTBEAT_S` while the block runs (a thread: pickling
+    a large state or an fsync can take minutes without a write), so that a save elsewhere sees
+    its writer alive; stopped before the descriptor is closed."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(descriptor)
+            except OSError:  # a best effort: the file's writes touch it too
+                continue
+
+    thread = threading.Thread(target=beat, name="ddpkit-checkpoint-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=HEARTBEAT_S)  # bounded: one utime left on a hung filesystem
+
+
 def _replace(temp: Path, final: Path) -> None:
     try:
         os.replace(temp, final)
@@ -133,7 +179,7 @@ def _replace(temp: Path, final: Path) -> None:
             raise CheckpointError(
                 f"{temp.name} was deleted while {final.name} was being written to it",
                 hint=f"another job sharing {temp.parent} took it for a dead writer's file "
-                f"(not written for {STALE_AFTER_S / 60:.0f} minutes: a suspended save?); save "
+                f"(not touched for {BEAT_STALE_AFTER_S / 60:.0f} minutes: a suspended save?); save "
                 "again, or give each job its own directory",
             ) from error
         raise
@@ -200,7 +246,8 @@ def _stale(name: str, modified: float, now: float) -> bool:
     match = _TEMP.fullmatch(name)
     if match is not None and match["tag"] == writer_tag() and int(match["pid"]) > 0:
         return not _writer_alive(int(match["pid"]), modified)
-    return now - modified > STALE_AFTER_S
+    beating = match is not None and match["beat"] is not None
+    return now - modified > (BEAT_STALE_AFTER_S if beating else STALE_AFTER_S)
 
 
 def _writer_alive(pid: int, modified: float) -> bool:
