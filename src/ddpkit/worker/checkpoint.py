@@ -2,7 +2,7 @@
 
 Layout: ``<directory>/ckpt-<step:09d>.pt``, one file per checkpoint, written only by the main
 rank. A write goes to a hidden temporary file in the same directory
-(``.ckpt-<step>.pt.<host>~<scope>.<pid>.<token>.tmp``, created with mode 0666 less the umask,
+(``.ckpt-<step>.pt.<host>~<scope>.<pid>.<token>.hb.tmp``, created with mode 0666 less the umask,
 like any file ``torch.save`` creates), is flushed and fsynced, then ``os.replace``\\ d onto its
 final name and the directory fsynced: a reader sees either the whole new file or none of it,
 and a ``kill -9`` during the write leaves the previous checkpoints untouched. The temporary
