@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,43 @@ def test_a_file_torchs_restricted_reader_cannot_read_is_named_in_one_line(
     message = str(raised.value)
     assert "\n" not in message and len(message) < 700, message
     assert f"checkpoint file {odd} cannot be loaded (UnpicklingError: Unsupported" in message
+
+
+@pytest.mark.parametrize("call", ["save", "load"])
+def test_a_fifo_swapped_in_after_the_listing_never_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """Someone renames a FIFO over a checkpoint name between the folder's listing (a regular
+    file then) and its opening: opening a FIFO to read waits for a writer, for ever. The
+    listing is faked to have seen a file there (the swap's window is too short to hit in a
+    test); the FIFO and the open are real."""
+    folder = tmp_path / "ckpt"
+    ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=5)
+    fifo = folder / "ckpt-000000006.pt"
+    os.mkfifo(fifo)
+    listed = ckptfiles.numbered
+
+    def numbered(where: Path) -> list[tuple[int, Path]]:
+        return sorted({*listed(where), (6, fifo)})
+
+    monkeypatch.setattr(ckptfiles, "numbered", numbered)
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            if call == "save":
+                outcome.append(_quietly(ddpkit.save_checkpoint, folder, {"w": 1}, step=7))
+            else:
+                outcome.append(_quietly(ddpkit.load_checkpoint, folder, {}))
+        except Exception as error:
+            outcome.append(error)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    if worker.is_alive():  # unblock it: a writer opens the FIFO and leaves at once
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(timeout=30)
+        pytest.fail(f"the {call} blocked opening the FIFO {fifo}")
+    expected = folder / "ckpt-000000007.pt" if call == "save" else 5
+    assert outcome == [expected]
