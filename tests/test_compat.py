@@ -306,6 +306,8 @@ def test_saved_pickle_head_is_the_pickle_torch_save_wrote(tmp_path: Path) -> Non
         head = compat.saved_pickle_head(path, 64)
         assert head.startswith(b"\x80\x02}"), (TORCH, head)  # protocol 2, an empty dict
         assert b"sequence" in head, TORCH
+        with path.open("rb") as file:  # the file already open (checked to be a regular one)
+            assert compat.saved_pickle_head(file, 64) == head
     (tmp_path / "plain").write_bytes(b"\x80\x02}q\x00.")  # a pickle that is not torch's file
     with pytest.raises(zipfile.BadZipFile):
         compat.saved_pickle_head(tmp_path / "plain", 64)
@@ -350,6 +352,23 @@ def test_refused_globals_names_what_weights_only_refused(tmp_path: Path, kind: s
     }[kind]
     assert expected in names, (TORCH, names, str(caught.value))
     assert compat.refused_globals(RuntimeError("unexpected pos"), path) == [], TORCH
+
+
+@reach
+def test_refused_globals_lists_every_refused_global_of_a_path_or_an_open_file(
+    tmp_path: Path,
+) -> None:
+    """torch's error names the first refused global; its lister adds the others, reading the
+    file again: from the path, or from the start of the file the load read to its end."""
+    path = tmp_path / "two.pt"
+    torch.save({"a": _Refused(), "b": _OsCall()}, path)
+    with path.open("rb") as file:
+        with pytest.raises(Exception) as caught:
+            torch.load(file, weights_only=True)
+        assert file.tell() > 0
+        from_file = compat.refused_globals(caught.value, file)
+    assert from_file == compat.refused_globals(caught.value, path), TORCH
+    assert {"builtins.exec", "posix.system"} <= set(from_file), (TORCH, from_file)
 
 
 # --- no reach outside this module ---------------------------------------------------------------

@@ -51,7 +51,7 @@ import sys
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import argparse
@@ -329,11 +329,12 @@ def compiled_inner(module: object) -> Any:
     return getattr(module, COMPILED_ATTRIBUTE)
 
 
-def saved_pickle_head(path: str | os.PathLike[str], limit: int) -> bytes:
-    """The first ``limit`` bytes of the pickle in a file ``torch.save`` wrote, unpickled by
-    nobody: torch's file (since 1.6) is a zip archive whose ``<name>/data.pkl`` record holds
-    the pickle (stored, not compressed); :mod:`zipfile` reads it. Raises ``OSError``,
-    ``zipfile.BadZipFile`` or ``KeyError`` (no such record) for any other file."""
+def saved_pickle_head(path: str | os.PathLike[str] | IO[bytes], limit: int) -> bytes:
+    """The first ``limit`` bytes of the pickle in a file ``torch.save`` wrote (a path, or the
+    file open for reading), unpickled by nobody: torch's file (since 1.6) is a zip archive
+    whose ``<name>/data.pkl`` record holds the pickle (stored, not compressed); :mod:`zipfile`
+    reads it. Raises ``OSError``, ``zipfile.BadZipFile`` or ``KeyError`` (no such record) for
+    any other file."""
     with zipfile.ZipFile(path) as archive:
         names = [name for name in archive.namelist() if re.fullmatch(r"[^/]+/data\.pkl", name)]
         if len(names) != 1:
@@ -351,7 +352,7 @@ _REFUSED = re.compile(
 )
 
 
-def refused_globals(error: BaseException, path: str | os.PathLike[str]) -> list[str]:
+def refused_globals(error: BaseException, path: str | os.PathLike[str] | IO[bytes]) -> list[str]:
     """The globals (``module.name``) a ``torch.load(weights_only=True)`` of ``path`` that
     raised ``error`` refused, or [] when ``error`` is no such refusal (a damaged file). Call it
     under the same allowed globals as the load: torch's lister (2.5+), which reads the pickle's
@@ -366,6 +367,9 @@ def refused_globals(error: BaseException, path: str | os.PathLike[str]) -> list[
     lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
     if lister is not None:
         # should torch's own reader fail, the one name above is still right
+        target = os.fspath(path) if isinstance(path, os.PathLike) else path
         with contextlib.suppress(Exception):
-            names.update(lister(os.fspath(path)))
+            if not isinstance(target, str):
+                target.seek(0)  # the file the load read: from its start again
+            names.update(lister(target))
     return sorted(names)

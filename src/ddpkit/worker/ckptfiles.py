@@ -8,7 +8,9 @@ with :mod:`zipfile` and decoded with :func:`pickletools.genops`, which only read
 no global is looked up, nothing is called. A file whose head is not that (damaged, empty,
 another program's, a plain pickle) gets no sequence and counts as the oldest. A file can lie
 about its sequence; that only changes which file a load tries first, and the load itself is
-``weights_only`` (:mod:`ddpkit.worker.safeload`). Format 1 files (before the sequence) count
+``weights_only`` (:mod:`ddpkit.worker.safeload`). A file is opened only when it is a regular
+file, without waiting (:func:`ddpkit.worker.durable.open_regular`): a FIFO renamed over a
+checkpoint's name after the listing would block a plain open for ever. Format 1 files (before the sequence) count
 as older than any later save, by step among themselves.
 
 The same head names the run that wrote the file (``"run_id": "slurm-1234", "attempt": 1``, after
@@ -31,7 +33,7 @@ from typing import NamedTuple
 
 from ddpkit import compat
 from ddpkit.errors import CheckpointError
-from ddpkit.worker.durable import stale_temps
+from ddpkit.worker.durable import open_regular, stale_temps
 
 __all__ = [
     "COMPLETE",
@@ -97,7 +99,8 @@ def numbered(folder: Path) -> list[tuple[int, Path]]:
 def found(path: Path, step: int) -> Found:
     """``path``'s place in the write order, read from its header (nothing unpickled)."""
     try:
-        head = compat.saved_pickle_head(path, _HEAD_BYTES)
+        with open_regular(path) as file:
+            head = compat.saved_pickle_head(file, _HEAD_BYTES)
     except Exception as error:  # anyone's file: whatever its bytes make zipfile raise
         problem = f"it cannot be read as a checkpoint ({type(error).__name__}: {error})"
         return Found(-1, step, path, problem)
@@ -144,7 +147,8 @@ def checkpoint_origin(path: str | os.PathLike[str]) -> Origin | None:
             return None
         target = entries[-1].path
     try:
-        header = header_of(compat.saved_pickle_head(target, _HEAD_BYTES))
+        with open_regular(target) as file:
+            header = header_of(compat.saved_pickle_head(file, _HEAD_BYTES))
     except Exception:  # a missing or foreign file: no ddpkit checkpoint, no origin
         return None
     step, run_id, attempt = (header.get(key) for key in ("step", "run_id", "attempt"))

@@ -60,6 +60,7 @@ __all__ = [
     "HEARTBEAT_S",
     "STALE_AFTER_S",
     "drop_cache",
+    "open_regular",
     "stale_temps",
     "write_atomically",
     "writer_tag",
@@ -349,6 +350,25 @@ def _sync_file_range() -> Callable[[int, int, int], None] | None:
     return start
 
 
+def open_regular(path: Path) -> IO[bytes]:
+    """``path`` open for reading, when it is a regular file (a link to one included); OSError
+    otherwise. Never waits: a FIFO renamed over a checkpoint's name after a listing saw a file
+    there would make a plain open wait for a writer for ever."""
+    descriptor = _open_regular(path)
+    return os.fdopen(descriptor, "rb")
+
+
+def _open_regular(path: Path) -> int:
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
 def drop_cache(paths: list[Path]) -> None:
     """Release the cached pages of files about to be deleted; they stay complete on disk.
 
@@ -358,7 +378,7 @@ def drop_cache(paths: list[Path]) -> None:
         return
     for path in paths:
         try:
-            descriptor = os.open(path, os.O_RDONLY)
+            descriptor = _open_regular(path)
         except OSError:
             continue
         try:

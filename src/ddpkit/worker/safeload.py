@@ -31,6 +31,7 @@ import torch.serialization
 from ddpkit import compat
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker import ckptfiles
+from ddpkit.worker.durable import open_regular
 
 __all__ = ["check_trusted", "load_file", "read_checkpoint"]
 
@@ -151,11 +152,11 @@ def _warn_skipped(path: Path, why: str) -> None:
 def load_file(path: Path, map_location: Any, trusted: Sequence[Any]) -> Any:
     """``torch.load(path, weights_only=True)`` with ddpkit's and the ``trusted`` globals
     allowed; :class:`CheckpointError` when the file names a global that is not."""
-    with _allowed([*_ddpkit_globals(), *trusted]):
+    with _allowed([*_ddpkit_globals(), *trusted]), open_regular(path) as file:
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(file, map_location=map_location, weights_only=True)
         except Exception as error:
-            names = compat.refused_globals(error, path)
+            names = compat.refused_globals(error, file)
             if not names:
                 raise  # damaged, not refused
     listed = ", ".join(names)
