@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,24 @@ def test_a_live_writer_elsewhere_keeps_its_file_however_long_its_save(
     code, output = writer.resume()
     assert code == 0 and "saved" in output, output
     assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000002.pt", "ckpt-000000003.pt"]
+
+
+def test_a_clock_ahead_of_the_file_servers_takes_no_live_writers_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a shared filesystem a file's time is the file server's, and this node's clock may
+    be minutes ahead of it (SLURM's munge tolerates 5): the age of a file is measured on the
+    filesystem's own clock, not this node's. The skew is faked (this node's clock, as
+    durable reads it); the files and their times are real."""
+    elsewhere = ".ckpt-000000002.pt.elsewhere~0123abcd.{}.0000aac{}.hb.tmp"
+    live, dead = tmp_path / elsewhere.format(100, 1), tmp_path / elsewhere.format(101, 2)
+    live.write_bytes(b"being written")  # touched just now: its writer lives
+    dead.write_bytes(b"left by a kill -9")
+    _age(dead, durable.BEAT_STALE_AFTER_S + 60)
+    ahead = types.SimpleNamespace(time=lambda: time.time() + 10 * 60)
+    monkeypatch.setattr(durable, "time", ahead)
+    ddpkit.save_checkpoint(tmp_path, {"w": torch.ones(1)}, step=1)
+    assert _temps(tmp_path) == [live.name]
 
 
 def test_which_temporary_files_are_stale(tmp_path: Path) -> None:
