@@ -17,7 +17,9 @@ the folder):
   started after the file was last written (the PID was reused);
 - another host or scope (a requeue onto another node, a container started again): stale when
   the file has not been touched for :data:`BEAT_STALE_AFTER_S` (a dozen missed heartbeats), so
-  a restart elsewhere finds the space free again within minutes;
+  a restart elsewhere finds the space free again within minutes. The age is measured on the
+  filesystem's clock too (a file server's may lag this node's: the time of a file created in
+  the folder for the purpose), so a skewed node clock takes no live writer's file;
 - a name without ``hb`` (ddpkit before the heartbeat or before host names, a hand-made name):
   stale when the file was last written more than :data:`STALE_AFTER_S` ago (such a writer
   touches its file only when it writes data).
@@ -229,7 +231,7 @@ def stale_temps(folder: Path, prefix: str) -> list[Path]:
     """The temporary files ``.<prefix>*.tmp`` in ``folder`` whose writer is dead (see the
     module's docstring); regular files only, a link is never followed."""
     found = []
-    now = time.time()
+    clock = _Clock(folder)
     for entry in folder.iterdir():
         name = entry.name
         if not (name.startswith(f".{prefix}") and name.endswith(".tmp")):
@@ -238,17 +240,53 @@ def stale_temps(folder: Path, prefix: str) -> list[Path]:
             info = entry.lstat()
         except FileNotFoundError:  # renamed or removed meanwhile
             continue
-        if stat.S_ISREG(info.st_mode) and _stale(name, info.st_mtime, now):
+        if stat.S_ISREG(info.st_mode) and _stale(name, info.st_mtime, clock):
             found.append(entry)
     return found
 
 
-def _stale(name: str, modified: float, now: float) -> bool:
+def _stale(name: str, modified: float, clock: _Clock) -> bool:
     match = _TEMP.fullmatch(name)
     if match is not None and match["tag"] == writer_tag() and int(match["pid"]) > 0:
         return not _writer_alive(int(match["pid"]), modified)
     beating = match is not None and match["beat"] is not None
-    return now - modified > (BEAT_STALE_AFTER_S if beating else STALE_AFTER_S)
+    return clock.older(modified, BEAT_STALE_AFTER_S if beating else STALE_AFTER_S)
+
+
+class _Clock:
+    """Whether a file's time is older than a bound, by this node's clock and by the clock of
+    the filesystem that dated it (a file server's, which may lag this node's by minutes):
+    the time of a file created now in the folder, read once, when first needed. Where none
+    can be created (permissions, no inode left), only the quarter-hour bound is trusted."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._local = time.time()
+        self._read = False
+        self._filesystem: float | None = None
+
+    def older(self, modified: float, bound: float) -> bool:
+        if self._local - modified <= bound:
+            return False
+        if not self._read:
+            self._filesystem, self._read = _filesystem_now(self._folder), True
+        if self._filesystem is None:
+            return self._local - modified > max(bound, STALE_AFTER_S)
+        return self._filesystem - modified > bound
+
+
+def _filesystem_now(folder: Path) -> float | None:
+    """The folder's filesystem's time now: that of a file created there (removed at once;
+    named as a temporary file, so that a kill -9 right here leaves nothing for good)."""
+    try:
+        descriptor, probe = _create_temp(folder, "ckpt-clock")
+    except OSError:
+        return None
+    try:
+        return os.fstat(descriptor).st_mtime
+    finally:
+        os.close(descriptor)
+        probe.unlink(missing_ok=True)
 
 
 def _writer_alive(pid: int, modified: float) -> bool:
