@@ -402,12 +402,19 @@ def test_a_dead_writer_elsewheres_file_does_not_fill_a_small_disk_for_long(
     assert ddpkit.load_checkpoint(folder, {}) == 3
 
 
-def test_a_full_disk_says_how_much_space_is_missing(small_disk: Callable[[str], Path]) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_full_disk_says_how_much_space_is_missing(
+    small_disk: Callable[[str], Path], mode: str
+) -> None:
     folder = small_disk("8m") / "ckpt"
     ddpkit.save_checkpoint(folder, {"w": torch.ones(3 * MiB // 4)}, step=1)
     free_before = shutil.disk_usage(folder).free
+    big = {"w": torch.ones(6 * MiB // 4)}
     with pytest.raises(CheckpointError) as caught:
-        ddpkit.save_checkpoint(folder, {"w": torch.ones(6 * MiB // 4)}, step=2)
+        if mode == "sync":
+            ddpkit.save_checkpoint(folder, big, step=2)
+        else:  # the background write's failure, raised by the wait
+            ddpkit.async_save_checkpoint(folder, big, step=2).wait()
     message = str(caught.value)
     found = re.search(
         rf"no space left on device \((\d+) MB needed, (\d+) MB free in {folder}\)", message
