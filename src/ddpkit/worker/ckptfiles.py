@@ -10,8 +10,8 @@ another program's, a plain pickle) gets no sequence and counts as the oldest. A 
 about its sequence; that only changes which file a load tries first, and the load itself is
 ``weights_only`` (:mod:`ddpkit.worker.safeload`). A file is opened only when it is a regular
 file, without waiting (:func:`ddpkit.worker.durable.open_regular`): a FIFO renamed over a
-checkpoint's name after the listing would block a plain open for ever. Format 1 files (before the sequence) count
-as older than any later save, by step among themselves.
+checkpoint's name after the listing would block a plain open for ever. Format 1 files (before
+the sequence) count as older than any later save, by step among themselves.
 
 The same head names the run that wrote the file (``"run_id": "slurm-1234", "attempt": 1``, after
 ``step`` and ``world_size``; a reader that takes integers only stops before them):
