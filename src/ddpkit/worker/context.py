@@ -315,8 +315,26 @@ def _warn_notes(notes: tuple[str, ...]) -> None:
 
 
 def _pick_device(info: RankInfo, override: str | torch.device | None) -> torch.device:
-    if override is not None:
-        return torch.device(override)
+    """The override as given, but a bare ``"cuda"`` means this rank's GPU, as auto would choose.
+
+    ``torch.cuda.set_device("cuda")`` fails (no index), and ``cuda`` alone would put every
+    rank of a node on its current GPU: "use a GPU" is what the caller means.
+    """
+    if override is None:
+        return _auto_device(info)
+    wanted = torch.device(override)
+    if wanted != torch.device("cuda"):  # an index or another type: as given
+        return wanted
+    chosen = _auto_device(info)
+    if chosen.type != "cuda":
+        raise ConfigError(
+            f"device={str(override)!r} but this process sees no CUDA GPU",
+            hint="check CUDA_VISIBLE_DEVICES and the job's GPU request, or pass device='cpu'",
+        )
+    return chosen
+
+
+def _auto_device(info: RankInfo) -> torch.device:
     available = torch.cuda.is_available()
     name = choose_device(
         info.local_rank,
