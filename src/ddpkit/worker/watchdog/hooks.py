@@ -24,7 +24,7 @@ from ddpkit.worker.watchdog.guard import RankZeroGuard
 from ddpkit.worker.watchdog.hang import HangBounds
 from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
 from ddpkit.worker.watchdog.policy import HOOK_POLL_S, KEY_PREFIX, interval_for
-from ddpkit.worker.watchdog.store import KeyValue, StoreLink
+from ddpkit.worker.watchdog.store import DEFAULT_OP_TIMEOUT_S, KeyValue, StoreLink
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
 if TYPE_CHECKING:
@@ -130,13 +130,14 @@ def start(
     stop("left the job")
     base = store if store is not None else default_store()
     own = base
+    op_timeout_s = max(DEFAULT_OP_TIMEOUT_S, 4 * interval_for(bound_s))
     clone = getattr(base, "clone", None)  # torch >= 2.4 for TCPStore
     if clone is not None:
         try:
             own = clone()  # its own connection: never queued behind the program's store calls
-            own.set_timeout(timedelta(seconds=max(10.0, 4 * interval_for(bound_s))))
+            own.set_timeout(timedelta(seconds=op_timeout_s))
         except RuntimeError:
-            own = base
+            own = base  # the group's own timeout then; the exit wait stays bounded by ours
     missing = [name for name in ("append", "multi_get", "check") if not hasattr(own, name)]
     if missing:
         raise RuntimeError(f"the store ({type(own).__name__}) lacks {', '.join(missing)}")
@@ -154,6 +155,7 @@ def start(
         host_rank=host_rank,
         address=_store_address(base),
         clock=clock,
+        op_timeout_s=op_timeout_s,
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:

@@ -23,6 +23,9 @@ from ddpkit.worker.watchdog.policy import HOOK_POLL_S, STORE_THREAD_NAME, Depart
 # --- the store side -----------------------------------------------------------------------------
 
 
+DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its own connection
+
+
 class KeyValue(Protocol):
     """The store operations the watchdog uses: none of them waits for a key to appear."""
 
@@ -55,8 +58,10 @@ class StoreLink:
         host_rank: int | None,
         address: str,
         clock: Callable[[], float],
+        op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
     ) -> None:
         self._store = store
+        self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
         self.host_rank, self.address = host_rank, address
@@ -88,10 +93,20 @@ class StoreLink:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, wait_s: float = 1.0) -> None:
-        """End the thread after its last store operation (waits up to ``wait_s`` for it)."""
+    def stop(self, wait_s: float | None = None) -> None:
+        """End the thread after its last store operation (waits up to ``wait_s`` for it,
+        default: two operations' timeout, the one in flight and the ``done`` mark).
+
+        The wait must outlast the operation in flight: this runs at exit, and a daemon thread
+        still inside the store's C++ call when the interpreter finalizes is killed by CPython
+        as it returns (``pthread_exit`` unwinding through a ``noexcept`` pybind11 frame):
+        ``terminate called without an active exception``, SIGABRT, and the launcher fails a
+        job that had finished (seen at 16 ranks on 2 cores, where a call took over a second).
+        """
         self._stopping.set()
         self._wake.set()
+        if wait_s is None:
+            wait_s = 2 * self.op_timeout_s + 1.0
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait_s)
 
