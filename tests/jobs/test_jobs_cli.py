@@ -540,3 +540,24 @@ def test_run_of_asks_scontrol_through_the_runner_seam(home: Path, tmp_path: Path
     assert api.run_of("5_1", runner=fake) == api.RunOfJob("slurm-5_1", 0)
     assert fake.calls == [(["scontrol", "show", "job", "--oneliner", "5_1"], None)]
     assert api.run_of("6", runner=FakeSlurm()) is None  # no record: nothing asked
+
+
+@pytest.mark.parametrize("digit", ["²", "３", "٣"])
+def test_logs_skip_planted_files_numbered_in_another_scripts_digits(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], digit: str
+) -> None:
+    """A file like ``77_²_log.out`` in a shared log folder is not a rank's: ``str.isdigit()``
+    took ``²`` (``int()`` then raised) and ``int()`` read ``٣`` as rank 3."""
+    for via, launch, good, planted in [
+        ("submitit", "srun", "77_0_log.out", f"77_{digit}_log.out"),
+        ("sbatch", "srun", "demo-77-rank0.out", f"demo-77-rank{digit}.out"),
+        ("sbatch", "torchrun", "demo-77-node0.out", f"demo-77-node{digit}.out"),
+    ]:
+        logs = record_job(tmp_path, via=via, launch=launch)
+        for old in logs.iterdir():
+            old.unlink()
+        (logs / good).write_text("[rank0]: mine\n")
+        (logs / planted).write_text("[rank3]: planted\n")
+        assert run(["logs", "77"], capsys) == (0, f"==> {logs / good} <==\n[rank0]: mine\n", "")
+        _, out, err = run(["logs", "77", "--rank", "3"], capsys)
+        assert "planted" not in out and "Traceback" not in err, (via, launch, out, err)

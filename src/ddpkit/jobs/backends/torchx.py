@@ -296,7 +296,7 @@ def cancel(record: JobRecord) -> None:
 
 # --- logs -------------------------------------------------------------------------------------
 
-_REPLICA_FILE = re.compile(r"slurm-(?P<id>\d+)-(?P<role>.+)-(?P<k>\d+)\.(?P<ext>out|err)")
+_REPLICA_FILE = re.compile(r"slurm-(?P<id>[0-9]+)-(?P<role>.+)-(?P<k>[0-9]+)\.(?P<ext>out|err)")
 
 
 def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile], str]:
@@ -322,7 +322,7 @@ def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile]
     else:
         looked = f"{directory}/<role>/<k>/combined.log"
         for path in directory.glob("*/*/combined.log"):
-            if path.parent.name.isdigit():
+            if path.parent.name.isascii() and path.parent.name.isdigit():
                 k = int(path.parent.name)
                 replicas.append((k, f"{path.parent.parent.name} replica {k}", path))
     replicas.sort(key=lambda item: (item[0], item[1]))
