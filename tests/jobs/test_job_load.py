@@ -496,3 +496,12 @@ def test_shown_cuts_long_and_shared_values_cheaply() -> None:
     loop: list[object] = []
     loop.append(loop)
     assert shown(loop) == "[[...]]"
+
+
+def test_signal_null_means_no_stop_signal(layered: Path) -> None:
+    """``signal``'s null is "none" (the field's doc), not its default USR2: in every layer."""
+    base = "name: a\ncommand: t.py\n"
+    assert load(write(layered / "a.yaml", base)).signal == "USR2"
+    assert load(write(layered / "b.yaml", base + "signal: null\n")).signal is None
+    assert load(write(layered / "c.yaml", base + "signal: USR1\n"), "signal=").signal is None
+    assert load(write(layered / "d.yaml", base + "signal: null\n"), "signal=USR1").signal == "USR1"
