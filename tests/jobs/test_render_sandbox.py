@@ -135,3 +135,50 @@ def test_what_templates_may_do_still_works(tmp_path: Path) -> None:
     out = render.render_sbatch(job)
     assert out.startswith("JOB-NAME1 NODES2 ")
     assert out.endswith(" n-1 n:1 n t.py abab 1024 True\n")
+
+
+# Files a template could read into the script it renders (and --dry-run prints) on the machine
+# that renders it: the environment, through /proc, and anything outside the template's folder.
+READS = {
+    "proc-environ": '{% include "/proc/self/environ" %}',
+    "proc-environ-relative": '{% include "../../../../../../../../proc/self/environ" %}',
+    "import-outside": '{% import "../outside.j2" as x %}{{ x }}',
+    "symlink-out": '{% include "link.j2" %}',
+}
+
+
+@pytest.mark.parametrize("payload", READS.values(), ids=list(READS))
+def test_templates_read_only_files_in_their_own_folder(tmp_path: Path, payload: str) -> None:
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (tmp_path / "outside.j2").write_text(f"{{% macro m() %}}{SECRET}{{% endmacro %}}{SECRET}\n")
+    (folder / "link.j2").symlink_to(tmp_path / "outside.j2")
+    (folder / "evil.sbatch.j2").write_text("#!/bin/bash\n" + payload + "\n")
+    spec = tmp_path / "job.yaml"
+    # signal: null: any template is accepted, so the script would be printed as rendered
+    spec.write_text(
+        "name: demo\ncommand: train.py\ntemplate: templates/evil.sbatch.j2\nsignal: null\n"
+    )
+    done = ddpkit(tmp_path, "submit", "--dry-run", str(spec))
+    assert SECRET not in done.stdout + done.stderr, "the template read a file outside its folder"
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith("ddpkit: error: ") and done.stderr.count("\n") == 1
+    assert "outside the template's folder" in done.stderr and "(hint: " in done.stderr
+
+
+def test_a_template_includes_files_of_its_own_folder_wherever_ddpkit_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative names are the template's folder's (they were the current directory's)."""
+    folder = tmp_path / "site"
+    (folder / "parts").mkdir(parents=True)
+    (folder / "parts" / "mail.j2").write_text("#SBATCH --mail-type=END\n")
+    (folder / "t.j2").write_text(
+        "{% extends launch_template %}"
+        '{% block sbatch_extra %}{% include "parts/mail.j2" %}{% endblock %}'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    job = JobSpec(name="n", command="t.py", workdir=str(tmp_path), template="site/t.j2")
+    assert "\n#SBATCH --mail-type=END\n" in render.render_sbatch(job)
