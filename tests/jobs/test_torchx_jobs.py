@@ -183,7 +183,8 @@ def test_without_torchx_the_core_works_and_torchx_names_the_extra(tmp_path: Path
 def test_local_cwd_one_node_two_processes(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = write_spec(workdir, "procs_per_node: 2\n")
+    # SLURM options mean nothing on this machine: run anyway, and say so (as the dry run does)
+    spec = write_spec(workdir, "procs_per_node: 2\naccount: proj-1\nsbatch: {exclusive: true}\n")
     code, out, err = run(
         ["submit", str(spec), "--via", "torchx", "--scheduler", "local_cwd"], capsys
     )
@@ -191,6 +192,7 @@ def test_local_cwd_one_node_two_processes(
     handle = out.strip()
     assert re.fullmatch(r"local_cwd://torchx/demo-[a-z0-9]+", handle), out
     assert f"{handle} ended SUCCEEDED" in err
+    assert "ddpkit: not used by local_cwd (SLURM options): account, sbatch.exclusive\n" in err
     record = load_record(handle)
     assert record is not None
     assert (record.via, record.handle, record.final_state) == (

@@ -235,9 +235,12 @@ def _spec_command(request: JobsRequest) -> int:
         _write(api.dry_run(spec, request.via, scheduler=request.scheduler))
         _say_profile(resolved)
         return 0
-    record = api.submit(spec, request.via, scheduler=request.scheduler)
+    wanted = api.request(spec, request.via, scheduler=request.scheduler)
+    record = api.schedule(wanted)
     print(record.name_for_user, flush=True)
     _say_profile(resolved)
+    for note in wanted.notes:  # after success, as the profile line: an error stays one line
+        print(f"ddpkit: {note}", file=sys.stderr)
     if record.final_state is not None:  # a local torchx app has run in the foreground
         print(f"ddpkit: {record.name_for_user} ended {record.final_state}", file=sys.stderr)
         return 0 if record.final_state == "SUCCEEDED" else 1

@@ -137,10 +137,10 @@ class TorchxBackend:
             runner.close()
         head = f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}"
         unused = _slurm_only(spec) if scheduler != "slurm" else []
-        if unused:
-            head += f"\n# not used by {scheduler} (SLURM options): {', '.join(unused)}"
+        notes = (f"not used by {scheduler} (SLURM options): {', '.join(unused)}",) if unused else ()
+        head += "".join(f"\n# {note}" for note in notes)
         text = f"{head}\n{info}\n"
-        return Request(self.via, spec, text, scheduler, payload=info)
+        return Request(self.via, spec, text, scheduler, payload=info, notes=notes)
 
     def schedule(self, request: Request) -> JobRecord:
         info, spec = request.payload, request.spec
