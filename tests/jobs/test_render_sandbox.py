@@ -73,16 +73,20 @@ def ddpkit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "submit"])
+# every way a spec's template is rendered: previewed, submitted, submitted as a sweep (array)
+MODES = {"dry-run": ["--dry-run"], "submit": [], "sweep": ["--sweep", "lr=1,2"]}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
 def test_template_escapes_are_refused_through_the_cli(
-    tmp_path: Path, payload: str, dry: bool
+    tmp_path: Path, payload: str, mode: str
 ) -> None:
     template = tmp_path / "evil.sbatch.j2"
     template.write_text("#!/bin/bash\n# a harmless first line\n" + payload + "\n")
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: demo\ncommand: train.py\ntemplate: evil.sbatch.j2\n")
-    done = ddpkit(tmp_path, "submit", str(spec), *(["--dry-run"] if dry else []))
+    spec.write_text("name: demo\ncommand: train.py --lr {lr}\ntemplate: evil.sbatch.j2\n")
+    done = ddpkit(tmp_path, "submit", str(spec), *MODES[mode])
     assert not (tmp_path / MARK).exists(), "the template ran a command"
     assert SECRET not in done.stdout + done.stderr, "the template read the environment"
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
@@ -92,6 +96,17 @@ def test_template_escapes_are_refused_through_the_cli(
     assert "sandbox" in done.stderr and "(hint: " in done.stderr
     assert not FakeTools(tmp_path / "bin").submitted(), "sbatch was called"
     assert not (tmp_path / "home").exists(), "a job record was written"
+
+
+@pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
+def test_plan_never_renders_the_template(tmp_path: Path, payload: str) -> None:
+    """plan shows the resolved spec and its ranks: the template is not rendered there."""
+    (tmp_path / "evil.sbatch.j2").write_text("#!/bin/bash\n" + payload + "\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: demo\ncommand: train.py\ntemplate: evil.sbatch.j2\n")
+    done = ddpkit(tmp_path, "plan", str(spec))
+    assert not (tmp_path / MARK).exists() and SECRET not in done.stdout + done.stderr
+    assert (done.returncode, done.stderr) == (0, "") and "template: " in done.stdout
 
 
 def spec(tmp_path: Path, template: str) -> JobSpec:
