@@ -109,6 +109,13 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
                 f"--set {shown(item)}: {shown(top, quote=False)} is not a mapping",
                 hint="only env and sbatch take dotted keys, e.g. --set env.NCCL_DEBUG=INFO",
             )
+        if top == "sweep" and "." in sub:  # one level only: sweep.params is set whole
+            raise ConfigError(
+                f"--set {shown(item)}: {shown(key.rpartition('.')[0], quote=False)} is not "
+                "set key by key",
+                hint="give a sweep parameter with --sweep NAME=V1,V2, or the whole mapping: "
+                "--set 'sweep.params={lr: [0.1, 0.01]}'",
+            )
         current = layer.get(top)
         layer[top] = {**(current if isinstance(current, dict) else {}), sub: value}
     return layer
