@@ -24,7 +24,7 @@ import ddpkit
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.worker.rendezvous.store import HANDSHAKE_MIN_S, loopback_address, store_endpoint
 from tests.support.distutil import free_port, run_workers, torchrun_env
-from tests.support.sockets import WILDCARDS, is_loopback, listening
+from tests.support.sockets import WILDCARDS, is_loopback, listening, routable_interface
 
 ROOT = Path(__file__).resolve().parents[3]
 _LAUNCHER_PREFIXES = (
@@ -171,6 +171,41 @@ def test_a_world_of_one_listens_on_no_network_port(extra: dict[str, str]) -> Non
     if "MASTER_PORT" in extra:
         assert int(extra["MASTER_PORT"]) not in [port for _, port in after]
     assert seen["store"] == "HashStore"
+
+
+def _routable_interface() -> tuple[str, str]:
+    found = routable_interface()
+    if found is None:  # a machine with loopback only cannot show the difference
+        message = "no network interface with an IPv4 address other than loopback on this machine"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.mark.parametrize("backend", ["auto", "gloo"])
+def test_a_world_of_one_keeps_its_backends_listener_on_loopback(backend: str) -> None:
+    # Before: gloo listened on the interface GLOO_SOCKET_IFNAME names (a cluster profile's
+    # "eth0", "ib0"), or on the address the host name resolves to, reachable from that network
+    # although nobody ever joins a world of one. The user's setting is back after init().
+    name, address = _routable_interface()
+    script = _WORLD_OF_ONE.replace("ddpkit.init()", f"ddpkit.init(backend={backend!r})")
+    script += "import os; print(os.environ['GLOO_SOCKET_IFNAME'])\n"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=clean_env(GLOO_SOCKET_IFNAME=name),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report, ifname = done.stdout.splitlines()[-2:]
+    seen = json.loads(report)
+    after = [tuple(pair) for pair in seen["after"]]
+    assert (seen["world"], seen["sum"], len(after)) == (1, 1.0, 1), after  # gloo's listener
+    assert all(is_loopback(addr) for addr, _ in after), f"{name} is {address}: {after}"
+    assert ifname == name
 
 
 # --- several ranks on this host: the store on loopback only ---------------------------------
