@@ -8,9 +8,10 @@ wait of joining bounded) and hands it to
 addresses through the store, their connects) waits at most the collective timeout, which is
 also the store's own timeout.
 
-A world of one has no peers: its store is in-process, and gloo's own listener (gloo makes one
-even for a single rank) is kept on loopback, whatever interface ``GLOO_SOCKET_IFNAME`` names or
-the host name resolves to (:func:`_alone_on_loopback`).
+Where every rank is on this host (a world of one, or a store on loopback: see
+:func:`~ddpkit.worker.rendezvous.store.store_endpoint`), gloo's own listener (it makes one even
+for a single rank) is kept on loopback too, whatever interface ``GLOO_SOCKET_IFNAME`` names or
+the host name resolves to (:func:`_gloo_on_loopback`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ddpkit.contract import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.worker.rendezvous.group import make_store
+from ddpkit.worker.rendezvous.store import loopback_address
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_VAR",
@@ -118,9 +120,9 @@ def join(
     if timeout_s is not None:
         positive_seconds(timeout_s, "timeout_s")
     store, info = make_store(info, env, connect_timeout_s, store_timeout(backend, timeout_s))
-    alone = info.world_size == 1 and "gloo" in backend
+    one_host = info.world_size == 1 or loopback_address(info.master_addr) is not None
     try:
-        with _alone_on_loopback() if alone else nullcontext():
+        with _gloo_on_loopback() if one_host and "gloo" in backend else nullcontext():
             dist.init_process_group(
                 backend=backend,
                 store=store,
@@ -136,10 +138,10 @@ def join(
 
 
 @contextmanager
-def _alone_on_loopback() -> Iterator[None]:
-    """While a world of one's gloo group is made: ``GLOO_SOCKET_IFNAME`` names the loopback
-    interface, then is put back as it was. Nobody ever connects to that listener, so the
-    interface the user chose for real jobs (or the host name's address) only exposed it.
+def _gloo_on_loopback() -> Iterator[None]:
+    """While the gloo group of ranks all on this host is made: ``GLOO_SOCKET_IFNAME`` names the
+    loopback interface, then is put back as it was. Every peer reaches loopback, so the
+    interface the user chose for multi-node jobs (or the host name's address) only exposed it.
 
     A write to ``os.environ``, because gloo reads the variable itself (torch's binding takes no
     interface through ``init_process_group``); it lasts one call, made before ddpkit starts any

@@ -270,23 +270,38 @@ agent = listening(os.getppid())  # torch's agent is the workers' parent
 mine = listening()
 dist.barrier()
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
-    json.dump({"agent": agent, "mine": mine}, out)
+    json.dump({"agent": agent, "mine": mine, "ifname": os.environ["GLOO_SOCKET_IFNAME"]}, out)
 dist.barrier()
 ddpkit.shutdown()
 """
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("flags", [[], ["--master-port", "port"]], ids=["standalone", "static"])
-def test_ddpkit_run_on_one_node_listens_on_loopback_only(tmp_path: Path, flags: list[str]) -> None:
-    # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface).
+@pytest.mark.parametrize(
+    ("flags", "gloo_ifname"),
+    [
+        ([], "lo"),
+        (["--master-port", "port"], "lo"),
+        ([], "routable"),
+        (["--standalone"], "routable"),
+    ],
+    ids=["standalone", "static", "gloo-on-a-network", "standalone-gloo-on-a-network"],
+)
+def test_ddpkit_run_on_one_node_listens_on_loopback_only(
+    tmp_path: Path, flags: list[str], gloo_ifname: str
+) -> None:
+    # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface);
+    # and gloo's listeners on the interface GLOO_SOCKET_IFNAME named ("gloo-on-a-network"),
+    # although every peer is on this host. The user's variable is back after init().
+    if gloo_ifname == "routable":
+        gloo_ifname = _routable_interface()[0]
     script = tmp_path / "report.py"
     script.write_text(_REPORT)
     flags = [str(free_port()) if flag == "port" else flag for flag in flags]
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
     done = subprocess.run(
         [*command, str(script), str(tmp_path)],
-        env=clean_env(GLOO_SOCKET_IFNAME="lo"),
+        env=clean_env(GLOO_SOCKET_IFNAME=gloo_ifname),
         capture_output=True,
         text=True,
         timeout=180,
@@ -296,8 +311,10 @@ def test_ddpkit_run_on_one_node_listens_on_loopback_only(tmp_path: Path, flags: 
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["agent"], "the agent hosts the rendezvous store"
+        assert seen["mine"], "gloo listens in every rank"
         for addr, port in seen["agent"] + seen["mine"]:
             assert is_loopback(addr), f"rank {rank}: a listener on {addr}:{port}"
+        assert seen["ifname"] == gloo_ifname
 
 
 # --- a MASTER_PORT held by something that is not a store ----------------------------------
