@@ -7,7 +7,7 @@ Usage: ``long_worker.py DIR [--torch] [--child] [--teardown]``. Each process wri
 With ``--torch`` it imports torch and joins a gloo group (an all_reduce per step); with
 ``--child`` it also starts a child of its own (``long_worker.py DIR`` again, which writes its
 own pid file), as a wrapper command would.
-With ``--teardown`` rank 1 fails (exit 1) once it trains, so that the agent tears the group down;
+With ``--teardown`` rank 1 fails (exit 1) once both train, so that the agent tears the group down;
 rank 0 answers the agent's SIGTERM (and SIGINT: torch's own parent-death signal for a
 ``--run-path`` worker) as a script that saves on it does: ``phase.0.term``, then a slow
 checkpoint (ten seconds, inside torch's 30 s grace), then exits. Otherwise it never ends by
@@ -70,6 +70,9 @@ def main() -> None:
         on_teardown(where, rank)
     phase(where, rank, "loop")
     if "--teardown" in sys.argv and rank == "1":
+        deadline = time.monotonic() + 120  # rank 0 must be ready for the SIGTERM first
+        while not (where / "phase.0.loop").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         sys.exit(1)
     for number in range(1_000_000):
         if step is not None:
