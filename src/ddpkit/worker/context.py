@@ -183,6 +183,7 @@ def _join(
     collective_s = process_group.collective_timeout(env, timeout_s)
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     hangs = watchdog.hang_bounds(env, *hang_s, info.world_size)
+    stragglers = watchdog.straggler_interval(env)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
     info = process_group.join(  # where the store actually is (a port search, loopback)
@@ -203,7 +204,7 @@ def _join(
         shutdown()
         raise
     if bound_s is not None and info.world_size > 1:
-        _start_watchdog(info, bound_s, hangs)
+        _start_watchdog(info, bound_s, hangs, stragglers)
     return context
 
 
@@ -217,11 +218,17 @@ def _agreed(context: Context) -> Context:
     return replace(context, run=replace(context.run, run_id=str(box[0])))
 
 
-def _start_watchdog(info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None) -> None:
+def _start_watchdog(
+    info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None, stragglers: float | None
+) -> None:
     """Start the watchdog; training goes on without one (with a warning) if it cannot start."""
     try:
         _STATE.peer_watchdog = watchdog.start(
-            rank=info.rank, world_size=info.world_size, bound_s=bound_s, hangs=hangs
+            rank=info.rank,
+            world_size=info.world_size,
+            bound_s=bound_s,
+            hangs=hangs,
+            straggler_s=stragglers,
         )
     except Exception as exc:
         warnings.warn(

@@ -19,12 +19,14 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
+from ddpkit.worker.steptimes import TIMES
 from ddpkit.worker.watchdog import record as calls
 from ddpkit.worker.watchdog.guard import RankZeroGuard
 from ddpkit.worker.watchdog.hang import HangBounds
 from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
 from ddpkit.worker.watchdog.policy import HOOK_POLL_S, KEY_PREFIX, interval_for
 from ddpkit.worker.watchdog.store import DEFAULT_OP_TIMEOUT_S, KeyValue, StoreLink
+from ddpkit.worker.watchdog.straggler import StragglerWatch
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
 if TYPE_CHECKING:
@@ -116,6 +118,7 @@ def start(
     store: Store | None = None,
     clock: Callable[[], float] = time.monotonic,
     hangs: HangBounds | None = None,
+    straggler_s: float | None = None,
 ) -> Watchdog:
     """Start this rank's watchdog on the default group's store (or ``store``).
 
@@ -170,6 +173,11 @@ def start(
             report_paths=report_paths(os.environ),
         )
         calls.install(record)
+    if straggler_s is not None:
+        watchdog.stragglers = StragglerWatch(
+            link.call, link.kv, rank=rank, world_size=world_size, period_s=straggler_s,
+            totals=TIMES.totals, clock=clock,
+        )  # fmt: skip
     _wire_process()
     watchdog.start()
     _PROCESS.active = watchdog

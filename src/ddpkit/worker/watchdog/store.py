@@ -90,6 +90,11 @@ class StoreLink:
 
     # called from other threads
 
+    @property
+    def kv(self) -> KeyValue:
+        """The store, for work handed to :meth:`call` (it runs on the store thread)."""
+        return self._store
+
     def start(self) -> None:
         self._thread.start()
 

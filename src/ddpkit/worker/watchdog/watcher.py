@@ -34,6 +34,7 @@ from ddpkit.worker.watchdog.policy import (
     raised_message,
 )
 from ddpkit.worker.watchdog.store import StoreLink
+from ddpkit.worker.watchdog.straggler import StragglerWatch
 
 # --- the watchdog -------------------------------------------------------------------------------
 
@@ -53,6 +54,7 @@ class Watchdog:
         self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
+        self.stragglers: StragglerWatch | None = None  # the straggler report, when on
         self.ending = False  # a hang report is out: this rank ends, quietly
         self._judge = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
 
@@ -86,6 +88,9 @@ class Watchdog:
                 text = self.hangs.check(now) if self.hangs is not None else None
                 if text is not None and not self._stop.is_set():
                     self._end_for_hang(text)
+                line = self.stragglers.check(now) if self.stragglers is not None else None
+                if line is not None:
+                    write_stderr(line + "\n")
                 cause = self._cause(now)
                 if cause is None:
                     continue
