@@ -68,7 +68,7 @@ fi
 
 if want 7; then
 step "7. GPU benchmarks: checkpoint stall from GPU memory vs torch.save, DCP, Fabric, Accelerate"
-timeout 240 python3 benchmarks/bench_ckpt_stall.py --device cuda --params-mb 256 --runs 4 \
-  --steps 200 --every 50 --loops 2 --dir /tmp --json "$OUT/ckpt-gpu.json" >"$OUT/ckpt-gpu.log" 2>&1
+timeout 240 python3 benchmarks/bench_ckpt_stall.py --device cuda --params-mb 256 --runs 3 \
+  --steps 1200 --every 400 --loops 2 --dir /tmp --json "$OUT/ckpt-gpu.json" >"$OUT/ckpt-gpu.log" 2>&1
 echo "rc=$?"; grep -v "^W1" "$OUT/ckpt-gpu.log" | tail -24
 fi
