@@ -235,7 +235,8 @@ class StoreLink:
         )
 
     def _introduce(self) -> None:
-        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                         "node": os.environ.get("SLURMD_NODENAME") or None})  # fmt: skip
         self._store.set(f"who/{self.rank}", me)
         if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
             # One round trip, not one per rank (N sequential adds made rank 0 ready only after
@@ -338,19 +339,22 @@ class StoreLink:
                 str(marker.get("how") or "left"),
                 victim=bool(marker.get("victim", False)),
                 left_at=now - age_s,
+                node=str(marker["node"]) if marker.get("node") else None,
             )
         except (ValueError, TypeError, AttributeError):
             return Departure(rank, describe_rank(rank, None, None), "left", left_at=now)
 
-    def _who(self, rank: int) -> tuple[str | None, int | None]:
+    def _who(self, rank: int) -> tuple[str | None, int | None, str | None]:
+        """Host, pid and SLURM node name a rank introduced itself with."""
         key = f"who/{rank}"
         if not self._store.check([key]):
-            return None, None
+            return None, None, None
         try:
             who = json.loads(self._store.get(key).decode())
-            return str(who["host"]), int(who["pid"])
-        except (ValueError, TypeError, KeyError):
-            return None, None
+            node = who.get("node")
+            return str(who["host"]), int(who["pid"]), None if node is None else str(node)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None, None, None
 
     def _beat_values(self) -> list[int] | None:
         keys = [f"beat/{rank}" for rank in range(self.world_size)]
@@ -372,9 +376,9 @@ class StoreLink:
                 continue
             age_s = now - last[1]
             if age_s >= self._bound_s:
-                host, pid = self._who(rank)
+                host, pid, node = self._who(rank)
                 how = f"stopped sending heartbeats {age_s:.0f} s ago (killed, or frozen?)"
-                marker = {"host": host, "pid": pid, "how": how, "age_s": age_s}
+                marker = {"host": host, "pid": pid, "how": how, "age_s": age_s, "node": node}
                 self.write_marker(rank, marker)
                 self.presume_dead([rank])
 
@@ -396,9 +400,10 @@ class StoreLink:
         found = []
         for rank, (before, after) in enumerate(zip(first[1], values, strict=True)):
             if rank != self.rank and rank not in self._departed and before == after:
-                host, pid = self._who(rank)
+                host, pid, node = self._who(rank)
                 how = "stopped sending heartbeats (killed?)"
-                found.append(Departure(rank, describe_rank(rank, host, pid), how, left_at=first[0]))
+                who = describe_rank(rank, host, pid)
+                found.append(Departure(rank, who, how, left_at=first[0], node=node))
         with self._lock:
             self._silent = found
 

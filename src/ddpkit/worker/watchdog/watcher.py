@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.worker.watchdog.hangwatch import HangWatch
 from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
@@ -118,6 +119,7 @@ class Watchdog:
             del frame
         lines.append(abort_message(cause, self.rank, blocked_s, self.bound_s))
         write_stderr("\n".join(lines) + "\n")
+        _blame_node(cause)
         self._stopped = True
         if self._link.store_departure(self._clock()) is None:  # else a store call may hang
             self._say("was ended by the ddpkit watchdog", victim=True)
@@ -185,6 +187,7 @@ class Watchdog:
         """The line naming the rank that left first (waits for its marker, briefly)."""
         waited_s = hook_wait_for(self.interval_s)
         cause = self._wait_for_cause(waited_s)
+        _blame_node(cause)
         return raised_message(cause, self.rank, kind.__name__, waited_s)
 
     def _wait_for_cause(self, wait_s: float) -> Departure | None:
@@ -205,6 +208,12 @@ class Watchdog:
             if now - started >= wait_s and not late:
                 return cause
             time.sleep(HOOK_POLL_S)
+
+
+def _blame_node(cause: Departure | None) -> None:
+    """A rank whose heartbeats stopped blames its node for the bad-node exclusion."""
+    if cause is not None and cause.node and "stopped sending heartbeats" in cause.how:
+        record_blame(os.environ, cause.node, f"rank {cause.rank} {cause.how}")
 
 
 def write_stderr(text: str) -> None:
