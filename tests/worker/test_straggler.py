@@ -151,6 +151,7 @@ def _job(tmp_path: Path, case: str, seconds: float) -> str:
 
 
 @pytest.mark.multiproc
+@pytest.mark.sidecar  # seconds of sleeping steps: run beside the SLURM tests (ci/test.sh)
 @pytest.mark.parametrize("case", ["data", "compute"])
 def test_a_slow_rank_is_named_with_its_cause(tmp_path: Path, case: str) -> None:
     output = _job(tmp_path, case, 12.0)
@@ -163,6 +164,7 @@ def test_a_slow_rank_is_named_with_its_cause(tmp_path: Path, case: str) -> None:
 
 
 @pytest.mark.multiproc
+@pytest.mark.sidecar
 def test_an_even_job_prints_no_straggler(tmp_path: Path) -> None:
     output = _job(tmp_path, "even", 9.0)
     assert "straggler" not in output, output[-3000:]
