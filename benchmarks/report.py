@@ -127,6 +127,22 @@ def run_bench(
     return Outcome(name, "ok", seconds, doc=doc, output_tail=output)
 
 
+def device_outcomes(out: Path) -> list[Outcome]:
+    """The figures measured on a lent GPU machine (``ci/gpu-check.sh`` writes them with
+    ``--json``), kept in ``OUT/device/<name>.json`` with the device in their title: the report
+    shows them beside this machine's, as measured there, never re-run or altered here."""
+    found = []
+    for path in sorted((out / "device").glob("*.json")):
+        doc = json.loads(path.read_text())
+        problem = check_document(doc)
+        name = f"device_{path.stem}"  # e.g. device_loop-h100
+        if problem:
+            found.append(Outcome(name, "failed", reason=f"bad {path.name}: {problem}"))
+        else:
+            found.append(Outcome(name, "ok", doc=doc))
+    return found
+
+
 def _text(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
 
@@ -172,7 +188,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     notes = yaml.safe_load(args.why.read_text()) if args.why.is_file() else {}
     if args.render_only:
         saved = json.loads((args.out / "results.json").read_text())
-        outcomes = [Outcome(**fields) for fields in saved["outcomes"]]
+        outcomes = [
+            Outcome(**fields) for fields in saved["outcomes"] if "device" not in fields["name"]
+        ]
+        outcomes += device_outcomes(args.out)
         return write(args.out, outcomes, saved["machine"], saved["command"], notes)
     benches = sorted(args.benchmarks.glob("bench_*.py"))
     only = {name.strip().removeprefix("bench_") for name in args.only.split(",") if name.strip()}
@@ -193,6 +212,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(f"report: {path.name}: {outcome.status} {outcome.reason} ({outcome.seconds:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
         outcomes.append(outcome)
+    outcomes += device_outcomes(args.out)
     shown = ["python", "benchmarks/report.py", *(argv if argv is not None else sys.argv[1:])]
     about = machine(started, (load, os.getloadavg()[0]))
     saved = {"machine": about, "command": shlex.join(shown), "outcomes": outcomes}

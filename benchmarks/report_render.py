@@ -303,14 +303,18 @@ def render_markdown(
 
 def bench_lines(outcome: Outcome, notes: Mapping[str, Any], plot_file: str | None) -> list[str]:
     doc = outcome.doc
-    lines = [f"## {doc.get('title') or outcome.name}", "", f"`{outcome.name}.py`: {outcome.status}"]
+    source = f"`{outcome.name}.py`"
+    if outcome.name.startswith("device_"):  # measured on a lent GPU machine, see report.py
+        source = f"`ci/gpu-check.sh` on a lent GPU machine (results/device/{outcome.name[7:]}.json)"
+    lines = [f"## {doc.get('title') or outcome.name}", "", f"{source}: {outcome.status}"]
     if outcome.status != "ok":
         lines[-1] += f": {outcome.reason}"
         lines.append("")
         if outcome.stderr_tail:
             lines += ["```text", outcome.stderr_tail.rstrip(), "```", ""]
         return lines
-    lines[-1] += f" ({outcome.seconds:.0f} s). Command: `{shown_command(doc['command'])}`"
+    took = f" ({outcome.seconds:.0f} s)" if outcome.seconds else ""
+    lines[-1] += f"{took}. Command: `{shown_command(doc['command'])}`"
     lines.append("")
     doc = mark_references(doc, notes)
     if not doc["rows"]:

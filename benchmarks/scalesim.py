@@ -160,7 +160,7 @@ class Rank:
         introduced = threading.Event()
         counted = Counting(PrefixStore(f"{KEY_PREFIX}0/1/", own), self.tally)
         self.link = StoreLink(
-            _Introduced(counted, introduced, self.rank, self.world),  # type: ignore[arg-type]
+            _Introduced(counted, introduced, self.rank),  # type: ignore[arg-type]
             rank=self.rank,
             world_size=self.world,
             interval_s=interval_for(self.bound_s),
@@ -180,7 +180,7 @@ class _Introduced:
     """Sets ``done`` when the link's introduction is over (``who/<rank>``; rank 0: then every
     beat key, in one ``multi_set``), so readiness is timed without touching the link's code."""
 
-    def __init__(self, inner: Counting, done: threading.Event, rank: int, world: int) -> None:
+    def __init__(self, inner: Counting, done: threading.Event, rank: int) -> None:
         self._inner, self._done = inner, done
         self._host = rank == 0  # rank 0 creates every beat key after its who/
 

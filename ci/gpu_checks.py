@@ -14,6 +14,8 @@ import torch.distributed as dist
 from torch import nn
 
 import ddpkit
+from ddpkit import compat
+from ddpkit.errors import ConfigError
 
 
 def check(name: str, ok: bool, detail: str = "") -> bool:
@@ -80,8 +82,95 @@ def main() -> int:
             print("n/a  hang record at world size 1 (no watchdog without peers)")
     except Exception as error:  # report, do not hide
         results.append(check("hang record on NCCL", False, repr(error)))
+    results += explicit_ddp_syncbn(ctx) + split_model(ctx) + dataparallel_two_replicas_one_gpu()
     ddpkit.shutdown()
     return 0 if all(results) else 1
+
+
+def explicit_ddp_syncbn(ctx: ddpkit.Context) -> list[bool]:
+    """strategy='ddp' at world size 1 on NCCL: SyncBatchNorm runs its collective path."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 14 * 14, 4))  # fmt: skip
+    try:
+        wrapped = ddpkit.wrap(model, "ddp", sync_batchnorm=True)
+        kinds = {type(m).__name__ for m in wrapped.modules()}
+        x = torch.randn(8, 3, 16, 16, device=ctx.device)
+        wrapped(x).square().mean().backward()
+        torch.cuda.synchronize()
+        ok = type(wrapped).__name__ == "DistributedDataParallel" and "SyncBatchNorm" in kinds
+        results = [check("SyncBatchNorm under DDP on NCCL (world 1)", ok, type(wrapped).__name__)]
+        for _ in range(101):  # DDP samples its compute times (CUDA events) every 100 steps
+            wrapped(x).square().mean().backward()
+        compute = compat.ddp_compute_s(wrapped)
+        results.append(check("DDP compute time on CUDA (straggler report)",
+                             compute is not None and compute > 0, f"{compute!r} s"))  # fmt: skip
+        return results
+    except Exception as error:
+        return [check("SyncBatchNorm under DDP on NCCL (world 1)", False, repr(error)[:300])]
+
+
+class Split(nn.Module):
+    """The first layer on the CPU, the rest on cuda:0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(16, 32)
+        self.rest = nn.Sequential(nn.ReLU(), nn.Linear(32, 4)).to("cuda:0")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rest(self.first(x.cpu()).to("cuda:0"))
+
+
+def split_model(ctx: ddpkit.Context) -> list[bool]:
+    results = []
+    try:  # DDP takes no module with parameters on the CPU and a GPU: refused with a hint
+        ddpkit.wrap(Split(), "ddp")
+        results.append(check("split model refused by strategy='ddp'", False, "not refused"))
+    except ConfigError as error:
+        results.append(check("split model refused by strategy='ddp'", True, str(error)[:200]))
+    for strategy in ("auto", "single"):
+        name = f"split CPU/cuda:0 model, wrap(strategy={strategy!r})"
+        try:
+            wrapped = ddpkit.wrap(Split(), strategy)
+            devices = sorted({str(p.device) for p in wrapped.parameters()})
+            loss = wrapped(torch.randn(8, 16)).square().mean()
+            loss.backward()
+            grads = all(p.grad is not None for p in wrapped.parameters())
+            results.append(check(name, devices == ["cpu", "cuda:0"] and grads,
+                                 f"{type(wrapped).__name__}, params on {devices}"))  # fmt: skip
+        except Exception as error:
+            results.append(check(name, False, repr(error)[:300]))
+    return results
+
+
+def dataparallel_two_replicas_one_gpu() -> list[bool]:
+    """ddpkit's DataParallel + balanced loss with device_ids=[0, 0], if torch allows it."""
+    from ddpkit.worker.dataparallel import DataParallel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
+    x, y = torch.randn(10, 16, device="cuda"), torch.randint(0, 4, (10,), device="cuda")
+    criterion = nn.CrossEntropyLoss()
+    reference = criterion(model(x), y)
+    reference.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    name = "DataParallel + balanced loss, two replicas on one GPU"
+    try:
+        wrapper = DataParallel(model, device_ids=[0, 0], first_device_batch=3)
+        loss = ddpkit.balanced_loss(wrapper, criterion)(x, y)
+        loss.backward()
+        got = [p.grad for p in model.parameters()]
+        pairs = zip(got, want, strict=True)
+        close = torch.allclose(loss, reference, atol=1e-6) and all(
+            g is not None and torch.allclose(g, w, atol=1e-6) for g, w in pairs
+        )
+        return [check(name, close, f"loss {loss.item():.6f} vs one device "
+                                   f"{reference.item():.6f}")]  # fmt: skip
+    except Exception as error:  # torch may refuse a device listed twice: say so
+        print(f"n/a  {name}: torch refused: {error!r}"[:400])
+        return []
 
 
 if __name__ == "__main__":

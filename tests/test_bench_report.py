@@ -268,3 +268,20 @@ def test_a_ddpkit_variant_can_be_the_baseline() -> None:
     assert "| submitit map_array | 0.500 | 0.417 |" in text
     assert "Verdict: **BEHIND**: ddpkit sweep behind submitit map_array by 60.0%." in text
     assert "ddpkit submit xN behind" not in text and "(reference)" not in text
+
+
+def test_figures_from_a_gpu_machine_are_shown_as_measured_there(tmp_path: Path) -> None:
+    rows = [_row("loop cnn", "plain torch", 9000.0), _row("loop cnn", "ddpkit", 9100.0)]
+    saved = {"machine": MACHINE, "command": "python benchmarks/report.py", "outcomes": []}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    (tmp_path / "device").mkdir()
+    gpu = _doc(rows, bench="loop_h100", title="Loop on one H100")
+    (tmp_path / "device" / "loop-h100.json").write_text(json.dumps(gpu))
+    (tmp_path / "device" / "broken.json").write_text(json.dumps({"rows": 3}))
+    assert report.main(["--render-only", "--out", str(tmp_path)], environ={}) == 1
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "## Loop on one H100" in text
+    assert "`ci/gpu-check.sh` on a lent GPU machine (results/device/loop-h100.json): ok" in text
+    assert "| **ddpkit** | 9,100 | 1.011 |" in text
+    assert "| device_broken | failed: bad broken.json: the JSON has no 'bench' |" in text
+    assert (tmp_path / "device_loop-h100.png").read_bytes()[:8] == PNG

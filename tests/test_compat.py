@@ -416,3 +416,33 @@ def test_the_public_store_classes_are_torchs_own() -> None:
     signature = dist.TCPStore.__init__.__doc__ or ""  # type: ignore[attr-defined]
     for keyword in ("master_listen_fd", "multi_tenant", "use_libuv"):
         assert keyword in signature, signature
+
+
+class _Slow(torch.nn.Module):
+    """A forward that takes at least 5 ms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.005)
+        return self.layer(x)
+
+
+@reach
+def test_ddp_compute_s_reads_ddps_sampled_compute_time() -> None:
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    store.set_timeout(timedelta(seconds=20))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_Slow())
+        assert compat.ddp_compute_s(model) is None  # nothing sampled yet
+        for _ in range(101):
+            model(torch.randn(8, 4)).sum().backward()
+        value = compat.ddp_compute_s(model)
+        assert value is not None, f"{TORCH}: DDP's logging data lost its compute times"
+        assert 0.005 <= value < 5.0, value
+        assert compat.ddp_compute_s(torch.nn.Linear(2, 2)) is None  # not a DDP model
+    finally:
+        dist.destroy_process_group()

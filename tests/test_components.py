@@ -127,7 +127,7 @@ def test_parse_j(j: str, expected: tuple[int, int]) -> None:
     assert parse_j(j) == expected
 
 
-@pytest.mark.parametrize("j", ["", "0x2", "2x0", "2x", "1:2x4", "ax2", "2*2"])
+@pytest.mark.parametrize("j", ["", "0x2", "2x0", "2x", "1:2x4", "ax2", "2*2", "٣", "2x٣", "1x²"])
 def test_parse_j_rejects(j: str) -> None:
     with pytest.raises(ConfigError, match="is not NODESxPROCS"):
         parse_j(j)

@@ -18,6 +18,9 @@ against the installed version and names that version when one has moved.
     c10d._dump_fr_trace_json       torch       the hang report quotes torch's flight recorder
       and its entries' keys                    (JSON, never the pickled dump), which also
                                                sees collectives issued from C++ (DDP's)
+    DDP._get_ddp_logging_data,     torch       the straggler report: a rank's forward and
+      its avg_forward/backward_                backward compute as DDP samples it
+      compute_time keys (ns)
     rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
       machine_hostname                         whether this node hosts the c10d store
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPILED_ATTRIBUTE",
     "compiled_inner",
+    "ddp_compute_s",
     "default_store",
     "flight_recorder_tail",
     "group_sequence",
@@ -227,6 +231,18 @@ def group_sequence(group: Any) -> int | None:
         return int(pg._get_sequence_number_for_group())
     except Exception:
         return None
+
+
+def ddp_compute_s(model: Any) -> float | None:
+    """This rank's forward + backward compute per step in seconds, as DDP measures it at its
+    sampled iterations (CUDA events on GPUs); None before DDP has sampled one, or where the
+    installed torch has no such figures."""
+    try:
+        data = model._get_ddp_logging_data()
+        total_ns = int(data["avg_forward_compute_time"]) + int(data["avg_backward_compute_time"])
+    except Exception:
+        return None
+    return total_ns / 1e9 if total_ns > 0 else None
 
 
 def flight_recorder_tail(count: int) -> list[dict[str, Any]] | None:

@@ -241,3 +241,32 @@ def test_to_float_reads_plain_ascii_decimals_only(text: str, expected: float | N
     from ddpkit.cluster.envvars import to_float
 
     assert to_float(text) == expected
+
+
+# The job commands and doctor: a count, a rank or a job id in another script's digits.
+JOB_COMMANDS: dict[str, tuple[Callable[[str], list[str]], Callable[[str], str]]] = {
+    "doctor --world-size": (
+        lambda d: ["doctor", "--no-comm", "--world-size", d],
+        lambda d: f"--world-size={d!r}",
+    ),
+    "logs --rank": (lambda d: ["logs", "--rank", d, "123"], lambda d: f"--rank={d!r}"),
+    "status": (lambda d: ["status", f"12{d}"], lambda d: f"job_id='12{d}'"),
+    "cancel": (lambda d: ["cancel", f"12{d}_0"], lambda d: f"job_id='12{d}_0'"),
+    "logs": (lambda d: ["logs", f"123_{d}"], lambda d: f"job_id='123_{d}'"),
+}
+
+
+@pytest.mark.parametrize(("command", "digit"), [(c, d) for c in JOB_COMMANDS for d in FOREIGN])
+def test_a_foreign_digit_in_a_job_command_is_the_one_line_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    digit: str,
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no SLURM tool: nothing may be asked
+    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
+    argv, named = JOB_COMMANDS[command]
+    code = main(argv(digit))
+    out, err = capsys.readouterr()
+    _expect_one_line(code, out, err, named(digit))

@@ -496,3 +496,35 @@ def test_shown_cuts_long_and_shared_values_cheaply() -> None:
     loop: list[object] = []
     loop.append(loop)
     assert shown(loop) == "[[...]]"
+
+
+def test_signal_null_means_no_stop_signal(layered: Path) -> None:
+    """``signal``'s null is "none" (the field's doc), not its default USR2: in every layer."""
+    base = "name: a\ncommand: t.py\n"
+    assert load(write(layered / "a.yaml", base)).signal == "USR2"
+    assert load(write(layered / "b.yaml", base + "signal: null\n")).signal is None
+    assert load(write(layered / "c.yaml", base + "signal: USR1\n"), "signal=").signal is None
+    assert load(write(layered / "d.yaml", base + "signal: null\n"), "signal=USR1").signal == "USR1"
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "expected"),
+    [
+        (
+            "sweep: {parms: {lr: [1, 2]}}\n", [],
+            "s.yaml: unknown key 'sweep.parms' (hint: did you mean 'params'?)",
+        ),
+        (
+            "sweep: {params: {lr: [1, 2]}, max_paralel: 1}\n", [],
+            "s.yaml: unknown key 'sweep.max_paralel' (hint: did you mean 'max_parallel'?)",
+        ),
+        ("", ["sweep.mode=zip", "sweep.parms={lr: [1]}"], "--set: unknown key 'sweep.parms'"),
+        ("", ["sweep.params.lr=[1, 2]"], "--set 'sweep.params.lr=[1, 2]': sweep.params is not"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_inside_sweep_is_named_with_its_path(
+    tmp_path: Path, text: str, overrides: list[str], expected: str
+) -> None:
+    """It was "unknown key 'sweep' (hint: did you mean 'sweep'?)", for any typo inside."""
+    spec = write(tmp_path / "s.yaml", "name: a\ncommand: t.py --lr {lr}\n" + text)
+    assert expected in load_error(spec, *overrides)

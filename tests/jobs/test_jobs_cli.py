@@ -540,3 +540,53 @@ def test_run_of_asks_scontrol_through_the_runner_seam(home: Path, tmp_path: Path
     assert api.run_of("5_1", runner=fake) == api.RunOfJob("slurm-5_1", 0)
     assert fake.calls == [(["scontrol", "show", "job", "--oneliner", "5_1"], None)]
     assert api.run_of("6", runner=FakeSlurm()) is None  # no record: nothing asked
+
+
+@pytest.mark.parametrize("digit", ["²", "３", "٣"])
+def test_logs_skip_planted_files_numbered_in_another_scripts_digits(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], digit: str
+) -> None:
+    """A file like ``77_²_log.out`` in a shared log folder is not a rank's: ``str.isdigit()``
+    took ``²`` (``int()`` then raised) and ``int()`` read ``٣`` as rank 3."""
+    for via, launch, good, planted in [
+        ("submitit", "srun", "77_0_log.out", f"77_{digit}_log.out"),
+        ("sbatch", "srun", "demo-77-rank0.out", f"demo-77-rank{digit}.out"),
+        ("sbatch", "torchrun", "demo-77-node0.out", f"demo-77-node{digit}.out"),
+    ]:
+        logs = record_job(tmp_path, via=via, launch=launch)
+        for old in logs.iterdir():
+            old.unlink()
+        (logs / good).write_text("[rank0]: mine\n")
+        (logs / planted).write_text("[rank3]: planted\n")
+        assert run(["logs", "77"], capsys) == (0, f"==> {logs / good} <==\n[rank0]: mine\n", "")
+        _, out, err = run(["logs", "77", "--rank", "3"], capsys)
+        assert "planted" not in out and "Traceback" not in err, (via, launch, out, err)
+
+
+GOOD_RECORD = {
+    "job_id": "77", "via": "sbatch", "name": "demo", "log_dir": "/tmp/logs", "launch": "srun",
+    "nodes": 2, "procs_per_node": 2, "workdir": "/tmp",
+}  # fmt: skip
+BAD_RECORDS = {
+    "deep": "[" * 100_000 + "]" * 100_000,
+    "null-log-dir": json.dumps({**GOOD_RECORD, "log_dir": None}),
+    "text-nodes": json.dumps({**GOOD_RECORD, "nodes": "x"}),
+    "bool-nodes": json.dumps({**GOOD_RECORD, "nodes": True}),
+    "number-name": json.dumps({**GOOD_RECORD, "name": 3}),
+    "other-via": json.dumps({**GOOD_RECORD, "via": "evil"}),
+    "runs-of-numbers": json.dumps({**GOOD_RECORD, "sweep_runs": [1, 2]}),
+}
+
+
+@pytest.mark.parametrize("text", BAD_RECORDS.values(), ids=list(BAD_RECORDS))
+def test_a_damaged_job_record_is_the_one_line_error(
+    home: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    """A record is ddpkit's own file, but a folder can be shared or a file damaged."""
+    (home / "jobs").mkdir(parents=True)
+    (home / "jobs" / "77.json").write_text(text)
+    for command in (["logs", "77"], ["status", "77"], ["cancel", "77"]):
+        code, out, err = run(command, capsys)
+        assert (code, out) == (2, ""), (command, err[-500:])
+        assert err.startswith("ddpkit: error: job record ") and err.count("\n") == 1, err[:500]
+        assert len(err) < 1000 and "(hint: delete the file" in err

@@ -73,16 +73,20 @@ def ddpkit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "submit"])
+# every way a spec's template is rendered: previewed, submitted, submitted as a sweep (array)
+MODES = {"dry-run": ["--dry-run"], "submit": [], "sweep": ["--sweep", "lr=1,2"]}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
 def test_template_escapes_are_refused_through_the_cli(
-    tmp_path: Path, payload: str, dry: bool
+    tmp_path: Path, payload: str, mode: str
 ) -> None:
     template = tmp_path / "evil.sbatch.j2"
     template.write_text("#!/bin/bash\n# a harmless first line\n" + payload + "\n")
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: demo\ncommand: train.py\ntemplate: evil.sbatch.j2\n")
-    done = ddpkit(tmp_path, "submit", str(spec), *(["--dry-run"] if dry else []))
+    spec.write_text("name: demo\ncommand: train.py --lr {lr}\ntemplate: evil.sbatch.j2\n")
+    done = ddpkit(tmp_path, "submit", str(spec), *MODES[mode])
     assert not (tmp_path / MARK).exists(), "the template ran a command"
     assert SECRET not in done.stdout + done.stderr, "the template read the environment"
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
@@ -92,6 +96,17 @@ def test_template_escapes_are_refused_through_the_cli(
     assert "sandbox" in done.stderr and "(hint: " in done.stderr
     assert not FakeTools(tmp_path / "bin").submitted(), "sbatch was called"
     assert not (tmp_path / "home").exists(), "a job record was written"
+
+
+@pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
+def test_plan_never_renders_the_template(tmp_path: Path, payload: str) -> None:
+    """plan shows the resolved spec and its ranks: the template is not rendered there."""
+    (tmp_path / "evil.sbatch.j2").write_text("#!/bin/bash\n" + payload + "\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: demo\ncommand: train.py\ntemplate: evil.sbatch.j2\n")
+    done = ddpkit(tmp_path, "plan", str(spec))
+    assert not (tmp_path / MARK).exists() and SECRET not in done.stdout + done.stderr
+    assert (done.returncode, done.stderr) == (0, "") and "template: " in done.stdout
 
 
 def spec(tmp_path: Path, template: str) -> JobSpec:
@@ -135,3 +150,50 @@ def test_what_templates_may_do_still_works(tmp_path: Path) -> None:
     out = render.render_sbatch(job)
     assert out.startswith("JOB-NAME1 NODES2 ")
     assert out.endswith(" n-1 n:1 n t.py abab 1024 True\n")
+
+
+# Files a template could read into the script it renders (and --dry-run prints) on the machine
+# that renders it: the environment, through /proc, and anything outside the template's folder.
+READS = {
+    "proc-environ": '{% include "/proc/self/environ" %}',
+    "proc-environ-relative": '{% include "../../../../../../../../proc/self/environ" %}',
+    "import-outside": '{% import "../outside.j2" as x %}{{ x }}',
+    "symlink-out": '{% include "link.j2" %}',
+}
+
+
+@pytest.mark.parametrize("payload", READS.values(), ids=list(READS))
+def test_templates_read_only_files_in_their_own_folder(tmp_path: Path, payload: str) -> None:
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (tmp_path / "outside.j2").write_text(f"{{% macro m() %}}{SECRET}{{% endmacro %}}{SECRET}\n")
+    (folder / "link.j2").symlink_to(tmp_path / "outside.j2")
+    (folder / "evil.sbatch.j2").write_text("#!/bin/bash\n" + payload + "\n")
+    spec = tmp_path / "job.yaml"
+    # signal: null: any template is accepted, so the script would be printed as rendered
+    spec.write_text(
+        "name: demo\ncommand: train.py\ntemplate: templates/evil.sbatch.j2\nsignal: null\n"
+    )
+    done = ddpkit(tmp_path, "submit", "--dry-run", str(spec))
+    assert SECRET not in done.stdout + done.stderr, "the template read a file outside its folder"
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith("ddpkit: error: ") and done.stderr.count("\n") == 1
+    assert "outside the template's folder" in done.stderr and "(hint: " in done.stderr
+
+
+def test_a_template_includes_files_of_its_own_folder_wherever_ddpkit_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative names are the template's folder's (they were the current directory's)."""
+    folder = tmp_path / "site"
+    (folder / "parts").mkdir(parents=True)
+    (folder / "parts" / "mail.j2").write_text("#SBATCH --mail-type=END\n")
+    (folder / "t.j2").write_text(
+        "{% extends launch_template %}"
+        '{% block sbatch_extra %}{% include "parts/mail.j2" %}{% endblock %}'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    job = JobSpec(name="n", command="t.py", workdir=str(tmp_path), template="site/t.j2")
+    assert "\n#SBATCH --mail-type=END\n" in render.render_sbatch(job)

@@ -183,7 +183,8 @@ def test_without_torchx_the_core_works_and_torchx_names_the_extra(tmp_path: Path
 def test_local_cwd_one_node_two_processes(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = write_spec(workdir, "procs_per_node: 2\n")
+    # SLURM options mean nothing on this machine: run anyway, and say so (as the dry run does)
+    spec = write_spec(workdir, "procs_per_node: 2\naccount: proj-1\nsbatch: {exclusive: true}\n")
     code, out, err = run(
         ["submit", str(spec), "--via", "torchx", "--scheduler", "local_cwd"], capsys
     )
@@ -191,6 +192,7 @@ def test_local_cwd_one_node_two_processes(
     handle = out.strip()
     assert re.fullmatch(r"local_cwd://torchx/demo-[a-z0-9]+", handle), out
     assert f"{handle} ended SUCCEEDED" in err
+    assert "ddpkit: not used by local_cwd (SLURM options): account, sbatch.exclusive\n" in err
     record = load_record(handle)
     assert record is not None
     assert (record.via, record.handle, record.final_state) == (
@@ -235,3 +237,27 @@ def test_local_status_without_final_state_is_unknown_with_a_hint(
     assert "still running it, or was killed" in err and "torchx does not know" in err
     code, _, err = run(["cancel", handle], capsys)
     assert code == 2 and "Ctrl-C" in err
+
+
+@pytest.mark.parametrize("digit", ["²", "３", "٣"])
+def test_log_files_skip_replica_files_numbered_in_another_scripts_digits(
+    tmp_path: Path, digit: str
+) -> None:
+    """torchx's file names in a shared folder: ``²`` made ``int()`` raise, ``٣`` read as 3."""
+    from ddpkit.jobs.backends.torchx import log_files
+    from ddpkit.jobs.records import JobRecord
+
+    for handle, good, planted in [
+        ("slurm://torchx/55", "slurm-55-ddpkit-0.out", f"slurm-55-ddpkit-{digit}.out"),
+        ("local_cwd://torchx/demo-1", "ddpkit/0/combined.log", f"ddpkit/{digit}/combined.log"),
+    ]:
+        folder = tmp_path / handle.split(":")[0]
+        for name in (good, planted):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("x\n")
+        record = JobRecord(
+            job_id="55", via="torchx", name="demo", log_dir=str(folder), launch="torchrun",
+            nodes=1, procs_per_node=1, workdir=str(tmp_path), handle=handle,
+        )  # fmt: skip
+        files, _ = log_files(record, rank=0)
+        assert [file.path for file in files] == [folder / good], handle

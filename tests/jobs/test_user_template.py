@@ -128,3 +128,20 @@ def test_the_cli_refuses_it_with_exit_2_and_submits_nothing(tmp_path: Path) -> N
     assert done.stderr.startswith("ddpkit: error: template="), done.stderr
     assert done.stderr.count("\n") == 1 and "(hint: start it with" in done.stderr, done.stderr
     assert not (bin_dir / "sbatch.called").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_hints_signal_null_can_be_followed_in_a_spec_file(tmp_path: Path) -> None:
+    """The refusal's hint says "or set signal: null", and the field's own doc says "null: none";
+    in a spec file, null reset every field to its default, which for signal is USR2, so the
+    advice could not be followed. Through the real command, as a user would."""
+    (tmp_path / "t.sh.j2").write_text(DROPS)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: u\ncommand: train.py\ntemplate: t.sh.j2\nsignal: null\n")
+    env = {**os.environ, "DDPKIT_HOME": str(tmp_path / "home")}
+    for extra in ([], ["--set", "signal=USR1", "--set", "signal="]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ddpkit", "submit", "--dry-run", str(spec), *extra],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        assert done.stdout.startswith("#!/bin/bash\n") and "--signal" not in done.stdout

@@ -87,6 +87,8 @@ def test_node_hint_only_inside_a_slurm_step() -> None:
     assert node_order.node_hint(step) == 1
     assert node_order.node_hint({"SLURM_NODEID": "1"}) is None  # salloc shell, batch script
     assert node_order.node_hint({**step, "SLURM_NODEID": "x"}) is None
+    for digit in ("²", "３", "٣"):  # isdigit() took "²", which int() then refused
+        assert node_order.node_hint({**step, "SLURM_NODEID": digit}) is None
 
 
 @pytest.mark.parametrize(

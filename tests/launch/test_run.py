@@ -336,3 +336,41 @@ def test_a_killed_worker_whose_stderr_went_to_the_console_only_says_so(
     report = summary(capfd.readouterr().err)
     assert "died of SIGABRT" in report
     assert "its stderr went to the console only" in report, report
+
+
+@pytest.mark.parametrize(
+    ("how", "sig"),
+    [("abort", signal.SIGABRT), ("segv", signal.SIGSEGV), ("SIGKILL", signal.SIGKILL)],
+)
+def test_a_signal_reported_by_a_wrapper_shell_is_named(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, how: str, sig: signal.Signals
+) -> None:
+    """``--no-python sh -c "python train.py; ..."``: the shell outlives the training process and
+    exits 128 + N for its signal N. Before: "exit code 139" and the handled traceback the
+    process had logged earlier, as if it were the cause; the signal was never named."""
+    wrapped = f'"{sys.executable}" {ENV_WORKER} --die-rank 1 --die {how}; exit $?'
+    argv = ["run", "--nproc-per-node", "2", "--log-dir", str(tmp_path), "--no-python"]
+    assert main([*argv, "sh", "-c", wrapped]) == 128 + sig
+    report = summary(capfd.readouterr().err)
+    lines = report.splitlines()
+    assert f"rank 1 (local rank 1) on {socket.gethostname()}: exit code {128 + sig}" in lines[0]
+    assert f"128 + {int(sig)}: {sig.name}" in lines[0], report
+    assert "ddpkit: traceback of rank" not in report  # the handled one is no cause
+    why = next(line for line in lines if line.startswith("ddpkit: no traceback"))
+    assert f"died of {sig.name}" in why, report
+    assert ("OOM" in report) == (sig == signal.SIGKILL), report
+    (log,) = tmp_path.glob("*/attempt_0/1/stderr.log")
+    assert f"ddpkit: last lines of its stderr ({log}):" in lines, report
+    assert f"  rank 1 dies by {how}" in lines, report
+
+
+def test_an_exit_code_above_128_that_is_no_signal_is_left_alone(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """255 (``exit(-1)``) is no 128 + a signal: reported as the code it is."""
+    argv = ["run", "--nproc-per-node", "2", ENV_WORKER, "--exit-rank", "0", "--code", "255"]
+    assert main(argv) == 255
+    report = summary(capfd.readouterr().err)
+    assert report.splitlines()[0].endswith(
+        "rank 0 (local rank 0) on " + socket.gethostname() + ": exit code 255"
+    ), report

@@ -4,9 +4,10 @@ A real ``ddpkit run --nproc-per-node 2`` of ``tests/scripts/long_worker.py`` (wh
 itself and writes its pid and its phase into a folder) gets SIGKILL at a given moment: a fixed
 delay after its start (before any worker exists, while torch's agent starts them), once a worker
 has started (before its loop: importing torch), during training, in the middle of a checkpoint
-write. Then no process of the run may remain a few seconds later: neither the workers (by their
-pid files, and by the folder in their command line, which also finds a worker killed before it
-wrote its pid) nor, for a ``--no-python`` wrapper command, the wrapper's own child. And the
+write, during the agent's teardown of a failed group (a worker that saves on SIGTERM). Then no
+process of the run may remain a few seconds later: neither the workers (by their pid files, and
+by the folder in their command line, which also finds a worker killed before it wrote its pid)
+nor, for a ``--no-python`` wrapper command, the wrapper's own child. And the
 checkpoint that was being written is never completed by a worker outliving its launcher.
 """
 
@@ -87,6 +88,10 @@ MOMENTS: dict[str, Moment] = {
     "training": ([], ["--torch"], lambda: _phase("phase.0.loop", "phase.1.loop")),
     "checkpoint": ([], ["--torch"], lambda: _phase("phase.0.ckpt")),
     "run-path-training": (["--run-path"], [], lambda: _phase("phase.0.loop", "phase.1.loop")),
+    # teardown: rank 1 failed, the agent's SIGTERM has reached rank 0, which saves slowly on it
+    "teardown-at-once": ([], ["--teardown"], lambda: _phase("phase.0.term")),
+    "teardown-mid-save": ([], ["--teardown"], lambda: _phase("phase.0.term", "ckpt.0.tmp")),
+    "run-path-teardown": (["--run-path"], ["--teardown"], lambda: _phase("phase.0.term")),
 }
 
 

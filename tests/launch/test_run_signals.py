@@ -108,6 +108,7 @@ def test_a_signal_storm_never_kills_the_launcher(
     stdout, stderr = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     where = f"{sig.name} from {offset}: exit {run.returncode}, {sent} sent\n{stdout}\n{stderr}"
     assert run.returncode >= 0, f"the launcher died of a signal: {where}"
+    assert "Traceback" not in stdout + stderr, where  # neither the launcher's nor a worker's
     assert sent > 0, where
     if sig == signal.SIGUSR1:  # passed on; the workers ignore it (unless it came before that)
         assert run.returncode == 0 or "signal SIGUSR1" in stderr, where

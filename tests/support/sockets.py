@@ -52,3 +52,23 @@ def listening(pid: int | str = "self") -> list[tuple[str, int]]:
 
 def is_loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
+
+
+def routable_interface() -> tuple[str, str] | None:
+    """``(name, IPv4 address)`` of a network interface that is up and not loopback, or None."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifaddr = 0x8915  # linux/sockios.h
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                answer = fcntl.ioctl(probe.fileno(), siocgifaddr, request)
+            except OSError:  # down, or no IPv4 address
+                continue
+            address = socket.inet_ntoa(answer[20:24])
+            if not ipaddress.ip_address(address).is_loopback:
+                return name, address
+    return None

@@ -23,6 +23,7 @@ import pytest
 import torch.distributed as dist
 
 import ddpkit
+from ddpkit.cluster.stop.blamed import take_blamed
 from ddpkit.errors import ConfigError
 from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
@@ -51,9 +52,14 @@ parser.add_argument("--leave", choices=["return", "raise", "kill", "freeze"], de
 parser.add_argument("--leave-rank", type=int, default=1)
 parser.add_argument("--solo-s", type=float, default=0.0)
 parser.add_argument("--children", action="store_true")
+parser.add_argument("--slurm-node-names", action="store_true")  # SLURM's n<rank>, job 42
 opts = parser.parse_args()
 
+if opts.slurm_node_names:
+    os.environ["SLURMD_NODENAME"] = f"n{os.environ['RANK']}"
 ctx = ddpkit.init()
+if opts.slurm_node_names:  # after init: detection must not take this for a SLURM step
+    os.environ["SLURM_JOB_ID"] = "42"
 print(f"pid {ctx.rank} {os.getpid()}", flush=True)
 
 
@@ -338,6 +344,25 @@ def test_killed_rank_is_named_by_both_survivors(worker: Path) -> None:
     for survivor in (ranks[0], ranks[2]):
         assert survivor.code == 1 and survivor.ended_s < SLACK_S, survivor.err[-2000:]
         _named(survivor, ranks[1], "stopped sending heartbeats")
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("leave", ["kill", "raise"])
+def test_a_killed_ranks_node_is_blamed_for_the_exclusion(
+    worker: Path, tmp_path: Path, leave: str
+) -> None:
+    """Heartbeats that stop are a node-local cause (the OOM killer, a dead or frozen node):
+    the survivors write the node to the job's blame file; a rank that raised is no one's node
+    fault."""
+    ranks = _spawn(worker, 3, ["--leave", leave, "--slurm-node-names"], bound_s=3,
+                   env={"DDPKIT_LOG_DIR": str(tmp_path)})  # fmt: skip
+    assert ranks[0].code == 1 and ranks[2].code == 1, ranks[0].err[-2000:]
+    if leave == "raise":
+        assert list(tmp_path.glob(".ddpkit-blamed-*")) == []
+        return
+    lines = (tmp_path / ".ddpkit-blamed-42").read_text().splitlines()
+    assert lines and all(line.startswith("n1\trank 1 stopped sending heartbeats") for line in lines)
+    assert take_blamed(tmp_path, "42") == {"n1": lines[0].split("\t", 1)[1]}
 
 
 @pytest.mark.multiproc

@@ -107,3 +107,36 @@ def test_ranks_that_never_sent_a_beat_are_named_after_the_bound(host: TCPStore) 
 
 def _names(host: TCPStore) -> set[int]:
     return {rank for rank in (1, 2) if host.check([f"w/exit/{rank}"])}
+
+
+class SlowDone:
+    """A real store whose last operation (the ``done`` mark) takes ``delay_s``: a store host
+    slow to answer while 16 ranks leave at once on 2 cores."""
+
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        self._inner, self._delay_s = inner, delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def add(self, key: str, value: int) -> int:
+        if key == "done":
+            time.sleep(self._delay_s)
+        return self._inner.add(key, value)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 1.5, 3.0])
+def test_stop_outlasts_the_store_operation_in_flight(host: TCPStore, delay_s: float) -> None:
+    """A store thread still inside a store call when the interpreter finalizes aborts the
+    process (SIGABRT, 'terminate called without an active exception'): stop() at exit must
+    return only once the thread is out of the store, within the operations' bound."""
+    link = StoreLink(
+        SlowDone(PrefixStore("t", host), delay_s), rank=0, world_size=1, interval_s=0.2,
+        bound_s=600.0, host_rank=0, address="127.0.0.1:0", clock=time.monotonic,
+        op_timeout_s=2.0,
+    )  # fmt: skip
+    link.start()
+    _wait(lambda: host.check(["t/beat/0"]), 10.0)
+    link.stop()
+    assert not link._thread.is_alive()
+    assert host.add("t/done", 0) == 1  # its last operation happened, before stop() returned

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.cluster.envvars import number_hint, to_int
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backends import BACKENDS, check_scheduler
@@ -86,9 +87,7 @@ class JobsRequest:
 def request_from_args(args: argparse.Namespace) -> JobsRequest:
     """The only place where argparse values become a request (job id and rank are checked)."""
     job = getattr(args, "job", None)
-    rank = getattr(args, "rank", None)
-    if rank is not None and rank < 0:
-        raise ConfigError(f"--rank {rank} is negative", hint="ranks count from 0")
+    rank = _rank(getattr(args, "rank", None))
     via: Via = getattr(args, "via", None) or "sbatch"
     scheduler = getattr(args, "scheduler", None)
     check_scheduler(via, scheduler, flags=True)
@@ -104,6 +103,17 @@ def request_from_args(args: argparse.Namespace) -> JobsRequest:
         rank=rank,
         follow=bool(getattr(args, "follow", False)),
     )
+
+
+def _rank(raw: str | None) -> int | None:
+    """``--rank``: ASCII digits (argparse's ``int`` read ``٣`` as 3 and ``1_0`` as 10)."""
+    if raw is None:
+        return None
+    rank = to_int(raw.strip())
+    if rank is None or rank < 0:
+        hint = number_hint(raw, "ranks count from 0, e.g. --rank 0")
+        raise ConfigError(f"--rank={raw!r} is not a rank (a whole number >= 0)", hint=hint)
+    return rank
 
 
 def add_parsers(commands: Any) -> None:
@@ -139,7 +149,7 @@ def add_parsers(commands: Any) -> None:
     logs = _add(commands, "logs", "print a job's output files")
     logs.epilog = _LOGS_EPILOG
     _job_argument(logs)
-    logs.add_argument("--rank", type=int, default=None, metavar="N", help="only rank N's output")
+    logs.add_argument("--rank", default=None, metavar="N", help="only rank N's output")
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing new output until the job ends"
     )
@@ -225,9 +235,12 @@ def _spec_command(request: JobsRequest) -> int:
         _write(api.dry_run(spec, request.via, scheduler=request.scheduler))
         _say_profile(resolved)
         return 0
-    record = api.submit(spec, request.via, scheduler=request.scheduler)
+    wanted = api.request(spec, request.via, scheduler=request.scheduler)
+    record = api.schedule(wanted)
     print(record.name_for_user, flush=True)
     _say_profile(resolved)
+    for note in wanted.notes:  # after success, as the profile line: an error stays one line
+        print(f"ddpkit: {note}", file=sys.stderr)
     if record.final_state is not None:  # a local torchx app has run in the foreground
         print(f"ddpkit: {record.name_for_user} ended {record.final_state}", file=sys.stderr)
         return 0 if record.final_state == "SUCCEEDED" else 1

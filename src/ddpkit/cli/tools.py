@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from ddpkit.cluster.envvars import number_hint, to_float
+from ddpkit.cluster.envvars import number_hint, to_float, to_int
 from ddpkit.errors import ConfigError
 
 __all__ = ["add_parsers"]
@@ -100,10 +100,11 @@ def _number(flag: str, raw: str, example: str) -> float:
 
 
 def _count(flag: str, raw: str) -> int:
-    text = raw.strip()
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"{flag}={raw!r} is not a whole number >= 1", hint=f"e.g. {flag} 1024")
-    return int(text)
+    value = to_int(raw.strip())  # ASCII digits only: isdigit() takes "²", int() reads "٣"
+    if value is None or value < 1:
+        hint = number_hint(raw, f"e.g. {flag} 1024")
+        raise ConfigError(f"{flag}={raw!r} is not a whole number >= 1", hint=hint)
+    return value
 
 
 def doctor_command(args: argparse.Namespace) -> int:

@@ -58,6 +58,7 @@ __all__ = [
     "request",
     "resolve",
     "run_of",
+    "schedule",
     "status",
     "submit",
     "submit_function",
@@ -115,7 +116,12 @@ def submit(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None) 
 
     Via torchx the job is named by torchx's app handle (``record.handle``).
     """
-    wanted = request(spec, via, scheduler=scheduler)
+    return schedule(request(spec, via, scheduler=scheduler))
+
+
+def schedule(wanted: Request) -> JobRecord:
+    """Submit what :func:`request` returned (its ``notes`` are for the user); write and
+    return the job's record."""
     record = get_backend(wanted.via).schedule(wanted)
     save_record(record)
     return record

@@ -9,7 +9,8 @@ Precedence, for every field (stated here only; ``merge_layers`` is its one imple
   the ``--sweep`` layer just below ``--set``, replace the spec's whole ``params``);
 - ``setup`` lines accumulate: the profile's lines, then the spec's, then those given by --set;
 - null (``partition: null``, ``--set partition=``, ``--set env.FOO=``) resets a field or a
-  mapping key to its built-in default, dropping whatever a lower layer said.
+  mapping key to its built-in default, dropping whatever a lower layer said; for ``signal``,
+  whose default is USR2, null means none (no stop signal), as the field says.
 
 ``--set`` takes ``key=value``; ``env.NAME=value`` and ``sbatch.option=value`` reach into the two
 mappings. A value that YAML reads as a number, true/false or null, or a flow ``[...]``/``{...}``
@@ -69,6 +70,9 @@ SET_SOURCE = "--set"
 SWEEP_SOURCE = "--sweep"
 MAPPING_FIELDS = ("env", "sbatch", "sweep")
 ACCUMULATING_FIELDS = ("setup",)
+# Fields whose null means "none" rather than "the default" (the default is not none):
+# ``signal: null`` is a job without a stop signal, as the field's doc says.
+NULL_IS_NONE = ("signal",)
 PATH_FIELDS = ("workdir", "template")
 
 Layer = tuple[str, Mapping[str, object]]  # (source label, field -> value)
@@ -104,6 +108,13 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
             raise ConfigError(
                 f"--set {shown(item)}: {shown(top, quote=False)} is not a mapping",
                 hint="only env and sbatch take dotted keys, e.g. --set env.NCCL_DEBUG=INFO",
+            )
+        if top == "sweep" and "." in sub:  # one level only: sweep.params is set whole
+            raise ConfigError(
+                f"--set {shown(item)}: {shown(key.rpartition('.')[0], quote=False)} is not "
+                "set key by key",
+                hint="give a sweep parameter with --sweep NAME=V1,V2, or the whole mapping: "
+                "--set 'sweep.params={lr: [0.1, 0.01]}'",
             )
         current = layer.get(top)
         layer[top] = {**(current if isinstance(current, dict) else {}), sub: value}
@@ -156,7 +167,9 @@ def merge_layers(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, 
     for source, layer in layers:
         for key, value in layer.items():
             origins[key] = source
-            if value is None:
+            if value is None and key in NULL_IS_NONE:
+                merged[key] = None
+            elif value is None:
                 merged.pop(key, None)
             elif key in MAPPING_FIELDS and isinstance(value, Mapping):
                 below = merged.get(key)

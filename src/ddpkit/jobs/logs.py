@@ -92,7 +92,7 @@ def numbered(directory: Path, prefix: str, suffix: str) -> dict[int, Path]:
     found: dict[int, Path] = {}
     for path in directory.glob(f"{prefix}*{suffix}"):
         number = path.name.removesuffix(suffix).rsplit(marker, 1)[-1]
-        if number.isdigit():
+        if number.isascii() and number.isdigit():  # a planted "77_²_log.out" is not a rank's
             found[int(number)] = path
     return dict(sorted(found.items()))
 

@@ -30,10 +30,10 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ddpkit.cluster.runid import check_run_id
 from ddpkit.cluster.slurmtools import parse_job_id
@@ -240,18 +240,62 @@ def _read_record(job_id: str, home: Path | None) -> JobRecord | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: [[[[...
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise ConfigError(
-            f"job record {str(path)!r} cannot be read: {exc}",
+            f"job record {str(path)!r} cannot be read: {reason}",
             hint="delete the file; status, logs and cancel then ask SLURM alone",
-        ) from exc
+        ) from None
     known = {f.name for f in fields(JobRecord)}
-    if not isinstance(data, dict) or not {"job_id", "via", "name", "log_dir"} <= set(data):
+    required = {f.name for f in fields(JobRecord) if f.default is MISSING}
+    if isinstance(data, dict):
+        data = {_RENAMED.get(k, k): v for k, v in data.items()}
+    if not isinstance(data, dict) or not required <= set(data):
         raise ConfigError(
             f"job record {str(path)!r} is not a ddpkit job record",
             hint="delete the file; status, logs and cancel then ask SLURM alone",
         )
-    data = {_RENAMED.get(k, k): v for k, v in data.items()}
+    data = {key: value for key, value in data.items() if key in known}
+    bad = next((key for key, value in data.items() if not _RECORD_TYPES[key](value)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"job record {str(path)!r} has {bad}={repr(data[bad])[:80]}, which ddpkit never writes",
+            hint="delete the file; status, logs and cancel then ask SLURM alone",
+        )
     if isinstance(data.get("sweep_runs"), list):  # JSON has no tuples
         data["sweep_runs"] = tuple(data["sweep_runs"])
-    return JobRecord(**{k: v for k, v in data.items() if k in known})
+    return JobRecord(**data)
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0  # not bool, which is an int too
+
+
+def _text_or_none(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+# What each field of a record holds as JSON (a record is ddpkit's file, but folders get
+# shared and files damaged: a wrong type made a traceback far from the file).
+_RECORD_TYPES: dict[str, Callable[[object], bool]] = {
+    "job_id": _is_text,
+    "via": lambda value: value in get_args(Via),
+    "name": _is_text,
+    "log_dir": _is_text,
+    "launch": _is_text,
+    "nodes": _is_count,
+    "procs_per_node": _is_count,
+    "workdir": _is_text,
+    "script": _text_or_none,
+    "submitted_at": lambda value: type(value) in (int, float),
+    "handle": _text_or_none,
+    "final_state": _text_or_none,
+    "sweep_runs": lambda value: (
+        value is None or (isinstance(value, list) and all(isinstance(run, str) for run in value))
+    ),
+    "run_id": _text_or_none,
+}

@@ -13,7 +13,10 @@ there. This module owns the environment that prevents it:
 - ``*`` and ``**`` are checked before they run (and so never folded at compile time):
   ``'x' * 10**12`` or ``7 ** 10**9`` would exhaust memory or CPU in one expression.
 - the rendered text is collected up to :data:`MAX_SCRIPT_CHARS`.
-- templates are read from regular files only, at most :data:`MAX_TEMPLATE_BYTES` each.
+- templates are read from regular files only, at most :data:`MAX_TEMPLATE_BYTES` each, and a
+  user's template reads (``{% include %}``, ``{% import %}``, ``{% extends %}``) only ddpkit's
+  templates and files in its own folder or below, links resolved (:func:`confined`): not
+  ``/proc/self/environ``, nor a key elsewhere, into a script that ``--dry-run`` prints.
 
 It does not bound a loop's running time or every filter's output (``center(10**9)``): rendering
 runs in the user's own process, where Ctrl-C ends it and memory errors are reported as errors.
@@ -42,6 +45,7 @@ __all__ = [
     "SecurityError",
     "TemplateTooLong",
     "collect",
+    "confined",
     "read_template_file",
     "sandbox_environment",
 ]
@@ -104,16 +108,19 @@ def read_template_file(path: str) -> str:
     return data.decode("utf-8")
 
 
-def _loader(builtin: Collection[str]) -> jinja2.BaseLoader:
-    """A built-in template by file name (ddpkit/templates/), anything else as a file path
-    (``{% include %}`` of another file included)."""
+def _loader(builtin: Collection[str], top: str | None) -> jinja2.BaseLoader:
+    """A built-in template by file name (ddpkit/templates/), the user's template ``top`` by its
+    path, and any other name (``{% include %}``, ``{% import %}``, ``{% extends %}``) as a file
+    of ``top``'s folder (see :func:`confined`)."""
+    root = None if top is None else os.path.dirname(top)
 
     def load(name: str) -> tuple[str, str, Callable[[], bool]]:
         if name in builtin:
             resource = resources.files("ddpkit") / "templates" / name
             return resource.read_text(encoding="utf-8"), str(resource), lambda: True
+        path = name if name == top else confined(name, root)
         try:
-            source = read_template_file(name)
+            source = read_template_file(path)
         except (OSError, UnicodeDecodeError) as err:
             reason = err.strerror if isinstance(err, OSError) else str(err)
             raise ConfigError(
@@ -121,19 +128,39 @@ def _loader(builtin: Collection[str]) -> jinja2.BaseLoader:
                 hint="give the path of a Jinja2 sbatch template (absolute, or relative to "
                 "workdir), or drop `template` to use the built-in one",
             ) from err
-        return source, name, lambda: False
+        return source, path, lambda: False
 
     return jinja2.FunctionLoader(load)
 
 
+def confined(name: str, root: str | None) -> str:
+    """The file ``name`` (relative to ``root``, the user's template's folder) when it lies in
+    that folder once links are resolved; else a ConfigError. A template renders on the machine
+    that runs ``ddpkit submit``: reading ``/proc/self/environ``, a key or a file of another
+    folder into the script (which ``--dry-run`` prints) would read that machine."""
+    path = os.path.join(root or "", name)
+    if root is not None:
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(path)
+        if os.path.commonpath([real_root, real]) == real_root:
+            return path
+    raise ConfigError(
+        f"template {shown(name)} is outside the template's folder"
+        + (f" {shown(root, quote=False)}" if root is not None else ""),
+        hint="a template may include, import or extend ddpkit's templates and the files of its "
+        "own folder and below (links resolved): copy the file there",
+    )
+
+
 def sandbox_environment(
-    builtin: Collection[str], filters: Mapping[str, Callable[..., str]]
+    builtin: Collection[str], filters: Mapping[str, Callable[..., str]], top: str | None = None
 ) -> jinja2.Environment:
     """The sandbox with ddpkit's settings: the ``builtin`` template names load from the
-    package, strict undefined, no autoescape (shell, not HTML: the ``filters`` quote),
+    package, the user's template ``top`` (an absolute path) and the files of its folder from
+    disk, strict undefined, no autoescape (shell, not HTML: the ``filters`` quote),
     whitespace control as the built-in templates expect."""
     env = _SbatchSandbox(
-        loader=_loader(builtin),
+        loader=_loader(builtin, top),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

@@ -9,7 +9,7 @@ hint from the check that failed, the field's description or its limit.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -65,7 +65,15 @@ def config_error(
     top = path.split(".")[0].split("[")[0]
     where = _origin(origins, path) or source
     if error["type"] == "extra_forbidden":
-        return ConfigError(f"{where}: unknown key {shown(top)}", hint=_unknown_key_hint(top, model))
+        inner = model  # inside a section (sweep:): its whole path, and that section's keys
+        for part in error["loc"][:-1]:
+            inner = _section_model(inner, str(part)) or inner
+        if inner is model:
+            return ConfigError(
+                f"{where}: unknown key {shown(top)}", hint=_unknown_key_hint(top, model)
+            )
+        hint = _unknown_key_hint(str(error["loc"][-1]), inner)
+        return ConfigError(f"{where}: unknown key {shown(path)}", hint=hint)
     custom = error["type"] == ERROR_TYPE
     problem = ctx["problem"] if custom else _problem(error["type"], error["msg"], ctx)
     hint = ctx["hint"] if custom else _field_hint(model, top, error["type"], value)
@@ -124,6 +132,13 @@ def _field_hint(model: type[BaseModel], field: str, kind: str, value: object) ->
     if kind == "string_type" and quotable and "quote" not in hint:
         hint += "; YAML reads yes/no/on/off/true/false and numbers as non-strings: quote them"
     return hint
+
+
+def _section_model(model: type[BaseModel], field: str) -> type[BaseModel] | None:
+    """The model of ``model``'s field ``field`` when it is a section of its own (``sweep``)."""
+    info = model.model_fields.get(field)
+    kinds = () if info is None else (info.annotation, *get_args(info.annotation))
+    return next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
 
 
 def _unknown_key_hint(key: str, model: type[BaseModel]) -> str:

@@ -40,6 +40,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.launcher.api import LaunchConfig
 
 from ddpkit.cluster.environments.slurm import in_slurm_step
+from ddpkit.cluster.envvars import to_int
 
 __all__ = ["BACKEND", "SlurmOrderedHandler", "ordered", "slurm_node_order"]
 
@@ -50,10 +51,8 @@ _NODE_ID_VAR = "SLURM_NODEID"
 
 def node_hint(env: Mapping[str, str]) -> int | None:
     """This agent's SLURM node index, inside a SLURM step; None elsewhere or unreadable."""
-    text = env.get(_NODE_ID_VAR, "")
-    if not in_slurm_step(env) or not text.isdigit():
-        return None
-    return int(text)
+    node = to_int(env.get(_NODE_ID_VAR, ""))  # ASCII only: isdigit() takes "²"
+    return node if in_slurm_step(env) and node is not None and node >= 0 else None
 
 
 def ordered(

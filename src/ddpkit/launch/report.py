@@ -50,10 +50,23 @@ class WorkerFailure:
             return self.exit_code
         return 128 - self.exit_code if self.exit_code < 0 else 1
 
+    @property
+    def shell_signal(self) -> str | None:
+        """The signal a code of 128 + N stands for: how a shell (a ``--no-python`` wrapper,
+        ``sh -c "python train.py; ..."``) reports a child that signal N killed."""
+        return _signal_name(self.exit_code - 128) if self.signal is None else None
+
+    @property
+    def died_of(self) -> str | None:
+        """The signal that ended the worker, or its training process under a shell."""
+        return self.signal or self.shell_signal
+
     def headline(self) -> str:
         how = f"exit code {self.exit_code}"
         if self.signal is not None:
             how = f"signal {self.signal} (exit code {self.shell_exit_code})"
+        elif self.shell_signal is not None:
+            how += f" (128 + {self.exit_code - 128}: {self.shell_signal}, as a shell reports it)"
         return f"rank {self.rank} (local rank {self.local_rank}) on {self.host}: {how}"
 
 
@@ -89,7 +102,7 @@ class LaunchOutcome:
         elif root.traceback:
             lines.append(f"ddpkit: traceback of rank {root.rank} (from {root.source}):")
             lines += ["  " + line for line in root.traceback.splitlines()]
-        elif root.signal is not None:
+        elif root.died_of is not None:
             lines += _killed(root)
         else:
             lines.append(f"ddpkit: no traceback: {_why_no_traceback(root)}")
@@ -119,7 +132,7 @@ _STDERR_TAIL_LINES = 10
 
 def _killed(failure: WorkerFailure) -> list[str]:
     """Lines for a worker a signal ended: the signal, its usual cause, the worker's stderr."""
-    name = failure.signal or "a signal"
+    name = failure.died_of or "a signal"
     cause = _SIGNAL_CAUSES.get(name, "sent from outside, or by the worker itself")
     lines = [f"ddpkit: no traceback: rank {failure.rank} died of {name}, {cause}"]
     if name in _FAULTS:
@@ -138,6 +151,14 @@ def _killed(failure: WorkerFailure) -> list[str]:
         return [*lines, f"ddpkit: its stderr ({failure.stderr_log}) is empty"]
     lines.append(f"ddpkit: last lines of its stderr ({failure.stderr_log}):")
     return lines + ["  " + line for line in tail]
+
+
+def _signal_name(number: int) -> str | None:
+    """``SIGSEGV`` for 11; None for what is no signal (real-time ones have no name either)."""
+    try:
+        return signal.Signals(number).name if number > 0 else None
+    except ValueError:
+        return None
 
 
 def _hang_report(log_dir: str | None) -> tuple[str, str] | None:
@@ -203,7 +224,9 @@ def _worker_failure(
     stderr_log = _stderr_log(failure.local_rank, logs)
     traceback, source = recorded_traceback(failure), failure.error_file
     # a signal ends a process without a traceback: one in its log is an earlier, handled one
-    if traceback is None and stderr_log and failure.exitcode >= 0:
+    # (also under a shell, which exits 128 + the signal's number)
+    signalled = failure.exitcode < 0 or _signal_name(failure.exitcode - 128) is not None
+    if traceback is None and stderr_log and not signalled:
         traceback, source = _traceback_from_log(stderr_log), stderr_log
     return WorkerFailure(
         rank=rank,

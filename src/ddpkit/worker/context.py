@@ -183,6 +183,7 @@ def _join(
     collective_s = process_group.collective_timeout(env, timeout_s)
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     hangs = watchdog.hang_bounds(env, *hang_s, info.world_size)
+    stragglers = watchdog.straggler_interval(env)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
     info = process_group.join(  # where the store actually is (a port search, loopback)
@@ -203,7 +204,7 @@ def _join(
         shutdown()
         raise
     if bound_s is not None and info.world_size > 1:
-        _start_watchdog(info, bound_s, hangs)
+        _start_watchdog(info, bound_s, hangs, stragglers)
     return context
 
 
@@ -217,11 +218,17 @@ def _agreed(context: Context) -> Context:
     return replace(context, run=replace(context.run, run_id=str(box[0])))
 
 
-def _start_watchdog(info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None) -> None:
+def _start_watchdog(
+    info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None, stragglers: float | None
+) -> None:
     """Start the watchdog; training goes on without one (with a warning) if it cannot start."""
     try:
         _STATE.peer_watchdog = watchdog.start(
-            rank=info.rank, world_size=info.world_size, bound_s=bound_s, hangs=hangs
+            rank=info.rank,
+            world_size=info.world_size,
+            bound_s=bound_s,
+            hangs=hangs,
+            straggler_s=stragglers,
         )
     except Exception as exc:
         warnings.warn(
@@ -315,8 +322,26 @@ def _warn_notes(notes: tuple[str, ...]) -> None:
 
 
 def _pick_device(info: RankInfo, override: str | torch.device | None) -> torch.device:
-    if override is not None:
-        return torch.device(override)
+    """The override as given, but a bare ``"cuda"`` means this rank's GPU, as auto would choose.
+
+    ``torch.cuda.set_device("cuda")`` fails (no index), and ``cuda`` alone would put every
+    rank of a node on its current GPU: "use a GPU" is what the caller means.
+    """
+    if override is None:
+        return _auto_device(info)
+    wanted = torch.device(override)
+    if wanted != torch.device("cuda"):  # an index or another type: as given
+        return wanted
+    chosen = _auto_device(info)
+    if chosen.type != "cuda":
+        raise ConfigError(
+            f"device={str(override)!r} but this process sees no CUDA GPU",
+            hint="check CUDA_VISIBLE_DEVICES and the job's GPU request, or pass device='cpu'",
+        )
+    return chosen
+
+
+def _auto_device(info: RankInfo) -> torch.device:
     available = torch.cuda.is_available()
     name = choose_device(
         info.local_rank,

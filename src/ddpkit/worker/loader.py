@@ -40,6 +40,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker import reshard
 from ddpkit.worker.active import ACTIVE, GatherMemo, active_gather_memo, active_step
 from ddpkit.worker.context import current
+from ddpkit.worker.steptimes import TIMES, batch_clock
 
 __all__ = [
     "DistributedLoader",
@@ -369,12 +370,15 @@ class _TrackedIterator(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
+        started = batch_clock()
         try:
             batch = next(self._inner)
         except StopIteration:
+            TIMES.pass_ended()
             ACTIVE.finish(self)
             self.loader._finish(self)
             raise
+        TIMES.batch(started, batch_clock())
         self.step += 1
         self.yielded += 1
         self.loader._advance(self)

@@ -7,12 +7,19 @@ wait of joining bounded) and hands it to
 ``init_process_group(store=...)``; everything after that (gloo's or NCCL's exchange of
 addresses through the store, their connects) waits at most the collective timeout, which is
 also the store's own timeout.
+
+Where every rank is on this host (a world of one, or a store on loopback: see
+:func:`~ddpkit.worker.rendezvous.store.store_endpoint`), gloo's own listener (it makes one even
+for a single rank) is kept on loopback too, whatever interface ``GLOO_SOCKET_IFNAME`` names or
+the host name resolves to (:func:`_gloo_on_loopback`).
 """
 
 from __future__ import annotations
 
+import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import cast
 
@@ -29,6 +36,7 @@ from ddpkit.contract import (
 )
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.worker.rendezvous.group import make_store
+from ddpkit.worker.rendezvous.store import loopback_address
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_VAR",
@@ -44,6 +52,8 @@ __all__ = [
 
 # torch's documented default timeout of an NCCL group (a CPU-only build leaves the constant None).
 _NCCL_DEFAULT_TIMEOUT = timedelta(minutes=10)
+# Read by gloo when it makes its device (in init_process_group): the interface it listens on.
+_GLOO_IFNAME_VAR = "GLOO_SOCKET_IFNAME"
 
 
 def connect_timeout(env: Mapping[str, str], explicit_s: float | None, world_size: int = 1) -> float:
@@ -110,19 +120,48 @@ def join(
     if timeout_s is not None:
         positive_seconds(timeout_s, "timeout_s")
     store, info = make_store(info, env, connect_timeout_s, store_timeout(backend, timeout_s))
+    one_host = info.world_size == 1 or loopback_address(info.master_addr) is not None
     try:
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=None if timeout_s is None else timedelta(seconds=timeout_s),
-            # Binds NCCL eagerly to this rank's GPU; other backends do not need it.
-            device_id=device if "nccl" in backend and device.type == "cuda" else None,
-        )
+        with _gloo_on_loopback() if one_host and "gloo" in backend else nullcontext():
+            dist.init_process_group(
+                backend=backend,
+                store=store,
+                rank=info.rank,
+                world_size=info.world_size,
+                timeout=None if timeout_s is None else timedelta(seconds=timeout_s),
+                # Binds NCCL eagerly to this rank's GPU; other backends do not need it.
+                device_id=device if "nccl" in backend and device.type == "cuda" else None,
+            )
     except dist.DistError as exc:  # the store's timeout, a peer unreachable: torch's words
         raise _not_formed(info, exc, timeout_s) from exc
     return info
+
+
+@contextmanager
+def _gloo_on_loopback() -> Iterator[None]:
+    """While the gloo group of ranks all on this host is made: ``GLOO_SOCKET_IFNAME`` names the
+    loopback interface, then is put back as it was. Every peer reaches loopback, so the
+    interface the user chose for multi-node jobs (or the host name's address) only exposed it.
+
+    A write to ``os.environ``, because gloo reads the variable itself (torch's binding takes no
+    interface through ``init_process_group``); it lasts one call, made before ddpkit starts any
+    thread of its own. Without a loopback interface by a known name, nothing changes."""
+    names = (
+        {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    )
+    loopback = next((name for name in ("lo", "lo0") if name in names), None)
+    if loopback is None:
+        yield
+        return
+    before = os.environ.get(_GLOO_IFNAME_VAR)
+    os.environ[_GLOO_IFNAME_VAR] = loopback
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_GLOO_IFNAME_VAR, None)
+        else:
+            os.environ[_GLOO_IFNAME_VAR] = before
 
 
 def _not_formed(info: RankInfo, exc: Exception, timeout_s: float | None) -> RendezvousError:

@@ -13,6 +13,7 @@ import pytest
 
 from ddpkit.cluster.slurmtools import CommandResult
 from ddpkit.cluster.stop import exclude
+from ddpkit.cluster.stop.blamed import record_blame, take_blamed
 from ddpkit.cluster.stop.exclude import (
     EXIT_FAILED,
     EXIT_REQUEUED,
@@ -395,3 +396,73 @@ def test_a_failed_step_with_a_failing_node_is_requeued_without_it(
     )
     assert code == 9
     assert "requeue" not in [argv[1] for argv, _ in slurm.calls]
+
+
+# ---------------------------------------------------------------- the watchdog's blamed nodes
+
+
+def test_a_node_the_watchdog_blamed_is_excluded_after_the_failed_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {**ENV, "DDPKIT_LOG_DIR": str(tmp_path)}
+    why = "rank 3 stopped sending heartbeats (killed?)"
+    assert record_blame(env, "n2", why) == tmp_path / ".ddpkit-blamed-17"
+    assert record_blame(env, "n2", "rank 2 stopped sending heartbeats (killed?)") is not None
+    healthy = f"{report_line('n1', None)}\n{report_line('n2', None)}\n"
+    slurm = fake()
+    code = exclude.run(
+        healthy, env, max_excluded=2, record_dir=str(tmp_path), runner=slurm, step_exit=137
+    )
+    assert code == 0
+    assert slurm.calls[-1][0] == ["scontrol", "update", "JobId=17", "ExcNodeList=n4,n2"]
+    assert (
+        f"ddpkit: excluding node n2 (the watchdog after the job's step exited 137: {why}); "
+        "requeue attempt 2, excluded: n2 (1 of max 2)"
+    ) in capsys.readouterr().err
+    assert not (tmp_path / ".ddpkit-blamed-17").exists()  # read once: a later failure is new
+
+
+def test_the_watchdogs_blame_counts_only_after_a_failed_step_and_for_the_jobs_nodes(
+    tmp_path: Path,
+) -> None:
+    env = {**ENV, "DDPKIT_LOG_DIR": str(tmp_path)}
+    record_blame(env, "n9", "rank 1 stopped sending heartbeats")  # not one of the job's nodes
+    healthy = f"{report_line('n1', None)}\n{report_line('n2', None)}\n"
+    verdict, _ = exclude.decide(healthy, env, max_excluded=2, record_dir=str(tmp_path),
+                                runner=fake(), step_exit=1)  # fmt: skip
+    assert verdict.action == "fail"
+    record_blame(env, "n2", "rank 1 stopped sending heartbeats")
+    verdict, _ = exclude.decide(healthy, env, max_excluded=2, record_dir=str(tmp_path),
+                                runner=fake())  # fmt: skip
+    assert verdict.action == "run"  # before the step: health reports only, the file kept
+    assert (tmp_path / ".ddpkit-blamed-17").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "node"),
+    [
+        ({"SLURM_JOB_ID": "17"}, "n1"),  # no log folder
+        ({"DDPKIT_LOG_DIR": "LOGS"}, "n1"),  # no SLURM job
+        ({"DDPKIT_LOG_DIR": "LOGS", "SLURM_JOB_ID": "../17"}, "n1"),
+        ({"DDPKIT_LOG_DIR": "LOGS", "SLURM_JOB_ID": "17"}, "n1;reboot"),
+        ({"DDPKIT_LOG_DIR": "LOGS", "SLURM_JOB_ID": "17"}, "n1\nn2"),
+    ],
+)
+def test_no_blame_file_without_a_slurm_job_or_for_a_strange_name(
+    tmp_path: Path, env: dict[str, str], node: str
+) -> None:
+    env = {key: value.replace("LOGS", str(tmp_path)) for key, value in env.items()}
+    assert record_blame(env, node, "why") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_planted_symlink_is_not_followed_and_odd_lines_are_skipped(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("keep\n")
+    (tmp_path / ".ddpkit-blamed-17").symlink_to(target)
+    env = {"DDPKIT_LOG_DIR": str(tmp_path), "SLURM_JOB_ID": "17"}
+    assert record_blame(env, "n1", "why") is None
+    assert target.read_text() == "keep\n"
+    (tmp_path / ".ddpkit-blamed-17").unlink()
+    (tmp_path / ".ddpkit-blamed-17").write_text("n1\tfirst\nbad name\tx\nn1\tsecond\n\n")
+    assert take_blamed(tmp_path, "17") == {"n1": "first"}

@@ -24,7 +24,7 @@ import ddpkit
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.worker.rendezvous.store import HANDSHAKE_MIN_S, loopback_address, store_endpoint
 from tests.support.distutil import free_port, run_workers, torchrun_env
-from tests.support.sockets import WILDCARDS, is_loopback, listening
+from tests.support.sockets import WILDCARDS, is_loopback, listening, routable_interface
 
 ROOT = Path(__file__).resolve().parents[3]
 _LAUNCHER_PREFIXES = (
@@ -173,6 +173,41 @@ def test_a_world_of_one_listens_on_no_network_port(extra: dict[str, str]) -> Non
     assert seen["store"] == "HashStore"
 
 
+def _routable_interface() -> tuple[str, str]:
+    found = routable_interface()
+    if found is None:  # a machine with loopback only cannot show the difference
+        message = "no network interface with an IPv4 address other than loopback on this machine"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.mark.parametrize("backend", ["auto", "gloo"])
+def test_a_world_of_one_keeps_its_backends_listener_on_loopback(backend: str) -> None:
+    # Before: gloo listened on the interface GLOO_SOCKET_IFNAME names (a cluster profile's
+    # "eth0", "ib0"), or on the address the host name resolves to, reachable from that network
+    # although nobody ever joins a world of one. The user's setting is back after init().
+    name, address = _routable_interface()
+    script = _WORLD_OF_ONE.replace("ddpkit.init()", f"ddpkit.init(backend={backend!r})")
+    script += "import os; print(os.environ['GLOO_SOCKET_IFNAME'])\n"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=clean_env(GLOO_SOCKET_IFNAME=name),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report, ifname = done.stdout.splitlines()[-2:]
+    seen = json.loads(report)
+    after = [tuple(pair) for pair in seen["after"]]
+    assert (seen["world"], seen["sum"], len(after)) == (1, 1.0, 1), after  # gloo's listener
+    assert all(is_loopback(addr) for addr, _ in after), f"{name} is {address}: {after}"
+    assert ifname == name
+
+
 # --- several ranks on this host: the store on loopback only ---------------------------------
 
 
@@ -235,23 +270,38 @@ agent = listening(os.getppid())  # torch's agent is the workers' parent
 mine = listening()
 dist.barrier()
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
-    json.dump({"agent": agent, "mine": mine}, out)
+    json.dump({"agent": agent, "mine": mine, "ifname": os.environ["GLOO_SOCKET_IFNAME"]}, out)
 dist.barrier()
 ddpkit.shutdown()
 """
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("flags", [[], ["--master-port", "port"]], ids=["standalone", "static"])
-def test_ddpkit_run_on_one_node_listens_on_loopback_only(tmp_path: Path, flags: list[str]) -> None:
-    # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface).
+@pytest.mark.parametrize(
+    ("flags", "gloo_ifname"),
+    [
+        ([], "lo"),
+        (["--master-port", "port"], "lo"),
+        ([], "routable"),
+        (["--standalone"], "routable"),
+    ],
+    ids=["standalone", "static", "gloo-on-a-network", "standalone-gloo-on-a-network"],
+)
+def test_ddpkit_run_on_one_node_listens_on_loopback_only(
+    tmp_path: Path, flags: list[str], gloo_ifname: str
+) -> None:
+    # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface);
+    # and gloo's listeners on the interface GLOO_SOCKET_IFNAME named ("gloo-on-a-network"),
+    # although every peer is on this host. The user's variable is back after init().
+    if gloo_ifname == "routable":
+        gloo_ifname = _routable_interface()[0]
     script = tmp_path / "report.py"
     script.write_text(_REPORT)
     flags = [str(free_port()) if flag == "port" else flag for flag in flags]
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
     done = subprocess.run(
         [*command, str(script), str(tmp_path)],
-        env=clean_env(GLOO_SOCKET_IFNAME="lo"),
+        env=clean_env(GLOO_SOCKET_IFNAME=gloo_ifname),
         capture_output=True,
         text=True,
         timeout=180,
@@ -261,8 +311,10 @@ def test_ddpkit_run_on_one_node_listens_on_loopback_only(tmp_path: Path, flags: 
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["agent"], "the agent hosts the rendezvous store"
+        assert seen["mine"], "gloo listens in every rank"
         for addr, port in seen["agent"] + seen["mine"]:
             assert is_loopback(addr), f"rank {rank}: a listener on {addr}:{port}"
+        assert seen["ifname"] == gloo_ifname
 
 
 # --- a MASTER_PORT held by something that is not a store ----------------------------------

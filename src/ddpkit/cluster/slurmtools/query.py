@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
+from ddpkit.cluster.envvars import number_hint
 from ddpkit.cluster.slurmtools.runner import (
     Runner,
     SlurmError,
@@ -37,7 +38,8 @@ __all__ = [
 ]
 
 _S = JobState
-_JOB_ID = re.compile(r"\d+(?:_\d+|\+\d+)?")
+# [0-9], not \d: \d takes every script's digits ("٣"), which SLURM would not know.
+_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+|\+[0-9]+)?")
 
 
 def parse_job_id(job_id: str | int) -> str:
@@ -46,7 +48,9 @@ def parse_job_id(job_id: str | int) -> str:
     if not _JOB_ID.fullmatch(text):
         raise ConfigError(
             f"job_id={job_id!r} is not a SLURM job id",
-            hint="a number like 123, an array task like 123_4 or a component like 123+0",
+            hint=number_hint(
+                text, "a number like 123, an array task like 123_4 or a component like 123+0"
+            ),
         )
     return text
 

@@ -18,8 +18,9 @@ script of a spec with ``health_check:``, after each node has run the check
 
 With ``--step-exit N`` it runs after the job's step failed with code N, the check run again:
 a node whose check fails now is blamed for the failure (a node without a report is not: the
-job may be ending), the job requeued without it, exit 0; otherwise nothing is done and the
-exit code is N, so the job ends as it would have.
+job may be ending), and so is a node the peer watchdog blamed (a rank on it stopped sending
+heartbeats: :mod:`.blamed`); the job requeued without it, exit 0; otherwise nothing is done
+and the exit code is N, so the job ends as it would have.
 
 The nodes ddpkit excluded are counted in ``DIR/.ddpkit-excluded-<job>`` (the log folder,
 shared by every node, kept across requeues): excludes the job had from its submission
@@ -48,6 +49,7 @@ from ddpkit.cluster.nodelist import expand_nodelist
 from ddpkit.cluster.slurmtools.commands import requeue
 from ddpkit.cluster.slurmtools.query import job_fields
 from ddpkit.cluster.slurmtools.runner import Runner, SlurmError, first_line, subprocess_runner
+from ddpkit.cluster.stop.blamed import take_blamed
 from ddpkit.cluster.stop.health import REPORT_KEY
 from ddpkit.cluster.stop.requeue import RequeuePlan, max_requeues_from, plan_requeue
 from ddpkit.errors import DdpkitError
@@ -260,6 +262,10 @@ def decide(
     takes) when there is one. ``step_exit``: after the job's step failed with it."""
     job_nodes = _nodes(env.get("SLURM_JOB_NODELIST", ""), "SLURM_JOB_NODELIST")
     blamed = blame(job_nodes, read_reports(reports_text), step_exit=step_exit)
+    if step_exit is not None:  # the watchdog's: a rank whose heartbeats stopped, by its node
+        for node, why in take_blamed(record_dir, env.get("SLURM_JOB_ID", "")).items():
+            if node in job_nodes and node not in blamed:
+                blamed[node] = f"the watchdog after the job's step exited {step_exit}: {why}"
     plan = plan_requeue(env, max_requeues_from(None, env))
     if not blamed and step_exit is not None:
         line = (

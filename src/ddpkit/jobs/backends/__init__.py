@@ -58,7 +58,8 @@ class Request:
 
     ``text`` is the dry run, byte for byte (the sbatch script, submitit's parameters and
     script, torchx's dry run); ``payload`` is the backend's own object for ``schedule`` (the
-    script, torchx's dry-run info), so what is scheduled is what was shown.
+    script, torchx's dry-run info), so what is scheduled is what was shown. ``notes``: what
+    the user should hear on submitting it (SLURM options a local scheduler does not use).
     """
 
     via: Via
@@ -66,6 +67,7 @@ class Request:
     text: str
     scheduler: str | None = None
     payload: Any = None
+    notes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return self.text

@@ -137,10 +137,10 @@ class TorchxBackend:
             runner.close()
         head = f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}"
         unused = _slurm_only(spec) if scheduler != "slurm" else []
-        if unused:
-            head += f"\n# not used by {scheduler} (SLURM options): {', '.join(unused)}"
+        notes = (f"not used by {scheduler} (SLURM options): {', '.join(unused)}",) if unused else ()
+        head += "".join(f"\n# {note}" for note in notes)
         text = f"{head}\n{info}\n"
-        return Request(self.via, spec, text, scheduler, payload=info)
+        return Request(self.via, spec, text, scheduler, payload=info, notes=notes)
 
     def schedule(self, request: Request) -> JobRecord:
         info, spec = request.payload, request.spec
@@ -296,7 +296,7 @@ def cancel(record: JobRecord) -> None:
 
 # --- logs -------------------------------------------------------------------------------------
 
-_REPLICA_FILE = re.compile(r"slurm-(?P<id>\d+)-(?P<role>.+)-(?P<k>\d+)\.(?P<ext>out|err)")
+_REPLICA_FILE = re.compile(r"slurm-(?P<id>[0-9]+)-(?P<role>.+)-(?P<k>[0-9]+)\.(?P<ext>out|err)")
 
 
 def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile], str]:
@@ -322,7 +322,7 @@ def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile]
     else:
         looked = f"{directory}/<role>/<k>/combined.log"
         for path in directory.glob("*/*/combined.log"):
-            if path.parent.name.isdigit():
+            if path.parent.name.isascii() and path.parent.name.isdigit():
                 k = int(path.parent.name)
                 replicas.append((k, f"{path.parent.parent.name} replica {k}", path))
     replicas.sort(key=lambda item: (item[0], item[1]))

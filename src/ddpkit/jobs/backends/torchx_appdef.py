@@ -57,6 +57,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddpkit import compat
+from ddpkit.cluster.envvars import number_hint
 from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
 from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
@@ -86,7 +87,7 @@ __all__ = [
 ]
 
 INSTALL_HINT = "install the torchx extra: pip install ddpkit[torchx]"
-_J = re.compile(r"(?:(\d+)x)?(\d+)")  # fullmatch: "$" would match before a final newline
+_J = re.compile(r"(?:([0-9]+)x)?([0-9]+)")  # fullmatch: "$" would match before a final newline
 _ROLE_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 # sbatch: options whose value is for the whole job; torchx would write them into every node's
 # het component, each asking for all of it.
@@ -128,7 +129,9 @@ def parse_j(j: str) -> tuple[int, int]:
     if nodes < 1 or procs < 1:
         raise ConfigError(
             f"-j={j!r} is not NODESxPROCS",
-            hint="e.g. -j 2x4 (2 nodes, 4 processes each) or -j 4 (1 node); both at least 1",
+            hint=number_hint(
+                j, "e.g. -j 2x4 (2 nodes, 4 processes each) or -j 4 (1 node); both at least 1"
+            ),
         )
     return nodes, procs
 

@@ -78,6 +78,7 @@ from ddpkit.worker.watchdog.policy import (
     pick_cause,
     raised_message,
 )
+from ddpkit.worker.watchdog.straggler import straggler_interval
 from ddpkit.worker.watchdog.watcher import Watchdog
 
 __all__ = [
@@ -100,4 +101,5 @@ __all__ = [
     "raised_message",
     "start",
     "stop",
+    "straggler_interval",
 ]

@@ -19,12 +19,14 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
+from ddpkit.worker.steptimes import TIMES
 from ddpkit.worker.watchdog import record as calls
 from ddpkit.worker.watchdog.guard import RankZeroGuard
 from ddpkit.worker.watchdog.hang import HangBounds
 from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
 from ddpkit.worker.watchdog.policy import HOOK_POLL_S, KEY_PREFIX, interval_for
-from ddpkit.worker.watchdog.store import KeyValue, StoreLink
+from ddpkit.worker.watchdog.store import DEFAULT_OP_TIMEOUT_S, KeyValue, StoreLink
+from ddpkit.worker.watchdog.straggler import StragglerWatch
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
 if TYPE_CHECKING:
@@ -116,6 +118,7 @@ def start(
     store: Store | None = None,
     clock: Callable[[], float] = time.monotonic,
     hangs: HangBounds | None = None,
+    straggler_s: float | None = None,
 ) -> Watchdog:
     """Start this rank's watchdog on the default group's store (or ``store``).
 
@@ -130,13 +133,14 @@ def start(
     stop("left the job")
     base = store if store is not None else default_store()
     own = base
+    op_timeout_s = max(DEFAULT_OP_TIMEOUT_S, 4 * interval_for(bound_s))
     clone = getattr(base, "clone", None)  # torch >= 2.4 for TCPStore
     if clone is not None:
         try:
             own = clone()  # its own connection: never queued behind the program's store calls
-            own.set_timeout(timedelta(seconds=max(10.0, 4 * interval_for(bound_s))))
+            own.set_timeout(timedelta(seconds=op_timeout_s))
         except RuntimeError:
-            own = base
+            own = base  # the group's own timeout then; the exit wait stays bounded by ours
     missing = [name for name in ("append", "multi_get", "check") if not hasattr(own, name)]
     if missing:
         raise RuntimeError(f"the store ({type(own).__name__}) lacks {', '.join(missing)}")
@@ -154,6 +158,7 @@ def start(
         host_rank=host_rank,
         address=_store_address(base),
         clock=clock,
+        op_timeout_s=op_timeout_s,
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:
@@ -168,6 +173,11 @@ def start(
             report_paths=report_paths(os.environ),
         )
         calls.install(record)
+    if straggler_s is not None:
+        watchdog.stragglers = StragglerWatch(
+            link.call, link.kv, rank=rank, world_size=world_size, period_s=straggler_s,
+            totals=TIMES.totals, clock=clock,
+        )  # fmt: skip
     _wire_process()
     watchdog.start()
     _PROCESS.active = watchdog

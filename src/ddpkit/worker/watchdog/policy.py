@@ -71,6 +71,7 @@ class Departure:
     how: str  # "exited", "raised ValueError: bad batch", "stopped sending heartbeats 61 s ago"
     victim: bool = False
     left_at: float = 0.0  # this process's monotonic clock
+    node: str | None = None  # SLURM's name for its node, when it ran under SLURM
 
     def subject(self) -> str:
         return f"{self.who} {self.how}"

@@ -23,6 +23,9 @@ from ddpkit.worker.watchdog.policy import HOOK_POLL_S, STORE_THREAD_NAME, Depart
 # --- the store side -----------------------------------------------------------------------------
 
 
+DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its own connection
+
+
 class KeyValue(Protocol):
     """The store operations the watchdog uses: none of them waits for a key to appear."""
 
@@ -55,8 +58,10 @@ class StoreLink:
         host_rank: int | None,
         address: str,
         clock: Callable[[], float],
+        op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
     ) -> None:
         self._store = store
+        self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
         self.host_rank, self.address = host_rank, address
@@ -85,13 +90,28 @@ class StoreLink:
 
     # called from other threads
 
+    @property
+    def kv(self) -> KeyValue:
+        """The store, for work handed to :meth:`call` (it runs on the store thread)."""
+        return self._store
+
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, wait_s: float = 1.0) -> None:
-        """End the thread after its last store operation (waits up to ``wait_s`` for it)."""
+    def stop(self, wait_s: float | None = None) -> None:
+        """End the thread after its last store operation (waits up to ``wait_s`` for it,
+        default: two operations' timeout, the one in flight and the ``done`` mark).
+
+        The wait must outlast the operation in flight: this runs at exit, and a daemon thread
+        still inside the store's C++ call when the interpreter finalizes is killed by CPython
+        as it returns (``pthread_exit`` unwinding through a ``noexcept`` pybind11 frame):
+        ``terminate called without an active exception``, SIGABRT, and the launcher fails a
+        job that had finished (seen at 16 ranks on 2 cores, where a call took over a second).
+        """
         self._stopping.set()
         self._wake.set()
+        if wait_s is None:
+            wait_s = 2 * self.op_timeout_s + 1.0
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait_s)
 
@@ -215,7 +235,8 @@ class StoreLink:
         )
 
     def _introduce(self) -> None:
-        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                         "node": os.environ.get("SLURMD_NODENAME") or None})  # fmt: skip
         self._store.set(f"who/{self.rank}", me)
         if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
             # One round trip, not one per rank (N sequential adds made rank 0 ready only after
@@ -318,19 +339,22 @@ class StoreLink:
                 str(marker.get("how") or "left"),
                 victim=bool(marker.get("victim", False)),
                 left_at=now - age_s,
+                node=str(marker["node"]) if marker.get("node") else None,
             )
         except (ValueError, TypeError, AttributeError):
             return Departure(rank, describe_rank(rank, None, None), "left", left_at=now)
 
-    def _who(self, rank: int) -> tuple[str | None, int | None]:
+    def _who(self, rank: int) -> tuple[str | None, int | None, str | None]:
+        """Host, pid and SLURM node name a rank introduced itself with."""
         key = f"who/{rank}"
         if not self._store.check([key]):
-            return None, None
+            return None, None, None
         try:
             who = json.loads(self._store.get(key).decode())
-            return str(who["host"]), int(who["pid"])
-        except (ValueError, TypeError, KeyError):
-            return None, None
+            node = who.get("node")
+            return str(who["host"]), int(who["pid"]), None if node is None else str(node)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None, None, None
 
     def _beat_values(self) -> list[int] | None:
         keys = [f"beat/{rank}" for rank in range(self.world_size)]
@@ -352,9 +376,9 @@ class StoreLink:
                 continue
             age_s = now - last[1]
             if age_s >= self._bound_s:
-                host, pid = self._who(rank)
+                host, pid, node = self._who(rank)
                 how = f"stopped sending heartbeats {age_s:.0f} s ago (killed, or frozen?)"
-                marker = {"host": host, "pid": pid, "how": how, "age_s": age_s}
+                marker = {"host": host, "pid": pid, "how": how, "age_s": age_s, "node": node}
                 self.write_marker(rank, marker)
                 self.presume_dead([rank])
 
@@ -376,9 +400,10 @@ class StoreLink:
         found = []
         for rank, (before, after) in enumerate(zip(first[1], values, strict=True)):
             if rank != self.rank and rank not in self._departed and before == after:
-                host, pid = self._who(rank)
+                host, pid, node = self._who(rank)
                 how = "stopped sending heartbeats (killed?)"
-                found.append(Departure(rank, describe_rank(rank, host, pid), how, left_at=first[0]))
+                who = describe_rank(rank, host, pid)
+                found.append(Departure(rank, who, how, left_at=first[0], node=node))
         with self._lock:
             self._silent = found
 

@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.worker.watchdog.hangwatch import HangWatch
 from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
@@ -34,6 +35,7 @@ from ddpkit.worker.watchdog.policy import (
     raised_message,
 )
 from ddpkit.worker.watchdog.store import StoreLink
+from ddpkit.worker.watchdog.straggler import StragglerWatch
 
 # --- the watchdog -------------------------------------------------------------------------------
 
@@ -53,6 +55,7 @@ class Watchdog:
         self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
+        self.stragglers: StragglerWatch | None = None  # the straggler report, when on
         self.ending = False  # a hang report is out: this rank ends, quietly
         self._judge = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
 
@@ -86,6 +89,9 @@ class Watchdog:
                 text = self.hangs.check(now) if self.hangs is not None else None
                 if text is not None and not self._stop.is_set():
                     self._end_for_hang(text)
+                line = self.stragglers.check(now) if self.stragglers is not None else None
+                if line is not None:
+                    write_stderr(line + "\n")
                 cause = self._cause(now)
                 if cause is None:
                     continue
@@ -113,6 +119,7 @@ class Watchdog:
             del frame
         lines.append(abort_message(cause, self.rank, blocked_s, self.bound_s))
         write_stderr("\n".join(lines) + "\n")
+        _blame_node(cause)
         self._stopped = True
         if self._link.store_departure(self._clock()) is None:  # else a store call may hang
             self._say("was ended by the ddpkit watchdog", victim=True)
@@ -180,6 +187,7 @@ class Watchdog:
         """The line naming the rank that left first (waits for its marker, briefly)."""
         waited_s = hook_wait_for(self.interval_s)
         cause = self._wait_for_cause(waited_s)
+        _blame_node(cause)
         return raised_message(cause, self.rank, kind.__name__, waited_s)
 
     def _wait_for_cause(self, wait_s: float) -> Departure | None:
@@ -200,6 +208,12 @@ class Watchdog:
             if now - started >= wait_s and not late:
                 return cause
             time.sleep(HOOK_POLL_S)
+
+
+def _blame_node(cause: Departure | None) -> None:
+    """A rank whose heartbeats stopped blames its node for the bad-node exclusion."""
+    if cause is not None and cause.node and "stopped sending heartbeats" in cause.how:
+        record_blame(os.environ, cause.node, f"rank {cause.rank} {cause.how}")
 
 
 def write_stderr(text: str) -> None:

@@ -1,0 +1,170 @@
+"""The straggler report: the judge's rule on synthetic periods, and real gloo jobs in which
+one rank is slow in its data loading or its compute (named) or none is (nothing printed)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpkit.errors import ConfigError
+from ddpkit.worker.watchdog import straggler
+from tests.support.spawned import child_env
+
+HOST = socket.gethostname()
+
+
+def totals(steps: int, data_s: float, step_s: float, compute_s: float | None = 0.003) -> Any:
+    return {"steps": steps, "data_s": data_s, "step_s": step_s, "compute_s": compute_s,
+            "host": "n1"}  # fmt: skip
+
+
+def periods(slow_rank: int | None, count: int, *, data_ms: float = 20.0, ranks: int = 4) -> list:
+    """``count + 1`` snapshots of cumulative totals, 100 steps a period, 25 ms steps."""
+    out = []
+    for index in range(count + 1):
+        steps = 100 * index
+        out.append({
+            rank: totals(steps, steps * (data_ms if rank == slow_rank else 0.2) / 1000,
+                         steps * 0.025)
+            for rank in range(ranks)
+        })  # fmt: skip
+    return out
+
+
+def test_an_even_run_is_never_reported() -> None:
+    judge = straggler.Judge(300.0)
+    assert [judge.feed(snapshot) for snapshot in periods(None, 6)] == [None] * 7
+
+
+def test_a_rank_slow_in_one_period_only_is_not_reported() -> None:
+    judge = straggler.Judge(300.0)
+    snapshots = periods(None, 4)
+    snapshots[2] = periods(2, 4)[2]  # rank 2 slow between snapshots 1 and 2 only
+    for index in range(3, 5):  # totals stay cumulative after it
+        snapshots[index][2]["data_s"] += snapshots[2][2]["data_s"] - snapshots[1][2]["data_s"]
+    assert [judge.feed(snapshot) for snapshot in snapshots] == [None] * 5
+
+
+@pytest.mark.parametrize("slow", [0, 3])
+def test_the_same_slowest_rank_two_periods_in_a_row_is_named(slow: int) -> None:
+    judge = straggler.Judge(300.0)
+    said = [judge.feed(snapshot) for snapshot in periods(slow, 3)]
+    assert said[:2] == [None, None]  # the first snapshot has no period; one period is not two
+    assert said[2] is not None and said[3] is not None
+    assert said[2].startswith(f"ddpkit: straggler: rank {slow} (host n1) was the slowest for 2 ")
+    assert "data 20.0 ms + compute 3.0 ms, against 0.2 + 3.0 ms" in said[2]
+    assert "waits about 19.8 ms a step for it; likely cause: its data loading" in said[2]
+    assert "slowest for 3 periods of 300 s" in said[3]
+
+
+def test_a_compute_gap_is_named_as_compute() -> None:
+    judge = straggler.Judge(60.0)
+    for index in range(4):
+        snapshot = {rank: totals(100 * index, 0.0, 2.5 * index,
+                                 0.030 if rank == 1 else 0.004) for rank in range(2)}  # fmt: skip
+        said = judge.feed(snapshot)
+    assert said is not None and "rank 1 " in said and "likely cause: its compute" in said
+
+
+def test_gaps_below_a_quarter_of_the_step_or_2_ms_are_noise() -> None:
+    period = {0: straggler.PerStep("a", 0.001, 0.010, 0.100),
+              1: straggler.PerStep("b", 0.020, 0.010, 0.100)}  # fmt: skip
+    assert straggler.slowest(period) is None  # 19 ms of a 100 ms step
+    period[1] = straggler.PerStep("b", 0.030, 0.010, 0.100)
+    assert straggler.slowest(period) is not None  # 29 ms
+    tiny = {0: straggler.PerStep("a", 0.0, 0.0, 0.002), 1: straggler.PerStep("b", 0.0015, 0, 0.002)}
+    assert straggler.slowest(tiny) is None  # 75% of the step, but 1.5 ms
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("", 300.0), ("12", 12.0), ("0", None), ("off", None), (" OFF ", None)]
+)
+def test_the_period_from_the_environment(value: str, expected: float | None) -> None:
+    assert straggler.straggler_interval({"DDPKIT_STRAGGLER_INTERVAL": value}) == expected
+
+
+@pytest.mark.parametrize("value", ["-3", "soon", "1e999", "²"])
+def test_a_bad_period_is_the_one_line_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="DDPKIT_STRAGGLER_INTERVAL"):
+        straggler.straggler_interval({"DDPKIT_STRAGGLER_INTERVAL": value})
+
+
+WORKER = """
+import sys, time
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+import ddpkit
+
+case, seconds = sys.argv[1], float(sys.argv[2])
+ctx = ddpkit.init()
+slow = ctx.rank == 1
+
+class Data(Dataset):
+    def __len__(self):
+        return 100000
+    def __getitem__(self, index):
+        if case == "data" and slow:
+            time.sleep(0.004)  # x 4 samples a batch: 16 ms a step
+        return torch.ones(8), torch.zeros(2)
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(8, 2)
+    def forward(self, x):
+        time.sleep(0.016 if case == "compute" and slow else 0.002)
+        return self.layer(x)
+
+model = ddpkit.wrap(Model())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+end = time.monotonic() + seconds
+for x, y in ddpkit.loader(Data(), 4):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    done = torch.tensor([float(time.monotonic() > end)])
+    torch.distributed.all_reduce(done)  # every rank leaves at the same step
+    if done.item() > 0:
+        break
+ddpkit.shutdown()
+"""
+
+
+def _job(tmp_path: Path, case: str, seconds: float) -> str:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(script)]
+    done = subprocess.run(
+        [*command, case, str(seconds)],
+        env=child_env(DDPKIT_STRAGGLER_INTERVAL="1.5", OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+@pytest.mark.multiproc
+@pytest.mark.sidecar  # seconds of sleeping steps: run beside the SLURM tests (ci/test.sh)
+@pytest.mark.parametrize("case", ["data", "compute"])
+def test_a_slow_rank_is_named_with_its_cause(tmp_path: Path, case: str) -> None:
+    output = _job(tmp_path, case, 12.0)
+    lines = re.findall(r"^.*ddpkit: straggler: .*$", output, re.M)
+    assert lines, output[-3000:]
+    assert all(line.startswith("[rank0]: ") for line in lines), lines  # rank 0 alone says it
+    assert all(f"rank 1 (host {HOST}) was the slowest" in line for line in lines), lines
+    cause = "its data loading" if case == "data" else "its compute"
+    assert all(f"likely cause: {cause}" in line for line in lines), lines
+
+
+@pytest.mark.multiproc
+@pytest.mark.sidecar
+def test_an_even_job_prints_no_straggler(tmp_path: Path) -> None:
+    output = _job(tmp_path, "even", 9.0)
+    assert "straggler" not in output, output[-3000:]
