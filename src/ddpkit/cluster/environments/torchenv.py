@@ -31,6 +31,7 @@ from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.envvars import env_int, master_from_env
 from ddpkit.cluster.rankinfo import ANY_PORT, Launcher, RankInfo
 from ddpkit.errors import ConfigError
+from ddpkit.masking import assignment
 
 __all__ = ["ENV_METHOD_VARS", "TorchEnvEnvironment"]
 
@@ -142,6 +143,6 @@ def _incomplete(
     env: Mapping[str, str], missing: list[str], why: str, hint: str = _HINT
 ) -> ConfigError:
     shown = ", ".join(
-        f"{name}={env[name]!r}" for name in (*ENV_METHOD_VARS, *_LOCAL_VARS) if name in env
+        assignment(name, env[name]) for name in (*ENV_METHOD_VARS, *_LOCAL_VARS) if name in env
     )
     return ConfigError(f"{shown} set but not {', '.join(missing)}: {why}", hint=hint)
