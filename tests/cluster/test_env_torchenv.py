@@ -84,6 +84,14 @@ _INCOMPLETE = [
         {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", **MASTER},
         "LOCAL_RANK='1' set but not LOCAL_WORLD_SIZE",
     ),
+    # torchrun's own half without RANK/WORLD_SIZE: a process told it is not alone on its host
+    ({"LOCAL_RANK": "1"}, "LOCAL_RANK='1' set but not RANK, WORLD_SIZE"),
+    ({"LOCAL_WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE='2' set but not RANK, WORLD_SIZE"),
+    (
+        {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", **MASTER},
+        "MASTER_PORT='29500', LOCAL_RANK='0', LOCAL_WORLD_SIZE='2' set but not RANK, WORLD_SIZE",
+    ),
+    ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x' set but not RANK, WORLD_SIZE"),
 ]
 
 
@@ -116,10 +124,18 @@ def test_bad_values_name_the_variable(env: dict[str, str], match: str) -> None:
         detect(env)
 
 
-def test_detected_only_by_the_world_variables() -> None:
+def test_detected_by_the_variables_that_say_several_processes() -> None:
     assert TorchEnvEnvironment.detect({"RANK": "0"})
     assert TorchEnvEnvironment.detect({"WORLD_SIZE": "2"})
-    for env in ({}, MASTER, {"LOCAL_RANK": "1"}, {"LOCAL_WORLD_SIZE": "2"}):
+    assert TorchEnvEnvironment.detect({"LOCAL_RANK": "1"})
+    assert TorchEnvEnvironment.detect({"LOCAL_WORLD_SIZE": "2"})
+    # what a world of one may carry over from a shell: MASTER_*, a LOCAL_* of one process
+    one = (
+        {"LOCAL_RANK": "0"},
+        {"LOCAL_WORLD_SIZE": "1"},
+        {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+    )
+    for env in ({}, MASTER, *one):
         assert not TorchEnvEnvironment.detect(env)
         assert detect(env).launcher == "single"
 
@@ -173,8 +189,17 @@ def test_hand_exported_rank_and_world_size_form_one_group() -> None:
     assert [s["sum"] for s in seen] == [3.0, 3.0]
 
 
-def test_an_incomplete_set_fails_init_before_anything_waits() -> None:
-    env = clean_env(RANK="1", WORLD_SIZE="2")
+@pytest.mark.parametrize(
+    ("variables", "line"),
+    [
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "RANK='1', WORLD_SIZE='2' set but not"),
+        ({"LOCAL_RANK": "1"}, "LOCAL_RANK='1' set but not RANK, WORLD_SIZE"),
+    ],
+)
+def test_an_incomplete_set_fails_init_before_anything_waits(
+    variables: dict[str, str], line: str
+) -> None:
+    env = clean_env(**variables)
     code = "import ddpkit; ddpkit.init()"
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -186,7 +211,7 @@ def test_an_incomplete_set_fails_init_before_anything_waits() -> None:
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("ddpkit.errors.ConfigError: RANK='1', WORLD_SIZE='2' set but not")
+    assert last.startswith(f"ddpkit.errors.ConfigError: {line}")
 
 
 # --- init() inside someone else's group: adopted, whatever the environment says ----------
