@@ -242,3 +242,51 @@ def test_init_inside_a_foreign_group_adopts_it_even_with_a_partial_environment()
     for rank, seen in enumerate(run_workers(_adopt_worker, 2)):
         assert seen["ctx"] == (rank, 2, "gloo")
         assert seen["noted"] and seen["spared"]
+
+
+# --- mp.spawn, the tutorial recipe: MASTER_* exported, rank and world size only as arguments --
+
+_SPAWN = """
+import json, os, sys
+import torch.multiprocessing as mp
+import ddpkit
+
+def work(rank, world_size, port, export_rank):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    if export_rank:
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
+    ctx = ddpkit.init(connect_timeout_s=60)
+    print(json.dumps({"rank": ctx.rank, "world": ctx.world_size}), flush=True)
+    ddpkit.shutdown()
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(2, int(sys.argv[1]), sys.argv[2] == "1"), nprocs=2)
+"""
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("export_rank", [False, True], ids=["master-only", "rank-exported"])
+def test_mp_spawn_children_are_never_worlds_of_one(export_rank: bool, tmp_path: Any) -> None:
+    script = tmp_path / "spawn.py"
+    script.write_text(_SPAWN)
+    done = subprocess.run(
+        [sys.executable, str(script), str(free_port()), "1" if export_rank else "0"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    seen = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if export_rank:  # what the hint says to do: one world of two
+        assert done.returncode == 0, done.stderr
+        assert sorted((s["rank"], s["world"]) for s in seen) == [(0, 2), (1, 2)]
+        return
+    # before: two processes, each "rank 0 of 1", each training alone
+    assert seen == [] and done.returncode != 0, done.stdout + done.stderr
+    assert (
+        "ConfigError: MASTER_ADDR='127.0.0.1', MASTER_PORT=" in done.stderr
+        and "set in a process started by multiprocessing (mp.spawn?) but not RANK, WORLD_SIZE"
+        in done.stderr
+    ), done.stderr
