@@ -14,6 +14,11 @@ A name looks secret when one of its words (split at ``_ - .`` and camelCase) is 
 working directory's ``PWD`` alone is not secret). ``KEYBOARD``, ``TOKENIZERS_PARALLELISM``,
 ``AUTHOR`` or ``SLURM_SIGNAL`` are not; :data:`NOT_SECRET` lists the launcher and backend
 settings the rule would catch although their values are settings, not credentials.
+
+Every place ddpkit shows an environment or a value taken from one goes through this rule:
+``ddpkit env`` and ``doctor`` (whole reports), ``plan`` (the spec), and the one-line errors
+that quote a bad variable, flag or spec value (:func:`assignment`). ``submit --dry-run`` is
+the exception: it prints the literal script that would be submitted.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ __all__ = [
     "NOT_SECRET",
     "SECRET_ENDINGS",
     "SECRET_WORDS",
+    "assignment",
     "hidden",
     "mask",
     "mask_text",
@@ -91,6 +97,12 @@ def hidden(value: str) -> str:
 def mask(name: str, value: str) -> str:
     """``value`` of the variable ``name`` as it may be shown (see the module doc)."""
     return hidden(value) if secret_name(name) else mask_text(value)
+
+
+def assignment(name: str, value: str) -> str:
+    """``NAME='value'`` as an error message quotes a variable or a flag (``--flag='value'``),
+    the value shown by :func:`mask`: an error naming a bad value must not print a secret."""
+    return f"{name}={mask(name.lstrip('-'), value)!r}"
 
 
 def mask_text(text: str) -> str:

@@ -84,6 +84,14 @@ _INCOMPLETE = [
         {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", **MASTER},
         "LOCAL_RANK='1' set but not LOCAL_WORLD_SIZE",
     ),
+    # torchrun's own half without RANK/WORLD_SIZE: a process told it is not alone on its host
+    ({"LOCAL_RANK": "1"}, "LOCAL_RANK='1' set but not RANK, WORLD_SIZE"),
+    ({"LOCAL_WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE='2' set but not RANK, WORLD_SIZE"),
+    (
+        {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", **MASTER},
+        "MASTER_PORT='29500', LOCAL_RANK='0', LOCAL_WORLD_SIZE='2' set but not RANK, WORLD_SIZE",
+    ),
+    ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x' set but not RANK, WORLD_SIZE"),
 ]
 
 
@@ -116,10 +124,18 @@ def test_bad_values_name_the_variable(env: dict[str, str], match: str) -> None:
         detect(env)
 
 
-def test_detected_only_by_the_world_variables() -> None:
+def test_detected_by_the_variables_that_say_several_processes() -> None:
     assert TorchEnvEnvironment.detect({"RANK": "0"})
     assert TorchEnvEnvironment.detect({"WORLD_SIZE": "2"})
-    for env in ({}, MASTER, {"LOCAL_RANK": "1"}, {"LOCAL_WORLD_SIZE": "2"}):
+    assert TorchEnvEnvironment.detect({"LOCAL_RANK": "1"})
+    assert TorchEnvEnvironment.detect({"LOCAL_WORLD_SIZE": "2"})
+    # what a world of one may carry over from a shell: MASTER_*, a LOCAL_* of one process
+    one = (
+        {"LOCAL_RANK": "0"},
+        {"LOCAL_WORLD_SIZE": "1"},
+        {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+    )
+    for env in ({}, MASTER, *one):
         assert not TorchEnvEnvironment.detect(env)
         assert detect(env).launcher == "single"
 
@@ -173,8 +189,17 @@ def test_hand_exported_rank_and_world_size_form_one_group() -> None:
     assert [s["sum"] for s in seen] == [3.0, 3.0]
 
 
-def test_an_incomplete_set_fails_init_before_anything_waits() -> None:
-    env = clean_env(RANK="1", WORLD_SIZE="2")
+@pytest.mark.parametrize(
+    ("variables", "line"),
+    [
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "RANK='1', WORLD_SIZE='2' set but not"),
+        ({"LOCAL_RANK": "1"}, "LOCAL_RANK='1' set but not RANK, WORLD_SIZE"),
+    ],
+)
+def test_an_incomplete_set_fails_init_before_anything_waits(
+    variables: dict[str, str], line: str
+) -> None:
+    env = clean_env(**variables)
     code = "import ddpkit; ddpkit.init()"
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -186,7 +211,7 @@ def test_an_incomplete_set_fails_init_before_anything_waits() -> None:
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("ddpkit.errors.ConfigError: RANK='1', WORLD_SIZE='2' set but not")
+    assert last.startswith(f"ddpkit.errors.ConfigError: {line}")
 
 
 # --- init() inside someone else's group: adopted, whatever the environment says ----------
@@ -217,3 +242,51 @@ def test_init_inside_a_foreign_group_adopts_it_even_with_a_partial_environment()
     for rank, seen in enumerate(run_workers(_adopt_worker, 2)):
         assert seen["ctx"] == (rank, 2, "gloo")
         assert seen["noted"] and seen["spared"]
+
+
+# --- mp.spawn, the tutorial recipe: MASTER_* exported, rank and world size only as arguments --
+
+_SPAWN = """
+import json, os, sys
+import torch.multiprocessing as mp
+import ddpkit
+
+def work(rank, world_size, port, export_rank):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    if export_rank:
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
+    ctx = ddpkit.init(connect_timeout_s=60)
+    print(json.dumps({"rank": ctx.rank, "world": ctx.world_size}), flush=True)
+    ddpkit.shutdown()
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(2, int(sys.argv[1]), sys.argv[2] == "1"), nprocs=2)
+"""
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("export_rank", [False, True], ids=["master-only", "rank-exported"])
+def test_mp_spawn_children_are_never_worlds_of_one(export_rank: bool, tmp_path: Any) -> None:
+    script = tmp_path / "spawn.py"
+    script.write_text(_SPAWN)
+    done = subprocess.run(
+        [sys.executable, str(script), str(free_port()), "1" if export_rank else "0"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    seen = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if export_rank:  # what the hint says to do: one world of two
+        assert done.returncode == 0, done.stderr
+        assert sorted((s["rank"], s["world"]) for s in seen) == [(0, 2), (1, 2)]
+        return
+    # before: two processes, each "rank 0 of 1", each training alone
+    assert seen == [] and done.returncode != 0, done.stdout + done.stderr
+    assert (
+        "ConfigError: MASTER_ADDR='127.0.0.1', MASTER_PORT=" in done.stderr
+        and "set in a process started by multiprocessing (mp.spawn?) but not RANK, WORLD_SIZE"
+        in done.stderr
+    ), done.stderr

@@ -87,6 +87,8 @@ def test_slurm_two_nodes_one_process_each(slurm: SlurmCluster, tmp_path: Path) -
     logs = ddpkit(slurm, tmp_path, "logs", handle).stdout
     found = sorted(reports(logs), key=lambda r: r["rank"])
     assert [(r["rank"], r["world_size"], r["sum"]) for r in found] == [(0, 2, 3), (1, 2, 3)]
+    # ranks in SLURM's node order here too: one srun over the components, SLURM_NODEID 0, 1
+    assert [r["node"] for r in found] == [nodes[0], nodes[1]]
     for rank in (0, 1):
         text = ddpkit(slurm, tmp_path, "logs", handle, "--rank", str(rank)).stdout
         assert [r["rank"] for r in reports(text)] == [rank]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from ddpkit.cluster.envvars import number_hint, to_float
 from ddpkit.contract import BOUND_PER_RANK_S
 from ddpkit.errors import ConfigError
+from ddpkit.masking import assignment
 
 __all__ = ["positive_seconds", "scaled_bound", "seconds_from_env"]
 
@@ -47,7 +48,7 @@ def seconds_from_env(
     value = to_float(raw)
     if value is None:
         raise ConfigError(
-            f"{name}={raw!r} is not a number of seconds", hint=number_hint(raw, advice)
+            f"{assignment(name, raw)} is not a number of seconds", hint=number_hint(raw, advice)
         )
     return positive_seconds(value, name, hint=advice, shown=raw)
 

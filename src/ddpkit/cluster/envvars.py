@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ddpkit.errors import ConfigError
+from ddpkit.masking import assignment, mask_text
 
 __all__ = [
     "env_bool",
@@ -60,7 +61,7 @@ def to_float(text: str) -> float | None:
 def number_hint(text: str, hint: str) -> str:
     """``hint``, with a note when ``text`` holds a digit that is not ASCII (``²``, ``３``)."""
     if any(not char.isascii() and char.isnumeric() for char in text):
-        return f"{hint}; only the ASCII digits 0-9 are read, and {text!r} has others"
+        return f"{hint}; only the ASCII digits 0-9 are read, and {mask_text(text)!r} has others"
     return hint
 
 
@@ -68,7 +69,9 @@ def parse_int(name: str, value: str, *, hint: str) -> int:
     """``value`` (read from variable ``name``) as an int, or a ConfigError naming both."""
     number = to_int(value)
     if number is None:
-        raise ConfigError(f"{name}={value!r} is not an integer", hint=number_hint(value, hint))
+        raise ConfigError(
+            f"{assignment(name, value)} is not an integer", hint=number_hint(value, hint)
+        )
     return number
 
 
@@ -90,7 +93,7 @@ def env_bool(env: Mapping[str, str], name: str, *, hint: str) -> bool | None:
         return None
     if raw in _TRUE or raw in _FALSE:
         return raw in _TRUE
-    raise ConfigError(f"{name}={env[name]!r} is not a boolean", hint=hint)
+    raise ConfigError(f"{assignment(name, env[name])} is not a boolean", hint=hint)
 
 
 def require_int(env: Mapping[str, str], names: str | Sequence[str], *, hint: str) -> int:
@@ -109,7 +112,7 @@ def parse_port(name: str, value: str) -> int:
     hint = f"set {name} to a free TCP port between 1 and 65535, e.g. 29500"
     port = parse_int(name, value, hint=hint)
     if not 1 <= port <= 65535:
-        raise ConfigError(f"{name}={value!r} is not a TCP port (1..65535)", hint=hint)
+        raise ConfigError(f"{assignment(name, value)} is not a TCP port (1..65535)", hint=hint)
     return port
 
 

@@ -50,6 +50,7 @@ from ddpkit.jobs.spec import ClusterProfile, JobSpec
 from ddpkit.jobs.spec_checks import shown
 from ddpkit.jobs.spec_errors import config_error, field_path
 from ddpkit.jobs.spec_yaml import parse_yaml_value, read_yaml_mapping
+from ddpkit.masking import MASKED, mask_text, secret_name
 
 __all__ = [
     "SET_SOURCE",
@@ -97,7 +98,8 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(
-                f"--set {shown(item)} is not KEY=VALUE", hint="e.g. --set nodes=2 or --set env.X=1"
+                f"--set {shown(mask_text(item))} is not KEY=VALUE",
+                hint="e.g. --set nodes=2 or --set env.X=1",
             )
         value = _parse_value(item, text)
         top, dot, sub = key.partition(".")
@@ -106,7 +108,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
             continue
         if top in JobSpec.model_fields and top not in MAPPING_FIELDS:
             raise ConfigError(
-                f"--set {shown(item)}: {shown(top, quote=False)} is not a mapping",
+                f"--set {shown(mask_text(item))}: {shown(top, quote=False)} is not a mapping",
                 hint="only env and sbatch take dotted keys, e.g. --set env.NCCL_DEBUG=INFO",
             )
         if top == "sweep" and "." in sub:  # one level only: sweep.params is set whole
@@ -142,6 +144,15 @@ def parse_sweeps(items: Sequence[str]) -> dict[str, object]:
     return {"sweep": {"params": params}} if params else {}
 
 
+def _set_shown(item: str) -> str:
+    """``--set KEY=VALUE`` as an error quotes it: the value hidden when the key's last part
+    looks secret (``env.HF_TOKEN=***``), else with the credentials inside it hidden."""
+    key = item.partition("=")[0]
+    if secret_name(key.rpartition(".")[2]):
+        return shown(f"{key}={MASKED}")
+    return shown(mask_text(item))
+
+
 def _parse_value(item: str, text: str) -> object:
     if text == "":
         return None
@@ -151,7 +162,7 @@ def _parse_value(item: str, text: str) -> object:
         return text  # plain text: no YAML comment stripping or ': ' surprises
     return parse_yaml_value(
         text,
-        f"--set {shown(item)}",
+        f"--set {_set_shown(item)}",
         "quote the whole argument for the shell, e.g. --set 'command=[a.py, \"x y\"]'",
     )
 

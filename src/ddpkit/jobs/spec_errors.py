@@ -17,6 +17,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.hints import closest, did_you_mean
 from ddpkit.jobs.spec import ERROR_TYPE, ClusterProfile, JobSpec
 from ddpkit.jobs.spec_checks import LIMIT_HINTS, shown
+from ddpkit.masking import MASKED, mask_text, secret_name
 
 __all__ = ["config_error", "field_path"]
 
@@ -77,8 +78,16 @@ def config_error(
     custom = error["type"] == ERROR_TYPE
     problem = ctx["problem"] if custom else _problem(error["type"], error["msg"], ctx)
     hint = ctx["hint"] if custom else _field_hint(model, top, error["type"], value)
-    label = path if is_key or error["type"] == "missing" else f"{path}={shown(value)}"
+    label = path if is_key or error["type"] == "missing" else f"{path}={_value(path, value)}"
     return ConfigError(f"{where}: {label}: {problem}", hint=hint)
+
+
+def _value(path: str, value: object) -> str:
+    """``value`` as the error quotes it, by :mod:`ddpkit.masking`'s rule: hidden whole when the
+    field's own name looks secret (``env.HF_TOKEN``), else with the credentials inside hidden."""
+    if secret_name(path.rpartition(".")[2]):
+        return MASKED
+    return mask_text(shown(value))
 
 
 def _origin(origins: Mapping[str, str], path: str) -> str | None:

@@ -20,6 +20,7 @@ from typing import Literal, cast
 from ddpkit.cluster.envvars import number_hint, to_float, to_int
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.hints import did_you_mean
+from ddpkit.masking import assignment, mask_text
 
 __all__ = ["DEFAULTS", "DEFAULT_LOG_LINE_PREFIX", "SWITCHES", "RunConfig", "resolve_run_config"]
 
@@ -167,7 +168,9 @@ class _Lookup:
         env_name = "PET_" + dest.upper()
         text = self._env.get(env_name, "0") or "0"
         if text not in ("0", "1"):
-            raise ConfigError(f"{env_name}={text!r} is not 0 or 1", hint=f"unset {env_name}")
+            raise ConfigError(
+                f"{assignment(env_name, text)} is not 0 or 1", hint=f"unset {env_name}"
+            )
         return text == "1"
 
 
@@ -241,9 +244,11 @@ def parse_nnodes(text: str, label: str = "--nnodes") -> tuple[int, int]:
     hint = "use N or MIN:MAX with 0 < MIN <= MAX, e.g. --nnodes 2 or --nnodes 1:4"
     low, high = parts[0], parts[-1]
     if len(parts) > 2 or low is None or high is None:
-        raise ConfigError(f"{label}={text!r} is not N or MIN:MAX", hint=number_hint(text, hint))
+        raise ConfigError(
+            f"{assignment(label, text)} is not N or MIN:MAX", hint=number_hint(text, hint)
+        )
     if not 0 < low <= high:
-        raise ConfigError(f"{label}={text!r} needs 0 < MIN <= MAX", hint=hint)
+        raise ConfigError(f"{assignment(label, text)} needs 0 < MIN <= MAX", hint=hint)
     return low, high
 
 
@@ -256,7 +261,7 @@ def parse_nproc(text: str, label: str = "--nproc-per-node") -> int | NprocKeywor
     hint = number_hint(text, did_you_mean(text, NPROC_KEYWORDS, hint=hint))
     count = to_int(text.strip())
     if count is None or count < 1:
-        raise ConfigError(f"{label}={text!r} is not a process count", hint=hint)
+        raise ConfigError(f"{assignment(label, text)} is not a process count", hint=hint)
     return count
 
 
@@ -265,7 +270,7 @@ def parse_int(text: str, label: str, *, minimum: int) -> int:
     value = to_int(text.strip())
     if value is None or value < minimum:
         hint = number_hint(text, f"e.g. {label}={minimum}")
-        raise ConfigError(f"{label}={text!r} is not an integer >= {minimum}", hint=hint)
+        raise ConfigError(f"{assignment(label, text)} is not an integer >= {minimum}", hint=hint)
     return value
 
 
@@ -274,7 +279,9 @@ def parse_port(text: str, label: str = "--master-port") -> int:
     port = to_int(text.strip())
     if port is None or not 0 < port < 65536:
         hint = "use 1..65535, or leave it out on one node to get a free port"
-        raise ConfigError(f"{label}={text!r} is not a TCP port", hint=number_hint(text, hint))
+        raise ConfigError(
+            f"{assignment(label, text)} is not a TCP port", hint=number_hint(text, hint)
+        )
     return port
 
 
@@ -283,7 +290,7 @@ def parse_positive_float(text: str, label: str) -> float:
     value = to_float(text.strip())
     if value is None or not value > 0:
         hint = number_hint(text, f"e.g. {label}=0.1")
-        raise ConfigError(f"{label}={text!r} is not a positive number", hint=hint)
+        raise ConfigError(f"{assignment(label, text)} is not a positive number", hint=hint)
     return value
 
 
@@ -292,7 +299,7 @@ def parse_choice(text: str, label: str, choices: tuple[str, ...]) -> str:
     if text in choices:
         return text
     raise ConfigError(
-        f"{label}={text!r} is not supported",
+        f"{assignment(label, text)} is not supported",
         hint=did_you_mean(text, choices, hint=f"choose one of {', '.join(choices)}"),
     )
 
@@ -300,7 +307,9 @@ def parse_choice(text: str, label: str, choices: tuple[str, ...]) -> str:
 def parse_nonempty(text: str, label: str) -> str:
     """Any non-blank text."""
     if not text.strip():
-        raise ConfigError(f"{label}={text!r} is empty", hint=f"give {label} a value or omit it")
+        raise ConfigError(
+            f"{assignment(label, text)} is empty", hint=f"give {label} a value or omit it"
+        )
     return text
 
 
@@ -309,7 +318,7 @@ def parse_endpoint(text: str, label: str = "--rdzv-endpoint") -> str:
     match = _ENDPOINT.fullmatch(text)
     if text and (match is None or (match.group(3) and not 0 < int(match.group(3)) < 65536)):
         hint = number_hint(text, "e.g. node1:29400 or [::1]:29400")
-        raise ConfigError(f"{label}={text!r} is not HOST[:PORT]", hint=hint)
+        raise ConfigError(f"{assignment(label, text)} is not HOST[:PORT]", hint=hint)
     return text
 
 
@@ -320,7 +329,7 @@ def parse_rdzv_conf(text: str, label: str = "--rdzv-conf") -> tuple[tuple[str, s
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise ConfigError(
-                f"{label}={text!r} has {item!r}, not KEY=VALUE",
+                f"{assignment(label, text)} has {mask_text(item)!r}, not KEY=VALUE",
                 hint="e.g. --rdzv-conf join_timeout=900,read_timeout=60",
             )
         pairs.append((key.strip(), _rdzv_value(key.strip(), value.strip(), label)))
@@ -335,7 +344,7 @@ def _rdzv_value(key: str, value: str, label: str) -> str:
     if number is None or number < 0:
         example = "900 (whole seconds)" if key.endswith("timeout") else "5"
         hint = number_hint(value, f"e.g. {key}={example}")
-        raise ConfigError(f"{label} has {key}={value!r}, not an integer >= 0", hint=hint)
+        raise ConfigError(f"{label} has {assignment(key, value)}, not an integer >= 0", hint=hint)
     return value
 
 
@@ -343,7 +352,7 @@ def parse_std(text: str, label: str) -> str:
     """A torchrun ``Std`` spec: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank."""
     if not _STD_SPEC.fullmatch(text):
         hint = number_hint(text, "0 none, 1 stdout, 2 stderr, 3 both; per local rank: 0:1,1:2")
-        raise ConfigError(f"{label}={text!r} is not a stream spec", hint=hint)
+        raise ConfigError(f"{assignment(label, text)} is not a stream spec", hint=hint)
     return text
 
 
@@ -352,7 +361,7 @@ def parse_ranks(text: str, label: str = "--local-ranks-filter") -> tuple[int, ..
     ranks = [to_int(part.strip()) for part in text.split(",")] if text.strip() else []
     if not all(rank is not None and rank >= 0 for rank in ranks):
         hint = number_hint(text, f"e.g. {label}=0,1")
-        raise ConfigError(f"{label}={text!r} is not a list of local ranks", hint=hint)
+        raise ConfigError(f"{assignment(label, text)} is not a list of local ranks", hint=hint)
     return tuple(sorted({rank for rank in ranks if rank is not None}))
 
 

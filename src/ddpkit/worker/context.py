@@ -26,6 +26,7 @@ handler (registered later, so it runs first) writes this rank's exit marker befo
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import warnings
 import weakref
@@ -41,6 +42,7 @@ from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
 from ddpkit.cluster.runid import RunIdentity, run_identity
 from ddpkit.cluster.stop import latch
 from ddpkit.errors import ConfigError, TopologyError, UsageError
+from ddpkit.masking import assignment
 from ddpkit.worker import process_group, watchdog
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
@@ -147,6 +149,8 @@ def init(
     latch.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
     adopting = dist.is_initialized()
     info = _detect_for_adoption(snapshot) if adopting else detect(snapshot)
+    if not adopting:
+        _check_not_spawned_alone(info, snapshot)
     _warn_notes(info.notes)
     run = run_identity(snapshot)  # before joining: a bad DDPKIT_RUN_ID fails before any wait
     if adopting:
@@ -367,6 +371,25 @@ def _used_gpus(
         os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
     return [torch.device("cuda", index) for index in indexes]
+
+
+def _check_not_spawned_alone(info: RankInfo, env: Mapping[str, str]) -> None:
+    """Refuse a world of one in a process that ``multiprocessing`` started (``mp.spawn``) with
+    MASTER_ADDR or MASTER_PORT set: the tutorial recipe that hands rank and world size to
+    ``init_process_group`` as arguments, never exported; each process would train alone.
+    (A process started on its own with a MASTER_* left in its shell stays a world of one.)"""
+    named = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name in env]
+    if info.launcher != "single" or not named or multiprocessing.parent_process() is None:
+        return
+    raise ConfigError(
+        f"{', '.join(assignment(name, env[name]) for name in named)} set in a process started "
+        "by multiprocessing (mp.spawn?) but not RANK, WORLD_SIZE: each process would train "
+        "alone as rank 0 of 1",
+        hint="export RANK and WORLD_SIZE in each process before ddpkit.init() "
+        "(os.environ['RANK'] = str(rank), ...), or call torch.distributed.init_process_group("
+        "rank=..., world_size=...) first, which ddpkit.init() adopts; a process meant to run "
+        "alone: unset them",
+    )
 
 
 def _detect_for_adoption(env: Mapping[str, str]) -> RankInfo:

@@ -4,10 +4,13 @@ export them, job scripts that export them by hand).
 
 torch's ``init_process_group(init_method="env://")`` needs those four and nothing else; torchrun
 adds LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_* and TORCHELASTIC_* (its own environment, detected
-first). This one is detected when RANK or WORLD_SIZE is set and no launcher earlier in the
-detection order recognised the process, so a partial set is never a silent world of one: it
-is a job of WORLD_SIZE processes, or a one-line error naming the variables that are set and
-those that are missing.
+first). This one is detected when RANK or WORLD_SIZE is set, or LOCAL_RANK / LOCAL_WORLD_SIZE
+say the process is not alone on its host (a local rank other than 0, more than one process),
+and no launcher earlier in the detection order recognised the process, so a partial set is never a
+silent world of one: it is a job of WORLD_SIZE processes, or a one-line error naming the
+variables that are set and those that are missing. MASTER_ADDR / MASTER_PORT alone, or
+LOCAL_RANK=0 / LOCAL_WORLD_SIZE=1, are what a shell may carry over to a process started on its
+own: that stays a world of one.
 
 Where each process sits on its host (the rule, stated once):
 
@@ -31,6 +34,7 @@ from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.envvars import env_int, master_from_env
 from ddpkit.cluster.rankinfo import ANY_PORT, Launcher, RankInfo
 from ddpkit.errors import ConfigError
+from ddpkit.masking import assignment
 
 __all__ = ["ENV_METHOD_VARS", "TorchEnvEnvironment"]
 
@@ -46,7 +50,8 @@ _HINT = (
 
 
 class TorchEnvEnvironment(ClusterEnvironment):
-    """Detected by RANK or WORLD_SIZE; after every launcher with variables of its own."""
+    """Detected by RANK, WORLD_SIZE or a LOCAL_* of several processes; after every launcher
+    with variables of its own."""
 
     launcher: ClassVar[Launcher] = "env"
     _VARS: ClassVar[dict[str, str]] = {
@@ -60,13 +65,14 @@ class TorchEnvEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect(env: Mapping[str, str]) -> bool:
-        return any(name in env for name in _WORLD_VARS)
+        return any(name in env for name in _WORLD_VARS) or _not_alone(env)
 
     def rank_info(self) -> RankInfo:
         env = self.env
         world_size = env_int(env, "WORLD_SIZE", hint=_HINT)
         if world_size is None:
-            raise _incomplete(env, ["WORLD_SIZE"], "torch's env:// needs it")
+            missing = [name for name in _WORLD_VARS if name not in env]
+            raise _incomplete(env, missing, "torch's env:// needs it")
         validate.check_sizes(names=self._VARS, world_size=world_size)
         rank = env_int(env, "RANK", hint=_HINT)
         if rank is None and world_size > 1:
@@ -87,6 +93,14 @@ class TorchEnvEnvironment(ClusterEnvironment):
         )
         names = self._VARS if "LOCAL_WORLD_SIZE" in env else _one_per_host_names()
         return validate.check_rank_info(info, names)
+
+
+def _not_alone(env: Mapping[str, str]) -> bool:
+    """LOCAL_RANK or LOCAL_WORLD_SIZE set to anything a process alone would not have (a local
+    rank other than 0, more than one process on the host, or a value that is no number)."""
+    return env.get("LOCAL_RANK", "0").strip() != "0" or (
+        env.get("LOCAL_WORLD_SIZE", "1").strip() != "1"
+    )
 
 
 def _one_per_host_names() -> dict[str, str]:
@@ -142,6 +156,6 @@ def _incomplete(
     env: Mapping[str, str], missing: list[str], why: str, hint: str = _HINT
 ) -> ConfigError:
     shown = ", ".join(
-        f"{name}={env[name]!r}" for name in (*ENV_METHOD_VARS, *_LOCAL_VARS) if name in env
+        assignment(name, env[name]) for name in (*ENV_METHOD_VARS, *_LOCAL_VARS) if name in env
     )
     return ConfigError(f"{shown} set but not {', '.join(missing)}: {why}", hint=hint)
