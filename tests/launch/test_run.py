@@ -374,3 +374,34 @@ def test_an_exit_code_above_128_that_is_no_signal_is_left_alone(
     assert report.splitlines()[0].endswith(
         "rank 0 (local rank 0) on " + socket.gethostname() + ": exit code 255"
     ), report
+
+
+@pytest.mark.parametrize("order", ["rank0-first", "rank1-first"])
+def test_a_sigterm_root_cause_beats_a_peer_sigtermed_while_it_started(
+    tmp_path: Path, order: str
+) -> None:
+    """Rank 1 died of SIGTERM (sent by someone else) after writing to its log; the agent's
+    shutdown then SIGTERMed rank 0, still starting, its log empty (created at the attempt's
+    start, before rank 1 wrote). Before: rank 0 was named, by its empty log's mtime (flaky
+    under load, when rank 0 starts slowly)."""
+    from torch.distributed.elastic.multiprocessing.api import LogsDest
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from ddpkit.launch.report import failed_outcome
+
+    quiet, noisy = tmp_path / "0.log", tmp_path / "1.log"
+    quiet.write_text("")
+    os.utime(quiet, (1000.0, 1000.0))  # the attempt's start
+    noisy.write_text("rank 1 dies by SIGTERM\n")
+    os.utime(noisy, (1000.4, 1000.4))
+    failures = {
+        0: ProcessFailure(0, 4000, -signal.SIGTERM, ""),
+        1: ProcessFailure(1, 4001, -signal.SIGTERM, ""),
+    }
+    for failure in failures.values():
+        failure.timestamp = 1000  # torch's whole second, the same for both
+    if order == "rank1-first":
+        failures = dict(reversed(failures.items()))
+    logs = LogsDest(stderrs={0: str(quiet), 1: str(noisy)})
+    outcome = failed_outcome(ChildFailedError("train.py", failures), logs)
+    assert outcome.root_cause.rank == 1

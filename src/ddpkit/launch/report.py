@@ -210,12 +210,16 @@ def _root_cause_key(
     Torch orders by ``timestamp``, whole seconds that tie whenever a peer dies with it, and it
     counts workers its own shutdown killed (SIGTERM). So: workers not killed by SIGTERM first,
     then by when they last wrote their error file or stderr log (sub-second mtimes), then rank.
+    An empty stderr log tells nothing of when its worker failed (its mtime is its creation, at
+    the attempt's start): such a worker sorts at the end of the second torch saw it fail in,
+    after one whose log shows it failing within that second (a worker SIGTERMed by the
+    shutdown while still starting, beside a root cause that died of SIGTERM itself).
     """
     killed_by_shutdown = int(failure.exitcode == -signal.SIGTERM)
     for path in (failure.error_file, _stderr_log(failure.local_rank, logs)):
-        if path and os.path.isfile(path):
+        if path and os.path.isfile(path) and os.path.getsize(path) > 0:
             return killed_by_shutdown, os.path.getmtime(path), rank
-    return killed_by_shutdown, float(failure.timestamp), rank
+    return killed_by_shutdown, float(failure.timestamp) + 1.0, rank
 
 
 def _worker_failure(
