@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,14 +100,7 @@ def run_bench(
         result = Path(tmp) / f"{name}.json"
         argv = [*launcher, str(path), "--json", str(result), *(["--quick"] if quick else [])]
         start = time.monotonic()
-        try:
-            done = subprocess.run(
-                argv, cwd=ROOT, env=child, capture_output=True, text=True, timeout=timeout_s,
-                check=False,
-            )  # fmt: skip
-            code, stdout, stderr = done.returncode, done.stdout, done.stderr
-        except subprocess.TimeoutExpired as expired:
-            code, stdout, stderr = None, _text(expired.stdout), _text(expired.stderr)
+        code, stdout, stderr = _run_bounded(argv, child, timeout_s)
         seconds = time.monotonic() - start
         logs = out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -141,6 +135,31 @@ def device_outcomes(out: Path) -> list[Outcome]:
         else:
             found.append(Outcome(name, "ok", doc=doc))
     return found
+
+
+def _run_bounded(
+    argv: list[str], env: Mapping[str, str], timeout_s: float
+) -> tuple[int | None, str, str]:
+    """Run a bench in a session of its own: (exit code, None past the timeout; stdout; stderr).
+
+    Past the timeout the whole process group is killed, not only the bench: a bench's own
+    children (bench_scale's rank holders, a launcher's workers) would otherwise go on loading
+    the machine after the report moved on."""
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+        return process.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        return None, _text(stdout), _text(stderr)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # leftovers of a bench that ended
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _text(data: bytes | str | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -285,3 +286,36 @@ def test_figures_from_a_gpu_machine_are_shown_as_measured_there(tmp_path: Path) 
     assert "| **ddpkit** | 9,100 | 1.011 |" in text
     assert "| device_broken | failed: bad broken.json: the JSON has no 'bench' |" in text
     assert (tmp_path / "device_loop-h100.png").read_bytes()[:8] == PNG
+
+
+HANGS_WITH_A_CHILD = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_a_bench_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+    """bench_scale's rank holders outlived the bench the report had timed out, loading the
+    machine for minutes: the bench's whole process group goes."""
+    benches = tmp_path / "benches"
+    benches.mkdir()
+    (benches / "bench_hang.py").write_text(HANGS_WITH_A_CHILD)
+    out = tmp_path / "out"
+    argv = ["--benchmarks", str(benches), "--out", str(out), "--timeout-s", "3"]
+    assert report.main([*argv, "--why", str(tmp_path / "none")], environ={}) == 1
+    assert "| bench_hang | failed: timed out after 3 s |" in (out / "REPORT.md").read_text()
+    log = (out / "logs" / "bench_hang.log").read_text()
+    child = int(log.splitlines()[1])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and b"Z" not in _state(child):
+        assert time.monotonic() < deadline, f"the bench's child {child} still runs"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return b"Z"
