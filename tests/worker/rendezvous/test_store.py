@@ -26,8 +26,6 @@ from ddpkit.worker.rendezvous.store import HANDSHAKE_MIN_S, loopback_address, st
 from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.sockets import WILDCARDS, is_loopback, listening, routable_interface
 
-pytestmark = pytest.mark.sidecar  # mostly waiting for bounds: run beside the SLURM tests
-
 ROOT = Path(__file__).resolve().parents[3]
 _LAUNCHER_PREFIXES = (
     "SLURM_",
