@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -160,44 +160,46 @@ def test_recorded_traceback_from_a_real_error_file(tmp_path: Path) -> None:
     assert compat.recorded_traceback(absent) is None
 
 
-@reach
-def test_default_store_is_the_groups_store() -> None:
-    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
-    store.set_timeout(timedelta(seconds=20))  # a missing key fails instead of waiting forever
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        found = compat.default_store()  # torch wraps the group's store in a PrefixStore
-        found.set("ddpkit/compat", "yes")
-        assert found.get("ddpkit/compat") == b"yes", TORCH
-        inner = found
-        while hasattr(inner, "underlying_store"):
-            inner = inner.underlying_store
-        assert (inner.host, inner.port) == (store.host, store.port), f"{TORCH}: not our store"
-    finally:
-        dist.destroy_process_group()
-
-
-@reach
-def test_group_sequence_and_flight_recorder_count_the_groups_collectives() -> None:
+@pytest.fixture
+def one_rank_group() -> Iterator[dist.TCPStore]:
+    """A gloo group of one on its own store (a missing key fails instead of waiting forever)."""
     store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
     store.set_timeout(timedelta(seconds=20))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        before = compat.group_sequence(None)
-        assert before is not None, f"{TORCH}: ProcessGroup._get_sequence_number_for_group moved"
-        dist.all_reduce(torch.ones(2))
-        dist.barrier()
-        assert compat.group_sequence(None) == before + 2, TORCH
-        assert compat.group_sequence(dist.group.WORLD) == before + 2, TORCH
-        tail = compat.flight_recorder_tail(2)
-        assert tail is not None, f"{TORCH}: _dump_fr_trace_json moved"
-        assert [(entry["op"], entry["seq"]) for entry in tail] == [
-            ("gloo:all_reduce", before + 1),
-            ("gloo:barrier", before + 2),
-        ], f"{TORCH}: the flight recorder's entries changed: {tail}"
-        assert tail[0]["sizes"] == [[2]] and tail[0]["group"] == "default_pg", tail
+        yield store
     finally:
         dist.destroy_process_group()
+
+
+@reach
+def test_default_store_is_the_groups_store(one_rank_group: dist.TCPStore) -> None:
+    store = one_rank_group
+    found = compat.default_store()  # torch wraps the group's store in a PrefixStore
+    found.set("ddpkit/compat", "yes")
+    assert found.get("ddpkit/compat") == b"yes", TORCH
+    inner = found
+    while hasattr(inner, "underlying_store"):
+        inner = inner.underlying_store
+    assert (inner.host, inner.port) == (store.host, store.port), f"{TORCH}: not our store"
+
+
+@reach
+@pytest.mark.usefixtures("one_rank_group")
+def test_group_sequence_and_flight_recorder_count_the_groups_collectives() -> None:
+    before = compat.group_sequence(None)
+    assert before is not None, f"{TORCH}: ProcessGroup._get_sequence_number_for_group moved"
+    dist.all_reduce(torch.ones(2))
+    dist.barrier()
+    assert compat.group_sequence(None) == before + 2, TORCH
+    assert compat.group_sequence(dist.group.WORLD) == before + 2, TORCH
+    tail = compat.flight_recorder_tail(2)
+    assert tail is not None, f"{TORCH}: _dump_fr_trace_json moved"
+    assert [(entry["op"], entry["seq"]) for entry in tail] == [
+        ("gloo:all_reduce", before + 1),
+        ("gloo:barrier", before + 2),
+    ], f"{TORCH}: the flight recorder's entries changed: {tail}"
+    assert tail[0]["sizes"] == [[2]] and tail[0]["group"] == "default_pg", tail
 
 
 @reach
@@ -431,18 +433,13 @@ class _Slow(torch.nn.Module):
 
 
 @reach
+@pytest.mark.usefixtures("one_rank_group")
 def test_ddp_compute_s_reads_ddps_sampled_compute_time() -> None:
-    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
-    store.set_timeout(timedelta(seconds=20))
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        model = torch.nn.parallel.DistributedDataParallel(_Slow())
-        assert compat.ddp_compute_s(model) is None  # nothing sampled yet
-        for _ in range(101):
-            model(torch.randn(8, 4)).sum().backward()
-        value = compat.ddp_compute_s(model)
-        assert value is not None, f"{TORCH}: DDP's logging data lost its compute times"
-        assert 0.005 <= value < 5.0, value
-        assert compat.ddp_compute_s(torch.nn.Linear(2, 2)) is None  # not a DDP model
-    finally:
-        dist.destroy_process_group()
+    model = torch.nn.parallel.DistributedDataParallel(_Slow())
+    assert compat.ddp_compute_s(model) is None  # nothing sampled yet
+    for _ in range(101):
+        model(torch.randn(8, 4)).sum().backward()
+    value = compat.ddp_compute_s(model)
+    assert value is not None, f"{TORCH}: DDP's logging data lost its compute times"
+    assert 0.005 <= value < 5.0, value
+    assert compat.ddp_compute_s(torch.nn.Linear(2, 2)) is None  # not a DDP model

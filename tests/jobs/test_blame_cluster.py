@@ -12,13 +12,12 @@ say why.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddpkit.cluster.nodelist import expand_nodelist
-from tests.jobs.test_health_check_cluster import accounted
+from tests.jobs.test_health_check_cluster import accounted, submit
 from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -48,15 +47,11 @@ def test_a_killed_ranks_node_is_excluded_and_the_job_completes(
     slurm = slurm_cluster
     if not slurm.accounting:
         pytest.fail("this test reads the job's runs from sacct: start ci/slurm-up with accounting")
-    (tmp_path / "app.py").write_text(APP)
-    spec = tmp_path / "job.yaml"
-    spec.write_text(
-        f"name: blamed\npartition: debug\nnodes: 2\nprocs_per_node: 1\ntime_min: 3\n"
-        f"workdir: {tmp_path}\nlog_dir: logs\npython: {sys.executable}\ncommand: app.py\n"
-        f"launch: {launch}\nsbatch: {{exclude: n4}}\nhealth_check: 'true'\n"
+    fields = (
+        f"nodes: 2\nlaunch: {launch}\nhealth_check: 'true'\n"
         "env: {DDPKIT_PEER_TIMEOUT: '4', OMP_NUM_THREADS: '1'}\n"
     )
-    job = slurm.submit_spec(spec, home=tmp_path / "home")
+    job = submit(slurm, tmp_path, "blamed", fields, APP)
     try:
         state = slurm.wait(job, timeout_s=180, states=FINISHED)
         runs = accounted(slurm, job)
