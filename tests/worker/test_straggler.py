@@ -168,3 +168,11 @@ def test_a_slow_rank_is_named_with_its_cause(tmp_path: Path, case: str) -> None:
 def test_an_even_job_prints_no_straggler(tmp_path: Path) -> None:
     output = _job(tmp_path, "even", 9.0)
     assert "straggler" not in output, output[-3000:]
+
+
+def test_compute_counts_only_when_every_rank_knows_it() -> None:
+    """DDP samples its compute times late on some ranks: one rank's figure alone would make it
+    look slowest."""
+    period = {0: straggler.PerStep("a", 0.001, None, 0.030),
+              1: straggler.PerStep("b", 0.001, 0.025, 0.030)}  # fmt: skip
+    assert straggler.slowest(period) is None

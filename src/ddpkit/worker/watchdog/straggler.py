@@ -90,7 +90,7 @@ def slowest(period: Mapping[int, PerStep]) -> Finding | None:
     if len(period) < 2:
         return None
     known = all(entry.compute_s is not None for entry in period.values())
-    own = {rank: e.data_s + (e.compute_s or 0.0 if known else 0.0) for rank, e in period.items()}
+    own = {rank: e.data_s + ((e.compute_s or 0.0) if known else 0.0) for rank, e in period.items()}
     fastest = min(own, key=lambda rank: own[rank])
     worst = max(own, key=lambda rank: own[rank])
     gap = own[worst] - own[fastest]
