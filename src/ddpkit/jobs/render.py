@@ -34,6 +34,7 @@ from ddpkit.cluster.stop.exclude import EXIT_REQUEUED
 from ddpkit.contract import (
     CLI_MODULE,
     ENDPOINT_MODULE,
+    EXPECTED_WORLD_SIZE_VAR,
     EXCLUDE_MODULE,
     HEALTH_MODULE,
     RESV_PORTS_MODULE,
@@ -57,6 +58,7 @@ __all__ = [
     "BUILTIN_TEMPLATES",
     "ENDPOINT_EXPANSION",
     "JOB_ID_EXPANSION",
+    "NUM_NODES_EXPANSION",
     "batch_output_path",
     "command_words",
     "endpoint_command",
@@ -85,6 +87,8 @@ class _ShellExpansion(str):
 
 ENDPOINT_EXPANSION: str = _ShellExpansion('"$endpoint"')
 JOB_ID_EXPANSION: str = _ShellExpansion('"$SLURM_JOB_ID"')
+# a spec with nodes: MIN-MAX: how many nodes this attempt got, as SLURM tells the batch shell
+NUM_NODES_EXPANSION: str = _ShellExpansion('"$SLURM_JOB_NUM_NODES"')
 _ARRAY_TASK_EXPANSION = '"$SLURM_ARRAY_JOB_ID"_"$SLURM_ARRAY_TASK_ID"'
 _PLACEHOLDER_VARS = {
     sweeps.TASK_PLACEHOLDER: SWEEP_TASK_VAR,
@@ -246,13 +250,21 @@ def _extra_options(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 
 def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
-    """The ``#SBATCH --key=value`` options in order (value None: a bare ``--key`` flag)."""
+    """The ``#SBATCH --key=value`` options in order (value None: a bare ``--key`` flag).
+
+    ``nodes: MIN-MAX`` gives ``--nodes=MIN-MAX`` without ``--ntasks-per-node``: with it sbatch
+    counts MIN x that many tasks and SLURM starts the job on MIN nodes even when MAX are free
+    (SLURM 22.05). The job asks for one SLURM task of all a node's CPUs per node instead, and
+    the job step (``srun --ntasks-per-node``) lays the processes out."""
+    ranged = spec.min_nodes is not None
     options: list[tuple[str, str | None]] = [
         ("job-name", spec.name),
-        ("nodes", str(spec.nodes)),
-        ("ntasks-per-node", str(spec.tasks_per_node)),
-        ("cpus-per-task", str(spec.cpus_per_slurm_task)),
+        ("nodes", spec.node_range),
     ]
+    if not ranged:
+        options.append(("ntasks-per-node", str(spec.tasks_per_node)))
+    cpus = spec.cpus_per_task * spec.procs if ranged else spec.cpus_per_slurm_task
+    options.append(("cpus-per-task", str(cpus)))
     extras = _extra_options(spec)
     if spec.gpus_per_node > 0 and not any(key in _GPU_OPTIONS for key, _ in extras):
         options.append(("gpus-per-node", str(spec.gpus_per_node)))
@@ -276,8 +288,23 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
 
 def _exports(spec: JobSpec) -> list[tuple[str, str]]:
     """``export`` lines: the spec's env (sorted), then the job contract's variables
-    (:mod:`ddpkit.jobs.exports`), which JobSpec refuses in env, so they cannot collide."""
-    return [(key, spec.env[key]) for key in sorted(spec.env)] + list(contract_exports(spec).items())
+    (:mod:`ddpkit.jobs.exports`), which JobSpec refuses in env, so they cannot collide. Under
+    ``nodes: MIN-MAX`` the expected world size is computed by the batch shell from the nodes
+    this attempt got."""
+    contract = contract_exports(spec)
+    if spec.min_nodes is not None:
+        contract[EXPECTED_WORLD_SIZE_VAR] = _nodes_times(spec.procs)
+    return [(key, spec.env[key]) for key in sorted(spec.env)] + list(contract.items())
+
+
+def _nodes_times(count: int) -> str:
+    """``count`` x this attempt's node count, as the batch shell computes it."""
+    return _ShellExpansion(f'"$((SLURM_JOB_NUM_NODES * {int(count)}))"')
+
+
+def _node_count(spec: JobSpec) -> int | str:
+    """The job's node count in the script: the spec's, or this attempt's for a range."""
+    return spec.nodes if spec.min_nodes is None else NUM_NODES_EXPANSION
 
 
 def endpoint_command(spec: JobSpec) -> list[str]:
@@ -287,13 +314,19 @@ def endpoint_command(spec: JobSpec) -> list[str]:
 
 
 def torchrun_command(
-    spec: JobSpec, *, endpoint: str = ENDPOINT_EXPANSION, rdzv_id: str = JOB_ID_EXPANSION
+    spec: JobSpec,
+    *,
+    endpoint: str = ENDPOINT_EXPANSION,
+    rdzv_id: str = JOB_ID_EXPANSION,
+    nnodes: int | str | None = None,
 ) -> list[str]:
     """The argv each node's single task runs under ``launch: torchrun``.
 
     By default the endpoint and the rendezvous id are the shell expansions the generated
     script provides (``"$endpoint"``, ``"$SLURM_JOB_ID"``; ``q`` writes them unquoted); pass
-    real values for a command to run elsewhere. ``command`` starts with a script or ``-m``
+    real values for a command to run elsewhere. ``nnodes`` defaults to the spec's node count,
+    or under ``nodes: MIN-MAX`` to this attempt's (``"$SLURM_JOB_NUM_NODES"``: the rendezvous
+    waits for exactly the nodes SLURM gave). ``command`` starts with a script or ``-m``
     (JobSpec checks it), which ``ddpkit run`` takes as torchrun does.
     """
     return [
@@ -303,7 +336,7 @@ def torchrun_command(
         CLI_MODULE,
         RUN_COMMAND,
         "--nnodes",
-        str(spec.nodes),
+        _node_count(spec) if nnodes is None else str(nnodes),
         "--nproc-per-node",
         str(spec.procs),
         "--rdzv-backend",
@@ -319,13 +352,23 @@ def torchrun_command(
 def template_context(spec: JobSpec) -> dict[str, Any]:
     """Everything a template (built-in or the user's) can use, besides the filters."""
     torchrun = spec.launch == "torchrun"
+    ranged = spec.min_nodes is not None
+    markers = spec.procs + (1 if torchrun else 0)  # per node: its workers (and its agent)
     return {
         "spec": spec,
         "name": spec.name,
         "launch": spec.launch,
-        "nodes": spec.nodes,
+        "nodes": spec.nodes,  # a range's MAX; node_count is this attempt's
+        "node_range": spec.node_range,
+        "min_nodes": spec.min_nodes,  # None: a fixed count
+        "node_count": _node_count(spec),
         "procs": spec.procs,
         "world_size": spec.world_size,
+        "world_shown": (
+            f"{spec.min_world_size}-{spec.world_size}" if ranged else str(spec.world_size)
+        ),
+        # srun mode under a range: the job asks for a task per node, the step for procs each
+        "srun_tasks": f"--ntasks-per-node={spec.procs} " if ranged and not torchrun else "",
         "sbatch_options": sbatch_options(spec),
         "workdir": spec.workdir,
         "log_dir": spec.log_path,
@@ -338,7 +381,7 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "stop_hold_module": STOP_HOLD_MODULE,
         LAUNCH_TEMPLATE_NAME: BUILTIN_TEMPLATES[spec.launch],
         # markers the batch shell waits for: every worker, and under torchrun every agent
-        "latch_markers": spec.world_size + (spec.nodes if torchrun else 0),
+        "latch_markers": _nodes_times(markers) if ranged else spec.nodes * markers,
         "command": command_words(spec),
         "cpus_per_srun_task": spec.cpus_per_slurm_task,
         "signal": spec.signal,

@@ -54,6 +54,7 @@ _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SBATCH_KEY = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+_NODE_RANGE = re.compile(r"([0-9]+)-([0-9]+)")
 
 # #SBATCH options that a spec field already sets: one source of truth for each.
 RESERVED_SBATCH: dict[str, str] = {
@@ -101,6 +102,42 @@ def _check_name(text: str) -> str:
             stripped_hint(text, _NAME) or f"e.g. {spec_checks.shown(fixed)}",
         )
     return text
+
+
+def _node_range(text: str) -> tuple[int, int]:
+    """``nodes: MIN-MAX`` as (MIN, MAX), or the one-line reason it is not a range."""
+    found = _NODE_RANGE.fullmatch(text)
+    if found is None:
+        example = "e.g. nodes: 2, or nodes: 1-2 for 2 nodes or 1 when only 1 is left"
+        raise invalid(
+            "is not a whole number or a range MIN-MAX",
+            f"write it unquoted: nodes: {text}" if text.isdigit() else example,
+            field="nodes",
+            value=text,
+        )
+    low, high = int(found[1]), int(found[2])
+    if low < 1:
+        raise invalid(
+            "starts at 0: a job needs a node",
+            f"MIN >= 1, e.g. nodes: 1-{max(high, 2)}",
+            field="nodes",
+            value=text,
+        )
+    if low > high:
+        raise invalid(
+            f"has MIN {low} above MAX {high}",
+            f"MIN <= MAX, e.g. nodes: {high}-{low}",
+            field="nodes",
+            value=text,
+        )
+    if high > spec_checks.MAX_NODES:
+        raise invalid(
+            f"has MAX {high}, more than {spec_checks.MAX_NODES}, ddpkit's limit",
+            spec_checks.LIMIT_HINTS["nodes"],
+            field="nodes",
+            value=text,
+        )
+    return low, high
 
 
 def _split_command(value: object) -> object:
@@ -227,6 +264,11 @@ HostTemplate = Annotated[str, AfterValidator(_check_host_template)]
 RdzvPort = Annotated[int | Literal["auto"] | None, BeforeValidator(_check_port)]
 
 # Field descriptions: documentation, and the hint for a value of the wrong type.
+_D_NODES = (
+    "a whole number >= 1, or a range MIN-MAX: SLURM starts each attempt on as many as it can "
+    "give (a requeue may get fewer) and the world size follows (sbatch only), e.g. nodes: 2"
+)
+_D_MIN_NODES = "not a key: nodes: MIN-MAX sets it"
 _D_NAME = "letters, digits, '.', '_' and '-', e.g. name: train-resnet"
 _D_PYTHON = "the interpreter on the nodes, e.g. python: /opt/venv/bin/python"
 _D_GPUS = "0 on CPU nodes, e.g. gpus_per_node: 8"
@@ -277,9 +319,9 @@ class JobSpec(Model):
     name: Name = Field(description=_D_NAME)
     command: Command = Field(description="a script or -m and a module, e.g. train.py --lr 0.1")
     python: Line = Field(default_factory=lambda: sys.executable, description=_D_PYTHON)
-    nodes: int = Field(
-        1, ge=1, le=spec_checks.MAX_NODES, description="a whole number >= 1, e.g. nodes: 2"
-    )
+    nodes: int = Field(1, ge=1, le=spec_checks.MAX_NODES, description=_D_NODES)
+    # not a key of its own: `nodes: MIN-MAX` sets it (and nodes to MAX); None: a fixed count
+    min_nodes: int | None = Field(None, ge=1, le=spec_checks.MAX_NODES, description=_D_MIN_NODES)
     gpus_per_node: int = Field(0, ge=0, le=spec_checks.MAX_PER_NODE, description=_D_GPUS)
     procs_per_node: int | None = Field(
         None,
@@ -332,6 +374,26 @@ class JobSpec(Model):
     max_excluded_nodes: int = Field(
         DEFAULT_MAX_EXCLUDED_NODES, ge=0, le=spec_checks.MAX_NODES, description=_D_EXCLUDED
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_node_range(cls, data: object) -> object:
+        """``nodes: MIN-MAX`` (a string: YAML and ``--set nodes=1-2`` read it so) becomes
+        ``nodes=MAX, min_nodes=MIN``; ``MIN-MIN`` is a fixed count."""
+        if not isinstance(data, dict):
+            return data
+        if "min_nodes" in data:
+            raise invalid(
+                "is not a key of its own",
+                "write the range as nodes: MIN-MAX, e.g. nodes: 1-2",
+                field="min_nodes",
+                value=data["min_nodes"],
+            )
+        nodes = data.get("nodes")
+        if not isinstance(nodes, str):
+            return data
+        low, high = _node_range(nodes)
+        return {**data, "nodes": high, "min_nodes": low if low < high else None}
 
     @model_validator(mode="after")
     def _check_placeholders(self) -> JobSpec:
@@ -386,7 +448,18 @@ class JobSpec(Model):
 
     @property
     def world_size(self) -> int:
+        """The world size on ``nodes`` nodes (a range's MAX: :attr:`min_world_size` is its MIN)."""
         return self.nodes * self.procs
+
+    @property
+    def min_world_size(self) -> int:
+        """The smallest world size an attempt may start with: ``world_size`` for a fixed count."""
+        return (self.min_nodes or self.nodes) * self.procs
+
+    @property
+    def node_range(self) -> str:
+        """``nodes`` as written: ``"2"``, or ``"1-2"`` for a range (``--nodes`` for sbatch)."""
+        return f"{self.min_nodes}-{self.nodes}" if self.min_nodes is not None else str(self.nodes)
 
     @property
     def is_module(self) -> bool:

@@ -5,6 +5,7 @@ task, hostile node names. The real cluster: tests/jobs/test_health_check_cluster
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,7 @@ def plan(
     restarts: int = 0,
     target: str | None = "17",
     partition: Sequence[str] | None = None,
+    min_nodes: int | None = None,
 ) -> exclude.Verdict:
     why = "requeue cap reached (...)" if target is None else f"requeue {target} (1 of 10)"
     return plan_exclusion(
@@ -89,6 +91,7 @@ def plan(
         max_excluded=max_excluded,
         requeue_plan=RequeuePlan(target, why, restarts),
         partition_nodes=partition,
+        min_nodes=min_nodes,
     )
 
 
@@ -167,6 +170,30 @@ def test_an_exclusion_that_leaves_too_few_nodes_in_the_partition_fails() -> None
     )
 
 
+@pytest.mark.parametrize(
+    ("excluded", "min_nodes", "action"),
+    [
+        (["n4", "n3"], 1, "requeue"),  # n2 is left: enough for a job of nodes: 1-2
+        (["n4", "n3"], 2, "fail"),  # nodes: 2-3 on 2 nodes now: n2 alone is too few
+        (["n4", "n3", "n2"], 1, "fail"),  # nothing left at all
+        (["n4"], 1, "requeue"),
+    ],
+)
+def test_a_node_range_counts_its_min_not_the_nodes_it_has(
+    excluded: list[str], min_nodes: int, action: str
+) -> None:
+    verdict = plan(BAD, excluded=excluded, partition=["n1", "n2", "n3", "n4"], min_nodes=min_nodes)
+    assert verdict.action == action, verdict.lines
+    if action == "fail":
+        left = 4 - len(excluded) - 1
+        assert verdict.lines[-1] == (
+            f"not excluding n1: it would leave {left} node(s) for a job of at least {min_nodes} "
+            f"(excluded: {', '.join([*excluded, 'n1'])}); the job fails"
+        )
+    else:
+        assert verdict.exclude == [*excluded, "n1"]
+
+
 # ---------------------------------------------------------------------------- the act
 
 
@@ -232,6 +259,33 @@ def test_requeue_comes_before_the_update_and_the_record_counts_it(
     assert "max_excluded_nodes=2 would be exceeded (3 nodes; excluded so far: n1, n3)" in (
         capsys.readouterr().err
     )
+
+
+def test_min_nodes_from_the_command_line_lets_a_range_requeue_on_the_last_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a nodes: 1-2 job confined to n1, n2 (sbatch: {exclude: 'n[3-4]'}) blames n1: n2 is left
+    monkeypatch.setattr("sys.stdin", io.StringIO(REPORTS))
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    runs: list[FakeSlurm] = []
+
+    def run(*args: object, **kwargs: object) -> int:
+        runs.append(fake("n[3-4]"))
+        runs[-1].answers["sinfo"] = CommandResult(0, "n1 mix\nn2 mix\nn3 idle\nn4 idle\n", "")
+        return real_run(*args, **kwargs, runner=runs[-1])  # type: ignore[arg-type]
+
+    real_run = exclude.run
+    monkeypatch.setattr(exclude, "run", run)
+    argv = ["--max-excluded", "2", "--record-dir", str(tmp_path)]
+    assert exclude.main(argv) == EXIT_FAILED  # as a fixed nodes: 2 job: one node is too few
+    assert "it would leave 1 node(s) for a job of 2" in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", io.StringIO(REPORTS))
+    assert exclude.main([*argv, "--min-nodes", "1"]) == EXIT_REQUEUED
+    assert runs[-1].calls[-1][0] == ["scontrol", "update", "JobId=17", "ExcNodeList=n3,n4,n1"]
+    assert "excluding node n1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        exclude.main([*argv, "--min-nodes", "0"])
 
 
 def test_healthy_nodes_ask_slurm_nothing(

@@ -12,7 +12,8 @@ script of a spec with ``health_check:``, after each node has run the check
   gone, which keeps it COMPLETING), a line per node and one summary in the job's log, exit
   :data:`EXIT_REQUEUED` (the batch shell ends; SLURM runs the job again elsewhere);
 * past a cap (``max_excluded_nodes``, the requeue cap, or fewer usable nodes left in the
-  partition than the job needs), for a node the job requires (``--nodelist``), or when
+  partition than the job needs: ``--min-nodes``, the MIN of a spec's ``nodes: MIN-MAX``, else
+  as many as this attempt has), for a node the job requires (``--nodelist``), or when
   ``scontrol show job`` does not answer (an update would drop the job's own excludes):
   nothing is excluded, the log says why, exit :data:`EXIT_FAILED`.
 
@@ -136,10 +137,12 @@ def plan_exclusion(
     requeue_plan: RequeuePlan,
     partition_nodes: Sequence[str] | None,
     required: Sequence[str] = (),
+    min_nodes: int | None = None,
 ) -> Verdict:
     """The verdict (pure). ``excluded``: the job's ``ExcNodeList`` now; ``ours``: the nodes
     ddpkit excluded before; ``partition_nodes``: the usable nodes of the job's partition (None:
-    not known, not checked); ``required``: its ``ReqNodeList`` (``--nodelist``)."""
+    not known, not checked); ``required``: its ``ReqNodeList`` (``--nodelist``); ``min_nodes``:
+    the fewest nodes the job can run on (``nodes: MIN-MAX``; None: as many as it has now)."""
     attempt = requeue_plan.restarts + 1
     if not blamed:
         passed = f"health check passed on {', '.join(job_nodes)} (attempt {attempt})"
@@ -169,10 +172,12 @@ def plan_exclusion(
     exclude = list(dict.fromkeys([*excluded, *blamed]))
     if partition_nodes is not None:
         left = [node for node in dict.fromkeys(partition_nodes) if node not in exclude]
-        if len(left) < len(job_nodes):
+        needed = len(job_nodes) if min_nodes is None else min_nodes
+        if len(left) < needed:
+            least = "" if min_nodes is None else "at least "
             lines.append(
                 f"not excluding {names}: it would leave {len(left)} node(s) for a job of "
-                f"{len(job_nodes)} (excluded: {', '.join(exclude)}); the job fails"
+                f"{least}{needed} (excluded: {', '.join(exclude)}); the job fails"
             )
             return Verdict("fail", lines)
     noun = "node" if len(blamed) == 1 else "nodes"
@@ -257,9 +262,11 @@ def decide(
     record_dir: str,
     runner: Runner = subprocess_runner,
     step_exit: int | None = None,
+    min_nodes: int | None = None,
 ) -> tuple[Verdict, str | None]:
     """Read the job's state and plan: the verdict, and the target (the job id ``scontrol``
-    takes) when there is one. ``step_exit``: after the job's step failed with it."""
+    takes) when there is one. ``step_exit``: after the job's step failed with it;
+    ``min_nodes``: the fewest nodes the job runs on (None: as many as it has now)."""
     job_nodes = _nodes(env.get("SLURM_JOB_NODELIST", ""), "SLURM_JOB_NODELIST")
     blamed = blame(job_nodes, read_reports(reports_text), step_exit=step_exit)
     if step_exit is not None:  # the watchdog's: a rank whose heartbeats stopped, by its node
@@ -297,6 +304,7 @@ def decide(
         max_excluded=max_excluded,
         requeue_plan=plan,
         partition_nodes=_partition_nodes(env.get("SLURM_JOB_PARTITION", "").strip(), runner),
+        min_nodes=min_nodes,
     ), plan.target
 
 
@@ -308,6 +316,7 @@ def run(
     record_dir: str,
     runner: Runner = subprocess_runner,
     step_exit: int | None = None,
+    min_nodes: int | None = None,
 ) -> int:
     """Decide, act, log (stderr: the job's log); the exit code for the batch shell.
 
@@ -316,7 +325,7 @@ def run(
     have), so that no code of the step can be taken for "requeued"."""
     verdict, target = decide(
         reports_text, env, max_excluded=max_excluded, record_dir=record_dir, runner=runner,
-        step_exit=step_exit,
+        step_exit=step_exit, min_nodes=min_nodes,
     )  # fmt: skip
     failed_code = EXIT_FAILED if step_exit is None else step_exit
     for line in verdict.lines[:-1]:
@@ -351,9 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-excluded", type=int, required=True)
     parser.add_argument("--record-dir", required=True)
     parser.add_argument("--step-exit", type=int, help="after the job's step failed with it")
+    parser.add_argument("--min-nodes", type=int, help="the fewest nodes the job runs on")
     args = parser.parse_args(argv)
     if args.max_excluded < 0:
         parser.error(f"--max-excluded {args.max_excluded} must be >= 0")
+    if args.min_nodes is not None and args.min_nodes < 1:
+        parser.error(f"--min-nodes {args.min_nodes} must be >= 1")
     if args.step_exit is not None and args.step_exit <= 0:
         parser.error(f"--step-exit {args.step_exit} must be a failed step's code (> 0)")
     # `scontrol requeue` makes SLURM TERM every process of the job: finish the update first
@@ -362,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(
             sys.stdin.read(), os.environ, max_excluded=args.max_excluded,
-            record_dir=args.record_dir, step_exit=args.step_exit,
+            record_dir=args.record_dir, step_exit=args.step_exit, min_nodes=args.min_nodes,
         )  # fmt: skip
     except DdpkitError as error:
         _say(f"health check: {error}; the job fails")
