@@ -66,8 +66,9 @@ def test_format_plan_has_every_field_and_the_table() -> None:
     job = make(nodes=2, gpus_per_node=2, launch="torchrun", rdzv_port=29400, env={"A": "x"})
     text = format_plan(job)
     spec_text, layout_text = text.split("\n\n# rank layout")
-    assert yaml.safe_load(spec_text) == job.model_dump()
-    assert set(yaml.safe_load(spec_text)) == set(JobSpec.model_fields)
+    assert yaml.safe_load(spec_text) == job.model_dump(exclude={"min_nodes"})
+    # every key a spec may have (min_nodes is not one: nodes: MIN-MAX sets it)
+    assert set(yaml.safe_load(spec_text)) == set(JobSpec.model_fields) - {"min_nodes"}
     assert "procs_per_node: null" in spec_text  # defaults are shown, not left out
     summary, *table = layout_text.splitlines()
     assert "2 node(s) x 2 process(es) = world size 4 (launch: torchrun" in summary
@@ -79,6 +80,19 @@ def test_format_plan_has_every_field_and_the_table() -> None:
         ["1", "node1", "1", "3", "cuda:1"],
     ]
     assert text.endswith("\n") and not text.endswith("\n\n")
+
+
+def test_a_node_range_is_planned_as_written_with_both_world_sizes() -> None:
+    job = make(nodes="1-3", procs_per_node=2)
+    text = format_plan(job)
+    spec_text, layout_text = text.split("\n\n# rank layout")
+    shown = yaml.safe_load(spec_text)
+    assert shown["nodes"] == "1-3" and "min_nodes" not in shown
+    assert make(**{k: v for k, v in shown.items() if k in ("nodes", "procs_per_node")}) == job
+    summary, note, *table = layout_text.splitlines()
+    assert summary.startswith(": 1-3 node(s) x 2 process(es) = world size 2-6 (launch: srun")
+    assert note.startswith("# nodes 1-3: each attempt (a requeue too) runs on as many nodes")
+    assert len(table) == 1 + 6  # the layout at MAX; an attempt on k nodes has the first k x 2
 
 
 def test_format_plan_is_deterministic_and_pure() -> None:

@@ -64,6 +64,7 @@ def test_defaults(tmp_path: Path) -> None:
         "command": ["train.py"],
         "python": sys.executable,
         "nodes": 1,
+        "min_nodes": None,
         "gpus_per_node": 0,
         "procs_per_node": None,
         "cpus_per_task": 1,

@@ -120,14 +120,24 @@ def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
     rank layout; with ``profile_path``, a comment line naming the profile file first."""
     dumped = mask_tree(spec.model_dump())
     dumped["env"] = {name: mask(name, value) for name, value in spec.env.items()}
+    dumped["nodes"] = spec.nodes if spec.min_nodes is None else spec.node_range  # as written
+    del dumped["min_nodes"]  # not a key: nodes: MIN-MAX sets it
     resolved = yaml.safe_dump(dumped, sort_keys=False, default_flow_style=False, allow_unicode=True)
     if profile_path is not None:
         resolved = f"# {profile_line(spec, profile_path)}\n{resolved}"
     tasks = "one SLURM task per process" if spec.launch == "srun" else "one torchrun per node"
+    world = str(spec.world_size)
+    if spec.min_nodes is not None:
+        world = f"{spec.min_world_size}-{spec.world_size}"
     summary = (
-        f"# rank layout: {spec.nodes} node(s) x {spec.procs} process(es) = world size "
-        f"{spec.world_size} (launch: {spec.launch}, {tasks})"
+        f"# rank layout: {spec.node_range} node(s) x {spec.procs} process(es) = world size "
+        f"{world} (launch: {spec.launch}, {tasks})"
     )
+    if spec.min_nodes is not None:
+        summary += (
+            f"\n# nodes {spec.node_range}: each attempt (a requeue too) runs on as many nodes as "
+            f"SLURM gives it; on k nodes the ranks are the first k x {spec.procs} rows below"
+        )
     text = f"# resolved job spec\n{resolved}\n{summary}\n{_plan_table(spec)}\n"
     if spec.sweep is not None:
         sweep = spec.sweep

@@ -21,6 +21,9 @@ the submission knows it: ``DDPKIT_RUN_ID`` from the spec's ``env`` or the submit
 environment (which sbatch passes on), else ``slurm-<job id>``; None where the ranks make their
 own (a sweep's tasks are ``slurm-<array id>_<task>``, see :func:`recorded_run_id`; a local
 torchx app is named by its launch). Records written before the field existed read as None.
+
+``min_nodes`` is a spec's ``nodes: MIN-MAX`` MIN (``nodes`` then holds MAX), None for a fixed
+count and in records written before ranges existed.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class JobRecord:
     # a sweep (job array): each task's run name, by task index; the job id is the array's
     sweep_runs: tuple[str, ...] | None = None
     run_id: str | None = None  # the ranks' run id as the submission knew it (module doc)
+    min_nodes: int | None = None  # nodes: MIN-MAX: MIN (``nodes`` is MAX); None: a fixed count
 
     @property
     def name_for_user(self) -> str:
@@ -114,6 +118,7 @@ def new_record(
         log_dir=spec.log_path,
         launch=launch or spec.launch,
         nodes=spec.nodes,
+        min_nodes=spec.min_nodes,
         procs_per_node=spec.procs,
         workdir=spec.workdir,
         script=script,
@@ -298,4 +303,5 @@ _RECORD_TYPES: dict[str, Callable[[object], bool]] = {
         value is None or (isinstance(value, list) and all(isinstance(run, str) for run in value))
     ),
     "run_id": _text_or_none,
+    "min_nodes": lambda value: value is None or (_is_count(value) and value >= 1),
 }

@@ -292,8 +292,8 @@ def _exports(spec: JobSpec) -> list[tuple[str, str]]:
     ``nodes: MIN-MAX`` the expected world size is computed by the batch shell from the nodes
     this attempt got."""
     contract = contract_exports(spec)
-    if spec.min_nodes is not None:
-        contract[EXPECTED_WORLD_SIZE_VAR] = _nodes_times(spec.procs)
+    if spec.min_nodes is not None:  # first, where exports() puts it for a fixed count
+        contract = {EXPECTED_WORLD_SIZE_VAR: _nodes_times(spec.procs), **contract}
     return [(key, spec.env[key]) for key in sorted(spec.env)] + list(contract.items())
 
 
@@ -302,9 +302,9 @@ def _nodes_times(count: int) -> str:
     return _ShellExpansion(f'"$((SLURM_JOB_NUM_NODES * {int(count)}))"')
 
 
-def _node_count(spec: JobSpec) -> int | str:
+def _node_count(spec: JobSpec) -> str:
     """The job's node count in the script: the spec's, or this attempt's for a range."""
-    return spec.nodes if spec.min_nodes is None else NUM_NODES_EXPANSION
+    return str(spec.nodes) if spec.min_nodes is None else NUM_NODES_EXPANSION
 
 
 def endpoint_command(spec: JobSpec) -> list[str]:

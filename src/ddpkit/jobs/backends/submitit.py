@@ -134,6 +134,13 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
             "through submitit",
             hint="submit with --via sbatch, or remove health_check",
         )
+    if spec.min_nodes is not None:
+        # submitit writes --ntasks-per-node, with which SLURM starts a node range on MIN nodes
+        raise ConfigError(
+            f"nodes={spec.node_range!r} (a range) cannot go through submitit, whose executor "
+            "asks for tasks per node: SLURM would start every attempt on its MIN nodes",
+            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
+        )
     # False means "leave the option out" for an #SBATCH switch; submitit would write "=False".
     extras: dict[str, Any] = {k: v for k, v in spec.sbatch.items() if v is not False}
     extras.setdefault("chdir", spec.workdir)

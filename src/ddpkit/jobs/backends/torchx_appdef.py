@@ -78,6 +78,7 @@ __all__ = [
     "import_torchx",
     "parse_j",
     "refuse_health_check",
+    "refuse_node_range",
     "refuse_sweep",
     "replica_script",
     "require_torchx",
@@ -340,6 +341,19 @@ def refuse_sweep(spec: JobSpec) -> None:
             "(map_array)",
         )
     refuse_health_check(spec, "torchx")
+    refuse_node_range(spec)
+
+
+def refuse_node_range(spec: JobSpec) -> None:
+    """``nodes: MIN-MAX`` needs a job whose node count SLURM picks at each start: torchx's
+    slurm scheduler submits one heterogeneous component per node (a fixed count) and its AppDef
+    roles have no node range it honours, so a range is refused rather than run at MAX."""
+    if spec.min_nodes is not None:
+        raise ConfigError(
+            f"nodes={spec.node_range!r} (a range) cannot go through torchx, whose slurm "
+            "scheduler submits one job component per node: a fixed count",
+            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
+        )
 
 
 def refuse_health_check(spec: JobSpec, via: str) -> None:
