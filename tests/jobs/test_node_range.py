@@ -1,5 +1,5 @@
-"""``nodes: MIN-MAX``: the spec's parsing and one-line errors, the sbatch script (``--nodes=MIN-MAX``
-without ``--ntasks-per-node``, the world size and torchrun's ``--nnodes`` from
+"""``nodes: MIN-MAX``: the spec's parsing and one-line errors, the sbatch script
+(``--nodes=MIN-MAX`` without ``--ntasks-per-node``, the world size and torchrun's ``--nnodes`` from
 ``SLURM_JOB_NUM_NODES`` at run time, the exclusion told MIN), ``plan``, job records, and the
 backends that cannot start a range refusing it. The real cluster: tests/jobs/test_nodes_cluster.py.
 """
@@ -119,7 +119,9 @@ def run_script(job: JobSpec, tmp_path: Path, num_nodes: int) -> tuple[list[str],
         "SLURM_JOB_NODELIST": nodelist,
         "SLURM_JOB_NUM_NODES": str(num_nodes),
     }
-    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     (call,) = [p for p in records.iterdir() if p.name.startswith("srun")]
     argv = (call / "argv").read_bytes().decode().split("\0")[:-1]

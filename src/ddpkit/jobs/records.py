@@ -303,5 +303,5 @@ _RECORD_TYPES: dict[str, Callable[[object], bool]] = {
         value is None or (isinstance(value, list) and all(isinstance(run, str) for run in value))
     ),
     "run_id": _text_or_none,
-    "min_nodes": lambda value: value is None or (_is_count(value) and value >= 1),
+    "min_nodes": lambda value: value is None or (type(value) is int and value >= 1),
 }

@@ -34,8 +34,8 @@ from ddpkit.cluster.stop.exclude import EXIT_REQUEUED
 from ddpkit.contract import (
     CLI_MODULE,
     ENDPOINT_MODULE,
-    EXPECTED_WORLD_SIZE_VAR,
     EXCLUDE_MODULE,
+    EXPECTED_WORLD_SIZE_VAR,
     HEALTH_MODULE,
     RESV_PORTS_MODULE,
     RUN_COMMAND,
