@@ -3,12 +3,13 @@ node is excluded, the second attempt forms a smaller group and resumes from the 
 every sample of the interrupted epoch is seen exactly once over both attempts.
 
 One job per launch mode, each confined to two nodes by its own excludes (``launch: srun`` on
-n1, n2; ``launch: torchrun`` on n3, n4: they run side by side), ``procs_per_node: 2``, a health
-check that fails on a node named in the job folder's ``bad`` file. Attempt 1 runs on both nodes
-(world 4), saves a checkpoint at step 4 (one step into epoch 1), and at step 5 the first rank
-of its last node names its node in ``bad`` and exits 1. The check after the failed step blames
+n1, n2; ``launch: torchrun`` on n3, n4: they run side by side), one process per node (few
+processes to start: the test machine is small), a health check that fails on a node named in
+the job folder's ``bad`` file. Attempt 1 runs on both nodes (world 2), saves a checkpoint at
+step 4 (one step into epoch 1), and at step 5 the rank on its last node names its node in
+``bad`` and exits 1. The check after the failed step blames
 that node, and the exclusion, which counts MIN (1) and not the 2 nodes the job has, requeues it
-without that node: one usable node is left. Attempt 2 starts on one node (world 2: the job
+without that node: one usable node is left. Attempt 2 starts on one node (world 1: the job
 script's world size follows SLURM_JOB_NUM_NODES), resumes at step 4, and finishes epoch 1 and
 the run. sacct: REQUEUED on 2 nodes, then COMPLETED on 1.
 """
@@ -29,7 +30,7 @@ from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-SIZE, EPOCHS, SAVE_AT = 23, 2, 4  # at world 4: 3 steps an epoch; at world 2: 6
+SIZE, EPOCHS, SAVE_AT = 11, 2, 4  # batches of 2: at world 2, 3 steps an epoch; at world 1, 6
 APP = f"""import json, os, sys
 from pathlib import Path
 import torch
@@ -85,7 +86,7 @@ def submit(slurm: SlurmCluster, workdir: Path, launch: str) -> str:
     (workdir / "check.sh").write_text(MARKED_BAD)
     spec = workdir / "job.yaml"
     spec.write_text(
-        f"name: {workdir.name}\npartition: debug\nnodes: 1-2\nprocs_per_node: 2\n"
+        f"name: {workdir.name}\npartition: debug\nnodes: 1-2\nprocs_per_node: 1\n"
         f"launch: {launch}\ntime_min: 3\nworkdir: {workdir}\nlog_dir: logs\n"
         f"python: {sys.executable}\ncommand: app.py\nsbatch: {{exclude: '{PAIRS[launch][1]}'}}\n"
         f"health_check: bash {workdir / 'check.sh'}\nhealth_check_timeout_s: 20\n"
@@ -144,17 +145,17 @@ def test_a_requeue_after_a_bad_node_resumes_on_one_node_seeing_every_sample_once
         f"ddpkit: excluding node {bad} (health check failed after the job's step exited"
     ) in log, where
     assert f"ddpkit: health check passed on {pair[0]} (attempt 2)" in log, where
-    assert f"resumed at world size 2 at step {SAVE_AT}" in tasks, where
-    assert f"app ran on {pair[0]} world size 2" in tasks, where
+    assert f"resumed at world size 1 at step {SAVE_AT}" in tasks, where
+    assert f"app ran on {pair[0]} world size 1" in tasks, where
 
     run = folder / "run"
-    before, after = lines(run, 0, 4), lines(run, 1, 2)
+    before, after = lines(run, 0, 2), lines(run, 1, 1)
     saved = [[s for s in rank_lines if s["step"] <= SAVE_AT] for rank_lines in before]
     for rank_lines in (*saved, *after):  # every rank of an attempt took the same steps
         peers = saved if rank_lines in saved else after
         assert [s["kept"] for s in rank_lines] == [s["kept"] for s in peers[0]], where
     assert [s["step"] for s in saved[0]] == list(range(1, SAVE_AT + 1)), where
-    # attempt 1 went one step past its checkpoint (lost with it); attempt 2 redid it at world 2
+    # attempt 1 went one step past its checkpoint (lost with it); attempt 2 redid it at world 1
     lost = [s for rank_lines in before for s in rank_lines if s["step"] > SAVE_AT]
     assert {s["step"] for s in lost} == {SAVE_AT + 1} and bad in {s["node"] for s in lost}, where
     assert after[0][0]["step"] == SAVE_AT + 1, where
@@ -165,4 +166,4 @@ def test_a_requeue_after_a_bad_node_resumes_on_one_node_seeing_every_sample_once
         seen = Counter(i for s in kept if s["epoch"] == epoch for i in s["kept"])
         assert sorted(seen.elements()) == list(range(SIZE)), (epoch, seen)
     interrupted = [s["step"] for s in kept if s["epoch"] == 1]
-    assert interrupted[0] == SAVE_AT and len(interrupted) == 1 + 4, where  # 1 at 4, 4 at 2
+    assert interrupted[0] == SAVE_AT and len(interrupted) == 1 + 4, where  # 1 at 2, 4 at 1
