@@ -54,7 +54,6 @@ _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SBATCH_KEY = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
-_NODE_RANGE = re.compile(r"([0-9]+)-([0-9]+)")
 
 # #SBATCH options that a spec field already sets: one source of truth for each.
 RESERVED_SBATCH: dict[str, str] = {
@@ -102,42 +101,6 @@ def _check_name(text: str) -> str:
             stripped_hint(text, _NAME) or f"e.g. {spec_checks.shown(fixed)}",
         )
     return text
-
-
-def _node_range(text: str) -> tuple[int, int]:
-    """``nodes: MIN-MAX`` as (MIN, MAX), or the one-line reason it is not a range."""
-    found = _NODE_RANGE.fullmatch(text)
-    if found is None:
-        example = "e.g. nodes: 2, or nodes: 1-2 for 2 nodes or 1 when only 1 is left"
-        raise invalid(
-            "is not a whole number or a range MIN-MAX",
-            f"write it unquoted: nodes: {text}" if text.isdigit() else example,
-            field="nodes",
-            value=text,
-        )
-    low, high = int(found[1]), int(found[2])
-    if low < 1:
-        raise invalid(
-            "starts at 0: a job needs a node",
-            f"MIN >= 1, e.g. nodes: 1-{max(high, 2)}",
-            field="nodes",
-            value=text,
-        )
-    if low > high:
-        raise invalid(
-            f"has MIN {low} above MAX {high}",
-            f"MIN <= MAX, e.g. nodes: {high}-{low}",
-            field="nodes",
-            value=text,
-        )
-    if high > spec_checks.MAX_NODES:
-        raise invalid(
-            f"has MAX {high}, more than {spec_checks.MAX_NODES}, ddpkit's limit",
-            spec_checks.LIMIT_HINTS["nodes"],
-            field="nodes",
-            value=text,
-        )
-    return low, high
 
 
 def _split_command(value: object) -> object:
@@ -268,7 +231,9 @@ _D_NODES = (
     "a whole number >= 1, or a range MIN-MAX: SLURM starts each attempt on as many as it can "
     "give (a requeue may get fewer) and the world size follows (sbatch only), e.g. nodes: 2"
 )
-_D_MIN_NODES = "not a key: nodes: MIN-MAX sets it"
+_D_MIN_NODES = (
+    "not a key of its own: nodes: MIN-MAX sets it to MIN (nodes to MAX); null: a fixed count"
+)
 _D_NAME = "letters, digits, '.', '_' and '-', e.g. name: train-resnet"
 _D_PYTHON = "the interpreter on the nodes, e.g. python: /opt/venv/bin/python"
 _D_GPUS = "0 on CPU nodes, e.g. gpus_per_node: 8"
@@ -392,7 +357,7 @@ class JobSpec(Model):
         nodes = data.get("nodes")
         if not isinstance(nodes, str):
             return data
-        low, high = _node_range(nodes)
+        low, high = spec_checks.node_range(nodes)
         return {**data, "nodes": high, "min_nodes": low if low < high else None}
 
     @model_validator(mode="after")

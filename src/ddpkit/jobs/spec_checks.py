@@ -27,6 +27,7 @@ __all__ = [
     "Model",
     "invalid",
     "no_nul",
+    "node_range",
     "number_to_str",
     "shown",
     "stripped_hint",
@@ -50,6 +51,7 @@ LIMIT_HINTS = {
     "mem_gb": "mem_gb is in gigabytes per node: a typo?",
     "time_min": "time_min is in minutes; ask for what the partition allows (sinfo -o '%P %l')",
 }
+_NODE_RANGE = re.compile(r"([0-9]+)-([0-9]+)")
 SHOWN_CHARS = 200  # how much of a bad value an error message quotes
 _SHOWN_DEPTH = 4
 
@@ -72,6 +74,42 @@ def invalid(
     if value is not ...:
         ctx["value"] = value
     return PydanticCustomError(ERROR_TYPE, "{problem}", ctx)
+
+
+def node_range(text: str) -> tuple[int, int]:
+    """``nodes: MIN-MAX`` as (MIN, MAX), or the one-line reason it is not a range."""
+    found = _NODE_RANGE.fullmatch(text)
+    if found is None:
+        example = "e.g. nodes: 2, or nodes: 1-2 for 2 nodes or 1 when only 1 is left"
+        raise invalid(
+            "is not a whole number or a range MIN-MAX",
+            f"write it unquoted: nodes: {text}" if text.isdigit() else example,
+            field="nodes",
+            value=text,
+        )
+    low, high = int(found[1]), int(found[2])
+    if low < 1:
+        raise invalid(
+            "starts at 0: a job needs a node",
+            f"MIN >= 1, e.g. nodes: 1-{max(high, 2)}",
+            field="nodes",
+            value=text,
+        )
+    if low > high:
+        raise invalid(
+            f"has MIN {low} above MAX {high}",
+            f"MIN <= MAX, e.g. nodes: {high}-{low}",
+            field="nodes",
+            value=text,
+        )
+    if high > MAX_NODES:
+        raise invalid(
+            f"has MAX {high}, more than {MAX_NODES}, ddpkit's limit",
+            LIMIT_HINTS["nodes"],
+            field="nodes",
+            value=text,
+        )
+    return low, high
 
 
 def no_nul(text: str) -> str:
