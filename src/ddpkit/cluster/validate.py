@@ -200,7 +200,8 @@ def _expected_world_size_hint(launcher: str, job_launch: str | None) -> str:
         )
     return (
         "the job started a different number of processes than its spec asks for "
-        "(nodes × procs_per_node): were the srun options or the allocation changed by hand? "
+        "(nodes × procs_per_node, the nodes of this attempt for nodes: MIN-MAX): were the srun "
+        "options or the allocation changed by hand? "
         f"for a deliberately smaller step (e.g. `srun -n1` preprocessing) unset "
         f"{EXPECTED_WORLD_SIZE_VAR} for that step"
     )
