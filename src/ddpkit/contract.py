@@ -247,7 +247,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "The job's number of processes. Detection checks it: a process that finds itself a world "
         "of one in a job of several (Python started without `srun`) fails with a hint instead of "
         "training alone.",
-        "the job script sets it from nodes x procs_per_node",
+        "the job script sets it from nodes x procs_per_node (nodes: MIN-MAX: SLURM_JOB_NUM_NODES "
+        "x procs_per_node, at run time)",
     ),
     EnvVar(
         HOST_TEMPLATE_VAR,

@@ -5,8 +5,8 @@ by ``gather`` over the jobs, and the epoch after the resize is in the order of a
 uninterrupted run (the local test, tests/launch/test_resize_launch.py, compares with a real
 one; here the order comes from torch's sampler layout, :mod:`ddpkit.worker.reshard`).
 
-A job resumes on fewer nodes by a new submission: the job script of a requeued job expects
-the world size it was submitted with (``DDPKIT_EXPECTED_WORLD_SIZE``)."""
+Here each size is a new submission; a requeued job that comes back on fewer nodes
+(``nodes: MIN-MAX``) is tests/jobs/test_nodes_cluster.py's."""
 
 from __future__ import annotations
 
