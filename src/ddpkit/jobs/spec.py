@@ -228,8 +228,8 @@ RdzvPort = Annotated[int | Literal["auto"] | None, BeforeValidator(_check_port)]
 
 # Field descriptions: documentation, and the hint for a value of the wrong type.
 _D_NODES = (
-    "a whole number >= 1, or a range MIN-MAX: SLURM starts each attempt on as many as it can "
-    "give (a requeue may get fewer) and the world size follows (sbatch only), e.g. nodes: 2"
+    "a whole number >= 1, or a range MIN-MAX (each attempt on as many as SLURM gives; sbatch "
+    "only), e.g. nodes: 2 or nodes: 1-2"
 )
 _D_MIN_NODES = (
     "not a key of its own: nodes: MIN-MAX sets it to MIN (nodes to MAX); null: a fixed count"
