@@ -263,6 +263,31 @@ def test_every_task_gets_its_state_from_one_call_per_tool() -> None:
     assert states[2].source == "scontrol" and states[0].source == "sacct"
 
 
+def test_every_task_gets_its_attempt_from_the_one_scontrol_call() -> None:
+    runner = _tools(
+        squeue="7_1|PENDING\n7_[3-4%2]|PENDING\n",
+        sacct="7_1|REQUEUED|0:0\n7_2|COMPLETED|0:0\n7_[3-4%2]|PENDING|0:0\n",
+        # task 1 requeued twice and pending again, task 2 ran once, 3-4 never ran, the
+        # controller has forgotten task 0 (and 5 was never listed)
+        scontrol=(
+            "JobId=9 ArrayJobId=7 ArrayTaskId=1 JobState=PENDING Restarts=2 ExitCode=0:0\n"
+            "JobId=10 ArrayJobId=7 ArrayTaskId=2 JobState=COMPLETED Restarts=0 ExitCode=0:0\n"
+            "JobId=7 ArrayJobId=7 ArrayTaskId=3-4%2 JobState=PENDING Restarts=0 ExitCode=0:0\n"
+        ),
+    )
+    found = arrays.query_array("7", 6, runner=runner)
+    assert found.restarts == {1: 2, 2: 0, 3: 0, 4: 0}
+    assert {task: status.state for task, status in found.states.items()} == {
+        0: JobState.UNKNOWN,
+        1: JobState.PENDING,
+        2: JobState.COMPLETED,
+        3: JobState.PENDING,
+        4: JobState.PENDING,
+        5: JobState.UNKNOWN,
+    }
+    assert runner.tools() == ["squeue", "sacct", "scontrol"]  # one call each, for six tasks
+
+
 def _record_sweep(tmp_path: Path, via: str = "sbatch") -> Path:
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -286,16 +311,21 @@ def test_status_of_a_sweep_is_one_table_and_a_task_is_one_line(
     tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _record_sweep(tmp_path)
-    runner = _tools("77_1|RUNNING\n", "77_0|FAILED|3:0\n77_1|RUNNING|0:0\n", "")
+    runner = _tools(
+        "77_1|RUNNING\n",
+        "77_0|FAILED|3:0\n77_1|RUNNING|0:0\n",
+        "JobId=79 ArrayJobId=77 ArrayTaskId=1 JobState=RUNNING Restarts=1 ExitCode=0:0\n",
+    )
     monkeypatch.setattr(
-        sbatch_backend, "query_tasks", lambda job, n: arrays.query_tasks(job, n, runner=runner)
+        sbatch_backend, "query_array", lambda job, n: arrays.query_array(job, n, runner=runner)
     )
     code, out, _ = run(["status", "77"], capsys)
     assert code == 0
+    # task 0 is forgotten by the controller: its attempt is unknown ("-")
     assert out.splitlines() == [
-        "task  state                 run",
-        "77_0  FAILED (exit code 3)  lr=1",
-        "77_1  RUNNING               lr=2",
+        "task  state                 attempt  run id      run",
+        "77_0  FAILED (exit code 3)  -        slurm-77_0  lr=1",
+        "77_1  RUNNING               1        slurm-77_1  lr=2",
         "# 2 runs: 1 FAILED, 1 RUNNING",
     ]
     assert api.sweep_status("77_1") is None  # one task: status() answers, as for any job

@@ -211,9 +211,9 @@ def test_map_function_returns_each_runs_values_and_rank(
 
     table = api.sweep_status(sweeps.fn_array)  # the array was recorded like a submit's
     assert table is not None, "map_function's array has no sweep record"
-    assert [(task, status.state.name, run) for task, status, run in table] == [
-        (f"{sweeps.fn_array}_0", "COMPLETED", "lr=0.5,seed=1"),
-        (f"{sweeps.fn_array}_1", "COMPLETED", "lr=0.25,seed=2"),
+    assert [(t.task, t.status.state.name, t.run, t.run_id) for t in table] == [
+        (f"{sweeps.fn_array}_0", "COMPLETED", "lr=0.5,seed=1", f"slurm-{sweeps.fn_array}_0"),
+        (f"{sweeps.fn_array}_1", "COMPLETED", "lr=0.25,seed=2", f"slurm-{sweeps.fn_array}_1"),
     ]
 
 

@@ -25,7 +25,14 @@ from ddpkit.cluster.slurmtools import (
     poll_until_finished,
     subprocess_runner,
 )
-from ddpkit.jobs.backends import Backend, Request, check_scheduler, follower, get_backend
+from ddpkit.jobs.backends import (
+    Backend,
+    Request,
+    SweepTask,
+    check_scheduler,
+    follower,
+    get_backend,
+)
 from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
 from ddpkit.jobs.records import (
@@ -47,6 +54,7 @@ __all__ = [
     "JobRecord",
     "LogFile",
     "RunOfJob",
+    "SweepTask",
     "cancel",
     "dry_run",
     "follow_logs",
@@ -196,10 +204,10 @@ def run_of(job_id: str, *, runner: Runner = subprocess_runner) -> RunOfJob | Non
     return RunOfJob(run_id, attempt)
 
 
-def sweep_status(job_id: str) -> list[tuple[str, JobStatus, str]] | None:
-    """Every task of a sweep ddpkit submitted: ``(task id, status, run name)`` in task order,
-    each SLURM tool asked once for the whole array; None when ``job_id`` is not a sweep's
-    array id (a single task ``123_4`` included: :func:`status` answers for it)."""
+def sweep_status(job_id: str) -> list[SweepTask] | None:
+    """Every task of a sweep ddpkit submitted, in task order: its state, run name, run id and
+    attempt, each SLURM tool asked once for the whole array; None when ``job_id`` is not a
+    sweep's array id (a single task ``123_4`` included: :func:`status` answers for it)."""
     backend, job, record = _follow(job_id)
     return backend.sweep_status(job, record)
 
