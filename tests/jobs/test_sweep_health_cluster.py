@@ -57,7 +57,7 @@ def test_a_task_whose_node_fails_its_check_is_requeued_alone_and_keeps_its_run_i
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     if not slurm.accounting:
-        pytest.fail("this test reads each task's runs from sacct: start ci/slurm-up with accounting")
+        pytest.fail("this test reads the tasks' runs from sacct: start ci/slurm-up with accounting")
     (tmp_path / "app.py").write_text(APP)
     (tmp_path / "check.sh").write_text(TASK_ONE_BAD)
     spec = tmp_path / "job.yaml"
