@@ -95,6 +95,12 @@ BAD = {
     "not NAME=": (["--sweep", "lr"], "--sweep 'lr' is not NAME=VALUE,VALUE"),
     "array option": (["--set", "sbatch.array=0-3"], "sbatch.array: is set by ddpkit"),
     "sweep env": (["--set", "env.DDPKIT_SWEEP_LR=1"], "env.DDPKIT_SWEEP_LR: is set by ddpkit"),
+    "one run id": (
+        ["--sweep", "lr=1,2", "--set", "env.DDPKIT_RUN_ID=bert"],
+        "env.DDPKIT_RUN_ID='bert': would be the run id of every task of the sweep (one tracker "
+        "run for all of them) (hint: leave it out: each task is its own run, "
+        "slurm-<array id>_<task>)",
+    ),
 }
 
 
@@ -108,6 +114,40 @@ def test_bad_sweeps_get_one_line_and_exit_2_with_nothing_submitted(
     assert expected in err
     assert len(err.strip().splitlines()) == 1, err
     assert_nothing_happened(tmp_path, calls)
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_sweep_submitted_with_a_run_id_in_the_environment_is_refused(
+    dry_run: list[str],
+    tmp_path: Path,
+    calls: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DDPKIT_RUN_ID", "bert")  # sbatch hands it on to every task
+    argv = ["submit", str(write_spec(tmp_path)), "--sweep", "lr=1,2", *dry_run]
+    argv += ["--set", "command=train.py --lr {lr}"]
+    code, out, err = run(argv, capsys)
+    assert (code, out) == (2, ""), err
+    assert err == (
+        "ddpkit: error: DDPKIT_RUN_ID='bert' (set where the sweep is submitted) would be the run "
+        "id of every task of the sweep (one tracker run for all of them) (hint: unset it: each "
+        "task is its own run, slurm-<array id>_<task>)\n"
+    )
+    assert_nothing_happened(tmp_path, calls)
+    monkeypatch.setenv("DDPKIT_RUN_ID", "")  # empty names no run: the sweep goes through
+    assert run(argv, capsys)[0] == 0
+
+
+def test_map_function_refuses_a_run_id_in_the_environment_before_submitit_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ddpkit.jobs.backends import submitit as submitit_backend
+
+    monkeypatch.setattr(submitit_backend, "map_function", pytest.fail)
+    monkeypatch.setenv("DDPKIT_RUN_ID", "bert")
+    with pytest.raises(ConfigError, match=r"^DDPKIT_RUN_ID='bert' \(set where the sweep is"):
+        api.map_function(print, spec=sweep_spec())
 
 
 def test_a_value_with_a_newline_in_yaml_is_refused(
