@@ -96,7 +96,7 @@ def test_a_task_whose_node_fails_its_check_is_requeued_alone_and_keeps_its_run_i
     assert sorted(expand_nodelist(excluded(slurm, f"{job}_1"))) == sorted(["n4", bad]), where
     assert (
         f"ddpkit: excluding node {bad} (health check failed: exit code 1: node {bad} is marked "
-        f"bad by the test); requeue attempt 2, excluded: {bad} (1 of max 2)"
+        f"bad by the test); requeue attempt 1, excluded: {bad} (1 of max 2)"
     ) in batch[1], where
     assert app[1] == f"value b run slurm-{job}_1 attempt 1 on {second}\n", app
 
