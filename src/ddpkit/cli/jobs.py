@@ -144,7 +144,8 @@ def add_parsers(commands: Any) -> None:
     status = _add(
         commands,
         "status",
-        "print a job's state (and exit code when known), then its run id and attempt",
+        "print a job's state (and exit code when known), then its run id and attempt; a "
+        "sweep's array id: one row per task with its state, attempt and run id",
     )
     _job_argument(status)
     logs = _add(commands, "logs", "print a job's output files")
