@@ -29,10 +29,22 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ddpkit.cluster.stop.signals import JobSignal
-from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RESERVED_ENV, reserved_env_hint
+from ddpkit.contract import (
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_SIGNAL,
+    RESERVED_ENV,
+    RUN_ID_VAR,
+    reserved_env_hint,
+)
 from ddpkit.jobs import spec_checks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
-from ddpkit.jobs.sweep_spec import SWEEP_DESCRIPTION, Sweep, check_placeholders
+from ddpkit.jobs.sweep_spec import (
+    SHARED_RUN_ID,
+    SHARED_RUN_ID_HINT,
+    SWEEP_DESCRIPTION,
+    Sweep,
+    check_placeholders,
+)
 
 __all__ = [
     "ERROR_TYPE",
@@ -337,6 +349,13 @@ class JobSpec(Model):
     def _check_placeholders(self) -> JobSpec:
         if self.sweep is not None:
             check_placeholders(self.command, self.sweep)
+            if self.env.get(RUN_ID_VAR):
+                raise invalid(
+                    SHARED_RUN_ID,
+                    f"leave it out: {SHARED_RUN_ID_HINT}",
+                    field=f"env.{RUN_ID_VAR}",
+                    value=self.env[RUN_ID_VAR],
+                )
         return self
 
     @model_validator(mode="after")

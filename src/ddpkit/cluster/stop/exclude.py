@@ -140,7 +140,8 @@ def plan_exclusion(
     """The verdict (pure). ``excluded``: the job's ``ExcNodeList`` now; ``ours``: the nodes
     ddpkit excluded before; ``partition_nodes``: the usable nodes of the job's partition (None:
     not known, not checked); ``required``: its ``ReqNodeList`` (``--nodelist``)."""
-    attempt = requeue_plan.restarts + 1
+    # from 0, the attempt the ranks see (ctx.attempt) and `ddpkit status` shows: one number
+    attempt = requeue_plan.restarts
     if not blamed:
         passed = f"health check passed on {', '.join(job_nodes)} (attempt {attempt})"
         return Verdict("run", [passed])
