@@ -2,7 +2,7 @@
 
 Run as one command (it spawns the ranks itself, gloo on 127.0.0.1)::
 
-    python benchmarks/bench_allreduce.py [--nproc 2] [--runs 4] [--quick] [--json FILE]
+    python benchmarks/bench_allreduce.py [--nproc 2] [--runs 6] [--quick] [--json FILE]
 
 For each message size (4 B .. 64 MiB; 4 B .. 4 MiB with ``--quick``) every trial measures the
 doctor's sweep (:func:`ddpkit.tools.commtest.sweep`) and a plain torch loop written the obvious
@@ -90,11 +90,16 @@ def rows(times: dict[str, dict[str, list[float]]], world: int) -> list[dict[str,
             algbw = size / seconds / 1e9
             # a raw stream is the link itself: its bandwidth is what busbw compares with
             bus = algbw if variant == SOCKET else algbw * commtest.bus_factor(world)
+            scale = (1.0 if variant == SOCKET else commtest.bus_factor(world)) * size / 1e9
+            # every trial's value, in the order they ran (the two variants side by side in
+            # each): the report calls ddpkit behind only when it was the worse one in most
             found += [
                 {"figure": "all_reduce busbw", "variant": variant, "value": bus, "unit": "GB/s",
-                 "higher_is_better": True, "x": float(size)},
+                 "higher_is_better": True, "x": float(size),
+                 "trials": [scale / t for t in samples]},
                 {"figure": "all_reduce time", "variant": variant, "value": seconds * 1e6,
-                 "unit": "us", "higher_is_better": False, "x": float(size)},
+                 "unit": "us", "higher_is_better": False, "x": float(size),
+                 "trials": [t * 1e6 for t in samples]},
             ]  # fmt: skip
     return found
 
@@ -114,7 +119,7 @@ def report(found: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=4, help="trials, even (order alternates)")
+    parser.add_argument("--runs", type=int, default=6, help="trials, even (order alternates)")
     parser.add_argument("--quick", action="store_true", help="4 B .. 4 MiB, 2 trials")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args()

@@ -179,10 +179,10 @@ def test_a_bad_node_is_excluded_and_the_job_completes_on_two_others(
     assert sorted(_hosts(found.excluded)) == sorted(["n4", bad]), where
     assert (
         f"ddpkit: excluding node {bad} (health check failed: exit code 1: node {bad} is marked "
-        f"bad by the test); requeue attempt 2, excluded: {bad} (1 of max 2)"
+        f"bad by the test); requeue attempt 1, excluded: {bad} (1 of max 2)"
     ) in found.log, where
     others = ", ".join(sorted(second, key=ALL.index))
-    assert f"ddpkit: health check passed on {others} (attempt 2)" in found.log, where
+    assert f"ddpkit: health check passed on {others} (attempt 1)" in found.log, where
     ran = sorted(line.split()[-1] for line in found.app.splitlines() if "app ran on" in line)
     assert ran == sorted(second), found.app  # the command ran only after the exclusion
 
@@ -199,7 +199,7 @@ def test_past_the_cap_the_job_fails_with_the_reason_and_nothing_left(
     assert sorted(_hosts(found.excluded)) == sorted(["n4", first]), where
     assert (
         f"ddpkit: excluding node {first} (health check failed: exit code 1: broken on {first}); "
-        f"requeue attempt 2, excluded: {first} (1 of max 1)"
+        f"requeue attempt 1, excluded: {first} (1 of max 1)"
     ) in found.log, where
     assert (
         f"ddpkit: not excluding {second}: max_excluded_nodes=1 would be exceeded (2 nodes; "
@@ -225,13 +225,13 @@ def test_a_node_that_fails_its_check_after_the_step_failed_is_excluded(
     assert bad in first and bad not in second and len(second) == 2, where
     assert sorted(_hosts(found.excluded)) == sorted(["n4", bad]), where
     assert (
-        f"ddpkit: health check passed on {', '.join(sorted(first, key=ALL.index))} (attempt 1)"
+        f"ddpkit: health check passed on {', '.join(sorted(first, key=ALL.index))} (attempt 0)"
         in (found.log)
     ), where
     # srun's own code: the failed task's 1, or 143 when srun reports the step it terminated
     excluding = re.search(
         f"ddpkit: excluding node {bad} \\(health check failed after the job's step exited "
-        f"[0-9]+: exit code 1: node {bad} is marked bad by the job\\); requeue attempt 2, "
+        f"[0-9]+: exit code 1: node {bad} is marked bad by the job\\); requeue attempt 1, "
         f"excluded: {bad} \\(1 of max 2\\)\n",
         found.log,
     )

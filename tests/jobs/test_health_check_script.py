@@ -94,7 +94,7 @@ def scontrol_calls(records: Path) -> list[list[str]]:
 def test_healthy_nodes_let_the_job_start(tmp_path: Path) -> None:
     done, records = run(health_spec(tmp_path), tmp_path, bad="none")
     assert done.returncode == 0, done.stderr
-    assert "ddpkit: health check passed on n3, n4 (attempt 1)" in done.stderr
+    assert "ddpkit: health check passed on n3, n4 (attempt 0)" in done.stderr
     assert [p.name.split(".")[0] for p in records.glob("srun.*")] == ["srun"]  # the job's step
     assert scontrol_calls(records) == [["show", "config"]]  # srun's port probe only
 
@@ -107,7 +107,7 @@ def test_a_failing_node_is_excluded_and_the_job_requeued_before_its_step(tmp_pat
     assert "[n3]" not in done.stderr
     assert (
         f"ddpkit: excluding node n4 (health check failed: exit code 1: {said}); "
-        "requeue attempt 2, excluded: n4 (1 of max 1)"
+        "requeue attempt 1, excluded: n4 (1 of max 1)"
     ) in done.stderr
     assert scontrol_calls(records) == [
         ["show", "job", "--oneliner", "4242"],
@@ -152,10 +152,10 @@ def test_a_step_that_fails_on_a_node_gone_bad_is_requeued_without_it(
     job = health_spec(tmp_path, signal=signal)
     done, records = run(job, tmp_path, bad="none", BAD_AFTER_STEP="n3", FAKE_STEP_EXIT="3")
     assert done.returncode == 0, done.stderr
-    assert "ddpkit: health check passed on n3, n4 (attempt 1)" in done.stderr
+    assert "ddpkit: health check passed on n3, n4 (attempt 0)" in done.stderr
     assert (
         "ddpkit: excluding node n3 (health check failed after the job's step exited 3: exit "
-        "code 1: it's bad; sub $(touch pwned1) tick); requeue attempt 2, excluded: n3 (1 of max 1)"
+        "code 1: it's bad; sub $(touch pwned1) tick); requeue attempt 1, excluded: n3 (1 of max 1)"
     ) in done.stderr
     assert scontrol_calls(records)[-2:] == [
         ["requeue", "4242"],

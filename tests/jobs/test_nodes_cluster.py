@@ -5,13 +5,13 @@ every sample of the interrupted epoch is seen exactly once over both attempts.
 One job per launch mode, each confined to two nodes by its own excludes (``launch: srun`` on
 n1, n2; ``launch: torchrun`` on n3, n4: they run side by side), one process per node (few
 processes to start: the test machine is small), a health check that fails on a node named in
-the job folder's ``bad`` file. Attempt 1 runs on both nodes (world 2), saves a checkpoint at
-step 4 (one step into epoch 1), and at step 5 the rank on its last node names its node in
-``bad`` and exits 1. The check after the failed step blames
-that node, and the exclusion, which counts MIN (1) and not the 2 nodes the job has, requeues it
-without that node: one usable node is left. Attempt 2 starts on one node (world 1: the job
-script's world size follows SLURM_JOB_NUM_NODES), resumes at step 4, and finishes epoch 1 and
-the run. sacct: REQUEUED on 2 nodes, then COMPLETED on 1.
+the job folder's ``bad`` file. Attempt 0 (attempts count from 0, as ``ctx.attempt`` and the
+log do) runs on both nodes (world 2), saves a checkpoint at step 4 (one step into epoch 1),
+and at step 5 the rank on its last node names its node in ``bad`` and exits 1. The check
+after the failed step blames that node, and the exclusion, which counts MIN (1) and not the 2
+nodes the job has, requeues it without that node: one usable node is left. Attempt 1 starts
+on one node (world 1: the job script's world size follows SLURM_JOB_NUM_NODES), resumes at
+step 4, and finishes epoch 1 and the run. sacct: REQUEUED on 2 nodes, then COMPLETED on 1.
 """
 
 from __future__ import annotations
@@ -138,13 +138,13 @@ def test_a_requeue_after_a_bad_node_resumes_on_one_node_seeing_every_sample_once
     assert state == "COMPLETED", where
     assert [run[0] for run in runs] == ["REQUEUED", "COMPLETED"], where
     first, second = (expand_nodelist(run[2]) for run in runs)
-    assert first == pair, f"attempt 1 did not get both of {pair} (busy cluster?): {where}"
+    assert first == pair, f"attempt 0 did not get both of {pair} (busy cluster?): {where}"
     bad = (folder / "bad").read_text().strip()
     assert bad == pair[-1] and second == [pair[0]], where
     assert (
         f"ddpkit: excluding node {bad} (health check failed after the job's step exited"
     ) in log, where
-    assert f"ddpkit: health check passed on {pair[0]} (attempt 2)" in log, where
+    assert f"ddpkit: health check passed on {pair[0]} (attempt 1)" in log, where
     assert f"resumed at world size 1 at step {SAVE_AT}" in tasks, where
     assert f"app ran on {pair[0]} world size 1" in tasks, where
 
@@ -155,7 +155,7 @@ def test_a_requeue_after_a_bad_node_resumes_on_one_node_seeing_every_sample_once
         peers = saved if rank_lines in saved else after
         assert [s["kept"] for s in rank_lines] == [s["kept"] for s in peers[0]], where
     assert [s["step"] for s in saved[0]] == list(range(1, SAVE_AT + 1)), where
-    # attempt 1 went one step past its checkpoint (lost with it); attempt 2 redid it at world 1
+    # attempt 0 went one step past its checkpoint (lost with it); attempt 1 redid it at world 1
     lost = [s for rank_lines in before for s in rank_lines if s["step"] > SAVE_AT]
     assert {s["step"] for s in lost} == {SAVE_AT + 1} and bad in {s["node"] for s in lost}, where
     assert after[0][0]["step"] == SAVE_AT + 1, where

@@ -95,6 +95,12 @@ BAD = {
     "not NAME=": (["--sweep", "lr"], "--sweep 'lr' is not NAME=VALUE,VALUE"),
     "array option": (["--set", "sbatch.array=0-3"], "sbatch.array: is set by ddpkit"),
     "sweep env": (["--set", "env.DDPKIT_SWEEP_LR=1"], "env.DDPKIT_SWEEP_LR: is set by ddpkit"),
+    "one run id": (
+        ["--sweep", "lr=1,2", "--set", "env.DDPKIT_RUN_ID=bert"],
+        "env.DDPKIT_RUN_ID='bert': would be the run id of every task of the sweep (one tracker "
+        "run for all of them) (hint: leave it out: each task is its own run, "
+        "slurm-<array id>_<task>)",
+    ),
 }
 
 
@@ -108,6 +114,40 @@ def test_bad_sweeps_get_one_line_and_exit_2_with_nothing_submitted(
     assert expected in err
     assert len(err.strip().splitlines()) == 1, err
     assert_nothing_happened(tmp_path, calls)
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_sweep_submitted_with_a_run_id_in_the_environment_is_refused(
+    dry_run: list[str],
+    tmp_path: Path,
+    calls: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DDPKIT_RUN_ID", "bert")  # sbatch hands it on to every task
+    argv = ["submit", str(write_spec(tmp_path)), "--sweep", "lr=1,2", *dry_run]
+    argv += ["--set", "command=train.py --lr {lr}"]
+    code, out, err = run(argv, capsys)
+    assert (code, out) == (2, ""), err
+    assert err == (
+        "ddpkit: error: DDPKIT_RUN_ID='bert' (set where the sweep is submitted) would be the run "
+        "id of every task of the sweep (one tracker run for all of them) (hint: unset it: each "
+        "task is its own run, slurm-<array id>_<task>)\n"
+    )
+    assert_nothing_happened(tmp_path, calls)
+    monkeypatch.setenv("DDPKIT_RUN_ID", "")  # empty names no run: the sweep goes through
+    assert run(argv, capsys)[0] == 0
+
+
+def test_map_function_refuses_a_run_id_in_the_environment_before_submitit_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ddpkit.jobs.backends import submitit as submitit_backend
+
+    monkeypatch.setattr(submitit_backend, "map_function", pytest.fail)
+    monkeypatch.setenv("DDPKIT_RUN_ID", "bert")
+    with pytest.raises(ConfigError, match=r"^DDPKIT_RUN_ID='bert' \(set where the sweep is"):
+        api.map_function(print, spec=sweep_spec())
 
 
 def test_a_value_with_a_newline_in_yaml_is_refused(
@@ -263,6 +303,31 @@ def test_every_task_gets_its_state_from_one_call_per_tool() -> None:
     assert states[2].source == "scontrol" and states[0].source == "sacct"
 
 
+def test_every_task_gets_its_attempt_from_the_one_scontrol_call() -> None:
+    runner = _tools(
+        squeue="7_1|PENDING\n7_[3-4%2]|PENDING\n",
+        sacct="7_1|REQUEUED|0:0\n7_2|COMPLETED|0:0\n7_[3-4%2]|PENDING|0:0\n",
+        # task 1 requeued twice and pending again, task 2 ran once, 3-4 never ran, the
+        # controller has forgotten task 0 (and 5 was never listed)
+        scontrol=(
+            "JobId=9 ArrayJobId=7 ArrayTaskId=1 JobState=PENDING Restarts=2 ExitCode=0:0\n"
+            "JobId=10 ArrayJobId=7 ArrayTaskId=2 JobState=COMPLETED Restarts=0 ExitCode=0:0\n"
+            "JobId=7 ArrayJobId=7 ArrayTaskId=3-4%2 JobState=PENDING Restarts=0 ExitCode=0:0\n"
+        ),
+    )
+    found = arrays.query_array("7", 6, runner=runner)
+    assert found.restarts == {1: 2, 2: 0, 3: 0, 4: 0}
+    assert {task: status.state for task, status in found.states.items()} == {
+        0: JobState.UNKNOWN,
+        1: JobState.PENDING,
+        2: JobState.COMPLETED,
+        3: JobState.PENDING,
+        4: JobState.PENDING,
+        5: JobState.UNKNOWN,
+    }
+    assert runner.tools() == ["squeue", "sacct", "scontrol"]  # one call each, for six tasks
+
+
 def _record_sweep(tmp_path: Path, via: str = "sbatch") -> Path:
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -286,16 +351,21 @@ def test_status_of_a_sweep_is_one_table_and_a_task_is_one_line(
     tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _record_sweep(tmp_path)
-    runner = _tools("77_1|RUNNING\n", "77_0|FAILED|3:0\n77_1|RUNNING|0:0\n", "")
+    runner = _tools(
+        "77_1|RUNNING\n",
+        "77_0|FAILED|3:0\n77_1|RUNNING|0:0\n",
+        "JobId=79 ArrayJobId=77 ArrayTaskId=1 JobState=RUNNING Restarts=1 ExitCode=0:0\n",
+    )
     monkeypatch.setattr(
-        sbatch_backend, "query_tasks", lambda job, n: arrays.query_tasks(job, n, runner=runner)
+        sbatch_backend, "query_array", lambda job, n: arrays.query_array(job, n, runner=runner)
     )
     code, out, _ = run(["status", "77"], capsys)
     assert code == 0
+    # task 0 is forgotten by the controller: its attempt is unknown ("-")
     assert out.splitlines() == [
-        "task  state                 run",
-        "77_0  FAILED (exit code 3)  lr=1",
-        "77_1  RUNNING               lr=2",
+        "task  state                 attempt  run id      run",
+        "77_0  FAILED (exit code 3)  -        slurm-77_0  lr=1",
+        "77_1  RUNNING               1        slurm-77_1  lr=2",
         "# 2 runs: 1 FAILED, 1 RUNNING",
     ]
     assert api.sweep_status("77_1") is None  # one task: status() answers, as for any job

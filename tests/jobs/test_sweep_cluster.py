@@ -165,9 +165,14 @@ def test_status_is_one_table_and_logs_read_one_task_and_rank(sweep: Sweep) -> No
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 6, done.stdout
-    for task, state in enumerate(["COMPLETED", "COMPLETED", "CANCELLED", "COMPLETED"]):
+    # task 1, preempted and requeued once, is at attempt 1; each task has its own run id
+    for task, (state, attempt) in enumerate(
+        [("COMPLETED", 0), ("COMPLETED", 1), ("CANCELLED", 0), ("COMPLETED", 0)]
+    ):
+        job = f"{sweep.job}_{task}"
         assert re.match(
-            rf"{sweep.job}_{task}\s+{state}\b.*\s{re.escape(RUNS[task])}$", lines[task + 1]
+            rf"{job}\s+{state}\b.*\s{attempt}\s+slurm-{job}\s+{re.escape(RUNS[task])}$",
+            lines[task + 1],
         ), done.stdout
     assert lines[-1] == "# 4 runs: 3 COMPLETED, 1 CANCELLED", done.stdout
     one = sweep.ddpkit("status", f"{sweep.job}_2")

@@ -168,10 +168,11 @@ def test_status_is_one_table_of_runs(sweeps: Sweeps) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == len(VALUES) + 2, done.stdout
-    assert lines[0].split() == ["task", "state", "run"], done.stdout
+    assert lines[0].split() == ["task", "state", "attempt", "run", "id", "run"], done.stdout
     for task, run in enumerate(RUNS):
+        job = f"{sweeps.job}_{task}"  # each task its own run id, at attempt 0
         assert re.fullmatch(
-            rf"{sweeps.job}_{task}\s+COMPLETED\b.*\s{re.escape(run)}", lines[task + 1]
+            rf"{job}\s+COMPLETED\b.*\s0\s+slurm-{job}\s+{re.escape(run)}", lines[task + 1]
         ), done.stdout
     assert lines[-1] == f"# {len(VALUES)} runs: {len(VALUES)} COMPLETED", done.stdout
     one = sweeps.ddpkit("status", f"{sweeps.job}_1")
@@ -211,9 +212,9 @@ def test_map_function_returns_each_runs_values_and_rank(
 
     table = api.sweep_status(sweeps.fn_array)  # the array was recorded like a submit's
     assert table is not None, "map_function's array has no sweep record"
-    assert [(task, status.state.name, run) for task, status, run in table] == [
-        (f"{sweeps.fn_array}_0", "COMPLETED", "lr=0.5,seed=1"),
-        (f"{sweeps.fn_array}_1", "COMPLETED", "lr=0.25,seed=2"),
+    assert [(t.task, t.status.state.name, t.run, t.run_id) for t in table] == [
+        (f"{sweeps.fn_array}_0", "COMPLETED", "lr=0.5,seed=1", f"slurm-{sweeps.fn_array}_0"),
+        (f"{sweeps.fn_array}_1", "COMPLETED", "lr=0.25,seed=2", f"slurm-{sweeps.fn_array}_1"),
     ]
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.multiproc
+# mostly waiting for processes to end: run beside the SLURM tests (ci/test.sh)
+pytestmark = [pytest.mark.multiproc, pytest.mark.sidecar]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "scripts" / "long_worker.py")

@@ -29,6 +29,9 @@ from ddpkit.worker import asyncsave, inflight
 from ddpkit.worker.safeload import load_file
 from tests.support.distutil import free_port, run_workers, torchrun_env
 
+# real ranks that mostly wait for writes, bounds and exits: run beside the SLURM tests (ci/test.sh)
+pytestmark = pytest.mark.sidecar
+
 INIT = {"backend": "gloo", "timeout_s": 30.0, "peer_timeout_s": 30.0}
 TIMEOUT_S = 120.0
 _NEXT = ["async", "sync", "wait", "wait_for_checkpoint", "load"]

@@ -81,6 +81,18 @@ def test_a_checkpoint_records_the_run_and_attempt_that_wrote_it(tmp_path: Path) 
         ddpkit.shutdown()
 
 
+def test_a_checkpoint_written_in_the_background_records_the_run_and_attempt_too(
+    tmp_path: Path,
+) -> None:
+    ddpkit.init(env={"DDPKIT_RUN_ID": "exp-2", "SLURM_RESTART_COUNT": "2"})
+    try:
+        path = ddpkit.async_save_checkpoint(tmp_path, {"w": torch.ones(2)}, step=7).wait()
+        assert path is not None  # the head is read after the host copy, unpickling nothing
+        assert ddpkit.checkpoint_origin(tmp_path) == ckptfiles.Origin(path, 7, "exp-2", 2)
+    finally:
+        ddpkit.shutdown()
+
+
 def test_no_origin_for_older_checkpoints_empty_folders_and_foreign_files(tmp_path: Path) -> None:
     folder = tmp_path / "legacy"
     shutil.copytree(LEGACY, folder)

@@ -21,6 +21,7 @@ from ddpkit.jobs.records import Via, parse_job
 
 if TYPE_CHECKING:
     from ddpkit.jobs.api import RunOfJob
+    from ddpkit.jobs.backends import SweepTask
     from ddpkit.jobs.load import ResolvedSpec
     from ddpkit.jobs.spec import JobSpec
 
@@ -143,7 +144,8 @@ def add_parsers(commands: Any) -> None:
     status = _add(
         commands,
         "status",
-        "print a job's state (and exit code when known), then its run id and attempt",
+        "print a job's state (and exit code when known), then its run id and attempt; a "
+        "sweep's array id: one row per task with its state, attempt and run id",
     )
     _job_argument(status)
     logs = _add(commands, "logs", "print a job's output files")
@@ -211,7 +213,7 @@ def run_jobs_command(args: argparse.Namespace) -> int:
     tasks = api.sweep_status(job_id)
     if tasks is not None:
         print(describe_sweep(tasks))
-        return 1 if all(task.state is JobState.UNKNOWN for _, task, _ in tasks) else 0
+        return 1 if all(task.status.state is JobState.UNKNOWN for task in tasks) else 0
     status = api.status(job_id)
     print(describe_status(status))
     run = api.run_of(job_id)
@@ -292,17 +294,28 @@ def describe_run(run: RunOfJob) -> str:
     return f"run {run.run_id}{attempt}"
 
 
-def describe_sweep(tasks: list[tuple[str, JobStatus, str]]) -> str:
-    """A sweep's runs, one line each (task id, state, how it ended, run name), and a count of
-    runs per state: readable for a thousand tasks as for four."""
+def describe_sweep(tasks: list[SweepTask]) -> str:
+    """A sweep's runs, one line each (task id, state and how it ended, attempt, run id, run
+    name; ``-`` where not known, as :func:`describe_run` leaves them out), and a count of runs
+    per state: readable for a thousand tasks as for four."""
     from ddpkit.jobs.layout import format_table
 
-    rows = [[task, describe_status(status), run] for task, status, run in tasks]
+    rows = [
+        [
+            task.task,
+            describe_status(task.status),
+            "-" if task.attempt is None else str(task.attempt),
+            task.run_id or "-",
+            task.run,
+        ]
+        for task in tasks
+    ]
     counts: dict[str, int] = {}
-    for _, status, _ in tasks:
-        counts[status.state.name] = counts.get(status.state.name, 0) + 1
+    for task in tasks:
+        counts[task.status.state.name] = counts.get(task.status.state.name, 0) + 1
     summary = ", ".join(f"{count} {state}" for state, count in counts.items())
-    return f"{format_table(['task', 'state', 'run'], rows)}\n# {len(tasks)} runs: {summary}"
+    table = format_table(["task", "state", "attempt", "run id", "run"], rows)
+    return f"{table}\n# {len(tasks)} runs: {summary}"
 
 
 def _logs(request: JobsRequest) -> int:

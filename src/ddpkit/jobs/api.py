@@ -11,8 +11,9 @@ torchx (an app handle). Nothing here prints; following logs yields text for the 
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,15 @@ from ddpkit.cluster.slurmtools import (
     poll_until_finished,
     subprocess_runner,
 )
-from ddpkit.jobs.backends import Backend, Request, check_scheduler, follower, get_backend
+from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends import (
+    Backend,
+    Request,
+    SweepTask,
+    check_scheduler,
+    follower,
+    get_backend,
+)
 from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
 from ddpkit.jobs.records import (
@@ -47,7 +56,9 @@ __all__ = [
     "JobRecord",
     "LogFile",
     "RunOfJob",
+    "SweepTask",
     "cancel",
+    "check_sweep_environment",
     "dry_run",
     "follow_logs",
     "load",
@@ -102,7 +113,24 @@ def request(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None)
     """What submitting ``spec`` through ``via`` would hand over (``scheduler``: torchx's, only
     with ``via="torchx"``); nothing is submitted or written."""
     check_scheduler(via, scheduler)
+    check_sweep_environment(spec)
     return get_backend(via).dry_run(spec, scheduler)
+
+
+def check_sweep_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> None:
+    """Refuse a sweep submitted from an environment (``env``, default ``os.environ``) that
+    sets ``DDPKIT_RUN_ID``: sbatch and submitit hand it to every task, which would then all be
+    one run (its spec's ``env`` may not set it either: :class:`~ddpkit.jobs.spec.JobSpec`)."""
+    from ddpkit.contract import RUN_ID_MAX_CHARS, RUN_ID_VAR
+    from ddpkit.jobs.sweep_spec import SHARED_RUN_ID, SHARED_RUN_ID_HINT
+
+    value = (os.environ if env is None else env).get(RUN_ID_VAR, "")
+    if spec.sweep is not None and value:
+        raise ConfigError(
+            f"{RUN_ID_VAR}={value[: RUN_ID_MAX_CHARS + 8]!r} (set where the sweep is "
+            f"submitted) {SHARED_RUN_ID}",
+            hint=f"unset it: {SHARED_RUN_ID_HINT}",
+        )
 
 
 def dry_run(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None) -> str:
@@ -148,6 +176,7 @@ def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[
     ``ddpkit status/logs/cancel`` know it. Returns the tasks' ``submitit.Job`` objects."""
     from ddpkit.jobs.backends import submitit as submitit_backend
 
+    check_sweep_environment(spec)
     jobs = submitit_backend.map_function(fn, spec=spec)
     save_record(submitit_backend.sweep_record(spec, jobs))
     return jobs
@@ -196,10 +225,10 @@ def run_of(job_id: str, *, runner: Runner = subprocess_runner) -> RunOfJob | Non
     return RunOfJob(run_id, attempt)
 
 
-def sweep_status(job_id: str) -> list[tuple[str, JobStatus, str]] | None:
-    """Every task of a sweep ddpkit submitted: ``(task id, status, run name)`` in task order,
-    each SLURM tool asked once for the whole array; None when ``job_id`` is not a sweep's
-    array id (a single task ``123_4`` included: :func:`status` answers for it)."""
+def sweep_status(job_id: str) -> list[SweepTask] | None:
+    """Every task of a sweep ddpkit submitted, in task order: its state, run name, run id and
+    attempt, each SLURM tool asked once for the whole array; None when ``job_id`` is not a
+    sweep's array id (a single task ``123_4`` included: :func:`status` answers for it)."""
     backend, job, record = _follow(job_id)
     return backend.sweep_status(job, record)
 

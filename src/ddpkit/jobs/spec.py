@@ -29,10 +29,22 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ddpkit.cluster.stop.signals import JobSignal
-from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RESERVED_ENV, reserved_env_hint
+from ddpkit.contract import (
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_SIGNAL,
+    RESERVED_ENV,
+    RUN_ID_VAR,
+    reserved_env_hint,
+)
 from ddpkit.jobs import spec_checks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
-from ddpkit.jobs.sweep_spec import SWEEP_DESCRIPTION, Sweep, check_placeholders
+from ddpkit.jobs.sweep_spec import (
+    SHARED_RUN_ID,
+    SHARED_RUN_ID_HINT,
+    SWEEP_DESCRIPTION,
+    Sweep,
+    check_placeholders,
+)
 
 __all__ = [
     "ERROR_TYPE",
@@ -343,27 +355,19 @@ class JobSpec(Model):
     @model_validator(mode="before")
     @classmethod
     def _split_node_range(cls, data: object) -> object:
-        """``nodes: MIN-MAX`` (a string: YAML and ``--set nodes=1-2`` read it so) becomes
-        ``nodes=MAX, min_nodes=MIN``; ``MIN-MIN`` is a fixed count."""
-        if not isinstance(data, dict):
-            return data
-        if "min_nodes" in data:
-            raise invalid(
-                "is not a key of its own",
-                "write the range as nodes: MIN-MAX, e.g. nodes: 1-2",
-                field="min_nodes",
-                value=data["min_nodes"],
-            )
-        nodes = data.get("nodes")
-        if not isinstance(nodes, str):
-            return data
-        low, high = spec_checks.node_range(nodes)
-        return {**data, "nodes": high, "min_nodes": low if low < high else None}
+        return spec_checks.split_nodes(data)  # nodes: MIN-MAX -> nodes=MAX, min_nodes=MIN
 
     @model_validator(mode="after")
     def _check_placeholders(self) -> JobSpec:
         if self.sweep is not None:
             check_placeholders(self.command, self.sweep)
+            if self.env.get(RUN_ID_VAR):
+                raise invalid(
+                    SHARED_RUN_ID,
+                    f"leave it out: {SHARED_RUN_ID_HINT}",
+                    field=f"env.{RUN_ID_VAR}",
+                    value=self.env[RUN_ID_VAR],
+                )
         return self
 
     @model_validator(mode="after")

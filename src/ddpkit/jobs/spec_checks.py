@@ -28,6 +28,7 @@ __all__ = [
     "invalid",
     "no_nul",
     "node_range",
+    "split_nodes",
     "number_to_str",
     "shown",
     "stripped_hint",
@@ -110,6 +111,26 @@ def node_range(text: str) -> tuple[int, int]:
             value=text,
         )
     return low, high
+
+
+def split_nodes(data: object) -> object:
+    """A spec's input with ``nodes: MIN-MAX`` (a string: YAML and ``--set nodes=1-2`` read it
+    so) as ``nodes=MAX, min_nodes=MIN``; ``MIN-MIN`` is a fixed count. ``min_nodes`` is not a
+    key the input may have."""
+    if not isinstance(data, dict):
+        return data
+    if "min_nodes" in data:
+        raise invalid(
+            "is not a key of its own",
+            "write the range as nodes: MIN-MAX, e.g. nodes: 1-2",
+            field="min_nodes",
+            value=data["min_nodes"],
+        )
+    nodes = data.get("nodes")
+    if not isinstance(nodes, str):
+        return data
+    low, high = node_range(nodes)
+    return {**data, "nodes": high, "min_nodes": low if low < high else None}
 
 
 def no_nul(text: str) -> str:

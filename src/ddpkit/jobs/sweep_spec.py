@@ -21,11 +21,18 @@ from ddpkit.jobs.spec_checks import Model, invalid, no_nul, number_to_str, shown
 
 __all__ = [
     "MAX_SWEEP_TASKS",
+    "SHARED_RUN_ID",
+    "SHARED_RUN_ID_HINT",
     "SWEEP_DESCRIPTION",
     "Sweep",
     "check_placeholders",
     "unused_parameters",
 ]
+
+# A DDPKIT_RUN_ID given to a whole sweep (its spec's env, or the submitting environment, which
+# sbatch hands on) would name every task alike: refused, each task keeps SLURM's own run id.
+SHARED_RUN_ID = "would be the run id of every task of the sweep (one tracker run for all of them)"
+SHARED_RUN_ID_HINT = "each task is its own run, slurm-<array id>_<task>"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SWEEP_DESCRIPTION = "runs of the command, e.g. sweep: {params: {lr: [0.1, 0.01], seed: [1, 2]}}"

@@ -100,7 +100,7 @@ BAD = {"n1": "health check failed: exit code 1: bad"}
 
 def test_no_blame_runs_on() -> None:
     verdict = plan({}, restarts=2)
-    assert (verdict.action, verdict.lines) == ("run", ["health check passed on n1, n2 (attempt 3)"])
+    assert (verdict.action, verdict.lines) == ("run", ["health check passed on n1, n2 (attempt 2)"])
 
 
 def test_a_blamed_node_is_added_to_the_jobs_own_excludes_and_the_job_requeued() -> None:
@@ -110,7 +110,7 @@ def test_a_blamed_node_is_added_to_the_jobs_own_excludes_and_the_job_requeued() 
     assert verdict.ours == ["n1"]
     assert verdict.lines == [
         "node n1: health check failed: exit code 1: bad",
-        "excluding node n1 (health check failed: exit code 1: bad); requeue attempt 2, "
+        "excluding node n1 (health check failed: exit code 1: bad); requeue attempt 1, "
         "excluded: n1 (1 of max 2)",
     ]
 
@@ -120,7 +120,7 @@ def test_earlier_exclusions_count_against_the_cap() -> None:
     assert verdict.action == "requeue"
     assert verdict.exclude == ["n4", "n1", "n2"]
     assert verdict.lines[-1] == (
-        f"excluding node n2 ({NO_REPORT}); requeue attempt 3, excluded: n1, n2 (2 of max 2)"
+        f"excluding node n2 ({NO_REPORT}); requeue attempt 2, excluded: n1, n2 (2 of max 2)"
     )
 
 
@@ -128,7 +128,7 @@ def test_several_nodes_at_once_are_named_each_with_its_reason() -> None:
     verdict = plan({"n1": "a", "n2": "b"}, max_excluded=3)
     assert verdict.action == "requeue"
     assert verdict.lines[-1] == (
-        "excluding nodes n1, n2 (n1: a; n2: b); requeue attempt 2, excluded: n1, n2 (2 of max 3)"
+        "excluding nodes n1, n2 (n1: a; n2: b); requeue attempt 1, excluded: n1, n2 (2 of max 3)"
     )
 
 
@@ -240,7 +240,7 @@ def test_requeue_comes_before_the_update_and_the_record_counts_it(
     err = capsys.readouterr().err
     assert err.splitlines() == [
         "ddpkit: node n1: health check failed: exit code 1: bad",
-        "ddpkit: excluding node n1 (health check failed: exit code 1: bad); requeue attempt 2, "
+        "ddpkit: excluding node n1 (health check failed: exit code 1: bad); requeue attempt 1, "
         "excluded: n1 (1 of max 2)",
     ]
 
@@ -295,7 +295,7 @@ def test_healthy_nodes_ask_slurm_nothing(
     reports = f"{report_line('n2', None)}\n{report_line('n1', None)}\n"
     assert exclude.run(reports, ENV, max_excluded=2, record_dir=str(tmp_path), runner=slurm) == 0
     assert slurm.calls == []
-    assert capsys.readouterr().err == "ddpkit: health check passed on n1, n2 (attempt 1)\n"
+    assert capsys.readouterr().err == "ddpkit: health check passed on n1, n2 (attempt 0)\n"
     assert not list(tmp_path.iterdir())
 
 
@@ -441,7 +441,7 @@ def test_a_failed_step_with_a_failing_node_is_requeued_without_it(
     assert slurm.calls[-1][0] == ["scontrol", "update", "JobId=17", "ExcNodeList=n4,n1"]
     assert (
         "ddpkit: excluding node n1 (health check failed after the job's step exited 3: exit code "
-        "1: bad); requeue attempt 2, excluded: n1 (1 of max 2)"
+        "1: bad); requeue attempt 1, excluded: n1 (1 of max 2)"
     ) in capsys.readouterr().err
     # past the cap, the job ends with the step's code
     slurm = fake()
@@ -471,7 +471,7 @@ def test_a_node_the_watchdog_blamed_is_excluded_after_the_failed_step(
     assert slurm.calls[-1][0] == ["scontrol", "update", "JobId=17", "ExcNodeList=n4,n2"]
     assert (
         f"ddpkit: excluding node n2 (the watchdog after the job's step exited 137: {why}); "
-        "requeue attempt 2, excluded: n2 (1 of max 2)"
+        "requeue attempt 1, excluded: n2 (1 of max 2)"
     ) in capsys.readouterr().err
     assert not (tmp_path / ".ddpkit-blamed-17").exists()  # read once: a later failure is new
 

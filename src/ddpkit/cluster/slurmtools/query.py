@@ -65,6 +65,7 @@ class Row(NamedTuple):
     raw: str
     exit_code: int | None
     signal: int | None
+    restarts: int | None = None  # scontrol's Restarts= (the requeue count); other tools: None
 
 
 def _exit_code(text: str) -> tuple[int | None, int | None]:
@@ -145,7 +146,13 @@ def _scontrol_row(line: str) -> Row:
         job_id = f"{fields['ArrayJobId']}_{task if task.isdigit() else f'[{task}]'}"
     elif "HetJobOffset" in fields and "HetJobId" in fields:
         job_id = f"{fields['HetJobId']}+{fields['HetJobOffset']}"
-    return Row(job_id, fields.get("JobState", ""), *_exit_code(fields.get("ExitCode", "")))
+    restarts = fields.get("Restarts", "")
+    return Row(
+        job_id,
+        fields.get("JobState", ""),
+        *_exit_code(fields.get("ExitCode", "")),
+        int(restarts) if restarts.isdigit() else None,
+    )
 
 
 # per tool: the command (the job id is appended), its output parser, what "no row" means

@@ -143,7 +143,8 @@ def plan_exclusion(
     ddpkit excluded before; ``partition_nodes``: the usable nodes of the job's partition (None:
     not known, not checked); ``required``: its ``ReqNodeList`` (``--nodelist``); ``min_nodes``:
     the fewest nodes the job can run on (``nodes: MIN-MAX``; None: as many as it has now)."""
-    attempt = requeue_plan.restarts + 1
+    # from 0, the attempt the ranks see (ctx.attempt) and `ddpkit status` shows: one number
+    attempt = requeue_plan.restarts
     if not blamed:
         passed = f"health check passed on {', '.join(job_nodes)} (attempt {attempt})"
         return Verdict("run", [passed])

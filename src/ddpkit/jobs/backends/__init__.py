@@ -39,6 +39,7 @@ __all__ = [
     "SCHEDULERS",
     "Backend",
     "Request",
+    "SweepTask",
     "check_scheduler",
     "follower",
     "get_backend",
@@ -73,6 +74,19 @@ class Request:
         return self.text
 
 
+@dataclass(frozen=True)
+class SweepTask:
+    """One task of a sweep as ``ddpkit status ARRAY`` shows it: its job id (``123_4``), state,
+    run name (from its values), the run id its ranks have (None when the record does not say)
+    and its attempt (SLURM's requeue count of the task; None once the controller forgot it)."""
+
+    task: str
+    status: JobStatus
+    run: str
+    run_id: str | None
+    attempt: int | None
+
+
 class Backend(Protocol):
     """A way to run a job spec; every method but ``dry_run`` talks to a scheduler."""
 
@@ -94,11 +108,9 @@ class Backend(Protocol):
         """Stop the job (every step and process of it)."""
         ...
 
-    def sweep_status(
-        self, job_id: str, record: JobRecord | None
-    ) -> list[tuple[str, JobStatus, str]] | None:
-        """Every task of a recorded sweep, ``(task id, status, run name)``; None when
-        ``job_id`` is not a sweep's (or the backend has no sweeps)."""
+    def sweep_status(self, job_id: str, record: JobRecord | None) -> list[SweepTask] | None:
+        """Every task of a recorded sweep, in task order; None when ``job_id`` is not a
+        sweep's (or the backend has no sweeps)."""
         ...
 
     def log_files(

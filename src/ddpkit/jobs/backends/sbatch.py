@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpkit.cluster import slurmtools as slurm
-from ddpkit.cluster.slurmtools.arrays import query_tasks
+from ddpkit.cluster.slurmtools.arrays import query_array
 from ddpkit.cluster.slurmtools.config import max_array_size, show_config
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.backends import Request, get_backend
+from ddpkit.jobs.backends import Request, SweepTask, get_backend
 from ddpkit.jobs.logs import LogFile, numbered, pick, slurm_stdout, sweep_log_files
-from ddpkit.jobs.records import JobRecord, Via, new_record, record_path
+from ddpkit.jobs.records import JobRecord, Via, new_record, record_path, recorded_run_id
 from ddpkit.jobs.render import render_sbatch
 
 if TYPE_CHECKING:
@@ -42,14 +42,19 @@ class SlurmJobs:
     def cancel(self, job_id: str, record: JobRecord | None) -> None:
         slurm.cancel(slurm.parse_job_id(job_id))
 
-    def sweep_status(
-        self, job_id: str, record: JobRecord | None
-    ) -> list[tuple[str, JobStatus, str]] | None:
+    def sweep_status(self, job_id: str, record: JobRecord | None) -> list[SweepTask] | None:
         runs = None if record is None else record.sweep_runs
         if runs is None or not job_id.isdigit():
             return None
-        states = query_tasks(job_id, len(runs))
-        return [(f"{job_id}_{index}", states[index], run) for index, run in enumerate(runs)]
+        found = query_array(job_id, len(runs))  # one call per SLURM tool, however many tasks
+        tasks = []
+        for index, run in enumerate(runs):
+            task = f"{job_id}_{index}"
+            # the requeue count is the attempt of ddpkit's job scripts, as in api.run_of
+            attempt = found.restarts.get(index)
+            run_id = recorded_run_id(record, task)
+            tasks.append(SweepTask(task, found.states[index], run, run_id, attempt))
+        return tasks
 
     def log_files(
         self, job_id: str, record: JobRecord | None, rank: int | None

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.cluster import slurmtools as slurm
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError, DdpkitError
-from ddpkit.jobs.backends import Request
+from ddpkit.jobs.backends import Request, SweepTask
 from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record, submitted_run_id
@@ -162,9 +162,7 @@ class TorchxBackend:
     def cancel(self, job_id: str, record: JobRecord | None) -> None:
         cancel(record or record_for(job_id))
 
-    def sweep_status(
-        self, job_id: str, record: JobRecord | None
-    ) -> list[tuple[str, JobStatus, str]] | None:
+    def sweep_status(self, job_id: str, record: JobRecord | None) -> list[SweepTask] | None:
         return None  # torchx has no job arrays: refuse_sweep keeps sweeps away from it
 
     def log_files(
