@@ -28,9 +28,9 @@ __all__ = [
     "invalid",
     "no_nul",
     "node_range",
-    "split_nodes",
     "number_to_str",
     "shown",
+    "split_nodes",
     "stripped_hint",
 ]
 
