@@ -2,11 +2,12 @@
 
 A ``submitit.helpers.Checkpointable`` that trains what examples/train.py trains (the same
 data, model, optimizer, batch size, steps and step delay, 2 nodes x 1 process over gloo) with
-plain torch: ``TorchDistributedEnvironment`` for the ranks, ``torch.save`` every few steps on
-rank 0. On SIGUSR2 submitit calls :meth:`Train.checkpoint` on rank 0 (in its signal handler):
-it saves the current state, and submitit pickles the returned resubmission and runs
-``scontrol requeue``. The requeued run loads the newest checkpoint and prints "resumed from",
-as examples/train.py does, right before its next step.
+plain torch: ``TorchDistributedEnvironment`` for the ranks, DistributedDataParallel made before
+the checkpoint loads (as examples/train.py wraps first), ``torch.save`` every few steps on rank
+0. On SIGUSR2 submitit calls :meth:`Train.checkpoint` on rank 0 (in its signal handler): it
+saves the current state, and submitit pickles the returned resubmission and runs ``scontrol
+requeue``. The requeued run loads the newest checkpoint and prints "resumed from", as
+examples/train.py does, right before its next step.
 
 Imported by the job's tasks (the bench puts this folder on their PYTHONPATH), so that submitit
 pickles the class by reference.
@@ -62,6 +63,7 @@ class Train(submitit.helpers.Checkpointable):
         model = nn.Sequential(
             nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4)
         )
+        ddp = DistributedDataParallel(model)  # before the resume, as examples/train.py wraps
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         ck = Path(self.ck)
         found = sorted(ck.glob("ckpt-*.pt"))
@@ -73,7 +75,6 @@ class Train(submitit.helpers.Checkpointable):
             step = int(state["step"])
             if rank == 0:
                 print(f"resumed from {found[-1]} at step {step}", flush=True)
-        ddp = DistributedDataParallel(model)
         _LIVE.update(model=model, optimizer=optimizer, step=step)
         per_epoch = len(loader)
         loss_fn = nn.CrossEntropyLoss()
