@@ -432,3 +432,18 @@ def test_a_map_function_task_unpickles_its_call_without_ddpkits_submission_side(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["{'lr': '0.2'}", "[]"], done.stdout
+
+
+def test_a_call_pickled_under_its_old_name_still_loads() -> None:
+    """Arrays submitted before the move pickled ``ddpkit.jobs.backends.submitit._Call``: a
+    task of one that is requeued now unpickles it from there."""
+    import pickle
+
+    from ddpkit.jobs.keyword_call import KeywordCall
+
+    old = pickle.dumps(KeywordCall(dict, {"lr": "0.1"}), protocol=0).replace(
+        b"ddpkit.jobs.keyword_call\nKeywordCall", b"ddpkit.jobs.backends.submitit\n_Call"
+    )
+    assert b"_Call" in old
+    loaded = pickle.loads(old)
+    assert type(loaded) is KeywordCall and loaded() == {"lr": "0.1"}
