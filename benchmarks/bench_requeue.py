@@ -11,11 +11,13 @@ by polling every 50 ms from outside:
   running    SLURM started the requeued run
   resumed    the requeued run printed "resumed from" (its first step comes next)
 
-The baseline, run side by side: a fresh submission of the same job, from ``ddpkit submit`` to
-the same point (its "ddpkit: slurm, world size" line, printed right before the data and the
-model are built; the resumed run's line comes after the checkpoint load). The ratio compares
-"signal -> training again" with "submit -> training": what a preemption costs on top of
-simply starting the job, on an idle cluster.
+The peer, run side by side (the order alternating from trial to trial): submitit's own
+preemption path on the same cluster and payload (benchmarks/requeue_peer.py: the same data,
+model and steps in plain torch, as a ``submitit.helpers.Checkpointable``): the same signal,
+submitit's handler saves on rank 0 and requeues, the requeued run loads the checkpoint and
+prints "resumed from"; the same marks, timed the same way. A fresh submission of ddpkit's job,
+from ``ddpkit submit`` to its "ddpkit: slurm, world size" line, is shown as a reference (it
+skips SLURM's KillWait and requeue hold: what starting the job costs, not a preemption).
 
     python benchmarks/bench_requeue.py --trials 2 [--quick] [--json FILE]
 """
@@ -93,6 +95,27 @@ def requeued(root: Path) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(dir=root))
     ck = work / "ck"
     job = submit(work, f"--checkpoint-dir {ck}")
+    return preempted(job, work, ck)
+
+
+def submitit_requeued(root: Path) -> dict[str, float]:
+    """The peer: submitit's Checkpointable on the same payload, preempted the same way."""
+    import submitit
+    from requeue_peer import Train
+
+    work = Path(tempfile.mkdtemp(dir=root))
+    ck = work / "ck"
+    ck.mkdir()
+    executor = submitit.AutoExecutor(folder=work / "logs", cluster="slurm")
+    executor.update_parameters(
+        nodes=2, tasks_per_node=1, cpus_per_task=1, timeout_min=10, slurm_partition="debug"
+    )
+    job = executor.submit(Train(str(ck), epochs=2, train_size=4000, every=5, delay=0.05))
+    return preempted(str(job.job_id), work, ck)
+
+
+def preempted(job: str, work: Path, ck: Path) -> dict[str, float]:
+    """Seconds from ``scancel --signal=USR2`` (after the first checkpoint) to each mark."""
     wait(lambda: any(ck.glob("ckpt-*.pt")), "the first checkpoint")
     before = {p.name for p in ck.glob("ckpt-*.pt")}
     sh("scancel", "--signal=USR2", job)
@@ -109,6 +132,33 @@ def requeued(root: Path) -> dict[str, float]:
     return {name: at - t0 for name, at in marks.items()}
 
 
+DDPKIT = "ddpkit requeue: signal -> training"
+SUBMITIT = "submitit Checkpointable requeue: signal -> training"
+FRESH = "fresh submission: submit -> training"  # a reference (why.yaml's _references)
+
+
+def rows(
+    fresh_s: list[float], ours: list[dict[str, float]], peer: list[dict[str, float]]
+) -> list[dict[str, object]]:
+    """The report's rows: each side's marks (medians), and signal -> training again of both
+    sides with their trials (run side by side), the fresh submission beside them."""
+    trials = len(ours)
+    out: list[dict[str, object]] = []
+    for side, runs in (("ddpkit", ours), ("submitit", peer)):
+        phases = f"seconds after the stop signal, {side} (median of {trials}; 2 nodes x 1 process)"
+        for key in runs[0]:
+            value = statistics.median(run[key] for run in runs)
+            out.append(benchjson.row(phases, key, value, "s", False))
+    again = f"back to training (median of {trials})"
+    for name, values in (
+        (DDPKIT, [run["resumed"] for run in ours]),
+        (SUBMITIT, [run["resumed"] for run in peer]),
+        (FRESH, fresh_s),
+    ):
+        out.append(benchjson.row(again, name, statistics.median(values), "s", False, trials=values))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=2)
@@ -120,29 +170,34 @@ def main() -> None:
         raise SystemExit("set SLURM_CONF: source /tmp/ddpkit-slurm/env.sh (after ci/slurm-up)")
     kill_wait = re.search(r"KillWait\s*=\s*(\S+)", sh("scontrol", "show", "config"))
     print(f"cluster: KillWait {kill_wait.group(1) if kill_wait else '?'}; polling every 50 ms")
+    # submitit's tasks import the peer's class (PYTHONPATH) and run on one thread, as the spec's
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")])
+    )
+    os.environ["OMP_NUM_THREADS"] = "1"
     with tempfile.TemporaryDirectory(prefix="bench-requeue-") as tmp:
         root = Path(tmp)
-        base, runs = [], []
-        for trial in range(args.trials):  # alternate the two sides
+        base: list[float] = []
+        ours: list[dict[str, float]] = []
+        peer: list[dict[str, float]] = []
+        for trial in range(args.trials):  # side by side, the order alternating
+            sides = [
+                lambda: ours.append(requeued(root)),
+                lambda: peer.append(submitit_requeued(root)),
+            ]
+            for side in sides if trial % 2 == 0 else sides[::-1]:
+                side()
             base.append(fresh(root))
-            runs.append(requeued(root))
-            phases = "  ".join(f"{k} {v:5.2f}" for k, v in runs[-1].items())
-            print(f"trial {trial}: submit->training {base[-1]:5.2f} s | signal-> {phases}")
-    med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-    fresh_s = statistics.median(base)
-    print("median seconds after the signal: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
-    print(f"baseline (fresh submit -> training): {fresh_s:.2f} s")
-    print(f"signal -> training again: {med['resumed']:.2f} s, ratio to a fresh start "
-          f"{med['resumed'] / fresh_s:.2f}")  # fmt: skip
-    phases = f"seconds after the stop signal (median of {args.trials}; 2 nodes x 1 process)"
-    rows = [benchjson.row(phases, name, value, "s", False) for name, value in med.items()]
-    again = f"back to training (median of {args.trials})"
-    rows.append(benchjson.row(again, "fresh submission: submit -> training", fresh_s, "s", False))
-    rows.append(
-        benchjson.row(again, "ddpkit requeue: signal -> training", med["resumed"], "s", False)
-    )
+            for name, run in (("ddpkit", ours[-1]), ("submitit", peer[-1])):
+                phases = "  ".join(f"{k} {v:5.2f}" for k, v in run.items())
+                print(f"trial {trial}: {name:8s} signal-> {phases}")
+            print(f"trial {trial}: fresh submit->training {base[-1]:5.2f} s")
+    found = rows(base, ours, peer)
+    for row in found:
+        if str(row["figure"]).startswith("back to training"):
+            print(f"{row['variant']}: {row['value']:.2f} s  {row.get('trials')}")
     title = "Preemption: stop signal -> checkpoint -> requeue -> training again (test cluster)"
-    benchjson.write(args.json, "requeue", title, "python", rows)
+    benchjson.write(args.json, "requeue", title, "python", found)
 
 
 if __name__ == "__main__":

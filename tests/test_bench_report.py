@@ -349,3 +349,38 @@ def _state(pid: int) -> bytes:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
     except OSError:
         return b"Z"
+
+
+def test_the_requeue_bench_compares_with_submitits_requeue_and_shows_a_fresh_start() -> None:
+    import bench_requeue as bench
+    import yaml
+
+    def marks(resumed: float) -> dict[str, float]:
+        return {"saved": 0.05, "left": 0.06, "ended": 3.8, "running": 15.9, "resumed": resumed}
+
+    ours, peer = [marks(19.0), marks(18.0)], [marks(20.0), marks(21.0)]
+    found = bench.rows([2.5, 2.6], ours, peer)
+    by = {(row["figure"], row["variant"]): row for row in found}
+    again = "back to training (median of 2)"
+    assert (
+        by[again, bench.DDPKIT]["trials"] == [19.0, 18.0]
+        and by[again, bench.DDPKIT]["value"] == 18.5
+    )
+    assert by[again, bench.SUBMITIT]["value"] == 20.5
+    assert by["seconds after the stop signal, submitit (median of 2; 2 nodes x 1 process)", "ended"]
+    notes = yaml.safe_load((BENCH / "why.yaml").read_text())
+    doc = _doc(found, bench="requeue")
+    assert report_render.check_document(doc) == ""
+    text = report_render.render_markdown(
+        [Outcome("bench_requeue", "ok", doc=doc)], MACHINE, "c", notes
+    )
+    # the fresh submission (2.5 s: it skips SLURM's KillWait and requeue hold) is no baseline
+    assert f"| {bench.FRESH} (reference) | 2.55 |" in text, text
+    assert f"| {bench.SUBMITIT} | 20.5 | baseline |" in text
+    assert "BEHIND" not in text
+    peer = [marks(17.0), marks(17.5)]  # submitit back first in both trials: behind
+    doc = _doc(bench.rows([2.5, 2.6], ours, peer), bench="requeue")
+    text = report_render.render_markdown(
+        [Outcome("bench_requeue", "ok", doc=doc)], MACHINE, "c", notes
+    )
+    assert f"Verdict: **BEHIND**: {bench.DDPKIT} behind {bench.SUBMITIT}" in text

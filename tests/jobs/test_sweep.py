@@ -160,20 +160,37 @@ def test_a_value_with_a_newline_in_yaml_is_refused(
     assert_nothing_happened(tmp_path, calls)
 
 
-def test_more_runs_than_max_array_size_is_refused_before_anything_is_written(
-    tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str]
+def test_more_runs_than_max_array_size_is_refused_with_nothing_written(
+    tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the fake scontrol answers `show config` with a small MaxArraySize (the real cluster's 1001
-    # is checked in test_sweep_cluster.py)
+    # is checked in test_sweep_cluster.py); sbatch refuses the array as SLURM's does
     FakeTools(calls.parent / "bin").scontrol_config("MaxArraySize            = 3\n")
+    monkeypatch.setenv("FAKE_SBATCH_FAIL", "Batch job submission failed: Invalid job array spec")
     code, out, err = run(["submit", str(write_spec(tmp_path)), "--sweep", "lr=1,2,3,4"], capsys)
     assert (code, out) == (2, "")
     assert "sweep has 4 runs, more than this cluster's MaxArraySize=3 allows" in err
-    assert_nothing_happened(tmp_path, calls)
+    assert err.count("ddpkit: error:") == 1 and err.count("\n") <= 2, err  # and a warning
+    assert not (tmp_path / "home").exists() and not (tmp_path / "ddpkit-logs").exists()
+    # within the limit, sbatch's own refusal is what the user reads
+    code, out, err = run(["submit", str(write_spec(tmp_path)), "--sweep", "lr=1,2,3"], capsys)
+    assert code != 0 and "Invalid job array spec" in err and "MaxArraySize" not in err, err
+    assert not (tmp_path / "home").exists() and not (tmp_path / "ddpkit-logs").exists()
     # plan and dry-run need no cluster
     code, out, _ = run(["plan", str(write_spec(tmp_path)), "--sweep", "lr=1,2,3,4"], capsys)
     assert code == 0
     assert "# sweep: 4 runs (grid), one SLURM array task each" in out
+
+
+def test_a_sweep_sbatch_accepts_is_submitted_without_asking_for_max_array_size(
+    tmp_path: Path, calls: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # MaxArraySize is asked only to explain a refusal: scontrol here records every call
+    FakeTools(calls.parent / "bin", calls).scontrol_exits(0)
+    code, out, err = run(["submit", str(write_spec(tmp_path)), "--sweep", "lr=1,2,3,4"], capsys)
+    assert (code, out.strip()) == (0, "4242"), err
+    assert "--array=0-3" in (calls / "sbatch.stdin").read_text()
+    assert not (calls / "scontrol.args").exists(), (calls / "scontrol.args").read_text()
 
 
 def test_cli_sweep_replaces_the_specs_params_and_plan_shows_the_runs(
@@ -455,3 +472,48 @@ def test_the_sweep_section_loads_from_yaml(tmp_path: Path) -> None:
     spec = load_spec(path)
     assert spec.sweep is not None
     assert [t.run for t in spec.sweep.tasks] == ["lr=0.1,seed=1", "lr=0.2,seed=2"]
+
+
+def test_a_map_function_task_unpickles_its_call_without_ddpkits_submission_side(
+    tmp_path: Path, calls: Path
+) -> None:
+    """Each task of map_function's array unpickles its call before it runs: that must import
+    no more than submitit's own map_array does (the call's class once lived in the submitit
+    backend, and every task paid 0.2 s of YAML, Jinja2 and spec models before the function)."""
+    import sys
+
+    tools = FakeTools(calls.parent / "bin")
+    tools.srun()
+    tools.install("sbatch", "#!/bin/sh\necho Submitted batch job 77\n")  # as submitit reads it
+    spec = api.load(write_spec(tmp_path, "sweep: {params: {lr: ['0.1', '0.2']}}\n"))
+    jobs = api.map_function(dict, spec=spec)  # dict(**values): importable anywhere
+    assert [job.job_id for job in jobs] == ["77_0", "77_1"]
+    task = Path(spec.log_path) / "77_1_submitted.pkl"
+    code = (
+        "import pickle, sys\n"
+        f"call = pickle.loads(open({str(task)!r}, 'rb').read())\n"
+        "print(call.function(*call.args, **call.kwargs))\n"
+        "heavy = {'yaml', 'jinja2', 'pydantic', 'torch'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy\n"
+        "             or m.startswith(('ddpkit.jobs.backends', 'ddpkit.jobs.spec'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["{'lr': '0.2'}", "[]"], done.stdout
+
+
+def test_a_call_pickled_under_its_old_name_still_loads() -> None:
+    """Arrays submitted before the move pickled ``ddpkit.jobs.backends.submitit._Call``: a
+    task of one that is requeued now unpickles it from there."""
+    import pickle
+
+    from ddpkit.jobs.keyword_call import KeywordCall
+
+    old = pickle.dumps(KeywordCall(dict, {"lr": "0.1"}), protocol=0).replace(
+        b"ddpkit.jobs.keyword_call\nKeywordCall", b"ddpkit.jobs.backends.submitit\n_Call"
+    )
+    assert b"_Call" in old
+    loaded = pickle.loads(old)
+    assert type(loaded) is KeywordCall and loaded() == {"lr": "0.1"}

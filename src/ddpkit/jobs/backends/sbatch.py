@@ -144,8 +144,7 @@ class SbatchBackend(SlurmJobs):
 
     def schedule(self, request: Request) -> JobRecord:
         spec, script = request.spec, str(request.payload)
-        check_array_size(spec)
-        with log_dir_made(spec):
+        with log_dir_made(spec), array_refusal_explained(spec):
             job_id = slurm.submit_script(script, cwd=Path(spec.workdir))
         return new_record(spec, job_id, self.via, script)
 
@@ -155,7 +154,11 @@ BACKEND = SbatchBackend()
 
 def check_array_size(spec: JobSpec, *, runner: slurm.Runner = slurm.subprocess_runner) -> None:
     """Refuse a sweep with more tasks than the cluster's ``MaxArraySize`` allows (indices
-    0..MaxArraySize-1), before anything is written; unchecked when SLURM does not say."""
+    0..MaxArraySize-1), before anything is written; unchecked when SLURM does not say.
+
+    Asks ``scontrol show config``: the submitit paths call it first (submitit writes a pickle
+    per task before sbatch answers); the sbatch path asks only after sbatch refused
+    (:func:`array_refusal_explained`), so a submission that succeeds makes no extra call."""
     if spec.sweep is None:
         return
     limit = max_array_size(show_config(runner=runner))
@@ -167,6 +170,20 @@ def check_array_size(spec: JobSpec, *, runner: slurm.Runner = slurm.subprocess_r
             hint="split the sweep (fewer values per submission) or ask the admins to raise "
             "MaxArraySize in slurm.conf",
         )
+
+
+@contextmanager
+def array_refusal_explained(
+    spec: JobSpec, *, runner: slurm.Runner = slurm.subprocess_runner
+) -> Iterator[None]:
+    """When the submission inside fails and the sweep has more tasks than ``MaxArraySize``
+    allows, the error says so (sbatch's own, "Invalid job array specification", does not);
+    any other failure passes unchanged."""
+    try:
+        yield
+    except slurm.SlurmError:
+        check_array_size(spec, runner=runner)
+        raise
 
 
 @contextmanager

@@ -57,6 +57,7 @@ from ddpkit.jobs.backends import Request
 from ddpkit.jobs.backends.sbatch import SlurmJobs, check_array_size, log_dir_made
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
+from ddpkit.jobs.keyword_call import KeywordCall
 from ddpkit.jobs.logs import LogFile, numbered, pick, sweep_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record, submitted_run_id
 from ddpkit.jobs.render import batch_output_path
@@ -296,19 +297,13 @@ def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[
             hint="add a sweep: section (or --sweep), or use submit_function",
         )
     check_array_size(spec)
-    calls = [_Call(fn, dict(task.values)) for task in spec.sweep.tasks]
-    return list(make_executor(spec).map_array(_Call.__call__, calls))
+    calls = [KeywordCall(fn, dict(task.values)) for task in spec.sweep.tasks]
+    return list(make_executor(spec).map_array(KeywordCall.__call__, calls))
 
 
-class _Call:
-    """``fn(**kwargs)``, picklable, for map_array."""
-
-    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, str]) -> None:
-        self.fn = fn
-        self.kwargs = kwargs
-
-    def __call__(self) -> Any:
-        return self.fn(**self.kwargs)
+# Arrays submitted before KeywordCall moved out pickled it under this name: a requeued task
+# still finds it here.
+_Call = KeywordCall
 
 
 def submit_function(
