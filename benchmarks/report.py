@@ -1,7 +1,7 @@
 """Run every benchmark of the project and write a Markdown report with PNG plots.
 
     python benchmarks/report.py [--out benchmarks/results] [--quick]
-        [--slurm-env /tmp/ddpkit-slurm/env.sh] [--only loop,eval] [--timeout-s 600]
+        [--slurm-env /tmp/ddpkit-slurm/env.sh] [--only loop,eval [--merge]] [--timeout-s 600]
 
 Every ``benchmarks/bench_*.py`` runs in turn with ``--json FILE`` (and ``--quick``), its own
 way: a line ``# report-launcher: ddpkit run --nproc-per-node 2`` in the file starts it under
@@ -12,7 +12,8 @@ A new bench joins the report by following that protocol, without a change here. 
 ``OUT/REPORT.md`` (the machine, one table per bench with every figure's ratio to its baseline
 and a verdict saying where ddpkit is behind, with the why from ``benchmarks/why.yaml``),
 ``OUT/<bench>.png`` and ``OUT/results.json`` (every bench's outcome and figures, the machine:
-``--render-only`` rewrites the report from it, e.g. after editing why.yaml), and each bench's
+``--render-only`` rewrites the report from it, e.g. after editing why.yaml; ``--only X --merge``
+re-runs X and keeps the others' outcomes, the command line saying which ran when), and each bench's
 output in ``OUT/logs/``. A failing bench is reported with its stderr's tail; the exit code is 1.
 """
 
@@ -202,7 +203,15 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         help="run nothing: rewrite REPORT.md and the plots from OUT/results.json (after editing "
         "why.yaml, say)",
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: keep OUT/results.json's other benches and replace only these (the "
+        "report's command line then says which ran when, at what load)",
+    )
     args = parser.parse_args(argv)
+    if args.merge and not args.only:
+        parser.error("--merge: give --only the benches to re-run (e.g. --only scale --merge)")
     environ = os.environ if environ is None else environ
     notes = yaml.safe_load(args.why.read_text()) if args.why.is_file() else {}
     if args.render_only:
@@ -231,12 +240,25 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(f"report: {path.name}: {outcome.status} {outcome.reason} ({outcome.seconds:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
         outcomes.append(outcome)
-    outcomes += device_outcomes(args.out)
     shown = ["python", "benchmarks/report.py", *(argv if argv is not None else sys.argv[1:])]
     about = machine(started, (load, os.getloadavg()[0]))
-    saved = {"machine": about, "command": shlex.join(shown), "outcomes": outcomes}
+    command = shlex.join(shown)
+    if args.merge and (args.out / "results.json").is_file():
+        earlier = json.loads((args.out / "results.json").read_text())
+        fresh = {outcome.name for outcome in outcomes}
+        kept = [Outcome(**fields) for fields in earlier["outcomes"]
+                if fields["name"] not in fresh and "device" not in fields["name"]]  # fmt: skip
+        order = {fields["name"]: n for n, fields in enumerate(earlier["outcomes"])}
+        outcomes = sorted(kept + outcomes, key=lambda o: order.get(o.name, len(order)))
+        command = (
+            f"{earlier['command']}; then re-run on {about['date']} (load "
+            f"{about['load average (1 min) at start / end']}) with --only {args.only}"
+        )
+        about = earlier["machine"]
+    outcomes += device_outcomes(args.out)
+    saved = {"machine": about, "command": command, "outcomes": outcomes}
     (args.out / "results.json").write_text(json.dumps(saved, indent=1, default=vars) + "\n")
-    return write(args.out, outcomes, about, shlex.join(shown), notes)
+    return write(args.out, outcomes, about, command, notes)
 
 
 def write(

@@ -187,6 +187,34 @@ def test_a_real_bench_through_the_runner(tmp_path: Path) -> None:
     assert (tmp_path / "REPORT.md").read_text() == text  # the same report from results.json
 
 
+def test_merge_re_runs_only_the_named_bench_and_keeps_the_others(tmp_path: Path) -> None:
+    old = _doc([_row("checkpoint save", "ddpkit.save_checkpoint", 1.0)], bench="checkpoint")
+    kept = _doc([_row("a", "plain torch", 1.0), _row("a", "ddpkit", 1.0)], bench="a")
+    earlier = {
+        "machine": {**MACHINE, "date": "2026-01-01 00:00 UTC"},
+        "command": "python benchmarks/report.py",
+        "outcomes": [
+            {"name": "bench_a", "status": "ok", "doc": kept},
+            {"name": "bench_checkpoint", "status": "ok", "doc": old},
+        ],
+    }
+    (tmp_path / "results.json").write_text(json.dumps(earlier))
+    argv = ["--only", "checkpoint", "--quick", "--merge", "--out", str(tmp_path)]
+    assert report.main(argv, environ={}) == 0, tmp_path / "logs" / "bench_checkpoint.log"
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [o["name"] for o in saved["outcomes"]] == ["bench_a", "bench_checkpoint"]
+    assert saved["outcomes"][0]["doc"] == kept  # untouched
+    fresh = saved["outcomes"][1]["doc"]
+    assert fresh["command"] == "python benchmarks/bench_checkpoint.py --quick"
+    assert saved["machine"]["date"] == "2026-01-01 00:00 UTC"
+    assert saved["command"].startswith("python benchmarks/report.py; then re-run on 20")
+    assert saved["command"].endswith("with --only checkpoint")
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "| bench_a | ok |" in text and "| bench_checkpoint | ok |" in text
+    with pytest.raises(SystemExit):
+        report.main(["--merge", "--out", str(tmp_path)], environ={})
+
+
 def test_render_only_picks_up_a_why_note_written_afterwards(tmp_path: Path) -> None:
     rows = [_row("save", "torch.save", 10.0), _row("save", "ddpkit.save_checkpoint", 5.0)]
     outcome = {"name": "bench_c", "status": "ok", "seconds": 3.0, "doc": _doc(rows)}
