@@ -6,9 +6,10 @@ Run as one command (it spawns the ranks itself, gloo on 127.0.0.1)::
 
 For each message size (4 B .. 64 MiB; 4 B .. 4 MiB with ``--quick``) every trial measures the
 doctor's sweep (:func:`ddpkit.tools.commtest.sweep`) and a plain torch loop written the obvious
-way (``dist.all_reduce`` in a timed loop, same iterations), the side that goes first alternating
-from trial to trial (keep ``--runs`` even), and a raw TCP transfer of the same size from the
-last rank to rank 0 (one stream: what the link does without a collective). Printed: the median
+way (``dist.all_reduce`` in a timed loop, same iterations) twice each, in the order A B B A (the
+side that goes first alternating from trial to trial: keep ``--runs`` even), and a raw TCP
+transfer of the same size from the last rank to rank 0 (one stream: what the link does without a
+collective). Printed: the median
 time and busbw (algbw x 2(n-1)/n, as nccl-tests) per size and variant, and the ratio
 ddpkit / plain (the doctor must measure what torch does, so ~1.0 is the goal). ``--json FILE``
 writes the figures for the report generator (x = message bytes).
@@ -64,14 +65,19 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     try:
         for trial in range(args.runs):
             for size in sizes:
-                order = (DDPKIT, PLAIN) if trial % 2 == 0 else (PLAIN, DDPKIT)
-                for variant in order:
+                # A B B A (B A A B the next trial): each variant's trial value is the mean of
+                # one early and one late run, so a drift within the trial (the other rank
+                # lagging after the socket transfer, the machine's other work) hits both alike
+                first, second = (DDPKIT, PLAIN) if trial % 2 == 0 else (PLAIN, DDPKIT)
+                runs: dict[str, list[float]] = {DDPKIT: [], PLAIN: []}
+                for variant in (first, second, second, first):
                     if variant == DDPKIT:
                         row = commtest.sweep(torch.device("cpu"), (size,), quick=args.quick)[0]
-                        seconds = row.time_us / 1e6
+                        runs[variant].append(row.time_us / 1e6)
                     else:
-                        seconds = plain_loop(size, args.quick)
-                    times[variant].setdefault(size, []).append(seconds)
+                        runs[variant].append(plain_loop(size, args.quick))
+                for variant, seconds in runs.items():
+                    times[variant].setdefault(size, []).append(statistics.fmean(seconds))
                 gbps = commtest.socket_gbps("127.0.0.1", max(size, 4), 120.0)
                 if rank == 0 and gbps:
                     times[SOCKET].setdefault(size, []).append(size / (gbps * 1e9))
