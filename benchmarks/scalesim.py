@@ -38,7 +38,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.worker.rendezvous.group import make_store
-from ddpkit.worker.watchdog.policy import KEY_PREFIX, interval_for
+from ddpkit.worker.watchdog.policy import KEY_PREFIX, beat_interval_for, interval_for
 from ddpkit.worker.watchdog.store import StoreLink
 
 TIMEOUT = timedelta(seconds=600)
@@ -168,6 +168,7 @@ class Rank:
             host_rank=0,
             address=f"127.0.0.1:{self.port}",
             clock=time.monotonic,
+            beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as hooks.start
         )
         self.link.start()
         if not introduced.wait(600):
