@@ -363,7 +363,9 @@ class StoreLink:
 
     def _beat_values(self) -> list[int] | None:
         keys = [f"beat/{rank}" for rank in range(self.world_size)]
-        if not self._store.check(keys):
+        # rank 0 made every key before its first round (_introduce): no check of N keys a
+        # round (it doubled the keys rank 0 names a second); another rank may run before it
+        if self.rank != 0 and not self._store.check(keys):
             return None
         return [int(value) for value in self._store.multi_get(keys)]
 
