@@ -11,8 +11,9 @@ over ``--procs`` processes. Per world size N, the two variants alternate trial a
 * time to ready: from the moment every rank is let go until the last one is ready;
 * store calls per rank during start-up, and connections per rank;
 * watchdog load: store calls (and keys named) per second at the store once every rank is up,
-  over ``--window-s`` or one beat interval when that is longer (it grows past 512 ranks; any
-  window that long holds one beat of every rank) (plain torch has no watchdog: nothing);
+  over ``--window-s`` rounded up to whole beat intervals (the interval grows past 512 ranks;
+  ranks let go together beat together, so a window of whole intervals holds the same number
+  of beats of every rank) (plain torch has no watchdog: nothing);
 * stop agreement: ``PreemptionGuard.should_stop()`` (an all_reduce, no store call) against a
   plain ``dist.all_reduce`` of the same flag, real gloo processes with ``ddpkit.init()``, at
   the world sizes this machine runs as processes (2..8; 2..4 with ``--quick``).
@@ -133,7 +134,8 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     connections += scalesim.TALLY.snapshot()["connections"] - before["connections"]
     events[1].set()
     first = scalesim.TALLY.snapshot()
-    window_s = max(window_s, beat_interval_for(rank0.bound_s, world))
+    beat_s = beat_interval_for(rank0.bound_s, world)  # whole beat intervals: the ranks
+    window_s = math.ceil(window_s / beat_s - 1e-9) * beat_s  # were let go together
     time.sleep(window_s)
     events[2].set()
     last = scalesim.TALLY.snapshot()
