@@ -10,8 +10,10 @@ over ``--procs`` processes. Per world size N, the two variants alternate trial a
 
 * time to ready: from the moment every rank is let go until the last one is ready;
 * store calls per rank during start-up, and connections per rank;
-* watchdog load: store calls (and keys named) per second at the store over ``--window-s``
-  once every rank is up (plain torch has no watchdog: nothing);
+* watchdog load: store calls (and keys named) per second at the store once every rank is up,
+  over ``--window-s`` rounded up to whole beat intervals (the interval grows past 512 ranks;
+  ranks let go together beat together, so a window of whole intervals holds the same number
+  of beats of every rank) (plain torch has no watchdog: nothing);
 * stop agreement: ``PreemptionGuard.should_stop()`` (an all_reduce, no store call) against a
   plain ``dist.all_reduce`` of the same flag, real gloo processes with ``ddpkit.init()``, at
   the world sizes this machine runs as processes (2..8; 2..4 with ``--quick``).
@@ -37,6 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchjson
 import scalesim
+
+from ddpkit.worker.watchdog.policy import beat_interval_for
 
 DDPKIT, PLAIN = "ddpkit (rendezvous + watchdog)", "plain torch (env:// TCPStore)"
 STOP_DDPKIT, STOP_PLAIN = "ddpkit PreemptionGuard.should_stop", "plain dist.all_reduce(MAX)"
@@ -130,6 +134,8 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     connections += scalesim.TALLY.snapshot()["connections"] - before["connections"]
     events[1].set()
     first = scalesim.TALLY.snapshot()
+    beat_s = beat_interval_for(rank0.bound_s, world)  # whole beat intervals: the ranks
+    window_s = math.ceil(window_s / beat_s - 1e-9) * beat_s  # were let go together
     time.sleep(window_s)
     events[2].set()
     last = scalesim.TALLY.snapshot()

@@ -38,7 +38,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.worker.rendezvous.group import make_store
-from ddpkit.worker.watchdog.policy import KEY_PREFIX, interval_for
+from ddpkit.worker.watchdog.policy import KEY_PREFIX, beat_interval_for, interval_for
 from ddpkit.worker.watchdog.store import StoreLink
 
 TIMEOUT = timedelta(seconds=600)
@@ -128,6 +128,8 @@ class Rank:
     link: StoreLink | None = None
     tally: Tally = dataclasses.field(default_factory=Tally)
     setup_calls: int = 0  # this rank's store calls until it was ready
+    # when each step of a ddpkit rank's start-up ended (monotonic; scale_phases.py reads them)
+    stamps: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def run(self) -> None:
         try:
@@ -151,11 +153,15 @@ class Rank:
 
     def _ddpkit(self) -> None:
         info = rank_info(self.rank, self.world, self.port)
+        self.stamps["start"] = time.monotonic()
         self.store, _ = make_store(info, {}, 600.0, TIMEOUT)
+        self.stamps["connected"] = time.monotonic()
         self._group_formed()
+        self.stamps["formed"] = time.monotonic()
         with TALLY.lock:
             TALLY.connections += 1  # the watchdog's clone: a connection of its own
         own = self.store.clone()
+        self.stamps["cloned"] = time.monotonic()
         own.set_timeout(timedelta(seconds=max(10.0, 4 * interval_for(self.bound_s))))
         introduced = threading.Event()
         counted = Counting(PrefixStore(f"{KEY_PREFIX}0/1/", own), self.tally)
@@ -168,11 +174,12 @@ class Rank:
             host_rank=0,
             address=f"127.0.0.1:{self.port}",
             clock=time.monotonic,
+            beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as hooks.start
         )
         self.link.start()
         if not introduced.wait(600):
             raise TimeoutError("the watchdog link did not introduce itself in 600 s")
-        self.ready_at = time.monotonic()
+        self.ready_at = self.stamps["ready"] = time.monotonic()
         self.setup_calls = sum(self.tally.snapshot()["calls"].values())
 
 

@@ -166,6 +166,34 @@ def test_interval_is_a_quarter_of_the_bound_at_most_one_second() -> None:
     assert watchdog.interval_for(2) == 0.5
 
 
+@pytest.mark.parametrize(
+    ("bound_s", "world", "expected"),
+    [
+        (60, 1, 1.0),
+        (60, 64, 1.0),
+        (60, 512, 1.0),
+        (60, 1024, 2.0),
+        (60, 4096, 8.0),
+        (60, 96000, 15.0),  # a quarter of the bound at most: 4 beats a bound
+        (2, 4096, 0.5),
+        (120, 4096, 8.0),
+    ],
+)
+def test_the_beat_interval_stretches_with_the_world(
+    bound_s: float, world: int, expected: float
+) -> None:
+    assert watchdog.beat_interval_for(bound_s, world) == expected
+
+
+def test_the_heartbeat_load_at_the_store_stops_growing_past_512_ranks() -> None:
+    # each rank other than 0 makes 2 store calls a beat (its beat and its poll); before, the
+    # load was 2 calls/s per rank: 8,192 calls/s at 4,096 ranks
+    load = {n: 2 * (n - 1) / watchdog.beat_interval_for(60, n) for n in (2**k for k in range(13))}
+    assert load[4096] <= 2 * 512 and load[2048] <= 2 * 512 and load[1024] <= 2 * 512
+    assert max(load.values()) <= 2 * 512
+    assert load[4] == 6  # small worlds keep the 1 s beat
+
+
 # --- naming ---------------------------------------------------------------------------------------
 
 

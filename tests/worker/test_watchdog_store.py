@@ -35,7 +35,9 @@ def host() -> TCPStore:
     return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
-def _link(store: Any, rank: int, world: int, bound_s: float = 600.0) -> StoreLink:
+def _link(
+    store: Any, rank: int, world: int, bound_s: float = 600.0, beat_interval_s: float | None = None
+) -> StoreLink:
     return StoreLink(
         store,
         rank=rank,
@@ -45,6 +47,7 @@ def _link(store: Any, rank: int, world: int, bound_s: float = 600.0) -> StoreLin
         host_rank=0,
         address="127.0.0.1:0",
         clock=time.monotonic,
+        beat_interval_s=beat_interval_s,
     )
 
 
@@ -71,6 +74,9 @@ def test_rank_zero_creates_every_beat_key_in_one_call_whatever_the_world(
         assert counted.calls.get("multi_set") == 1
         # the start-up's store calls do not grow with the world (was one add per rank)
         assert counted.calls.get("add", 0) < 10
+        # each judging round reads the counters with one multi_get, never a check of N keys
+        _wait(lambda: counted.calls.get("multi_get", 0) >= 2, 10)
+        assert counted.calls.get("check", 0) == 0
     finally:
         link.stop()
 
@@ -103,6 +109,39 @@ def test_ranks_that_never_sent_a_beat_are_named_after_the_bound(host: TCPStore) 
             assert "stopped sending heartbeats" in marker
     finally:
         zero.stop()
+
+
+def test_rank_zero_judges_every_interval_while_the_others_beat_less_often(
+    host: TCPStore,
+) -> None:
+    # a large world: the others beat once a beat interval (30 s here, what policy gives a
+    # huge world at a long bound), rank 0 keeps its short interval, so a rank that stops
+    # beating is still named within the bound + 2 intervals, long before one beat interval
+    zero = _link(PrefixStore("w", host), 0, 3, bound_s=1.2, beat_interval_s=30.0)
+    one = _link(PrefixStore("w", host), 1, 3, bound_s=1.2, beat_interval_s=30.0)
+    zero.start()
+    one.start()
+    try:
+        _wait(lambda: host.check(["w/beat/1"]) and int(host.get("w/beat/1")) == 1, 10)
+        _wait(lambda: int(host.get("w/beat/0")) >= 4, 10)  # rank 0: every 0.3 s
+        assert int(host.get("w/beat/1")) == 1  # rank 1: once, its next beat is 30 s away
+        _wait(lambda: host.check(["w/exit/2"]), 10)  # rank 2 never beat: named after 1.2 s
+        assert "stopped sending heartbeats" in host.get("w/exit/2").decode()
+    finally:
+        one.stop()
+        zero.stop()
+
+
+def test_the_watchdog_beats_at_its_worlds_interval(host: TCPStore) -> None:
+    from ddpkit.worker.watchdog import hooks
+
+    client = TCPStore("127.0.0.1", host.port, is_master=False)
+    dog = hooks.start(rank=1, world_size=4096, bound_s=60.0, store=client)
+    try:
+        assert dog.interval_s == 1.0  # its judge samples as before
+        assert dog._link.beat_interval_s == 8.0  # 4,096 ranks: 512 beats a second in all
+    finally:
+        hooks.stop()
 
 
 def _names(host: TCPStore) -> set[int]:

@@ -24,7 +24,12 @@ from ddpkit.worker.watchdog import record as calls
 from ddpkit.worker.watchdog.guard import RankZeroGuard
 from ddpkit.worker.watchdog.hang import HangBounds
 from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
-from ddpkit.worker.watchdog.policy import HOOK_POLL_S, KEY_PREFIX, interval_for
+from ddpkit.worker.watchdog.policy import (
+    HOOK_POLL_S,
+    KEY_PREFIX,
+    beat_interval_for,
+    interval_for,
+)
 from ddpkit.worker.watchdog.store import DEFAULT_OP_TIMEOUT_S, KeyValue, StoreLink
 from ddpkit.worker.watchdog.straggler import StragglerWatch
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
@@ -159,6 +164,7 @@ def start(
         address=_store_address(base),
         clock=clock,
         op_timeout_s=op_timeout_s,
+        beat_interval_s=beat_interval_for(bound_s, world_size),
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:
@@ -169,7 +175,7 @@ def start(
             hangs,
             main=threading.current_thread(),
             clock=clock,
-            interval_s=watchdog.interval_s,
+            interval_s=link.beat_interval_s,  # every rank answers once a beat interval
             report_paths=report_paths(os.environ),
         )
         calls.install(record)

@@ -21,6 +21,9 @@ HOOK_POLL_S = 0.05
 SAY_TIMEOUT_S = 2.0  # how long a leaving rank waits for its marker to be written
 # In the RuntimeErrors a collective raises when a peer is gone (NCCL's are DistErrors).
 PEER_FAILURE_TEXTS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl")
+# Heartbeats a second that all ranks together send rank 0's store, at most, once the world is
+# large enough (each beat comes with one poll: twice that many store calls a second).
+BEATS_PER_S = 512.0
 
 
 # --- configuration (pure) -----------------------------------------------------------------------
@@ -52,6 +55,20 @@ def _is_off(raw: str) -> bool:
 def interval_for(bound_s: float) -> float:
     """How often the watchdog polls and samples: ``min(1 s, bound / 4)``."""
     return min(1.0, bound_s / 4)
+
+
+def beat_interval_for(bound_s: float, world_size: int) -> float:
+    """How often a rank other than 0 beats and polls the store: :func:`interval_for`, stretched
+    past :data:`BEATS_PER_S` ranks so that the ranks together beat at most that often a second
+    (``world_size / BEATS_PER_S`` s: 2 s at 1,024 ranks, 8 s at 4,096), never over a quarter
+    of the bound (a live rank beats at least 4 times a bound; past 7,680 ranks at the default
+    60 s bound the load grows with the world again).
+
+    Rank 0 keeps :func:`interval_for`: it judges every rank's counter that often, so a rank that
+    stops beating is still named within the bound + 2 intervals, whatever the world size. What
+    slows with the world is how soon the other ranks read a departure marker (once a beat
+    interval) and the heartbeat comparison a failed collective's excepthook makes."""
+    return min(bound_s / 4, max(interval_for(bound_s), world_size / BEATS_PER_S))
 
 
 def hook_wait_for(interval_s: float) -> float:

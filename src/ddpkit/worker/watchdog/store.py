@@ -59,11 +59,16 @@ class StoreLink:
         address: str,
         clock: Callable[[], float],
         op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
+        beat_interval_s: float | None = None,
     ) -> None:
         self._store = store
         self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
+        # how often the ranks other than 0 beat and poll (policy.beat_interval_for); rank 0
+        # judges their counters every interval_s, so its own loop keeps that one
+        self.beat_interval_s = interval_s if beat_interval_s is None else beat_interval_s
+        self._cadence_s = interval_s if rank == 0 else self.beat_interval_s
         self.host_rank, self.address = host_rank, address
         self._clock = clock
         self._lock = threading.Lock()
@@ -156,7 +161,7 @@ class StoreLink:
 
     def silent(self) -> list[Departure] | None:
         """Ranks with no marker whose beats did not move across the two snapshots a hurry
-        takes, >= 2 intervals apart (None until the second one)."""
+        takes, >= 2 beat intervals apart (None until the second one)."""
         with self._lock:
             return None if self._silent is None else list(self._silent)
 
@@ -175,7 +180,7 @@ class StoreLink:
                     self._store.add(f"beat/{self.rank}", 1)
                     if self.rank == 0:
                         self._check_beats(now)
-                    next_beat = now + self._interval_s
+                    next_beat = now + self._cadence_s
                 self._poll()
                 hurrying = self._clock() < self._hurry_until
                 if hurrying:
@@ -358,7 +363,9 @@ class StoreLink:
 
     def _beat_values(self) -> list[int] | None:
         keys = [f"beat/{rank}" for rank in range(self.world_size)]
-        if not self._store.check(keys):
+        # rank 0 made every key before its first round (_introduce): no check of N keys a
+        # round (it doubled the keys rank 0 names a second); another rank may run before it
+        if self.rank != 0 and not self._store.check(keys):
             return None
         return [int(value) for value in self._store.multi_get(keys)]
 
@@ -387,7 +394,7 @@ class StoreLink:
             first = self._snapshot_first
         now = self._clock()
         if first is not None and (
-            self._silent is not None or now - first[0] < 2.2 * self._interval_s
+            self._silent is not None or now - first[0] < 2.2 * self.beat_interval_s
         ):
             return
         values = self._beat_values()

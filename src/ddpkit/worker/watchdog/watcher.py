@@ -170,7 +170,7 @@ class Watchdog:
         """The store's host, leaving: give its peers time to read its marker and let go."""
         link = self._link
         if link.host_rank == self.rank:
-            linger_s = max(2.0, 3 * self.interval_s)
+            linger_s = max(2.0, 3 * link.beat_interval_s)  # the others poll that often
             link.call(lambda: link.linger(linger_s), linger_s + 1.0)
 
     def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:

@@ -1,0 +1,96 @@
+"""Where a simulated ddpkit rank's time to ready goes: one job of N ranks, per step of start-up.
+
+    python benchmarks/scale_phases.py [--procs 2] 1024 2048
+
+The same simulated ranks as ``bench_scale.py`` (:mod:`scalesim`, ddpkit's own code), stamped at
+the end of each step: connected (probe + torch's client), formed (every rank joined), cloned
+(the watchdog's own connection), ready (the watchdog introduced itself). Prints, per step, the
+spread over ranks (p50/p90/p99/max seconds) and when the last rank finished it. A diagnostic,
+not a figure of the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_scale
+import scalesim
+
+STEPS = ("start", "connected", "formed", "cloned", "ready")
+
+
+def worker(ranks: list[int], world: int, port: int, go: Any, out: Any) -> None:
+    bench_scale.raise_fd_limit()
+    threading.stack_size(256 * 1024)
+    scalesim.instrument()
+    out.put("loaded")
+    go.wait()
+    sims = [scalesim.Rank(rank, world, port, "ddpkit") for rank in ranks]
+    threads = [threading.Thread(target=sim.run, daemon=True) for sim in sims]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put(([sim.stamps for sim in sims], [sim.error for sim in sims if sim.error][:3]))
+    scalesim.stop_links(sims, 10)
+
+
+def job(world: int, procs: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    port, go, out = scalesim.listen_port(), ctx.Event(), ctx.Queue()
+    others = list(range(1, world))
+    chunks = [others[i::procs] for i in range(procs) if others[i::procs]]
+    children = [ctx.Process(target=worker, args=(c, world, port, go, out)) for c in chunks]
+    for child in children:
+        child.start()
+    for _ in children:
+        out.get(timeout=300)
+    rank0 = scalesim.Rank(0, world, port, "ddpkit")
+    host = threading.Thread(target=rank0.run, daemon=True)
+    host.start()
+    scalesim.wait_listening(port)
+    start = time.monotonic()
+    go.set()
+    stamps: list[dict[str, float]] = []
+    errors: list[str] = []
+    for _ in children:
+        got, errs = out.get(timeout=900)
+        stamps += got
+        errors += errs
+    host.join(600)
+    stamps.append(rank0.stamps)
+    for child in children:
+        child.join(30)
+    scalesim.stop_links([rank0])
+    if errors or rank0.error:
+        raise RuntimeError(f"N={world}: {[*errors, rank0.error or ''][:3]}")
+    figures: dict[str, Any] = {"N": world, "procs": procs}
+    figures["last_at_s"] = {s: round(max(t[s] for t in stamps) - start, 3) for s in STEPS}
+    for before, after in itertools.pairwise(STEPS):
+        spent = sorted(t[after] - t[before] for t in stamps)
+        at = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+        spread = {k: round(spent[int(q * (len(spent) - 1))], 3) for k, q in at.items()}
+        figures[f"{before}->{after}"] = {**spread, "max": round(spent[-1], 3)}
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("worlds", type=int, nargs="+")
+    parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
+    args = parser.parse_args()
+    for world in args.worlds:
+        print(json.dumps(job(world, args.procs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
