@@ -7,7 +7,9 @@ the checkpoint loads (as examples/train.py wraps first), ``torch.save`` every fe
 0. On SIGUSR2 submitit calls :meth:`Train.checkpoint` on rank 0 (in its signal handler): it
 saves the current state, and submitit pickles the returned resubmission and runs ``scontrol
 requeue``. The requeued run loads the newest checkpoint and prints "resumed from", as
-examples/train.py does, right before its next step.
+examples/train.py does, right before its next step. The data and the model are written out
+here, not imported from examples/train.py: that module imports ddpkit, whose import time the
+plain-torch side must not pay.
 
 Imported by the job's tasks (the bench puts this folder on their PYTHONPATH), so that submitit
 pickles the class by reference.
