@@ -4,10 +4,13 @@ still named."""
 
 from __future__ import annotations
 
+import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore
 
 from ddpkit.worker.watchdog.store import StoreLink
@@ -120,6 +123,9 @@ def test_rank_zero_judges_every_interval_while_the_others_beat_less_often(
     zero = _link(PrefixStore("w", host), 0, 3, bound_s=1.2, beat_interval_s=30.0)
     one = _link(PrefixStore("w", host), 1, 3, bound_s=1.2, beat_interval_s=30.0)
     zero.start()
+    # rank 0 creates every beat key at 0: a beat of rank 1 sent before that is reset (harmless
+    # in a job, where the next beat comes; here the next is 30 s away), so rank 1 starts after
+    _wait(lambda: host.check(["w/beat/2"]), 10)
     one.start()
     try:
         _wait(lambda: host.check(["w/beat/1"]) and int(host.get("w/beat/1")) == 1, 10)
@@ -179,3 +185,106 @@ def test_stop_outlasts_the_store_operation_in_flight(host: TCPStore, delay_s: fl
     link.stop()
     assert not link._thread.is_alive()
     assert host.add("t/done", 0) == 1  # its last operation happened, before stop() returned
+
+
+# --- the watchdog's own connection --------------------------------------------------------------
+
+
+class SlowClone(dist.Store):
+    """A real store (torch's own Python store type, so ``PrefixStore`` takes it) whose
+    ``clone()`` waits for ``release``: a store host slow to accept a thousand connections."""
+
+    def __init__(self, inner: TCPStore, release: threading.Event) -> None:
+        super().__init__()
+        self.inner, self.release, self.cloned = inner, release, threading.Event()
+
+    def set(self, key: str, value: Any) -> None:
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self.inner.get(key))
+
+    def add(self, key: str, value: int) -> int:
+        return int(self.inner.add(key, value))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.inner.check(keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return list(self.inner.multi_get(keys))
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        self.inner.multi_set(keys, values)
+
+    def append(self, key: str, value: Any) -> None:
+        self.inner.append(key, value)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    def clone(self) -> TCPStore:
+        assert self.release.wait(60), "the test never released the clone"
+        self.cloned.set()
+        return self.inner.clone()
+
+
+def _prefix() -> str:
+    from ddpkit.worker.watchdog import hooks
+    from ddpkit.worker.watchdog.policy import KEY_PREFIX
+
+    return f"{KEY_PREFIX}0/{hooks._PROCESS.generation}//"  # PrefixStore joins with a "/"
+
+
+def test_start_returns_before_the_watchdog_has_its_own_connection(host: TCPStore) -> None:
+    # init() waited for the clone: at thousands of ranks let go by one barrier, every rank's
+    # init() queued behind a thousand connects to rank 0's store
+    from ddpkit.worker.watchdog import hooks
+
+    release = threading.Event()
+    slow = SlowClone(TCPStore("127.0.0.1", host.port, is_master=False), release)
+    started = threading.Thread(target=hooks.start, kwargs={
+        "rank": 1, "world_size": 2, "bound_s": 60.0, "store": slow})  # fmt: skip
+    started.start()
+    try:
+        started.join(30)
+        assert not started.is_alive(), "start() waited for the watchdog's connection"
+        assert not slow.cloned.is_set()
+        assert not host.check([f"{_prefix()}who/1"])  # its thread is still connecting
+        release.set()
+        _wait(lambda: host.check([f"{_prefix()}who/1"]), 10)  # then it introduces itself
+        assert slow.cloned.is_set()
+    finally:
+        release.set()
+        hooks.stop()
+
+
+def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
+    host: TCPStore,
+) -> None:
+    # a TCPStore client runs one operation at a time: on the program's own connection, a
+    # training script blocked in store.wait() would hold every heartbeat (and be named dead)
+    from ddpkit.worker.watchdog import hooks
+
+    client = TCPStore("127.0.0.1", host.port, is_master=False)
+    hooks.start(rank=1, world_size=2, bound_s=2.0, store=client)  # beats every 0.5 s
+    beat = f"{_prefix()}beat/1"
+    try:
+        _wait(lambda: host.check([beat]) and int(host.get(beat)) >= 1, 10)
+        waited: list[BaseException] = []
+
+        def program() -> None:
+            try:
+                client.wait(["never"], timedelta(seconds=4))
+            except dist.DistStoreError as timed_out:
+                waited.append(timed_out)
+
+        blocked = threading.Thread(target=program)
+        blocked.start()
+        time.sleep(0.5)  # the program is inside its wait now
+        before = int(host.get(beat))
+        _wait(lambda: int(host.get(beat)) >= before + 3, 3.4)  # while it still waits
+        assert blocked.is_alive()
+        blocked.join(10)
+        assert waited, "the program's wait did not time out as it should"
+    finally:
+        hooks.stop()

@@ -2,7 +2,8 @@
 atexit marker, and ``start`` / ``stop`` / ``active`` for ``ddpkit.init()`` and ``shutdown()``.
 
 The only module of the watchdog with process-global state and the only one importing torch
-(when a watchdog starts: it clones the default group's store, see :mod:`ddpkit.compat`).
+(when a watchdog starts: its store thread clones the default group's store, see
+:mod:`ddpkit.compat`).
 """
 
 from __future__ import annotations
@@ -115,6 +116,29 @@ def _store_address(store: Store) -> str:
     return f"{host}:{port}"
 
 
+def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Callable[[], KeyValue | None]:
+    """What the watchdog's store thread calls first: a connection of its own to ``base``'s
+    store (a ``clone()``, torch >= 2.4 for TCPStore), so that its heartbeats are never queued
+    behind the program's store calls (a TCPStore client runs one operation at a time: a
+    ``wait`` in the training script would hold every beat), each operation bounded by
+    ``op_timeout_s``. None (keep ``base``, bounded by the group's own timeout) when the store
+    cannot be cloned."""
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    def connect() -> KeyValue | None:
+        clone = getattr(base, "clone", None)
+        if clone is None:
+            return None
+        try:
+            own = clone()
+            own.set_timeout(timedelta(seconds=op_timeout_s))
+        except Exception:  # any failure: the shared connection still works
+            return None  # the group's own timeout then; the exit wait stays bounded by ours
+        return cast(KeyValue, PrefixStore(prefix, own))
+
+    return connect
+
+
 def start(
     *,
     rank: int,
@@ -137,25 +161,17 @@ def start(
 
     stop("left the job")
     base = store if store is not None else default_store()
-    own = base
-    op_timeout_s = max(DEFAULT_OP_TIMEOUT_S, 4 * interval_for(bound_s))
-    clone = getattr(base, "clone", None)  # torch >= 2.4 for TCPStore
-    if clone is not None:
-        try:
-            own = clone()  # its own connection: never queued behind the program's store calls
-            own.set_timeout(timedelta(seconds=op_timeout_s))
-        except RuntimeError:
-            own = base  # the group's own timeout then; the exit wait stays bounded by ours
-    missing = [name for name in ("append", "multi_get", "check") if not hasattr(own, name)]
+    missing = [name for name in ("append", "multi_get", "check") if not hasattr(base, name)]
     if missing:
-        raise RuntimeError(f"the store ({type(own).__name__}) lacks {', '.join(missing)}")
+        raise RuntimeError(f"the store ({type(base).__name__}) lacks {', '.join(missing)}")
+    op_timeout_s = max(DEFAULT_OP_TIMEOUT_S, 4 * interval_for(bound_s))
     host_rank = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) else 0
     # Restarts of a torchrun job may share one store; so may several init()s of one process.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     _PROCESS.generation += 1
     prefix = f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/"
     link = StoreLink(
-        cast(KeyValue, PrefixStore(prefix, own)),
+        cast(KeyValue, PrefixStore(prefix, base)),
         rank=rank,
         world_size=world_size,
         interval_s=interval_for(bound_s),
@@ -165,6 +181,7 @@ def start(
         clock=clock,
         op_timeout_s=op_timeout_s,
         beat_interval_s=beat_interval_for(bound_s, world_size),
+        connect=own_connection(base, prefix, op_timeout_s),
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:

@@ -38,6 +38,35 @@ class KeyValue(Protocol):
     def append(self, key: str, value: str) -> None: ...
 
 
+class _Current:
+    """The store a link uses now (its own connection once its thread made it), for the work
+    other watchers hand to :meth:`StoreLink.call`."""
+
+    def __init__(self, link: StoreLink) -> None:
+        self._link = link
+
+    def set(self, key: str, value: str) -> None:
+        self._link._store.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return self._link._store.get(key)
+
+    def add(self, key: str, value: int) -> int:
+        return self._link._store.add(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._link._store.check(keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._link._store.multi_get(keys)
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self._link._store.multi_set(keys, values)
+
+    def append(self, key: str, value: str) -> None:
+        self._link._store.append(key, value)
+
+
 @dataclass
 class _Request:
     work: Callable[[], None]
@@ -60,8 +89,13 @@ class StoreLink:
         clock: Callable[[], float],
         op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
         beat_interval_s: float | None = None,
+        connect: Callable[[], KeyValue | None] | None = None,
     ) -> None:
         self._store = store
+        # The link's own connection, made by its thread before its first operation (None:
+        # keep ``store``): init() does not wait for it, and with thousands of ranks let go by
+        # the same barrier their connects are not one burst that every init() waits behind.
+        self._connect = connect
         self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
@@ -97,8 +131,9 @@ class StoreLink:
 
     @property
     def kv(self) -> KeyValue:
-        """The store, for work handed to :meth:`call` (it runs on the store thread)."""
-        return self._store
+        """The store, for work handed to :meth:`call` (it runs on the store thread): whichever
+        connection the link uses when that work runs."""
+        return _Current(self)
 
     def start(self) -> None:
         self._thread.start()
@@ -169,6 +204,10 @@ class StoreLink:
 
     def _run(self) -> None:
         try:
+            if self._connect is not None:
+                own = self._connect()
+                if own is not None:
+                    self._store = own
             self._introduce()
             next_beat = 0.0
             while True:
