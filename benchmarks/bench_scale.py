@@ -1,15 +1,27 @@
 """How the control plane's cost grows with the job: 2 -> 4096 simulated ranks on one store.
 
-    python benchmarks/bench_scale.py [--max-ranks 4096] [--procs 2] [--runs 2] [--window-s 3]
-        [--quick] [--json FILE]
+    python benchmarks/bench_scale.py [--max-ranks 4096] [--procs 2] [--ranks-per-proc 256]
+        [--runs 2] [--window-s 3] [--quick] [--json FILE]
 
 Each simulated rank is a thread with its own store client doing what a rank does against the
 rendezvous store (:mod:`scalesim`: ddpkit's own rendezvous and watchdog code, beside plain
 torch's ``env://`` store rendezvous), rank 0 in this process hosting the store, the others spread
-over ``--procs`` processes. Per world size N, the two variants alternate trial after trial:
+over ``--procs`` processes, more when that would put over ``--ranks-per-proc`` ranks in one
+(thousands of threads in one interpreter fight over its GIL: at 2,048 ranks in 2 processes the
+threads' hand-offs, not the store, set the pace). Per world size N, the two variants alternate
+trial after trial, with the same layout:
 
-* time to ready: from the moment every rank is let go until the last one is ready;
+* time to ready: from the moment every rank is let go until the last one is ready (where
+  ``init()`` / ``init_process_group`` returns on it);
+* watchdog up (ddpkit): until the last rank's watchdog has its own connection and has
+  introduced itself (``init()`` does not wait for it; until then a rank's death is caught
+  by the collective timeout, as without ddpkit);
 * store calls per rank during start-up, and connections per rank;
+* store host CPU per rank: the CPU time of rank 0's store server thread (torch's libuv loop,
+  the one resource every rank shares) from the let-go until every rank is up, over N;
+* client CPU per rank: the CPU time of the processes holding the other ranks over the same
+  span, over N - 1 (a real rank spends it on its own node; here every rank's shares this
+  machine's 2 cores, which is what bounds time to ready past ~1,000 ranks);
 * watchdog load: store calls (and keys named) per second at the store once every rank is up,
   over ``--window-s`` rounded up to whole beat intervals (the interval grows past 512 ranks;
   ranks let go together beat together, so a window of whole intervals holds the same number
@@ -68,17 +80,21 @@ def worker(job: tuple[list[int], int, int, str], events: Any, out: Any) -> None:
     go, window, finish = events
     out.put(("loaded", None))
     go.wait()
+    cpu_before = time.process_time()
     sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
     threads = [threading.Thread(target=sim.run, daemon=True) for sim in sims]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    cpu_s = time.process_time() - cpu_before  # every rank of this process, until all were up
     errors = [sim.error for sim in sims if sim.error]
     ready = max((sim.ready_at or math.inf for sim in sims), default=0.0)
+    up = max((sim.up_at or 0.0 for sim in sims), default=0.0)
     setup = [sim.setup_calls for sim in sims]
-    body = {"ready_at": ready, "errors": errors[:3], "calls": sum(setup), "max_calls": max(setup),
-            "connections": scalesim.TALLY.snapshot()["connections"]}  # fmt: skip
+    connections = scalesim.TALLY.snapshot()["connections"]
+    body = {"ready_at": ready, "up_at": up, "errors": errors[:3], "calls": sum(setup),
+            "max_calls": max(setup), "connections": connections, "cpu_s": cpu_s}  # fmt: skip
     out.put(("ready", body))
     window.wait()
     first = scalesim.TALLY.snapshot()
@@ -121,14 +137,17 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     host = threading.Thread(target=rank0.run, daemon=True)  # plain: waits for every client
     host.start()
     scalesim.wait_listening(port)
+    store_cpu = scalesim.store_threads_cpu()  # rank 0's server is up: it listens
     start = time.monotonic()
     events[0].set()
     ready = expect("ready")
     host.join(600)
+    store_cpu_s = scalesim.store_cpu_since(store_cpu)
     errors = [e for body in ready for e in body["errors"]] + ([rank0.error] if rank0.error else [])
     if errors or rank0.ready_at is None:
         raise RuntimeError(f"{variant} at N={world}: {errors[:3] or 'rank 0 not ready'}")
     ready_s = max([body["ready_at"] for body in ready] + [rank0.ready_at]) - start
+    up_s = max([body["up_at"] for body in ready] + [rank0.up_at or 0.0]) - start
     calls = sum(body["calls"] for body in ready) + rank0.setup_calls
     connections = sum(body["connections"] for body in ready)
     connections += scalesim.TALLY.snapshot()["connections"] - before["connections"]
@@ -147,6 +166,9 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     scalesim.stop_links([rank0])
     return {
         "ready_s": ready_s,
+        "up_s": up_s if variant == "ddpkit" else 0.0,
+        "store_cpu_ms": 1e3 * store_cpu_s / world,
+        "client_cpu_ms": 1e3 * sum(body["cpu_s"] for body in ready) / max(1, world - 1),
         "calls_per_rank": calls / world,
         "connections_per_rank": connections / world,
         "rank0_calls": float(rank0.setup_calls),
@@ -189,9 +211,10 @@ def agree(rank: int, world: int, port: int, calls: int, out: Any) -> None:
             for _ in range(calls):
                 if variant == STOP_DDPKIT:
                     guard.should_stop()
-                else:
+                else:  # what a script without ddpkit does to decide: the flag's value read
                     flag = torch.tensor([0], dtype=torch.int32)
                     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    bool(flag.item())
             slowest = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             times[variant].append(float(slowest.item()) * 1e6)
@@ -239,6 +262,9 @@ def growth(points: list[tuple[float, float]]) -> str:
 
 FIGURES = [  # key, figure, unit, higher is better
     ("ready_s", "time to ready", "s", False),
+    ("up_s", "watchdog up (every rank introduced)", "s", False),
+    ("store_cpu_ms", "store host CPU per rank, start-up", "ms", False),
+    ("client_cpu_ms", "client CPU per rank, start-up (simulated ranks)", "ms", False),
     ("calls_per_rank", "store calls per rank, start-up (mean)", "calls", False),
     ("rank0_calls", "store calls of rank 0, start-up", "calls", False),
     ("max_other_calls", "store calls of any other rank, start-up (max)", "calls", False),
@@ -277,6 +303,7 @@ def main() -> None:
     benchjson.add_arguments(parser)
     parser.add_argument("--max-ranks", type=int, default=4096)
     parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
+    parser.add_argument("--ranks-per-proc", type=int, default=256, help="at most, per process")
     parser.add_argument("--runs", type=int, default=2, help="trials per N (order alternates)")
     parser.add_argument("--window-s", type=float, default=3.0, help="heartbeat window")
     parser.add_argument("--stop-max", type=int, default=8, help="largest real gloo group")
@@ -292,7 +319,8 @@ def main() -> None:
             order = (DDPKIT, PLAIN) if trial % 2 == 0 else (PLAIN, DDPKIT)
             for variant in order:
                 kind = "ddpkit" if variant == DDPKIT else "plain"
-                found = job(n, kind, args.procs, args.window_s)
+                procs = max(args.procs, math.ceil((n - 1) / args.ranks_per_proc))
+                found = job(n, kind, procs, args.window_s)
                 results[variant].setdefault(n, []).append(found)
                 print(f"N={n} {variant}: {found}", flush=True)
     print_table(results)

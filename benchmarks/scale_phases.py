@@ -3,8 +3,9 @@
     python benchmarks/scale_phases.py [--procs 2] 1024 2048
 
 The same simulated ranks as ``bench_scale.py`` (:mod:`scalesim`, ddpkit's own code), stamped at
-the end of each step: connected (probe + torch's client), formed (every rank joined), cloned
-(the watchdog's own connection), ready (the watchdog introduced itself). Prints, per step, the
+the end of each step: connected (probe + torch's client), formed (every rank joined), ready
+(``init()`` returns: the watchdog's thread started), cloned (that thread's own connection),
+introduced (the watchdog introduced itself). Prints, per step, the
 spread over ranks (p50/p90/p99/max seconds) and when the last rank finished it. A diagnostic,
 not a figure of the report.
 """
@@ -25,16 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scale
 import scalesim
 
-STEPS = ("start", "connected", "formed", "cloned", "ready")
+STEPS = ("start", "connected", "formed", "ready", "cloned", "introduced")
 
 
-def worker(ranks: list[int], world: int, port: int, go: Any, out: Any) -> None:
+def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: str) -> None:  # noqa: PLR0917
     bench_scale.raise_fd_limit()
     threading.stack_size(256 * 1024)
     scalesim.instrument()
     out.put("loaded")
     go.wait()
-    sims = [scalesim.Rank(rank, world, port, "ddpkit") for rank in ranks]
+    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
     threads = [threading.Thread(target=sim.run, daemon=True) for sim in sims]
     for thread in threads:
         thread.start()
@@ -44,17 +45,17 @@ def worker(ranks: list[int], world: int, port: int, go: Any, out: Any) -> None:
     scalesim.stop_links(sims, 10)
 
 
-def job(world: int, procs: int) -> dict[str, Any]:
+def job(world: int, procs: int, variant: str = "ddpkit") -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     port, go, out = scalesim.listen_port(), ctx.Event(), ctx.Queue()
     others = list(range(1, world))
     chunks = [others[i::procs] for i in range(procs) if others[i::procs]]
-    children = [ctx.Process(target=worker, args=(c, world, port, go, out)) for c in chunks]
+    children = [ctx.Process(target=worker, args=(c, world, port, go, out, variant)) for c in chunks]
     for child in children:
         child.start()
     for _ in children:
         out.get(timeout=300)
-    rank0 = scalesim.Rank(0, world, port, "ddpkit")
+    rank0 = scalesim.Rank(0, world, port, variant)
     host = threading.Thread(target=rank0.run, daemon=True)
     host.start()
     scalesim.wait_listening(port)
@@ -73,9 +74,10 @@ def job(world: int, procs: int) -> dict[str, Any]:
     scalesim.stop_links([rank0])
     if errors or rank0.error:
         raise RuntimeError(f"N={world}: {[*errors, rank0.error or ''][:3]}")
-    figures: dict[str, Any] = {"N": world, "procs": procs}
-    figures["last_at_s"] = {s: round(max(t[s] for t in stamps) - start, 3) for s in STEPS}
-    for before, after in itertools.pairwise(STEPS):
+    steps = [step for step in STEPS if step in stamps[0]]
+    figures: dict[str, Any] = {"N": world, "procs": procs, "variant": variant}
+    figures["last_at_s"] = {s: round(max(t[s] for t in stamps) - start, 3) for s in steps}
+    for before, after in itertools.pairwise(steps):
         spent = sorted(t[after] - t[before] for t in stamps)
         at = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
         spread = {k: round(spent[int(q * (len(spent) - 1))], 3) for k, q in at.items()}
@@ -87,9 +89,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("worlds", type=int, nargs="+")
     parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
+    parser.add_argument("--variant", choices=("ddpkit", "plain"), default="ddpkit")
     args = parser.parse_args()
     for world in args.worlds:
-        print(json.dumps(job(world, args.procs)), flush=True)
+        print(json.dumps(job(world, args.procs, args.variant)), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,29 +4,32 @@ A *rank* here is a thread holding its own store client and doing exactly what a 
 against the rendezvous store, with ddpkit's own code (no copy of it):
 
 * ``ddpkit``: :func:`ddpkit.worker.rendezvous.group.make_store` (rank 0 hosts, the others probe
-  and connect, every wait bounded), then the group forms (``init()`` calls
-  ``init_process_group``, which returns on no rank before every rank has joined: gloo connects
-  its full mesh, NCCL, given the device, initialises eagerly; here a store barrier, the same
-  check-in plain torch's ``TCPStore`` constructor does, not counted either), then the watchdog's
-  store link
-  (:class:`ddpkit.worker.watchdog.store.StoreLink` over a ``clone()`` of that client, under a
-  ``PrefixStore`` as :func:`ddpkit.worker.watchdog.hooks.start` makes it), left running to
-  measure its heartbeats. Ready: the link has introduced itself (``who/<rank>``; rank 0 also
-  created every ``beat/<rank>`` key).
-* ``plain``: what ``init_process_group("env://")`` does before its backend: torch's
-  ``TCPStore(addr, port, world_size, is_master=rank == 0)`` (rank 0 hosts and waits in its
-  constructor until every client has checked in). Ready: rank 0's constructor returned.
+  and connect, every wait bounded), then the group forms, then the watchdog starts as
+  :func:`ddpkit.worker.watchdog.hooks.start` starts it (a
+  :class:`~ddpkit.worker.watchdog.store.StoreLink` under a ``PrefixStore``, whose thread first
+  makes its own connection with :func:`~ddpkit.worker.watchdog.hooks.own_connection`, a
+  ``clone()``, then introduces itself: ``who/<rank>``; rank 0 also creates every
+  ``beat/<rank>`` key), left running to measure its heartbeats. Ready: where ``init()``
+  returns, the link's thread started. The watchdog is *up* once the link has introduced
+  itself, a figure of its own (``init()`` does not wait for it).
+* ``plain``: what ``init_process_group("env://")`` does: torch's ``TCPStore(addr, port,
+  world_size, is_master=rank == 0)`` (rank 0 hosts and waits in its constructor until every
+  client has checked in), then the group forms. Ready: where ``init_process_group`` returns.
 
-What the backend then does through the store (gloo's full-mesh address exchange, NCCL's unique
-id) is the same with or without ddpkit and is not simulated. Every store call a rank makes from
-Python goes through :class:`Counting` (the calls and the keys they name); each TCP connection to
-the store is counted apart (torch's client handshake, a validate and a ping, plus an ``add`` of its
+The group forms the same way in both (a store barrier: an ``add``, one ``wait``, uncounted):
+``init_process_group`` returns on no rank before every rank has joined (gloo's address exchange
+and full-mesh connect, NCCL's unique id through the store), with or without ddpkit, so both
+variants pay the release of every waiting rank. What the backend does through the store beyond
+that is the same on both sides and is not simulated. Every store call a rank makes from Python
+goes through :class:`Counting` (the calls and the keys they name); each TCP connection to the
+store is counted apart (torch's client handshake, a validate and a ping, plus an ``add`` of its
 check-in key when given the world size, happens inside its constructor, out of Python's sight).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections import Counter
@@ -38,6 +41,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.worker.rendezvous.group import make_store
+from ddpkit.worker.watchdog.hooks import own_connection
 from ddpkit.worker.watchdog.policy import KEY_PREFIX, beat_interval_for, interval_for
 from ddpkit.worker.watchdog.store import StoreLink
 
@@ -122,7 +126,8 @@ class Rank:
     port: int
     variant: str
     bound_s: float = 60.0
-    ready_at: float | None = None
+    ready_at: float | None = None  # where init() / init_process_group returns
+    up_at: float | None = None  # ddpkit: its watchdog has introduced itself
     error: str | None = None
     store: Any = None
     link: StoreLink | None = None
@@ -141,12 +146,15 @@ class Rank:
             self.error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
     def _plain(self) -> None:
+        self.stamps["start"] = time.monotonic()
         self.store = _counted_tcpstore("127.0.0.1", self.port, self.world, self.rank == 0, TIMEOUT)
-        self.ready_at = time.monotonic()
+        self.stamps["connected"] = time.monotonic()
+        self._group_formed()
+        self.ready_at = self.stamps["formed"] = self.stamps["ready"] = time.monotonic()
 
     def _group_formed(self) -> None:
-        """Until every rank has joined (what ``init_process_group`` waits for before ``init()``
-        starts the watchdog): one ``add``, one ``wait``, uncounted, as torch's own check-in."""
+        """Until every rank has joined (``init_process_group`` returns on no rank before): one
+        ``add``, one ``wait``, uncounted, the same for both variants."""
         if int(self.store.add("sim/joined", 1)) == self.world:
             self.store.set("sim/formed", "1")
         self.store.wait(["sim/formed"], TIMEOUT)
@@ -158,15 +166,23 @@ class Rank:
         self.stamps["connected"] = time.monotonic()
         self._group_formed()
         self.stamps["formed"] = time.monotonic()
-        with TALLY.lock:
-            TALLY.connections += 1  # the watchdog's clone: a connection of its own
-        own = self.store.clone()
-        self.stamps["cloned"] = time.monotonic()
-        own.set_timeout(timedelta(seconds=max(10.0, 4 * interval_for(self.bound_s))))
         introduced = threading.Event()
-        counted = Counting(PrefixStore(f"{KEY_PREFIX}0/1/", own), self.tally)
+        prefix = f"{KEY_PREFIX}0/1/"
+        op_timeout_s = max(10.0, 4 * interval_for(self.bound_s))
+        own = own_connection(self.store, prefix, op_timeout_s)  # as hooks.start
+
+        def connect() -> Any:  # on the link's thread, as in hooks.start, counted
+            with TALLY.lock:
+                TALLY.connections += 1  # the watchdog's clone: a connection of its own
+            made = own()
+            self.stamps["cloned"] = time.monotonic()
+            if made is None:
+                raise RuntimeError("the watchdog could not clone the store")
+            return _Introduced(Counting(made, self.tally), introduced, self.rank)
+
+        shared = PrefixStore(prefix, self.store)
         self.link = StoreLink(
-            _Introduced(counted, introduced, self.rank),  # type: ignore[arg-type]
+            _Introduced(Counting(shared, self.tally), introduced, self.rank),
             rank=self.rank,
             world_size=self.world,
             interval_s=interval_for(self.bound_s),
@@ -174,12 +190,15 @@ class Rank:
             host_rank=0,
             address=f"127.0.0.1:{self.port}",
             clock=time.monotonic,
+            op_timeout_s=op_timeout_s,
             beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as hooks.start
+            connect=connect,
         )
         self.link.start()
+        self.ready_at = self.stamps["ready"] = time.monotonic()  # init() returns here
         if not introduced.wait(600):
             raise TimeoutError("the watchdog link did not introduce itself in 600 s")
-        self.ready_at = self.stamps["ready"] = time.monotonic()
+        self.up_at = self.stamps["introduced"] = time.monotonic()
         self.setup_calls = sum(self.tally.snapshot()["calls"].values())
 
 
@@ -203,6 +222,27 @@ class _Introduced:
         self._inner.multi_set(keys, values)
         if self._host and keys and keys[0].startswith("beat/"):
             self._done.set()
+
+
+def store_threads_cpu() -> dict[int, float]:
+    """CPU seconds spent so far by each store server thread of this process (torch's libuv
+    loop, ``pt_tcpstore_uv``: the one resource every rank of a job shares), by thread id."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="ascii") as comm:
+                if comm.read().strip() != "pt_tcpstore_uv":
+                    continue
+            found[int(tid)] = time.clock_gettime((~int(tid) << 3) | 6)  # that thread's clock
+        except OSError:  # the thread ended
+            continue
+    return found
+
+
+def store_cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the store threads spent since ``before`` (one started since, all of it: the
+    server's loop thread may start just after its socket listens)."""
+    return sum(cpu - before.get(tid, 0.0) for tid, cpu in store_threads_cpu().items())
 
 
 def wait_listening(port: int, timeout_s: float = 60.0) -> None:

@@ -412,3 +412,26 @@ def test_the_requeue_bench_compares_with_submitits_requeue_and_shows_a_fresh_sta
         [Outcome("bench_requeue", "ok", doc=doc)], MACHINE, "c", notes
     )
     assert f"Verdict: **BEHIND**: {bench.DDPKIT} behind {bench.SUBMITIT}" in text
+
+
+def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_store_spends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both variants pay the group's forming (init_process_group returns on no rank before every
+    rank joined); ddpkit's ready is where init() returns, its watchdog's start-up (a connection
+    of its own, then the introduction) a figure apart; the store server's CPU and the ranks'
+    own are measured, not assumed. 8 simulated ranks in 2 processes, each variant once."""
+    monkeypatch.setenv("RES_OPTIONS", "timeout:1 attempts:1")  # what the bench sets (setdefault)
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import bench_scale
+
+    ours = bench_scale.job(8, "ddpkit", 2, 1.0)
+    plain = bench_scale.job(8, "plain", 2, 1.0)
+    assert 0 < ours["ready_s"] <= ours["up_s"] < 60
+    assert 0 < plain["ready_s"] < 60 and plain["up_s"] == 0.0
+    # 7 clients: probe + client + the watchdog's own; rank 0: its own clone
+    assert ours["connections_per_rank"] == (7 * 3 + 1) / 8
+    assert plain["connections_per_rank"] == 1.0
+    for found in (ours, plain):
+        assert found["store_cpu_ms"] > 0 and found["client_cpu_ms"] > 0, found
+    assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0
