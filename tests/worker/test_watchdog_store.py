@@ -288,3 +288,29 @@ def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
         assert waited, "the program's wait did not time out as it should"
     finally:
         hooks.stop()
+
+
+def test_a_slow_own_connection_is_not_taken_for_a_silent_store(host: TCPStore) -> None:
+    # init() no longer waits for the watchdog's connection: a store slow to accept it (a
+    # thousand ranks connecting at once) must not get the store's host named gone by the judge
+    release = threading.Event()
+
+    def connect() -> Any:
+        assert release.wait(30)
+        return PrefixStore("w", host)
+
+    link = StoreLink(
+        PrefixStore("w", host), rank=1, world_size=2, interval_s=0.1, bound_s=0.4,
+        host_rank=0, address="127.0.0.1:0", clock=time.monotonic, connect=connect,
+    )  # fmt: skip
+    link.start()
+    try:
+        time.sleep(1.0)  # 2.5 bounds into the connect
+        assert link.store_departure(time.monotonic()) is None
+        release.set()
+        _wait(lambda: host.check(["w/who/1"]), 10)
+        assert link.store_departure(time.monotonic()) is None  # it answers: not gone
+        assert link.store_departure(time.monotonic() + 5.0) is not None  # silent 5 s: gone
+    finally:
+        release.set()
+        link.stop()

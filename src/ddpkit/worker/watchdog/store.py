@@ -96,6 +96,7 @@ class StoreLink:
         # keep ``store``): init() does not wait for it, and with thousands of ranks let go by
         # the same barrier their connects are not one burst that every init() waits behind.
         self._connect = connect
+        self._connecting = connect is not None
         self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
@@ -168,6 +169,8 @@ class StoreLink:
         with self._lock:
             if self.failure is not None or self.released:
                 return self.failure
+            if self._connecting:  # bounded by the store's own timeout, then a failure
+                return None
             silent_s = now - self.last_ok
         if silent_s < self._bound_s:
             return None
@@ -208,6 +211,8 @@ class StoreLink:
                 own = self._connect()
                 if own is not None:
                     self._store = own
+            with self._lock:  # the store's silence counts from here: a slow connect is not it
+                self.last_ok, self._connecting = self._clock(), False
             self._introduce()
             next_beat = 0.0
             while True:
