@@ -139,8 +139,12 @@ def test_two_nodes_two_processes_every_rank_where_slurm_put_it(
 
 def test_two_multi_node_jobs_at_once_on_the_same_nodes(jobs: Jobs) -> None:
     # 2 nodes x 1 process each: both fit at once even on 2-CPU nodes; each holds its process
-    # group (and rank 0 its port) for a few seconds, so a shared port would fail one of them
-    spec = jobs.spec("name: pair\nnodes: 2\n", args="--sleep 4")
+    # group (and rank 0 its port) for a few seconds, so a shared port would fail one of them.
+    # Both are pinned to the same two nodes: left to SLURM, a job of another test running at
+    # the time can send them to different pairs (seen in CI: n3,n4 and n1,n2)
+    names = jobs.slurm.run("sinfo", "--noheader", "--format", "%n").stdout.split()
+    pair = ",".join(sorted(set(names))[:2])
+    spec = jobs.spec(f"name: pair\nnodes: 2\nsbatch:\n  nodelist: {pair}\n", args="--sleep 4")
     first, second = jobs.submit(spec), jobs.submit(spec)
 
     def both_running() -> bool:
@@ -156,6 +160,7 @@ def test_two_multi_node_jobs_at_once_on_the_same_nodes(jobs: Jobs) -> None:
         assert [r["sum"] for r in found[job]] == [3, 3]
         assert {r["node"] for r in found[job]} == set(placement(jobs.slurm, job))
     assert set(placement(jobs.slurm, first)) == set(placement(jobs.slurm, second))
+    assert ",".join(sorted(placement(jobs.slurm, first))) == pair
     ports = {job: {r["master_port"] for r in rows} for job, rows in found.items()}
     assert len(ports[first]) == len(ports[second]) == 1
     assert ports[first] != ports[second]
