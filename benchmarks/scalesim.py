@@ -20,7 +20,10 @@ The group forms the same way in both (a store barrier: an ``add``, one ``wait``,
 ``init_process_group`` returns on no rank before every rank has joined (gloo's address exchange
 and full-mesh connect, NCCL's unique id through the store), with or without ddpkit, so both
 variants pay the release of every waiting rank. What the backend does through the store beyond
-that is the same on both sides and is not simulated. Every store call a rank makes from Python
+that is the same on both sides and is not simulated; nor is the watchdog's judging thread
+(``init()`` starts it too; it never touches the store) or the run-id broadcast ``init()`` makes
+only when neither SLURM, torchrun nor the user named the run (one small collective, not a store
+call). Every store call a rank makes from Python
 goes through :class:`Counting` (the calls and the keys they name); each TCP connection to the
 store is counted apart (torch's client handshake, a validate and a ping, plus an ``add`` of its
 check-in key when given the world size, happens inside its constructor, out of Python's sight).
