@@ -198,7 +198,7 @@ def start(
         calls.install(record)
     if straggler_s is not None:
         watchdog.stragglers = StragglerWatch(
-            link.call, link.kv, rank=rank, world_size=world_size, period_s=straggler_s,
+            link.call, lambda: link.kv, rank=rank, world_size=world_size, period_s=straggler_s,
             totals=TIMES.totals, clock=clock,
         )  # fmt: skip
     _wire_process()

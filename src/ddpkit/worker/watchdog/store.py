@@ -38,35 +38,6 @@ class KeyValue(Protocol):
     def append(self, key: str, value: str) -> None: ...
 
 
-class _Current:
-    """The store a link uses now (its own connection once its thread made it), for the work
-    other watchers hand to :meth:`StoreLink.call`."""
-
-    def __init__(self, link: StoreLink) -> None:
-        self._link = link
-
-    def set(self, key: str, value: str) -> None:
-        self._link._store.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        return self._link._store.get(key)
-
-    def add(self, key: str, value: int) -> int:
-        return self._link._store.add(key, value)
-
-    def check(self, keys: list[str]) -> bool:
-        return self._link._store.check(keys)
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._link._store.multi_get(keys)
-
-    def multi_set(self, keys: list[str], values: list[str]) -> None:
-        self._link._store.multi_set(keys, values)
-
-    def append(self, key: str, value: str) -> None:
-        self._link._store.append(key, value)
-
-
 @dataclass
 class _Request:
     work: Callable[[], None]
@@ -132,9 +103,9 @@ class StoreLink:
 
     @property
     def kv(self) -> KeyValue:
-        """The store, for work handed to :meth:`call` (it runs on the store thread): whichever
-        connection the link uses when that work runs."""
-        return _Current(self)
+        """The store, for work handed to :meth:`call` (it runs on the store thread): read it
+        there, not before: the thread swaps in its own connection before its first call."""
+        return self._store
 
     def start(self) -> None:
         self._thread.start()

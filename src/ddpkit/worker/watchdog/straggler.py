@@ -152,7 +152,7 @@ class StragglerWatch:
     def __init__(
         self,
         call: Callable[[Callable[[], None], float], bool],
-        store: Any,
+        store: Callable[[], Any],
         *,
         rank: int,
         world_size: int,
@@ -160,7 +160,8 @@ class StragglerWatch:
         totals: Callable[[], Mapping[str, Any]],
         clock: Callable[[], float],
     ) -> None:
-        self._call, self._store = call, store  # the link's call: runs work on the store thread
+        # the link's call runs work on the store thread, which reads the link's store there
+        self._call, self._store = call, store
         self.rank, self.world_size, self.period_s = rank, world_size, period_s
         self._totals, self._clock = totals, clock
         self._next = clock() + period_s
@@ -173,15 +174,16 @@ class StragglerWatch:
             return None
         self._next = now + self.period_s
         mine = json.dumps({**self._totals(), "host": self._host})
-        self._call(lambda: self._store.set(f"straggler/{self.rank}", mine), CALL_S)
+        self._call(lambda: self._store().set(f"straggler/{self.rank}", mine), CALL_S)
         if self.judge is None:
             return None
         keys = [f"straggler/{rank}" for rank in range(self.world_size)]
         read: list[Any] = []
 
         def gather() -> None:
-            if self._store.check(keys):  # every rank posted once: multi_get will not block
-                read.extend(self._store.multi_get(keys))
+            store = self._store()
+            if store.check(keys):  # every rank posted once: multi_get will not block
+                read.extend(store.multi_get(keys))
 
         if not self._call(gather, CALL_S) or not read:
             return None
