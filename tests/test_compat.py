@@ -71,6 +71,51 @@ def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> No
     ], f"{TORCH}: TailLog no longer writes header + line in one write"
 
 
+def _tail_until(out: io.StringIO, done: Callable[[str], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not done(out.getvalue()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@reach
+def test_a_line_tailed_in_pieces_is_printed_as_one_line(tmp_path: Path) -> None:
+    """A worker's line read before it ended (its text and its newline in two writes, as
+    ``print`` under PYTHONUNBUFFERED=1) is held for its end, while another rank's line goes on;
+    a piece never ended is printed after the hold, and at the stop."""
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    original = tail_log.tail_logfile
+    logs = {rank: tmp_path / f"{rank}.log" for rank in (0, 1, 2)}
+    for log in logs.values():
+        log.write_text("")
+    out = io.StringIO()
+    with compat.tail_logs_tuned(0.01):
+        assert tail_log.tail_logfile is not original, f"{TORCH}: tail_logfile was not replaced"
+        prefixes = {rank: f"[rank{rank}]: " for rank in logs}
+        tail = mp_api.TailLog("trainer", {r: str(p) for r, p in logs.items()}, out, prefixes)
+        tail.start()
+        with logs[0].open("a") as zero, logs[1].open("a") as one, logs[2].open("a") as two:
+            zero.write("loss 0.5")
+            zero.flush()
+            time.sleep(0.3)  # 30 polls see the piece
+            one.write("a whole line\n")
+            one.flush()
+            _tail_until(out, lambda text: "whole" in text)
+            zero.write(" at step 3\n")
+            zero.flush()
+            _tail_until(out, lambda text: "step 3" in text)
+            two.write("10%")  # never ended: printed once held for HOLD_PARTIAL_LINE_S
+            two.flush()
+            _tail_until(out, lambda text: "10%" in text)
+            assert "[rank2]: 10%" in out.getvalue(), f"a piece never ended was held: {out!r}"
+            two.write(" 20%")  # the last piece: printed at the stop
+        tail.stop()
+    assert tail_log.tail_logfile is original  # put back afterwards
+    assert out.getvalue() == (
+        "[rank1]: a whole line\n[rank0]: loss 0.5 at step 3\n[rank2]: 10%[rank2]:  20%"
+    ), out.getvalue()
+
+
 @reach
 def test_rdzv_method_names_cheap_gives_torchs_answer() -> None:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous

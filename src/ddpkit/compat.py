@@ -8,6 +8,8 @@ against the installed version and names that version when one has moved.
     reach                          dependency  what ddpkit does with it
     TailLog in mp_api, its         torch       ``ddpkit run`` polls tee'd logs every 10 ms and
       (name, files, dst) args                  prints torch's own "[rankN]: " prefix once
+    tail_log.tail_logfile and its  torch       ... and prints a line its worker wrote in two
+      parameters                               pieces as one line (PYTHONUNBUFFERED=1)
     run.config_from_args           torch       ``ddpkit run`` builds its LaunchConfig with
                                                torchrun's own parser and logic
     run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
@@ -104,10 +106,68 @@ class _OncePrefixed:
         return getattr(self._dst, name)
 
 
+# how long a tee'd line read without its end (its writer has not finished it) is held for the
+# rest before it is printed as it is, as torch prints it: a progress bar without newlines shows
+HOLD_PARTIAL_LINE_S = 1.0
+_TAIL_PARAMETERS = ("header", "file", "dst", "finished", "interval_sec", "log_line_filter")
+
+
+def _tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start calls)
+    header: str,
+    file: str,
+    dst: Any,
+    finished: Any,
+    interval_sec: float,
+    log_line_filter: Any = None,
+) -> None:
+    """torch's ``tail_log.tail_logfile``, except for a line read before its writer finished it.
+
+    torch prefixes whatever ``readline`` returns, and at the end of a file that is a piece of a
+    line: a worker under ``PYTHONUNBUFFERED=1`` (set in many images and job scripts) writes a
+    ``print``'s text and its newline in two writes, and a poll between them printed
+    ``[rank0]: text[rank0]: `` and an empty line, with another rank's line possibly between
+    the two pieces. Here a piece is held until its line ends (at most
+    :data:`HOLD_PARTIAL_LINE_S`, then printed as torch prints it) and the line is written once,
+    with its header. The rest is torch's: wait for the file, poll every ``interval_sec``, read
+    to the end once ``finished`` is set; ``log_line_filter`` as torch applies it.
+    """
+    import time
+
+    while not os.path.exists(file):
+        if finished.is_set():
+            return
+        time.sleep(interval_sec)
+
+    def emit(text: str) -> None:
+        if log_line_filter and log_line_filter(text):
+            dst.write(f"{header}{text}")
+
+    held, since = "", 0.0
+    with open(file, errors="replace") as fp:
+        while True:
+            piece = fp.readline()
+            if piece:
+                if not held:
+                    since = time.monotonic()
+                held += piece
+                if held.endswith("\n"):
+                    emit(held)
+                    held = ""
+                continue
+            done = finished.is_set()  # read before the hold is judged: nothing comes after it
+            if held and (done or time.monotonic() - since >= HOLD_PARTIAL_LINE_S):
+                emit(held)
+                held = ""
+            if done:
+                break
+            time.sleep(interval_sec)
+
+
 @contextmanager
 def tail_logs_tuned(interval_s: float) -> Iterator[None]:
     """While the block runs, torch's tee of worker logs polls every ``interval_s`` (not its
-    fixed 0.1 s) and prints torch's own ``[rankN]: `` traceback prefix only once.
+    fixed 0.1 s), prints torch's own ``[rankN]: `` traceback prefix only once, and prints a
+    line that reached the log in pieces as one line (:func:`_tail_whole_lines`).
 
     Why the interval: at shutdown torch stops one ``TailLog`` per tee'd stream and each stop
     waits out a poll sleep, in step with the agent's 0.1 s monitor loop: +0.2 s per launch with
@@ -118,13 +178,20 @@ def tail_logs_tuned(interval_s: float) -> Iterator[None]:
     replaced and its defaults apply. Price of 10 ms: polling costs the agent ~1% of a core per
     tee'd stream (2 ranks, stdout+stderr: ~3-4% of one core, measured).
     """
+    import inspect
+
     from torch.distributed.elastic.multiprocessing import api as mp_api
+    from torch.distributed.elastic.multiprocessing import tail_log
     from torch.distributed.elastic.multiprocessing.tail_log import TailLog
 
     original = getattr(mp_api, "TailLog", None)
     if not (isinstance(original, type) and issubclass(original, TailLog)):
         yield
         return
+    tail: Any = getattr(tail_log, "tail_logfile", None)
+    # only a function that takes what ours takes is replaced: should torch change it, its own
+    # stays (pieces of lines printed as before)
+    whole_lines = callable(tail) and tuple(inspect.signature(tail).parameters) == _TAIL_PARAMETERS
 
     class _PromptTailLog(original):  # type: ignore[misc, valid-type]
         def __init__(self, name: str, log_files: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
@@ -132,10 +199,14 @@ def tail_logs_tuned(interval_s: float) -> Iterator[None]:
             super().__init__(name, log_files, _OncePrefixed(dst), *args, **kwargs)
 
     mp_api.TailLog = _PromptTailLog  # type: ignore[attr-defined]
+    if whole_lines:
+        tail_log.tail_logfile = _tail_whole_lines  # TailLog.start looks it up by this name
     try:
         yield
     finally:
         mp_api.TailLog = original  # type: ignore[attr-defined]
+        if whole_lines:
+            tail_log.tail_logfile = tail
 
 
 @contextmanager

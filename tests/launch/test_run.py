@@ -184,6 +184,34 @@ def test_two_ranks_all_reduce_with_prefixed_ordered_output(
         ]
 
 
+PIECES = """
+import os, sys, time
+rank = os.environ["RANK"]
+for i in range(8):
+    for stream in (sys.stdout, sys.stderr):
+        stream.write(f"piece {rank} {i} a")  # as print under PYTHONUNBUFFERED=1: text, then
+        stream.flush()  # its newline, in a second write
+        time.sleep(0.04)  # 4 polls of the tee between them
+        stream.write(" b\\n")
+        stream.flush()
+"""
+
+
+def test_a_line_written_in_pieces_is_printed_as_one_line(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    script = tmp_path / "pieces.py"
+    script.write_text(PIECES)
+    assert main(["run", "--nproc-per-node", "2", str(script)]) == 0
+    out, err = capfd.readouterr()
+    for text in (out, err):
+        lines = by_rank(text)
+        for rank in (0, 1):
+            pieces = [line for line in lines[rank] if line.startswith("piece")]
+            assert pieces == [f"piece {rank} {i} a b" for i in range(8)], text
+    assert all(PREFIX.match(line) for line in out.splitlines() if line), out
+
+
 def test_two_concurrent_runs_via_python_m_do_not_collide() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc_per_node=2", WORKER]

@@ -16,10 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^\[rank(\d)\]: run (\S+) attempt (\d+) origin (\S+)$", re.MULTILINE)
 
 
-def launch(capfd: pytest.CaptureFixture[str], folder: Path) -> list[tuple[str, ...]]:
+def launch(capfd: pytest.CaptureFixture[str], folder: Path) -> tuple[list[tuple[str, ...]], str]:
     argv = ["run", "--nproc-per-node", "2", "--max-restarts", "1"]
-    assert main([*argv, str(ROOT / "tests/scripts/run_id_worker.py"), str(folder)]) == 0
-    return LINE.findall(capfd.readouterr().out)
+    code = main([*argv, str(ROOT / "tests/scripts/run_id_worker.py"), str(folder)])
+    captured = capfd.readouterr()
+    output = f"stdout:\n{captured.out}\nstderr:\n{captured.err[-4000:]}"
+    assert code == 0, output
+    return LINE.findall(captured.out), output
 
 
 @pytest.mark.multiproc
@@ -28,10 +31,10 @@ def test_restarted_workers_keep_the_run_id_and_count_the_attempt(
 ) -> None:
     for name in ("DDPKIT_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)
-    lines = launch(capfd, tmp_path / "ckpt")
+    lines, output = launch(capfd, tmp_path / "ckpt")
     assert sorted((rank, attempt) for rank, _, attempt, _ in lines) == [
         ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1"),
-    ], lines  # fmt: skip
+    ], output  # fmt: skip
     (run_id,) = {run_id for _, run_id, _, _ in lines}
     origins = {attempt: origin for _, _, attempt, origin in lines}
-    assert origins == {"0": "none", "1": f"{run_id}/0"}, lines
+    assert origins == {"0": "none", "1": f"{run_id}/0"}, output
