@@ -4,9 +4,12 @@ still named."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -314,3 +317,46 @@ def test_a_slow_own_connection_is_not_taken_for_a_silent_store(host: TCPStore) -
     finally:
         release.set()
         link.stop()
+
+
+EXIT_WHILE_CONNECTING = """
+import sys
+from datetime import timedelta
+from torch.distributed import TCPStore
+from ddpkit.worker.watchdog import hooks
+host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+client = TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=float(sys.argv[1])))
+del host  # the store's host is gone: the watchdog's clone() retries until the client's timeout
+hooks.start(rank=1, world_size=2, bound_s=60.0, store=client)
+print("started", flush=True)
+"""  # and the program ends at once, its watchdog's thread inside torch's clone()
+
+
+@pytest.mark.multiproc
+@pytest.mark.sidecar  # up to ~25 s of waiting each
+@pytest.mark.parametrize("clone_s", [0.5, 3.0, 11.5, 30.0])
+def test_a_rank_that_ends_while_its_watchdog_connects_exits_with_its_own_code(
+    tmp_path: Path, clone_s: float
+) -> None:
+    # init() no longer waits for the watchdog's connection, so a program can end (or rank 0
+    # vanish) while the watchdog's thread is still inside torch's clone(): the clone fails
+    # before the exit (0.5 s: torch gives up after two tries, ~2x), while the exit waits for
+    # the thread (3 s), about when the exit stops waiting for it (11.5 s: ~23 s, the say's 2 s +
+    # two operation timeouts + 1 s), or is still blocked when the process ends (30 s). A
+    # thread that comes back from C++ into a finalizing interpreter can abort the process
+    # (StoreLink.stop): the exit must be the program's own, 0, within the stop's bound.
+    from tests.support.spawned import child_env
+
+    script = tmp_path / "exit_while_connecting.py"
+    script.write_text(EXIT_WHILE_CONNECTING)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(script), str(clone_s)], env=child_env(), capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    tail = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, tail
+    assert done.stdout.startswith("started"), tail
+    assert "terminate called" not in done.stderr, tail
+    assert took < 2 + 2 * 10 + 1 + 15, f"took {took:.1f} s: {tail}"  # the stop's bound + start
