@@ -6,8 +6,10 @@ The same simulated ranks as ``bench_scale.py`` (:mod:`scalesim`, ddpkit's own co
 the end of each step: connected (probe + torch's client), formed (every rank joined), ready
 (``init()`` returns: the watchdog's thread started), cloned (that thread's own connection),
 introduced (the watchdog introduced itself). Prints, per step, the
-spread over ranks (p50/p90/p99/max seconds) and when the last rank finished it. A diagnostic,
-not a figure of the report.
+spread over ranks (p50/p90/p99/max seconds), when the last rank finished it, and the CPU time
+the thread that did it spent (``thread_cpu_ms``: p50 and mean over ranks, in ms: the rank's
+own thread, and the watchdog link's from "linked", the start of its thread, to "introduced").
+A diagnostic, not a figure of the report.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ import bench_scale
 import scalesim
 
 STEPS = ("start", "connected", "formed", "ready", "cloned", "introduced")
+# steps whose two stamps are taken on one thread: the CPU time that thread spent on the step
+# (the rank's own thread, then the watchdog link's; torch's client constructor runs on
+# ddpkit's bounded-connect thread, so it is not in ddpkit's "start->connected")
+CPU_STEPS = (("start", "connected"), ("connected", "formed"), ("formed", "ready"),
+             ("linked", "cloned"), ("cloned", "introduced"))  # fmt: skip
 
 
 def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: str) -> None:  # noqa: PLR0917
@@ -41,7 +48,8 @@ def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: 
         thread.start()
     for thread in threads:
         thread.join()
-    out.put(([sim.stamps for sim in sims], [sim.error for sim in sims if sim.error][:3]))
+    got = [{**sim.stamps, **{f"cpu:{k}": v for k, v in sim.cpu.items()}} for sim in sims]
+    out.put((got, [sim.error for sim in sims if sim.error][:3]))
     scalesim.stop_links(sims, 10)
 
 
@@ -68,7 +76,7 @@ def job(world: int, procs: int, variant: str = "ddpkit") -> dict[str, Any]:
         stamps += got
         errors += errs
     host.join(600)
-    stamps.append(rank0.stamps)
+    stamps.append({**rank0.stamps, **{f"cpu:{k}": v for k, v in rank0.cpu.items()}})
     for child in children:
         child.join(30)
     scalesim.stop_links([rank0])
@@ -82,6 +90,15 @@ def job(world: int, procs: int, variant: str = "ddpkit") -> dict[str, Any]:
         at = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
         spread = {k: round(spent[int(q * (len(spent) - 1))], 3) for k, q in at.items()}
         figures[f"{before}->{after}"] = {**spread, "max": round(spent[-1], 3)}
+    cpu_ms = {}
+    for before, after in CPU_STEPS:
+        if f"cpu:{before}" in stamps[0] and f"cpu:{after}" in stamps[0]:
+            spent = sorted(t[f"cpu:{after}"] - t[f"cpu:{before}"] for t in stamps)
+            cpu_ms[f"{before}->{after}"] = {
+                "p50": round(1000 * spent[len(spent) // 2], 3),
+                "mean": round(1000 * sum(spent) / len(spent), 3),
+            }
+    figures["thread_cpu_ms"] = cpu_ms
     return figures
 
 

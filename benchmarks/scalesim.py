@@ -136,8 +136,16 @@ class Rank:
     link: StoreLink | None = None
     tally: Tally = dataclasses.field(default_factory=Tally)
     setup_calls: int = 0  # this rank's store calls until it was ready
-    # when each step of a ddpkit rank's start-up ended (monotonic; scale_phases.py reads them)
+    # when each step of a rank's start-up ended (monotonic; scale_phases.py reads them), and
+    # the CPU time of the thread that did it then (its thread_time: the rank's own thread, the
+    # watchdog link's for "linked", "cloned" and "introduced")
     stamps: dict[str, float] = dataclasses.field(default_factory=dict)
+    cpu: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def stamp(self, step: str) -> float:
+        self.cpu[step] = time.thread_time()
+        self.stamps[step] = now = time.monotonic()
+        return now
 
     def run(self) -> None:
         try:
@@ -149,11 +157,12 @@ class Rank:
             self.error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
     def _plain(self) -> None:
-        self.stamps["start"] = time.monotonic()
+        self.stamp("start")
         self.store = _counted_tcpstore("127.0.0.1", self.port, self.world, self.rank == 0, TIMEOUT)
-        self.stamps["connected"] = time.monotonic()
+        self.stamp("connected")
         self._group_formed()
-        self.ready_at = self.stamps["formed"] = self.stamps["ready"] = time.monotonic()
+        self.stamp("formed")
+        self.ready_at = self.stamp("ready")
 
     def _group_formed(self) -> None:
         """Until every rank has joined (``init_process_group`` returns on no rank before): one
@@ -164,28 +173,29 @@ class Rank:
 
     def _ddpkit(self) -> None:
         info = rank_info(self.rank, self.world, self.port)
-        self.stamps["start"] = time.monotonic()
+        self.stamp("start")
         self.store, _ = make_store(info, {}, 600.0, TIMEOUT)
-        self.stamps["connected"] = time.monotonic()
+        self.stamp("connected")
         self._group_formed()
-        self.stamps["formed"] = time.monotonic()
+        self.stamp("formed")
         introduced = threading.Event()
         prefix = f"{KEY_PREFIX}0/1/"
         op_timeout_s = max(10.0, 4 * interval_for(self.bound_s))
         own = own_connection(self.store, prefix, op_timeout_s)  # as hooks.start
 
         def connect() -> Any:  # on the link's thread, as in hooks.start, counted
+            self.stamp("linked")
             with TALLY.lock:
                 TALLY.connections += 1  # the watchdog's clone: a connection of its own
             made = own()
-            self.stamps["cloned"] = time.monotonic()
+            self.stamp("cloned")
             if made is None:
                 raise RuntimeError("the watchdog could not clone the store")
-            return _Introduced(Counting(made, self.tally), introduced, self.rank)
+            return _Introduced(Counting(made, self.tally), introduced, self)
 
         shared = PrefixStore(prefix, self.store)
         self.link = StoreLink(
-            _Introduced(Counting(shared, self.tally), introduced, self.rank),
+            _Introduced(Counting(shared, self.tally), introduced, self),
             rank=self.rank,
             world_size=self.world,
             interval_s=interval_for(self.bound_s),
@@ -198,10 +208,10 @@ class Rank:
             connect=connect,
         )
         self.link.start()
-        self.ready_at = self.stamps["ready"] = time.monotonic()  # init() returns here
+        self.ready_at = self.stamp("ready")  # init() returns here
         if not introduced.wait(600):
             raise TimeoutError("the watchdog link did not introduce itself in 600 s")
-        self.up_at = self.stamps["introduced"] = time.monotonic()
+        self.up_at = self.stamps["introduced"]  # stamped by the link's thread
         self.setup_calls = sum(self.tally.snapshot()["calls"].values())
 
 
@@ -209,9 +219,9 @@ class _Introduced:
     """Sets ``done`` when the link's introduction is over (``who/<rank>``; rank 0: then every
     beat key, in one ``multi_set``), so readiness is timed without touching the link's code."""
 
-    def __init__(self, inner: Counting, done: threading.Event, rank: int) -> None:
-        self._inner, self._done = inner, done
-        self._host = rank == 0  # rank 0 creates every beat key after its who/
+    def __init__(self, inner: Counting, done: threading.Event, sim: Rank) -> None:
+        self._inner, self._done, self._sim = inner, done, sim
+        self._host = sim.rank == 0  # rank 0 creates every beat key after its who/
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -219,12 +229,16 @@ class _Introduced:
     def set(self, key: str, value: str) -> None:
         self._inner.set(key, value)
         if key.startswith("who/") and not self._host:
-            self._done.set()
+            self._over()
 
     def multi_set(self, keys: list[str], values: list[str]) -> None:
         self._inner.multi_set(keys, values)
         if self._host and keys and keys[0].startswith("beat/"):
-            self._done.set()
+            self._over()
+
+    def _over(self) -> None:
+        self._sim.stamp("introduced")  # on the link's thread, before the rank's wait ends
+        self._done.set()
 
 
 def store_threads_cpu() -> dict[int, float]:

@@ -435,3 +435,28 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     for found in (ours, plain):
         assert found["store_cpu_ms"] > 0 and found["client_cpu_ms"] > 0, found
     assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0
+
+
+def test_the_phase_diagnostic_gives_each_steps_time_and_its_threads_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scale_phases.py: per step of a simulated rank's start-up, when the last rank finished
+    it and the CPU the thread that did it spent (the watchdog link's steps for ddpkit only)."""
+    monkeypatch.setenv("RES_OPTIONS", "timeout:1 attempts:1")
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import scale_phases
+
+    ours = scale_phases.job(8, 2, "ddpkit")
+    plain = scale_phases.job(8, 2, "plain")
+    last = ours["last_at_s"]
+    assert last["connected"] <= last["formed"] <= last["ready"] <= last["introduced"], last
+    assert last["cloned"] <= last["introduced"], last
+    steps = ["start->connected", "connected->formed", "formed->ready"]
+    assert sorted(ours["thread_cpu_ms"]) == sorted([*steps, "linked->cloned", "cloned->introduced"])
+    assert sorted(plain["thread_cpu_ms"]) == sorted(steps)
+    for found in (ours, plain):
+        for step, cpu in found["thread_cpu_ms"].items():
+            assert 0 <= cpu["p50"] < 1000 and 0 <= cpu["mean"] < 1000, (step, cpu)
+    # each rank's connect and its watchdog's clone cost its thread some CPU
+    assert ours["thread_cpu_ms"]["start->connected"]["mean"] > 0
+    assert ours["thread_cpu_ms"]["linked->cloned"]["mean"] > 0
