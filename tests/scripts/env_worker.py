@@ -1,7 +1,8 @@
 """Worker for tests/launch/test_run.py that never imports torch (fast to start).
 
 Prints ``env RANK=.. LOCAL_RANK=.. ...`` and ``args <json of sys.argv[1:]>``; with
-``--exit-rank R --code C`` the worker of global rank R exits with code C without raising; with
+``--exit-rank R --code C`` the worker of global rank R exits with code C without raising
+(``--await-dir DIR``: once every rank has printed its lines); with
 ``--die-rank R --die HOW`` it logs a handled exception, says so on stderr, then dies of a
 signal: ``abort`` (os.abort), ``segv`` (a real segmentation fault: ctypes reads address 0),
 or a signal name it sends itself.
@@ -19,11 +20,34 @@ import traceback
 KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
 KEYS += ("TORCHELASTIC_RESTART_COUNT",)
 
+
+def _printed_everywhere(folder: str) -> None:
+    """Say this rank has printed (``printed-<RANK>`` in ``folder``); the rank about to fail
+    waits (60 s at most) until every rank has: its failure makes torch's agent end the others,
+    and a rank ended before its first line (slower to start) printed nothing."""
+    with open(os.path.join(folder, f"printed-{os.environ['RANK']}"), "w"):
+        pass
+    deadline = time.monotonic() + 60
+    world = int(os.environ["WORLD_SIZE"])
+    while len([n for n in os.listdir(folder) if n.startswith("printed-")]) < world:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
 if __name__ == "__main__":
-    print("env " + " ".join(f"{k}={os.environ.get(k)}" for k in KEYS))
-    print("args " + json.dumps(sys.argv[1:]))
+    print("env " + " ".join(f"{k}={os.environ.get(k)}" for k in KEYS), flush=True)
+    print("args " + json.dumps(sys.argv[1:]), flush=True)
     argv = sys.argv[1:]
-    if "--exit-rank" in argv and argv[argv.index("--exit-rank") + 1] == os.environ["RANK"]:
+    exits = "--exit-rank" in argv and argv[argv.index("--exit-rank") + 1] == os.environ["RANK"]
+    if "--await-dir" in argv:  # every rank says so; the one that exits waits for the others
+        folder = argv[argv.index("--await-dir") + 1]
+        if exits:
+            _printed_everywhere(folder)
+        else:
+            with open(os.path.join(folder, f"printed-{os.environ['RANK']}"), "w"):
+                pass
+    if exits:
         sys.exit(int(argv[argv.index("--code") + 1]))
     if "--die-rank" in argv and argv[argv.index("--die-rank") + 1] == os.environ["RANK"]:
         how = argv[argv.index("--die") + 1]
