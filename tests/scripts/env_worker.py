@@ -21,15 +21,15 @@ KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "M
 KEYS += ("TORCHELASTIC_RESTART_COUNT",)
 
 
-def _printed_everywhere(folder: str) -> None:
-    """Say this rank has printed (``printed-<RANK>`` in ``folder``); the rank about to fail
-    waits (60 s at most) until every rank has: its failure makes torch's agent end the others,
-    and a rank ended before its first line (slower to start) printed nothing."""
+def _printed(folder: str, wait: bool) -> None:
+    """Say this rank has printed (``printed-<RANK>`` in ``folder``); with ``wait`` (the rank
+    about to fail), wait (60 s at most) until every rank has: its failure makes torch's agent
+    end the others, and a rank ended before its first line (slower to start) printed nothing."""
     with open(os.path.join(folder, f"printed-{os.environ['RANK']}"), "w"):
         pass
     deadline = time.monotonic() + 60
     world = int(os.environ["WORLD_SIZE"])
-    while len([n for n in os.listdir(folder) if n.startswith("printed-")]) < world:
+    while wait and len([n for n in os.listdir(folder) if n.startswith("printed-")]) < world:
         if time.monotonic() > deadline:
             return
         time.sleep(0.01)
@@ -41,12 +41,7 @@ if __name__ == "__main__":
     argv = sys.argv[1:]
     exits = "--exit-rank" in argv and argv[argv.index("--exit-rank") + 1] == os.environ["RANK"]
     if "--await-dir" in argv:  # every rank says so; the one that exits waits for the others
-        folder = argv[argv.index("--await-dir") + 1]
-        if exits:
-            _printed_everywhere(folder)
-        else:
-            with open(os.path.join(folder, f"printed-{os.environ['RANK']}"), "w"):
-                pass
+        _printed(argv[argv.index("--await-dir") + 1], wait=exits)
     if exits:
         sys.exit(int(argv[argv.index("--code") + 1]))
     if "--die-rank" in argv and argv[argv.index("--die-rank") + 1] == os.environ["RANK"]:
