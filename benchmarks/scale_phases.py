@@ -48,8 +48,7 @@ def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: 
         thread.start()
     for thread in threads:
         thread.join()
-    got = [{**sim.stamps, **{f"cpu:{k}": v for k, v in sim.cpu.items()}} for sim in sims]
-    out.put((got, [sim.error for sim in sims if sim.error][:3]))
+    out.put(([sim.timeline() for sim in sims], [sim.error for sim in sims if sim.error][:3]))
     scalesim.stop_links(sims, 10)
 
 
@@ -76,7 +75,7 @@ def job(world: int, procs: int, variant: str = "ddpkit") -> dict[str, Any]:
         stamps += got
         errors += errs
     host.join(600)
-    stamps.append({**rank0.stamps, **{f"cpu:{k}": v for k, v in rank0.cpu.items()}})
+    stamps.append(rank0.timeline())
     for child in children:
         child.join(30)
     scalesim.stop_links([rank0])

@@ -147,6 +147,10 @@ class Rank:
         self.stamps[step] = now = time.monotonic()
         return now
 
+    def timeline(self) -> dict[str, float]:
+        """Both kinds of stamp in one mapping (CPU ones as ``cpu:<step>``), for scale_phases."""
+        return {**self.stamps, **{f"cpu:{step}": cpu for step, cpu in self.cpu.items()}}
+
     def run(self) -> None:
         try:
             if self.variant == "ddpkit":

@@ -48,6 +48,12 @@ def reach(test: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+def _tail_until(out: io.StringIO, done: Callable[[str], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not done(out.getvalue()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 @reach
 def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> None:
     log = tmp_path / "0.log"
@@ -60,21 +66,13 @@ def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> No
         tail = tuned("trainer", {0: str(log)}, out, {0: "[rank0]: "}).start()
         with log.open("a") as handle:
             handle.write("[rank0]: Traceback (most recent call last):\nplain line\n")
-        deadline = time.monotonic() + 30
-        while out.getvalue().count("\n") < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _tail_until(out, lambda text: text.count("\n") >= 2)
         tail.stop()
     assert mp_api.TailLog is original  # put back afterwards
     assert out.getvalue().splitlines() == [
         "[rank0]: Traceback (most recent call last):",
         "[rank0]: plain line",
     ], f"{TORCH}: TailLog no longer writes header + line in one write"
-
-
-def _tail_until(out: io.StringIO, done: Callable[[str], bool]) -> None:
-    deadline = time.monotonic() + 30
-    while not done(out.getvalue()) and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 @reach

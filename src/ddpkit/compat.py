@@ -53,6 +53,7 @@ import os
 import pickle
 import re
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -131,8 +132,6 @@ def _tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start 
     with its header. The rest is torch's: wait for the file, poll every ``interval_sec``, read
     to the end once ``finished`` is set; ``log_line_filter`` as torch applies it.
     """
-    import time
-
     while not os.path.exists(file):
         if finished.is_set():
             return
