@@ -331,7 +331,10 @@ def test_peer_failing_at_a_rank_that_returned_early_names_it(
     assert rank1.code == (0 if leave == "return" else 1), rank1.err
     assert "ddpkit: " not in rank1.err  # the rank that left says nothing about itself
     assert rank0.code == 1 and rank0.ended_s < SLACK_S
-    assert "Connection closed by peer" in rank0.err  # gloo's own error, then the name
+    # gloo's own error, then the name: a peer that exits closes its socket (FIN), or resets it
+    # when data it never read was waiting (RST; 1 run in 6 under load): gloo says which
+    gloo = re.search(r"RuntimeError: .*Connection (closed|reset) by peer", rank0.err)
+    assert gloo, rank0.err[-3000:]
     _named(rank0, rank1, how)
 
 
