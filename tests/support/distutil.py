@@ -1,18 +1,26 @@
-"""Run a test function in N spawned processes that form a real gloo group on 127.0.0.1.
+"""Run a test function in N fresh processes that form a real gloo group on 127.0.0.1.
 
-``run_workers(fn, world_size, *args)`` starts ``world_size`` processes with the spawn start
-method, calls ``fn(rank, world_size, port, *args)`` in each (``fn`` must be a module-level
-function so the child can import it), and returns the results ordered by rank. The first
+``run_workers(fn, world_size, *args)`` starts ``world_size`` fresh processes, calls
+``fn(rank, world_size, port, *args)`` in each (``fn`` must be a module-level function so the
+child can import it), and returns the results ordered by rank. The first
 worker that raises fails the test with that worker's traceback; a worker that dies without
 reporting, or a run past ``timeout_s``, fails it too, and every worker is killed on the way out.
 
 Workers describe themselves with :func:`torchrun_env` passed to ``ddpkit.init(env=...)``;
-nothing here or in the workers writes ``os.environ``.
+nothing in the workers writes ``os.environ``.
+
+The processes come from a fork server that imported torch once (``multiprocessing``'s
+``forkserver`` start method), not from a new interpreter each: importing torch is ~1.3 s of
+CPU, and on the 2-core CI machine that import, once per rank of every multi-process test, was
+a large share of the suite's time. Like spawn, no state of the test process reaches a worker:
+the fork server is a fresh interpreter that only imported torch; each worker is given the
+test process's ``os.environ`` of the moment (as spawn would), not the server's.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import socket
 import time
@@ -23,7 +31,13 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-__all__ = ["Indices", "free_port", "run_workers", "torchrun_env"]
+__all__ = ["PRELOAD", "Indices", "free_port", "run_workers", "torchrun_env"]
+
+# What the fork server imports once for every worker it forks: modules whose import leaves no
+# state a worker could notice. It starts no Python thread and opens no file; the one native
+# thread it starts (numpy's OpenBLAS server, idle) is shut down around a fork by OpenBLAS's own
+# atfork handlers, the path every forked DataLoader worker takes.
+PRELOAD = ["torch", "torch.distributed"]
 
 
 def free_port() -> int:
@@ -48,8 +62,14 @@ def torchrun_env(rank: int, world_size: int, port: int, **extra: str) -> dict[st
 
 
 def _entry(
-    fn: Callable[..., Any], where: tuple[int, int, int], args: tuple[Any, ...], out: Any
+    fn: Callable[..., Any],
+    where: tuple[int, int, int],
+    args: tuple[Any, ...],
+    out: Any,
+    env: dict[str, str],
 ) -> None:
+    os.environ.clear()  # the test process's environment, as spawn gives it, not the server's
+    os.environ.update(env)
     rank, world_size, port = where
     try:
         result = fn(rank, world_size, port, *args)
@@ -63,13 +83,15 @@ def run_workers(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
 ) -> list[Any]:
     """``[fn(rank, world_size, port, *args) for each rank]``, run in parallel processes."""
-    context = mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
     results_queue = context.Queue()
     port = free_port()
+    env = dict(os.environ)
     workers = [
         context.Process(
             target=_entry,
-            args=(fn, (rank, world_size, port), args, results_queue),
+            args=(fn, (rank, world_size, port), args, results_queue, env),
             name=f"ddpkit-test-rank{rank}",
             daemon=True,
         )
