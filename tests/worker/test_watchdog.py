@@ -83,7 +83,7 @@ value = torch.ones(1)
 for _ in range(3):
     dist.all_reduce(value)
 if ctx.rank == opts.leave_rank:
-    print("leaving", flush=True)
+    print(f"leaving {time.time():.3f}", flush=True)  # wall clock: the test times from here
     if opts.leave == "raise":
         raise ValueError(f"boom from rank {ctx.rank}")
     if opts.leave == "kill":
@@ -350,12 +350,21 @@ def test_ddpkit_run_of_three_with_a_rank_returning_early_reports_it(worker: Path
         timeout=120,
         check=False,
     )
-    elapsed = time.monotonic() - started
+    ended, elapsed = time.time(), time.monotonic() - started
     pids = {
         int(r): int(p) for r, p in re.findall(r"^\[rank\d\]: pid (\d) (\d+)$", done.stdout, re.M)
     }
     assert sorted(pids) == [0, 1, 2], done.stdout
-    assert done.returncode == 1 and elapsed < SLACK_S, done.stderr[-3000:]
+    # Timed from rank 1's leaving, not from the launch: the launch's start-up (four interpreters
+    # importing torch, stretched by a loaded 2-core machine) is no part of what is tested, that
+    # the job ends long before the 30-minute collective timeout. One CI run took 37.7 s in all,
+    # where it went unknown: a failure now gives both durations and the whole output.
+    (left,) = re.findall(r"^\[rank1\]: leaving ([0-9.]+)$", done.stdout, re.M)
+    after_leaving = ended - float(left)
+    assert done.returncode == 1 and after_leaving < SLACK_S, (
+        f"exit {done.returncode}, {after_leaving:.1f} s after rank 1 left, {elapsed:.1f} s in "
+        f"all\n{done.stdout}\n{done.stderr}"
+    )
     # The root cause is a survivor; its traceback, as the launcher quotes it, ends with the name.
     report = done.stderr[done.stderr.index("ddpkit: worker failed (root cause): rank ") :]
     survivor = int(report.split("rank ", 1)[1].split(" ", 1)[0])
