@@ -24,6 +24,11 @@ from ddpkit.worker.watchdog.policy import HOOK_POLL_S, STORE_THREAD_NAME, Depart
 
 
 DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its own connection
+# At exit, a thread still making its own connection is waited for past the usual wait when
+# torch gives that call up soon after (at most this much later), plus this margin: so that it
+# does not come back from C++ while the interpreter finalizes (see StoreLink.stop).
+CONNECT_EXTEND_MAX_S = 10.0
+CONNECT_RETURN_MARGIN_S = 2.0
 
 
 class KeyValue(Protocol):
@@ -61,6 +66,7 @@ class StoreLink:
         op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
         beat_interval_s: float | None = None,
         connect: Callable[[], KeyValue | None] | None = None,
+        connect_gives_up_s: float | None = None,
     ) -> None:
         self._store = store
         # The link's own connection, made by its thread before its first operation (None:
@@ -68,6 +74,10 @@ class StoreLink:
         # the same barrier their connects are not one burst that every init() waits behind.
         self._connect = connect
         self._connecting = connect is not None
+        # by when (seconds after its start) torch gives ``connect`` up, answer or not; None:
+        # unknown (a listener that accepts and never answers may hold it longer still)
+        self._connect_gives_up_s = connect_gives_up_s
+        self._connect_started: float | None = None  # time.monotonic(): the exit's own clock
         self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
@@ -126,6 +136,21 @@ class StoreLink:
             wait_s = 2 * self.op_timeout_s + 1.0
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait_s)
+            extra_s = self._connect_left_s()
+            if self._thread.is_alive() and extra_s is not None:
+                self._thread.join(extra_s)
+
+    def _connect_left_s(self) -> float | None:
+        """How much longer to wait for a thread still making its own connection: until torch
+        gives the call up (plus a margin) when that comes within ``CONNECT_EXTEND_MAX_S``;
+        None when it is over or far off (the process then ends with the thread blocked, and
+        it never comes back). Without it a call given up just as the exit stops waiting comes
+        back while the interpreter finalizes: SIGABRT instead of the program's exit code."""
+        started, gives_up = self._connect_started, self._connect_gives_up_s
+        if not self._connecting or started is None or gives_up is None:
+            return None
+        left = started + gives_up + CONNECT_RETURN_MARGIN_S - time.monotonic()
+        return left if 0.0 < left <= CONNECT_EXTEND_MAX_S + CONNECT_RETURN_MARGIN_S else None
 
     def alive(self) -> bool:
         """Whether the store thread still talks to the store."""
@@ -179,6 +204,7 @@ class StoreLink:
     def _run(self) -> None:
         try:
             if self._connect is not None:
+                self._connect_started = time.monotonic()
                 own = self._connect()
                 if own is not None:
                     self._store = own
