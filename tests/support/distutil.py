@@ -31,13 +31,13 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-__all__ = ["PRELOAD", "Indices", "free_port", "run_workers", "torchrun_env"]
+__all__ = ["Indices", "free_port", "run_workers", "torchrun_env"]
 
 # What the fork server imports once for every worker it forks: modules whose import leaves no
 # state a worker could notice. It starts no Python thread and opens no file; the one native
 # thread it starts (numpy's OpenBLAS server, idle) is shut down around a fork by OpenBLAS's own
 # atfork handlers, the path every forked DataLoader worker takes.
-PRELOAD = ["torch", "torch.distributed"]
+_PRELOAD = ["torch", "torch.distributed"]
 
 
 def free_port() -> int:
@@ -84,7 +84,7 @@ def run_workers(
 ) -> list[Any]:
     """``[fn(rank, world_size, port, *args) for each rank]``, run in parallel processes."""
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context.set_forkserver_preload(_PRELOAD)
     results_queue = context.Queue()
     port = free_port()
     env = dict(os.environ)

@@ -299,18 +299,18 @@ def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
         hooks.stop()
 
 
-@pytest.mark.parametrize(("gives_up_s", "waited_for"), [(1.5, True), (60.0, False), (None, False)])
+@pytest.mark.parametrize(("gives_up_s", "waited_for"), [(3.3, True), (60.0, False), (None, False)])
 def test_stop_waits_for_an_own_connection_given_up_soon_after_not_for_one_far_off(
     host: TCPStore, gives_up_s: float | None, waited_for: bool
 ) -> None:
-    # The connect blocks 1.2 s; the exit's usual wait is 0.2 s. Given up 1.5 s after its start
+    # The connect blocks 3 s; the exit's usual wait is 0.2 s. Given up 3.3 s after its start
     # (within the extension): stop waits until it has returned, so it never comes back into a
     # finalizing interpreter (seen in CI: SIGABRT). Given up far off (60 s: the process ends
-    # long before) or when unknown: the usual wait only.
+    # long before) or when unknown: the usual wait only, the thread still inside the call.
     release = threading.Event()
 
     def connect() -> Any:
-        release.wait(1.2)
+        release.wait(3.0)
         return None
 
     link = StoreLink(
@@ -323,9 +323,7 @@ def test_stop_waits_for_an_own_connection_given_up_soon_after_not_for_one_far_of
         time.sleep(0.4)  # inside the connect
         started = time.monotonic()
         link.stop(wait_s=0.2)
-        took = time.monotonic() - started
-        assert link.alive() is not waited_for, took
-        assert took < (1.5 if waited_for else 0.6), took
+        assert link.alive() is not waited_for, f"stop took {time.monotonic() - started:.2f} s"
     finally:
         release.set()
         link.stop()

@@ -77,7 +77,7 @@ class StoreLink:
         # by when (seconds after its start) torch gives ``connect`` up, answer or not; None:
         # unknown (a listener that accepts and never answers may hold it longer still)
         self._connect_gives_up_s = connect_gives_up_s
-        self._connect_started: float | None = None  # time.monotonic(): the exit's own clock
+        self._connect_given_up_at: float | None = None  # time.monotonic(): the exit's clock
         self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
@@ -146,10 +146,10 @@ class StoreLink:
         None when it is over or far off (the process then ends with the thread blocked, and
         it never comes back). Without it a call given up just as the exit stops waiting comes
         back while the interpreter finalizes: SIGABRT instead of the program's exit code."""
-        started, gives_up = self._connect_started, self._connect_gives_up_s
-        if not self._connecting or started is None or gives_up is None:
+        given_up_at = self._connect_given_up_at
+        if not self._connecting or given_up_at is None:
             return None
-        left = started + gives_up + CONNECT_RETURN_MARGIN_S - time.monotonic()
+        left = given_up_at + CONNECT_RETURN_MARGIN_S - time.monotonic()
         return left if 0.0 < left <= CONNECT_EXTEND_MAX_S + CONNECT_RETURN_MARGIN_S else None
 
     def alive(self) -> bool:
@@ -204,7 +204,8 @@ class StoreLink:
     def _run(self) -> None:
         try:
             if self._connect is not None:
-                self._connect_started = time.monotonic()
+                if self._connect_gives_up_s is not None:
+                    self._connect_given_up_at = time.monotonic() + self._connect_gives_up_s
                 own = self._connect()
                 if own is not None:
                     self._store = own
