@@ -1,14 +1,17 @@
 """How the control plane's cost grows with the job: 2 -> 4096 simulated ranks on one store.
 
-    python benchmarks/bench_scale.py [--max-ranks 4096] [--procs 2] [--ranks-per-proc 256]
+    python benchmarks/bench_scale.py [--max-ranks 4096] [--procs 2] [--ranks-per-proc 16]
         [--runs 2] [--window-s 3] [--quick] [--json FILE]
 
 Each simulated rank is a thread with its own store client doing what a rank does against the
 rendezvous store (:mod:`scalesim`: ddpkit's own rendezvous and watchdog code, beside plain
 torch's ``env://`` store rendezvous), rank 0 in this process hosting the store, the others spread
 over ``--procs`` processes, more when that would put over ``--ranks-per-proc`` ranks in one
-(thousands of threads in one interpreter fight over its GIL: at 2,048 ranks in 2 processes the
-threads' hand-offs, not the store, set the pace). Per world size N, the two variants alternate
+(a real rank has its process, and its GIL, to itself; the ranks of one interpreter queue for
+its GIL at every return from C++: 256 to a process at 2,048-4,096 ranks, the queue, not the
+store, set the pace, up to 494 s at 4,096). The processes are forked from a server that
+imported torch once (:func:`scalesim.context`), and every rank's thread is started and held
+at the line before the let-go (:func:`scalesim.held`). Per world size N, the two variants alternate
 trial after trial, with the same layout:
 
 * time to ready: from the moment every rank is let go until the last one is ready (where
@@ -78,13 +81,12 @@ def worker(job: tuple[list[int], int, int, str], events: Any, out: Any) -> None:
     threading.stack_size(256 * 1024)
     scalesim.instrument()
     go, window, finish = events
+    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
+    threads, line = scalesim.held(sims)
     out.put(("loaded", None))
     go.wait()
     cpu_before = time.process_time()
-    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
-    threads = [threading.Thread(target=sim.run, daemon=True) for sim in sims]
-    for thread in threads:
-        thread.start()
+    line.set()
     for thread in threads:
         thread.join()
     cpu_s = time.process_time() - cpu_before  # every rank of this process, until all were up
@@ -112,7 +114,7 @@ def total(tallies: list[dict[str, Any]]) -> tuple[int, int, int]:
 
 def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, float]:
     """One simulated job of ``world`` ranks: its figures."""
-    ctx = mp.get_context("spawn")
+    ctx = scalesim.context()
     port = scalesim.listen_port()
     events = (ctx.Event(), ctx.Event(), ctx.Event())
     out: Any = ctx.Queue()
@@ -303,7 +305,7 @@ def main() -> None:
     benchjson.add_arguments(parser)
     parser.add_argument("--max-ranks", type=int, default=4096)
     parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
-    parser.add_argument("--ranks-per-proc", type=int, default=256, help="at most, per process")
+    parser.add_argument("--ranks-per-proc", type=int, default=16, help="at most, per process")
     parser.add_argument("--runs", type=int, default=2, help="trials per N (order alternates)")
     parser.add_argument("--window-s", type=float, default=3.0, help="heartbeat window")
     parser.add_argument("--stop-max", type=int, default=8, help="largest real gloo group")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import multiprocessing as mp
 import sys
 import threading
 import time
@@ -40,12 +39,11 @@ def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: 
     bench_scale.raise_fd_limit()
     threading.stack_size(256 * 1024)
     scalesim.instrument()
+    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
+    threads, line = scalesim.held(sims)
     out.put("loaded")
     go.wait()
-    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
-    threads = [threading.Thread(target=sim.run, daemon=True) for sim in sims]
-    for thread in threads:
-        thread.start()
+    line.set()
     for thread in threads:
         thread.join()
     out.put(([sim.timeline() for sim in sims], [sim.error for sim in sims if sim.error][:3]))
@@ -53,7 +51,7 @@ def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: 
 
 
 def job(world: int, procs: int, variant: str = "ddpkit") -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
+    ctx = scalesim.context()
     port, go, out = scalesim.listen_port(), ctx.Event(), ctx.Queue()
     others = list(range(1, world))
     chunks = [others[i::procs] for i in range(procs) if others[i::procs]]

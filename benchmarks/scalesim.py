@@ -32,6 +32,7 @@ check-in key when given the world size, happens inside its constructor, out of P
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import os
 import threading
 import time
@@ -243,6 +244,36 @@ class _Introduced:
     def _over(self) -> None:
         self._sim.stamp("introduced")  # on the link's thread, before the rank's wait ends
         self._done.set()
+
+
+def context() -> Any:
+    """Processes for simulated ranks, forked from a server that imported torch once: a spawned
+    interpreter spends ~1 s of CPU importing it, and a job of 4,096 ranks takes 128 of them.
+    Each child still gets its parent's ``sys.path`` and main module, as a spawned one."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "scalesim"])
+    return ctx
+
+
+def held(sims: list[Rank]) -> tuple[list[threading.Thread], threading.Event]:
+    """Every simulated rank's thread, started and held at the line until the event is set.
+
+    A thread started at the let-go would first wait for its turn at its process's GIL to
+    begin at all (``Thread.start`` waits for the new thread to run), behind the ranks started
+    before it: the later ranks of a process then began up to a second late in a job of 2,048
+    (ddpkit's ranks run Python from their first step, torch's go straight into C++), a delay
+    of the simulation's shared interpreters, not of a rank, which starts in its own process.
+    """
+    line = threading.Event()
+
+    def at_the_line(sim: Rank) -> None:
+        line.wait()
+        sim.run()
+
+    threads = [threading.Thread(target=at_the_line, args=(sim,), daemon=True) for sim in sims]
+    for thread in threads:
+        thread.start()
+    return threads, line
 
 
 def store_threads_cpu() -> dict[int, float]:
