@@ -3,9 +3,9 @@
 A *rank* here is a thread holding its own store client and doing exactly what a ddpkit rank does
 against the rendezvous store, with ddpkit's own code (no copy of it):
 
-* ``ddpkit``: :func:`ddpkit.worker.rendezvous.group.make_store` (rank 0 hosts, the others probe
-  and connect, every wait bounded), then the group forms, then the watchdog starts as
-  :func:`ddpkit.worker.watchdog.hooks.start` starts it (a
+* ``ddpkit``: :func:`ddpkit.worker.rendezvous.group.make_store` (rank 0 hosts, the others
+  connect, probing the master only when their client lingers, every wait bounded), then the
+  group forms, then the watchdog starts as :func:`ddpkit.worker.watchdog.hooks.start` starts it (a
   :class:`~ddpkit.worker.watchdog.store.StoreLink` under a ``PrefixStore``, whose thread first
   makes its own connection with :func:`~ddpkit.worker.watchdog.hooks.own_connection`, a
   ``clone()``, then introduces itself: ``who/<rank>``; rank 0 also creates every
@@ -112,7 +112,7 @@ _TRY_CONNECT = store_module.try_connect
 
 
 def instrument() -> None:
-    """Count the connections ddpkit's rendezvous code opens (its probe and its clients)."""
+    """Count the connections ddpkit's rendezvous code opens (its clients, and a probe if any)."""
     store_module.TCPStore = _counted_tcpstore  # type: ignore[misc]
     store_module.try_connect = _counted_try_connect
 

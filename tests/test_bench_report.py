@@ -429,8 +429,9 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     plain = bench_scale.job(8, "plain", 2, 1.0)
     assert 0 < ours["ready_s"] <= ours["up_s"] < 60
     assert 0 < plain["ready_s"] < 60 and plain["up_s"] == 0.0
-    # 7 clients: probe + client + the watchdog's own; rank 0: its own clone
-    assert ours["connections_per_rank"] == (7 * 3 + 1) / 8
+    # 7 clients: the group's client + the watchdog's own (no probe against a store that is up);
+    # rank 0: its own clone
+    assert ours["connections_per_rank"] == (7 * 2 + 1) / 8
     assert plain["connections_per_rank"] == 1.0
     for found in (ours, plain):
         assert found["store_cpu_ms"] > 0 and found["client_cpu_ms"] > 0, found

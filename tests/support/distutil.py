@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -59,6 +60,26 @@ def torchrun_env(rank: int, world_size: int, port: int, **extra: str) -> dict[st
         "MASTER_PORT": str(port),
         **extra,
     }
+
+
+def admit_pending_clients(port: int, timeout_s: float = 20.0) -> None:
+    """Host a store on 127.0.0.1:``port`` until the rank clients ddpkit gave up on there have
+    connected and ended, so that none prints torch's give-up traces into a later test's
+    output (a rank's first client retries quietly for ``CLIENT_QUIET_S`` past its connect
+    timeout, see ``ddpkit.worker.rendezvous.store.connect_client``)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    name = f"ddpkit-store-connect-{port}"
+    host = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(t.name == name for t in threading.enumerate()):
+            assert time.monotonic() < deadline, f"a client of port {port} still runs"
+            time.sleep(0.05)
+    finally:
+        del host
 
 
 def _entry(

@@ -242,7 +242,8 @@ def check_free_space(folders: Mapping[str, int | None], min_free_bytes: int) -> 
 # --- limits that must grow with the job --------------------------------------------------------
 
 # Connections each rank keeps open to the rendezvous store: the group's client and the
-# watchdog's clone (benchmarks/bench_scale.py counts them: 2 kept, plus the probe, closed).
+# watchdog's clone (benchmarks/bench_scale.py counts them; a probe, closed at once, only when
+# the client lingers).
 STORE_CONNECTIONS_PER_RANK = 2
 # Descriptors a rank needs besides the job's sockets: Python, torch's libraries, log files,
 # data loader pipes.

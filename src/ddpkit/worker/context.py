@@ -180,7 +180,7 @@ def _join(
     peer_timeout_s: float | None,
     hang_s: tuple[float | None, float | None],
 ) -> Context:
-    """Device, backend, probe, init_process_group, GPU check, watchdog: a group ddpkit owns."""
+    """Device, backend, store, init_process_group, GPU check, watchdog: a group ddpkit owns."""
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
     wait_s = process_group.connect_timeout(env, connect_timeout_s, info.world_size)

@@ -15,15 +15,24 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import ddpkit
+import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
-from ddpkit.worker.rendezvous.store import HANDSHAKE_MIN_S, loopback_address, store_endpoint
-from tests.support.distutil import free_port, run_workers, torchrun_env
+from ddpkit.errors import RendezvousError
+from ddpkit.worker.rendezvous.store import (
+    CLIENT_GRACE_S,
+    HANDSHAKE_MIN_S,
+    connect_client,
+    loopback_address,
+    store_endpoint,
+)
+from tests.support.distutil import admit_pending_clients, free_port, run_workers, torchrun_env
 from tests.support.sockets import WILDCARDS, is_loopback, listening, routable_interface
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -460,9 +469,12 @@ def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts(tmp_
 
 def test_a_store_that_answers_late_is_still_joined() -> None:
     """The bound cuts a store that never answers, not one that answers after the TCP connect:
-    rank 1 starts first, rank 0's real store appears a moment later (several moments: ~10 s,
-    three 2-process jobs)."""
-    for delay_s in (0.0, 0.5, 2.0):
+    rank 1 starts first, rank 0's real store appears a moment later (several moments: ~15 s,
+    four 2-process jobs; the last after rank 1's client lingered past CLIENT_GRACE_S, so that
+    a probe found the master and a second client joined it, the first one ending later, in a
+    worker that ends soon after)."""
+    assert CLIENT_GRACE_S < 4.0
+    for delay_s in (0.0, 0.5, 2.0, 4.0):
         results = run_workers(_late_master, 2, delay_s, timeout_s=120)
         assert [r["sum"] for r in results] == [3.0, 3.0], delay_s
 
@@ -478,3 +490,123 @@ def _late_master(rank: int, world_size: int, port: int, delay_s: float) -> dict[
     dist.all_reduce(total)
     ddpkit.shutdown()
     return {"sum": total.item()}
+
+
+# --- a rank's connections: one against a store that is up, a probe only when it lingers -----
+
+
+class _Spy:
+    """Counts the probes and torch clients connect_client makes (each still made for real)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.probes = 0
+        self.clients = 0
+        probe, client = store_module.try_connect, store_module.TCPStore
+
+        def counted_probe(*args: Any) -> OSError | None:
+            self.probes += 1
+            return probe(*args)
+
+        def counted_client(*args: Any, **kwargs: Any) -> Any:
+            self.clients += 1
+            return client(*args, **kwargs)
+
+        monkeypatch.setattr(store_module, "try_connect", counted_probe)
+        monkeypatch.setattr(store_module, "TCPStore", counted_client)
+
+
+def _rank1(port: int) -> RankInfo:
+    return RankInfo(1, 1, 2, 2, 0, 1, "127.0.0.1", port, "torchrun")
+
+
+def _host(port: int) -> Any:
+    from torch.distributed import TCPStore  # not the spied one
+
+    return TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False)
+
+
+def test_a_rank_joining_a_store_that_is_up_opens_one_connection_and_probes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At 4,096 simulated ranks the probe's connect and the client's, back to back, overflowed
+    a listen queue of 4,096 (412 dropped SYNs, each retried after 1 s); without the probe none."""
+    port = free_port()
+    host = _host(port)
+    spy = _Spy(monkeypatch)
+    client = connect_client(_rank1(port), 10.0, timedelta(seconds=10))
+    client.set("from", "rank 1")
+    assert host.get("from") == b"rank 1"
+    assert (spy.probes, spy.clients) == (0, 1)
+
+
+def test_a_master_later_than_the_grace_is_probed_for_and_joined(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's own retries back off to seconds (a master 12 s late was found after 18.7 s): a
+    client that lingers past CLIENT_GRACE_S brings in the probe, which tries at least every
+    second."""
+    port = free_port()
+    spy = _Spy(monkeypatch)
+    late_s = CLIENT_GRACE_S + 1.5
+    hosted: list[Any] = []
+    timer = threading.Timer(late_s, lambda: hosted.append(_host(port)))
+    started = time.monotonic()
+    timer.start()
+    try:
+        client = connect_client(_rank1(port), 30.0, timedelta(seconds=10))
+        joined_s = time.monotonic() - started
+        client.set("late", "joined")
+        assert hosted[0].get("late") == b"joined"
+    finally:
+        timer.join()
+    sys.stderr.write(f"\nmaster {late_s:g} s late, joined after {joined_s:.2f} s\n")
+    assert spy.probes >= 1  # the client lingered (nothing listened within the grace)
+    assert spy.clients in (1, 2)  # the first, or the probe's second, whichever connected first
+
+
+_UNREACHABLE = """
+import json, sys, time
+from datetime import timedelta
+import ddpkit.worker.rendezvous.store as store
+from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.errors import RendezvousError
+info = RankInfo(1, 1, 2, 2, 0, 1, "127.0.0.1", int(sys.argv[1]), "torchrun")
+started = time.monotonic()
+try:
+    store.connect_client(info, 1.0, timedelta(seconds=5))
+except RendezvousError as exc:
+    seen = {"elapsed": time.monotonic() - started, "error": str(exc)}
+time.sleep(3.0)  # torch's client, had it given up at the deadline, would have printed by now
+seen["held_at_exit"] = len(store._PENDING)
+print(json.dumps(seen))
+"""
+
+
+def test_a_master_that_is_not_there_is_named_quietly_and_does_not_hold_the_exit() -> None:
+    """The rank's first client keeps retrying in torch's back-off past the deadline: it prints
+    torch's give-up traces only CLIENT_QUIET_S later, and the exit does not wait for it."""
+    port = free_port()  # nothing listens there
+    run = subprocess.run(
+        [sys.executable, "-c", _UNREACHABLE, str(port)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout)
+    assert "cannot reach the rendezvous master at MASTER_ADDR=127.0.0.1" in seen["error"]
+    assert 1.0 <= seen["elapsed"] < 60, seen
+    assert "c10d" not in run.stderr, run.stderr[-3000:]
+    assert seen["held_at_exit"] == 0
+
+
+def test_a_master_that_is_not_there_leaves_a_client_the_test_can_let_in() -> None:
+    """The tests' own hygiene: admit_pending_clients ends a given-up client quietly."""
+    port = free_port()
+    with pytest.raises(RendezvousError, match="cannot reach the rendezvous master"):
+        connect_client(_rank1(port), 0.5, timedelta(seconds=5))
+    assert any(t.name == f"ddpkit-store-connect-{port}" for t in threading.enumerate())
+    admit_pending_clients(port)
+    assert not any(t.name == f"ddpkit-store-connect-{port}" for t in threading.enumerate())

@@ -10,8 +10,10 @@
 * rank 0 hosts a ``TCPStore`` on loopback when the job allows it, else on every interface;
   under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the agent hosts it and every rank is
   a client, as torch's own ``env://`` would do;
-* a client first probes the master (the TCP connect, bounded by the connect timeout), then
-  makes torch's client in a thread bounded by what is left of it (at least
+* a client makes torch's client in a thread; only when it is not made within
+  :data:`~ddpkit.worker.rendezvous.store.CLIENT_GRACE_S` does a probe of the master (a TCP
+  connect) find a late master or name a missing one at the connect timeout, and a late master
+  gets a second client bounded by what is left (at least
   :data:`~ddpkit.worker.rendezvous.store.HANDSHAKE_MIN_S`): a port held by something that
   accepts and never answers ends as a :class:`RendezvousError` naming address, port and
   launcher, never as a wait past the connect and collective timeouts.
@@ -24,7 +26,6 @@ it by the job's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -36,11 +37,9 @@ from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import (
-    HANDSHAKE_MIN_S,
     connect_client,
     host_tcp_store,
     is_taken,
-    probe_master,
     store_endpoint,
 )
 
@@ -107,14 +106,5 @@ def _host(info: RankInfo, bind: str | None, timeout: timedelta, env: Mapping[str
 
 
 def _connect(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> Store:
-    """A client of the store: the probe, then torch's handshake, each bounded."""
-    deadline = time.monotonic() + connect_timeout_s
-    probe_master(info, connect_timeout_s)
-    return connect_client(
-        info.master_addr,
-        info.master_port,
-        world_size=info.world_size,
-        timeout=timeout,
-        bound_s=max(HANDSHAKE_MIN_S, deadline - time.monotonic()),
-        who=f"rank {info.rank} (launcher {info.launcher})",
-    )
+    """A client of the store (torch's, then a probe only when it lingers), each wait bounded."""
+    return connect_client(info, connect_timeout_s, timeout)

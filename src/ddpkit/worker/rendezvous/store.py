@@ -18,12 +18,15 @@ torch's ``TCPStore`` takes no bind address; it takes an already-listening socket
 over. A store torch opens later on the same port in this process with ``multi_tenant=True``
 shares that server, whatever host name it is given.
 
-Connecting is bounded at each step. The TCP connect is :func:`probe_master`'s; torch's client
-then validates and pings the server and waits for its reply with no bound at all, so a port held
-by something that accepts connections but never answers would hold a rank forever:
-:func:`connect_client` makes the client in a daemon thread and gives up after a bound, naming
-the address as "accepts connections but does not speak the TCPStore protocol". The thread
-stays blocked on that listener (one per attempt; it does not keep the process alive).
+Connecting is bounded at each step (:func:`connect_client`). torch's client is made in a
+daemon thread: against a store that is up, the only connection a rank opens for it. A client
+not made within :data:`CLIENT_GRACE_S` brings in :func:`probe_master` (a plain TCP connect,
+closed at once), which finds a late master sooner than torch's back-off and, at the connect
+timeout, names a master that is not there. torch's client validates and pings the server and
+waits for its reply with no bound at all, so a port held by something that accepts connections
+but never answers would hold a rank forever: the thread is given up after a bound, naming the
+address as "accepts connections but does not speak the TCPStore protocol". The thread stays
+blocked on that listener (one per attempt; it does not keep the process alive).
 
 The port search of a SLURM step without MASTER_PORT (host on the first candidate that binds,
 find the store that answers with the job's identity) is in
@@ -51,8 +54,11 @@ from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
 
 __all__ = [
+    "CLIENT_GRACE_S",
+    "CLIENT_QUIET_S",
     "CONNECT_TIMEOUT_VAR",
     "HANDSHAKE_MIN_S",
+    "Call",
     "Outcome",
     "bounded",
     "connect_client",
@@ -68,6 +74,11 @@ __all__ = [
 # store answers in milliseconds (its server thread needs no GIL), even when the connect used
 # up the whole connect timeout.
 HANDSHAKE_MIN_S = 5.0
+# How long a rank's client may take before a probe looks at the master (see connect_client):
+# against a store that is up it is made in milliseconds.
+CLIENT_GRACE_S = 2.0
+# How long past the connect timeout torch's first client of a rank keeps retrying (quietly).
+CLIENT_QUIET_S = 30.0
 _LOOPBACK = "127.0.0.1"
 # Bounded calls still running (see bounded), and how long the exit waits for them in all.
 _PENDING: list[threading.Thread] = []
@@ -186,31 +197,54 @@ class Outcome(Generic[T]):
     pending: threading.Thread | None = None  # the call had not returned when the bound ran out
 
 
-def bounded(call: Callable[[], T], bound_s: float, name: str) -> Outcome[T]:
-    """``call()`` in a daemon thread, waited for ``bound_s`` at most.
+class Call(Generic[T]):
+    """``call()`` running in a daemon thread; ``wake`` (shared by several calls, when given) is
+    set when it returns or raises.
 
-    A call still running then is waited for again at exit, a little: a daemon thread that
-    comes back from torch's C++ code while the interpreter finalizes aborts the process
-    (SIGABRT, "terminate called without an active exception") after the error was printed.
-    One blocked for good on a silent listener does no harm: the exit ends it.
+    A call still running when its caller gives up (:meth:`give_up`) is waited for again at
+    exit, a little: a daemon thread that comes back from torch's C++ code while the interpreter
+    finalizes aborts the process (SIGABRT, "terminate called without an active exception")
+    after the error was printed. One blocked for good on a silent listener does no harm: the
+    exit ends it.
     """
-    box: list[Outcome[T]] = []
 
-    def run() -> None:
-        try:
-            box.append(Outcome(value=call()))
-        except Exception as exc:  # reported to the caller, who names the address
-            box.append(Outcome(error=exc))
+    def __init__(self, call: Callable[[], T], name: str, wake: threading.Event | None = None):
+        self.wake = wake or threading.Event()
+        self._box: list[Outcome[T]] = []
 
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join(bound_s)
-    if box:
-        return box[0]
-    if not _PENDING:
-        atexit.register(_wait_for_pending)
-    _PENDING.append(thread)
-    return Outcome(pending=thread)
+        def run() -> None:
+            try:
+                self._box.append(Outcome(value=call()))
+            except Exception as exc:  # reported to the caller, who names the address
+                self._box.append(Outcome(error=exc))
+            finally:
+                self.wake.set()
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def outcome(self) -> Outcome[T] | None:
+        """What the call returned or raised; None while it runs."""
+        return self._box[0] if self._box else None
+
+    def give_up(self, *, wait_at_exit: bool = True) -> Outcome[T]:
+        """The outcome, or a pending one: the thread is then waited for a little at exit,
+        unless the caller knows it cannot come back soon (``wait_at_exit=False``)."""
+        if self._box:
+            return self._box[0]
+        if wait_at_exit:
+            if not _PENDING:
+                atexit.register(_wait_for_pending)
+            _PENDING.append(self._thread)
+        return Outcome(pending=self._thread)
+
+
+def bounded(call: Callable[[], T], bound_s: float, name: str) -> Outcome[T]:
+    """``call()`` in a daemon thread (a :class:`Call`), waited for ``bound_s`` at most."""
+    running = Call(call, name)
+    running.wake.wait(bound_s)
+    return running.give_up()
 
 
 def _wait_for_pending() -> None:
@@ -241,13 +275,15 @@ def probe_master(
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    deadline: float | None = None,
 ) -> None:
     """Wait until ``info.master_addr:master_port`` accepts a TCP connection, or raise.
 
     A missing or crashed rank 0 becomes a :class:`RendezvousError` naming the address instead
-    of a long silent wait inside torch (pytorch#118369, #116974).
+    of a long silent wait inside torch (pytorch#118369, #116974). ``deadline`` (on ``clock``)
+    ends the wait sooner, when part of ``timeout_s`` (the one the error names) went before.
     """
-    deadline = clock() + timeout_s
+    deadline = clock() + timeout_s if deadline is None else deadline
     delay_s = 0.1
     while True:
         error = try_connect(
@@ -277,44 +313,93 @@ def _unreachable(info: RankInfo, timeout_s: float, error: OSError) -> Rendezvous
     )
 
 
-def connect_client(
-    addr: str,
-    port: int,
-    *,
-    world_size: int | None,
-    timeout: timedelta,
-    bound_s: float,
-    who: str,
-) -> TCPStore:
-    """A client of the store at ``addr:port`` (which accepts TCP connections: probe first), or
-    a :class:`RendezvousError` within ``bound_s`` when what answers there is not a store.
+def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> TCPStore:
+    """This rank's client of the store at ``info.master_addr:master_port``, or a
+    :class:`RendezvousError` naming the cause within ``connect_timeout_s`` (and at least
+    :data:`HANDSHAKE_MIN_S` for a handshake that began late).
 
-    ``timeout`` is the client's own timeout for later operations; ``who`` (e.g. ``rank 1
-    (launcher torchrun)``) opens the error message.
+    torch's client is made first, in a thread: against a store that is up, the one connection
+    a rank needs (no probe beside it: at 4,096 simulated ranks a probe's connect and the
+    client's, back to back, overflowed a listen queue of 4,096). Only a client not made within
+    :data:`CLIENT_GRACE_S` brings in :func:`probe_master`, which finds a late master sooner
+    than torch's retries (they back off to seconds: a master 12 s late was found after 18.7 s)
+    and, at the deadline, tells a master that is not there from something else on its port.
+    A late master then gets a second client, bounded as before; the first one, still in its
+    back-off, connects later and is dropped. torch's own client gives up (and prints its C++
+    traces) only :data:`CLIENT_QUIET_S` past the deadline, when the rank has reported the cause
+    and, as a rank that cannot join does, ended.
     """
+    addr, port = info.master_addr, info.master_port
+    name = f"ddpkit-store-connect-{port}"
+    deadline = time.monotonic() + connect_timeout_s
+    wake = threading.Event()
+    quiet_s = connect_timeout_s + CLIENT_QUIET_S
+    calls = [Call(lambda: _client(addr, port, info.world_size, quiet_s, timeout), name, wake)]
+    wake.wait(min(CLIENT_GRACE_S, connect_timeout_s))
+    if (made := _made(calls)) is not None:
+        return made
 
-    def connect() -> TCPStore:
-        # torch retries against a listener that closes or answers garbage until its timeout
-        # (and a try or two past it): half the bound, so those end with torch's own error
-        # and only a client blocked on a silent listener outlives the bound.
-        client = TCPStore(addr, port, world_size, False, timedelta(seconds=bound_s / 2))
-        client.set_timeout(timeout)
-        return client
+    def nap(seconds: float) -> None:  # a client made meanwhile ends the nap
+        if wake.is_set():
+            time.sleep(seconds)
+        else:
+            wake.wait(seconds)
 
-    outcome = bounded(connect, bound_s, f"ddpkit-store-connect-{port}")
-    if outcome.value is not None:
-        return outcome.value
-    why = (
-        f"no answer within {bound_s:g} s"
-        if outcome.error is None
-        else f"torch's client: {_one_line(outcome.error)}"
-    )
+    try:
+        probe_master(info, connect_timeout_s, sleep=nap, deadline=deadline)
+    except RendezvousError:
+        # Nothing listened until the deadline: torch's client is in its back-off and gives up
+        # CLIENT_QUIET_S from now; a rank that exits at once is not held 3 s for it.
+        calls[0].give_up(wait_at_exit=False)
+        raise
+    if (made := _made(calls)) is not None:
+        return made
+    bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
+    # torch's client retries a listener that closes or answers garbage until its timeout (and
+    # a try or two past it): half the bound, so those end with torch's own error and only a
+    # client blocked on a silent listener outlives the bound.
+    wake.clear()
+    second = Call(lambda: _client(addr, port, info.world_size, bound_s / 2, timeout), name, wake)
+    calls.append(second)
+    ends = time.monotonic() + bound_s
+    while (made := _made(calls)) is None and time.monotonic() < ends:
+        if all(call.outcome is not None for call in calls):
+            break  # both failed
+        wake.wait(max(0.0, ends - time.monotonic()))
+        wake.clear()
+    if made is not None:
+        return made
+    outcomes = [call.give_up() for call in calls]
+    errors = [outcome.error for outcome in reversed(outcomes) if outcome.error is not None]
+    why = f"torch's client: {_one_line(errors[0])}" if errors else f"no answer within {bound_s:g} s"
     raise RendezvousError(
-        f"{who}: something on {addr}:{port} accepts connections but does not speak the "
-        f"TCPStore protocol ({why})",
+        f"rank {info.rank} (launcher {info.launcher}): something on {addr}:{port} accepts "
+        f"connections but does not speak the TCPStore protocol ({why})",
         hint=(
             f"another service holds port {port} on {addr}? (`ss -ltnp 'sport = :{port}'` "
             "there names it); give the job a free MASTER_PORT, or check rank 0's log in case it "
             "crashed while this rank connected"
         ),
     )
+
+
+def _client(
+    addr: str, port: int, world_size: int | None, connect_s: float, timeout: timedelta
+) -> TCPStore:
+    """torch's client, retrying for ``connect_s``; ``timeout`` then for its operations."""
+    client = TCPStore(addr, port, world_size, False, timedelta(seconds=connect_s))
+    client.set_timeout(timeout)
+    return client
+
+
+def _made(calls: list[Call[TCPStore]]) -> TCPStore | None:
+    """The first client made of ``calls``, if any; the others still running are given up (a
+    late master's first client, in torch's back-off, connects later: the exit waits for it a
+    little, as for any call given up)."""
+    for call in calls:
+        if (outcome := call.outcome) is not None and outcome.value is not None:
+            for other in calls:
+                if other is not call and other.outcome is None:
+                    other.give_up()
+            return outcome.value
+    return None
