@@ -113,6 +113,7 @@ class PreemptionGuard:
         self._context = current()
         self._agreed = False
         self._calls = 0
+        self._flag: torch.Tensor | None = None
         # init() may have latched it already: a signal that came before now still counts.
         if not stopsignal.latch(chosen):
             raise UsageError(
@@ -137,7 +138,9 @@ class PreemptionGuard:
         if self._calls % self.check_every:
             return False
         context = self._context
-        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32, device=context.device)
+        if self._flag is None:  # one tensor for every agreement: a call costs no allocation
+            self._flag = torch.zeros(1, dtype=torch.int32, device=context.device)
+        flag = self._flag.fill_(1 if self.received else 0)
         if context.world_size > 1 and dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self._agreed = bool(flag.item())
