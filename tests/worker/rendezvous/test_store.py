@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.store import (
     CLIENT_GRACE_S,
     HANDSHAKE_MIN_S,
+    client_grace_s,
     connect_client,
     loopback_address,
     store_endpoint,
@@ -562,6 +564,51 @@ def test_a_master_later_than_the_grace_is_probed_for_and_joined(
     sys.stderr.write(f"\nmaster {late_s:g} s late, joined after {joined_s:.2f} s\n")
     assert spy.probes >= 1  # the client lingered (nothing listened within the grace)
     assert spy.clients in (1, 2)  # the first, or the probe's second, whichever connected first
+
+
+_HOST = """
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+port = int(sys.argv[1])
+store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_store_slow_past_the_grace_is_waited_for_without_a_second_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store busy with thousands of connects (here: its host stopped, so that the kernel
+    completes the connect and nothing answers) is not loaded with a second client per rank:
+    the probe finds it listening and the first client is waited for."""
+    port = free_port()
+    host = subprocess.Popen(
+        [sys.executable, "-c", _HOST, str(port)], stdout=subprocess.PIPE, text=True, env=clean_env()
+    )
+    timer = threading.Timer(CLIENT_GRACE_S + 1.5, host.send_signal, [signal.SIGCONT])
+    try:
+        assert host.stdout is not None and host.stdout.readline() == "up\n"
+        host.send_signal(signal.SIGSTOP)
+        spy = _Spy(monkeypatch)
+        timer.start()
+        client = connect_client(_rank1(port), 30.0, timedelta(seconds=10))
+        client.set("slow", "joined")
+        assert client.get("slow") == b"joined"
+        assert (spy.probes, spy.clients) == (1, 1)
+    finally:
+        timer.cancel()
+        host.send_signal(signal.SIGCONT)
+        host.kill()
+        host.wait()
+
+
+def test_the_grace_grows_with_the_job_at_torchs_pace() -> None:
+    assert client_grace_s(1) == CLIENT_GRACE_S
+    assert client_grace_s(2) == pytest.approx(CLIENT_GRACE_S + 0.001)
+    assert client_grace_s(4096) == pytest.approx(CLIENT_GRACE_S + 4.095)
+    assert client_grace_s(96_000) > 90  # torch's libuv store: 96K ranks in ~100 s
 
 
 _UNREACHABLE = """

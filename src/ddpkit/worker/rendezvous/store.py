@@ -54,6 +54,7 @@ from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
 
 __all__ = [
+    "CLIENT_GRACE_PER_RANK_S",
     "CLIENT_GRACE_S",
     "CLIENT_QUIET_S",
     "CONNECT_TIMEOUT_VAR",
@@ -61,6 +62,7 @@ __all__ = [
     "Call",
     "Outcome",
     "bounded",
+    "client_grace_s",
     "connect_client",
     "host_tcp_store",
     "is_taken",
@@ -75,8 +77,10 @@ __all__ = [
 # up the whole connect timeout.
 HANDSHAKE_MIN_S = 5.0
 # How long a rank's client may take before a probe looks at the master (see connect_client):
-# against a store that is up it is made in milliseconds.
+# against a store that is up it is made in milliseconds, plus ~1 ms a rank when every rank
+# connects at once (torch's libuv store took 96K ranks in ~100 s): client_grace_s.
 CLIENT_GRACE_S = 2.0
+CLIENT_GRACE_PER_RANK_S = 0.001
 # How long past the connect timeout torch's first client of a rank keeps retrying (quietly).
 CLIENT_QUIET_S = 30.0
 _LOOPBACK = "127.0.0.1"
@@ -321,11 +325,13 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
     torch's client is made first, in a thread: against a store that is up, the one connection
     a rank needs (no probe beside it: at 4,096 simulated ranks a probe's connect and the
     client's, back to back, overflowed a listen queue of 4,096). Only a client not made within
-    :data:`CLIENT_GRACE_S` brings in :func:`probe_master`, which finds a late master sooner
-    than torch's retries (they back off to seconds: a master 12 s late was found after 18.7 s)
-    and, at the deadline, tells a master that is not there from something else on its port.
-    A late master then gets a second client, bounded as before; the first one, still in its
-    back-off, connects later and is dropped. torch's own client gives up (and prints its C++
+    :func:`client_grace_s` brings in a TCP connect. When the master listens then, the client
+    is only slow (a busy store) or talks to something that is not a store: it is waited for,
+    with no second connection to load that store more. When nothing listens,
+    :func:`probe_master` finds a late master sooner than torch's retries (they back off to
+    seconds: a master 12 s late was found after 18.7 s), which then gets a second client,
+    bounded as before (the first, still in its back-off, connects later and is dropped), or
+    names a missing one at the deadline. torch's own client gives up (and prints its C++
     traces) only :data:`CLIENT_QUIET_S` past the deadline, when the rank has reported the cause
     and, as a rank that cannot join does, ended.
     """
@@ -335,32 +341,41 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
     wake = threading.Event()
     quiet_s = connect_timeout_s + CLIENT_QUIET_S
     calls = [Call(lambda: _client(addr, port, info.world_size, quiet_s, timeout), name, wake)]
-    wake.wait(min(CLIENT_GRACE_S, connect_timeout_s))
+    wake.wait(min(client_grace_s(info.world_size), connect_timeout_s))
     if (made := _made(calls)) is not None:
         return made
+    # Not made yet: the master is late or missing (torch's client then sleeps in its back-off),
+    # the store is slow to answer, or something else holds the port. One TCP connect tells.
+    if try_connect(addr, port, min(5.0, max(0.1, deadline - time.monotonic()))) is not None:
 
-    def nap(seconds: float) -> None:  # a client made meanwhile ends the nap
-        if wake.is_set():
-            time.sleep(seconds)
-        else:
-            wake.wait(seconds)
+        def nap(seconds: float) -> None:  # a client made meanwhile ends the nap
+            if wake.is_set():
+                time.sleep(seconds)
+            else:
+                wake.wait(seconds)
 
-    try:
-        probe_master(info, connect_timeout_s, sleep=nap, deadline=deadline)
-    except RendezvousError:
-        # Nothing listened until the deadline: torch's client is in its back-off and gives up
-        # CLIENT_QUIET_S from now; a rank that exits at once is not held 3 s for it.
-        calls[0].give_up(wait_at_exit=False)
-        raise
-    if (made := _made(calls)) is not None:
-        return made
-    bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
-    # torch's client retries a listener that closes or answers garbage until its timeout (and
-    # a try or two past it): half the bound, so those end with torch's own error and only a
-    # client blocked on a silent listener outlives the bound.
-    wake.clear()
-    second = Call(lambda: _client(addr, port, info.world_size, bound_s / 2, timeout), name, wake)
-    calls.append(second)
+        try:
+            probe_master(info, connect_timeout_s, sleep=nap, deadline=deadline)
+        except RendezvousError:
+            # Nothing listened until the deadline: torch's client is in its back-off and gives
+            # up CLIENT_QUIET_S from now; a rank that exits at once is not held 3 s for it.
+            calls[0].give_up(wait_at_exit=False)
+            raise
+        if (made := _made(calls)) is not None:
+            return made
+        # The master came up after the grace: torch's client may sleep in its back-off for
+        # seconds yet, a second one joins now. torch's client retries a listener that closes
+        # or answers garbage until its timeout (and a try or two past it): half the bound, so
+        # those end with torch's own error and only a client blocked on a silent listener
+        # outlives the bound.
+        bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
+        wake.clear()
+        second = Call(
+            lambda: _client(addr, port, info.world_size, bound_s / 2, timeout), name, wake
+        )
+        calls.append(second)
+    else:  # it listens: the client is slow (a busy store) or talks to something else; no second
+        bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
     ends = time.monotonic() + bound_s
     while (made := _made(calls)) is None and time.monotonic() < ends:
         if all(call.outcome is not None for call in calls):
@@ -381,6 +396,13 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
             "crashed while this rank connected"
         ),
     )
+
+
+def client_grace_s(world_size: int) -> float:
+    """How long a rank's client may take before a probe looks at the master: the store takes
+    every rank's connect at about torch's pace, so a large job's ranks are not all counted
+    late (each would add a connection to a store already busy with them all)."""
+    return CLIENT_GRACE_S + CLIENT_GRACE_PER_RANK_S * max(0, world_size - 1)
 
 
 def _client(
