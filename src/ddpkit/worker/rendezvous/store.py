@@ -20,9 +20,10 @@ shares that server, whatever host name it is given.
 
 Connecting is bounded at each step (:func:`connect_client`). torch's client is made in a
 daemon thread: against a store that is up, the only connection a rank opens for it. A client
-not made within :data:`CLIENT_GRACE_S` brings in :func:`probe_master` (a plain TCP connect,
-closed at once), which finds a late master sooner than torch's back-off and, at the connect
-timeout, names a master that is not there. torch's client validates and pings the server and
+not made within :func:`client_grace_s` brings in a plain TCP connect (closed at once): a master
+that listens is only slow, and is waited for; when nothing listens, :func:`probe_master` finds
+a late master sooner than torch's back-off and, at the connect timeout, names a master that is
+not there. torch's client validates and pings the server and
 waits for its reply with no bound at all, so a port held by something that accepts connections
 but never answers would hold a rank forever: the thread is given up after a bound, naming the
 address as "accepts connections but does not speak the TCPStore protocol". The thread stays
