@@ -248,7 +248,7 @@ class _Introduced:
 
 def context() -> Any:
     """Processes for simulated ranks, forked from a server that imported torch once: a spawned
-    interpreter spends ~1 s of CPU importing it, and a job of 4,096 ranks takes 128 of them.
+    interpreter spends ~1 s of CPU importing it, and a job of 4,096 ranks takes 256 of them.
     Each child still gets its parent's ``sys.path`` and main module, as a spawned one."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "scalesim"])
