@@ -29,6 +29,9 @@ trial after trial, with the same layout:
   over ``--window-s`` rounded up to whole beat intervals (the interval grows past 512 ranks;
   ranks let go together beat together, so a window of whole intervals holds the same number
   of beats of every rank) (plain torch has no watchdog: nothing);
+* listen queue overflows: connects the kernel dropped because the store's listen queue was
+  full (``ListenOverflows`` in /proc/net/netstat, the whole machine's, from the let-go until
+  every rank is ready; each is retried only after the SYN back-off, 1 s);
 * stop agreement: ``PreemptionGuard.should_stop()`` (an all_reduce, no store call) against a
   plain ``dist.all_reduce`` of the same flag, real gloo processes with ``ddpkit.init()``, at
   the world sizes this machine runs as processes (2..8; 2..4 with ``--quick``).
@@ -140,10 +143,12 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     host.start()
     scalesim.wait_listening(port)
     store_cpu = scalesim.store_threads_cpu()  # rank 0's server is up: it listens
+    overflows = scalesim.listen_overflows()
     start = time.monotonic()
     events[0].set()
     ready = expect("ready")
     host.join(600)
+    overflows = scalesim.listen_overflows() - overflows
     store_cpu_s = scalesim.store_cpu_since(store_cpu)
     errors = [e for body in ready for e in body["errors"]] + ([rank0.error] if rank0.error else [])
     if errors or rank0.ready_at is None:
@@ -177,6 +182,7 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
         "max_other_calls": float(max(body["max_calls"] for body in ready)),
         "beat_calls_s": beat_calls / window_s,
         "beat_keys_s": beat_keys / window_s,
+        "overflows": float(overflows),
     }
 
 
@@ -273,6 +279,7 @@ FIGURES = [  # key, figure, unit, higher is better
     ("connections_per_rank", "store connections per rank", "connections", False),
     ("beat_calls_s", "watchdog load at the store", "calls/s", False),
     ("beat_keys_s", "watchdog keys read or written at the store", "keys/s", False),
+    ("overflows", "listen queue overflows, start-up", "connects dropped", False),
 ]
 
 

@@ -297,6 +297,18 @@ def store_cpu_since(before: dict[int, float]) -> float:
     return sum(cpu - before.get(tid, 0.0) for tid, cpu in store_threads_cpu().items())
 
 
+def listen_overflows() -> int:
+    """Connects this machine's kernel dropped so far because a listen queue was full
+    (``TcpExt: ListenOverflows``): the store's queue overflows when a job's ranks connect at
+    once faster than its loop accepts."""
+    with open("/proc/net/netstat", encoding="ascii") as stats:
+        lines = stats.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True))["ListenOverflows"])
+    raise RuntimeError("/proc/net/netstat has no TcpExt ListenOverflows")
+
+
 def wait_listening(port: int, timeout_s: float = 60.0) -> None:
     """Until the store on ``port`` accepts connections (the host is up before ranks are let go,
     so that the clients' connect retries and back-off are not what is timed)."""

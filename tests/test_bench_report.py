@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import sys
 import time
@@ -436,6 +437,28 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     for found in (ours, plain):
         assert found["store_cpu_ms"] > 0 and found["client_cpu_ms"] > 0, found
     assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0
+    assert ours["overflows"] >= 0 and plain["overflows"] >= 0  # counted, 8 ranks overflow nothing
+
+
+def test_listen_overflows_counts_the_connects_a_full_queue_drops() -> None:
+    """The scale bench's overflow figure reads the kernel's own counter: a listen queue of one
+    that nobody accepts from, ten connects, some dropped."""
+    import scalesim
+
+    before = scalesim.listen_overflows()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        clients = [socket.socket() for _ in range(10)]
+        try:
+            for client in clients:
+                client.setblocking(False)
+                client.connect_ex(listener.getsockname())
+            time.sleep(0.5)
+            assert scalesim.listen_overflows() - before >= 1
+        finally:
+            for client in clients:
+                client.close()
 
 
 def test_the_phase_diagnostic_gives_each_steps_time_and_its_threads_cpu(
