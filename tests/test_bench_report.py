@@ -437,7 +437,9 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     for found in (ours, plain):
         assert found["store_cpu_ms"] > 0 and found["client_cpu_ms"] > 0, found
     assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0
-    assert ours["overflows"] >= 0 and plain["overflows"] >= 0  # counted, 8 ranks overflow nothing
+    # counted for both (the kernel's counter is the machine's: other work may add to it, so
+    # no exact figure here; the next test shows that it counts)
+    assert ours["overflows"] >= 0 and plain["overflows"] >= 0
 
 
 def test_listen_overflows_counts_the_connects_a_full_queue_drops() -> None:

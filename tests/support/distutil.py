@@ -32,7 +32,14 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-__all__ = ["Indices", "free_port", "run_workers", "torchrun_env"]
+__all__ = [
+    "Indices",
+    "admit_pending_clients",
+    "free_port",
+    "pending_clients",
+    "run_workers",
+    "torchrun_env",
+]
 
 # What the fork server imports once for every worker it forks: modules whose import leaves no
 # state a worker could notice. It starts no Python thread and opens no file; the one native
@@ -71,15 +78,21 @@ def admit_pending_clients(port: int, timeout_s: float = 20.0) -> None:
 
     from torch.distributed import TCPStore
 
-    name = f"ddpkit-store-connect-{port}"
     host = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False)
     deadline = time.monotonic() + timeout_s
     try:
-        while any(t.name == name for t in threading.enumerate()):
+        while pending_clients(port):
             assert time.monotonic() < deadline, f"a client of port {port} still runs"
             time.sleep(0.05)
     finally:
         del host
+
+
+def pending_clients(port: int) -> list[threading.Thread]:
+    """The threads still making a rank's client of the store on ``port`` in this process."""
+    from ddpkit.worker.rendezvous.store import connect_thread_name
+
+    return [t for t in threading.enumerate() if t.name == connect_thread_name(port)]
 
 
 def _entry(

@@ -34,7 +34,13 @@ from ddpkit.worker.rendezvous.store import (
     loopback_address,
     store_endpoint,
 )
-from tests.support.distutil import admit_pending_clients, free_port, run_workers, torchrun_env
+from tests.support.distutil import (
+    admit_pending_clients,
+    free_port,
+    pending_clients,
+    run_workers,
+    torchrun_env,
+)
 from tests.support.sockets import WILDCARDS, is_loopback, listening, routable_interface
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -654,6 +660,6 @@ def test_a_master_that_is_not_there_leaves_a_client_the_test_can_let_in() -> Non
     port = free_port()
     with pytest.raises(RendezvousError, match="cannot reach the rendezvous master"):
         connect_client(_rank1(port), 0.5, timedelta(seconds=5))
-    assert any(t.name == f"ddpkit-store-connect-{port}" for t in threading.enumerate())
+    assert pending_clients(port)
     admit_pending_clients(port)
-    assert not any(t.name == f"ddpkit-store-connect-{port}" for t in threading.enumerate())
+    assert not pending_clients(port)

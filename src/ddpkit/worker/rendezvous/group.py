@@ -11,9 +11,9 @@
   under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the agent hosts it and every rank is
   a client, as torch's own ``env://`` would do;
 * a client makes torch's client in a thread; only when it is not made within
-  :data:`~ddpkit.worker.rendezvous.store.CLIENT_GRACE_S` does a probe of the master (a TCP
-  connect) find a late master or name a missing one at the connect timeout, and a late master
-  gets a second client bounded by what is left (at least
+  :func:`~ddpkit.worker.rendezvous.store.client_grace_s` does a TCP connect look at the
+  master: one that listens is waited for, a late one found by the probe gets a second client
+  bounded by what is left (at least
   :data:`~ddpkit.worker.rendezvous.store.HANDSHAKE_MIN_S`): a port held by something that
   accepts and never answers ends as a :class:`RendezvousError` naming address, port and
   launcher, never as a wait past the connect and collective timeouts.

@@ -65,6 +65,7 @@ __all__ = [
     "bounded",
     "client_grace_s",
     "connect_client",
+    "connect_thread_name",
     "host_tcp_store",
     "is_taken",
     "loopback_address",
@@ -337,7 +338,7 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
     and, as a rank that cannot join does, ended.
     """
     addr, port = info.master_addr, info.master_port
-    name = f"ddpkit-store-connect-{port}"
+    name = connect_thread_name(port)
     deadline = time.monotonic() + connect_timeout_s
     wake = threading.Event()
     quiet_s = connect_timeout_s + CLIENT_QUIET_S
@@ -358,8 +359,8 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
         try:
             probe_master(info, connect_timeout_s, sleep=nap, deadline=deadline)
         except RendezvousError:
-            # Nothing listened until the deadline: torch's client is in its back-off and gives
-            # up CLIENT_QUIET_S from now; a rank that exits at once is not held 3 s for it.
+            # Nothing listened until the deadline: torch's client is in its back-off and prints
+            # nothing before CLIENT_QUIET_S from now; a rank that exits is not held 3 s for it.
             calls[0].give_up(wait_at_exit=False)
             raise
         if (made := _made(calls)) is not None:
@@ -397,6 +398,11 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
             "crashed while this rank connected"
         ),
     )
+
+
+def connect_thread_name(port: int) -> str:
+    """The name of the threads that make a rank's clients of the store on ``port``."""
+    return f"ddpkit-store-connect-{port}"
 
 
 def client_grace_s(world_size: int) -> float:
