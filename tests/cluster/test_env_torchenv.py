@@ -257,7 +257,9 @@ def work(rank, world_size, port, export_rank):
     if export_rank:
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
     ctx = ddpkit.init(connect_timeout_s=60)
-    print(json.dumps({"rank": ctx.rank, "world": ctx.world_size}), flush=True)
+    # one write a line: both children share this pipe, and under PYTHONUNBUFFERED=1 print
+    # writes its text and its newline apart ('{"rank": 1, ...}{"rank": 0, ...}' in a CI run)
+    os.write(1, (json.dumps({"rank": ctx.rank, "world": ctx.world_size}) + "\\n").encode())
     ddpkit.shutdown()
 
 if __name__ == "__main__":
