@@ -14,32 +14,37 @@ environment. The names below are the ones the rest of ddpkit uses.
 
 from __future__ import annotations
 
-from ddpkit.cluster.slurmtools.commands import (
-    cancel,
-    poll_until_finished,
-    requeue,
-    submit_script,
-    wait,
-)
-from ddpkit.cluster.slurmtools.query import (
-    Row,
-    covers,
-    job_fields,
-    job_restarts,
-    parse_job_id,
-    query_state,
-    row_status,
-    scontrol_fields,
-    tool_rows,
-)
-from ddpkit.cluster.slurmtools.runner import CommandResult, Runner, SlurmError, subprocess_runner
-from ddpkit.cluster.slurmtools.states import (
-    SLURM_STATES,
-    JobState,
-    JobStatus,
-    Source,
-    state_from_slurm,
-)
+from typing import TYPE_CHECKING
+
+from ddpkit._lazy import lazy_exports
+
+# Lazy: ``python -m ddpkit.cluster.rendezvous.resv_ports`` (on every job's srun line) reads
+# config.py alone, and the commands import only the tools they use.
+_EXPORTS = {
+    "cancel": "ddpkit.cluster.slurmtools.commands",
+    "poll_until_finished": "ddpkit.cluster.slurmtools.commands",
+    "requeue": "ddpkit.cluster.slurmtools.commands",
+    "submit_script": "ddpkit.cluster.slurmtools.commands",
+    "wait": "ddpkit.cluster.slurmtools.commands",
+    "Row": "ddpkit.cluster.slurmtools.query",
+    "covers": "ddpkit.cluster.slurmtools.query",
+    "job_fields": "ddpkit.cluster.slurmtools.query",
+    "job_restarts": "ddpkit.cluster.slurmtools.query",
+    "parse_job_id": "ddpkit.cluster.slurmtools.query",
+    "query_state": "ddpkit.cluster.slurmtools.query",
+    "row_status": "ddpkit.cluster.slurmtools.query",
+    "scontrol_fields": "ddpkit.cluster.slurmtools.query",
+    "tool_rows": "ddpkit.cluster.slurmtools.query",
+    "CommandResult": "ddpkit.cluster.slurmtools.runner",
+    "Runner": "ddpkit.cluster.slurmtools.runner",
+    "SlurmError": "ddpkit.cluster.slurmtools.runner",
+    "subprocess_runner": "ddpkit.cluster.slurmtools.runner",
+    "SLURM_STATES": "ddpkit.cluster.slurmtools.states",
+    "JobState": "ddpkit.cluster.slurmtools.states",
+    "JobStatus": "ddpkit.cluster.slurmtools.states",
+    "Source": "ddpkit.cluster.slurmtools.states",
+    "state_from_slurm": "ddpkit.cluster.slurmtools.states",
+}
 
 __all__ = [
     "SLURM_STATES",
@@ -66,3 +71,38 @@ __all__ = [
     "tool_rows",
     "wait",
 ]
+
+if TYPE_CHECKING:
+    from ddpkit.cluster.slurmtools.commands import (
+        cancel,
+        poll_until_finished,
+        requeue,
+        submit_script,
+        wait,
+    )
+    from ddpkit.cluster.slurmtools.query import (
+        Row,
+        covers,
+        job_fields,
+        job_restarts,
+        parse_job_id,
+        query_state,
+        row_status,
+        scontrol_fields,
+        tool_rows,
+    )
+    from ddpkit.cluster.slurmtools.runner import (
+        CommandResult,
+        Runner,
+        SlurmError,
+        subprocess_runner,
+    )
+    from ddpkit.cluster.slurmtools.states import (
+        SLURM_STATES,
+        JobState,
+        JobStatus,
+        Source,
+        state_from_slurm,
+    )
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
