@@ -121,7 +121,7 @@ SWEEP_RUN_VAR: Final = SWEEP_VAR_PREFIX + "RUN"
 
 # ---- what job scripts run (python -m ...) --------------------------------------------------
 RESV_PORTS_MODULE: Final = (
-    "ddpkit.cluster.rendezvous.resv_ports"  # prints srun's --resv-ports, or nothing
+    "ddpkit.cluster.rendezvous.resv_ports"  # srun's --resv-ports or nothing (older scripts)
 )
 ENDPOINT_MODULE: Final = "ddpkit.cluster.rendezvous.endpoint"  # prints the c10d endpoint host:port
 CLI_MODULE: Final = "ddpkit"  # `python -m ddpkit run ...` on each node (launch: torchrun)

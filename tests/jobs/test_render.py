@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 
 from ddpkit.cluster.rendezvous.endpoint import endpoint
 from ddpkit.cluster.rendezvous.ports import port_for_job
+from ddpkit.cluster.slurmtools.config import has_port_range, parse_config
 from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
@@ -342,6 +344,70 @@ def run_script(text: str, tmp_path: Path) -> dict[str, list[Path]]:
     for call in sorted(records.iterdir()):
         calls.setdefault(call.name.split(".")[0], []).append(call)
     return calls
+
+
+# The srun line's --resv-ports probe, in the job's shell: the same answer as the Python rule
+# (has_port_range) on the same configuration texts, and none when scontrol fails or hangs.
+PORT_RANGE_CONFIGS = [
+    "MpiDefault              = none\nMpiParams               = ports=12000-12999\n",
+    "MpiParams               = (null)\n",
+    "MpiParams = ports=20000-20100,disable_slurm_hydra_bootstrap\n",
+    "  mpiparams=PORTS=1-2\n",
+    "PrologFlags = ports=1\nMpiParams = (null)\n",  # ports= elsewhere is not it
+    "",
+]
+
+
+def probe_lines(text: str, bound_s: int | None = None) -> str:
+    """The probe of a rendered script (its ``resv_ports=`` line to its ``fi``), and a line
+    printing what it decided; ``bound_s`` replaces its scontrol bound (a hang test's wait)."""
+    lines = text.splitlines()
+    start = lines.index("resv_ports=")
+    probe = "\n".join(lines[start : lines.index("fi", start) + 1])
+    assert "timeout 20 scontrol show config" in probe
+    if bound_s is not None:
+        probe = probe.replace("timeout 20 ", f"timeout {bound_s} ")
+    return f'set -euo pipefail\n{probe}\nprintf "[%s]" "$resv_ports"\n'
+
+
+def run_probe(text: str, tools: FakeTools, tmp_path: Path) -> tuple[str, float]:
+    start = time.monotonic()
+    done = subprocess.run(
+        ["bash", "-c", text], env={**os.environ, "PATH": tools.path()}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout, time.monotonic() - start
+
+
+@pytest.mark.parametrize("launch", ["srun", "torchrun"])
+@pytest.mark.parametrize("config", PORT_RANGE_CONFIGS)
+def test_the_scripts_resv_ports_probe_follows_the_python_rule(
+    tmp_path: Path, launch: str, config: str
+) -> None:
+    tools = FakeTools(tmp_path / "bin")
+    tools.scontrol_config(config)
+    text = render.render_sbatch(spec(launch=launch))
+    assert text.count("resv_ports=") == 2 and "srun $resv_ports " in text  # probe, then the flag
+    assert "-m ddpkit.cluster.rendezvous.resv_ports" not in text  # no Python before the step
+    flag = "--resv-ports=1" if has_port_range(parse_config(config)) else ""
+    assert run_probe(probe_lines(text), tools, tmp_path)[0] == f"[{flag}]"
+
+
+@pytest.mark.parametrize("failure", ["exits", "missing", "hangs"])
+def test_the_scripts_resv_ports_probe_never_stops_the_job(tmp_path: Path, failure: str) -> None:
+    tools = FakeTools(tmp_path / "bin")
+    ports = "MpiParams = ports=12000-12999"
+    if failure == "exits":  # prints a port range, then fails: not an answer
+        tools.install("scontrol", f"#!/bin/sh\necho '{ports}'\nexit 1\n")
+    elif failure == "hangs":  # prints a port range, then never ends: bounded, no flag
+        tools.install("scontrol", f"#!/bin/sh\necho '{ports}'\nexec sleep 600\n")
+    path = tools.path("/usr/bin:/bin") if failure == "missing" else tools.path()
+    text = probe_lines(render.render_sbatch(spec()), bound_s=1)
+    done = subprocess.run(
+        ["bash", "-c", text], env={**os.environ, "PATH": path}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "[]"), done.stderr
 
 
 def nul_list(path: Path) -> list[str]:

@@ -1,6 +1,9 @@
 """``python -m ddpkit.cluster.rendezvous.resv_ports``: the srun flag reserving a step's port.
 
-The job scripts put its output on their ``srun`` line. Where the cluster has a port range for
+Job scripts rendered before 2026-11-27 put its output on their ``srun`` line (a requeued job
+runs its script as submitted, so it stays); newer ones ask ``scontrol`` in the shell by the same
+rule (:func:`ddpkit.cluster.slurmtools.config.has_port_range`; the tests hold the two to the same
+answers), without a Python start before the step. Where the cluster has a port range for
 reservations (``MpiParams=ports=`` in slurm.conf), it prints ``--resv-ports=1``: SLURM then
 gives the step a port that no other step on its nodes holds (``SLURM_STEP_RESV_PORTS``), and
 ddpkit hosts the rendezvous there (:mod:`ddpkit.cluster.rendezvous.ports`). Elsewhere it prints

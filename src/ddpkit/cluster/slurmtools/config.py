@@ -1,8 +1,9 @@
 """The cluster's configuration as ``scontrol show config`` prints it: one command, one parser.
 
 Its readers: ``MaxArraySize`` (how many tasks a sweep's array may have, checked before a
-submission) and ``MpiParams`` (whether steps can reserve a port, asked inside a job script by
-``python -m ddpkit.jobs.resv_ports``).
+submission) and ``MpiParams`` (whether steps can reserve a port: asked by a job script's shell
+by the same rule, or by ``python -m ddpkit.cluster.rendezvous.resv_ports`` in scripts from
+before 2026-11-27).
 """
 
 from __future__ import annotations
