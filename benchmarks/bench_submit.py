@@ -1,15 +1,18 @@
-"""Submission overhead: `ddpkit submit` vs a plain `sbatch` of the same rendered script.
+"""Submission overhead: `ddpkit submit` vs torchx's `torchx run -s slurm`, and plain `sbatch`.
 
     ci/slurm-up && python benchmarks/bench_submit.py [--runs 7] [--payload trivial|torch]
         [--settle-s 0.5] [--slurm-env /tmp/ddpkit-slurm/env.sh] [--quick] [--json FILE]
 
-Both submit the same job (1 node, 1 process; the script is what `ddpkit submit --dry-run`
-prints, so the two jobs run identical scripts) to the running test cluster, alternately, each
-on an idle cluster (previous job ended, every node idle again, then a short pause). The time
-taken is from starting the command to the first complete line in the job's rank-0 output file
-(polled every 5 ms); the medians and the ratio ddpkit / sbatch are printed (goal: <= 1.20),
-then how long each command itself took (ddpkit's own cost: Python start-up, validation,
-rendering, the record). --settle-s is the pause on the idle cluster before each run.
+Three commands submit the same payload (1 node, 1 process) to the running test cluster, in
+turn, each on an idle cluster (previous job ended, every node idle again, then a short pause):
+``ddpkit submit`` of a spec; ``torchx run -s slurm utils.python --script`` (the peer: another
+command that turns a job description into an sbatch, as a torchx user types it); and plain
+``sbatch`` of the very script ``ddpkit submit --dry-run`` prints (a reference, not a peer: the
+floor under any wrapper, since ddpkit submit runs that sbatch itself). The time taken is from
+starting the command to the first complete line in the job's rank-0 output file (polled every
+5 ms), and until the command returned the job id (ddpkit's own cost: Python start-up,
+validation, rendering, the record). Medians and every trial go into the JSON; the ratios are
+printed against torchx. --settle-s is the pause on the idle cluster before each run.
 The payload prints one line at once (``trivial``) or after ``import torch`` (``torch``, what a
 training job does first). `ddpkit` runs as `python -m ddpkit` (what its console script does,
 without a pyenv shim in front).
@@ -40,6 +43,17 @@ PAYLOADS = {
     "torch": "import torch\n\nprint('first line', torch.__version__, flush=True)\n",
 }
 FIRST_LINE_TIMEOUT_S = 60.0
+SBATCH = "sbatch of the same script (reference: what ddpkit submit runs)"
+DDPKIT = "ddpkit submit"
+TORCHX = "torchx run -s slurm"
+
+
+def torchx_job_id(stdout: str) -> str:
+    """The job id of ``torchx run``'s handle (``slurm://torchx/<job id>``, its first line)."""
+    for line in stdout.splitlines():
+        if line.startswith("slurm://"):
+            return line.rsplit("/", 1)[-1].strip()
+    raise SystemExit(f"torchx run printed no slurm:// handle: {stdout[-500:]!r}")
 
 
 def first_line_after(
@@ -97,16 +111,22 @@ def bench(args: argparse.Namespace, env: dict[str, str], work: Path) -> None:
     ddpkit = [sys.executable, "-m", "ddpkit"]
     script = run([*ddpkit, "submit", str(spec), "--dry-run"])
     sbatch = ["sbatch", "--parsable", f"--chdir={work}"]
+    torchx = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "slurm"]
+    torchx += ["utils.python", "--script", "first_line.py"]
     contenders: dict[str, Callable[[], str]] = {
-        "sbatch": lambda: run(sbatch, stdin=script).strip().split(";")[0],
-        "ddpkit submit": lambda: run([*ddpkit, "submit", str(spec)]).strip(),
+        SBATCH: lambda: run(sbatch, stdin=script).strip().split(";")[0],
+        DDPKIT: lambda: run([*ddpkit, "submit", str(spec)]).strip(),
+        TORCHX: lambda: torchx_job_id(run(torchx)),
+    }
+    outputs: dict[str, Callable[[str], Path]] = {
+        SBATCH: lambda job_id: log_dir / f"bench-{job_id}-rank0.out",
+        DDPKIT: lambda job_id: log_dir / f"bench-{job_id}-rank0.out",
+        # torchx's slurm scheduler: slurm-<job>-<role>-<replica>.out in the directory it ran in
+        TORCHX: lambda job_id: work / f"slurm-{job_id}-python-0.out",
     }
 
-    def output(job_id: str) -> Path:
-        return log_dir / f"bench-{job_id}-rank0.out"
-
     def timed(name: str) -> float:
-        seconds, returned, job_id = first_line_after(contenders[name], output)
+        seconds, returned, job_id = first_line_after(contenders[name], outputs[name])
         commands[name].append(returned)
         slurm.wait(job_id, 60, 0.05, env=env)  # the next run starts on an idle cluster
         wait_idle(env, args.settle_s)
@@ -118,28 +138,29 @@ def bench(args: argparse.Namespace, env: dict[str, str], work: Path) -> None:
         commands[name].clear()
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for i in range(args.runs):
-        order = list(contenders) if i % 2 == 0 else list(reversed(contenders))
+        names = list(contenders)
+        order = names[i % len(names) :] + names[: i % len(names)]  # each goes first in turn
         for name in order:
             times[name].append(timed(name))
-        print(f"run {i}: sbatch {times['sbatch'][-1]:.3f} s   ddpkit submit "
-              f"{times['ddpkit submit'][-1]:.3f} s")  # fmt: skip
-    plain, kit = statistics.median(times["sbatch"]), statistics.median(times["ddpkit submit"])
-    print(
-        f"payload {args.payload}: median command -> first output line over {args.runs} runs: "
-        f"sbatch {plain:.3f} s, "
-        f"ddpkit submit {kit:.3f} s, ratio {kit / plain:.3f} (goal <= 1.20)"
-    )
-    returned = {name: statistics.median(commands[name]) for name in contenders}
-    print(
-        "median time until the command returned the job id: "
-        + ", ".join(f"{name} {returned[name]:.3f} s" for name in contenders)
-    )
+        print(f"run {i}: " + "   ".join(f"{name} {times[name][-1]:.3f} s" for name in names))
+    rows = []
     first = f"submit -> the job's first output line, payload {args.payload} (median of {args.runs})"
-    rows = [benchjson.row(first, "sbatch", plain, "s", False)]
-    rows.append(benchjson.row(first, "ddpkit submit", kit, "s", False))
     back = f"submit command -> job id returned (median of {args.runs})"
-    rows += [benchjson.row(back, name, returned[name], "s", False) for name in contenders]
-    title = "Submission: ddpkit submit vs plain sbatch of the same script (test cluster)"
+    for figure, trials in ((first, times), (back, commands)):
+        medians = {name: statistics.median(trials[name]) for name in contenders}
+        print(
+            f"{figure}: "
+            + ", ".join(f"{name} {medians[name]:.3f} s" for name in contenders)
+            + f"; ddpkit / torchx {medians[DDPKIT] / medians[TORCHX]:.3f}"
+        )
+        rows += [
+            benchjson.row(
+                figure, name, medians[name], "s", False,
+                reference=name == SBATCH, trials=trials[name],
+            )
+            for name in contenders
+        ]  # fmt: skip
+    title = "Submission: ddpkit submit vs torchx run, and plain sbatch (test cluster)"
     benchjson.write(args.json, "submit", title, "python", rows)
 
 
