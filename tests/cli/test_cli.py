@@ -296,6 +296,35 @@ def test_dry_run_prints_the_equivalent_torchrun_command(
 
 
 @pytest.mark.parametrize(
+    ("argv", "code"), [(["run", "--dry-run", SCRIPT], 0), (["run", "--nnodes=x", SCRIPT], 2)]
+)
+def test_ddpkit_run_imports_none_of_the_job_commands(argv: list[str], code: int) -> None:
+    # the job commands' modules (specs, records, backends, SLURM tools) cost every launch
+    # ~20 ms that torchrun does not pay; `ddpkit run` builds its own parser alone
+    script = (
+        "import sys; from ddpkit.cli import main; rc = main(sys.argv[1:]); "
+        "jobs = sorted(m for m in sys.modules if m.startswith(('ddpkit.jobs', 'ddpkit.cli.jobs',"
+        " 'ddpkit.cli.tools', 'ddpkit.cluster.slurmtools.commands')));"
+        "print(jobs); sys.exit(rc)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv],
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.splitlines()[-1]) == (code, "[]"), done.stderr
+
+
+def test_every_other_command_still_parses_with_the_full_parser(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["status", "--help"]) == 0
+    assert "usage: ddpkit status" in capsys.readouterr().out
+    assert main(["ru", SCRIPT]) == 2  # not `run`: the full parser names the choices
+    assert "invalid choice: 'ru'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "argv",
     [["--help"], ["run", "--help"], ["run", "--dry-run", SCRIPT], ["run", "--nnodes=x", SCRIPT]],
 )

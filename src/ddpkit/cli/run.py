@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ddpkit.contract import RUN_COMMAND
 from ddpkit.launch.config import DEFAULTS, SWITCHES, RunConfig, resolve_run_config
 
 __all__ = ["add_parser", "config_from_argv", "run_command"]
@@ -77,7 +78,7 @@ examples:
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Register ``run`` on the ``add_subparsers()`` object of the top-level parser."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "run",
+        RUN_COMMAND,
         help="launch a script on this node with torch's elastic agent (torchrun's flags)",
         description=_DESCRIPTION,
         epilog=_EPILOG,
@@ -135,7 +136,7 @@ def config_from_argv(argv: list[str], env: Mapping[str, str] | None = None) -> R
     """
     from ddpkit.cli import build_parser
 
-    args = build_parser().parse_args(["run", *argv])
+    args = build_parser(RUN_COMMAND).parse_args([RUN_COMMAND, *argv])
     return resolve_run_config(_flags(args), os.environ if env is None else env)
 
 
