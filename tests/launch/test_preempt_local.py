@@ -28,6 +28,7 @@ import pytest
 
 from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.launch.local import child_pids
+from tests.support.pids import signal_if_same, start_ticks
 
 pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
 
@@ -196,10 +197,11 @@ def test_child_pids_lists_direct_children_but_not_grandchildren() -> None:
     parent = subprocess.Popen(
         ["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True
     )
-    grandchild = None
+    grandchild, grandchild_started = None, None
     try:
         assert parent.stdout is not None
         grandchild = int(parent.stdout.readline())
+        grandchild_started = start_ticks(grandchild)  # `sleep 60` runs now
         found = child_pids()
         assert {plain.pid, parent.pid} <= set(found), found
         assert grandchild not in found and os.getpid() not in found, found
@@ -208,8 +210,7 @@ def test_child_pids_lists_direct_children_but_not_grandchildren() -> None:
         assert child_pids(grandchild) == []
     finally:
         if grandchild is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(grandchild, signal.SIGKILL)
+            signal_if_same(grandchild, grandchild_started)
         for child in (plain, parent):
             child.kill()
             child.wait()

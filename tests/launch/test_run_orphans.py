@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.pids import signal_if_same, start_ticks
+
 # mostly waiting for processes to end: run beside the SLURM tests (ci/test.sh)
 pytestmark = [pytest.mark.multiproc, pytest.mark.sidecar]
 
@@ -49,8 +51,10 @@ def _alive(pid: int) -> bool:
 
 
 def _run_processes(where: Path) -> set[int]:
-    """Every process of the run: pid files, and command lines naming the run's folder."""
-    pids = {int(name.name.split(".")[1]) for name in where.glob("pid.*")}
+    """Every process of the run now: the command lines naming the run's folder. Not its pid
+    files: a pid outlives its worker, and may name another test's process by then (the clean-up
+    below once killed one)."""
+    pids: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -254,19 +258,23 @@ def test_parent_death_signal_and_sweeper_on_their_own(end: str) -> None:
     )
     assert parent.stdout is not None
     tied, marked, other = map(int, parent.stdout.readline().split())
+    started = {pid: start_ticks(pid) for pid in (tied, marked, other)}  # all three run now
+
+    def alive(pid: int) -> bool:  # that process, not one that got its pid after it ended
+        return _alive(pid) and start_ticks(pid) == started[pid]
+
     try:
         parent.wait(timeout=60)
         gone_by = time.monotonic() + GONE_WITHIN_S
-        while (_alive(tied) or (end == "kill" and _alive(marked))) and time.monotonic() < gone_by:
+        while (alive(tied) or (end == "kill" and alive(marked))) and time.monotonic() < gone_by:
             time.sleep(0.05)
         if end == "kill":  # the stub's worker by the kernel, the marked one by the sweeper
             assert parent.returncode == -signal.SIGKILL
-            assert not _alive(tied) and not _alive(marked)
+            assert not alive(tied) and not alive(marked)
         else:  # a launcher that ends normally has stopped its workers itself: no sweep
             assert parent.returncode == 0
-            assert _alive(marked)
-        assert _alive(other)  # never a process without the token
+            assert alive(marked)
+        assert alive(other)  # never a process without the token
     finally:
-        for pid in (tied, marked, other):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for pid, ticks in started.items():
+            signal_if_same(pid, ticks)

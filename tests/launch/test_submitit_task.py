@@ -17,6 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+from tests.support.pids import signal_if_same, start_ticks
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30.0
 
@@ -83,6 +85,7 @@ def _signalled_run(
                 break
         assert head and head[-1].startswith("child: ready"), "".join(head)
         child_pid = int(head[-1].split()[-1])
+        child_started = start_ticks(child_pid)  # it runs now; its pid may name another later
         runner.send_signal(send)  # RunCommand only, never the child directly
         rest, err = runner.communicate(timeout=TIMEOUT_S)
     finally:
@@ -90,11 +93,7 @@ def _signalled_run(
         runner.kill()
         runner.wait()
     out = "".join(head) + rest
-    try:
-        os.kill(child_pid, signal.SIGKILL)  # an orphan, if RunCommand died before its child
-    except ProcessLookupError:
-        pass
-    else:
+    if signal_if_same(child_pid, child_started):  # an orphan, if RunCommand died before it
         err += f"\ntest: the child {child_pid} outlived RunCommand"
     return runner.returncode, out, err
 

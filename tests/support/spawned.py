@@ -29,9 +29,11 @@ class Rank:
     def pid(self) -> int:
         return int(re.findall(rf"^pid {self.rank} (\d+)$", self.out, re.MULTILINE)[0])
 
-    def children(self) -> list[int]:
-        found = re.findall(r"^children ([\d ]+)$", self.out, re.MULTILINE)
-        return [int(pid) for pid in found[0].split()] if found else []
+    def children(self) -> list[tuple[int, int]]:
+        """The children the rank printed: (pid, start time) each (``children PID:TICKS ...``)."""
+        found = re.findall(r"^children ([\d: ]+)$", self.out, re.MULTILINE)
+        pairs = [item.split(":") for item in found[0].split()] if found else []
+        return [(int(pid), int(ticks)) for pid, ticks in pairs]
 
 
 def child_env(**extra: str) -> dict[str, str]:

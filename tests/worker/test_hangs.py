@@ -26,6 +26,7 @@ from ddpkit.worker import watchdog
 from ddpkit.worker.watchdog import hang
 from ddpkit.worker.watchdog import record as calls
 from ddpkit.worker.watchdog.guard import RankZeroGuard, is_rank_zero_test
+from tests.support.pids import start_ticks
 from tests.support.spawned import Rank, child_env, running, spawn
 
 pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
@@ -93,7 +94,9 @@ if opts.case in ("prep", "ckpt", "ckpt-async"):
     raise SystemExit(0)
 if opts.case == "loader" and ctx.rank == opts.stuck:
     batches = iter(torch.utils.data.DataLoader(Slow(), batch_size=2, num_workers=1))
-    print("children " + " ".join(str(w.pid) for w in batches._workers), flush=True)
+    pids = [w.pid for w in batches._workers]  # with start times: see tests.support.pids
+    ticks = [open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19] for pid in pids]
+    print("children " + " ".join(f"{pid}:{t}" for pid, t in zip(pids, ticks)), flush=True)
     for batch in batches:
         dist.all_reduce(value)
 if opts.case == "gil" and ctx.rank == opts.stuck:
@@ -371,8 +374,9 @@ def _run(
 ) -> list[Rank]:
     args = ["--case", case, "--stuck", str(stuck), *extra]
     ranks = spawn(worker, world_size, args, bound_s=3, env=BOUNDS, expect_stuck=frozen)
-    pids = [rank.pid() for rank in ranks] + [pid for rank in ranks for pid in rank.children()]
-    left = [pid for pid in pids if running(pid)]
+    left = [rank.pid() for rank in ranks if running(rank.pid())]
+    children = [child for rank in ranks for child in rank.children()]
+    left += [pid for pid, ticks in children if running(pid) and start_ticks(pid) == ticks]
     assert left == [], f"left running: {left}"
     return ranks
 
@@ -427,7 +431,7 @@ def test_a_rank_in_a_different_collective_is_named(worker: Path) -> None:
 def test_a_rank_stuck_in_its_data_loader_worker_is_named(worker: Path) -> None:
     ranks = _run(worker, "loader")
     _ended_by_the_report(ranks)
-    (child,) = ranks[1].children()
+    ((child, _),) = ranks[1].children()
     head = _report_of(ranks[0]).splitlines()[0]
     assert head.startswith(
         f"ddpkit: hang: rank 1 (host {HOST}, pid {ranks[1].pid()}) is in "

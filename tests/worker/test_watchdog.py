@@ -9,9 +9,7 @@ against a bound of a few seconds): the point is "not the 30-minute collective ti
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog import Departure
 from tests.support.distutil import free_port, run_workers, torchrun_env
+from tests.support.pids import signal_if_same, start_ticks
 from tests.support.spawned import Rank
 from tests.support.spawned import child_env as _child_env
 from tests.support.spawned import running as _running
@@ -78,7 +77,10 @@ if opts.children and ctx.rank != opts.leave_rank:  # 2 data loader workers, 1 pl
     sleeper = multiprocessing.get_context("fork").Process(target=nap)
     sleeper.start()
     pids = [worker.pid for worker in batches._workers] + [sleeper.pid]
-    print("children " + " ".join(str(pid) for pid in pids), flush=True)
+    # with each start time (/proc/<pid>/stat field 22): after they end, a pid may name another
+    # process, which the test must never kill
+    ticks = [open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19] for pid in pids]
+    print("children " + " ".join(f"{pid}:{t}" for pid, t in zip(pids, ticks)), flush=True)
 value = torch.ones(1)
 for _ in range(3):
     dist.all_reduce(value)
@@ -414,10 +416,10 @@ def test_blocked_survivor_of_a_frozen_rank_is_ended_and_its_children_reaped(
     rank0, rank1 = _spawn(
         worker, 2, ["--leave", "freeze", "--children"], bound_s=3, expect_stuck=(1,)
     )
-    children = rank0.children()  # 2 data loader workers, 1 sleeper
-    running_after = [pid for pid in children if _running(pid)]
-    for pid in running_after:  # a failure here must not leave them behind either
-        os.kill(pid, signal.SIGKILL)
+    children = rank0.children()  # 2 data loader workers, 1 sleeper, with their start times
+    running_after = [pid for pid, ticks in children if _running(pid) and start_ticks(pid) == ticks]
+    for pid, ticks in children:  # a failure here must not leave them behind either
+        signal_if_same(pid, ticks)
     assert len(children) == 3, rank0.out
     assert rank0.code == watchdog.ABORT_EXIT_CODE and rank0.ended_s < SLACK_S, rank0.err
     _named(rank0, rank1, "stopped sending heartbeats")
