@@ -23,4 +23,3 @@ def test_a_pid_is_signalled_only_while_it_names_the_process_that_was_recorded() 
     finally:
         first.kill()
         first.wait()
-
