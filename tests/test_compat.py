@@ -136,6 +136,25 @@ def test_rdzv_method_names_cheap_gives_torchs_answer() -> None:
 
 
 @reach
+def test_rdzv_shared_store_made_by_replaces_where_torch_makes_the_workers_store() -> None:
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    handler = dynamic_rendezvous.DynamicRendezvousHandler
+    original = handler._create_tcp_store_server
+    params = list(inspect.signature(original).parameters)
+    assert params == ["self", "master_addr", "master_port"], f"{TORCH}: {params}"
+    source = inspect.getsource(handler.next_rendezvous)
+    assert "self._create_tcp_store_server(" in source, f"{TORCH}: no longer made there"
+    made: list[tuple[str, int]] = []
+    with compat.rdzv_shared_store_made_by(lambda addr, port: made.append((addr, port)) or "s"):
+        assert handler._create_tcp_store_server(object(), "127.0.0.1", 0) == "s"
+    assert made == [("127.0.0.1", 0)]
+    assert handler._create_tcp_store_server is original  # put back afterwards
+
+
+@reach
 def test_launch_config_from_torchrun_args(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed.run as torch_run
 

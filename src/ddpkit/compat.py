@@ -25,6 +25,9 @@ against the installed version and names that version when one has moved.
       compute_time keys (ns)
     rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
       machine_hostname                         whether this node hosts the c10d store
+    DynamicRendezvousHandler.      torch       a one-node ``ddpkit run`` of one round hosts
+      _create_tcp_store_server                 its workers' shared store on loopback only
+      (self, master_addr, port)
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
     torch.save's file: a zip with  torch       checkpoints read their write order from the
@@ -55,7 +58,7 @@ import re
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
@@ -237,6 +240,34 @@ def rdzv_method_names_cheap() -> Iterator[None]:
         yield
     finally:
         dynamic_rendezvous.get_method_name = original
+
+
+@contextmanager
+def rdzv_shared_store_made_by(create: Callable[[str, int], Any]) -> Iterator[None]:
+    """While the block runs, torch's c10d (dynamic) rendezvous makes the store its workers
+    share (TCPStore sharing: rank 0's agent hosts it, ``TORCHELASTIC_USE_AGENT_STORE=True``)
+    with ``create(master_addr, port)``; torch's own listens on every interface.
+
+    ``DynamicRendezvousHandler._create_tcp_store_server`` is the one place torch makes it;
+    restored afterwards; should torch rename the method, nothing is replaced (its store then
+    listens as torch makes it).
+    """
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
+    original = getattr(handler, "_create_tcp_store_server", None)
+    if handler is None or not callable(original):
+        yield
+        return
+
+    def made(self: Any, master_addr: str, master_port: int) -> Any:
+        return create(master_addr, master_port)
+
+    handler._create_tcp_store_server = made
+    try:
+        yield
+    finally:
+        handler._create_tcp_store_server = original
 
 
 def launch_config_from_args(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:

@@ -229,6 +229,54 @@ def test_two_concurrent_runs_via_python_m_do_not_collide() -> None:
     assert len(ports) == 2
 
 
+@pytest.mark.parametrize(
+    ("argv", "bind"),
+    [
+        ([], "127.0.0.1"),  # --standalone: c10d on localhost:0, one node, one round
+        (["--rdzv-endpoint", "127.0.0.1:29411", "--rdzv-backend", "c10d"], "127.0.0.1"),
+        (["--max-restarts", "1"], None),  # a fresh store each round: keys of a round before
+        (["--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29411", "--rdzv-backend", "c10d"], None),
+        (["--rdzv-endpoint", "192.0.2.1:29411", "--rdzv-backend", "c10d"], None),  # not loopback
+        (["--local-addr", "192.0.2.1"], None),  # the user named this node's address
+    ],
+)
+def test_the_workers_share_the_agents_store_only_in_a_one_node_run_of_one_round(
+    argv: list[str], bind: str | None
+) -> None:
+    plan = build_launch_config(config_from_argv(["--nproc-per-node", "2", *argv, WORKER]))
+    assert plan.shared_store_bind == bind
+    if bind is not None:  # the workers' MASTER_ADDR is where that store listens
+        assert plan.launch_config.local_addr == bind
+
+
+_STORE_REPORT = """
+import os
+print(os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["TORCHELASTIC_USE_AGENT_STORE"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [([], "127.0.0.1 True"), (["--max-restarts", "1"], "localhost False")],
+    ids=["one-round", "restarts"],
+)
+def test_a_one_round_run_hands_its_workers_the_agents_store(
+    tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    script = tmp_path / "store.py"
+    script.write_text(_STORE_REPORT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
+    done = subprocess.run(
+        [*command, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = sorted(line.split("]: ", 1)[-1] for line in done.stdout.splitlines() if "]: " in line)
+    assert seen == [f"0 {expected}", f"1 {expected}"], done.stdout
+
+
 def test_module_flag_runs_python_m(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

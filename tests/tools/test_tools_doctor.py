@@ -101,7 +101,10 @@ def test_doctor_under_ddpkit_run_with_two_processes() -> None:
     report = json.loads(line.removeprefix("[rank0]: "))
     assert report["ok"] and {c["status"] for c in report["checks"]} == {"PASS"}
     names = [c["name"] for c in report["checks"]]
-    assert {"launcher", "master port", "ranks", "layout", "all_reduce gloo"} <= set(names)
+    assert {"launcher", "master reachable", "ranks", "layout", "all_reduce gloo"} <= set(names)
+    # a one-node run of one round: the workers share the agent's store (on loopback)
+    (master,) = [c for c in report["checks"] if c["name"] == "master reachable"]
+    assert "the agent's store at 127.0.0.1:" in str(master), master
     assert {row["size_bytes"] for row in report["allreduce"]} == {4, 4096, 262144, 4194304}
     assert all(row["busbw_gbps"] == pytest.approx(row["algbw_gbps"]) for row in report["allreduce"])
     assert report["references"]["socket_gbps"] > 0 and report["references"]["memcpy_gbps"] > 0

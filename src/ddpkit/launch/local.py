@@ -29,6 +29,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch.distributed
@@ -37,6 +39,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsSpec
 from torch.distributed.elastic.multiprocessing.api import LogsDest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ddpkit.cluster.durations import scaled_bound
@@ -47,6 +50,7 @@ from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
     launch_config_from_args,
     rdzv_method_names_cheap,
+    rdzv_shared_store_made_by,
     tail_logs_tuned,
     torchrun_notice_muted,
 )
@@ -55,6 +59,7 @@ from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.launch import deathsig, node_order, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
+from ddpkit.worker.rendezvous.store import host_tcp_store, loopback_address
 
 __all__ = [
     "FORWARDED_SIGNALS",
@@ -69,6 +74,7 @@ __all__ = [
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see compat.tail_logs_tuned
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+_SHARED_STORE_TIMEOUT_S = 300  # torch's TCPStore default, which its shared store keeps
 FORWARDED_SIGNALS = relay.FORWARDED
 
 
@@ -80,6 +86,9 @@ class LaunchPlan:
     entrypoint: str | Callable[..., Any]
     args: tuple[str, ...]
     worker_env: Mapping[str, str] = field(default_factory=dict)
+    # the loopback address the workers' shared store listens on: a one-node run of one
+    # round on a loopback rendezvous (None: each round's workers host a store of their own)
+    shared_store_bind: str | None = None
 
 
 def build_launch_config(config: RunConfig) -> LaunchPlan:
@@ -113,7 +122,37 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
         worker_env[RUN_ID_VAR] = run_id
     launch_config.log_line_prefix_template = config.log_line_prefix_template
     _scale_read_timeout(launch_config, config)
-    return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env)
+    bind = _one_round_on_loopback(launch_config)
+    if bind is not None and not launch_config.local_addr:
+        launch_config.local_addr = bind  # the workers' MASTER_ADDR: where the store listens
+    return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env, bind)
+
+
+def _one_round_on_loopback(launch_config: LaunchConfig) -> str | None:
+    """The loopback address of a c10d rendezvous that has one round on one node (no restarts,
+    one node; ``--standalone`` is ``localhost:0``), else None: where its workers' shared
+    store listens (:func:`_shared_store`)."""
+    one_round = launch_config.max_restarts == 0 and launch_config.max_nodes == 1
+    if launch_config.rdzv_backend != "c10d" or not one_round:
+        return None
+    host, _ = parse_rendezvous_endpoint(launch_config.rdzv_endpoint, 29400)
+    local = launch_config.local_addr
+    if local and loopback_address(local) is None:
+        return None  # the user named a routable address for this node: torch's way
+    return loopback_address(host)
+
+
+def _shared_store(bind: str | None, master_addr: str, port: int) -> Any:
+    """The store a one-node run's workers share (torch makes it with every interface):
+    on ``bind`` only when set; torch's settings otherwise (multi-tenant, torch's timeout)."""
+    return host_tcp_store(
+        master_addr,
+        port,
+        bind=bind,
+        world_size=None,
+        timeout=timedelta(seconds=_SHARED_STORE_TIMEOUT_S),
+        multi_tenant=True,
+    )
 
 
 def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
@@ -152,6 +191,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _signal_handlers_restored(handled),
         tail_logs_tuned(LOG_TAIL_INTERVAL_S),
         rdzv_method_names_cheap(),
+        rdzv_shared_store_made_by(partial(_shared_store, plan.shared_store_bind)),
         _signals_forwarded(FORWARDED_SIGNALS),
         deathsig.tied() as token,
     ):
@@ -161,8 +201,13 @@ def launch(config: RunConfig) -> LaunchOutcome:
         # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
         # workers' keys in it carry no attempt prefix: a group restarted by --max-restarts could
         # read the previous attempt's gloo addresses and hang (4 runs in 5 here). With sharing
-        # off, each round bootstraps a fresh store. An explicit setting by the user wins.
-        os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
+        # off, each round bootstraps a fresh store. A one-node run of one round (no restarts)
+        # on a loopback rendezvous keeps torch's sharing (plan.shared_store_bind): its workers
+        # use the agent's store, up before them, hosted on loopback; a store of their own,
+        # hosted by their rank 0, was joined 0.4-0.7 s late whenever rank 1 asked before it
+        # listened (torch's client backs off). An explicit setting by the user wins.
+        if plan.shared_store_bind is None:
+            os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
         # A taken rendezvous port is not the end of a SLURM job; `held` (the store this node
         # may host for the agent) must live until the agent is done.
         held = rdzv_port.claim(plan.launch_config, os.environ)
