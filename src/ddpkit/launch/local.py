@@ -27,10 +27,8 @@ import os
 import signal
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
-from functools import partial
 from typing import Any
 
 import torch.distributed
@@ -39,7 +37,6 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsSpec
 from torch.distributed.elastic.multiprocessing.api import LogsDest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
-from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ddpkit.cluster.durations import scaled_bound
@@ -59,7 +56,6 @@ from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.launch import deathsig, node_order, rdzv_port, relay
 from ddpkit.launch.config import RunConfig
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
-from ddpkit.worker.rendezvous.store import host_tcp_store, loopback_address
 
 __all__ = [
     "FORWARDED_SIGNALS",
@@ -74,7 +70,6 @@ __all__ = [
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see compat.tail_logs_tuned
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-_SHARED_STORE_TIMEOUT_S = 300  # torch's TCPStore default, which its shared store keeps
 FORWARDED_SIGNALS = relay.FORWARDED
 
 
@@ -122,37 +117,18 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
         worker_env[RUN_ID_VAR] = run_id
     launch_config.log_line_prefix_template = config.log_line_prefix_template
     _scale_read_timeout(launch_config, config)
-    bind = _one_round_on_loopback(launch_config)
+    bind = rdzv_port.shared_store_bind(launch_config)
     if bind is not None and not launch_config.local_addr:
         launch_config.local_addr = bind  # the workers' MASTER_ADDR: where the store listens
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env, bind)
 
 
-def _one_round_on_loopback(launch_config: LaunchConfig) -> str | None:
-    """The loopback address of a c10d rendezvous that has one round on one node (no restarts,
-    one node; ``--standalone`` is ``localhost:0``), else None: where its workers' shared
-    store listens (:func:`_shared_store`)."""
-    one_round = launch_config.max_restarts == 0 and launch_config.max_nodes == 1
-    if launch_config.rdzv_backend != "c10d" or not one_round:
-        return None
-    host, _ = parse_rendezvous_endpoint(launch_config.rdzv_endpoint, 29400)
-    local = launch_config.local_addr
-    if local and loopback_address(local) is None:
-        return None  # the user named a routable address for this node: torch's way
-    return loopback_address(host)
-
-
-def _shared_store(bind: str | None, master_addr: str, port: int) -> Any:
-    """The store a one-node run's workers share (torch makes it with every interface):
-    on ``bind`` only when set; torch's settings otherwise (multi-tenant, torch's timeout)."""
-    return host_tcp_store(
-        master_addr,
-        port,
-        bind=bind,
-        world_size=None,
-        timeout=timedelta(seconds=_SHARED_STORE_TIMEOUT_S),
-        multi_tenant=True,
-    )
+def _shared_store_on(bind: str | None) -> AbstractContextManager[None]:
+    """While the block runs, the workers' shared store is hosted on ``bind`` (None: nothing
+    changed, as sharing is off for that run)."""
+    if bind is None:
+        return nullcontext()
+    return rdzv_shared_store_made_by(lambda _addr, port: rdzv_port.host_shared_store(bind, port))
 
 
 def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
@@ -191,7 +167,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _signal_handlers_restored(handled),
         tail_logs_tuned(LOG_TAIL_INTERVAL_S),
         rdzv_method_names_cheap(),
-        rdzv_shared_store_made_by(partial(_shared_store, plan.shared_store_bind)),
+        _shared_store_on(plan.shared_store_bind),
         _signals_forwarded(FORWARDED_SIGNALS),
         deathsig.tied() as token,
     ):

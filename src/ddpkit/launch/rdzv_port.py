@@ -23,7 +23,8 @@ glue (torch's ``LaunchConfig`` in, the endpoint the agent uses out).
 Outside that search, a rendezvous endpoint on loopback (``--standalone`` is ``localhost:0``; a
 static one defaults to ``127.0.0.1``) is hosted here on loopback only, as a multi-tenant store
 the agent shares: torch's agent would listen on every interface for a job that never leaves
-this host (see :mod:`ddpkit.worker.rendezvous.store`).
+this host (see :mod:`ddpkit.worker.rendezvous.store`). So is the store the workers of a
+one-node run of one round share with the agent (:func:`shared_store_bind`).
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ from ddpkit.compat import matches_machine_hostname
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import host_tcp_store, is_taken, loopback_address
 
-__all__ = ["READ_TIMEOUT_S", "claim", "port_search"]
+__all__ = ["READ_TIMEOUT_S", "claim", "host_shared_store", "port_search", "shared_store_bind"]
 
 _C10D_DEFAULT_PORT = 29400  # torch's c10d rendezvous default, when the endpoint has no port
 _JOIN_TIMEOUT_S = 900.0  # torch's default rdzv join timeout (rdzv_configs["timeout"])
 READ_TIMEOUT_S = 60.0  # torch's default c10d store read timeout (rdzv_configs["read_timeout"])
+_SHARED_STORE_TIMEOUT_S = 300.0  # torch's TCPStore default, which its shared store keeps
 
 
 def port_search(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, PortSearch] | None:
@@ -103,28 +105,54 @@ def _host_on_loopback(config: LaunchConfig) -> Any:
     """
     if config.rdzv_backend not in ("c10d", "static"):
         return None
-    host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
-    bind = loopback_address(host)
+    bind, port = _loopback_endpoint(config)
     configs = config.rdzv_configs
     hosting = _truthy(configs.get("is_host", "1")) and str(configs.get("rank", 0)) == "0"
     if bind is None or not hosting:
         return None
     read_s = float(configs.get("read_timeout", READ_TIMEOUT_S))
     try:
-        store = host_tcp_store(
-            bind,
-            port,
-            bind=bind,
-            world_size=None,
-            timeout=timedelta(seconds=read_s),
-            multi_tenant=True,
-        )
+        store = _loopback_store(bind, port, read_s)
     except (OSError, DistNetworkError) as exc:
         if is_taken(exc):
             return None
         raise
     config.rdzv_endpoint = f"[{bind}]:{store.port}" if ":" in bind else f"{bind}:{store.port}"
     return store
+
+
+def shared_store_bind(config: LaunchConfig) -> str | None:
+    """The loopback address of a c10d rendezvous with one round on one node (no restarts, one
+    node; ``--standalone`` is ``localhost:0``), else None: its workers may share the agent's
+    store, hosted there (:func:`host_shared_store`), instead of a store of their own per round.
+    """
+    one_round = config.max_restarts == 0 and config.max_nodes == 1
+    if config.rdzv_backend != "c10d" or not one_round:
+        return None
+    if config.local_addr and loopback_address(config.local_addr) is None:
+        return None  # the user named a routable address for this node: torch's way
+    return _loopback_endpoint(config)[0]
+
+
+def host_shared_store(bind: str, port: int) -> Any:
+    """The store the workers of such a run share, where torch's agent would make it on every
+    interface (:func:`ddpkit.compat.rdzv_shared_store_made_by`): on ``bind`` only, with the
+    timeout torch gives it."""
+    return _loopback_store(bind, port, _SHARED_STORE_TIMEOUT_S)
+
+
+def _loopback_endpoint(config: LaunchConfig) -> tuple[str | None, int]:
+    """(the loopback address the rendezvous endpoint names, or None; its port)."""
+    host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
+    return loopback_address(host), port
+
+
+def _loopback_store(bind: str, port: int, timeout_s: float) -> Any:
+    """A multi-tenant store listening on ``bind`` only (the agent shares its server)."""
+    return host_tcp_store(
+        bind, port, bind=bind, world_size=None, timeout=timedelta(seconds=timeout_s),
+        multi_tenant=True,
+    )  # fmt: skip
 
 
 def _tell(host: str, search: PortSearch, port: int) -> None:
