@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -370,13 +370,14 @@ def probe_lines(text: str, bound_s: int | None = None) -> str:
     return f'set -euo pipefail\n{probe}\nprintf "[%s]" "$resv_ports"\n'
 
 
-def run_probe(text: str, tools: FakeTools, tmp_path: Path) -> tuple[str, float]:
-    start = time.monotonic()
-    done = subprocess.run(
-        ["bash", "-c", text], env={**os.environ, "PATH": tools.path()}, cwd=tmp_path,
-        capture_output=True, text=True, timeout=60, check=True,
+def run_probe(text: str, path: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``text`` under bash with ``path`` as PATH (bash itself found here)."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    return subprocess.run(
+        [bash, "-c", text], env={**os.environ, "PATH": path}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    return done.stdout, time.monotonic() - start
 
 
 @pytest.mark.parametrize("launch", ["srun", "torchrun"])
@@ -390,7 +391,8 @@ def test_the_scripts_resv_ports_probe_follows_the_python_rule(
     assert text.count("resv_ports=") == 2 and "srun $resv_ports " in text  # probe, then the flag
     assert "-m ddpkit.cluster.rendezvous.resv_ports" not in text  # no Python before the step
     flag = "--resv-ports=1" if has_port_range(parse_config(config)) else ""
-    assert run_probe(probe_lines(text), tools, tmp_path)[0] == f"[{flag}]"
+    done = run_probe(probe_lines(text), tools.path(), tmp_path)
+    assert (done.returncode, done.stdout) == (0, f"[{flag}]"), done.stderr
 
 
 @pytest.mark.parametrize("failure", ["exits", "missing", "hangs"])
@@ -401,12 +403,15 @@ def test_the_scripts_resv_ports_probe_never_stops_the_job(tmp_path: Path, failur
         tools.install("scontrol", f"#!/bin/sh\necho '{ports}'\nexit 1\n")
     elif failure == "hangs":  # prints a port range, then never ends: bounded, no flag
         tools.install("scontrol", f"#!/bin/sh\necho '{ports}'\nexec sleep 600\n")
-    path = tools.path("/usr/bin:/bin") if failure == "missing" else tools.path()
-    text = probe_lines(render.render_sbatch(spec()), bound_s=1)
-    done = subprocess.run(
-        ["bash", "-c", text], env={**os.environ, "PATH": path}, cwd=tmp_path,
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    if failure == "missing":  # a PATH with the probe's other tools and no scontrol at all
+        for tool in ("timeout", "grep"):
+            found = shutil.which(tool)
+            assert found is not None
+            (tools.bin / tool).symlink_to(found)
+        path = str(tools.bin)
+    else:
+        path = tools.path()
+    done = run_probe(probe_lines(render.render_sbatch(spec()), bound_s=1), path, tmp_path)
     assert (done.returncode, done.stdout) == (0, "[]"), done.stderr
 
 
