@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddpkit.cluster.limits import open_files_needed
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.tools import commtest, netinfo
 from ddpkit.tools.doctor_checks import (
@@ -18,7 +19,6 @@ from ddpkit.tools.doctor_checks import (
     check_open_files,
     check_versions,
     check_visible_devices,
-    open_files_needed,
 )
 from ddpkit.tools.envreport import MASKED, mask, relevant_variables
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ddpkit.cluster.devices import check_distinct_gpus, parse_visible_devices
+from ddpkit.cluster.limits import SPARE_FILES, STORE_CONNECTIONS_PER_RANK, open_files_needed
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import DdpkitError
 from ddpkit.tools.netinfo import Choice, is_loopback
@@ -31,7 +32,6 @@ __all__ = [
     "check_versions",
     "check_visible_devices",
     "from_error",
-    "open_files_needed",
 ]
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -240,22 +240,6 @@ def check_free_space(folders: Mapping[str, int | None], min_free_bytes: int) -> 
 
 
 # --- limits that must grow with the job --------------------------------------------------------
-
-# Connections each rank keeps open to the rendezvous store: the group's client and the
-# watchdog's clone (benchmarks/bench_scale.py counts them; a probe, closed at once, only when
-# the client lingers).
-STORE_CONNECTIONS_PER_RANK = 2
-# Descriptors a rank needs besides the job's sockets: Python, torch's libraries, log files,
-# data loader pipes.
-SPARE_FILES = 256
-
-
-def open_files_needed(world_size: int, hosts_store: bool) -> int:
-    """Descriptors one rank needs: a socket per peer (gloo's full mesh; NCCL's bootstrap
-    ring needs fewer), its own store connections, the spare, and on the store's host one
-    accepted connection per store connection of every rank."""
-    own = (world_size - 1) + STORE_CONNECTIONS_PER_RANK + SPARE_FILES
-    return own + (STORE_CONNECTIONS_PER_RANK * world_size if hosts_store else 0)
 
 
 def check_open_files(world_size: int, soft: int, hard: int, *, hosts_store: bool) -> Check:

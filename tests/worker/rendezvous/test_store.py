@@ -663,3 +663,41 @@ def test_a_master_that_is_not_there_leaves_a_client_the_test_can_let_in() -> Non
     assert pending_clients(port)
     admit_pending_clients(port)
     assert not pending_clients(port)
+
+
+# --- the open-files limit, raised for the job's size ------------------------------------
+
+
+def _limited_rank(rank: int, world_size: int, port: int, soft: int, hard: int) -> dict[str, Any]:
+    import resource
+    import warnings
+
+    import torch.distributed as dist
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctx = ddpkit.init(env=torchrun_env(rank, world_size, port), connect_timeout_s=60)
+    dist.barrier()
+    now = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ddpkit.shutdown()
+    said = [str(w.message) for w in caught if "ulimit -n" in str(w.message)]
+    return {"rank": ctx.rank, "soft": now[0], "hard": now[1], "said": said}
+
+
+@pytest.mark.multiproc
+def test_init_raises_a_low_open_files_limit_to_the_jobs_need() -> None:
+    # Before: a soft limit of 1,024 failed jobs of ~500 ranks with EMFILE on the store's host.
+    results = run_workers(_limited_rank, 2, 200, 4096, timeout_s=180)
+    # rank 0 hosts the store: two accepted connections a rank more than rank 1
+    assert [(r["soft"], r["hard"]) for r in results] == [(263, 4096), (259, 4096)]
+    assert [r["said"] for r in results] == [[], []]
+
+
+@pytest.mark.multiproc
+def test_a_hard_limit_below_the_need_is_said_once_a_node_and_the_job_goes_on() -> None:
+    results = run_workers(_limited_rank, 2, 200, 230, timeout_s=180)
+    assert [(r["soft"], r["hard"]) for r in results] == [(230, 230), (230, 230)]
+    said = results[0]["said"]
+    assert len(said) == 1 and "ulimit -n is 230, and 2 ranks need 263" in said[0], said
+    assert results[1]["said"] == []  # local rank 1 of the node, not the store's host

@@ -18,6 +18,10 @@
   accepts and never answers ends as a :class:`RendezvousError` naming address, port and
   launcher, never as a wait past the connect and collective timeouts.
 
+Before either, a rank whose open-files limit is below what the job's size needs raises it as far
+as the hard limit allows (:func:`fit_open_files`, :mod:`ddpkit.cluster.limits`): the store's host
+accepts two connections a rank, and gloo opens a socket per peer.
+
 When the rank record carries a :class:`~ddpkit.cluster.rendezvous.ports.PortSearch` (a SLURM
 step without MASTER_PORT), rank 0 hosts on the first candidate it can bind and the others find
 it by the job's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
@@ -26,6 +30,7 @@ it by the job's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -33,6 +38,7 @@ import torch.distributed as dist
 from torch.distributed import HashStore  # type: ignore[attr-defined]  # public, not in __all__
 from torch.distributed.distributed_c10d import Store
 
+from ddpkit.cluster.limits import OpenFiles, open_files_needed, raise_open_files
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
@@ -43,7 +49,7 @@ from ddpkit.worker.rendezvous.store import (
     store_endpoint,
 )
 
-__all__ = ["AGENT_STORE_VAR", "make_store", "uses_agent_store"]
+__all__ = ["AGENT_STORE_VAR", "fit_open_files", "make_store", "uses_agent_store"]
 
 # Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
@@ -62,6 +68,8 @@ def make_store(
     is on one node). ``timeout`` is the store's own timeout for later operations."""
     if info.world_size == 1:
         return HashStore(), info  # nobody else to meet: nothing listens for it
+    hosts = info.rank == 0 and not uses_agent_store(info, env)
+    fit_open_files(info, hosts_store=hosts)
     addr, bind = store_endpoint(info)
     info = dataclasses.replace(info, master_addr=addr)
     search = info.port_search
@@ -72,9 +80,19 @@ def make_store(
             who = f"rank {info.rank}"
             hosted, port = find_store(addr, search, connect_timeout_s, timeout, who=who)
         return hosted, dataclasses.replace(info, master_port=port)
-    if info.rank == 0 and not uses_agent_store(info, env):
+    if hosts:
         return _host(info, bind, timeout, env), info
     return _connect(info, connect_timeout_s, timeout), info
+
+
+def fit_open_files(info: RankInfo, *, hosts_store: bool) -> OpenFiles:
+    """Raise this rank's open-files limit to what its job's size needs
+    (:mod:`ddpkit.cluster.limits`); one warning a node (and on the store's host) when the hard
+    limit stops it short."""
+    limits = raise_open_files(open_files_needed(info.world_size, hosts_store))
+    if limits.short and (hosts_store or info.local_rank == 0):
+        warnings.warn(limits.warning(info.world_size), RuntimeWarning, stacklevel=2)
+    return limits
 
 
 def _host(info: RankInfo, bind: str | None, timeout: timedelta, env: Mapping[str, str]) -> Store:

@@ -1,0 +1,92 @@
+"""The open-files limit a rank needs for its job's size, and raising it where the system allows.
+
+A rank holds a socket per peer (gloo's full mesh), its own connections to the rendezvous store
+and, on the store's host, one accepted connection per store connection of every rank. At 512
+ranks the store's host needs ~1,800 descriptors and every gloo rank ~770: more than the soft
+limit many systems give (1,024), and the job then fails at start-up with ``EMFILE`` ("Too many
+open files"), on one rank, far from the cause. The hard limit is usually much higher (524,288
+on current Debian and systemd), and any process may raise its own soft limit up to it:
+``ddpkit.init`` does so before it makes or joins the store, only when the job needs more than
+the soft limit gives, and only as far as the job needs (a program that still uses ``select()``
+keeps descriptors under 1,024 in every job that fitted before). ``ddpkit doctor`` checks the
+same rule. Torch-free: stdlib only.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+__all__ = [
+    "SPARE_FILES",
+    "STORE_CONNECTIONS_PER_RANK",
+    "OpenFiles",
+    "open_files_needed",
+    "raise_open_files",
+]
+
+# Connections each rank keeps open to the rendezvous store: the group's client and the
+# watchdog's clone (benchmarks/bench_scale.py counts them; a probe, closed at once, only when
+# the client lingers).
+STORE_CONNECTIONS_PER_RANK = 2
+# Descriptors a rank needs besides the job's sockets: Python, torch's libraries, log files,
+# data loader pipes.
+SPARE_FILES = 256
+_UNLIMITED_AS = 2**31  # how an unlimited limit is compared and shown
+
+
+def open_files_needed(world_size: int, hosts_store: bool) -> int:
+    """Descriptors one rank needs: a socket per peer (gloo's full mesh; NCCL's bootstrap
+    ring needs fewer), its own store connections, the spare, and on the store's host one
+    accepted connection per store connection of every rank."""
+    own = (world_size - 1) + STORE_CONNECTIONS_PER_RANK + SPARE_FILES
+    return own + (STORE_CONNECTIONS_PER_RANK * world_size if hosts_store else 0)
+
+
+@dataclass(frozen=True)
+class OpenFiles:
+    """This process's open-files limits around :func:`raise_open_files` (unlimited: 2**31)."""
+
+    need: int
+    before: int  # the soft limit found
+    soft: int  # the soft limit now
+    hard: int
+
+    @property
+    def short(self) -> bool:
+        """The soft limit is still below the need: the hard limit (or the system) stopped it."""
+        return self.soft < self.need
+
+    @property
+    def raised(self) -> bool:
+        return self.soft > self.before
+
+    def warning(self, world_size: int) -> str:
+        """One line for a rank whose limit stays short."""
+        return (
+            f"ddpkit: ulimit -n is {self.soft}, and {world_size} ranks need {self.need} open "
+            f"files here (a socket per peer, {STORE_CONNECTIONS_PER_RANK} store connections "
+            f"a rank, {SPARE_FILES} spare): the hard limit {self.hard} stops ddpkit from raising "
+            "it; expect 'Too many open files'. Ask the admins to raise it (limits.conf, or "
+            "SLURM's PropagateResourceLimits from the submitting shell); `ddpkit doctor` checks it"
+        )
+
+
+def _finite(value: int) -> int:
+    return _UNLIMITED_AS if value == resource.RLIM_INFINITY else value
+
+
+def raise_open_files(need: int) -> OpenFiles:
+    """Raise this process's soft open-files limit to ``need`` when it is lower, as far as the
+    hard limit allows. Never lowers a limit; a refusal (a container's seccomp, say) leaves it
+    as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before, ceiling = _finite(soft), _finite(hard)
+    if before >= need:
+        return OpenFiles(need, before, before, ceiling)
+    target = min(need, ceiling)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError):
+        return OpenFiles(need, before, before, ceiling)
+    return OpenFiles(need, before, _finite(resource.getrlimit(resource.RLIMIT_NOFILE)[0]), ceiling)
