@@ -5,14 +5,15 @@
 
 Each simulated rank is a thread with its own store client doing what a rank does against the
 rendezvous store (:mod:`scalesim`: ddpkit's own rendezvous and watchdog code, beside plain
-torch's ``env://`` store rendezvous), rank 0 in this process hosting the store, the others spread
-over ``--procs`` processes, more when that would put over ``--ranks-per-proc`` ranks in one
-(a real rank has its process, and its GIL, to itself; the ranks of one interpreter queue for
-its GIL at every return from C++: 256 to a process at 2,048-4,096 ranks, the queue, not the
-store, set the pace, up to 494 s at 4,096). The processes are forked from a server that
-imported torch once (:func:`scalesim.context`), and every rank's thread is started and held
-at the line before the let-go (:func:`scalesim.held`). Per world size N, the two variants alternate
-trial after trial, with the same layout:
+torch's ``env://`` store rendezvous, and ddpkit's rendezvous alone, its watchdog off), rank 0
+in this process hosting the store, the others spread over ``--procs`` processes, more when that
+would put over ``--ranks-per-proc`` ranks in one (a real rank has its process, and its GIL, to
+itself; the ranks of one interpreter queue for its GIL at every return from C++: 256 to a
+process at 2,048-4,096 ranks, the queue, not the store, set the pace, up to 494 s at 4,096).
+The processes are forked from a server that imported torch once (:func:`scalesim.context`),
+and every rank's thread is started and held at the line before the let-go
+(:func:`scalesim.held`). Per world size N, the three variants run in turn (in the reverse
+order the next trial), with the same layout:
 
 * time to ready: from the moment every rank is let go until the last one is ready (where
   ``init()`` / ``init_process_group`` returns on it);
@@ -61,12 +62,15 @@ import scalesim
 from ddpkit.worker.watchdog.policy import beat_interval_for
 
 DDPKIT, PLAIN = "ddpkit (rendezvous + watchdog)", "plain torch (env:// TCPStore)"
+# the same with the watchdog off: what of ddpkit's cost is its rendezvous, what its watchdog
+RENDEZVOUS = "ddpkit (rendezvous only, watchdog off)"
+KINDS = {DDPKIT: "ddpkit", RENDEZVOUS: "ddpkit-rendezvous", PLAIN: "plain"}
 STOP_DDPKIT, STOP_PLAIN = "ddpkit PreemptionGuard.should_stop", "plain dist.all_reduce(MAX)"
 
 
 # This sandbox's resolver (a nameserver nobody answers) stalls torch's client, which looks up
 # its socket's host name ("socket.cpp ... hostname of the client socket cannot be retrieved"),
-# 5 s per try when many connect at once: the same for both variants, not the control plane.
+# 5 s per try when many connect at once: the same for every variant, not the control plane.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
@@ -322,14 +326,13 @@ def main() -> None:
     raise_fd_limit()
     scalesim.instrument()
     sizes = [n for n in (2, 8, 32, 128, 512, 1024, 2048, 4096) if n <= args.max_ranks]
-    results: dict[str, dict[int, list[dict[str, float]]]] = {DDPKIT: {}, PLAIN: {}}
+    results: dict[str, dict[int, list[dict[str, float]]]] = {v: {} for v in KINDS}
     for n in sizes:
         for trial in range(args.runs):
-            order = (DDPKIT, PLAIN) if trial % 2 == 0 else (PLAIN, DDPKIT)
+            order = list(KINDS) if trial % 2 == 0 else list(reversed(KINDS))
             for variant in order:
-                kind = "ddpkit" if variant == DDPKIT else "plain"
                 procs = max(args.procs, math.ceil((n - 1) / args.ranks_per_proc))
-                found = job(n, kind, procs, args.window_s)
+                found = job(n, KINDS[variant], procs, args.window_s)
                 results[variant].setdefault(n, []).append(found)
                 print(f"N={n} {variant}: {found}", flush=True)
     print_table(results)

@@ -103,7 +103,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("worlds", type=int, nargs="+")
     parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
-    parser.add_argument("--variant", choices=("ddpkit", "plain"), default="ddpkit")
+    parser.add_argument(
+        "--variant", choices=("ddpkit", "ddpkit-rendezvous", "plain"), default="ddpkit"
+    )
     args = parser.parse_args()
     for world in args.worlds:
         print(json.dumps(job(world, args.procs, args.variant)), flush=True)

@@ -12,6 +12,8 @@ against the rendezvous store, with ddpkit's own code (no copy of it):
   ``beat/<rank>`` key), left running to measure its heartbeats. Ready: where ``init()``
   returns, the link's thread started. The watchdog is *up* once the link has introduced
   itself, a figure of its own (``init()`` does not wait for it).
+* ``ddpkit-rendezvous``: the same with the watchdog off (``DDPKIT_PEER_TIMEOUT=off``): ready
+  once the group formed; the part of ddpkit's cost that plain torch's rendezvous does too.
 * ``plain``: what ``init_process_group("env://")`` does: torch's ``TCPStore(addr, port,
   world_size, is_master=rank == 0)`` (rank 0 hosts and waits in its constructor until every
   client has checked in), then the group forms. Ready: where ``init_process_group`` returns.
@@ -154,10 +156,10 @@ class Rank:
 
     def run(self) -> None:
         try:
-            if self.variant == "ddpkit":
-                self._ddpkit()
-            else:
+            if self.variant == "plain":
                 self._plain()
+            else:
+                self._ddpkit(watchdog=self.variant == "ddpkit")
         except Exception as exc:  # reported by the caller with the rank
             self.error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
@@ -171,18 +173,21 @@ class Rank:
 
     def _group_formed(self) -> None:
         """Until every rank has joined (``init_process_group`` returns on no rank before): one
-        ``add``, one ``wait``, uncounted, the same for both variants."""
+        ``add``, one ``wait``, uncounted, the same for every variant."""
         if int(self.store.add("sim/joined", 1)) == self.world:
             self.store.set("sim/formed", "1")
         self.store.wait(["sim/formed"], TIMEOUT)
 
-    def _ddpkit(self) -> None:
+    def _ddpkit(self, *, watchdog: bool) -> None:
         info = rank_info(self.rank, self.world, self.port)
         self.stamp("start")
         self.store, _ = make_store(info, {}, 600.0, TIMEOUT)
         self.stamp("connected")
         self._group_formed()
         self.stamp("formed")
+        if not watchdog:  # DDPKIT_PEER_TIMEOUT=off: init() returns once the group formed
+            self.ready_at = self.stamp("ready")
+            return
         introduced = threading.Event()
         prefix = f"{KEY_PREFIX}0/1/"
         op_timeout_s = max(10.0, 4 * interval_for(self.bound_s))
