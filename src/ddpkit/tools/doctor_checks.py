@@ -251,11 +251,15 @@ def check_open_files(world_size: int, soft: int, hard: int, *, hosts_store: bool
     )
     if soft >= need:
         return Check("PASS", "open files", f"ulimit -n {soft} >= {need} ({rule})")
+    if hard >= need:  # ddpkit.init raises the soft limit itself (ddpkit.cluster.limits)
+        return Check(
+            "PASS",
+            "open files",
+            f"ulimit -n {soft} < {need} ({rule}): ddpkit.init raises it, the hard limit {hard} "
+            f"allows it (a program that does not call ddpkit.init: `ulimit -n {need}` first)",
+        )
     fix = (
-        f"`ulimit -n {need}` in the job script before the launcher (the hard limit {hard} "
-        "allows it)"
-        if hard >= need
-        else f"the hard limit is {hard}: ask the admins to raise it (limits.conf, or SLURM's "
+        f"the hard limit is {hard}: ask the admins to raise it (limits.conf, or SLURM's "
         "PropagateResourceLimits from the submitting shell)"
     )
     return Check("WARN", "open files", f"ulimit -n {soft} < {need} ({rule})", fix)
