@@ -1,7 +1,7 @@
 """How the control plane's cost grows with the job: 2 -> 4096 simulated ranks on one store.
 
     python benchmarks/bench_scale.py [--max-ranks 4096] [--procs 2] [--ranks-per-proc 16]
-        [--runs 2] [--window-s 3] [--quick] [--json FILE]
+        [--runs 3] [--window-s 3] [--quick] [--json FILE]
 
 Each simulated rank is a thread with its own store client doing what a rank does against the
 rendezvous store (:mod:`scalesim`: ddpkit's own rendezvous and watchdog code, beside plain
@@ -317,7 +317,7 @@ def main() -> None:
     parser.add_argument("--max-ranks", type=int, default=4096)
     parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
     parser.add_argument("--ranks-per-proc", type=int, default=16, help="at most, per process")
-    parser.add_argument("--runs", type=int, default=2, help="trials per N (order alternates)")
+    parser.add_argument("--runs", type=int, default=3, help="trials per N (order alternates)")
     parser.add_argument("--window-s", type=float, default=3.0, help="heartbeat window")
     parser.add_argument("--stop-max", type=int, default=8, help="largest real gloo group")
     args = parser.parse_args()
