@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -73,3 +74,24 @@ def test_a_short_limit_says_what_is_needed_and_how_to_raise_it() -> None:
     assert "hard limit 1500" in line and "ddpkit doctor" in line
     assert not OpenFiles(need=300, before=1024, soft=1024, hard=4096).short
     assert not OpenFiles(need=300, before=1024, soft=1024, hard=4096).raised
+
+
+def test_another_process_limits_are_read_or_none() -> None:
+    from ddpkit.cluster.limits import open_files_of
+
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (300, 4000)); "
+        "print('set', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "set\n"
+        assert open_files_of(child.pid) == (300, 4000)
+    finally:
+        child.communicate(timeout=60)  # reaped here: its pid is not reused before this line
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    mine = open_files_of(os.getpid())
+    assert mine is not None and mine[0] == (2**31 if soft == resource.RLIM_INFINITY else soft)
+    assert open_files_of(2**22 + 12345) is None  # above pid_max: no such process

@@ -9,7 +9,10 @@ on current Debian and systemd), and any process may raise its own soft limit up 
 ``ddpkit.init`` does so before it makes or joins the store, only when the job needs more than
 the soft limit gives, and only as far as the job needs (a program that still uses ``select()``
 keeps descriptors under 1,024 in every job that fitted before). ``ddpkit doctor`` checks the
-same rule. Torch-free: stdlib only.
+same rule. ``ddpkit run`` raises its own limit the same way (its agent may host the workers'
+store); under plain torchrun, whose agent hosts the store for every worker of the job, rank 0
+(a child of that agent) reads the agent's limit (:func:`open_files_of`) and warns when it is
+short. Torch-free: stdlib only.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ __all__ = [
     "STORE_CONNECTIONS_PER_RANK",
     "OpenFiles",
     "open_files_needed",
+    "open_files_of",
     "raise_open_files",
 ]
 
@@ -90,3 +94,17 @@ def raise_open_files(need: int) -> OpenFiles:
     except (OSError, ValueError):
         return OpenFiles(need, before, before, ceiling)
     return OpenFiles(need, before, _finite(resource.getrlimit(resource.RLIMIT_NOFILE)[0]), ceiling)
+
+
+def open_files_of(pid: int) -> tuple[int, int] | None:
+    """Another process's open-files limits (soft, hard; unlimited: 2**31), read with
+    ``prlimit`` (Linux); None where it cannot be read (another user's process, gone, no
+    ``prlimit``). Nothing is changed."""
+    prlimit = getattr(resource, "prlimit", None)
+    if prlimit is None:
+        return None
+    try:
+        soft, hard = prlimit(pid, resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return None
+    return _finite(soft), _finite(hard)

@@ -40,6 +40,7 @@ from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezv
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ddpkit.cluster.durations import scaled_bound
+from ddpkit.cluster.limits import open_files_needed, raise_open_files
 from ddpkit.cluster.rendezvous.endpoint import hosts_store
 from ddpkit.cluster.runid import launch_run_id
 from ddpkit.cluster.stop import forward as stop_forward
@@ -159,6 +160,10 @@ def launch(config: RunConfig) -> LaunchOutcome:
     The stop signal is passed on to them from here (:func:`.relay.relay_stop_signal`)."""
     relay.relay_stop_signal(os.environ)
     plan = build_launch_config(config)
+    # The agent may host the store every worker connects to (2 connections a worker): raised
+    # as ddpkit.init raises a rank's, and inherited by the workers (ddpkit.cluster.limits)
+    largest = plan.launch_config.max_nodes * plan.launch_config.nproc_per_node
+    raise_open_files(open_files_needed(largest, hosts_store=True))
     logs = _RecordingLogsSpecs(plan.launch_config.logs_specs)
     plan.launch_config.logs_specs = logs
     handled = plan.launch_config.signals_to_handle

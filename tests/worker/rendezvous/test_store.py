@@ -701,3 +701,60 @@ def test_a_hard_limit_below_the_need_is_said_once_a_node_and_the_job_goes_on() -
     said = results[0]["said"]
     assert len(said) == 1 and "ulimit -n is 230, and 2 ranks need 263" in said[0], said
     assert results[1]["said"] == []  # local rank 1 of the node, not the store's host
+
+
+_LAUNCHER_LIMIT = """
+import json, os, resource, sys, warnings
+import ddpkit
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ctx = ddpkit.init()
+parent = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)  # the agent: our parent
+said = [str(w.message) for w in caught if "the launcher (pid" in str(w.message)]
+with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
+    json.dump({"parent": list(parent), "ppid": os.getppid(), "said": said}, out)
+ddpkit.shutdown()
+"""
+
+
+def _low_open_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, 4096))
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("launcher", ["torchrun", "ddpkit run"])
+def test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_says_so(
+    tmp_path: Path, launcher: str
+) -> None:
+    # torchrun's agent hosts the store of every worker of the job (2 connections each) and
+    # nobody raises its limit: rank 0, its child, says so with the fix; ddpkit run raises its own
+    from ddpkit.cluster.limits import open_files_needed
+
+    script = tmp_path / "report.py"
+    script.write_text(_LAUNCHER_LIMIT)
+    module = "torch.distributed.run" if launcher == "torchrun" else "ddpkit"
+    command = [sys.executable, "-m", module, *(["run"] if module == "ddpkit" else [])]
+    done = subprocess.run(
+        [*command, "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
+        env=clean_env(),
+        preexec_fn=_low_open_files,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    need = open_files_needed(2, hosts_store=True)
+    assert rank1["said"] == []
+    if launcher == "torchrun":
+        assert rank0["parent"] == [200, 4096]
+        assert len(rank0["said"]) == 1, rank0["said"]
+        said = rank0["said"][0]
+        assert f"the launcher (pid {rank0['ppid']})" in said and "ulimit -n 200" in said
+        assert f"`ulimit -n {need}` before torchrun" in said and "ddpkit run" in said
+    else:
+        assert rank0["parent"] == [need, 4096]
+        assert rank0["said"] == []
