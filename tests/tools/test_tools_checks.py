@@ -13,6 +13,7 @@ from ddpkit.tools.doctor_checks import (
     check_free_space,
     check_gpus,
     check_interface,
+    check_launcher_open_files,
     check_layout,
     check_listen_backlog,
     check_master_address,
@@ -216,6 +217,19 @@ def test_open_files_sized_for_the_job_with_the_store_host_needing_more() -> None
     # a rank that does not host the store needs no descriptor per store connection
     assert check_open_files(2048, 2400, 2400, hosts_store=False).status == "PASS"
     assert check_open_files(2048, 2400, 2400, hosts_store=True).status == "WARN"
+
+
+def test_a_launcher_that_hosts_the_store_needs_two_descriptors_a_rank() -> None:
+    # torchrun's agent hosts every worker's store; ddpkit cannot raise another process's limit
+    need = open_files_needed(512, hosts_store=True)
+    ok = check_launcher_open_files(512, 4242, need, need)
+    assert ok.status == "PASS" and "the launcher (pid 4242) hosts the store" in ok.detail
+    short = check_launcher_open_files(512, 4242, 1024, 524288)
+    assert short.status == "WARN" and f"ulimit -n 1024 < {need}" in short.detail
+    assert short.hint and f"`ulimit -n {need}` before torchrun" in short.hint
+    assert "ddpkit run" in short.hint
+    capped = check_launcher_open_files(512, 4242, 1024, 1024)
+    assert capped.status == "WARN" and capped.hint and "hard limit is 1024" in capped.hint
 
 
 @pytest.mark.parametrize(

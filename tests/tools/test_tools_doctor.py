@@ -102,6 +102,8 @@ def test_doctor_under_ddpkit_run_with_two_processes() -> None:
     assert report["ok"] and {c["status"] for c in report["checks"]} == {"PASS"}
     names = [c["name"] for c in report["checks"]]
     assert {"launcher", "master reachable", "ranks", "layout", "all_reduce gloo"} <= set(names)
+    # the agent hosts the workers' store: its open files are checked, not rank 0's accepted ones
+    assert "launcher open files" in names
     # a one-node run of one round: the workers share the agent's store (on loopback)
     (master,) = [c for c in report["checks"] if c["name"] == "master reachable"]
     assert "the agent's store at 127.0.0.1:" in str(master), master

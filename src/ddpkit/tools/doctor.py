@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpkit.cluster.detect import detect
+from ddpkit.cluster.limits import open_files_of
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
 from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.errors import DdpkitError
@@ -47,6 +48,7 @@ from ddpkit.tools.doctor_checks import (
     check_free_space,
     check_gpus,
     check_interface,
+    check_launcher_open_files,
     check_layout,
     check_listen_backlog,
     check_master_address,
@@ -121,17 +123,26 @@ def _local_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions
     folders = options.folders or (os.getcwd(),)
     free = {folder: _free_bytes(folder) for folder in folders}
     checks.append(check_free_space(free, int(options.min_free_gb * 2**30)))
-    return checks + _limit_checks(info, options)
+    return checks + _limit_checks(info, env, options)
 
 
-def _limit_checks(info: RankInfo, options: DoctorOptions) -> list[Check]:
-    """Open files on every rank; on rank 0 (the store's host) its listen queue too."""
+def _limit_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions) -> list[Check]:
+    """Open files on every rank; on rank 0 (the store's host) its listen queue too. Where
+    torchrun's agent hosts the store (rank 0's parent), the agent's open files instead of rank
+    0's accepted connections."""
+    from ddpkit.worker.rendezvous.group import uses_agent_store  # imports torch
+
     world = options.world_size or info.world_size
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     unlimited = resource.RLIM_INFINITY
     soft, hard = (2**31 if v == unlimited else v for v in (soft, hard))
-    checks = [check_open_files(world, soft, hard, hosts_store=info.rank == 0 and world > 1)]
-    if info.rank == 0 and world > 1:
+    store_rank = info.rank == 0 and world > 1
+    agent = store_rank and uses_agent_store(info, env)
+    checks = [check_open_files(world, soft, hard, hosts_store=store_rank and not agent)]
+    launcher = os.getppid()
+    if agent and (found := open_files_of(launcher)) is not None:
+        checks.append(check_launcher_open_files(world, launcher, *found))
+    if store_rank:
         checks.append(check_listen_backlog(world, _somaxconn()))
     return checks
 

@@ -25,6 +25,7 @@ __all__ = [
     "check_free_space",
     "check_gpus",
     "check_interface",
+    "check_launcher_open_files",
     "check_layout",
     "check_listen_backlog",
     "check_master_address",
@@ -263,6 +264,25 @@ def check_open_files(world_size: int, soft: int, hard: int, *, hosts_store: bool
         "PropagateResourceLimits from the submitting shell)"
     )
     return Check("WARN", "open files", f"ulimit -n {soft} < {need} ({rule})", fix)
+
+
+def check_launcher_open_files(world_size: int, pid: int, soft: int, hard: int) -> Check:
+    """The open-files limit of the launcher whose agent hosts the store (torchrun's default):
+    one accepted connection per store connection of every rank, which ddpkit cannot raise."""
+    need = open_files_needed(world_size, hosts_store=True)
+    what = f"the launcher (pid {pid}) hosts the store"
+    if soft >= need:
+        return Check("PASS", "launcher open files", f"{what}: ulimit -n {soft} >= {need}")
+    fix = (
+        f"`ulimit -n {need}` before torchrun, or launch with `ddpkit run` (it raises its own)"
+        if hard >= need
+        else f"its hard limit is {hard}: ask the admins to raise it"
+    )
+    detail = (
+        f"{what}: ulimit -n {soft} < {need} ({world_size} ranks, "
+        f"{STORE_CONNECTIONS_PER_RANK} store connections each)"
+    )
+    return Check("WARN", "launcher open files", detail, fix)
 
 
 def check_listen_backlog(world_size: int, somaxconn: int | None) -> Check:
