@@ -223,7 +223,7 @@ def test_a_launcher_that_hosts_the_store_needs_two_descriptors_a_rank() -> None:
     # torchrun's agent hosts every worker's store; ddpkit cannot raise another process's limit
     need = open_files_needed(512, hosts_store=True)
     ok = check_launcher_open_files(512, 4242, need, need)
-    assert ok.status == "PASS" and "the launcher (pid 4242) hosts the store" in ok.detail
+    assert ok.status == "PASS" and "the launcher (pid 4242) hosts the job's store" in ok.detail
     short = check_launcher_open_files(512, 4242, 1024, 524288)
     assert short.status == "WARN" and f"ulimit -n 1024 < {need}" in short.detail
     assert short.hint and f"`ulimit -n {need}` before torchrun" in short.hint

@@ -21,9 +21,12 @@ import resource
 from dataclasses import dataclass
 
 __all__ = [
+    "ASK_ADMINS",
     "SPARE_FILES",
     "STORE_CONNECTIONS_PER_RANK",
     "OpenFiles",
+    "launcher_shortfall",
+    "open_files",
     "open_files_needed",
     "open_files_of",
     "raise_open_files",
@@ -37,6 +40,11 @@ STORE_CONNECTIONS_PER_RANK = 2
 # data loader pipes.
 SPARE_FILES = 256
 _UNLIMITED_AS = 2**31  # how an unlimited limit is compared and shown
+# The fix for a hard limit below the need (only root raises one)
+ASK_ADMINS = (
+    "ask the admins to raise it (limits.conf, or SLURM's PropagateResourceLimits from the "
+    "submitting shell)"
+)
 
 
 def open_files_needed(world_size: int, hosts_store: bool) -> int:
@@ -61,23 +69,24 @@ class OpenFiles:
         """The soft limit is still below the need: the hard limit (or the system) stopped it."""
         return self.soft < self.need
 
-    @property
-    def raised(self) -> bool:
-        return self.soft > self.before
-
     def warning(self, world_size: int) -> str:
         """One line for a rank whose limit stays short."""
         return (
             f"ddpkit: ulimit -n is {self.soft}, and {world_size} ranks need {self.need} open "
             f"files here (a socket per peer, {STORE_CONNECTIONS_PER_RANK} store connections "
             f"a rank, {SPARE_FILES} spare): the hard limit {self.hard} stops ddpkit from raising "
-            "it; expect 'Too many open files'. Ask the admins to raise it (limits.conf, or "
-            "SLURM's PropagateResourceLimits from the submitting shell); `ddpkit doctor` checks it"
+            f"it; expect 'Too many open files': {ASK_ADMINS}; `ddpkit doctor` checks it"
         )
 
 
 def _finite(value: int) -> int:
     return _UNLIMITED_AS if value == resource.RLIM_INFINITY else value
+
+
+def open_files() -> tuple[int, int]:
+    """This process's open-files limits (soft, hard; unlimited: 2**31)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return _finite(soft), _finite(hard)
 
 
 def raise_open_files(need: int) -> OpenFiles:
@@ -93,7 +102,7 @@ def raise_open_files(need: int) -> OpenFiles:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (OSError, ValueError):
         return OpenFiles(need, before, before, ceiling)
-    return OpenFiles(need, before, _finite(resource.getrlimit(resource.RLIMIT_NOFILE)[0]), ceiling)
+    return OpenFiles(need, before, open_files()[0], ceiling)
 
 
 def open_files_of(pid: int) -> tuple[int, int] | None:
@@ -108,3 +117,23 @@ def open_files_of(pid: int) -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return _finite(soft), _finite(hard)
+
+
+def launcher_shortfall(world_size: int, pid: int, soft: int, hard: int) -> tuple[str, str] | None:
+    """When the launcher ``pid`` hosts the job's store (torchrun's agent, rank 0's parent) with
+    the open-files limits ``soft``/``hard`` (read with :func:`open_files_of`), below a store
+    host's need: (what is short, the fix), for ``ddpkit.init``'s warning and ``ddpkit doctor``'s
+    line; None when it fits. ddpkit cannot raise another process's limit."""
+    need = open_files_needed(world_size, hosts_store=True)
+    if soft >= need:
+        return None
+    what = (
+        f"the launcher (pid {pid}) hosts the job's store with ulimit -n {soft} < {need} "
+        f"({world_size} ranks, {STORE_CONNECTIONS_PER_RANK} store connections each)"
+    )
+    fix = (
+        f"`ulimit -n {need}` before torchrun, or launch with `ddpkit run` (it raises its own)"
+        if hard >= need
+        else f"its hard limit is {hard}: {ASK_ADMINS}"
+    )
+    return what, fix

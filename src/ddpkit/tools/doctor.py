@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import socket
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpkit.cluster.detect import detect
-from ddpkit.cluster.limits import open_files_of
+from ddpkit.cluster.limits import open_files, open_files_of
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
 from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.errors import DdpkitError
@@ -133,12 +132,9 @@ def _limit_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions
     from ddpkit.worker.rendezvous.group import uses_agent_store  # imports torch
 
     world = options.world_size or info.world_size
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    unlimited = resource.RLIM_INFINITY
-    soft, hard = (2**31 if v == unlimited else v for v in (soft, hard))
     store_rank = info.rank == 0 and world > 1
     agent = store_rank and uses_agent_store(info, env)
-    checks = [check_open_files(world, soft, hard, hosts_store=store_rank and not agent)]
+    checks = [check_open_files(world, *open_files(), hosts_store=store_rank and not agent)]
     launcher = os.getppid()
     if agent and (found := open_files_of(launcher)) is not None:
         checks.append(check_launcher_open_files(world, launcher, *found))

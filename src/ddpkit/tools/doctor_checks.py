@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ddpkit.cluster.devices import check_distinct_gpus, parse_visible_devices
-from ddpkit.cluster.limits import SPARE_FILES, STORE_CONNECTIONS_PER_RANK, open_files_needed
+from ddpkit.cluster.limits import (
+    ASK_ADMINS,
+    SPARE_FILES,
+    STORE_CONNECTIONS_PER_RANK,
+    launcher_shortfall,
+    open_files_needed,
+)
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import DdpkitError
 from ddpkit.tools.netinfo import Choice, is_loopback
@@ -259,30 +265,19 @@ def check_open_files(world_size: int, soft: int, hard: int, *, hosts_store: bool
             f"ulimit -n {soft} < {need} ({rule}): ddpkit.init raises it, the hard limit {hard} "
             f"allows it (a program that does not call ddpkit.init: `ulimit -n {need}` first)",
         )
-    fix = (
-        f"the hard limit is {hard}: ask the admins to raise it (limits.conf, or SLURM's "
-        "PropagateResourceLimits from the submitting shell)"
-    )
+    fix = f"the hard limit is {hard}: {ASK_ADMINS}"
     return Check("WARN", "open files", f"ulimit -n {soft} < {need} ({rule})", fix)
 
 
 def check_launcher_open_files(world_size: int, pid: int, soft: int, hard: int) -> Check:
     """The open-files limit of the launcher whose agent hosts the store (torchrun's default):
     one accepted connection per store connection of every rank, which ddpkit cannot raise."""
+    short = launcher_shortfall(world_size, pid, soft, hard)
+    if short is not None:
+        return Check("WARN", "launcher open files", *short)
     need = open_files_needed(world_size, hosts_store=True)
-    what = f"the launcher (pid {pid}) hosts the store"
-    if soft >= need:
-        return Check("PASS", "launcher open files", f"{what}: ulimit -n {soft} >= {need}")
-    fix = (
-        f"`ulimit -n {need}` before torchrun, or launch with `ddpkit run` (it raises its own)"
-        if hard >= need
-        else f"its hard limit is {hard}: ask the admins to raise it"
-    )
-    detail = (
-        f"{what}: ulimit -n {soft} < {need} ({world_size} ranks, "
-        f"{STORE_CONNECTIONS_PER_RANK} store connections each)"
-    )
-    return Check("WARN", "launcher open files", detail, fix)
+    what = f"the launcher (pid {pid}) hosts the job's store"
+    return Check("PASS", "launcher open files", f"{what}: ulimit -n {soft} >= {need}")
 
 
 def check_listen_backlog(world_size: int, somaxconn: int | None) -> Check:

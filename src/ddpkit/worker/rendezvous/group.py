@@ -39,7 +39,12 @@ import torch.distributed as dist
 from torch.distributed import HashStore  # type: ignore[attr-defined]  # public, not in __all__
 from torch.distributed.distributed_c10d import Store
 
-from ddpkit.cluster.limits import OpenFiles, open_files_needed, open_files_of, raise_open_files
+from ddpkit.cluster.limits import (
+    launcher_shortfall,
+    open_files_needed,
+    open_files_of,
+    raise_open_files,
+)
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
@@ -52,10 +57,10 @@ from ddpkit.worker.rendezvous.store import (
 
 __all__ = [
     "AGENT_STORE_VAR",
-    "check_launcher_open_files",
     "fit_open_files",
     "make_store",
     "uses_agent_store",
+    "warn_launcher_open_files",
 ]
 
 # Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
@@ -77,7 +82,7 @@ def make_store(
         return HashStore(), info  # nobody else to meet: nothing listens for it
     hosts = info.rank == 0 and not uses_agent_store(info, env)
     fit_open_files(info, hosts_store=hosts)
-    check_launcher_open_files(info, env)
+    warn_launcher_open_files(info, env)
     addr, bind = store_endpoint(info)
     info = dataclasses.replace(info, master_addr=addr)
     search = info.port_search
@@ -93,37 +98,27 @@ def make_store(
     return _connect(info, connect_timeout_s, timeout), info
 
 
-def fit_open_files(info: RankInfo, *, hosts_store: bool) -> OpenFiles:
+def fit_open_files(info: RankInfo, *, hosts_store: bool) -> None:
     """Raise this rank's open-files limit to what its job's size needs
     (:mod:`ddpkit.cluster.limits`); one warning a node (and on the store's host) when the hard
     limit stops it short."""
     limits = raise_open_files(open_files_needed(info.world_size, hosts_store))
     if limits.short and (hosts_store or info.local_rank == 0):
-        warnings.warn(limits.warning(info.world_size), RuntimeWarning, stacklevel=2)
-    return limits
+        warnings.warn(limits.warning(info.world_size), RuntimeWarning, stacklevel=3)
 
 
-def check_launcher_open_files(info: RankInfo, env: Mapping[str, str]) -> str | None:
-    """Under torchrun's agent store, rank 0's parent (the agent of its node, which hosts the
-    store every rank connects to) needs the store host's open files; ddpkit cannot raise
-    another process's limit, so rank 0 warns when it is short. The warning's text, or None."""
+def warn_launcher_open_files(info: RankInfo, env: Mapping[str, str]) -> None:
+    """Under torchrun's agent store, rank 0 warns when its parent (the agent of its node, which
+    hosts the store every rank connects to) has fewer open files than a store host needs."""
     if info.rank != 0 or not uses_agent_store(info, env):
-        return None
+        return
     launcher = os.getppid()
     found = open_files_of(launcher)
-    need = open_files_needed(info.world_size, hosts_store=True)
-    if found is None or found[0] >= need:
-        return None
-    soft, hard = found
-    capped = "" if hard >= need else f" (its hard limit {hard} is lower: ask the admins)"
-    text = (
-        f"ddpkit: the launcher (pid {launcher}) hosts the job's store with ulimit -n {soft}, "
-        f"and {info.world_size} ranks need {need} open files there (2 store connections a "
-        f"rank): it may fail with 'Too many open files' as ranks connect. Run `ulimit -n "
-        f"{need}` before torchrun{capped}, or launch with `ddpkit run`, which raises its own"
-    )
-    warnings.warn(text, RuntimeWarning, stacklevel=2)
-    return text
+    short = None if found is None else launcher_shortfall(info.world_size, launcher, *found)
+    if short is not None:
+        what, fix = short
+        text = f"ddpkit: {what}: expect 'Too many open files' as ranks connect; {fix}"
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 def _host(info: RankInfo, bind: str | None, timeout: timedelta, env: Mapping[str, str]) -> Store:
