@@ -28,7 +28,8 @@ only when neither SLURM, torchrun nor the user named the run (one small collecti
 call). Every store call a rank makes from Python
 goes through :class:`Counting` (the calls and the keys they name); each TCP connection to the
 store is counted apart (torch's client handshake, a validate and a ping, plus an ``add`` of its
-check-in key when given the world size, happens inside its constructor, out of Python's sight).
+check-in key when given the world size, as plain torch's are and ddpkit's are not, happens
+inside its constructor, out of Python's sight).
 """
 
 from __future__ import annotations

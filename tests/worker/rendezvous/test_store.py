@@ -547,6 +547,21 @@ def test_a_rank_joining_a_store_that_is_up_opens_one_connection_and_probes_nothi
     assert (spy.probes, spy.clients) == (0, 1)
 
 
+def test_a_joining_rank_writes_nothing_to_the_store_no_check_in_nobody_waits_for() -> None:
+    """torch's client given the world size adds to a check-in key (``init/``) that only a host
+    made with ``wait_for_workers=True`` reads; ddpkit's host waits on no key (the group's
+    forming is the barrier), torchrun's agent store is past its own wait before any worker
+    starts: one store round trip a rank, at the store every rank shares, for nothing."""
+    port = free_port()
+    host = _host(port)
+    info = RankInfo(1, 1, 64, 64, 0, 1, "127.0.0.1", port, "torchrun")
+    client = connect_client(info, 10.0, timedelta(seconds=10))
+    assert host.num_keys() == 0
+    client.set("from", "rank 1")
+    assert host.get("from") == b"rank 1"  # waits for it: a set has no reply
+    assert host.num_keys() == 1
+
+
 def test_a_master_later_than_the_grace_is_probed_for_and_joined(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

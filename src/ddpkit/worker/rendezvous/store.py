@@ -342,7 +342,7 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
     deadline = time.monotonic() + connect_timeout_s
     wake = threading.Event()
     quiet_s = connect_timeout_s + CLIENT_QUIET_S
-    calls = [Call(lambda: _client(addr, port, info.world_size, quiet_s, timeout), name, wake)]
+    calls = [Call(lambda: _client(addr, port, quiet_s, timeout), name, wake)]
     wake.wait(min(client_grace_s(info.world_size), connect_timeout_s))
     if (made := _made(calls)) is not None:
         return made
@@ -372,9 +372,7 @@ def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta)
         # outlives the bound.
         bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
         wake.clear()
-        second = Call(
-            lambda: _client(addr, port, info.world_size, bound_s / 2, timeout), name, wake
-        )
+        second = Call(lambda: _client(addr, port, bound_s / 2, timeout), name, wake)
         calls.append(second)
     else:  # it listens: the client is slow (a busy store) or talks to something else; no second
         bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
@@ -412,11 +410,15 @@ def client_grace_s(world_size: int) -> float:
     return CLIENT_GRACE_S + CLIENT_GRACE_PER_RANK_S * max(0, world_size - 1)
 
 
-def _client(
-    addr: str, port: int, world_size: int | None, connect_s: float, timeout: timedelta
-) -> TCPStore:
-    """torch's client, retrying for ``connect_s``; ``timeout`` then for its operations."""
-    client = TCPStore(addr, port, world_size, False, timedelta(seconds=connect_s))
+def _client(addr: str, port: int, connect_s: float, timeout: timedelta) -> TCPStore:
+    """torch's client, retrying for ``connect_s``; ``timeout`` then for its operations.
+
+    Not given the world size: torch's client would then add to a check-in key (``init/``) that
+    only a host made with ``wait_for_workers=True`` reads. ddpkit's host waits on no key (the
+    group's forming is the barrier) and torchrun's agent store is past its own wait before any
+    worker starts: one round trip a rank at the store every rank shares, for nothing.
+    """
+    client = TCPStore(addr, port, None, False, timedelta(seconds=connect_s))
     client.set_timeout(timeout)
     return client
 
