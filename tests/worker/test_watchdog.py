@@ -9,6 +9,7 @@ against a bound of a few seconds): the point is "not the 30-minute collective ti
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import subprocess
@@ -194,6 +195,21 @@ def test_the_heartbeat_load_at_the_store_stops_growing_past_512_ranks() -> None:
     assert load[4096] <= 2 * 512 and load[2048] <= 2 * 512 and load[1024] <= 2 * 512
     assert max(load.values()) <= 2 * 512
     assert load[4] == 6  # small worlds keep the 1 s beat
+
+
+@pytest.mark.parametrize("world", [2, 8, 64, 345, 1024, 4096])
+def test_the_ranks_beat_phases_spread_them_evenly_over_the_interval(world: int) -> None:
+    # let go by one barrier, every rank used to beat (and poll) at the same moment of every
+    # interval: N calls in one burst at rank 0's store. In any slice of the interval, now, at
+    # most two more ranks beat than an even share.
+    phases = [watchdog.beat_phase(rank) for rank in range(1, world)]
+    assert all(0.0 < phase <= 1.0 for phase in phases)
+    for slices in (8, 10, 64, 100):
+        counts = [0] * slices
+        for phase in phases:
+            counts[min(slices - 1, int(phase * slices))] += 1
+        assert max(counts) <= math.ceil((world - 1) / slices) + 2, (slices, counts)
+    assert phases == [watchdog.beat_phase(rank) for rank in range(1, world)]  # no randomness
 
 
 # --- naming ---------------------------------------------------------------------------------------

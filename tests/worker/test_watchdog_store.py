@@ -159,6 +159,47 @@ def test_the_watchdog_beats_at_its_worlds_interval(host: TCPStore) -> None:
         hooks.stop()
 
 
+class BeatTimes:
+    """A real store that notes when each beat of its rank reached it."""
+
+    def __init__(self, inner: Any, rank: int) -> None:
+        self._inner, self._key, self.times = inner, f"beat/{rank}", list[float]()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def add(self, key: str, value: int) -> int:
+        done = self._inner.add(key, value)
+        if key == self._key and value:
+            self.times.append(time.monotonic())
+        return done
+
+
+def test_ranks_let_go_together_beat_at_their_own_moments_of_the_interval(
+    host: TCPStore,
+) -> None:
+    # before: every rank's second beat came one whole interval after its first, so ranks let
+    # go by one barrier beat (and polled) together for the whole run; now each keeps its own
+    # phase (policy.beat_phase), never beating less often than once an interval
+    from ddpkit.worker.watchdog.policy import beat_phase
+
+    stores = {rank: BeatTimes(PrefixStore("w", host), rank) for rank in range(1, 8)}
+    links = [_link(store, rank, 8, beat_interval_s=1.0) for rank, store in stores.items()]
+    for link in links:
+        link.start()
+    try:
+        _wait(lambda: all(len(store.times) >= 3 for store in stores.values()), 20)
+    finally:
+        for link in links:
+            link.stop()
+    gaps = {rank: store.times[1] - store.times[0] for rank, store in stores.items()}
+    for rank, gap in gaps.items():
+        assert gap >= beat_phase(rank) - 0.02, (rank, gap)  # not before its moment
+        assert stores[rank].times[2] - stores[rank].times[1] >= 0.98  # then once an interval
+    # phases 0.15 .. 0.91 of the interval: the second beats do not come together
+    assert max(gaps.values()) - min(gaps.values()) >= 0.3, gaps
+
+
 def _names(host: TCPStore) -> set[int]:
     return {rank for rank in (1, 2) if host.check([f"w/exit/{rank}"])}
 

@@ -71,6 +71,24 @@ def beat_interval_for(bound_s: float, world_size: int) -> float:
     return min(bound_s / 4, max(interval_for(bound_s), world_size / BEATS_PER_S))
 
 
+def beat_phase(rank: int) -> float:
+    """Where in its beat interval a rank other than 0 beats, as a fraction in (0, 1]: its
+    second beat comes that fraction of an interval after its first, every later one a whole
+    interval after the one before.
+
+    Every rank is let go by the same barrier, so without it their beats (and the polls that
+    come with them) reach rank 0's store together, once an interval, for as long as the job
+    runs: at 4,096 ranks 8,192 calls in one burst every 8 s, which the program's own store
+    calls on rank 0 wait behind. The fractions of the golden ratio's multiples spread any
+    number of ranks evenly over the interval (no two close, whatever the world size), with no
+    randomness: the same rank beats at the same phase in every run. The first gap is shorter
+    than an interval, never longer: no rank beats less often than before."""
+    return 1.0 - (rank * _GOLDEN) % 1.0
+
+
+_GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2
+
+
 def hook_wait_for(interval_s: float) -> float:
     """How long an uncaught peer failure waits for the culprit's marker (>= 2 heartbeats)."""
     return min(2.5, max(2.0, 2.5 * interval_s))

@@ -18,7 +18,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ddpkit.worker.watchdog.policy import HOOK_POLL_S, STORE_THREAD_NAME, Departure, describe_rank
+from ddpkit.worker.watchdog.policy import (
+    HOOK_POLL_S,
+    STORE_THREAD_NAME,
+    Departure,
+    beat_phase,
+    describe_rank,
+)
 
 # --- the store side -----------------------------------------------------------------------------
 
@@ -85,6 +91,8 @@ class StoreLink:
         # judges their counters every interval_s, so its own loop keeps that one
         self.beat_interval_s = interval_s if beat_interval_s is None else beat_interval_s
         self._cadence_s = interval_s if rank == 0 else self.beat_interval_s
+        # the gap after the first beat: the others spread their beats over the interval
+        self._first_gap_s = self._cadence_s * (1.0 if rank == 0 else beat_phase(rank))
         self.host_rank, self.address = host_rank, address
         self._clock = clock
         self._lock = threading.Lock()
@@ -212,7 +220,7 @@ class StoreLink:
             with self._lock:  # the store's silence counts from here: a slow connect is not it
                 self.last_ok, self._connecting = self._clock(), False
             self._introduce()
-            next_beat = 0.0
+            next_beat, gap_s = 0.0, self._first_gap_s
             while True:
                 self._serve()
                 if self._stopping.is_set() or self.released:
@@ -222,7 +230,7 @@ class StoreLink:
                     self._store.add(f"beat/{self.rank}", 1)
                     if self.rank == 0:
                         self._check_beats(now)
-                    next_beat = now + self._cadence_s
+                    next_beat, gap_s = now + gap_s, self._cadence_s
                 self._poll()
                 hurrying = self._clock() < self._hurry_until
                 if hurrying:
