@@ -4,6 +4,7 @@ still named."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore
 
+from ddpkit.worker.rendezvous import batched
 from ddpkit.worker.watchdog.policy import SAY_TIMEOUT_S, interval_for
 from ddpkit.worker.watchdog.store import (
     CONNECT_EXTEND_MAX_S,
@@ -70,8 +72,8 @@ def _wait(predicate: Any, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("world", [2, 64, 1024])
-def test_rank_zero_creates_every_beat_key_in_one_call_whatever_the_world(
+@pytest.mark.parametrize("world", [2, 64, 1024, 2500])
+def test_rank_zero_creates_every_beat_key_in_one_call_a_slice_of_keys(
     host: TCPStore, world: int
 ) -> None:
     counted = Counted(PrefixStore("w", host))
@@ -83,11 +85,11 @@ def test_rank_zero_creates_every_beat_key_in_one_call_whatever_the_world(
         keys = [f"w/beat/{rank}" for rank in range(world)]
         assert host.check(keys)
         assert [int(v) for v in host.multi_get(keys[1:])] == [0] * (world - 1)
-        assert counted.calls.get("multi_set") == 1
+        assert counted.calls.get("multi_set") == math.ceil(world / batched.KEYS_PER_CALL)
         # the start-up's store calls do not grow with the world (was one add per rank)
         assert counted.calls.get("add", 0) < 10
-        # each judging round reads the counters with one multi_get, never a check of N keys
-        _wait(lambda: counted.calls.get("multi_get", 0) >= 2, 10)
+        # each judging round reads the counters with a multi_get a slice, never a check of N
+        _wait(lambda: counted.calls.get("multi_get", 0) >= 2 * counted.calls["multi_set"], 10)
         assert counted.calls.get("check", 0) == 0
     finally:
         link.stop()
@@ -198,6 +200,70 @@ def test_ranks_let_go_together_beat_at_their_own_moments_of_the_interval(
         assert stores[rank].times[2] - stores[rank].times[1] >= 0.98  # then once an interval
     # phases 0.15 .. 0.91 of the interval: the second beats do not come together
     assert max(gaps.values()) - min(gaps.values()) >= 0.3, gaps
+
+
+class DictStore:
+    """The watchdog's store operations on a dict: rank 0's judging rounds, called directly."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.sets: list[str] = []
+        self.most_keys = 0  # the most keys one check or multi_get named
+
+    def set(self, key: str, value: str) -> None:
+        self.sets.append(key)
+        self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def add(self, key: str, value: int) -> int:
+        now = int(self.data.get(key, b"0")) + value
+        self.data[key] = str(now).encode()
+        return now
+
+    def check(self, keys: list[str]) -> bool:
+        self.most_keys = max(self.most_keys, len(keys))
+        return all(key in self.data for key in keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.most_keys = max(self.most_keys, len(keys))
+        return [self.data[key] for key in keys]
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self.data[key] = value.encode()
+
+    def append(self, key: str, value: str) -> None:
+        self.data[key] = self.data.get(key, b"") + value.encode()
+
+
+def test_rank_zero_names_each_silent_rank_of_a_huge_world_once_after_the_bound() -> None:
+    world, bound_s = 100_000, 10.0
+    store = DictStore()
+    link = StoreLink(
+        store, rank=0, world_size=world, interval_s=1.0, bound_s=bound_s, host_rank=0,
+        address="x", clock=time.monotonic,
+    )  # fmt: skip
+    store.multi_set([f"beat/{rank}" for rank in range(world)], ["0"] * world)
+    link._check_beats(0.0)  # the first round: every counter counts from now
+    link._departed.add(9)  # rank 9 left with a marker of its own
+    for now in (4.0, 8.0, 12.0):  # every rank beats, but 7 and 9 (and rank 0 itself)
+        others = [f"beat/{rank}" for rank in range(10, world)]
+        store.multi_set(others, [str(int(now))] * len(others))
+        for rank in (1, 2, 3, 4, 5, 6, 8):
+            store.add(f"beat/{rank}", 1)
+        link._check_beats(now)
+        named = [key for key in store.sets if key.startswith("exit/")]
+        assert named == ([] if now < bound_s else ["exit/7"]), (now, named)
+    # judged gone: a counter that moves again does not bring it back, nor name it twice
+    store.multi_set([f"beat/{rank}" for rank in range(1, world)], ["13"] * (world - 1))
+    link._check_beats(13.0)
+    assert [key for key in store.sets if key.startswith("exit/")] == ["exit/7"]
+    assert "stopped sending heartbeats 12 s ago" in store.get("exit/7").decode()
+    assert link._presumed_dead == {7}
+    # torch's store serves a call of N keys in more than linear time: read a slice at a time
+    assert store.most_keys == batched.KEYS_PER_CALL
 
 
 def _names(host: TCPStore) -> set[int]:

@@ -57,6 +57,7 @@ from ddpkit.tools.doctor_checks import (
     from_error,
 )
 from ddpkit.tools.doctor_report import DEFAULT_TIMEOUT_S, DoctorOptions, Report
+from ddpkit.worker.rendezvous import batched
 
 if TYPE_CHECKING:
     from ddpkit.tools.meeting import Meeting
@@ -248,12 +249,13 @@ def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check
     store = met.store
     keys = [f"facts/{r}" for r in range(info.world_size)]
     # One store call per poll whatever the world size (a check per rank made rank 0's wait
-    # O(N) calls every 0.1 s), then one multi_get; only a late rank costs a look at each key.
+    # O(N) calls every 0.1 s), then a multi_get a slice of keys (batched); only a late rank
+    # costs a look at each key.
     if _poll(lambda: int(store.add("arrivals", 0)), info.world_size, timeout_s):
         arrived = list(range(info.world_size))
     else:
         arrived = [r for r, key in enumerate(keys) if store.check([key])]
-    values = store.multi_get([keys[r] for r in arrived]) if arrived else []
+    values = batched.multi_get(store, [keys[r] for r in arrived])
     facts = [RankFacts(**json.loads(value.decode())) for value in values]
     met.present = tuple(arrived)
     checks = [check_arrivals(info.world_size, arrived, timeout_s)]

@@ -5,6 +5,7 @@
     portsearch  a SLURM step without MASTER_PORT: host on the first candidate port that binds,
                 find the store that answers with the job's identity
     group       the store of a process group: which one each rank makes or reaches
+    batched     store calls naming many keys, in slices (torch's cost grows faster than N)
 
 Where the job meets (ports, endpoint, reserved ports) is decided torch-free in
 :mod:`ddpkit.cluster.rendezvous`; this half hosts, searches and joins. Users:

@@ -19,15 +19,17 @@ never waits on the store (a store whose host froze blocks an operation for good)
   ``events``: at exit (an atexit handler that runs before ddpkit's own one destroys the group,
   since destroying it is what wakes the peers), in ``shutdown()``, and from a chained
   ``sys.excepthook`` for an uncaught exception.
-* Heartbeats. Every rank bumps ``beat/<rank>`` each interval; rank 0 alone reads them all (one
-  ``multi_get``) and writes the marker of a rank whose counter has not moved for the bound
-  ("stopped sending heartbeats N s ago"): ``kill -9``, a frozen process, a dead node. Time is
-  each process's monotonic clock, so clocks need not agree. A store that stops answering means
-  its host is gone: rank 0 (``tcp://``, ``env://`` outside torchrun) or the launcher's agent.
-  Per interval each rank costs the store two operations (a beat and one ``events`` poll) and
-  rank 0 one more of world-size keys. Rank 0, when it hosts the store, waits at its own exit
-  (a few seconds at most) until the other ranks have done their last store operation, so that
-  none of them hits a vanished store (torch logs that with a C++ stack trace).
+* Heartbeats. Every rank bumps ``beat/<rank>`` each interval, at a moment of it of its own
+  (``beat_phase``); rank 0 alone reads them all (a ``multi_get`` a slice of keys) and judges
+  them (:mod:`~ddpkit.worker.watchdog.beats`): it writes the marker of a rank whose counter
+  has not moved for the bound ("stopped sending heartbeats N s ago"): ``kill -9``, a frozen
+  process, a dead node. Time is each process's monotonic clock, so clocks need not agree. A
+  store that stops answering means its host is gone: rank 0 (``tcp://``, ``env://`` outside
+  torchrun) or the launcher's agent. Per interval each rank costs the store two operations (a
+  beat and one ``events`` poll) and rank 0 one more of world-size keys (a call a slice of
+  1,024). Rank 0, when it hosts the store, waits at its own exit (a few seconds at most) until
+  the other ranks have done their last store operation, so that none of them hits a vanished
+  store (torch logs that with a C++ stack trace).
 * Survivors. A peer's marker alone ends nobody: at the end of a run ranks leave at slightly
   different times, and rank 0 may work on alone. A rank is ended only when, after a peer left,
   the thread that called ``init()`` (the main thread, usually) has been *blocked* for the whole

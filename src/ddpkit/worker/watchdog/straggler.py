@@ -31,6 +31,7 @@ from typing import Any
 from ddpkit.cluster.durations import seconds_from_env
 from ddpkit.cluster.envvars import to_float
 from ddpkit.contract import DEFAULT_STRAGGLER_INTERVAL_S, STRAGGLER_INTERVAL_VAR
+from ddpkit.worker.rendezvous import batched
 
 RELATIVE = 0.25  # the slowest rank's extra own work, as a share of the step, to count
 FLOOR_S = 0.002  # ... and at least this much a step
@@ -182,8 +183,8 @@ class StragglerWatch:
 
         def gather() -> None:
             store = self._store()
-            if store.check(keys):  # every rank posted once: multi_get will not block
-                read.extend(store.multi_get(keys))
+            if batched.check(store, keys):  # every rank posted once: multi_get will not block
+                read.extend(batched.multi_get(store, keys))
 
         if not self._call(gather, CALL_S) or not read:
             return None
