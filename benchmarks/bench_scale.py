@@ -28,11 +28,22 @@ order the next trial), with the same layout:
   machine's 2 cores, which is what bounds time to ready past ~1,000 ranks);
 * watchdog load: store calls (and keys named) per second at the store once every rank is up,
   over ``--window-s`` rounded up to whole beat intervals (the interval grows past 512 ranks;
-  ranks let go together beat together, so a window of whole intervals holds the same number
-  of beats of every rank) (plain torch has no watchdog: nothing);
+  each rank beats once an interval, so a window of whole intervals holds the same number of
+  beats of every rank) (plain torch has no watchdog: nothing);
+* watchdog burst: over the same window, the most store calls that reached the store in one
+  0.1 s slot, over the mean of the window's slots (1: spread evenly over the beat interval;
+  the number of slots: every rank at once);
+* a store call of rank 0's program while the job runs: over the same window, one ``add`` of 0
+  every 20 ms on rank 0's own client, as a training script's or NCCL's store call would be made
+  (the slowest one, ms: what the heartbeats' bursts make the program wait behind them);
 * listen queue overflows: connects the kernel dropped because the store's listen queue was
   full (``ListenOverflows`` in /proc/net/netstat, the whole machine's, from the let-go until
   every rank is ready; each is retried only after the SYN back-off, 1 s);
+* rank 0's judging round: once an interval rank 0's watchdog reads every rank's beat counter
+  from the store its one thread serves every rank with; timed up to 98,304 ranks (torch's
+  published 96K) on one store in this process, against one torch ``multi_get`` of the same
+  keys and a Python loop over the counters, the judgment written plainly (the multi_get's
+  cost grows faster than N: ddpkit reads a slice of keys a call, and compares in C's loops);
 * stop agreement: ``PreemptionGuard.should_stop()`` (an all_reduce, no store call) against a
   plain ``dist.all_reduce`` of the same flag, real gloo processes with ``ddpkit.init()``, at
   the world sizes this machine runs as processes (2..8; 2..4 with ``--quick``).
@@ -52,6 +63,7 @@ import statistics
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +78,9 @@ DDPKIT, PLAIN = "ddpkit (rendezvous + watchdog)", "plain torch (env:// TCPStore)
 RENDEZVOUS = "ddpkit (rendezvous only, watchdog off)"
 KINDS = {DDPKIT: "ddpkit", RENDEZVOUS: "ddpkit-rendezvous", PLAIN: "plain"}
 STOP_DDPKIT, STOP_PLAIN = "ddpkit PreemptionGuard.should_stop", "plain dist.all_reduce(MAX)"
+JUDGE_DDPKIT = "ddpkit watchdog (a multi_get a slice of keys)"
+JUDGE_PLAIN = "plain torch (one multi_get of every key, a Python loop)"
+JUDGE_FIGURE = "rank 0's judging round (every beat counter read once)"
 
 
 # This sandbox's resolver (a nameserver nobody answers) stalls torch's client, which looks up
@@ -164,13 +179,18 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     connections += scalesim.TALLY.snapshot()["connections"] - before["connections"]
     events[1].set()
     first = scalesim.TALLY.snapshot()
-    beat_s = beat_interval_for(rank0.bound_s, world)  # whole beat intervals: the ranks
-    window_s = math.ceil(window_s / beat_s - 1e-9) * beat_s  # were let go together
-    time.sleep(window_s)
+    window_from = time.monotonic()
+    beat_s = beat_interval_for(rank0.bound_s, world)  # whole beat intervals: each rank
+    window_s = math.ceil(window_s / beat_s - 1e-9) * beat_s  # beats once an interval
+    waits = program_calls(rank0.store, window_s)
     events[2].set()
+    window_to = time.monotonic()
     last = scalesim.TALLY.snapshot()
-    window = [_minus(body["last"], body["first"]) for body in expect("window")]
+    bodies = expect("window")
+    window = [_minus(body["last"], body["first"]) for body in bodies]
     beat_calls, beat_keys, _ = total([*window, _minus(last, first)])
+    burst = peak_over_mean([body["last"]["slots"] for body in bodies] + [last["slots"]],
+                           window_from, window_to)  # fmt: skip
     expect("done")
     for child in children:
         child.join(30)
@@ -186,8 +206,37 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
         "max_other_calls": float(max(body["max_calls"] for body in ready)),
         "beat_calls_s": beat_calls / window_s,
         "beat_keys_s": beat_keys / window_s,
+        "beat_burst": burst if variant == "ddpkit" else 0.0,
+        "program_call_ms": 1e3 * max(waits),
         "overflows": float(overflows),
     }
+
+
+def program_calls(store: Any, window_s: float, every_s: float = 0.02) -> list[float]:
+    """What rank 0's program waits for a store call (one ``add`` of 0: a counter read) while
+    the job runs: one every ``every_s`` for ``window_s``, the seconds each took."""
+    waits = []
+    end = time.monotonic() + window_s
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        store.add("sim/program", 0)
+        waits.append(time.perf_counter() - started)
+        time.sleep(every_s)
+    return waits
+
+
+def peak_over_mean(slots: list[dict[int, int]], start: float, end: float) -> float:
+    """The most store calls in one slot (``scalesim.SLOT_S``) of the whole slots between
+    ``start`` and ``end`` (monotonic), over their mean: 1 for calls spread evenly, up to the
+    number of slots when every call comes at once. 0 when there were none."""
+    first, last = math.ceil(start / scalesim.SLOT_S), math.floor(end / scalesim.SLOT_S)
+    counts = [0] * max(0, last - first)
+    for tally in slots:
+        for slot, calls in tally.items():
+            if first <= int(slot) < last:
+                counts[int(slot) - first] += calls
+    total_calls = sum(counts)
+    return max(counts) * len(counts) / total_calls if total_calls else 0.0
 
 
 def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -197,6 +246,57 @@ def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
         "keys": after["keys"] - before["keys"],
         "connections": after["connections"] - before["connections"],
     }
+
+
+# --- rank 0's judging round: one store, the beat counters of a large world -----------------
+
+
+def judging_round(sizes: list[int], trials: int) -> dict[str, dict[int, list[float]]]:
+    """Milliseconds of one judging round of rank 0's watchdog (every beat counter read and
+    compared: ``StoreLink._check_beats``) against one torch ``multi_get`` of the same keys,
+    alternating, on a real store in this process (as rank 0 hosts it; its one thread serves
+    every rank meanwhile). The counters do not move: no rank is named within the bound."""
+    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+    from ddpkit.worker.rendezvous import batched
+    from ddpkit.worker.watchdog.store import StoreLink
+
+    host = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), wait_for_workers=False)
+    client = TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=600))
+    found: dict[str, dict[int, list[float]]] = {JUDGE_DDPKIT: {}, JUDGE_PLAIN: {}}
+    for n in sizes:
+        prefix = f"judge/{n}"  # PrefixStore adds the "/"
+        keys = [f"{prefix}/beat/{rank}" for rank in range(n)]
+        batched.multi_set(client, keys, ["0"] * n)
+        link = StoreLink(PrefixStore(prefix, client), rank=0, world_size=n, interval_s=1.0,
+                         bound_s=3600.0, host_rank=0, address="", clock=time.monotonic)  # fmt: skip
+        link._check_beats(0.0)  # the first round: every counter counts from now
+        beats: dict[int, tuple[int, float]] = {}
+        plain_round(client, keys, beats, 0.0)
+        for trial in range(trials):
+            order = (JUDGE_DDPKIT, JUDGE_PLAIN) if trial % 2 == 0 else (JUDGE_PLAIN, JUDGE_DDPKIT)
+            for variant in order:
+                start = time.perf_counter()
+                if variant == JUDGE_DDPKIT:
+                    link._check_beats(float(trial + 1))
+                else:  # the same judgment written plainly (as ddpkit's was until 2026-11-27)
+                    plain_round(client, keys, beats, float(trial + 1))
+                found[variant].setdefault(n, []).append(1e3 * (time.perf_counter() - start))
+            print(f"judging round N={n}: " + ", ".join(
+                f"{v} {found[v][n][-1]:.1f} ms" for v in order), flush=True)  # fmt: skip
+    return found
+
+
+def plain_round(
+    store: Any, keys: list[str], beats: dict[int, tuple[int, float]], now: float
+) -> None:
+    """One multi_get of every counter, then which moved and which stood still for the bound."""
+    for rank, value in enumerate(int(raw) for raw in store.multi_get(keys)):
+        last = beats.get(rank)
+        if last is None or last[0] != value:
+            beats[rank] = (value, now)
+        elif now - last[1] >= 3600.0:
+            raise AssertionError(f"rank {rank} judged gone within the bench")
 
 
 # --- the stop agreement: real gloo processes ------------------------------------------------
@@ -283,6 +383,13 @@ FIGURES = [  # key, figure, unit, higher is better
     ("connections_per_rank", "store connections per rank", "connections", False),
     ("beat_calls_s", "watchdog load at the store", "calls/s", False),
     ("beat_keys_s", "watchdog keys read or written at the store", "keys/s", False),
+    ("beat_burst", "watchdog burst at the store (most calls in 0.1 s, over the mean)", "x", False),
+    (
+        "program_call_ms",
+        "a store call of rank 0's program while the job runs (slowest)",
+        "ms",
+        False,
+    ),
     ("overflows", "listen queue overflows, start-up", "connects dropped", False),
 ]
 
@@ -320,9 +427,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="trials per N (order alternates)")
     parser.add_argument("--window-s", type=float, default=3.0, help="heartbeat window")
     parser.add_argument("--stop-max", type=int, default=8, help="largest real gloo group")
+    parser.add_argument("--judge-max", type=int, default=98304, help="largest judged world")
     args = parser.parse_args()
     if args.quick:
         args.max_ranks, args.runs, args.window_s, args.stop_max = 64, 1, 2.0, 4
+        args.judge_max = 4096
     raise_fd_limit()
     scalesim.instrument()
     sizes = [n for n in (2, 8, 32, 128, 512, 1024, 2048, 4096) if n <= args.max_ranks]
@@ -346,6 +455,13 @@ def main() -> None:
                                       False, x=n, trials=trials))  # fmt: skip
             print(f"stop agreement N={n} {variant}: {value:.0f} us", flush=True)
     notes += [f"stop agreement, {variant}: {growth(points)}" for variant, points in stops.items()]
+    judged = [n for n in (1024, 4096, 16384, 32768, 98304) if n <= args.judge_max]
+    for variant, by_n in judging_round(judged, args.runs).items():
+        points = [(n, statistics.median(trials)) for n, trials in by_n.items()]
+        for (n, value), trials in zip(points, by_n.values(), strict=True):
+            rows.append(benchjson.row(JUDGE_FIGURE, variant, value, "ms", False, x=n,
+                                      trials=trials))  # fmt: skip
+        notes.append(f"{JUDGE_FIGURE}, {variant}: {growth(points)}")
     for note in notes:
         print(note)
     benchjson.write(args.json, "scale", "Control plane against world size: simulated ranks on "

@@ -64,15 +64,23 @@ class Tally:
         self.calls: Counter[str] = Counter()
         self.keys = 0
         self.connections = 0
+        # calls per SLOT_S slot of the (machine-wide) monotonic clock: when they reached the store
+        self.slots: Counter[int] = Counter()
 
     def add(self, op: str, keys: int) -> None:
+        slot = int(time.monotonic() / SLOT_S)
         with self.lock:
             self.calls[op] += 1
             self.keys += keys
+            self.slots[slot] += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"calls": dict(self.calls), "keys": self.keys, "connections": self.connections}
+            return {"calls": dict(self.calls), "keys": self.keys, "connections": self.connections,
+                    "slots": dict(self.slots)}  # fmt: skip
+
+
+SLOT_S = 0.1  # the slot of Tally.slots: how finely a burst of calls at the store is seen
 
 
 TALLY = Tally()

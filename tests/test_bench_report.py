@@ -429,23 +429,49 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     ours = bench_scale.job(8, "ddpkit", 2, 1.0)
     alone = bench_scale.job(8, "ddpkit-rendezvous", 2, 1.0)  # the watchdog off
     plain = bench_scale.job(8, "plain", 2, 1.0)
-    assert 0 < ours["ready_s"] <= ours["up_s"] < 60
-    assert 0 < alone["ready_s"] < 60 and alone["up_s"] == 0.0
-    assert 0 < plain["ready_s"] < 60 and plain["up_s"] == 0.0
+    assert 0 < ours["ready_s"] <= ours["up_s"] < 60, ours
+    assert 0 < alone["ready_s"] < 60 and alone["up_s"] == 0.0, alone
+    assert 0 < plain["ready_s"] < 60 and plain["up_s"] == 0.0, plain
     # 7 clients: the group's client + the watchdog's own (no probe against a store that is up);
     # rank 0: its own clone
-    assert ours["connections_per_rank"] == (7 * 2 + 1) / 8
-    assert plain["connections_per_rank"] == 1.0
+    assert ours["connections_per_rank"] == (7 * 2 + 1) / 8, ours
+    assert plain["connections_per_rank"] == 1.0, plain
     # the group's 7 clients: rank 0's own client is counted only in a process instrumented as
     # the bench's main() does (its clone, above, the simulation counts itself)
-    assert alone["connections_per_rank"] == 7 / 8
-    assert alone["calls_per_rank"] == 0.0 and alone["beat_calls_s"] == 0
+    assert alone["connections_per_rank"] == 7 / 8, alone
+    assert alone["calls_per_rank"] == 0.0 and alone["beat_calls_s"] == 0, alone
     for found in (ours, alone, plain):
         assert found["store_cpu_ms"] > 0 and found["client_cpu_ms"] > 0, found
-    assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0
+    assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0, (ours, plain)
+    assert ours["beat_burst"] >= 1.0, ours
+    assert alone["beat_burst"] == plain["beat_burst"] == 0.0, (alone, plain)
+    assert min(found["program_call_ms"] for found in (ours, alone, plain)) > 0
     # counted for both (the kernel's counter is the machine's: other work may add to it, so
     # no exact figure here; the next test shows that it counts)
     assert ours["overflows"] >= 0 and plain["overflows"] >= 0
+
+
+def test_the_watchdog_burst_is_the_busiest_slot_of_the_window_over_its_mean() -> None:
+    import bench_scale
+    import scalesim
+
+    slot = scalesim.SLOT_S
+    # two processes' tallies; the window holds slots 10..13 (slot 9 and 14 lie outside it)
+    even = [{9: 50, 10: 2, 11: 2}, {12: 2, 13: 2, 14: 50}]
+    assert bench_scale.peak_over_mean(even, 10 * slot, 14 * slot) == 1.0
+    bunched = [{10: 8}, {10: 4, 12: 4}]
+    assert bench_scale.peak_over_mean(bunched, 10 * slot, 14 * slot) == 12 * 4 / 16
+    assert bench_scale.peak_over_mean([{}], 10 * slot, 14 * slot) == 0.0
+
+
+def test_the_judging_round_times_ddpkits_watchdog_and_the_plain_way_on_one_store() -> None:
+    import bench_scale
+
+    found = bench_scale.judging_round([1024, 2500], 2)
+    assert set(found) == {bench_scale.JUDGE_DDPKIT, bench_scale.JUDGE_PLAIN}
+    for by_n in found.values():
+        assert set(by_n) == {1024, 2500}
+        assert all(len(trials) == 2 and min(trials) > 0 for trials in by_n.values())
 
 
 def test_listen_overflows_counts_the_connects_a_full_queue_drops() -> None:
