@@ -266,6 +266,32 @@ def test_rank_zero_names_each_silent_rank_of_a_huge_world_once_after_the_bound()
     assert store.most_keys == batched.KEYS_PER_CALL
 
 
+@pytest.mark.parametrize(("beat_interval_s", "compares"), [(0.25, True), (8.0, False)])
+def test_a_hurry_reads_every_counter_only_when_it_can_compare_two_reads(
+    host: TCPStore, beat_interval_s: float, compares: bool
+) -> None:
+    # a failed collective's excepthook hurries the link for 5 s at most; two reads of every
+    # counter 2.2 beat intervals apart fit in it at a small world (0.25 s), not at 4,096 ranks
+    # (8 s): there every survivor read all N counters for nothing, N x N keys at the store
+    counted = Counted(PrefixStore("w", host))
+    link = _link(counted, 1, 2, beat_interval_s=beat_interval_s)
+    link.start()
+    try:
+        host.set("w/beat/0", "0")  # rank 0's key (rank 1's own comes with its first beat)
+        _wait(lambda: host.check(["w/beat/1"]), 10)
+        link.hurry(5.0)
+        if compares:
+            _wait(lambda: link.silent() is not None, 10)  # rank 0 never beat: found silent
+            assert [d.rank for d in link.silent() or []] == [0]
+            assert counted.calls.get("multi_get", 0) == 2
+        else:
+            assert link.silent() == []  # at once: nobody is taken for silent
+            time.sleep(1.0)  # 20 polls of the hurry
+            assert counted.calls.get("multi_get", 0) == 0 and counted.calls.get("check", 0) == 0
+    finally:
+        link.stop()
+
+
 def _names(host: TCPStore) -> set[int]:
     return {rank for rank in (1, 2) if host.check([f"w/exit/{rank}"])}
 

@@ -37,6 +37,9 @@ DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its o
 # does not come back from C++ while the interpreter finalizes (see StoreLink.stop).
 CONNECT_EXTEND_MAX_S = 10.0
 CONNECT_RETURN_MARGIN_S = 2.0
+# How far apart, in beat intervals, the two snapshots of every counter a hurry compares are: a
+# live rank beats at least twice between them.
+SNAPSHOT_GAP = 2.2
 
 
 class KeyValue(Protocol):
@@ -198,9 +201,14 @@ class StoreLink:
             self._presumed_dead.update(rank for rank in ranks if rank is not None)
 
     def hurry(self, duration_s: float) -> None:
-        """Poll at 20 Hz for a while and take the beat snapshots :meth:`silent` compares."""
+        """Poll at 20 Hz for a while and take the beat snapshots :meth:`silent` compares, when
+        two of them, :data:`SNAPSHOT_GAP` beat intervals apart, fit in ``duration_s``. Past
+        ~1,000 ranks they do not (the beat interval stretches with the world): then no rank is
+        found silent, at once, and no counter is read (each survivor of a failed collective
+        read every rank's, for nothing: N x N keys at the store while the job fails)."""
+        compare = duration_s >= SNAPSHOT_GAP * self.beat_interval_s
         with self._lock:
-            self._snapshot_first, self._silent = None, None
+            self._snapshot_first, self._silent = None, (None if compare else [])
         self._hurry_until = self._clock() + duration_s
         self._wake.set()
 
@@ -442,10 +450,10 @@ class StoreLink:
 
     def _snapshot(self) -> None:
         with self._lock:
-            first = self._snapshot_first
+            first, found_already = self._snapshot_first, self._silent is not None
         now = self._clock()
-        if first is not None and (
-            self._silent is not None or now - first[0] < 2.2 * self.beat_interval_s
+        if found_already or (
+            first is not None and now - first[0] < SNAPSHOT_GAP * self.beat_interval_s
         ):
             return
         values = self._beat_values()
