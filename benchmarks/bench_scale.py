@@ -33,9 +33,6 @@ order the next trial), with the same layout:
 * watchdog burst: over the same window, the most store calls that reached the store in one
   0.1 s slot, over the mean of the window's slots (1: spread evenly over the beat interval;
   the number of slots: every rank at once);
-* a store call of rank 0's program while the job runs: over the same window, one ``add`` of 0
-  every 20 ms on rank 0's own client, as a training script's or NCCL's store call would be made
-  (the slowest one, ms: what the heartbeats' bursts make the program wait behind them);
 * listen queue overflows: connects the kernel dropped because the store's listen queue was
   full (``ListenOverflows`` in /proc/net/netstat, the whole machine's, from the let-go until
   every rank is ready; each is retried only after the SYN back-off, 1 s);
@@ -182,7 +179,7 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     window_from = time.monotonic()
     beat_s = beat_interval_for(rank0.bound_s, world)  # whole beat intervals: each rank
     window_s = math.ceil(window_s / beat_s - 1e-9) * beat_s  # beats once an interval
-    waits = program_calls(rank0.store, window_s)
+    time.sleep(window_s)
     events[2].set()
     window_to = time.monotonic()
     last = scalesim.TALLY.snapshot()
@@ -207,22 +204,8 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
         "beat_calls_s": beat_calls / window_s,
         "beat_keys_s": beat_keys / window_s,
         "beat_burst": burst if variant == "ddpkit" else 0.0,
-        "program_call_ms": 1e3 * max(waits),
         "overflows": float(overflows),
     }
-
-
-def program_calls(store: Any, window_s: float, every_s: float = 0.02) -> list[float]:
-    """What rank 0's program waits for a store call (one ``add`` of 0: a counter read) while
-    the job runs: one every ``every_s`` for ``window_s``, the seconds each took."""
-    waits = []
-    end = time.monotonic() + window_s
-    while time.monotonic() < end:
-        started = time.perf_counter()
-        store.add("sim/program", 0)
-        waits.append(time.perf_counter() - started)
-        time.sleep(every_s)
-    return waits
 
 
 def peak_over_mean(slots: list[dict[int, int]], start: float, end: float) -> float:
@@ -384,12 +367,6 @@ FIGURES = [  # key, figure, unit, higher is better
     ("beat_calls_s", "watchdog load at the store", "calls/s", False),
     ("beat_keys_s", "watchdog keys read or written at the store", "keys/s", False),
     ("beat_burst", "watchdog burst at the store (most calls in 0.1 s, over the mean)", "x", False),
-    (
-        "program_call_ms",
-        "a store call of rank 0's program while the job runs (slowest)",
-        "ms",
-        False,
-    ),
     ("overflows", "listen queue overflows, start-up", "connects dropped", False),
 ]
 

@@ -445,7 +445,6 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0, (ours, plain)
     assert ours["beat_burst"] >= 1.0, ours
     assert alone["beat_burst"] == plain["beat_burst"] == 0.0, (alone, plain)
-    assert min(found["program_call_ms"] for found in (ours, alone, plain)) > 0
     # counted for both (the kernel's counter is the machine's: other work may add to it, so
     # no exact figure here; the next test shows that it counts)
     assert ours["overflows"] >= 0 and plain["overflows"] >= 0
