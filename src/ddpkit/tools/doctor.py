@@ -254,7 +254,7 @@ def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check
     if _poll(lambda: int(store.add("arrivals", 0)), info.world_size, timeout_s):
         arrived = list(range(info.world_size))
     else:
-        arrived = [r for r, key in enumerate(keys) if store.check([key])]
+        arrived = batched.present(store, keys)
     values = batched.multi_get(store, [keys[r] for r in arrived])
     facts = [RankFacts(**json.loads(value.decode())) for value in values]
     met.present = tuple(arrived)

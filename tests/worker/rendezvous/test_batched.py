@@ -66,3 +66,20 @@ def test_no_keys_make_no_call_and_mismatched_values_are_refused(store: Widest) -
     with pytest.raises(ValueError, match="2 keys but 1 values"):
         batched.multi_set(store, ["a", "b"], ["1"])
     assert store.calls == []
+
+
+def test_the_keys_present_take_a_call_a_slice_and_a_key_at_a_time_only_where_one_is_missing(
+    store: Widest,
+) -> None:
+    keys = [f"k/{i}" for i in range(2500)]
+    batched.multi_set(store, keys, ["1"] * 2500)
+    store.calls.clear()
+    assert batched.present(store, keys) == list(range(2500))
+    assert store.calls == [("check", 1024), ("check", 1024), ("check", 452)]
+    store.calls.clear()
+    missing = {5, 1500, 1501}
+    gappy = [f"gap/{i}" if i in missing else key for i, key in enumerate(keys)]
+    assert batched.present(store, gappy) == [i for i in range(2500) if i not in missing]
+    # the two slices with a key missing, a key at a time; the last one in one call
+    assert len(store.calls) == 1 + 1024 + 1 + 1024 + 1
+    assert batched.present(store, []) == []

@@ -45,3 +45,16 @@ def check(store: Any, keys: Sequence[str]) -> bool:
     return all(
         store.check(list(keys[start : start + KEYS_PER_CALL])) for start in _slices(len(keys))
     )
+
+
+def present(store: Any, keys: Sequence[str]) -> list[int]:
+    """The indices of the keys that exist: a ``check`` a slice, and a key at a time only in a
+    slice where one is missing (one call a slice when every key is there)."""
+    found: list[int] = []
+    for start in _slices(len(keys)):
+        indices = range(start, min(start + KEYS_PER_CALL, len(keys)))
+        if store.check([keys[i] for i in indices]):
+            found.extend(indices)
+        else:
+            found.extend(i for i in indices if store.check([keys[i]]))
+    return found

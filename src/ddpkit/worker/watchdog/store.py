@@ -377,15 +377,19 @@ class StoreLink:
         return int(self._store.add("hang/answered", 0))
 
     def pieces(self) -> dict[int, dict[str, Any]]:
-        """Every piece written so far (a rank that never answered is missing)."""
+        """Every piece written so far (a rank that never answered is missing), a slice of
+        ranks a call: a check and a get a rank (74 us on this machine's loopback) outlast the
+        gathering's wait for one store operation (5 s) at tens of thousands of ranks (~67,000
+        there, fewer across a network), and the report then came out without pieces."""
+        keys = [f"hang/piece/{rank}" for rank in range(self.world_size)]
+        ranks = batched.present(self._store, keys)
         found: dict[int, dict[str, Any]] = {}
-        for rank in range(self.world_size):
-            key = f"hang/piece/{rank}"
-            if self._store.check([key]):
-                try:
-                    found[rank] = dict(json.loads(self._store.get(key).decode()))
-                except (ValueError, TypeError):
-                    continue
+        values = batched.multi_get(self._store, [keys[r] for r in ranks])
+        for rank, raw in zip(ranks, values, strict=True):
+            try:
+                found[rank] = dict(json.loads(raw.decode()))
+            except (ValueError, TypeError):
+                continue
         return found
 
     def publish_report(self, text: str) -> None:
