@@ -59,20 +59,23 @@ OPS = ("set", "get", "add", "check", "multi_get", "append", "wait", "compare_set
 class Tally:
     """Store calls, keys named and connections, of every simulated rank of this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, timed: bool = False) -> None:
         self.lock = threading.Lock()
         self.calls: Counter[str] = Counter()
         self.keys = 0
         self.connections = 0
-        # calls per SLOT_S slot of the (machine-wide) monotonic clock: when they reached the store
+        # calls per SLOT_S slot of the (machine-wide) monotonic clock, when they reached the
+        # store: kept by the process's tally only (a rank's own is never read for it)
+        self.timed = timed
         self.slots: Counter[int] = Counter()
 
     def add(self, op: str, keys: int) -> None:
-        slot = int(time.monotonic() / SLOT_S)
+        slot = int(time.monotonic() / SLOT_S) if self.timed else None
         with self.lock:
             self.calls[op] += 1
             self.keys += keys
-            self.slots[slot] += 1
+            if slot is not None:
+                self.slots[slot] += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -83,7 +86,7 @@ class Tally:
 SLOT_S = 0.1  # the slot of Tally.slots: how finely a burst of calls at the store is seen
 
 
-TALLY = Tally()
+TALLY = Tally(timed=True)
 
 
 class Counting:
