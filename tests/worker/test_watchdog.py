@@ -27,6 +27,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog import Departure
+from ddpkit.worker.watchdog.beats import BeatJudge, StaleWatch, encode_stale
 from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
 from tests.support.spawned import Rank
@@ -454,3 +455,33 @@ def test_rank_working_alone_after_its_peer_finished_is_left_alone(
     assert [r.code for r in ranks] == [0, 0], solo.err[-3000:]
     assert "solo done" in solo.out
     assert "ddpkit:" not in solo.err and "TCPStore" not in solo.err  # nothing, not even noise
+
+
+# --- what rank 0 publishes for a failed collective's survivors, and how they read it (pure) ---
+
+
+def test_rank_zero_lists_the_ranks_still_for_the_gap_and_not_those_judged_gone() -> None:
+    judge = BeatJudge(0, bound_s=10.0)
+    judge.still([b"0"] * 6, 0.0)
+    assert judge.stale(2.0, 2.2) == []  # nobody still for the gap yet
+    moved = [b"0", b"1", b"1", b"0", b"1", b"0"]  # 3 and 5 stood still (0 is rank 0 itself)
+    judge.still(moved, 3.0)
+    assert judge.stale(3.0, 2.2) == [3, 5]
+    assert judge.stale(4.0, 2.2) == [3, 5]
+    judge.still([b"0", b"2", b"2", b"0", b"2", b"1"], 4.0)  # 5 moved again: no longer stale
+    assert judge.stale(4.0, 2.2) == [3]
+    assert [rank for rank, _ in judge.still([b"0", b"3", b"3", b"0", b"3", b"2"], 10.0)] == [3]
+    assert judge.stale(10.0, 2.2) == []  # judged gone past the bound: marked, not listed
+
+
+def test_a_survivor_names_what_rank_zero_lists_and_rank_zero_when_its_rounds_stop() -> None:
+    watch = StaleWatch(own=4, world_size=8, gap_s=2.2)
+    assert watch.read(0.0, b"10", b"") is None
+    assert watch.read(1.0, b"11", b"4") is None  # itself: never
+    assert watch.read(1.5, b"12", b"4,6,2") == [6, 2]
+    # the store is not ddpkit's alone: whatever else the list holds is ignored
+    assert watch.read(2.0, b"13", "x,9,-1, 3 ,\u00b2,1e3,,".encode()) == [3]
+    assert watch.read(4.1, b"13", b"") is None  # rank 0's round counter still for 2.1 s
+    assert watch.read(4.2, b"13", b"") == [0]  # for the gap: its judging stopped with it
+    assert StaleWatch(own=0, world_size=8, gap_s=2.2).read(9.0, b"1", b"") is None
+    assert encode_stale([3, 17]) == "3,17" and encode_stale([]) == ""

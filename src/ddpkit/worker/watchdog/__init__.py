@@ -42,9 +42,9 @@ never waits on the store (a store whose host froze blocks an operation for good)
   child processes (data loader workers) and exits with code 1.
 * With gloo a survivor usually fails at once ("Connection closed by peer"). The excepthook then
   waits briefly for the marker of the rank that left first (none when it was killed: then for
-  two heartbeat snapshots, to find the rank whose beats stopped; 2-2.5 s, twice that at most on
-  a slow machine), and prints the same kind of line after the traceback, where launchers look
-  for the cause.
+  rank 0's list of the ranks whose heartbeats stood still for 2.2 beat intervals; 2.5 s, up to
+  5 s while none is listed), and prints the same kind of line after the traceback, where
+  launchers look for the cause.
 
 False positives: a rank whose training thread sits in ONE long call (a C call, a single long
 ``time.sleep``, a long operation holding the GIL) for longer than the bound after a peer has

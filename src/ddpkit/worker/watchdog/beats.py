@@ -1,4 +1,6 @@
-"""Rank 0's judgment of the heartbeat counters: which ranks' counters stood still for the bound.
+"""Rank 0's judgment of the heartbeat counters: which ranks' counters stood still for the bound,
+and which for a shorter gap (:meth:`BeatJudge.stale`: what it publishes for a failed
+collective's survivors, read by :class:`StaleWatch`).
 
 Pure (no store, no threads): the store link reads every counter once an interval and hands
 them here. It runs on the training process's GIL, so in C's loops rather than Python's: which
@@ -21,6 +23,7 @@ class BeatJudge:
         self._own, self._bound_s = own, bound_s
         self._seen: list[bytes] | None = None
         self._moved: list[float] = []
+        self._oldest = math.inf  # the oldest move as of the last round
 
     def still(self, values: list[bytes], now: float) -> list[tuple[int, float]]:
         """The ranks whose counter has not moved for the bound, with how long, each once: a
@@ -34,10 +37,60 @@ class BeatJudge:
             seen[rank] = values[rank]
             if moved[rank] != math.inf:
                 moved[rank] = now
-        if now - min(moved) < self._bound_s:
+        self._oldest = min(moved)
+        if now - self._oldest < self._bound_s:
             return []
         found = [(rank, now - since) for rank, since in enumerate(moved)
                  if now - since >= self._bound_s]  # fmt: skip
         for rank, _ in found:
             moved[rank] = math.inf
         return found
+
+    def stale(self, now: float, gap_s: float) -> list[int]:
+        """The ranks whose counter has not moved for ``gap_s`` (shorter than the bound) as of
+        the last round, not yet judged gone; a look at every rank only when one can be."""
+        if now - self._oldest < gap_s:
+            return []
+        since = now - gap_s
+        return list(compress(range(len(self._moved)), map(since.__ge__, self._moved)))
+
+
+def encode_stale(ranks: list[int]) -> str:
+    """What rank 0 publishes: the stale ranks, comma-separated."""
+    return ",".join(map(str, ranks))
+
+
+class StaleWatch:
+    """A survivor's reading of what rank 0 publishes while a failed collective hurries it.
+
+    Each read is rank 0's round counter (its own beat key, bumped at the start of each round)
+    and its list of stale ranks (published within a round, when it changes). A rank listed
+    is silent; rank 0 itself is, when its counter stood still for the gap (its judging
+    stopped with it: the job's store outlives it under torchrun's agent). Until then: None.
+    """
+
+    def __init__(self, own: int, world_size: int, gap_s: float, host: int = 0) -> None:
+        self._own, self._world, self._gap_s, self._host = own, world_size, gap_s, host
+        self._round: bytes | None = None
+        self._since = 0.0  # when the round counter was last seen to move
+
+    def read(self, now: float, round_: bytes, published: bytes) -> list[int] | None:
+        if round_ != self._round:
+            self._round, self._since = round_, now
+        found = [rank for rank in _ranks(published, self._world) if rank != self._own]
+        if found:
+            return found
+        if now - self._since >= self._gap_s and self._own != self._host:
+            return [self._host]
+        return None
+
+
+def _ranks(published: bytes, world_size: int) -> list[int]:
+    """The ranks a published list names; anything else in it (the store is not ddpkit's
+    alone: whoever reaches its port can write) is ignored."""
+    found = []
+    for item in published.decode(errors="replace").split(","):
+        item = item.strip()
+        if item.isascii() and item.isdigit() and int(item) < world_size:
+            found.append(int(item))
+    return found

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ddpkit.worker.rendezvous import batched
-from ddpkit.worker.watchdog.beats import BeatJudge
+from ddpkit.worker.watchdog.beats import BeatJudge, StaleWatch, encode_stale
 from ddpkit.worker.watchdog.policy import (
     HOOK_POLL_S,
     STORE_THREAD_NAME,
@@ -37,9 +37,9 @@ DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its o
 # does not come back from C++ while the interpreter finalizes (see StoreLink.stop).
 CONNECT_EXTEND_MAX_S = 10.0
 CONNECT_RETURN_MARGIN_S = 2.0
-# How far apart, in beat intervals, the two snapshots of every counter a hurry compares are: a
-# live rank beats at least twice between them.
-SNAPSHOT_GAP = 2.2
+# How long, in beat intervals, a counter stands still before rank 0 lists its rank as stale for
+# a failed collective's survivors: a live rank beats at least twice in it.
+STALE_GAP = 2.2
 
 
 class KeyValue(Protocol):
@@ -112,7 +112,9 @@ class StoreLink:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._hurry_until = 0.0
-        self._snapshot_first: tuple[float, list[bytes]] | None = None
+        self._stale_watch: StaleWatch | None = None  # a hurry's
+        self._stale_read_at, self._stale_ready = -1.0, False
+        self._stale_published: str | None = None  # rank 0's: its first round publishes
         self._silent: list[Departure] | None = None
         self._beat_keys: list[str] | None = None
         self._judge = BeatJudge(rank, bound_s)  # rank 0's
@@ -201,20 +203,23 @@ class StoreLink:
             self._presumed_dead.update(rank for rank in ranks if rank is not None)
 
     def hurry(self, duration_s: float) -> None:
-        """Poll at 20 Hz for a while and take the beat snapshots :meth:`silent` compares, when
-        two of them, :data:`SNAPSHOT_GAP` beat intervals apart, fit in ``duration_s``. Past
-        ~1,000 ranks they do not (the beat interval stretches with the world): then no rank is
-        found silent, at once, and no counter is read (each survivor of a failed collective
-        read every rank's, for nothing: N x N keys at the store while the job fails)."""
-        compare = duration_s >= SNAPSHOT_GAP * self.beat_interval_s
+        """Poll at 20 Hz for a while, and read rank 0's list of ranks whose counters stood
+        still (:class:`~ddpkit.worker.watchdog.beats.StaleWatch`): two keys, at any size (each
+        survivor read every counter twice until 2026-11-27: N x N keys while the job fails).
+        Where the gap does not fit in ``duration_s`` (past ~1,100 ranks), nobody is found
+        silent at once, unless rank 0 lists a rank (one long silent) before the hurry ends."""
+        gap_s = STALE_GAP * self.beat_interval_s
         with self._lock:
-            self._snapshot_first, self._silent = None, (None if compare else [])
+            self._stale_watch = StaleWatch(self.rank, self.world_size, gap_s)
+            self._silent = None if gap_s <= duration_s else []
+            self._stale_read_at = -1.0
         self._hurry_until = self._clock() + duration_s
         self._wake.set()
 
     def silent(self) -> list[Departure] | None:
-        """Ranks with no marker whose beats did not move across the two snapshots a hurry
-        takes, >= 2 beat intervals apart (None until the second one)."""
+        """Ranks with no marker whose beats stood still for :data:`STALE_GAP` beat
+        intervals, as rank 0 judged them since a hurry began (None until one is found, or []
+        when none is expected within the hurry)."""
         with self._lock:
             return None if self._silent is None else list(self._silent)
 
@@ -245,7 +250,7 @@ class StoreLink:
                 self._poll()
                 hurrying = self._clock() < self._hurry_until
                 if hurrying:
-                    self._snapshot()
+                    self._read_stale()
                 with self._lock:
                     self.last_ok = self._clock()
                 wait_s = HOOK_POLL_S if hurrying else max(0.0, next_beat - self._clock())
@@ -432,20 +437,11 @@ class StoreLink:
             self._beat_keys = [f"beat/{rank}" for rank in range(self.world_size)]
         return self._beat_keys
 
-    def _beat_values(self) -> list[bytes] | None:
-        """Every rank's beat counter as the store holds it (compared, never added up)."""
-        keys = self._beats()
-        # rank 0 made every key before its first round (_introduce): no check of N keys a
-        # round (it doubled the keys rank 0 names a second); another rank may run before it
-        if self.rank != 0 and not batched.check(self._store, keys):
-            return None
-        return batched.multi_get(self._store, keys)  # in slices: see batched
-
     def _check_beats(self, now: float) -> None:
-        """Rank 0: mark the ranks whose beat counter has not moved for the bound."""
-        values = self._beat_values()
-        if values is None:
-            return
+        """Rank 0: mark the ranks whose beat counter has not moved for the bound; publish those
+        still for :data:`STALE_GAP` beat intervals. Every beat key exists (_introduce): no
+        check of N keys a round (it doubled the keys rank 0 names a second)."""
+        values = batched.multi_get(self._store, self._beats())  # in slices: see batched
         for rank, age_s in self._judge.still(values, now):
             if rank in self._departed:  # it left with a marker of its own
                 continue
@@ -454,31 +450,37 @@ class StoreLink:
             marker = {"host": host, "pid": pid, "how": how, "age_s": age_s, "node": node}
             self.write_marker(rank, marker)
             self.presume_dead([rank])
+        gap_s = STALE_GAP * self.beat_interval_s
+        stale = encode_stale([r for r in self._judge.stale(now, gap_s) if r not in self._departed])
+        if stale != self._stale_published:  # within the round beat/0 counts: see StaleWatch
+            self._store.set("stale", stale)
+            self._stale_published = stale
 
-    def _snapshot(self) -> None:
-        with self._lock:
-            first, found_already = self._snapshot_first, self._silent is not None
+    def _read_stale(self) -> None:
+        """A hurry's read of rank 0's round counter and stale list, 4 times a round at most, and
+        once more when the host leaves (it lists a rank before it names it, then leaves)."""
         now = self._clock()
-        if found_already or (
-            first is not None and now - first[0] < SNAPSHOT_GAP * self.beat_interval_s
-        ):
-            return
-        values = self._beat_values()
-        if values is None:
-            return
-        if first is None:
-            with self._lock:
-                self._snapshot_first = (now, values)
-            return
-        found = []
-        for rank, (before, after) in enumerate(zip(first[1], values, strict=True)):
-            if rank != self.rank and rank not in self._departed and before == after:
-                host, pid, node = self._who(rank)
-                how = "stopped sending heartbeats (killed?)"
-                who = describe_rank(rank, host, pid)
-                found.append(Departure(rank, who, how, left_at=first[0], node=node))
         with self._lock:
-            self._silent = found
+            watch, found_already = self._stale_watch, bool(self._silent)
+        soon = now - self._stale_read_at < self._interval_s / 4 and not self.released
+        if watch is None or found_already or soon:
+            return
+        self._stale_read_at = now
+        keys = ["beat/0", "stale"]
+        if not self._stale_ready:  # from rank 0's first round on, both exist
+            self._stale_ready = self._store.check(keys)
+            if not self._stale_ready:
+                return
+        ranks = watch.read(now, *self._store.multi_get(keys))
+        found = []
+        for rank in ranks or []:
+            if rank not in self._departed:
+                host, pid, node = self._who(rank)
+                who, how = describe_rank(rank, host, pid), "stopped sending heartbeats (killed?)"
+                found.append(Departure(rank, who, how, left_at=now, node=node))
+        if found:
+            with self._lock:
+                self._silent = found
 
     def linger(self, deadline_s: float) -> None:
         """The store's host, leaving: announce it, then wait until every other rank that may

@@ -192,7 +192,7 @@ class Watchdog:
 
     def _wait_for_cause(self, wait_s: float) -> Departure | None:
         """Up to ``wait_s`` for a rank that left on its own, else one whose heartbeats
-        stopped; twice as long at most while a slow store thread still owes its comparison."""
+        stopped (rank 0's list); twice as long at most while that may still come."""
         started = self._clock()
         self._link.hurry(2 * wait_s)
         while True:
