@@ -118,8 +118,9 @@ def _store_address(store: Store) -> str:
 
 def _clone_gives_up_s(base: Store) -> float | None:
     """When torch gives a ``clone()`` of ``base`` up, at the latest, if the host is gone: it
-    connects with ``base``'s own timeout and tries about twice (measured: 2 x 11.5 s -> ~23 s).
-    None for a store without a timeout."""
+    connects with ``base``'s own timeout and tries about twice (measured 2026-11-27 for a
+    timeout of 11.5 s: 18 s idle; beside a test suite on 2 cores, once past 25 s, which
+    ``CONNECT_RETURN_MARGIN_S`` now covers). None for a store without a timeout."""
     timeout = getattr(base, "timeout", None)
     if not isinstance(timeout, timedelta):
         return None

@@ -33,10 +33,10 @@ from ddpkit.worker.watchdog.policy import (
 
 DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its own connection
 # At exit, a thread still making its own connection is waited for past the usual wait when
-# torch gives that call up soon after (at most this much later), plus this margin: so that it
-# does not come back from C++ while the interpreter finalizes (see StoreLink.stop).
+# torch gives it up soon after (at most this much later), plus the margin (2 s was short once:
+# an 11.5 s clone came back after 25 s on busy cores, 18 s idle; see StoreLink.stop).
 CONNECT_EXTEND_MAX_S = 10.0
-CONNECT_RETURN_MARGIN_S = 2.0
+CONNECT_RETURN_MARGIN_S = 5.0
 # How long, in beat intervals, a counter stands still before rank 0 lists its rank as stale for
 # a failed collective's survivors: a live rank beats at least twice in it.
 STALE_GAP = 2.2
