@@ -28,6 +28,7 @@ from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog import Departure
 from ddpkit.worker.watchdog.beats import BeatJudge, StaleWatch, encode_stale
+from ddpkit.worker.watchdog.policy import judging_parts, stale_gap_s
 from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
 from tests.support.spawned import Rank
@@ -485,3 +486,19 @@ def test_a_survivor_names_what_rank_zero_lists_and_rank_zero_when_its_rounds_sto
     assert watch.read(4.2, b"13", b"") == [0]  # for the gap: its judging stopped with it
     assert StaleWatch(own=0, world_size=8, gap_s=2.2).read(9.0, b"1", b"") is None
     assert encode_stale([3, 17]) == "3,17" and encode_stale([]) == ""
+
+
+@pytest.mark.parametrize(
+    ("world", "parts"), [(2, 1), (512, 1), (1024, 1), (2048, 2), (4096, 4), (98_304, 15)]
+)
+def test_rank_zero_reads_at_most_1024_counters_a_second_and_each_once_a_beat_interval(
+    world: int, parts: int
+) -> None:
+    beat_s = watchdog.beat_interval_for(60.0, world)
+    assert judging_parts(world, 1.0, beat_s) == parts
+    assert parts * 1.0 <= beat_s  # every counter read at least once a beat interval
+    assert world / parts <= 1024 or parts == math.floor(beat_s)  # 98,304: the interval's cap
+    # a live rank's counter is seen to move within a beat interval + a read period (parts
+    # rounds): the gap for the survivors' list is longer, the bound longer still
+    gap_s = stale_gap_s(1.0, beat_s, parts)
+    assert beat_s + parts * 1.0 < gap_s < 60.0

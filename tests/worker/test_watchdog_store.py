@@ -19,7 +19,13 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore
 
 from ddpkit.worker.rendezvous import batched
-from ddpkit.worker.watchdog.policy import SAY_TIMEOUT_S, interval_for
+from ddpkit.worker.watchdog.policy import (
+    SAY_TIMEOUT_S,
+    beat_interval_for,
+    interval_for,
+    judging_parts,
+    stale_gap_s,
+)
 from ddpkit.worker.watchdog.store import (
     CONNECT_EXTEND_MAX_S,
     CONNECT_RETURN_MARGIN_S,
@@ -619,3 +625,50 @@ def test_a_rank_that_ends_while_its_watchdog_connects_exits_with_its_own_code(
     extension_s = CONNECT_EXTEND_MAX_S + CONNECT_RETURN_MARGIN_S
     bound_s = SAY_TIMEOUT_S + 2 * op_timeout_s + 1 + extension_s + 15
     assert took < bound_s, f"took {took:.1f} s: {tail}"
+
+
+def test_rank_zero_reads_a_part_of_the_counters_a_round_and_still_names_a_silent_rank() -> None:
+    # each counter moves once a beat interval (8 s at 4,096 ranks): rank 0 read every one each
+    # second, 4,096 keys a second for ~512 moves. Now a quarter a round, each once in 4 s
+    world, bound_s = 4096, 32.0
+    beat_s = beat_interval_for(bound_s, world)
+    assert (beat_s, judging_parts(world, 1.0, beat_s)) == (8.0, 4)
+
+    class Reads(DictStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rounds: list[set[str]] = []
+
+        def multi_get(self, keys: list[str]) -> list[bytes]:
+            self.rounds[-1].update(keys)
+            return super().multi_get(keys)
+
+    store = Reads()
+    link = StoreLink(
+        store, rank=0, world_size=world, interval_s=1.0, bound_s=bound_s, host_rank=0,
+        address="x", clock=time.monotonic, beat_interval_s=beat_s,
+    )  # fmt: skip
+    store.multi_set([f"beat/{rank}" for rank in range(world)], ["0"] * world)
+    named_at, listed = None, {}
+    for second in range(80):
+        for rank in range(1, world):  # rank r beats when (t + r) % 8 == 0; 7 last at t = 17
+            if (second + rank) % 8 == 0 and not (rank == 7 and second > 20):
+                store.add(f"beat/{rank}", 1)
+        store.rounds.append(set())
+        link._check_beats(float(second))
+        if named_at is None and "exit/7" in store.data:
+            named_at = second
+        listed[second] = store.data["stale"].decode()
+    assert len(store.rounds[0]) == world  # the first round reads every counter
+    for index in range(1, len(store.rounds) - 3):  # then each once in 4 rounds, 1,024 a round
+        assert all(len(one) == 1024 for one in store.rounds[index : index + 4])
+        assert set().union(*store.rounds[index : index + 4]) == {f"beat/{r}" for r in range(world)}
+    assert [key for key in store.sets if key.startswith("exit/")] == ["exit/7"]
+    assert named_at is not None and 17 + bound_s <= named_at <= 17 + bound_s + 4 + 2, named_at
+    # listed for the survivors from 2.2 beat intervals + 3 rounds after its last beat (and
+    # its last read of it) until named; nobody else ever
+    gap_s = stale_gap_s(1.0, beat_s, 4)
+    assert {value for value in listed.values()} == {"", "7"}
+    first = min(second for second, value in listed.items() if value == "7")
+    assert 17 + gap_s <= first <= 17 + gap_s + 4 + 1, first
+    assert all(listed[second] == "" for second in range(named_at, 80))

@@ -20,16 +20,18 @@ never waits on the store (a store whose host froze blocks an operation for good)
   since destroying it is what wakes the peers), in ``shutdown()``, and from a chained
   ``sys.excepthook`` for an uncaught exception.
 * Heartbeats. Every rank bumps ``beat/<rank>`` each interval, at a moment of it of its own
-  (``beat_phase``); rank 0 alone reads them all (a ``multi_get`` a slice of keys) and judges
-  them (:mod:`~ddpkit.worker.watchdog.beats`): it writes the marker of a rank whose counter
+  (``beat_phase``); rank 0 alone reads them (a ``multi_get`` a slice of keys; past 1,024 ranks
+  a part of them each interval, ``judging_parts``) and judges them
+  (:mod:`~ddpkit.worker.watchdog.beats`): it writes the marker of a rank whose counter
   has not moved for the bound ("stopped sending heartbeats N s ago"): ``kill -9``, a frozen
   process, a dead node. Time is each process's monotonic clock, so clocks need not agree. A
   store that stops answering means its host is gone: rank 0 (``tcp://``, ``env://`` outside
   torchrun) or the launcher's agent. Per interval each rank costs the store two operations (a
-  beat and one ``events`` poll) and rank 0 one more of world-size keys (a call a slice of
-  1,024). Rank 0, when it hosts the store, waits at its own exit (a few seconds at most) until
-  the other ranks have done their last store operation, so that none of them hits a vanished
-  store (torch logs that with a C++ stack trace).
+  beat and one ``events`` poll) and rank 0 one more of up to 1,024 keys (each counter at least
+  once a beat interval: more past ~15,000 ranks at the default bound). Rank 0, when it hosts
+  the store, waits at its own exit (a few seconds at most) until the other ranks have done
+  their last store operation, so that none of them hits a vanished store (torch logs that with
+  a C++ stack trace).
 * Survivors. A peer's marker alone ends nobody: at the end of a run ranks leave at slightly
   different times, and rank 0 may work on alone. A rank is ended only when, after a peer left,
   the thread that called ``init()`` (the main thread, usually) has been *blocked* for the whole
@@ -78,6 +80,7 @@ from ddpkit.worker.watchdog.policy import (
     beat_phase,
     describe_rank,
     interval_for,
+    judging_parts,
     looks_like_peer_failure,
     peer_timeout,
     pick_cause,
@@ -102,6 +105,7 @@ __all__ = [
     "describe_rank",
     "hang_bounds",
     "interval_for",
+    "judging_parts",
     "looks_like_peer_failure",
     "peer_timeout",
     "pick_cause",

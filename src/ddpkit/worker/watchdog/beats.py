@@ -19,22 +19,27 @@ from itertools import compress
 class BeatJudge:
     """Each counter as last read and when it last moved; ``own`` (rank 0) is never judged."""
 
-    def __init__(self, own: int, bound_s: float) -> None:
+    def __init__(self, own: int, bound_s: float, world_size: int = 0, parts: int = 1) -> None:
         self._own, self._bound_s = own, bound_s
+        self._size, self._parts, self._rounds = -(-world_size // parts), parts, 0
         self._seen: list[bytes] | None = None
         self._moved: list[float] = []
         self._oldest = math.inf  # the oldest move as of the last round
 
-    def still(self, values: list[bytes], now: float) -> list[tuple[int, float]]:
+    def still(self, values: list[bytes], now: float, start: int = 0) -> list[tuple[int, float]]:
         """The ranks whose counter has not moved for the bound, with how long, each once: a
-        rank judged gone stays so (a counter that moves again does not bring it back)."""
+        rank judged gone stays so (a counter that moves again does not bring it back).
+        ``values`` are the counters of ranks ``start`` on (rank 0 reads them a part a round;
+        every one at the first round)."""
         if self._seen is None:  # the first round: every counter counts from now
             self._seen, self._moved = list(values), [now] * len(values)
             self._moved[self._own] = math.inf
             return []
         seen, moved = self._seen, self._moved
-        for rank in compress(range(len(values)), map(operator.ne, values, seen)):
-            seen[rank] = values[rank]
+        before = seen[start : start + len(values)]
+        for index in compress(range(len(values)), map(operator.ne, values, before)):
+            rank = start + index
+            seen[rank] = values[index]
             if moved[rank] != math.inf:
                 moved[rank] = now
         self._oldest = min(moved)
@@ -45,6 +50,15 @@ class BeatJudge:
         for rank, _ in found:
             moved[rank] = math.inf
         return found
+
+    def next_part(self, world_size: int) -> tuple[int, int]:
+        """The ranks whose counters the next round reads (``start``, ``end``): every one at
+        the first, then a part a round, in turn (policy.judging_parts)."""
+        self._rounds += 1
+        if self._seen is None or self._parts == 1:
+            return 0, world_size
+        start = self._size * ((self._rounds - 2) % self._parts)
+        return start, min(world_size, start + self._size)
 
     def stale(self, now: float, gap_s: float) -> list[int]:
         """The ranks whose counter has not moved for ``gap_s`` (shorter than the bound) as of

@@ -6,6 +6,7 @@ function of values, unit-tested without processes (tests/worker/test_watchdog.py
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,11 @@ PEER_FAILURE_TEXTS = ("connection closed", "connection reset", "broken pipe", "g
 # Heartbeats a second that all ranks together send rank 0's store, at most, once the world is
 # large enough (each beat comes with one poll: twice that many store calls a second).
 BEATS_PER_S = 512.0
+# Beat counters rank 0 reads a second, at most (see judging_parts)
+JUDGED_PER_S = 1024.0
+# How long, in beat intervals, a counter stands still before rank 0 lists its rank as stale for
+# a failed collective's survivors (stale_gap_s): a live rank beats at least twice in it.
+STALE_BEATS = 2.2
 
 
 # --- configuration (pure) -----------------------------------------------------------------------
@@ -64,10 +70,12 @@ def beat_interval_for(bound_s: float, world_size: int) -> float:
     of the bound (a live rank beats at least 4 times a bound; past 7,680 ranks at the default
     60 s bound the load grows with the world again).
 
-    Rank 0 keeps :func:`interval_for`: it judges every rank's counter that often, so a rank that
-    stops beating is still named within the bound + 2 intervals, whatever the world size. What
-    slows with the world is how soon the other ranks read a departure marker (once a beat
-    interval) and the heartbeat comparison a failed collective's excepthook makes."""
+    Rank 0 keeps :func:`interval_for`: it judges the counters that often, every one up to 1,024
+    ranks (a part of them past that, each once a beat interval at least: :func:`judging_parts`),
+    so a rank that stops beating is named within the bound + 2 intervals (+ a read period past
+    1,024 ranks). What slows with the world is how soon the other ranks read a departure marker
+    (once a beat interval) and whether a failed collective's excepthook can name a peer whose
+    beats stopped just now (rank 0 lists it only after :func:`stale_gap_s`)."""
     return min(bound_s / 4, max(interval_for(bound_s), world_size / BEATS_PER_S))
 
 
@@ -87,6 +95,27 @@ def beat_phase(rank: int) -> float:
 
 
 _GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2
+
+
+def judging_parts(world_size: int, interval_s: float, beat_interval_s: float) -> int:
+    """In how many parts rank 0 reads the beat counters, a part a round (every ``interval_s``):
+    each counter moves once a beat interval, so reading every counter each round read most of
+    them for nothing (4,096 keys a second at 4,096 ranks, 98,304 at 98,304). At most
+    :data:`JUDGED_PER_S` counters a second, and every counter at least once a beat interval:
+    1 part (all each round) to 1,024 ranks, 2 at 2,048, 4 at 4,096, 15 at 98,304 (the beat
+    interval's cap at the default bound: 6,554 counters a round, more than 1,024 past ~15,000
+    ranks). A rank that stops is named up to a read period
+    (``parts x interval_s``) later than the bound + 2 intervals."""
+    needed = math.ceil(world_size / JUDGED_PER_S)
+    return max(1, min(needed, math.floor(beat_interval_s / interval_s + 1e-9)))
+
+
+def stale_gap_s(interval_s: float, beat_interval_s: float, parts: int) -> float:
+    """How long a counter stands still before rank 0 lists its rank as stale for a failed
+    collective's survivors: 2.2 beat intervals, plus ``parts - 1`` rounds. A live rank's
+    counter, read once a read period (``parts`` rounds), is seen to move less than a beat
+    interval + a read period after it was last seen to (1.2 beat intervals - a round spare)."""
+    return STALE_BEATS * beat_interval_s + (parts - 1) * interval_s
 
 
 def hook_wait_for(interval_s: float) -> float:

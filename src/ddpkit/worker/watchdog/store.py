@@ -26,6 +26,8 @@ from ddpkit.worker.watchdog.policy import (
     Departure,
     beat_phase,
     describe_rank,
+    judging_parts,
+    stale_gap_s,
 )
 
 # --- the store side -----------------------------------------------------------------------------
@@ -37,9 +39,6 @@ DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its o
 # an 11.5 s clone came back after 25 s on busy cores, 18 s idle; see StoreLink.stop).
 CONNECT_EXTEND_MAX_S = 10.0
 CONNECT_RETURN_MARGIN_S = 5.0
-# How long, in beat intervals, a counter stands still before rank 0 lists its rank as stale for
-# a failed collective's survivors: a live rank beats at least twice in it.
-STALE_GAP = 2.2
 
 
 class KeyValue(Protocol):
@@ -117,7 +116,9 @@ class StoreLink:
         self._stale_published: str | None = None  # rank 0's: its first round publishes
         self._silent: list[Departure] | None = None
         self._beat_keys: list[str] | None = None
-        self._judge = BeatJudge(rank, bound_s)  # rank 0's
+        parts = judging_parts(world_size, interval_s, self.beat_interval_s)
+        self._judge = BeatJudge(rank, bound_s, world_size, parts)  # rank 0's
+        self._listed_s = stale_gap_s(interval_s, self.beat_interval_s, parts)  # see hurry
         self._presumed_dead: set[int] = set()  # ranks rank 0 wrote a heartbeat marker for
         # the hang watchdog's: what this rank answers when asked, what it learned
         self.piece: Callable[[], Mapping[str, Any]] | None = None
@@ -203,23 +204,21 @@ class StoreLink:
             self._presumed_dead.update(rank for rank in ranks if rank is not None)
 
     def hurry(self, duration_s: float) -> None:
-        """Poll at 20 Hz for a while, and read rank 0's list of ranks whose counters stood
-        still (:class:`~ddpkit.worker.watchdog.beats.StaleWatch`): two keys, at any size (each
-        survivor read every counter twice until 2026-11-27: N x N keys while the job fails).
-        Where the gap does not fit in ``duration_s`` (past ~1,100 ranks), nobody is found
-        silent at once, unless rank 0 lists a rank (one long silent) before the hurry ends."""
-        gap_s = STALE_GAP * self.beat_interval_s
+        """Poll at 20 Hz for a while; read rank 0's list of stale ranks (beats.StaleWatch): two
+        keys at any size (each survivor read every counter twice until 2026-11-27: N x N keys
+        while the job failed). Where rank 0's gap outlasts ``duration_s`` (past ~1,100 ranks)
+        nobody is silent at once, unless rank 0 lists one (long silent) before the end."""
+        gap_s = stale_gap_s(self._interval_s, self.beat_interval_s, 1)  # rank 0's own counter
         with self._lock:
             self._stale_watch = StaleWatch(self.rank, self.world_size, gap_s)
-            self._silent = None if gap_s <= duration_s else []
+            self._silent = None if self._listed_s <= duration_s else []
             self._stale_read_at = -1.0
         self._hurry_until = self._clock() + duration_s
         self._wake.set()
 
     def silent(self) -> list[Departure] | None:
-        """Ranks with no marker whose beats stood still for :data:`STALE_GAP` beat
-        intervals, as rank 0 judged them since a hurry began (None until one is found, or []
-        when none is expected within the hurry)."""
+        """Ranks with no marker rank 0 listed as stale since a hurry began (None until one is
+        found, or [] when none is expected within the hurry)."""
         with self._lock:
             return None if self._silent is None else list(self._silent)
 
@@ -438,11 +437,12 @@ class StoreLink:
         return self._beat_keys
 
     def _check_beats(self, now: float) -> None:
-        """Rank 0: mark the ranks whose beat counter has not moved for the bound; publish those
-        still for :data:`STALE_GAP` beat intervals. Every beat key exists (_introduce): no
-        check of N keys a round (it doubled the keys rank 0 names a second)."""
-        values = batched.multi_get(self._store, self._beats())  # in slices: see batched
-        for rank, age_s in self._judge.still(values, now):
+        """Rank 0: mark the ranks whose counter has not moved for the bound, publish those still
+        for a gap; a part of the counters a round (BeatJudge.next_part). Every beat key exists
+        (_introduce): no check of N keys a round (it doubled the keys rank 0 names a second)."""
+        start, end = self._judge.next_part(self.world_size)
+        values = batched.multi_get(self._store, self._beats()[start:end])  # see batched
+        for rank, age_s in self._judge.still(values, now, start):
             if rank in self._departed:  # it left with a marker of its own
                 continue
             host, pid, node = self._who(rank)
@@ -450,8 +450,8 @@ class StoreLink:
             marker = {"host": host, "pid": pid, "how": how, "age_s": age_s, "node": node}
             self.write_marker(rank, marker)
             self.presume_dead([rank])
-        gap_s = STALE_GAP * self.beat_interval_s
-        stale = encode_stale([r for r in self._judge.stale(now, gap_s) if r not in self._departed])
+        listed = self._judge.stale(now, self._listed_s)
+        stale = encode_stale([rank for rank in listed if rank not in self._departed])
         if stale != self._stale_published:  # within the round beat/0 counts: see StaleWatch
             self._store.set("stale", stale)
             self._stale_published = stale
