@@ -104,8 +104,8 @@ def judging_parts(world_size: int, interval_s: float, beat_interval_s: float) ->
     :data:`JUDGED_PER_S` counters a second, and every counter at least once a beat interval:
     1 part (all each round) to 1,024 ranks, 2 at 2,048, 4 at 4,096, 15 at 98,304 (the beat
     interval's cap at the default bound: 6,554 counters a round, more than 1,024 past ~15,000
-    ranks). A rank that stops is named up to a read period
-    (``parts x interval_s``) later than the bound + 2 intervals."""
+    ranks). A rank that stops is named up to a read period (``parts x interval_s``) later than
+    the bound + 2 intervals."""
     needed = math.ceil(world_size / JUDGED_PER_S)
     return max(1, min(needed, math.floor(beat_interval_s / interval_s + 1e-9)))
 
