@@ -26,12 +26,12 @@ never waits on the store (a store whose host froze blocks an operation for good)
   has not moved for the bound ("stopped sending heartbeats N s ago"): ``kill -9``, a frozen
   process, a dead node. Time is each process's monotonic clock, so clocks need not agree. A
   store that stops answering means its host is gone: rank 0 (``tcp://``, ``env://`` outside
-  torchrun) or the launcher's agent. Per interval each rank costs the store two operations (a
-  beat and one ``events`` poll) and rank 0 one more of up to 1,024 keys (each counter at least
-  once a beat interval: more past ~15,000 ranks at the default bound). Rank 0, when it hosts
-  the store, waits at its own exit (a few seconds at most) until the other ranks have done
-  their last store operation, so that none of them hits a vanished store (torch logs that with
-  a C++ stack trace).
+  torchrun) or the launcher's agent. Per beat interval each rank costs the store two
+  operations (a beat and one ``events`` poll); per interval rank 0 makes one more, of up to
+  1,024 keys (each counter at least once a beat interval: more past ~15,000 ranks at the default
+  bound). Rank 0, when it hosts the store, waits at its own exit (a few seconds at most) until
+  the other ranks have done their last store operation, so that none of them hits a vanished
+  store (torch logs that with a C++ stack trace).
 * Survivors. A peer's marker alone ends nobody: at the end of a run ranks leave at slightly
   different times, and rank 0 may work on alone. A rank is ended only when, after a peer left,
   the thread that called ``init()`` (the main thread, usually) has been *blocked* for the whole
