@@ -462,7 +462,7 @@ def test_rank_working_alone_after_its_peer_finished_is_left_alone(
 
 
 def test_rank_zero_lists_the_ranks_still_for_the_gap_and_not_those_judged_gone() -> None:
-    judge = BeatJudge(0, bound_s=10.0)
+    judge = BeatJudge(0, bound_s=10.0, world_size=6)
     judge.still([b"0"] * 6, 0.0)
     assert judge.stale(2.0, 2.2) == []  # nobody still for the gap yet
     moved = [b"0", b"1", b"1", b"0", b"1", b"0"]  # 3 and 5 stood still (0 is rank 0 itself)

@@ -19,8 +19,8 @@ from itertools import compress
 class BeatJudge:
     """Each counter as last read and when it last moved; ``own`` (rank 0) is never judged."""
 
-    def __init__(self, own: int, bound_s: float, world_size: int = 0, parts: int = 1) -> None:
-        self._own, self._bound_s = own, bound_s
+    def __init__(self, own: int, bound_s: float, world_size: int, parts: int = 1) -> None:
+        self._own, self._bound_s, self._world = own, bound_s, world_size
         self._size, self._parts, self._rounds = -(-world_size // parts), parts, 0
         self._seen: list[bytes] | None = None
         self._moved: list[float] = []
@@ -51,14 +51,14 @@ class BeatJudge:
             moved[rank] = math.inf
         return found
 
-    def next_part(self, world_size: int) -> tuple[int, int]:
+    def next_part(self) -> tuple[int, int]:
         """The ranks whose counters the next round reads (``start``, ``end``): every one at
         the first, then a part a round, in turn (policy.judging_parts)."""
         self._rounds += 1
         if self._seen is None or self._parts == 1:
-            return 0, world_size
+            return 0, self._world
         start = self._size * ((self._rounds - 2) % self._parts)
-        return start, min(world_size, start + self._size)
+        return start, min(self._world, start + self._size)
 
     def stale(self, now: float, gap_s: float) -> list[int]:
         """The ranks whose counter has not moved for ``gap_s`` (shorter than the bound) as of
@@ -83,8 +83,8 @@ class StaleWatch:
     stopped with it: the job's store outlives it under torchrun's agent). Until then: None.
     """
 
-    def __init__(self, own: int, world_size: int, gap_s: float, host: int = 0) -> None:
-        self._own, self._world, self._gap_s, self._host = own, world_size, gap_s, host
+    def __init__(self, own: int, world_size: int, gap_s: float) -> None:
+        self._own, self._world, self._gap_s = own, world_size, gap_s
         self._round: bytes | None = None
         self._since = 0.0  # when the round counter was last seen to move
 
@@ -94,8 +94,8 @@ class StaleWatch:
         found = [rank for rank in _ranks(published, self._world) if rank != self._own]
         if found:
             return found
-        if now - self._since >= self._gap_s and self._own != self._host:
-            return [self._host]
+        if now - self._since >= self._gap_s and self._own != 0:
+            return [0]
         return None
 
 

@@ -440,7 +440,7 @@ class StoreLink:
         """Rank 0: mark the ranks whose counter has not moved for the bound, publish those still
         for a gap; a part of the counters a round (BeatJudge.next_part). Every beat key exists
         (_introduce): no check of N keys a round (it doubled the keys rank 0 names a second)."""
-        start, end = self._judge.next_part(self.world_size)
+        start, end = self._judge.next_part()
         values = batched.multi_get(self._store, self._beats()[start:end])  # see batched
         for rank, age_s in self._judge.still(values, now, start):
             if rank in self._departed:  # it left with a marker of its own
