@@ -55,7 +55,6 @@ import argparse
 import math
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
 import threading
@@ -80,28 +79,11 @@ JUDGE_PLAIN = "plain torch (one multi_get of every key, a Python loop)"
 JUDGE_FIGURE = "rank 0's judging round (every beat counter read once)"
 
 
-# This sandbox's resolver (a nameserver nobody answers) stalls torch's client, which looks up
-# its socket's host name ("socket.cpp ... hostname of the client socket cannot be retrieved"),
-# 5 s per try when many connect at once: the same for every variant, not the control plane.
-os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
-os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-
-
-def raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def worker(job: tuple[list[int], int, int, str], events: Any, out: Any) -> None:
     """A process of simulated ranks: start them, report readiness, tally the heartbeat window."""
     ranks, world, port, variant = job
-    raise_fd_limit()
-    threading.stack_size(256 * 1024)
-    scalesim.instrument()
     go, window, finish = events
-    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
-    threads, line = scalesim.held(sims)
+    sims, threads, line = scalesim.loaded(ranks, world, port, variant)
     out.put(("loaded", None))
     go.wait()
     cpu_before = time.process_time()
@@ -137,10 +119,9 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     port = scalesim.listen_port()
     events = (ctx.Event(), ctx.Event(), ctx.Event())
     out: Any = ctx.Queue()
-    others = list(range(1, world))
-    chunks = [others[i::procs] for i in range(procs) if others[i::procs]]
     children = [
-        ctx.Process(target=worker, args=((c, world, port, variant), events, out)) for c in chunks
+        ctx.Process(target=worker, args=((c, world, port, variant), events, out))
+        for c in scalesim.chunks(world, procs)
     ]
     for child in children:
         child.start()
@@ -409,7 +390,7 @@ def main() -> None:
     if args.quick:
         args.max_ranks, args.runs, args.window_s, args.stop_max = 64, 1, 2.0, 4
         args.judge_max = 4096
-    raise_fd_limit()
+    scalesim.raise_fd_limit()
     scalesim.instrument()
     sizes = [n for n in (2, 8, 32, 128, 512, 1024, 2048, 4096) if n <= args.max_ranks]
     results: dict[str, dict[int, list[dict[str, float]]]] = {v: {} for v in KINDS}

@@ -5,11 +5,11 @@
 The simulated ranks of ``bench_scale.py`` (:mod:`scalesim`, 16 to a process, ddpkit's own
 watchdog links) come up; a few beat intervals later one rank's link stops (a rank killed, no
 marker), and 0.3 s after, every other rank's link is hurried as a failed collective's
-excepthook hurries it, and read as it reads it (``watcher._wait_for_cause`` without markers:
-up to 2.5 s, 5 s while the answer may still come). Prints how many named the stopped rank,
-another rank ("wrong:<rank>"), nobody ("none") or did not know in time ("unknown"), how long
-they took, and the CPU the store's thread spent meanwhile. A diagnostic, not a figure of the
-report.
+excepthook hurries it and waits for the cause (``Watchdog._wait_for_cause`` itself, with no
+marker to find: up to 2.5 s, 5 s while the answer may still come). Prints how many named the
+stopped rank, another rank ("wrong:<rank>"), nobody ("none") or did not know in time
+("unknown"), how long they took, and the CPU the store's thread spent meanwhile. A
+diagnostic, not a figure of the report.
 """
 
 from __future__ import annotations
@@ -21,37 +21,28 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_scale
 import scalesim
 
-from ddpkit.worker.watchdog.policy import beat_interval_for
+from ddpkit.worker.watchdog import Watchdog
+from ddpkit.worker.watchdog.policy import beat_interval_for, hook_wait_for, interval_for
 
 VICTIM = 5
-HURRY_S, WAIT_S = 5.0, 2.5
 
 
-def judge(link: Any, started: float) -> tuple[str, float]:
-    """As watcher._wait_for_cause without markers: (outcome, seconds)."""
-    link.hurry(HURRY_S)
-    while True:
-        now = time.monotonic()
-        silent = link.silent()
-        if silent:
-            named = "victim" if silent[0].rank == VICTIM else f"wrong:{silent[0].rank}"
-            return named, now - started
-        late = silent is None and link.alive() and now - started < 2 * WAIT_S
-        if now - started >= WAIT_S and not late:
-            return ("none" if silent == [] else "unknown"), now - started
-        time.sleep(0.05)
+def judge(sim: scalesim.Rank, started: float) -> tuple[str, float]:
+    """What a failed collective's excepthook finds on this rank: (outcome, seconds)."""
+    assert sim.link is not None
+    watchdog = Watchdog(sim.link, bound_s=sim.bound_s, clock=time.monotonic)
+    cause = watchdog._wait_for_cause(hook_wait_for(interval_for(sim.bound_s)))
+    took = time.monotonic() - started
+    if cause is not None:
+        return ("victim" if cause.rank == VICTIM else f"wrong:{cause.rank}"), took
+    return ("none" if sim.link.silent() == [] else "unknown"), took
 
 
 def worker(ranks: list[int], world: int, port: int, events: Any, out: Any) -> None:
-    bench_scale.raise_fd_limit()
-    threading.stack_size(256 * 1024)
-    scalesim.instrument()
     go, kill, fail = events
-    sims = [scalesim.Rank(rank, world, port, "ddpkit") for rank in ranks]
-    threads, line = scalesim.held(sims)
+    sims, threads, line = scalesim.loaded(ranks, world, port, "ddpkit")
     out.put("loaded")
     go.wait()
     line.set()
@@ -68,7 +59,7 @@ def worker(ranks: list[int], world: int, port: int, events: Any, out: Any) -> No
     lock = threading.Lock()
 
     def one(sim: Any) -> None:
-        got = judge(sim.link, started)
+        got = judge(sim, started)
         with lock:
             results.append(got)
 
@@ -89,9 +80,10 @@ def main() -> None:
     port = scalesim.listen_port()
     events = (ctx.Event(), ctx.Event(), ctx.Event())
     out: Any = ctx.Queue()
-    others = list(range(1, world))
-    chunks = [others[i::procs] for i in range(procs) if others[i::procs]]
-    children = [ctx.Process(target=worker, args=(c, world, port, events, out)) for c in chunks]
+    children = [
+        ctx.Process(target=worker, args=(c, world, port, events, out))
+        for c in scalesim.chunks(world, procs)
+    ]
     for c in children:
         c.start()
     for _ in children:
@@ -111,7 +103,7 @@ def main() -> None:
     cpu = scalesim.store_threads_cpu()
     events[2].set()
     started = time.monotonic()
-    results = [judge(rank0.link, started)]
+    results = [judge(rank0, started)]
     for _ in children:
         results += out.get(timeout=600)
     store_s = scalesim.store_cpu_since(cpu)

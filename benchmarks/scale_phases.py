@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_scale
 import scalesim
 
 STEPS = ("start", "connected", "formed", "ready", "cloned", "introduced")
@@ -36,11 +35,7 @@ CPU_STEPS = (("start", "connected"), ("connected", "formed"), ("formed", "ready"
 
 
 def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: str) -> None:  # noqa: PLR0917
-    bench_scale.raise_fd_limit()
-    threading.stack_size(256 * 1024)
-    scalesim.instrument()
-    sims = [scalesim.Rank(rank, world, port, variant) for rank in ranks]
-    threads, line = scalesim.held(sims)
+    sims, threads, line = scalesim.loaded(ranks, world, port, variant)
     out.put("loaded")
     go.wait()
     line.set()
@@ -53,9 +48,8 @@ def worker(ranks: list[int], world: int, port: int, go: Any, out: Any, variant: 
 def job(world: int, procs: int, variant: str = "ddpkit") -> dict[str, Any]:
     ctx = scalesim.context()
     port, go, out = scalesim.listen_port(), ctx.Event(), ctx.Queue()
-    others = list(range(1, world))
-    chunks = [others[i::procs] for i in range(procs) if others[i::procs]]
-    children = [ctx.Process(target=worker, args=(c, world, port, go, out, variant)) for c in chunks]
+    children = [ctx.Process(target=worker, args=(c, world, port, go, out, variant))
+                for c in scalesim.chunks(world, procs)]  # fmt: skip
     for child in children:
         child.start()
     for _ in children:

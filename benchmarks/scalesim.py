@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import resource
 import threading
 import time
 from collections import Counter
@@ -51,6 +52,12 @@ from ddpkit.worker.rendezvous.group import make_store
 from ddpkit.worker.watchdog.hooks import own_connection
 from ddpkit.worker.watchdog.policy import KEY_PREFIX, beat_interval_for, interval_for
 from ddpkit.worker.watchdog.store import StoreLink
+
+# This sandbox's resolver (a nameserver nobody answers) stalls torch's client, which looks up
+# its socket's host name ("socket.cpp ... hostname of the client socket cannot be retrieved"),
+# 5 s per try when many connect at once: the same for every variant, not the control plane.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 TIMEOUT = timedelta(seconds=600)
 OPS = ("set", "get", "add", "check", "multi_get", "append", "wait", "compare_set", "multi_set")
@@ -270,6 +277,33 @@ def context() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "scalesim"])
     return ctx
+
+
+def raise_fd_limit() -> None:
+    """This process's open-files limit up to its hard limit (thousands of store connections)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def loaded(
+    ranks: list[int], world: int, port: int, variant: str
+) -> tuple[list[Rank], list[threading.Thread], threading.Event]:
+    """A process's simulated ranks, every one's thread held at the line (:func:`held`), after
+    what every such process does first: the open-files limit raised, small thread stacks,
+    torch's client counted (:func:`instrument`)."""
+    raise_fd_limit()
+    threading.stack_size(256 * 1024)
+    instrument()
+    sims = [Rank(rank, world, port, variant) for rank in ranks]
+    threads, line = held(sims)
+    return sims, threads, line
+
+
+def chunks(world: int, procs: int) -> list[list[int]]:
+    """Ranks 1 to ``world - 1`` dealt over ``procs`` processes (rank 0 runs in the caller's)."""
+    others = list(range(1, world))
+    return [others[i::procs] for i in range(procs) if others[i::procs]]
 
 
 def held(sims: list[Rank]) -> tuple[list[threading.Thread], threading.Event]:
