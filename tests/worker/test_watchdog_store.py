@@ -90,8 +90,10 @@ def test_rank_zero_creates_every_beat_key_in_one_call_a_slice_of_keys(
     link = _link(counted, 0, world)
     link.start()
     try:
-        _wait(lambda: host.check(["w/beat/0"]), 10)
-        # every key exists at once, readable without blocking, at 0 for the silent ranks
+        # the keys are written a slice at a time: the last slice's last key ends it (waiting
+        # for w/beat/0 alone read the keys between two slices once, in CI, at 2,500 ranks)
+        _wait(lambda: host.check([f"w/beat/{world - 1}"]), 10)
+        # then every key exists, readable without blocking, at 0 for the silent ranks
         keys = [f"w/beat/{rank}" for rank in range(world)]
         assert host.check(keys)
         assert [int(v) for v in host.multi_get(keys[1:])] == [0] * (world - 1)
