@@ -22,12 +22,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import re
 import socket
+import subprocess
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -108,9 +111,36 @@ def _entry(
     try:
         result = fn(rank, world_size, port, *args)
     except BaseException:
-        out.put((rank, False, traceback.format_exc()))
+        out.put((rank, False, traceback.format_exc() + _who_holds_the_peer(traceback.format_exc())))
     else:
         out.put((rank, True, result))
+
+
+def _who_holds_the_peer(text: str) -> str:
+    """For gloo's "Connection closed by peer [addr]:port": the sockets on that port and the
+    command lines of their processes, read the moment it failed. Twice in CI a worker's full
+    mesh met a peer port below the ephemeral range (where gloo's own ports come from), which a
+    process of another test running beside must have held: this names it next time."""
+    found = re.search(r"closed by peer \[?[^\]\s]*\]?:(\d+)", text)
+    if found is None:
+        return ""
+    port = found.group(1)
+    try:
+        sockets = subprocess.run(
+            ["ss", "-tanpH"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"\n(ss failed: {exc})"
+    lines = [line for line in sockets if re.search(rf":{port}\b", line)]
+    commands = []
+    for pid in sorted(set(re.findall(r"pid=(\d+)", "\n".join(lines)))):
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        command = raw.replace(b"\0", b" ").decode(errors="replace")[:300]
+        commands.append(f"  {pid}: {command}")
+    return "\n".join([f"\nsockets on port {port} then:", *lines[:20], *commands])
 
 
 def run_workers(

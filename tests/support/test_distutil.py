@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
@@ -24,3 +25,22 @@ def test_each_worker_gets_the_environment_of_the_moment_not_the_fork_servers(
     assert run_workers(_what_the_worker_sees, 2) == [("second\nline", False)] * 2
     monkeypatch.delenv("DDPKIT_TEST_SEEN")
     assert run_workers(_what_the_worker_sees, 1) == [(None, False)]
+
+
+def _fails_like_gloo_against(rank: int, world_size: int, port: int, held: int) -> None:
+    raise RuntimeError(
+        "Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer "
+        f"[127.0.0.1]:{held}. This is typically caused by a remote worker crashing"
+    )
+
+
+def test_a_full_mesh_closed_by_a_peer_names_who_holds_that_port() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = holder.getsockname()[1]
+        with pytest.raises(AssertionError) as failed:
+            run_workers(_fails_like_gloo_against, 1, held)
+    text = str(failed.value)
+    assert f"sockets on port {held} then:" in text
+    assert f"127.0.0.1:{held}" in text and f"{os.getpid()}: " in text  # this process holds it
