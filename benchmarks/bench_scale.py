@@ -390,6 +390,8 @@ def main() -> None:
     if args.quick:
         args.max_ranks, args.runs, args.window_s, args.stop_max = 64, 1, 2.0, 4
         args.judge_max = 4096
+    resolver = scalesim.resolver_answers()  # may run this again, in a namespace of its own
+    print(resolver, flush=True)
     scalesim.raise_fd_limit()
     scalesim.instrument()
     sizes = [n for n in (2, 8, 32, 128, 512, 1024, 2048, 4096) if n <= args.max_ranks]
@@ -404,6 +406,7 @@ def main() -> None:
                 print(f"N={n} {variant}: {found}", flush=True)
     print_table(results)
     rows, notes = figures(results)
+    notes.insert(0, resolver)
     stops: dict[str, list[tuple[float, float]]] = {STOP_DDPKIT: [], STOP_PLAIN: []}
     for n in [n for n in (2, 4, 8, 16) if n <= args.stop_max]:
         for variant, trials in stop_agreement(n, 20 if args.quick else 100).items():

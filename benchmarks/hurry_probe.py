@@ -75,6 +75,7 @@ def worker(ranks: list[int], world: int, port: int, events: Any, out: Any) -> No
 
 def main() -> None:
     world = int(sys.argv[1])
+    print(scalesim.resolver_answers(), flush=True)
     procs = max(1, world // 16)
     ctx = scalesim.context()
     port = scalesim.listen_port()

@@ -101,6 +101,7 @@ def main() -> None:
         "--variant", choices=("ddpkit", "ddpkit-rendezvous", "plain"), default="ddpkit"
     )
     args = parser.parse_args()
+    print(scalesim.resolver_answers(), flush=True)
     for world in args.worlds:
         print(json.dumps(job(world, args.procs, args.variant)), flush=True)
 
