@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -99,7 +100,10 @@ def test_doctor_under_ddpkit_run_with_two_processes() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("[rank0]: {"))
     report = json.loads(line.removeprefix("[rank0]: "))
-    assert report["ok"] and {c["status"] for c in report["checks"]} == {"PASS"}
+    # this sandbox's nameserver drops lookups when many come at once (other tests' clients make
+    # them too): "name lookup" may WARN here; its verdicts are tested with a resolver of our own
+    status = {c["status"] for c in report["checks"] if c["name"] != "name lookup"}
+    assert report["ok"] and status == {"PASS"}
     names = [c["name"] for c in report["checks"]]
     assert {"launcher", "master reachable", "ranks", "layout", "all_reduce gloo"} <= set(names)
     # the agent hosts the workers' store: its open files are checked, not rank 0's accepted ones
@@ -238,3 +242,56 @@ def test_late_ranks_are_named_and_the_others_facts_still_read() -> None:
         "master prints its own FAIL line)"
     ]
     assert calls["multi_get"] == 1
+
+
+def _private_files_or_skip() -> None:
+    """A mount namespace of the test's own (root, unshare, mount): fail under CI=true without."""
+    missing = [tool for tool in ("unshare", "mount") if shutil.which(tool) is None]
+    missing += [] if os.geteuid() == 0 else ["root"]
+    if missing:
+        why = f"needs {', '.join(missing)}: a resolv.conf and hosts file of the test's own"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture
+def silent_nameserver() -> Iterator[str]:
+    """A nameserver that reads every query and never answers, on port 53 of a loopback address
+    of its own (resolv.conf names no port): a cluster whose DNS does not answer."""
+    for third in range(200, 256):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+            try:
+                silent.bind((f"127.53.{third}.1", 53))
+            except OSError:
+                continue
+            yield f"127.53.{third}.1"
+            return
+    pytest.fail("no loopback address had port 53 free for a silent nameserver")
+
+
+def test_a_resolver_that_never_answers_is_a_warning_and_its_hosts_line_mends_it(
+    tmp_path: Path, silent_nameserver: str
+) -> None:
+    _private_files_or_skip()
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text(f"nameserver {silent_nameserver}\noptions timeout:1 attempts:1\n")
+    mended = tmp_path / "hosts"
+    line = f"::ffff:127.0.0.1 {socket.gethostname()}"
+    mended.write_text(Path("/etc/hosts").read_text() + f"\n{line}\n")
+    mounts = 'mount --bind "$0" /etc/resolv.conf && mount --bind "$1" /etc/hosts && shift'
+    mounts += ' && exec "$@"'
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    lines = {}
+    for hosts in (Path("/etc/hosts"), mended):
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts, str(resolv),
+             str(hosts), sys.executable, "-m", "ddpkit", "doctor", "--no-comm", "--timeout", "5"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        (line,) = [x for x in done.stdout.splitlines() if " name lookup: " in x]
+        lines[hosts] = line
+    assert lines[Path("/etc/hosts")].startswith("WARN name lookup: 4 reverse lookups of ")
+    assert "::ffff:127.0.0.1" in lines[Path("/etc/hosts")]
+    assert "'::ffff:127.0.0.1 <this host's name>' to /etc/hosts" in lines[Path("/etc/hosts")]
+    assert lines[mended].startswith("PASS name lookup: "), lines[mended]

@@ -5,7 +5,8 @@ The steps, each within ``timeout_s``:
 1. Local, on every rank: the launcher's rank record (:func:`ddpkit.cluster.detect`, the
    runtime's own checks: torchrun inside a multi-task srun step, a batch script without srun,
    DDPKIT_EXPECTED_WORLD_SIZE), the master address, the interface gloo (and NCCL) would use,
-   the device choice, free space in the folders.
+   the device choice, how fast the resolver names this host's address (torch's store client
+   asks on every connect), free space in the folders.
 2. Meeting, through a TCP store as the runtime forms it: rank 0 hosts it on MASTER_PORT (a
    port already in use is a FAIL) or on the first free candidate of a SLURM step's port search;
    the others probe the master first (:func:`~ddpkit.worker.rendezvous.store.probe_master`), so an
@@ -51,6 +52,7 @@ from ddpkit.tools.doctor_checks import (
     check_layout,
     check_listen_backlog,
     check_master_address,
+    check_name_lookup,
     check_open_files,
     check_versions,
     check_visible_devices,
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_TIMEOUT_S", "DoctorOptions", "Report", "run_doctor"]
 
 _POLL_S = 0.1
+_NAME_LOOKUPS = 4  # at once on every rank, as a node's ranks connect
 
 
 def run_doctor(options: DoctorOptions, env: Mapping[str, str] | None = None) -> Report:
@@ -116,6 +119,10 @@ def _local_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions
         check_interface("gloo", gloo, info.num_nodes, route_if),
         _device_check(info, env),
     ]
+    if route is not None:
+        named = netinfo.torch_socket_address(route)
+        took = netinfo.name_lookups_s(named, _NAME_LOOKUPS, min(3.0, options.timeout_s))
+        checks.append(check_name_lookup(named, _NAME_LOOKUPS, took))
     if _cuda():
         checks.append(
             check_interface("nccl", netinfo.nccl_choice(env, found), info.num_nodes, route_if)

@@ -35,6 +35,7 @@ __all__ = [
     "check_layout",
     "check_listen_backlog",
     "check_master_address",
+    "check_name_lookup",
     "check_open_files",
     "check_versions",
     "check_visible_devices",
@@ -301,4 +302,26 @@ def check_listen_backlog(world_size: int, somaxconn: int | None) -> Check:
         f"net.core.somaxconn {somaxconn} < {world_size} ranks: ranks connecting to the store "
         "at once overflow its listen queue and wait for the kernel's retries",
         f"on the node of rank 0: sysctl -w net.core.somaxconn={max(4096, world_size)} (root)",
+    )
+
+
+SLOW_NAME_LOOKUP_S = 0.5
+
+
+def check_name_lookup(address: str, count: int, took_s: float) -> Check:
+    """torch's store client names its socket's address (a reverse lookup) on every connect: a
+    rank's client, the watchdog's, each waits for the resolver. Where DNS does not answer
+    (an air-gapped cluster, a container's resolver), that is its timeout (5 s, twice, by
+    default) at every connect, and torch only warns "The hostname of the client socket cannot
+    be retrieved"; where it drops queries under load, a node's ranks wait seconds in turn."""
+    what = f"{count} reverse lookups of {address} at once (torch's store client: one a connect)"
+    if took_s < SLOW_NAME_LOOKUP_S:
+        return Check("PASS", "name lookup", f"{what}: answered in {1e3 * took_s:.0f} ms")
+    waited = "not all answered" if took_s == float("inf") else f"answered in {took_s:.1f} s"
+    return Check(
+        "WARN",
+        "name lookup",
+        f"{what}: {waited}: every store connection of every rank waits for the resolver",
+        f"add a line '{address} <this host's name>' to /etc/hosts on every node, or have DNS "
+        f"answer reverse lookups for it at once",
     )
