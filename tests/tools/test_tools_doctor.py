@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +21,12 @@ import pytest
 from ddpkit.cli import main
 from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.tools.doctor import DoctorOptions, Report, run_doctor
+from tests.support.resolver import (
+    private_files_or_skip,
+    silent_nameserver,
+    with_files,
+    with_mapped_loopback,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -244,53 +249,24 @@ def test_late_ranks_are_named_and_the_others_facts_still_read() -> None:
     assert calls["multi_get"] == 1
 
 
-def _private_files_or_skip() -> None:
-    """A mount namespace of the test's own (root, unshare, mount): fail under CI=true without."""
-    missing = [tool for tool in ("unshare", "mount") if shutil.which(tool) is None]
-    missing += [] if os.geteuid() == 0 else ["root"]
-    if missing:
-        why = f"needs {', '.join(missing)}: a resolv.conf and hosts file of the test's own"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-
-
-@pytest.fixture
-def silent_nameserver() -> Iterator[str]:
-    """A nameserver that reads every query and never answers, on port 53 of a loopback address
-    of its own (resolv.conf names no port): a cluster whose DNS does not answer."""
-    for third in range(200, 256):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
-            try:
-                silent.bind((f"127.53.{third}.1", 53))
-            except OSError:
-                continue
-            yield f"127.53.{third}.1"
-            return
-    pytest.fail("no loopback address had port 53 free for a silent nameserver")
-
-
 def test_a_resolver_that_never_answers_is_a_warning_and_its_hosts_line_mends_it(
-    tmp_path: Path, silent_nameserver: str
+    tmp_path: Path,
 ) -> None:
-    _private_files_or_skip()
+    private_files_or_skip()
     resolv = tmp_path / "resolv.conf"
-    resolv.write_text(f"nameserver {silent_nameserver}\noptions timeout:1 attempts:1\n")
-    mended = tmp_path / "hosts"
-    line = f"::ffff:127.0.0.1 {socket.gethostname()}"
-    mended.write_text(Path("/etc/hosts").read_text() + f"\n{line}\n")
-    mounts = 'mount --bind "$0" /etc/resolv.conf && mount --bind "$1" /etc/hosts && shift'
-    mounts += ' && exec "$@"'
+    mended = with_mapped_loopback(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(SRC)}
+    command = [sys.executable, "-m", "ddpkit", "doctor", "--no-comm", "--timeout", "5"]
     lines = {}
-    for hosts in (Path("/etc/hosts"), mended):
-        done = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts, str(resolv),
-             str(hosts), sys.executable, "-m", "ddpkit", "doctor", "--no-comm", "--timeout", "5"],
-            env=env, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        (line,) = [x for x in done.stdout.splitlines() if " name lookup: " in x]
-        lines[hosts] = line
+    with silent_nameserver(200) as nameserver:
+        resolv.write_text(f"nameserver {nameserver}\noptions timeout:1 attempts:1\n")
+        for hosts in (Path("/etc/hosts"), mended):
+            done = subprocess.run(
+                with_files(resolv, hosts, command),
+                env=env, capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            (line,) = [x for x in done.stdout.splitlines() if " name lookup: " in x]
+            lines[hosts] = line
     assert lines[Path("/etc/hosts")].startswith("WARN name lookup: 4 reverse lookups of ")
     assert "::ffff:127.0.0.1" in lines[Path("/etc/hosts")]
     assert "'::ffff:127.0.0.1 <this host's name>' to /etc/hosts" in lines[Path("/etc/hosts")]

@@ -18,17 +18,16 @@ Name resolution can block for long on a broken resolver, so it runs in a thread 
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import ipaddress
-import math
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ddpkit.cluster.rendezvous.lookup import name_lookups_s, route_to, torch_socket_address
 
 __all__ = [
     "Choice",
@@ -144,50 +143,6 @@ def resolve(host: str, bound_s: float = 5.0) -> list[str]:
     thread.start()
     thread.join(bound_s)
     return sorted(found, key=lambda a: ":" in a) if not thread.is_alive() else []
-
-
-def route_to(address: str) -> str | None:
-    """The local address the kernel would send from to reach ``address`` (no packet is sent)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect((address, 9))  # UDP connect only picks the route
-        except OSError:
-            return None
-        local: str = sock.getsockname()[0]
-    return local
-
-
-def torch_socket_address(local: str) -> str:
-    """The form of this host's address ``local`` that torch's store client names (a reverse
-    lookup, ``getnameinfo``) on every connect: it connects over an IPv6 socket, so an IPv4
-    address is the mapped one (``::ffff:127.0.0.1``), which a hosts file's ``127.0.0.1`` line
-    does not match: the lookup goes to DNS."""
-    try:
-        parsed = ipaddress.ip_address(local.strip("[]").split("%")[0])
-    except ValueError:
-        return local
-    return f"::ffff:{parsed}" if parsed.version == 4 else str(parsed)
-
-
-def name_lookups_s(address: str, count: int, bound_s: float) -> float:
-    """Seconds until ``count`` reverse lookups of ``address`` made at once all came back (with a
-    name or a refusal), as a node's ranks make them when they connect; inf when some had not
-    within ``bound_s`` (their threads are left to the resolver's own timeout)."""
-    back = threading.Semaphore(0)
-
-    def lookup() -> None:
-        with contextlib.suppress(OSError):  # a refusal is an answer: only the wait matters
-            socket.getnameinfo((address, 0), socket.NI_NAMEREQD)
-        back.release()
-
-    start = time.monotonic()
-    for _ in range(count):
-        threading.Thread(target=lookup, name="ddpkit-name-lookup", daemon=True).start()
-    for _ in range(count):
-        if not back.acquire(timeout=max(0.0, start + bound_s - time.monotonic())):
-            return math.inf
-    return time.monotonic() - start
 
 
 def interface_of(address: str, found: Sequence[Interface]) -> str | None:

@@ -6,6 +6,8 @@
                 SLURM job, and which node hosts its store
     resv_ports  ``python -m ddpkit.cluster.rendezvous.resv_ports``: the srun flag reserving a
                 step's port where the cluster has a port range
+    lookup      how long the resolver takes to name this host's address, as torch's store
+                client asks when it connects (10 s where DNS does not answer)
 
 This half decides *where* (addresses, ports, identities, from a snapshot of the environment)
 and imports neither torch nor pydantic: the job scripts run the two entry points on the

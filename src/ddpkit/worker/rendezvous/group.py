@@ -22,6 +22,11 @@ Before either, a rank whose open-files limit is below what the job's size needs 
 as the hard limit allows (:func:`fit_open_files`, :mod:`ddpkit.cluster.limits`): the store's host
 accepts two connections a rank, and gloo opens a socket per peer.
 
+A node's first rank whose store took :data:`SLOW_STORE_S` or more looks at the resolver once:
+torch's client names its socket's address when it connects, and where DNS does not answer
+that is 10 s at the first connect of every process; the warning names the hosts line to add
+(:func:`warn_slow_lookup`).
+
 When the rank record carries a :class:`~ddpkit.cluster.rendezvous.ports.PortSearch` (a SLURM
 step without MASTER_PORT), rank 0 hosts on the first candidate it can bind and the others find
 it by the job's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import warnings
 from collections.abc import Mapping
 from datetime import timedelta
@@ -46,6 +52,7 @@ from ddpkit.cluster.limits import (
     raise_open_files,
 )
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.rendezvous.lookup import slow_lookup_hint
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import (
@@ -61,10 +68,14 @@ __all__ = [
     "make_store",
     "uses_agent_store",
     "warn_launcher_open_files",
+    "warn_slow_lookup",
 ]
 
 # Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+# A store this slow to make on a node's first rank has its resolver looked at (one lookup, 1 s
+# at most): a connect takes milliseconds, a resolver that does not answer 10 s.
+SLOW_STORE_S = 3.0
 
 
 def uses_agent_store(info: RankInfo, env: Mapping[str, str]) -> bool:
@@ -80,6 +91,25 @@ def make_store(
     is on one node). ``timeout`` is the store's own timeout for later operations."""
     if info.world_size == 1:
         return HashStore(), info  # nobody else to meet: nothing listens for it
+    started = time.monotonic()
+    made = _make_store(info, env, connect_timeout_s, timeout)
+    if info.local_rank == 0 and time.monotonic() - started >= SLOW_STORE_S:
+        warn_slow_lookup(info, time.monotonic() - started)
+    return made
+
+
+def warn_slow_lookup(info: RankInfo, took_s: float) -> None:
+    """One warning a node when a rank's store took long and the resolver is why: torch's client
+    names its socket's address when it connects (:mod:`ddpkit.cluster.rendezvous.lookup`)."""
+    hint = slow_lookup_hint(info.master_addr)
+    if hint is not None:
+        text = f"ddpkit: rank {info.rank}'s rendezvous store took {took_s:.1f} s: {hint}"
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
+
+
+def _make_store(
+    info: RankInfo, env: Mapping[str, str], connect_timeout_s: float, timeout: timedelta
+) -> tuple[Store, RankInfo]:
     hosts = info.rank == 0 and not uses_agent_store(info, env)
     fit_open_files(info, hosts_store=hosts)
     warn_launcher_open_files(info, env)
