@@ -34,14 +34,11 @@ inside its constructor, out of Python's sight).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import multiprocessing as mp
 import os
 import resource
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -55,6 +52,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 
 import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.rendezvous.lookup import name_lookups_s
 from ddpkit.worker.rendezvous.group import make_store
 from ddpkit.worker.watchdog.hooks import own_connection
 from ddpkit.worker.watchdog.policy import KEY_PREFIX, beat_interval_for, interval_for
@@ -72,26 +70,6 @@ SLOW_LOOKUP_S = 0.2
 _PRIVATE_HOSTS = "DDPKIT_BENCH_PRIVATE_HOSTS"  # set in the re-run: the hosts file it mounts
 
 
-def reverse_lookups_s(count: int = 64, bound_s: float = 3.0) -> float:
-    """Seconds until ``count`` lookups of ``::ffff:127.0.0.1`` made at once were all answered (or
-    refused), as a job's ranks make them; inf past ``bound_s``. One alone is no test here: this
-    sandbox's nameserver answers a few and drops the rest (32 at once 1 ms, 64 at once 5-10 s)."""
-    left = threading.Semaphore(0)
-
-    def look() -> None:
-        with contextlib.suppress(OSError):
-            socket.getnameinfo((MAPPED_LOOPBACK, 0), socket.NI_NAMEREQD)
-        left.release()
-
-    start = time.monotonic()
-    for _ in range(count):
-        threading.Thread(target=look, daemon=True).start()
-    for _ in range(count):
-        if not left.acquire(timeout=max(0.0, start + bound_s - time.monotonic())):
-            return math.inf
-    return time.monotonic() - start
-
-
 def resolver_answers() -> str:
     """Make sure torch's per-connect lookup of ``::ffff:127.0.0.1`` is answered at once, as a
     cluster's resolver answers it, and say how; call first thing in ``main()``.
@@ -107,7 +85,7 @@ def resolver_answers() -> str:
     ``::ffff:127.0.0.1 localhost``; the real file is not touched. Where it cannot, the figures
     carry the stalls, and the line it returns says so.
     """
-    took = reverse_lookups_s()
+    took = name_lookups_s(MAPPED_LOOPBACK, 64, 3.0)  # one alone is answered here, 64 dropped
     mounted = os.environ.pop(_PRIVATE_HOSTS, None)
     if mounted:
         Path(mounted).unlink(missing_ok=True)  # the mount holds it now
