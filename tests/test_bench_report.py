@@ -457,17 +457,11 @@ def test_a_scale_bench_whose_lookups_are_slow_runs_again_with_a_hosts_file_of_it
     scale benches run themselves again in a mount namespace whose /etc/hosts copy holds that
     address. Forced here (every lookup counted slow): the re-run sees the line, the real file
     is untouched, the copy is gone, and the re-run, still "slow", says so instead of looping."""
-    import os
-    import shutil
     import subprocess
 
-    missing = [tool for tool in ("unshare", "mount") if shutil.which(tool) is None]
-    missing += [] if os.geteuid() == 0 else ["root"]
-    if missing:
-        why = f"needs {', '.join(missing)}: a mount namespace of the bench's own"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
+    from tests.support.resolver import private_files_or_skip
+
+    private_files_or_skip()
     script = tmp_path / "bench.py"
     script.write_text(
         f"import sys\nsys.path.insert(0, {str(BENCH)!r})\nimport scalesim\n"
