@@ -62,16 +62,17 @@ from ddpkit.worker.watchdog.store import StoreLink
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-# torch's client looks up the name of its socket's address on every connect (socket.cpp: "The
-# hostname of the client socket cannot be retrieved"): on 127.0.0.1 that address is the mapped
-# form, which the hosts file's "127.0.0.1" line does not match, so the lookup goes to DNS.
+# torch's client looks up the name of its socket's address when a process first connects
+# (socket.cpp: "The hostname of the client socket cannot be retrieved"), and keeps the answer:
+# the 16 ranks of a simulated process connect at once, so each asks. On 127.0.0.1 that address
+# is the mapped form, which the hosts file's "127.0.0.1" line does not match: it goes to DNS.
 MAPPED_LOOPBACK = "::ffff:127.0.0.1"
 SLOW_LOOKUP_S = 0.2
 _PRIVATE_HOSTS = "DDPKIT_BENCH_PRIVATE_HOSTS"  # set in the re-run: the hosts file it mounts
 
 
 def resolver_answers() -> str:
-    """Make sure torch's per-connect lookup of ``::ffff:127.0.0.1`` is answered at once, as a
+    """Make sure torch's lookup of ``::ffff:127.0.0.1`` is answered at once, as a
     cluster's resolver answers it, and say how; call first thing in ``main()``.
 
     This sandbox's nameserver answers a few lookups and drops the rest when many come at once:

@@ -6,7 +6,7 @@ The steps, each within ``timeout_s``:
    runtime's own checks: torchrun inside a multi-task srun step, a batch script without srun,
    DDPKIT_EXPECTED_WORLD_SIZE), the master address, the interface gloo (and NCCL) would use,
    the device choice, how fast the resolver names this host's address (torch's store client
-   asks on every connect), free space in the folders.
+   asks when a process first connects), free space in the folders.
 2. Meeting, through a TCP store as the runtime forms it: rank 0 hosts it on MASTER_PORT (a
    port already in use is a FAIL) or on the first free candidate of a SLURM step's port search;
    the others probe the master first (:func:`~ddpkit.worker.rendezvous.store.probe_master`), so an

@@ -309,19 +309,19 @@ SLOW_NAME_LOOKUP_S = 0.5
 
 
 def check_name_lookup(address: str, count: int, took_s: float) -> Check:
-    """torch's store client names its socket's address (a reverse lookup) on every connect: a
-    rank's client, the watchdog's, each waits for the resolver. Where DNS does not answer
-    (an air-gapped cluster, a container's resolver), that is its timeout (5 s, twice, by
-    default) at every connect, and torch only warns "The hostname of the client socket cannot
-    be retrieved"; where it drops queries under load, a node's ranks wait seconds in turn."""
-    what = f"{count} reverse lookups of {address} at once (torch's store client: one a connect)"
+    """torch's store client names its socket's address (a reverse lookup) when a process first
+    connects, and keeps the answer: every rank's first connect (rank 0's store host too) waits
+    for the resolver. Where DNS does not answer (an air-gapped cluster, a container's resolver),
+    that is its timeout (5 s, twice, by default), and torch only warns "The hostname of the
+    client socket cannot be retrieved"; where it drops queries under load, ranks wait in turn."""
+    what = f"{count} reverse lookups of {address} at once (torch's store client makes one)"
     if took_s < SLOW_NAME_LOOKUP_S:
         return Check("PASS", "name lookup", f"{what}: answered in {1e3 * took_s:.0f} ms")
     waited = "not all answered" if took_s == float("inf") else f"answered in {took_s:.1f} s"
     return Check(
         "WARN",
         "name lookup",
-        f"{what}: {waited}: every store connection of every rank waits for the resolver",
+        f"{what}: {waited}: every rank's first store connect waits for the resolver",
         f"add a line '{address} <this host's name>' to /etc/hosts on every node, or have DNS "
         f"answer reverse lookups for it at once",
     )
