@@ -82,3 +82,9 @@ def test_the_hint_names_the_mapped_address_only_when_its_lookup_is_slow(
     hint = lookup.slow_lookup_hint("127.0.0.1")
     assert hint is not None and "took 0.7 s to name ::ffff:127.0.0.1" in hint
     assert lookup.slow_lookup_hint("not an address") is None  # no route: nothing to say
+    hang = threading.Event()
+    monkeypatch.setattr(lookup, "route_to", lambda address: hang.wait(10) and None)
+    start = time.monotonic()
+    assert lookup.slow_lookup_hint("n1", 0.2) is None  # a name DNS cannot resolve in time
+    assert time.monotonic() - start < 2.0
+    hang.set()

@@ -78,8 +78,15 @@ def name_lookups_s(address: str, count: int, bound_s: float) -> float:
 def slow_lookup_hint(master_addr: str, bound_s: float = 1.0) -> str | None:
     """What to say when one lookup of this host's address toward ``master_addr``, in the form
     torch's client names it, takes :data:`SLOW_LOOKUP_S` or more; None when it is answered
-    sooner (or the route cannot be told)."""
-    local = route_to(master_addr)
+    sooner, or when the route cannot be told within ``bound_s`` (a host name resolved first).
+    At most 2 x ``bound_s``."""
+    routed: list[str | None] = []  # a host name is resolved first: that waits on DNS too
+    finding = threading.Thread(
+        target=lambda: routed.append(route_to(master_addr)), name="ddpkit-route", daemon=True
+    )
+    finding.start()
+    finding.join(bound_s)
+    local = routed[0] if routed else None
     if local is None:
         return None
     named = torch_socket_address(local)
