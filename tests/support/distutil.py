@@ -111,7 +111,8 @@ def _entry(
     try:
         result = fn(rank, world_size, port, *args)
     except BaseException:
-        out.put((rank, False, traceback.format_exc() + _who_holds_the_peer(traceback.format_exc())))
+        failure = traceback.format_exc()
+        out.put((rank, False, failure + _who_holds_the_peer(failure)))
     else:
         out.put((rank, True, result))
 

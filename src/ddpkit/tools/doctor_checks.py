@@ -21,6 +21,7 @@ from ddpkit.cluster.limits import (
     open_files_needed,
 )
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.rendezvous.lookup import SLOW_LOOKUP_S
 from ddpkit.errors import DdpkitError
 from ddpkit.tools.netinfo import Choice, is_loopback
 
@@ -305,9 +306,6 @@ def check_listen_backlog(world_size: int, somaxconn: int | None) -> Check:
     )
 
 
-SLOW_NAME_LOOKUP_S = 0.5
-
-
 def check_name_lookup(address: str, count: int, took_s: float) -> Check:
     """torch's store client names its socket's address (a reverse lookup) when a process first
     connects, and keeps the answer: every rank's first connect (rank 0's store host too) waits
@@ -315,7 +313,7 @@ def check_name_lookup(address: str, count: int, took_s: float) -> Check:
     that is its timeout (5 s, twice, by default), and torch only warns "The hostname of the
     client socket cannot be retrieved"; where it drops queries under load, ranks wait in turn."""
     what = f"{count} reverse lookups of {address} at once (torch's store client makes one)"
-    if took_s < SLOW_NAME_LOOKUP_S:
+    if took_s < SLOW_LOOKUP_S:
         return Check("PASS", "name lookup", f"{what}: answered in {1e3 * took_s:.0f} ms")
     waited = "not all answered" if took_s == float("inf") else f"answered in {took_s:.1f} s"
     return Check(

@@ -25,7 +25,7 @@ accepts two connections a rank, and gloo opens a socket per peer.
 A node's first rank whose store took :data:`SLOW_STORE_S` or more looks at the resolver once:
 torch's client names its socket's address when it connects, and where DNS does not answer
 that is 10 s at the first connect of every process; the warning names the hosts line to add
-(:func:`warn_slow_lookup`).
+(:mod:`ddpkit.cluster.rendezvous.lookup`).
 
 When the rank record carries a :class:`~ddpkit.cluster.rendezvous.ports.PortSearch` (a SLURM
 step without MASTER_PORT), rank 0 hosts on the first candidate it can bind and the others find
@@ -68,7 +68,6 @@ __all__ = [
     "make_store",
     "uses_agent_store",
     "warn_launcher_open_files",
-    "warn_slow_lookup",
 ]
 
 # Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
@@ -93,12 +92,13 @@ def make_store(
         return HashStore(), info  # nobody else to meet: nothing listens for it
     started = time.monotonic()
     made = _make_store(info, env, connect_timeout_s, timeout)
-    if info.local_rank == 0 and time.monotonic() - started >= SLOW_STORE_S:
-        warn_slow_lookup(info, time.monotonic() - started)
+    took_s = time.monotonic() - started
+    if info.local_rank == 0 and took_s >= SLOW_STORE_S:
+        _warn_slow_lookup(info, took_s)
     return made
 
 
-def warn_slow_lookup(info: RankInfo, took_s: float) -> None:
+def _warn_slow_lookup(info: RankInfo, took_s: float) -> None:
     """One warning a node when a rank's store took long and the resolver is why: torch's client
     names its socket's address when it connects (:mod:`ddpkit.cluster.rendezvous.lookup`)."""
     hint = slow_lookup_hint(info.master_addr)
