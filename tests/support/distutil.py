@@ -25,7 +25,6 @@ import queue
 import re
 import socket
 import subprocess
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -91,11 +90,12 @@ def admit_pending_clients(port: int, timeout_s: float = 20.0) -> None:
         del host
 
 
-def pending_clients(port: int) -> list[threading.Thread]:
-    """The threads still making a rank's client of the store on ``port`` in this process."""
+def pending_clients(port: int) -> int:
+    """How many threads still make a rank's client of the store on ``port`` in this process."""
     from ddpkit.worker.rendezvous.store import connect_thread_name
+    from ddpkit.worker.rendezvous.waits import running
 
-    return [t for t in threading.enumerate() if t.name == connect_thread_name(port)]
+    return running(connect_thread_name(port))
 
 
 def _entry(

@@ -636,6 +636,7 @@ _UNREACHABLE = """
 import json, sys, time
 from datetime import timedelta
 import ddpkit.worker.rendezvous.store as store
+import ddpkit.worker.rendezvous.waits as waits
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import RendezvousError
 info = RankInfo(1, 1, 2, 2, 0, 1, "127.0.0.1", int(sys.argv[1]), "torchrun")
@@ -645,7 +646,7 @@ try:
 except RendezvousError as exc:
     seen = {"elapsed": time.monotonic() - started, "error": str(exc)}
 time.sleep(3.0)  # torch's client, had it given up at the deadline, would have printed by now
-seen["held_at_exit"] = len(store._PENDING)
+seen["held_at_exit"] = len(waits._PENDING)
 print(json.dumps(seen))
 """
 

@@ -6,6 +6,8 @@
                 find the store that answers with the job's identity
     group       the store of a process group: which one each rank makes or reaches
     batched     store calls naming many keys, in slices (torch's cost grows faster than N)
+    waits       a call that may block for good in torch's C++ code, in a thread waited for
+                within a bound
 
 Where the job meets (ports, endpoint, reserved ports) is decided torch-free in
 :mod:`ddpkit.cluster.rendezvous`; this half hosts, searches and joins. Users:

@@ -11,7 +11,6 @@ client would wait forever for a reply such a listener never sends). The candidat
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -23,11 +22,11 @@ from ddpkit.cluster.rendezvous.ports import PortSearch
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.store import (
     CONNECT_TIMEOUT_VAR,
-    bounded,
     host_tcp_store,
     is_taken,
     try_connect,
 )
+from ddpkit.worker.rendezvous.waits import CallThread, bounded
 
 __all__ = ["IDENTITY_KEY", "find_store", "host_store"]
 
@@ -109,7 +108,7 @@ def find_store(
     """
     deadline = clock() + timeout_s
     seen: dict[int, str] = {}
-    silent: dict[int, threading.Thread] = {}
+    silent: dict[int, CallThread] = {}
     delay_s = 0.1
     while True:
         for port in search.ports:
@@ -138,7 +137,7 @@ def find_store(
 
 def _ask_identity(
     addr: str, port: int, bound_s: float
-) -> tuple[TCPStore | None, str, threading.Thread | None]:
+) -> tuple[TCPStore | None, str, CallThread | None]:
     """(client, the identity its store holds, None), or (None, why not, the thread if it hangs)."""
 
     def ask() -> tuple[TCPStore, str]:

@@ -36,16 +36,13 @@ find the store that answers with the job's identity) is in
 
 from __future__ import annotations
 
-import atexit
 import errno
 import ipaddress
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Generic, TypeVar
 
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
@@ -53,6 +50,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
+from ddpkit.worker.rendezvous.waits import Call
 
 __all__ = [
     "CLIENT_GRACE_PER_RANK_S",
@@ -60,9 +58,6 @@ __all__ = [
     "CLIENT_QUIET_S",
     "CONNECT_TIMEOUT_VAR",
     "HANDSHAKE_MIN_S",
-    "Call",
-    "Outcome",
-    "bounded",
     "client_grace_s",
     "connect_client",
     "connect_thread_name",
@@ -86,11 +81,6 @@ CLIENT_GRACE_PER_RANK_S = 0.001
 # How long past the connect timeout torch's first client of a rank keeps retrying (quietly).
 CLIENT_QUIET_S = 30.0
 _LOOPBACK = "127.0.0.1"
-# Bounded calls still running (see bounded), and how long the exit waits for them in all.
-_PENDING: list[threading.Thread] = []
-_EXIT_WAIT_S = 3.0
-
-T = TypeVar("T")
 
 
 # --- where the store listens ---------------------------------------------------------------
@@ -191,72 +181,6 @@ def is_taken(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
         return True
     return isinstance(exc, dist.DistNetworkError) and "EADDRINUSE" in str(exc)
-
-
-# --- bounded waits --------------------------------------------------------------------------
-
-
-@dataclass
-class Outcome(Generic[T]):
-    value: T | None = None
-    error: Exception | None = None
-    pending: threading.Thread | None = None  # the call had not returned when the bound ran out
-
-
-class Call(Generic[T]):
-    """``call()`` running in a daemon thread; ``wake`` (shared by several calls, when given) is
-    set when it returns or raises.
-
-    A call still running when its caller gives up (:meth:`give_up`) is waited for again at
-    exit, a little: a daemon thread that comes back from torch's C++ code while the interpreter
-    finalizes aborts the process (SIGABRT, "terminate called without an active exception")
-    after the error was printed. One blocked for good on a silent listener does no harm: the
-    exit ends it.
-    """
-
-    def __init__(self, call: Callable[[], T], name: str, wake: threading.Event | None = None):
-        self.wake = wake or threading.Event()
-        self._box: list[Outcome[T]] = []
-
-        def run() -> None:
-            try:
-                self._box.append(Outcome(value=call()))
-            except Exception as exc:  # reported to the caller, who names the address
-                self._box.append(Outcome(error=exc))
-            finally:
-                self.wake.set()
-
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
-        self._thread.start()
-
-    @property
-    def outcome(self) -> Outcome[T] | None:
-        """What the call returned or raised; None while it runs."""
-        return self._box[0] if self._box else None
-
-    def give_up(self, *, wait_at_exit: bool = True) -> Outcome[T]:
-        """The outcome, or a pending one: the thread is then waited for a little at exit,
-        unless the caller knows it cannot come back soon (``wait_at_exit=False``)."""
-        if self._box:
-            return self._box[0]
-        if wait_at_exit:
-            if not _PENDING:
-                atexit.register(_wait_for_pending)
-            _PENDING.append(self._thread)
-        return Outcome(pending=self._thread)
-
-
-def bounded(call: Callable[[], T], bound_s: float, name: str) -> Outcome[T]:
-    """``call()`` in a daemon thread (a :class:`Call`), waited for ``bound_s`` at most."""
-    running = Call(call, name)
-    running.wake.wait(bound_s)
-    return running.give_up()
-
-
-def _wait_for_pending() -> None:
-    deadline = time.monotonic() + _EXIT_WAIT_S
-    for thread in _PENDING:
-        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _one_line(exc: BaseException, limit: int = 200) -> str:
