@@ -93,3 +93,17 @@ def test_a_child_forked_while_a_call_runs_neither_sees_it_alive_nor_waits_for_it
     assert answer == b"ok" and alive_here
     outcome.pending.join(10)
     assert not outcome.pending.is_alive() and running(name) == 0
+
+
+def test_a_thread_that_cannot_start_leaves_nothing_counted_or_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = f"test-no-thread-{time.monotonic_ns()}"
+
+    def refuse(*_: object) -> int:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(waits._thread, "start_new_thread", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        CallThread(lambda: None, name)
+    assert running(name) == 0 and name not in waits._RUNNING.counts

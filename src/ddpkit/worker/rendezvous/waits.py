@@ -99,7 +99,12 @@ class CallThread:
                 _RUNNING.add(name, -1)
                 self._done.release()
 
-        _thread.start_new_thread(body, ())
+        try:
+            _thread.start_new_thread(body, ())
+        except BaseException:  # no thread (e.g. a process limit): nothing runs, nothing held
+            _RUNNING.add(name, -1)
+            self._done.release()
+            raise
 
     def is_alive(self) -> bool:
         return self._pid == os.getpid() and self._done.locked()
@@ -123,7 +128,11 @@ class _Running:
 
     def add(self, name: str, delta: int) -> None:
         with self.lock:
-            self.counts[name] = self.counts.get(name, 0) + delta
+            count = self.counts.get(name, 0) + delta
+            if count:
+                self.counts[name] = count
+            else:
+                self.counts.pop(name, None)
 
 
 _RUNNING = _Running()
@@ -146,9 +155,9 @@ os.register_at_fork(after_in_child=_forked)
 
 def bounded(call: Callable[[], T], bound_s: float, name: str) -> Outcome[T]:
     """``call()`` in a daemon thread (a :class:`Call`), waited for ``bound_s`` at most."""
-    running = Call(call, name)
-    running.wake.wait(bound_s)
-    return running.give_up()
+    made = Call(call, name)
+    made.wake.wait(bound_s)
+    return made.give_up()
 
 
 def _wait_for_pending() -> None:
