@@ -453,10 +453,11 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
 def test_a_scale_bench_whose_lookups_are_slow_runs_again_with_a_hosts_file_of_its_own(
     tmp_path: Path,
 ) -> None:
-    """torch's client names ::ffff:127.0.0.1 on every connect; where the resolver is slow the
-    scale benches run themselves again in a mount namespace whose /etc/hosts copy holds that
-    address. Forced here (every lookup counted slow): the re-run sees the line, the real file
-    is untouched, the copy is gone, and the re-run, still "slow", says so instead of looping."""
+    """torch's client names ::ffff:127.0.0.1 when a process first connects; where the resolver
+    is slow the scale benches run themselves again in a mount namespace whose /etc/hosts copy
+    holds that address. Forced here (every lookup counted slow): the re-run sees the line, the
+    real file is untouched, the copy is gone, and the re-run, still "slow", says so instead of
+    looping."""
     import subprocess
 
     from tests.support.resolver import private_files_or_skip

@@ -60,7 +60,6 @@ def test_bounded_gives_up_on_a_call_that_outlives_its_bound_and_holds_it_for_the
     assert bounded(lambda: 7, 10, name).value == 7
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 def test_a_child_forked_while_a_call_runs_neither_sees_it_alive_nor_waits_for_it() -> None:
     name = f"test-forked-{time.monotonic_ns()}"
     release = threading.Event()

@@ -86,7 +86,6 @@ class CallThread:
     """
 
     def __init__(self, run: Callable[[], None], name: str) -> None:
-        self.name = name
         self._pid = os.getpid()
         self._done = _thread.allocate_lock()
         self._done.acquire()
@@ -118,9 +117,11 @@ class CallThread:
 class _Running:
     """How many :class:`CallThread` of each name run, under a lock of its own."""
 
+    lock: _thread.LockType
+    counts: dict[str, int]
+
     def __init__(self) -> None:
-        self.lock = _thread.allocate_lock()
-        self.counts: dict[str, int] = {}
+        self.reset()
 
     def reset(self) -> None:
         self.lock = _thread.allocate_lock()
