@@ -266,7 +266,7 @@ def plain_round(
 # --- the stop agreement: real gloo processes ------------------------------------------------
 
 
-def agree(rank: int, world: int, port: int, calls: int, out: Any) -> None:
+def agree(rank: int, world: int, port: int, calls: int, trials: int, out: Any) -> None:  # noqa: PLR0917
     """One rank: ``ddpkit.init()``, then timed stop agreements, ddpkit's and plain, alternating."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
@@ -279,7 +279,7 @@ def agree(rank: int, world: int, port: int, calls: int, out: Any) -> None:
     ddpkit.init(backend="gloo")
     guard = ddpkit.preemption_guard()
     times: dict[str, list[float]] = {STOP_DDPKIT: [], STOP_PLAIN: []}
-    for trial in range(6):
+    for trial in range(trials):
         order = (STOP_DDPKIT, STOP_PLAIN) if trial % 2 == 0 else (STOP_PLAIN, STOP_DDPKIT)
         for variant in order:
             dist.barrier()
@@ -299,11 +299,12 @@ def agree(rank: int, world: int, port: int, calls: int, out: Any) -> None:
     ddpkit.shutdown()
 
 
-def stop_agreement(world: int, calls: int) -> dict[str, list[float]]:
+def stop_agreement(world: int, calls: int, trials: int = 16) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     out: Any = ctx.Queue()
     port = scalesim.listen_port()
-    children = [ctx.Process(target=agree, args=(r, world, port, calls, out)) for r in range(world)]
+    children = [ctx.Process(target=agree, args=(r, world, port, calls, trials, out))
+                for r in range(world)]  # fmt: skip
     for child in children:
         child.start()
     times: dict[str, list[float]] = out.get(timeout=600)
@@ -385,6 +386,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="trials per N (order alternates)")
     parser.add_argument("--window-s", type=float, default=3.0, help="heartbeat window")
     parser.add_argument("--stop-max", type=int, default=8, help="largest real gloo group")
+    # 16 trials, not 6: two identical loops are the worse one in 5 of 6 trials (the report's
+    # 80% rule) 10.9% of the time at each size; in 13 of 16, 1.1% (as bench_allreduce)
+    parser.add_argument("--stop-trials", type=int, default=16, help="stop agreement trials")
     parser.add_argument("--judge-max", type=int, default=98304, help="largest judged world")
     args = parser.parse_args()
     if args.quick:
@@ -408,8 +412,9 @@ def main() -> None:
     rows, notes = figures(results)
     notes.insert(0, resolver)
     stops: dict[str, list[tuple[float, float]]] = {STOP_DDPKIT: [], STOP_PLAIN: []}
+    calls, stop_trials = (20, 2) if args.quick else (100, args.stop_trials)
     for n in [n for n in (2, 4, 8, 16) if n <= args.stop_max]:
-        for variant, trials in stop_agreement(n, 20 if args.quick else 100).items():
+        for variant, trials in stop_agreement(n, calls, stop_trials).items():
             value = statistics.median(trials)
             stops[variant].append((n, value))
             rows.append(benchjson.row("stop agreement (one should_stop)", variant, value, "us",
