@@ -549,3 +549,19 @@ def test_the_phase_diagnostic_gives_each_steps_time_and_its_threads_cpu(
     # each rank's connect and its watchdog's clone cost its thread some CPU
     assert ours["thread_cpu_ms"]["start->connected"]["mean"] > 0
     assert ours["thread_cpu_ms"]["linked->cloned"]["mean"] > 0
+
+
+def test_the_verdict_wait_diagnostic_times_the_store_over_the_window_for_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verdict_wait.py: 7 ranks waiting for rank 0's verdict, ddpkit's wait and the old poll,
+    each the store host's CPU over the window and when the last rank had the verdict."""
+    monkeypatch.setenv("RES_OPTIONS", "timeout:1 attempts:1")
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import verdict_wait
+
+    for how in ("wait", "poll"):
+        found = verdict_wait.run(8, how, 0.5)
+        assert (found["N"], found["how"], found["window_s"]) == (8, how, 0.5)
+        assert 0 < found["store_cpu_s"] < 60 and found["store_busy"] >= 0, found
+        assert -0.5 < found["last_had_it_s"] < 60, found  # every rank got it, after it was set

@@ -219,3 +219,19 @@ class Indices(Dataset[int]):
 
     def __getitem__(self, index: int) -> int:
         return index
+
+
+class CountingStore:
+    """A real store whose calls are counted by name."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner, self.calls = inner, {}  # type: dict[str, int]
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._inner, name)
+
+        def counted(*args: object) -> object:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args)
+
+        return counted

@@ -21,6 +21,7 @@ import pytest
 from ddpkit.cli import main
 from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.tools.doctor import DoctorOptions, Report, run_doctor
+from tests.support.distutil import CountingStore
 from tests.support.resolver import (
     private_files_or_skip,
     silent_nameserver,
@@ -190,22 +191,6 @@ def test_bad_flags_are_one_line_and_exit_2(
     assert err.count("\n") == 1 and f"{flag}={value!r} is not a positive number" in err
 
 
-class _CountingStore:
-    """A real TCPStore whose calls are counted by name."""
-
-    def __init__(self, inner: object) -> None:
-        self._inner, self.calls = inner, {}  # type: dict[str, int]
-
-    def __getattr__(self, name: str) -> object:
-        attr = getattr(self._inner, name)
-
-        def counted(*args: object) -> object:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return attr(*args)
-
-        return counted
-
-
 def _gather_at(world: int, present: list[int]) -> tuple[dict[str, int], list[str]]:
     """Rank 0's gather over a real store where ``present`` ranks have told their facts."""
     from dataclasses import asdict
@@ -222,7 +207,7 @@ def _gather_at(world: int, present: list[int]) -> tuple[dict[str, int], list[str
         facts = RankFacts(rank, world, "n1", "2.13", None, None)
         host.set(f"facts/{rank}", json.dumps(asdict(facts)))
         host.add("arrivals", 1)
-    store = _CountingStore(host)
+    store = CountingStore(host)
     info = RankInfo(0, 0, world, world, 0, 1, "127.0.0.1", host.port, "env")
     met = Meeting(store, Check("PASS", "master", "ok"), 0, world, 0.5)  # type: ignore[arg-type]
     checks = doctor._gather_checks(info, met, 0.5)
