@@ -28,7 +28,7 @@ from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog import Departure
 from ddpkit.worker.watchdog.beats import BeatJudge, StaleWatch, encode_stale
-from ddpkit.worker.watchdog.policy import judging_parts, stale_gap_s
+from ddpkit.worker.watchdog.policy import judging_parts, read_marker, read_who, stale_gap_s
 from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
 from tests.support.spawned import Rank
@@ -502,3 +502,23 @@ def test_rank_zero_reads_at_most_1024_counters_a_second_and_each_once_a_beat_int
     # rounds): the gap for the survivors' list is longer, the bound longer still
     gap_s = stale_gap_s(1.0, beat_s, parts)
     assert beat_s + parts * 1.0 < gap_s < 60.0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"not json", b"[1, 2]", b'"text"', b'{"age_s": "soon"}', b"\xff\xfe", b"null"],
+)
+def test_a_marker_or_introduction_anyone_could_have_written_is_read_without_raising(
+    raw: bytes,
+) -> None:
+    """The store is not ddpkit's alone: whoever reaches its port can write any key."""
+    departure = read_marker(3, raw, 100.0)
+    assert (departure.rank, departure.victim) == (3, False) and departure.who.startswith("rank 3")
+    assert read_who(raw) == (None, None, None)
+
+
+def test_a_marker_tells_who_left_how_and_when() -> None:
+    raw = b'{"host": "n1", "pid": 42, "how": "exited", "age_s": 2.5, "victim": true, "node": "c1"}'
+    departure = read_marker(5, raw, 100.0)
+    assert departure == Departure(5, "rank 5 on host n1 (pid 42)", "exited", True, 97.5, "c1")
+    assert read_who(b'{"host": "n1", "pid": 42, "node": null}') == ("n1", 42, None)

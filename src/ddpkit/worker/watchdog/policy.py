@@ -6,6 +6,7 @@ function of values, unit-tested without processes (tests/worker/test_watchdog.py
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -81,8 +82,8 @@ def beat_interval_for(bound_s: float, world_size: int) -> float:
 
 def beat_phase(rank: int) -> float:
     """Where in its beat interval a rank other than 0 beats, as a fraction in (0, 1]: its
-    second beat comes that fraction of an interval after its first, every later one a whole
-    interval after the one before.
+    first beat comes that fraction of an interval after its watchdog is up (none at once),
+    every later one a whole interval after the one before.
 
     Every rank is let go by the same barrier, so without it their beats (and the polls that
     come with them) reach rank 0's store together, once an interval, for as long as the job
@@ -149,6 +150,34 @@ def describe_rank(rank: int, host: str | None, pid: int | None) -> str:
     if pid is not None:
         text += f" (pid {pid})"
     return text
+
+
+def read_marker(rank: int, raw: bytes, now: float) -> Departure:
+    """The departure a rank's ``exit/<rank>`` marker tells (anyone who reaches the store can
+    write one: what does not parse is a rank that left, no more)."""
+    try:
+        marker = json.loads(raw.decode())
+        pid = marker.get("pid")
+        return Departure(
+            rank,
+            describe_rank(rank, str(marker.get("host") or ""), pid),
+            str(marker.get("how") or "left"),
+            victim=bool(marker.get("victim", False)),
+            left_at=now - float(marker.get("age_s", 0.0)),
+            node=str(marker["node"]) if marker.get("node") else None,
+        )
+    except (ValueError, TypeError, AttributeError):
+        return Departure(rank, describe_rank(rank, None, None), "left", left_at=now)
+
+
+def read_who(raw: bytes) -> tuple[str | None, int | None, str | None]:
+    """Host, pid and SLURM node name of a rank's ``who/<rank>`` introduction."""
+    try:
+        who = json.loads(raw.decode())
+        node = who.get("node")
+        return str(who["host"]), int(who["pid"]), None if node is None else str(node)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None, None, None
 
 
 def pick_cause(departures: Sequence[Departure], me: int) -> Departure | None:

@@ -27,6 +27,8 @@ from ddpkit.worker.watchdog.policy import (
     beat_phase,
     describe_rank,
     judging_parts,
+    read_marker,
+    read_who,
     stale_gap_s,
 )
 
@@ -95,7 +97,7 @@ class StoreLink:
         # judges their counters every interval_s, so its own loop keeps that one
         self.beat_interval_s = interval_s if beat_interval_s is None else beat_interval_s
         self._cadence_s = interval_s if rank == 0 else self.beat_interval_s
-        # the gap after the first beat: the others spread their beats over the interval
+        # the gap to the first beat: the others spread their beats over the interval
         self._first_gap_s = self._cadence_s * (1.0 if rank == 0 else beat_phase(rank))
         self.host_rank, self.address = host_rank, address
         self._clock = clock
@@ -235,7 +237,13 @@ class StoreLink:
             with self._lock:  # the store's silence counts from here: a slow connect is not it
                 self.last_ok, self._connecting = self._clock(), False
             self._introduce()
+            # Rank 0 beats and judges at once; the others beat first at their phase and poll
+            # from their next wake: 2 round trips a rank less in init's burst at the store
+            # (a counter is judged from rank 0's first round on, whatever it holds then).
             next_beat, gap_s = 0.0, self._first_gap_s
+            polls = self.rank == 0
+            if not polls:
+                next_beat, gap_s = self._clock() + gap_s, self._cadence_s
             while True:
                 self._serve()
                 if self._stopping.is_set() or self.released:
@@ -246,7 +254,9 @@ class StoreLink:
                     if self.rank == 0:
                         self._check_beats(now)
                     next_beat, gap_s = now + gap_s, self._cadence_s
-                self._poll()
+                if polls:
+                    self._poll()
+                polls = True
                 hurrying = self._clock() < self._hurry_until
                 if hurrying:
                     self._read_stale()
@@ -402,33 +412,12 @@ class StoreLink:
             self.hang_report = text
 
     def _read_marker(self, rank: int, now: float) -> Departure:
-        raw = self._store.get(f"exit/{rank}")
-        try:
-            marker = json.loads(raw.decode())
-            age_s = float(marker.get("age_s", 0.0))
-            pid = marker.get("pid")
-            return Departure(
-                rank,
-                describe_rank(rank, str(marker.get("host") or ""), pid),
-                str(marker.get("how") or "left"),
-                victim=bool(marker.get("victim", False)),
-                left_at=now - age_s,
-                node=str(marker["node"]) if marker.get("node") else None,
-            )
-        except (ValueError, TypeError, AttributeError):
-            return Departure(rank, describe_rank(rank, None, None), "left", left_at=now)
+        return read_marker(rank, self._store.get(f"exit/{rank}"), now)
 
     def _who(self, rank: int) -> tuple[str | None, int | None, str | None]:
         """Host, pid and SLURM node name a rank introduced itself with."""
         key = f"who/{rank}"
-        if not self._store.check([key]):
-            return None, None, None
-        try:
-            who = json.loads(self._store.get(key).decode())
-            node = who.get("node")
-            return str(who["host"]), int(who["pid"]), None if node is None else str(node)
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None, None, None
+        return read_who(self._store.get(key)) if self._store.check([key]) else (None, None, None)
 
     def _beats(self) -> list[str]:
         """Every rank's beat key, made once: at 98,304 ranks ~6 ms of rank 0's GIL a round."""
