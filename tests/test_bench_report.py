@@ -415,6 +415,14 @@ def test_the_requeue_bench_compares_with_submitits_requeue_and_shows_a_fresh_sta
     assert f"Verdict: **BEHIND**: {bench.DDPKIT} behind {bench.SUBMITIT}" in text
 
 
+@pytest.fixture
+def scale_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What importing scalesim sets (setdefault) when no test set it first: set here, undone
+    after the test, so that a test run alone or first leaks nothing."""
+    monkeypatch.setenv("RES_OPTIONS", "timeout:1 attempts:1")
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_store_spends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -482,7 +490,9 @@ def test_a_scale_bench_whose_lookups_are_slow_runs_again_with_a_hosts_file_of_it
     assert set(Path("/tmp").glob("ddpkit-bench-hosts-*")) == leftovers
 
 
-def test_the_watchdog_burst_is_the_busiest_slot_of_the_window_over_its_mean() -> None:
+def test_the_watchdog_burst_is_the_busiest_slot_of_the_window_over_its_mean(
+    scale_env: None,
+) -> None:
     import bench_scale
     import scalesim
 
@@ -495,7 +505,9 @@ def test_the_watchdog_burst_is_the_busiest_slot_of_the_window_over_its_mean() ->
     assert bench_scale.peak_over_mean([{}], 10 * slot, 14 * slot) == 0.0
 
 
-def test_the_judging_round_times_ddpkits_watchdog_and_the_plain_way_on_one_store() -> None:
+def test_the_judging_round_times_ddpkits_watchdog_and_the_plain_way_on_one_store(
+    scale_env: None,
+) -> None:
     import bench_scale
 
     found = bench_scale.judging_round([1024, 2500], 2)
@@ -505,7 +517,7 @@ def test_the_judging_round_times_ddpkits_watchdog_and_the_plain_way_on_one_store
         assert all(len(trials) == 2 and min(trials) > 0 for trials in by_n.values())
 
 
-def test_listen_overflows_counts_the_connects_a_full_queue_drops() -> None:
+def test_listen_overflows_counts_the_connects_a_full_queue_drops(scale_env: None) -> None:
     """The scale bench's overflow figure reads the kernel's own counter: a listen queue of one
     that nobody accepts from, ten connects, some dropped."""
     import scalesim
