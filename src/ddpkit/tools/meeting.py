@@ -27,13 +27,10 @@ from ddpkit.errors import RendezvousError
 from ddpkit.tools.doctor_checks import Check, from_error
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import probe_master
-from ddpkit.worker.rendezvous.waits import Call
 
 __all__ = ["Meeting", "meet"]
 
 _PREFIX = "ddpkit-doctor"
-WAIT_THREAD = "ddpkit-doctor-wait"  # the thread of a rank's wait for the verdict
-_WAIT_SLACK_S = 5.0  # past the store's own bound for the wait: a host that does not answer
 
 
 @dataclass
@@ -54,40 +51,34 @@ class Meeting:
         One wait the store answers when ``key`` is set, as torch's own store barrier waits:
         every rank but 0 waits here for the verdict, and a check of each every 0.1 s was 10
         store calls a second a rank on rank 0's one store thread (40,950 at 4,096 ranks, more
-        than it serves), for as long as rank 0 waited for the last rank to arrive. The wait
-        runs in a thread: this one waits for it in Python, so Ctrl-C ends the rank at once,
-        as it did between polls (in torch's C++ wait, only when the wait ends).
+        than it serves), for as long as rank 0 waited for the last rank to arrive. The wait is
+        in torch's C++ code: a Ctrl-C reaches this rank when it ends, at the bound or at once
+        when rank 0 leaves (its store closes; an interrupted rank 0 does not wait for the
+        others, see :meth:`store_closing`). Launchers end it sooner: torchrun's agent and
+        ``ddpkit run`` SIGTERM their workers, srun kills on a second Ctrl-C.
         """
         deadline = time.monotonic() + timeout_s
-        bound = timedelta(seconds=max(timeout_s, 0.001))
-        call: Call[None] = Call(lambda: self.store.wait([key], bound), WAIT_THREAD)
         try:
-            returned = call.wake.wait(timeout_s + _WAIT_SLACK_S)
-        except BaseException:  # Ctrl-C: the thread is waited for a little at exit
-            call.give_up()
-            raise
-        outcome = call.give_up()
-        if not returned or outcome.pending is not None:
-            return None  # the store did not answer its own bound: a host that hangs
-        error = outcome.error
-        if error is not None and not self.store.check([key]):
-            # torch's "wait timeout after ...": not set within the bound; before the bound's
-            # end, the store's own error, as any other call's
-            early = time.monotonic() < deadline - min(1.0, timeout_s / 2)
-            if early or not isinstance(error, dist.DistStoreError):
-                raise error
-            return None
+            self.store.wait([key], timedelta(seconds=max(timeout_s, 0.001)))
+        except dist.DistStoreError:  # "wait timeout after ...": not set within the bound
+            if not self.store.check([key]):
+                if time.monotonic() < deadline - min(1.0, timeout_s / 2):
+                    raise  # not the bound's end: the store's own error, as any other call's
+                return None
         return self.store.get(key).decode()
 
     @contextmanager
     def store_closing(self) -> Iterator[None]:
-        """Rank 0 keeps its store up until every rank says it is done (bounded)."""
+        """Rank 0 keeps its store up until every rank says it is done (bounded); not when it
+        was interrupted (Ctrl-C, an error): the others' waits then end as its store closes."""
+        finished = False
         try:
             yield
+            finished = True
         finally:
             try:
                 done = int(self.store.add("done", 1))  # one call a poll, whatever the size
-                if self.rank == 0:
+                if self.rank == 0 and finished:
                     deadline = time.monotonic() + self.timeout_s
                     present = self.world_size if self.present is None else len(self.present)
                     while done < present:
