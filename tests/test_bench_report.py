@@ -424,14 +424,12 @@ def scale_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_store_spends(
-    monkeypatch: pytest.MonkeyPatch,
+    scale_env: None,
 ) -> None:
     """Both variants pay the group's forming (init_process_group returns on no rank before every
     rank joined); ddpkit's ready is where init() returns, its watchdog's start-up (a connection
     of its own, then the introduction) a figure apart; the store server's CPU and the ranks'
     own are measured, not assumed. 8 simulated ranks in 2 processes, each variant once."""
-    monkeypatch.setenv("RES_OPTIONS", "timeout:1 attempts:1")  # what the bench sets (setdefault)
-    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
     import bench_scale
 
     ours = bench_scale.job(8, "ddpkit", 2, 1.0)
@@ -539,12 +537,10 @@ def test_listen_overflows_counts_the_connects_a_full_queue_drops(scale_env: None
 
 
 def test_the_phase_diagnostic_gives_each_steps_time_and_its_threads_cpu(
-    monkeypatch: pytest.MonkeyPatch,
+    scale_env: None,
 ) -> None:
     """scale_phases.py: per step of a simulated rank's start-up, when the last rank finished
     it and the CPU the thread that did it spent (the watchdog link's steps for ddpkit only)."""
-    monkeypatch.setenv("RES_OPTIONS", "timeout:1 attempts:1")
-    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
     import scale_phases
 
     ours = scale_phases.job(8, 2, "ddpkit")
@@ -564,12 +560,10 @@ def test_the_phase_diagnostic_gives_each_steps_time_and_its_threads_cpu(
 
 
 def test_the_verdict_wait_diagnostic_times_the_store_over_the_window_for_both_ways(
-    monkeypatch: pytest.MonkeyPatch,
+    scale_env: None,
 ) -> None:
     """verdict_wait.py: 7 ranks waiting for rank 0's verdict, ddpkit's wait and the old poll,
     each the store host's CPU over the window and when the last rank had the verdict."""
-    monkeypatch.setenv("RES_OPTIONS", "timeout:1 attempts:1")
-    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
     import verdict_wait
 
     for how in ("wait", "poll"):

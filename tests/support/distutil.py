@@ -222,16 +222,18 @@ class Indices(Dataset[int]):
 
 
 class CountingStore:
-    """A real store whose calls are counted by name."""
+    """A real store whose calls are counted by name, with the most keys one call named."""
 
     def __init__(self, inner: object) -> None:
-        self._inner, self.calls = inner, {}  # type: dict[str, int]
+        self._inner, self.calls, self.most_keys = inner, {}, 0  # type: object, dict[str, int], int
 
     def __getattr__(self, name: str) -> object:
         attr = getattr(self._inner, name)
 
         def counted(*args: object) -> object:
             self.calls[name] = self.calls.get(name, 0) + 1
+            if args and isinstance(args[0], list):
+                self.most_keys = max(self.most_keys, len(args[0]))
             return attr(*args)
 
         return counted

@@ -32,26 +32,7 @@ from ddpkit.worker.watchdog.store import (
     DEFAULT_OP_TIMEOUT_S,
     StoreLink,
 )
-
-
-class Counted:
-    """A store whose calls are counted by name, with the most keys one call named."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.calls: dict[str, int] = {}
-        self.most_keys = 0
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-
-        def counted(*args: Any) -> Any:
-            self.calls[name] = self.calls.get(name, 0) + 1
-            if args and isinstance(args[0], list):
-                self.most_keys = max(self.most_keys, len(args[0]))
-            return attr(*args)
-
-        return counted
+from tests.support.distutil import CountingStore
 
 
 @pytest.fixture
@@ -86,7 +67,7 @@ def _wait(predicate: Any, timeout_s: float) -> None:
 def test_rank_zero_creates_every_beat_key_in_one_call_a_slice_of_keys(
     host: TCPStore, world: int
 ) -> None:
-    counted = Counted(PrefixStore("w", host))
+    counted = CountingStore(PrefixStore("w", host))
     link = _link(counted, 0, world)
     link.start()
     try:
@@ -309,7 +290,7 @@ def test_a_survivors_hurry_reads_rank_zeros_list_two_keys_at_a_time(host: TCPSto
     # silent rank within the 5 s). Now it reads rank 0's round counter and its list of stale
     # ranks: two keys a read, whatever the world
     world = 5000
-    counted = Counted(PrefixStore("w", host))
+    counted = CountingStore(PrefixStore("w", host))
     link = _link(counted, 1, world, beat_interval_s=0.25)  # a gap of 0.55 s fits in the hurry
     rank0 = RankZero(host, "w")
     link.start()
@@ -373,7 +354,7 @@ def test_the_hang_gatherer_reads_every_piece_a_slice_at_a_time(host: TCPStore) -
     # a check and a get a rank took longer than the gathering's 5 s at ~25,000 ranks, and the
     # report came out without pieces: now two calls a slice of ranks that all answered
     world = 3000
-    counted = Counted(PrefixStore("w", host))
+    counted = CountingStore(PrefixStore("w", host))
     link = _link(counted, 0, world)
     keys = [f"w/hang/piece/{rank}" for rank in range(world) if rank != 7]  # rank 7 never answered
     batched.multi_set(host, keys, [json.dumps({"rank": int(k.rsplit("/", 1)[1])}) for k in keys])
