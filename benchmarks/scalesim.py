@@ -211,6 +211,7 @@ class Rank:
     # watchdog link's for "linked", "cloned" and "introduced")
     stamps: dict[str, float] = dataclasses.field(default_factory=dict)
     cpu: dict[str, float] = dataclasses.field(default_factory=dict)
+    readied: threading.Event = dataclasses.field(default_factory=threading.Event)  # or failed
 
     def stamp(self, step: str) -> float:
         self.cpu[step] = time.thread_time()
@@ -229,6 +230,8 @@ class Rank:
                 self._ddpkit(watchdog=self.variant == "ddpkit")
         except Exception as exc:  # reported by the caller with the rank
             self.error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+        finally:
+            self.readied.set()
 
     def _plain(self) -> None:
         self.stamp("start")
@@ -237,6 +240,7 @@ class Rank:
         self._group_formed()
         self.stamp("formed")
         self.ready_at = self.stamp("ready")
+        self.readied.set()
 
     def _group_formed(self) -> None:
         """Until every rank has joined (``init_process_group`` returns on no rank before): one
@@ -254,25 +258,26 @@ class Rank:
         self.stamp("formed")
         if not watchdog:  # DDPKIT_PEER_TIMEOUT=off: init() returns once the group formed
             self.ready_at = self.stamp("ready")
+            self.readied.set()
             return
-        introduced = threading.Event()
+        up = _Up(self)
         prefix = f"{KEY_PREFIX}0/1/"
         op_timeout_s = max(10.0, 4 * interval_for(self.bound_s))
         own = own_connection(self.store, prefix, op_timeout_s)  # as hooks.start
 
         def connect() -> Any:  # on the link's thread, as in hooks.start, counted
-            self.stamp("linked")
+            self.stamp("linked")  # rank 0: at once; the others: at their first beat's phase
             with TALLY.lock:
                 TALLY.connections += 1  # the watchdog's clone: a connection of its own
             made = own()
-            self.stamp("cloned")
             if made is None:
                 raise RuntimeError("the watchdog could not clone the store")
-            return _Introduced(Counting(made, self.tally), introduced, self)
+            up.part("cloned")
+            return _Introduced(Counting(made, self.tally), up)
 
         shared = PrefixStore(prefix, self.store)
         self.link = StoreLink(
-            _Introduced(Counting(shared, self.tally), introduced, self),
+            _Introduced(Counting(shared, self.tally), up),
             rank=self.rank,
             world_size=self.world,
             interval_s=interval_for(self.bound_s),
@@ -284,21 +289,39 @@ class Rank:
             beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as hooks.start
             connect=connect,
         )
-        self.link.start()
+        self.link.start()  # a rank other than 0 introduces itself here, over the group's client
         self.ready_at = self.stamp("ready")  # init() returns here
-        if not introduced.wait(600):
-            raise TimeoutError("the watchdog link did not introduce itself in 600 s")
-        self.up_at = self.stamps["introduced"]  # stamped by the link's thread
-        self.setup_calls = sum(self.tally.snapshot()["calls"].values())
+        self.readied.set()
+        if not up.done.wait(600):
+            raise TimeoutError("the watchdog link was not up (connected, introduced) in 600 s")
+        self.up_at = max(self.stamps["cloned"], self.stamps["introduced"])
+
+
+class _Up:
+    """A simulated rank's watchdog is up once it has its own connection ("cloned") and has
+    introduced itself ("introduced"), in either order (rank 0: connection first; the others:
+    the introduction at start, the connection at their first beat's phase). The rank's store
+    calls are counted then, on the thread that did the later part, before any beat."""
+
+    def __init__(self, sim: Rank) -> None:
+        self.sim, self.done, self._lock, self._parts = sim, threading.Event(), threading.Lock(), 0
+
+    def part(self, step: str) -> None:
+        self.sim.stamp(step)
+        with self._lock:
+            self._parts += 1
+            if self._parts == 2:
+                self.sim.setup_calls = sum(self.sim.tally.snapshot()["calls"].values())
+                self.done.set()
 
 
 class _Introduced:
-    """Sets ``done`` when the link's introduction is over (``who/<rank>``; rank 0: then every
+    """Tells ``up`` when the link's introduction is over (``who/<rank>``; rank 0: then every
     beat key, in one ``multi_set``), so readiness is timed without touching the link's code."""
 
-    def __init__(self, inner: Counting, done: threading.Event, sim: Rank) -> None:
-        self._inner, self._done, self._sim = inner, done, sim
-        self._host = sim.rank == 0  # rank 0 creates every beat key after its who/
+    def __init__(self, inner: Counting, up: _Up) -> None:
+        self._inner, self._up = inner, up
+        self._host = up.sim.rank == 0  # rank 0 creates every beat key after its who/
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -306,16 +329,12 @@ class _Introduced:
     def set(self, key: str, value: str) -> None:
         self._inner.set(key, value)
         if key.startswith("who/") and not self._host:
-            self._over()
+            self._up.part("introduced")
 
     def multi_set(self, keys: list[str], values: list[str]) -> None:
         self._inner.multi_set(keys, values)
         if self._host and keys and keys[0].startswith("beat/"):
-            self._over()
-
-    def _over(self) -> None:
-        self._sim.stamp("introduced")  # on the link's thread, before the rank's wait ends
-        self._done.set()
+            self._up.part("introduced")
 
 
 def context() -> Any:

@@ -22,6 +22,7 @@ from ddpkit.worker.rendezvous import batched
 from ddpkit.worker.watchdog.policy import (
     SAY_TIMEOUT_S,
     beat_interval_for,
+    beat_phase,
     interval_for,
     judging_parts,
     stale_gap_s,
@@ -453,7 +454,8 @@ def _prefix() -> str:
 
 def test_start_returns_before_the_watchdog_has_its_own_connection(host: TCPStore) -> None:
     # init() waited for the clone: at thousands of ranks let go by one barrier, every rank's
-    # init() queued behind a thousand connects to rank 0's store
+    # init() queued behind a thousand connects to rank 0's store. The rank has introduced
+    # itself when start() returns (over the group's connection), its own connection to come
     from ddpkit.worker.watchdog import hooks
 
     release = threading.Event()
@@ -464,14 +466,93 @@ def test_start_returns_before_the_watchdog_has_its_own_connection(host: TCPStore
     try:
         started.join(30)
         assert not started.is_alive(), "start() waited for the watchdog's connection"
+        assert host.check([f"{_prefix()}who/1"])  # who it is: known from init() on
+        assert json.loads(host.get(f"{_prefix()}who/1"))["pid"] > 0
+        time.sleep(0.6)  # past its phase (0.38 s of 1 s): it connects now, and waits for it
         assert not slow.cloned.is_set()
-        assert not host.check([f"{_prefix()}who/1"])  # its thread is still connecting
+        assert not host.check([f"{_prefix()}beat/1"])
         release.set()
-        _wait(lambda: host.check([f"{_prefix()}who/1"]), 10)  # then it introduces itself
+        _wait(lambda: host.check([f"{_prefix()}beat/1"]), 10)  # then it beats at once
         assert slow.cloned.is_set()
     finally:
         release.set()
         hooks.stop()
+
+
+class _Timed:
+    """A link's ``connect``: when it was called (monotonic), the store it hands back."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.at = store, threading.Event()
+        self.when: float | None = None
+
+    def __call__(self) -> Any:
+        self.when = time.monotonic()
+        self.at.set()
+        return self.store
+
+
+def _deferred(host: TCPStore, rank: int, world: int, connect: _Timed) -> StoreLink:
+    """A link of ``rank`` with its own connection (``connect``) at the world's beat interval."""
+    return StoreLink(
+        CountingStore(PrefixStore("w", host)), rank=rank, world_size=world, interval_s=1.0,
+        bound_s=600.0, host_rank=0, address="127.0.0.1:0", clock=time.monotonic,
+        beat_interval_s=beat_interval_for(600.0, world), connect=connect,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("rank", "world"), [(1, 2), (2, 2048), (5, 2048), (1, 1024)])
+def test_a_rank_connects_on_its_own_at_its_first_beats_phase(
+    host: TCPStore, rank: int, world: int
+) -> None:
+    # thousands of ranks let go by one barrier connected at once, doubling the connects of
+    # init()'s burst at rank 0's store: each now connects at its own phase of the interval,
+    # then beats; before that it has made one store call (its introduction), none of its own
+    phase_s = beat_interval_for(600.0, world) * beat_phase(rank)
+    own = CountingStore(PrefixStore("w", host))
+    connect = _Timed(own)
+    link = _deferred(host, rank, world, connect)
+    shared = link.kv
+    started = time.monotonic()
+    link.start()
+    try:
+        assert connect.at.wait(phase_s + 5), "no connection of its own"
+        assert connect.when is not None and connect.when - started >= phase_s - 0.01
+        _wait(lambda: host.check([f"w/beat/{rank}"]), 5)
+        assert dict(shared.calls) == {"set": 1}  # who/<rank>, over the group's connection
+        assert own.calls.get("add", 0) >= 1  # the beat, over its own
+        assert link.kv is own
+    finally:
+        link.stop()
+
+
+@pytest.mark.parametrize("cause", ["request", "hurry", "stop"])
+def test_a_request_a_hurry_or_the_exit_brings_the_connection_before_its_phase(
+    host: TCPStore, cause: str
+) -> None:
+    # rank 2 of 2,048 beats 3.06 s into its 4 s interval; what needs the store sooner gets it
+    rank, world = 2, 2048
+    assert beat_interval_for(600.0, world) * beat_phase(rank) > 3.0
+    own = CountingStore(PrefixStore("w", host))
+    connect = _Timed(own)
+    link = _deferred(host, rank, world, connect)
+    link.start()
+    try:
+        time.sleep(0.2)
+        assert not connect.at.is_set()
+        asked = time.monotonic()
+        if cause == "request":
+            assert link.call(lambda: link.kv.set("asked", "1"), 5.0)
+            assert host.get("w/asked") == b"1" and own.calls.get("set") == 1
+        elif cause == "hurry":
+            link.hurry(1.0)
+        else:
+            link.stop()
+            assert int(host.get("w/done")) == 1  # its last store call, over its own connection
+        assert connect.at.wait(1.0), f"{cause}: no connection within 1 s"
+        assert connect.when is not None and connect.when - asked < 1.0
+    finally:
+        link.stop()
 
 
 def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
@@ -554,7 +635,7 @@ def test_a_slow_own_connection_is_not_taken_for_a_silent_store(host: TCPStore) -
         time.sleep(1.0)  # 2.5 bounds into the connect
         assert link.store_departure(time.monotonic()) is None
         release.set()
-        _wait(lambda: host.check(["w/who/1"]), 10)
+        _wait(lambda: host.check(["w/beat/1"]), 10)  # connected: it beats
         assert link.store_departure(time.monotonic()) is None  # it answers: not gone
         assert link.store_departure(time.monotonic() + 5.0) is not None  # silent 5 s: gone
     finally:

@@ -81,11 +81,13 @@ class StoreLink:
         connect_gives_up_s: float | None = None,
     ) -> None:
         self._store = store
-        # The link's own connection, made by its thread before its first operation (None:
-        # keep ``store``): init() does not wait for it, and with thousands of ranks let go by
-        # the same barrier their connects are not one burst that every init() waits behind.
+        # The link's own connection, made by its thread (None: keep ``store``): rank 0's at
+        # once, the others' at their first beat's phase (a request, a hurry or the exit brings
+        # it sooner; they introduce themselves over ``store`` at start), so that thousands of
+        # ranks let go by one barrier do not double the connects init()'s burst waits behind.
         self._connect = connect
-        self._connecting = connect is not None
+        self._connecting, self._introduced = connect is not None, False
+        self._deferred = self._connecting and rank != 0
         # by when (seconds after its start) torch gives ``connect`` up, answer or not; None:
         # unknown (a listener that accepts and never answers may hold it longer still)
         self._connect_gives_up_s = connect_gives_up_s
@@ -137,6 +139,12 @@ class StoreLink:
         return self._store
 
     def start(self) -> None:
+        if self._deferred:
+            try:  # who it is, known from init() on; one set over the group's connection
+                self._introduce()
+                self._introduced = True
+            except Exception:  # its thread introduces it once connected
+                pass
         self._thread.start()
 
     def stop(self, wait_s: float | None = None) -> None:
@@ -228,6 +236,15 @@ class StoreLink:
 
     def _run(self) -> None:
         try:
+            # Rank 0 beats and judges at once; the others connect and beat first at their phase
+            # and poll from their next wake: nothing of theirs in init's burst at the store
+            # (a counter is judged from rank 0's first round on, whatever it holds then).
+            next_beat, gap_s = 0.0, self._first_gap_s
+            polls = self.rank == 0
+            if not polls:
+                next_beat, gap_s = self._clock() + gap_s, self._cadence_s
+            if self._deferred:
+                self._wake.wait(self._first_gap_s)
             if self._connect is not None:
                 if self._connect_gives_up_s is not None:
                     self._connect_given_up_at = time.monotonic() + self._connect_gives_up_s
@@ -236,14 +253,8 @@ class StoreLink:
                     self._store = own
             with self._lock:  # the store's silence counts from here: a slow connect is not it
                 self.last_ok, self._connecting = self._clock(), False
-            self._introduce()
-            # Rank 0 beats and judges at once; the others beat first at their phase and poll
-            # from their next wake: 2 round trips a rank less in init's burst at the store
-            # (a counter is judged from rank 0's first round on, whatever it holds then).
-            next_beat, gap_s = 0.0, self._first_gap_s
-            polls = self.rank == 0
-            if not polls:
-                next_beat, gap_s = self._clock() + gap_s, self._cadence_s
+            if not self._introduced:
+                self._introduce()
             while True:
                 self._serve()
                 if self._stopping.is_set() or self.released:
