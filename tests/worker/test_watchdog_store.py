@@ -501,13 +501,14 @@ def _deferred(host: TCPStore, rank: int, world: int, connect: _Timed) -> StoreLi
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(("rank", "world"), [(1, 2), (2, 2048), (5, 2048), (1, 1024)])
+@pytest.mark.parametrize(("rank", "world"), [(0, 2), (1, 2), (2, 2048), (5, 2048), (1, 1024)])
 def test_a_rank_connects_on_its_own_at_its_first_beats_phase(
     host: TCPStore, rank: int, world: int
 ) -> None:
     # thousands of ranks let go by one barrier connected at once, doubling the connects of
     # init()'s burst at rank 0's store: each now connects at its own phase of the interval,
     # then beats; before that it has made one store call (its introduction), none of its own
+    # (rank 0: its first judging round, an interval in, then every beat key and a beat)
     phase_s = beat_interval_for(600.0, world) * beat_phase(rank)
     own = CountingStore(PrefixStore("w", host))
     connect = _Timed(own)

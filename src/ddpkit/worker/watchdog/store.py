@@ -81,13 +81,13 @@ class StoreLink:
         connect_gives_up_s: float | None = None,
     ) -> None:
         self._store = store
-        # The link's own connection, made by its thread (None: keep ``store``): rank 0's at
-        # once, the others' at their first beat's phase (a request, a hurry or the exit brings
-        # it sooner; they introduce themselves over ``store`` at start), so that thousands of
-        # ranks let go by one barrier do not double the connects init()'s burst waits behind.
+        # The link's own connection, made by its thread (None: keep ``store``) at its first
+        # beat's phase (rank 0: its first judging round, an interval in; a request, a hurry or
+        # the exit bring it sooner), the rank having introduced itself over ``store`` at start:
+        # thousands of ranks let go by one barrier do not add to the burst init() waits behind.
         self._connect = connect
-        self._connecting, self._introduced = connect is not None, False
-        self._deferred = self._connecting and rank != 0
+        self._connecting = self._deferred = connect is not None
+        self._introduced = False
         # by when (seconds after its start) torch gives ``connect`` up, answer or not; None:
         # unknown (a listener that accepts and never answers may hold it longer still)
         self._connect_gives_up_s = connect_gives_up_s
@@ -236,9 +236,9 @@ class StoreLink:
 
     def _run(self) -> None:
         try:
-            # Rank 0 beats and judges at once; the others connect and beat first at their phase
-            # and poll from their next wake: nothing of theirs in init's burst at the store
-            # (a counter is judged from rank 0's first round on, whatever it holds then).
+            # Each rank connects and beats first at its phase (rank 0 then judges at once), the
+            # others poll from their next wake: nothing of the watchdog's in init's burst at the
+            # store (a counter is judged from rank 0's first round on, whatever it holds then).
             next_beat, gap_s = 0.0, self._first_gap_s
             polls = self.rank == 0
             if not polls:
@@ -255,6 +255,13 @@ class StoreLink:
                 self.last_ok, self._connecting = self._clock(), False
             if not self._introduced:
                 self._introduce()
+            if self.rank == 0:  # every beat key exists from now on: multi_get never blocks.
+                # A round trip a slice of keys: not one per rank (N adds made rank 0 ready after
+                # ~N store calls), nor one call of N keys (the store's cost grows faster than N).
+                # Setting a counter some rank already bumped back to 0 is harmless: the judges
+                # look for a counter that does not move, and none has read beat/0 yet (rank 0
+                # bumps it only after this; they read every beat key or none).
+                batched.multi_set(self._store, self._beats(), ["0"] * self.world_size)
             while True:
                 self._serve()
                 if self._stopping.is_set() or self.released:
@@ -326,17 +333,10 @@ class StoreLink:
         )
 
     def _introduce(self) -> None:
+        """``who/<rank>``: the host, pid and node a heartbeat marker names."""
         me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                          "node": os.environ.get("SLURMD_NODENAME") or None})  # fmt: skip
         self._store.set(f"who/{self.rank}", me)
-        if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
-            # One round trip a slice of keys, not one per rank (N sequential adds made rank 0
-            # ready only after ~N store calls: 10x plain torch's time to ready at 4096 ranks),
-            # nor one call of N keys (the store's cost grows faster than N). Setting a counter
-            # some rank already bumped back to 0 is harmless: the judges look for a counter that
-            # does not move, and none has read beat/0 yet (rank 0 bumps it only after this, and
-            # they read every beat key or none).
-            batched.multi_set(self._store, self._beats(), ["0"] * self.world_size)
 
     def write_marker(self, rank: int, marker: Mapping[str, Any]) -> None:
         """``exit/<rank>``, then ``order``, then ``events``: readers rely on that order."""
