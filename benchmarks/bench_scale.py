@@ -18,17 +18,22 @@ order the next trial), with the same layout:
 * time to ready: from the moment every rank is let go until the last one is ready (where
   ``init()`` / ``init_process_group`` returns on it);
 * watchdog up (ddpkit): until the last rank's watchdog has its own connection and has
-  introduced itself (``init()`` does not wait for it: a rank other than 0 introduces itself
-  as its watchdog starts, and connects at its first beat's phase of the beat interval, 8 s
-  at 4,096 ranks; rank 0 connects at once);
+  introduced itself (``init()`` does not wait for it: a rank introduces itself as its
+  watchdog starts, and connects at its first beat's phase of the beat interval, 8 s at 4,096
+  ranks; rank 0 at its first judging round, 1 s in);
 * store calls per rank during start-up, and connections per rank;
 * store host CPU per rank: the CPU time of rank 0's store server thread (torch's libuv loop,
   the one resource every rank shares) from the let-go until every rank is ready (init()'s
-  burst), and until every rank is up (with the watchdog's connections, and so its first beat
-  interval: every rank's first beat, rank 0's judging rounds), over N;
-* client CPU per rank: the CPU time of the processes holding the other ranks over the same
-  span, over N - 1 (a real rank spends it on its own node; here every rank's shares this
-  machine's 2 cores, which is what bounds time to ready past ~1,000 ranks);
+  burst), over N. The watchdog's own connections come later, each at its rank's phase, among
+  the first heartbeats: what each costs the store is a figure apart, store host CPU per
+  connection, against a torch client's (``connection_cost``);
+* client CPU per rank: the CPU time of the processes holding the other ranks from the let-go
+  until each process's ranks are ready, over N - 1 (a real rank spends it on its own node;
+  here every rank's shares this machine's 2 cores, which is what bounds time to ready past
+  ~1,000 ranks); the watchdog's own connection, made later, apart: its thread's CPU time from
+  setting out to connect until connected, over N - 1 (the heartbeats that follow are the
+  watchdog's load, not its start-up; a rank whose phase comes before its process's last rank
+  is ready connects inside the first span too: counted in both);
 * watchdog load: store calls (and keys named) per second at the store once every rank is up,
   over ``--window-s`` rounded up to whole beat intervals (the interval grows past 512 ranks;
   each rank beats once an interval, so a window of whole intervals holds the same number of
@@ -80,6 +85,9 @@ STOP_DDPKIT, STOP_PLAIN = "ddpkit PreemptionGuard.should_stop", "plain dist.all_
 JUDGE_DDPKIT = "ddpkit watchdog (a multi_get a slice of keys)"
 JUDGE_PLAIN = "plain torch (one multi_get of every key, a Python loop)"
 JUDGE_FIGURE = "rank 0's judging round (every beat counter read once)"
+CONNECT_DDPKIT = "ddpkit watchdog's own connection (a clone)"
+CONNECT_PLAIN = "plain torch client (TCPStore)"
+CONNECT_FIGURE = "store host CPU per connection (opened and closed)"
 
 
 def worker(job: tuple[list[int], int, int, str], events: Any, out: Any) -> None:
@@ -93,17 +101,20 @@ def worker(job: tuple[list[int], int, int, str], events: Any, out: Any) -> None:
     line.set()
     for sim in sims:  # each returns from init(): the parent reads the store's CPU then
         sim.readied.wait()
+    cpu_s = time.process_time() - cpu_before  # every rank of this process, until all were ready
     out.put(("init", None))
     for thread in threads:
         thread.join()
-    cpu_s = time.process_time() - cpu_before  # every rank of this process, until all were up
+    # the watchdog's own connections, made later (its thread's CPU, from "linked" to "cloned")
+    link_s = sum(sim.cpu["cloned"] - sim.cpu["linked"] for sim in sims if "cloned" in sim.cpu)
     errors = [sim.error for sim in sims if sim.error]
     ready = max((sim.ready_at or math.inf for sim in sims), default=0.0)
     up = max((sim.up_at or 0.0 for sim in sims), default=0.0)
     setup = [sim.setup_calls for sim in sims]
     connections = scalesim.TALLY.snapshot()["connections"]
     body = {"ready_at": ready, "up_at": up, "errors": errors[:3], "calls": sum(setup),
-            "max_calls": max(setup), "connections": connections, "cpu_s": cpu_s}  # fmt: skip
+            "max_calls": max(setup), "connections": connections, "cpu_s": cpu_s,
+            "link_s": link_s}  # fmt: skip
     out.put(("ready", body))
     window.wait()
     first = scalesim.TALLY.snapshot()
@@ -188,6 +199,7 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
         "store_ready_ms": 1e3 * store_ready_s / world,
         "store_cpu_ms": 1e3 * store_cpu_s / world,
         "client_cpu_ms": 1e3 * sum(body["cpu_s"] for body in ready) / max(1, world - 1),
+        "link_cpu_ms": 1e3 * sum(body["link_s"] for body in ready) / max(1, world - 1),
         "calls_per_rank": calls / world,
         "connections_per_rank": connections / world,
         "rank0_calls": float(rank0.setup_calls),
@@ -223,6 +235,41 @@ def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- rank 0's judging round: one store, the beat counters of a large world -----------------
+
+
+def connection_cost(count: int, trials: int) -> dict[str, list[float]]:
+    """Microseconds of the store server thread's CPU per connection opened and closed: the
+    watchdog's own (``hooks.own_connection``: a ``clone()`` of the group's client, its timeout
+    set) against a torch client's (``TCPStore(..., is_master=False)``, what every plain rank
+    opens), ``count`` of each a trial, alternating, on a real store in this process. What a
+    rank's watchdog costs the store at start-up besides its introduction (one ``set``), now
+    outside init()'s burst: bench_scale's jobs time that burst, not this."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    from ddpkit.worker.watchdog.hooks import own_connection
+
+    host = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), wait_for_workers=False)
+    client = TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=600))
+    own = own_connection(client, "w", 10.0)
+
+    def plain() -> Any:
+        return TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=600))
+
+    found: dict[str, list[float]] = {CONNECT_DDPKIT: [], CONNECT_PLAIN: []}
+    for trial in range(trials):
+        order = (
+            (CONNECT_DDPKIT, CONNECT_PLAIN) if trial % 2 == 0 else (CONNECT_PLAIN, CONNECT_DDPKIT)
+        )
+        for variant in order:
+            make = own if variant == CONNECT_DDPKIT else plain
+            before = scalesim.store_threads_cpu()
+            for _ in range(count):
+                made = make()
+                assert made is not None, "the watchdog could not clone the store"
+                del made  # closed: the store's side of a connection's end is counted too
+            time.sleep(0.05)  # the store's loop sees the last close
+            found[variant].append(1e6 * scalesim.store_cpu_since(before) / count)
+    return found
 
 
 def judging_round(sizes: list[int], trials: int) -> dict[str, dict[int, list[float]]]:
@@ -351,8 +398,13 @@ FIGURES = [  # key, figure, unit, higher is better
     ("ready_s", "time to ready", "s", False),
     ("up_s", "watchdog up (every rank connected and introduced)", "s", False),
     ("store_ready_ms", "store host CPU per rank, until every rank is ready", "ms", False),
-    ("store_cpu_ms", "store host CPU per rank, until every watchdog is up", "ms", False),
-    ("client_cpu_ms", "client CPU per rank, start-up (simulated ranks)", "ms", False),
+    (
+        "client_cpu_ms",
+        "client CPU per rank, until every rank is ready (simulated ranks)",
+        "ms",
+        False,
+    ),
+    ("link_cpu_ms", "the watchdog's own connection, its thread's CPU per rank", "ms", False),
     ("calls_per_rank", "store calls per rank, start-up (mean)", "calls", False),
     ("rank0_calls", "store calls of rank 0, start-up", "calls", False),
     ("max_other_calls", "store calls of any other rank, start-up (max)", "calls", False),
@@ -439,6 +491,10 @@ def main() -> None:
             rows.append(benchjson.row(JUDGE_FIGURE, variant, value, "ms", False, x=n,
                                       trials=trials))  # fmt: skip
         notes.append(f"{JUDGE_FIGURE}, {variant}: {growth(points)}")
+    for variant, trials in connection_cost(200 if args.quick else 1000, args.runs * 2).items():
+        value = statistics.median(trials)
+        rows.append(benchjson.row(CONNECT_FIGURE, variant, value, "us", False, trials=trials))
+        print(f"{CONNECT_FIGURE}, {variant}: {value:.1f} us", flush=True)
     for note in notes:
         print(note)
     benchjson.write(args.json, "scale", "Control plane against world size: simulated ranks on "

@@ -4,12 +4,12 @@
 
 The same simulated ranks as ``bench_scale.py`` (:mod:`scalesim`, ddpkit's own code), stamped at
 the end of each step: connected (probe + torch's client), formed (every rank joined), ready
-(``init()`` returns: the watchdog's thread started; a rank other than 0 has introduced itself),
-linked (the watchdog's thread sets out to connect: rank 0 at once, the others at their first
-beat's phase), cloned (that thread's own connection). Prints, per step, the spread over ranks
-(p50/p90/p99/max seconds), when the last rank finished it (and "introduced": rank 0's comes
-after its connection), and the CPU time the thread that did it spent (``thread_cpu_ms``: p50
-and mean over ranks, in ms: the rank's own thread, and the watchdog link's from "linked" to
+(``init()`` returns: the watchdog's thread started, the rank introduced), linked (the watchdog's
+thread sets out to connect, at the rank's first beat's phase; rank 0 at its first round),
+cloned (that thread's own connection). Prints, per step, the spread over ranks (p50/p90/p99/max
+seconds), when the last rank finished it (and "introduced": rank 0's, with every beat key,
+comes after its connection), and the CPU time the thread that did it spent (``thread_cpu_ms``:
+p50 and mean over ranks, in ms: the rank's own thread, and the watchdog link's from "linked" to
 "cloned"). A diagnostic, not a figure of the report.
 """
 

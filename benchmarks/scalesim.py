@@ -266,7 +266,7 @@ class Rank:
         own = own_connection(self.store, prefix, op_timeout_s)  # as hooks.start
 
         def connect() -> Any:  # on the link's thread, as in hooks.start, counted
-            self.stamp("linked")  # rank 0: at once; the others: at their first beat's phase
+            self.stamp("linked")  # at its first beat's phase (rank 0: its first round)
             with TALLY.lock:
                 TALLY.connections += 1  # the watchdog's clone: a connection of its own
             made = own()
@@ -299,9 +299,10 @@ class Rank:
 
 class _Up:
     """A simulated rank's watchdog is up once it has its own connection ("cloned") and has
-    introduced itself ("introduced"), in either order (rank 0: connection first; the others:
-    the introduction at start, the connection at their first beat's phase). The rank's store
-    calls are counted then, on the thread that did the later part, before any beat."""
+    introduced itself ("introduced"), in either order (rank 0: its connection, then every beat
+    key; the others: the introduction at start, the connection at their first beat's phase).
+    The rank's store calls are counted then, on the thread that did the later part, before any
+    beat."""
 
     def __init__(self, sim: Rank) -> None:
         self.sim, self.done, self._lock, self._parts = sim, threading.Event(), threading.Lock(), 0

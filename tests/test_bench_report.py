@@ -453,6 +453,7 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     # phase (rank 5 of 8: 0.91 s into a 1 s interval); each rank has introduced itself by then
     # (one call; rank 0: its introduction and every beat key, 8 keys in one call)
     assert ours["up_s"] - ours["ready_s"] > 0.5, ours
+    assert ours["link_cpu_ms"] > 0 and alone["link_cpu_ms"] == plain["link_cpu_ms"] == 0, ours
     assert ours["calls_per_rank"] == (7 * 1 + 2) / 8 and ours["max_other_calls"] == 1, ours
     assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0, (ours, plain)
     assert ours["beat_burst"] >= 1.0, ours
@@ -460,6 +461,20 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     # counted for both (the kernel's counter is the machine's: other work may add to it, so
     # no exact figure here; the next test shows that it counts)
     assert ours["overflows"] >= 0 and plain["overflows"] >= 0
+
+
+def test_the_scale_bench_prices_a_watchdog_connection_at_the_store_beside_a_torch_clients(
+    scale_env: None,
+) -> None:
+    """The watchdog's own connection comes after init()'s burst, so the jobs' store CPU until
+    ready leaves it out: it is priced apart, per connection opened and closed, against a torch
+    client's, on the store server thread's own clock."""
+    import bench_scale
+
+    found = bench_scale.connection_cost(50, 2)
+    assert sorted(found) == sorted([bench_scale.CONNECT_DDPKIT, bench_scale.CONNECT_PLAIN])
+    for variant, trials in found.items():
+        assert len(trials) == 2 and all(0 < us < 10_000 for us in trials), (variant, trials)
 
 
 def test_a_scale_bench_whose_lookups_are_slow_runs_again_with_a_hosts_file_of_its_own(
