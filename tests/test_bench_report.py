@@ -568,9 +568,10 @@ def test_the_phase_diagnostic_gives_each_steps_time_and_its_threads_cpu(
     plain = scale_phases.job(8, 2, "plain")
     last = ours["last_at_s"]
     assert last["connected"] <= last["formed"] <= last["ready"] <= last["linked"], last
-    assert last["linked"] <= last["cloned"] and last["introduced"] <= last["cloned"], last
+    assert last["linked"] <= last["cloned"], last
     # each watchdog's own connection comes at its first beat's phase (rank 5 of 8: 0.91 s of
-    # a 1 s interval), not in init()'s burst
+    # a 1 s interval; rank 0: its first round, 1 s in), not in init()'s burst. "introduced":
+    # the others' as init() returns, rank 0's (with every beat key) after its connection
     assert last["linked"] - last["ready"] > 0.5, last
     steps = ["start->connected", "connected->formed", "formed->ready"]
     assert sorted(ours["thread_cpu_ms"]) == sorted([*steps, "linked->cloned"])
