@@ -82,8 +82,8 @@ def beat_interval_for(bound_s: float, world_size: int) -> float:
 
 def beat_phase(rank: int) -> float:
     """Where in its beat interval a rank other than 0 beats, as a fraction in (0, 1]: its
-    first beat comes that fraction of an interval after its watchdog is up (none at once),
-    every later one a whole interval after the one before.
+    watchdog's own connection and first beat come that fraction of an interval after the
+    watchdog starts (none at once), every later beat a whole interval after the one before.
 
     Every rank is let go by the same barrier, so without it their beats (and the polls that
     come with them) reach rank 0's store together, once an interval, for as long as the job

@@ -86,8 +86,7 @@ class StoreLink:
         # the exit bring it sooner), the rank having introduced itself over ``store`` at start:
         # thousands of ranks let go by one barrier do not add to the burst init() waits behind.
         self._connect = connect
-        self._connecting = self._deferred = connect is not None
-        self._introduced = False
+        self._connecting, self._introduced = connect is not None, False
         # by when (seconds after its start) torch gives ``connect`` up, answer or not; None:
         # unknown (a listener that accepts and never answers may hold it longer still)
         self._connect_gives_up_s = connect_gives_up_s
@@ -139,7 +138,7 @@ class StoreLink:
         return self._store
 
     def start(self) -> None:
-        if self._deferred:
+        if self._connect is not None:
             try:  # who it is, known from init() on; one set over the group's connection
                 self._introduce()
                 self._introduced = True
@@ -243,9 +242,8 @@ class StoreLink:
             polls = self.rank == 0
             if not polls:
                 next_beat, gap_s = self._clock() + gap_s, self._cadence_s
-            if self._deferred:
-                self._wake.wait(self._first_gap_s)
             if self._connect is not None:
+                self._wake.wait(self._first_gap_s)
                 if self._connect_gives_up_s is not None:
                     self._connect_given_up_at = time.monotonic() + self._connect_gives_up_s
                 own = self._connect()
