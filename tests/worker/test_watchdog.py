@@ -214,6 +214,17 @@ def test_the_ranks_beat_phases_spread_them_evenly_over_the_interval(world: int) 
     assert phases == [watchdog.beat_phase(rank) for rank in range(1, world)]  # no randomness
 
 
+def test_a_late_beat_puts_the_next_one_back_on_the_ranks_grid() -> None:
+    # anchored to a late beat, ranks that came late together beat together ever after
+    from ddpkit.worker.watchdog.policy import on_grid
+
+    assert on_grid(10.0, 2.0, 10.0) == 12.0  # on time: an interval later
+    assert on_grid(10.0, 2.0, 11.5) == 12.0  # late: the next point of its grid, not 13.5
+    assert on_grid(10.0, 2.0, 12.0) == 14.0  # never at once again
+    assert on_grid(10.0, 2.0, 15.1) == 16.0  # missed points are skipped, not made up
+    assert on_grid(0.0, 8.0, 1e6 + 0.5) == 1e6 + 8.0  # long runs: no drift
+
+
 # --- naming ---------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -525,6 +526,53 @@ def test_a_rank_connects_on_its_own_at_its_first_beats_phase(
         assert link.kv is own
     finally:
         link.stop()
+
+
+def test_ranks_whose_connects_end_together_still_beat_at_their_own_phases(
+    host: TCPStore,
+) -> None:
+    # the last connects of a start-up's ramp can end together (a busy store host, starved
+    # threads): each rank's next beat came an interval after its late one, so those ranks beat
+    # together in every interval of the run (a clump of ~170 ranks at 4,096, the store's busiest
+    # 0.1 s at 3.2-4.4x its mean). Now the first late beat comes at once, the next ones at the
+    # rank's own phase of each interval, as if none had been late.
+    release = threading.Event()
+    stores = {rank: BeatTimes(PrefixStore("w", host), rank) for rank in range(1, 8)}
+
+    def connect(store: BeatTimes) -> Callable[[], Any]:
+        def held() -> Any:
+            assert release.wait(30), "the test never released the connects"
+            return store
+
+        return held
+
+    def link(rank: int, store: BeatTimes) -> StoreLink:
+        return StoreLink(
+            CountingStore(PrefixStore("w", host)), rank=rank, world_size=8, interval_s=1.0,
+            bound_s=600.0, host_rank=0, address="127.0.0.1:0", clock=time.monotonic,
+            beat_interval_s=1.0, connect=connect(store),
+        )  # fmt: skip
+
+    links = [link(rank, store) for rank, store in stores.items()]
+    started = time.monotonic()
+    for link in links:
+        link.start()
+    try:
+        time.sleep(1.2)  # past every rank's phase (0.15 .. 0.91 s): all wait on their connect
+        release.set()
+        _wait(lambda: all(len(store.times) >= 3 for store in stores.values()), 20)
+    finally:
+        release.set()
+        for link in links:
+            link.stop()
+    firsts = [store.times[0] - started for store in stores.values()]
+    assert max(firsts) - min(firsts) < 0.2, firsts  # the late beats: together, at the release
+    for rank, store in stores.items():
+        for at in store.times[1:3]:  # then back on the rank's grid: its phase + whole intervals
+            off = (at - started - beat_phase(rank)) % 1.0
+            assert off <= 0.15 or off >= 0.98, (rank, at - started, beat_phase(rank))
+    seconds = [store.times[1] - started for store in stores.values()]
+    assert max(seconds) - min(seconds) >= 0.5, seconds  # spread over the interval again
 
 
 @pytest.mark.parametrize("cause", ["request", "hurry", "stop"])

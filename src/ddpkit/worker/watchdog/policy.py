@@ -83,7 +83,7 @@ def beat_interval_for(bound_s: float, world_size: int) -> float:
 def beat_phase(rank: int) -> float:
     """Where in its beat interval a rank other than 0 beats, as a fraction in (0, 1]: its
     watchdog's own connection and first beat come that fraction of an interval after the
-    watchdog starts (none at once), every later beat a whole interval after the one before.
+    watchdog starts (none at once), every later beat whole intervals after it (``on_grid``).
 
     Every rank is let go by the same barrier, so without it their beats (and the polls that
     come with them) reach rank 0's store together, once an interval, for as long as the job
@@ -96,6 +96,16 @@ def beat_phase(rank: int) -> float:
 
 
 _GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2
+
+
+def on_grid(due: float, cadence_s: float, now: float) -> float:
+    """When a rank beats next, its beat due at ``due`` having come at ``now``: the first of
+    ``due + k x cadence_s`` (k >= 1) after ``now``. A rank stays on its phase's grid, however
+    late a beat came (a slow connect, a starved thread): anchored to the late beat instead,
+    every rank that came late together (the last connects of a start-up's ramp) would beat
+    together in every later interval too, a burst at the store that never spreads again. No
+    gap between beats is longer than an interval and the lateness."""
+    return due + cadence_s * max(1, math.floor((now - due) / cadence_s) + 1)
 
 
 def judging_parts(world_size: int, interval_s: float, beat_interval_s: float) -> int:

@@ -27,6 +27,7 @@ from ddpkit.worker.watchdog.policy import (
     beat_phase,
     describe_rank,
     judging_parts,
+    on_grid,
     read_marker,
     read_who,
     stale_gap_s,
@@ -238,10 +239,8 @@ class StoreLink:
             # Each rank connects and beats first at its phase (rank 0 then judges at once), the
             # others poll from their next wake: nothing of the watchdog's in init's burst at the
             # store (a counter is judged from rank 0's first round on, whatever it holds then).
-            next_beat, gap_s = 0.0, self._first_gap_s
             polls = self.rank == 0
-            if not polls:
-                next_beat, gap_s = self._clock() + gap_s, self._cadence_s
+            next_beat = self._clock() + (0.0 if polls else self._first_gap_s)
             if self._connect is not None:
                 self._wake.wait(self._first_gap_s)
                 if self._connect_gives_up_s is not None:
@@ -269,7 +268,7 @@ class StoreLink:
                     self._store.add(f"beat/{self.rank}", 1)
                     if self.rank == 0:
                         self._check_beats(now)
-                    next_beat, gap_s = now + gap_s, self._cadence_s
+                    next_beat = on_grid(next_beat, self._cadence_s, now)
                 if polls:
                     self._poll()
                 polls = True
