@@ -566,11 +566,11 @@ def test_ranks_whose_connects_end_together_still_beat_at_their_own_phases(
         for link in links:
             link.stop()
     firsts = [store.times[0] - started for store in stores.values()]
-    assert max(firsts) - min(firsts) < 0.2, firsts  # the late beats: together, at the release
+    assert max(firsts) - min(firsts) < 0.3, firsts  # the late beats: together, at the release
     for rank, store in stores.items():
         for at in store.times[1:3]:  # then back on the rank's grid: its phase + whole intervals
             off = (at - started - beat_phase(rank)) % 1.0
-            assert off <= 0.15 or off >= 0.98, (rank, at - started, beat_phase(rank))
+            assert off <= 0.25 or off >= 0.98, (rank, at - started, beat_phase(rank))
     seconds = [store.times[1] - started for store in stores.values()]
     assert max(seconds) - min(seconds) >= 0.5, seconds  # spread over the interval again
 
