@@ -1,7 +1,8 @@
 """How the control plane's cost grows with the job: 2 -> 4096 simulated ranks on one store.
 
     python benchmarks/bench_scale.py [--max-ranks 4096] [--procs 2] [--ranks-per-proc 16]
-        [--runs 3] [--window-s 3] [--quick] [--json FILE]
+        [--runs 3] [--startup-runs 9] [--startup-max 1024] [--window-s 3] [--quick]
+        [--json FILE]
 
 Each simulated rank is a thread with its own store client doing what a rank does against the
 rendezvous store (:mod:`scalesim`: ddpkit's own rendezvous and watchdog code, beside plain
@@ -13,7 +14,9 @@ process at 2,048-4,096 ranks, the queue, not the store, set the pace, up to 494 
 The processes are forked from a server that imported torch once (:func:`scalesim.context`),
 and every rank's thread is started and held at the line before the let-go
 (:func:`scalesim.held`). Per world size N, the three variants run in turn (in the reverse
-order the next trial), with the same layout:
+order the next trial), with the same layout: ``--runs`` trials with a heartbeat window, and up
+to ``--startup-runs`` in all to ``--startup-max`` ranks, the extra ones of the start-up only
+(its figures, not the window's):
 
 * time to ready: from the moment every rank is let go until the last one is ready (where
   ``init()`` / ``init_process_group`` returns on it);
@@ -130,8 +133,9 @@ def total(tallies: list[dict[str, Any]]) -> tuple[int, int, int]:
     return calls, sum(t["keys"] for t in tallies), sum(t["connections"] for t in tallies)
 
 
-def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, float]:
-    """One simulated job of ``world`` ranks: its figures."""
+def job(world: int, variant: str, procs: int, window_s: float | None) -> dict[str, float]:
+    """One simulated job of ``world`` ranks: its figures (``window_s`` None: the start-up's
+    only, no heartbeat window)."""
     ctx = scalesim.context()
     port = scalesim.listen_port()
     events = (ctx.Event(), ctx.Event(), ctx.Event())
@@ -178,9 +182,10 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     events[1].set()
     first = scalesim.TALLY.snapshot()
     window_from = time.monotonic()
-    beat_s = beat_interval_for(rank0.bound_s, world)  # whole beat intervals: each rank
-    window_s = math.ceil(window_s / beat_s - 1e-9) * beat_s  # beats once an interval
-    time.sleep(window_s)
+    if window_s is not None:
+        beat_s = beat_interval_for(rank0.bound_s, world)  # whole beat intervals: each rank
+        window_s = math.ceil(window_s / beat_s - 1e-9) * beat_s  # beats once an interval
+        time.sleep(window_s)
     events[2].set()
     window_to = time.monotonic()
     last = scalesim.TALLY.snapshot()
@@ -193,6 +198,13 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
     for child in children:
         child.join(30)
     scalesim.stop_links([rank0])
+    beats = {}
+    if window_s is not None:
+        beats = {
+            "beat_calls_s": beat_calls / window_s,
+            "beat_keys_s": beat_keys / window_s,
+            "beat_burst": burst if variant == "ddpkit" else 0.0,
+        }
     return {
         "ready_s": ready_s,
         "up_s": up_s if variant == "ddpkit" else 0.0,
@@ -204,10 +216,8 @@ def job(world: int, variant: str, procs: int, window_s: float) -> dict[str, floa
         "connections_per_rank": connections / world,
         "rank0_calls": float(rank0.setup_calls),
         "max_other_calls": float(max(body["max_calls"] for body in ready)),
-        "beat_calls_s": beat_calls / window_s,
-        "beat_keys_s": beat_keys / window_s,
-        "beat_burst": burst if variant == "ddpkit" else 0.0,
         "overflows": float(overflows),
+        **beats,
     }
 
 
@@ -420,13 +430,16 @@ def figures(results: dict[str, dict[int, list[dict[str, float]]]]) -> tuple[list
     rows, notes = [], []
     for key, figure, unit, higher in FIGURES:
         for variant, by_n in results.items():
-            medians = [(n, statistics.median(t[key] for t in trials)) for n, trials in by_n.items()]
+            # the start-up's extra trials have no heartbeat window, no figure of the window
+            kept = {n: [t[key] for t in trials if key in t] for n, trials in by_n.items()}
+            medians = [(n, statistics.median(trials)) for n, trials in kept.items()]
             if not any(value for _, value in medians):  # plain torch has none: no line at 0
                 notes.append(f"{figure}, {variant}: 0 at every N")
                 continue
             for n, value in medians:
-                trials = [t[key] for t in by_n[n]]
-                rows.append(benchjson.row(figure, variant, value, unit, higher, x=n, trials=trials))
+                rows.append(
+                    benchjson.row(figure, variant, value, unit, higher, x=n, trials=kept[n])
+                )
             notes.append(f"{figure}, {variant}: {growth(medians)}")
     return rows, notes
 
@@ -436,7 +449,7 @@ def print_table(results: dict[str, dict[int, list[dict[str, float]]]]) -> None:
     print(f"{'variant':<32} {'N':>5} " + " ".join(f"{k:>20}" for k in keys))
     for variant, by_n in results.items():
         for n, trials in by_n.items():
-            values = [statistics.median(t[k] for t in trials) for k in keys]
+            values = [statistics.median([t[k] for t in trials if k in t] or [0.0]) for k in keys]
             print(f"{variant:<32} {n:>5} " + " ".join(f"{v:>20.4g}" for v in values))
 
 
@@ -447,6 +460,12 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="processes holding the ranks")
     parser.add_argument("--ranks-per-proc", type=int, default=16, help="at most, per process")
     parser.add_argument("--runs", type=int, default=3, help="trials per N (order alternates)")
+    # 3 trials: a level figure is flagged (worse in 3 of 3, the report's 80% rule) 12.5% of the
+    # time at each N, and the start-up figures have 16 N x variant pairs each: a size or two
+    # flagged in most runs by chance (store CPU at 2, 32 or 1,024 ranks in turn). 9 trials of the
+    # start-up (8 of 9 to flag: 2%) where a job is cheap; the heartbeat window's figures, 3.
+    parser.add_argument("--startup-runs", type=int, default=9, help="start-up trials per N")
+    parser.add_argument("--startup-max", type=int, default=1024, help="largest N with them")
     parser.add_argument("--window-s", type=float, default=3.0, help="heartbeat window")
     parser.add_argument("--stop-max", type=int, default=8, help="largest real gloo group")
     # 16 trials, not 6: two identical loops are the worse one in 5 of 6 trials (the report's
@@ -456,6 +475,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.max_ranks, args.runs, args.window_s, args.stop_max = 64, 1, 2.0, 4
+        args.startup_runs = 2
         args.judge_max = 4096
     resolver = scalesim.resolver_answers()  # may run this again, in a namespace of its own
     print(resolver, flush=True)
@@ -464,11 +484,13 @@ def main() -> None:
     sizes = [n for n in (2, 8, 32, 128, 512, 1024, 2048, 4096) if n <= args.max_ranks]
     results: dict[str, dict[int, list[dict[str, float]]]] = {v: {} for v in KINDS}
     for n in sizes:
-        for trial in range(args.runs):
+        runs = max(args.runs, args.startup_runs if n <= args.startup_max else 0)
+        for trial in range(runs):
             order = list(KINDS) if trial % 2 == 0 else list(reversed(KINDS))
+            window_s = args.window_s if trial < args.runs else None  # the start-up's only
             for variant in order:
                 procs = max(args.procs, math.ceil((n - 1) / args.ranks_per_proc))
-                found = job(n, KINDS[variant], procs, args.window_s)
+                found = job(n, KINDS[variant], procs, window_s)
                 results[variant].setdefault(n, []).append(found)
                 print(f"N={n} {variant}: {found}", flush=True)
     print_table(results)

@@ -463,6 +463,24 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     assert ours["overflows"] >= 0 and plain["overflows"] >= 0
 
 
+def test_the_scale_benchs_start_up_trials_give_start_up_figures_only(scale_env: None) -> None:
+    """3 trials flagged a level start-up figure at some size in most runs (3 of 3 worse: 12.5%
+    a size); the extra trials where a job is cheap skip the heartbeat window, and the window's
+    figures keep the trials that had one."""
+    import bench_scale
+
+    startup = bench_scale.job(8, "ddpkit", 2, None)
+    assert 0 < startup["ready_s"] <= startup["up_s"] < 60, startup
+    assert startup["store_ready_ms"] > 0 and startup["client_cpu_ms"] > 0, startup
+    assert not {"beat_calls_s", "beat_keys_s", "beat_burst"} & set(startup), startup
+    windowed = {**startup, "beat_calls_s": 7.0, "beat_keys_s": 9.0, "beat_burst": 1.5}
+    results = {bench_scale.DDPKIT: {8: [windowed, startup, startup]}}
+    rows, _ = bench_scale.figures(results)
+    by_figure = {row["figure"]: row for row in rows}
+    assert by_figure["watchdog load at the store"]["trials"] == [7.0], by_figure
+    assert by_figure["time to ready"]["trials"] == [startup["ready_s"]] * 3, by_figure
+
+
 def test_the_scale_bench_prices_a_watchdog_connection_at_the_store_beside_a_torch_clients(
     scale_env: None,
 ) -> None:
