@@ -493,7 +493,7 @@ class _Timed:
         return self.store
 
 
-def _deferred(host: TCPStore, rank: int, world: int, connect: _Timed) -> StoreLink:
+def _deferred(host: TCPStore, rank: int, world: int, connect: Callable[[], Any]) -> StoreLink:
     """A link of ``rank`` with its own connection (``connect``) at the world's beat interval."""
     return StoreLink(
         CountingStore(PrefixStore("w", host)), rank=rank, world_size=world, interval_s=1.0,
@@ -546,14 +546,7 @@ def test_ranks_whose_connects_end_together_still_beat_at_their_own_phases(
 
         return held
 
-    def link(rank: int, store: BeatTimes) -> StoreLink:
-        return StoreLink(
-            CountingStore(PrefixStore("w", host)), rank=rank, world_size=8, interval_s=1.0,
-            bound_s=600.0, host_rank=0, address="127.0.0.1:0", clock=time.monotonic,
-            beat_interval_s=1.0, connect=connect(store),
-        )  # fmt: skip
-
-    links = [link(rank, store) for rank, store in stores.items()]
+    links = [_deferred(host, rank, 8, connect(store)) for rank, store in stores.items()]  # 1 s
     started = time.monotonic()
     for link in links:
         link.start()
