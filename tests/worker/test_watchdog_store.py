@@ -4,6 +4,7 @@ still named."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -569,10 +570,12 @@ def test_ranks_whose_connects_end_together_still_beat_at_their_own_phases(
 
 
 @pytest.mark.parametrize("cause", ["request", "hurry", "stop"])
-def test_a_request_a_hurry_or_the_exit_brings_the_connection_before_its_phase(
+def test_a_request_or_a_hurry_brings_the_connection_before_its_phase_the_exit_none(
     host: TCPStore, cause: str
 ) -> None:
-    # rank 2 of 2,048 beats 3.06 s into its 4 s interval; what needs the store sooner gets it
+    # rank 2 of 2,048 beats 3.06 s into its 4 s interval; what needs the store sooner gets it.
+    # A rank that leaves first opens none (its last calls go over the shared connection): a
+    # connect the exit would wait for, to a host that may be gone
     rank, world = 2, 2048
     assert beat_interval_for(600.0, world) * beat_phase(rank) > 3.0
     own = CountingStore(PrefixStore("w", host))
@@ -590,7 +593,9 @@ def test_a_request_a_hurry_or_the_exit_brings_the_connection_before_its_phase(
             link.hurry(1.0)
         else:
             link.stop()
-            assert int(host.get("w/done")) == 1  # its last store call, over its own connection
+            assert int(host.get("w/done")) == 1  # its last store call, over the shared one
+            assert not connect.at.is_set() and not own.calls, own.calls
+            return
         assert connect.at.wait(1.0), f"{cause}: no connection within 1 s"
         assert connect.when is not None and connect.when - asked < 1.0
     finally:
@@ -686,54 +691,101 @@ def test_a_slow_own_connection_is_not_taken_for_a_silent_store(host: TCPStore) -
 
 
 EXIT_WHILE_CONNECTING = """
-import sys
+import os, signal, subprocess, sys, time
 from datetime import timedelta
 from torch.distributed import TCPStore
 from ddpkit.worker.watchdog import hooks
-host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-client = TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=float(sys.argv[1])))
-del host  # the store's host is gone: the watchdog's clone() retries until the client's timeout
+timeout_s, when = float(sys.argv[1]), sys.argv[2]
+if when == "silent":  # a host that still accepts connections (the kernel's) and never answers
+    host = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from torch.distributed import TCPStore; "
+        "h = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); "
+        "print(h.port, flush=True); time.sleep(300)")], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True)  # nothing of the test's pipes held when frozen
+    port = int(host.stdout.readline())
+else:
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = host.port
+client = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=timeout_s))
+if when == "silent":
+    os.kill(host.pid, signal.SIGSTOP)  # a frozen rank 0
+    print(host.pid, flush=True)
+else:
+    del host  # the store's host is gone: a connect retries until its timeout
 hooks.start(rank=1, world_size=2, bound_s=60.0, store=client)
+link = hooks._PROCESS.active._link
+if when != "at once":  # until its thread is inside torch's connect (its phase: < 15 s)
+    deadline = time.monotonic() + 30
+    while link._connect_given_up_at is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert link._connect_given_up_at is not None, "the watchdog never began to connect"
 print("started", flush=True)
-"""  # and the program ends at once, its watchdog's thread inside torch's clone()
+"""  # and the program ends, its watchdog's thread before or inside torch's connect
 
 
 @pytest.mark.multiproc
 @pytest.mark.sidecar  # up to ~25 s of waiting each
-@pytest.mark.parametrize("clone_s", [0.5, 3.0, 11.5, 30.0])
+@pytest.mark.parametrize(
+    ("timeout_s", "when"),
+    [(30.0, "at once"), (0.5, "connecting"), (3.0, "connecting"), (11.5, "connecting"),
+     (30.0, "connecting"), (3.0, "silent")],
+)  # fmt: skip
 def test_a_rank_that_ends_while_its_watchdog_connects_exits_with_its_own_code(
-    tmp_path: Path, clone_s: float
+    tmp_path: Path, timeout_s: float, when: str
 ) -> None:
-    # init() no longer waits for the watchdog's connection, so a program can end (or rank 0
-    # vanish) while the watchdog's thread is still inside torch's clone(): the clone fails
-    # before the exit (0.5 s: torch gives up after two tries, ~2x), while the exit waits for
-    # the thread (3 s), about when the exit's usual wait ends (11.5 s: ~23 s, the say's 2 s +
-    # two operation timeouts + 1 s; the exit then waits until it is given up: once, in CI, the
-    # clone came back just after and aborted the process), or is still blocked when the
-    # process ends (30 s). A thread that comes back from C++ into a finalizing interpreter
-    # can abort the process (StoreLink.stop): the exit must be the program's own, 0, within
-    # the stop's bound.
+    # init() does not wait for the watchdog's own connection, so a program can end (or rank 0
+    # vanish) before its thread connects (it then never does) or while it is inside torch's
+    # connect: to a host that is gone, which torch retries until about twice its timeout (a
+    # clone() with the group's 11.5 s came back past the exit's ~23 s wait in CI and aborted
+    # the process: each try is now bounded by half an operation's timeout, 5 s), or to a frozen
+    # one, which never answers (the process ends with the thread blocked, and it never comes
+    # back). A thread that comes back from C++ into a finalizing interpreter aborts the process
+    # (StoreLink.stop): the exit must be the program's own, 0, within the stop's bound.
+    import os
+    import signal
+
     from tests.support.spawned import child_env
 
     script = tmp_path / "exit_while_connecting.py"
     script.write_text(EXIT_WHILE_CONNECTING)
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(script), str(clone_s)], env=child_env(), capture_output=True,
-        text=True, timeout=120, check=False,
+        [sys.executable, str(script), str(timeout_s), when], env=child_env(),
+        capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     took = time.monotonic() - started
+    for line in done.stdout.split() if when == "silent" else []:  # the frozen host: gone now
+        if line.isdigit():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line), signal.SIGKILL)
     tail = (done.stdout + done.stderr)[-3000:]
     assert done.returncode == 0, tail
-    assert done.stdout.startswith("started"), tail
+    assert done.stdout.rstrip().endswith("started"), tail
     assert "terminate called" not in done.stderr, tail
     # the stop's bound (the say, then the link's two operation timeouts + 1 s, as hooks.start
     # sets them, and at most the wait for a connection given up soon after), + 15 s for the
-    # interpreter's start and exit
+    # interpreter's start and exit, and up to 15 s to the thread's phase
     op_timeout_s = max(DEFAULT_OP_TIMEOUT_S, 4 * interval_for(60.0))
     extension_s = CONNECT_EXTEND_MAX_S + CONNECT_RETURN_MARGIN_S
-    bound_s = SAY_TIMEOUT_S + 2 * op_timeout_s + 1 + extension_s + 15
+    bound_s = SAY_TIMEOUT_S + 2 * op_timeout_s + 1 + extension_s + 15 + 15
     assert took < bound_s, f"took {took:.1f} s: {tail}"
+    if when == "at once":  # it never connects (torch would print each try's failure)
+        assert "failed to connect" not in done.stderr, tail
+
+
+def test_the_watchdogs_own_connect_ends_well_within_the_exits_wait() -> None:
+    # each try bounded by half an operation's timeout (or the store's own, when shorter): torch
+    # tries about twice, so a connect to a host that is gone ends within ~one operation's
+    # timeout, well inside the exit's two (StoreLink.stop), whatever the group's timeout
+    from ddpkit.worker.watchdog.hooks import _connect_gives_up_s, connect_timeout_s
+
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for group_s, expected_s in [(1800.0, 5.0), (11.5, 5.0), (3.0, 3.0), (0.5, 0.5)]:
+        client = TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=group_s))
+        assert connect_timeout_s(client, 10.0) == expected_s
+        gives_up_s = _connect_gives_up_s(PrefixStore("default_pg", client), 10.0)
+        assert gives_up_s == 2 * expected_s < 2 * 10.0 + 1
+    assert _connect_gives_up_s(dist.HashStore(), 10.0) is None  # a clone: no network
 
 
 def test_rank_zero_reads_a_part_of_the_counters_a_round_and_still_names_a_silent_rank() -> None:

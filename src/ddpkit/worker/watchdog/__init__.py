@@ -8,10 +8,11 @@ starts a watchdog when it creates a group of several ranks (not when it adopts s
 (seconds; ``0`` or ``off`` disables it), else 60 s; the watchdog polls every
 ``min(1 s, bound / 4)``.
 
-It talks over the job's rendezvous store only (its own connection, a ``clone()`` of the default
-group's store that its store thread opens at the rank's first heartbeat, rank 0's at its first
-judging round, each rank having introduced itself as ``init()`` returns, which does not wait for
-it; keys under ``ddpkit/watchdog/``), never over a collective, from two daemon
+It talks over the job's rendezvous store only (its own connection to the default group's store,
+a new client its store thread opens at the rank's first heartbeat, rank 0's at its first judging
+round, each rank having introduced itself as ``init()`` returns, which does not wait for it; a
+rank that ends before then never opens it; keys under ``ddpkit/watchdog/``, below the group's
+own prefixes), never over a collective, from two daemon
 threads: ``ddpkit-watchdog-store`` does every store operation, ``ddpkit-watchdog`` judges and
 never waits on the store (a store whose host froze blocks an operation for good).
 

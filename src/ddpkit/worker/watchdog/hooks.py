@@ -2,8 +2,8 @@
 atexit marker, and ``start`` / ``stop`` / ``active`` for ``ddpkit.init()`` and ``shutdown()``.
 
 The only module of the watchdog with process-global state and the only one importing torch
-(when a watchdog starts: its store thread clones the default group's store, see
-:mod:`ddpkit.compat`).
+(when a watchdog starts: its store thread opens a connection of its own to the default
+group's store, see :mod:`ddpkit.compat`).
 """
 
 from __future__ import annotations
@@ -106,48 +106,79 @@ def _wire_process() -> None:
         _PROCESS.atexit_registered = True
 
 
-def _store_address(store: Store) -> str:
+def _raw_store(store: Store) -> Store:
+    """The store under ``store``'s prefixes (the group's ``default_pg/``, torchrun's
+    ``/worker/attempt_N``): the watchdog's keys sit under its own prefix, which names the
+    attempt, on its own connection and on the shared one alike."""
     inner: Any = store
     while hasattr(inner, "underlying_store"):
         inner = inner.underlying_store
+    return cast("Store", inner)
+
+
+def _store_address(store: Store) -> str:
+    inner = _raw_store(store)
     host, port = getattr(inner, "host", None), getattr(inner, "port", None)
     if host is None or port is None:
         return type(inner).__name__
     return f"{host}:{port}"
 
 
-def _clone_gives_up_s(base: Store) -> float | None:
-    """When torch gives a ``clone()`` of ``base`` up, at the latest, if the host is gone: it
-    connects with ``base``'s own timeout and tries about twice (measured 2026-11-27 for a
-    timeout of 11.5 s: 18 s idle; beside a test suite on 2 cores, once past 25 s, which
-    ``CONNECT_RETURN_MARGIN_S`` now covers). None for a store without a timeout."""
-    timeout = getattr(base, "timeout", None)
-    if not isinstance(timeout, timedelta):
-        return None
-    return 2.0 * timeout.total_seconds()
+def connect_timeout_s(raw: Store, op_timeout_s: float) -> float:
+    """The bound on each try of the watchdog's own connect: half an operation's, or the
+    store's own timeout when shorter. Not the store's own alone (what ``clone()`` takes):
+    torch tries about twice, so a connect to a host that is gone ends after ~2x its timeout
+    (measured: 1 s -> 1.5 s, 5 s -> 9 s idle; 11.5 s -> past 28 s beside the CI's SLURM
+    tests), and one the exit gave up on that comes back while the interpreter finalizes
+    aborts the process (StoreLink.stop). Bounded so, it ends within the exit's usual wait
+    (two operations' timeouts) with room to spare."""
+    timeout = getattr(raw, "timeout", None)
+    own_s = timeout.total_seconds() if isinstance(timeout, timedelta) else op_timeout_s
+    return max(0.1, min(own_s, op_timeout_s / 2))
 
 
 def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Callable[[], KeyValue | None]:
     """What the watchdog's store thread calls first: a connection of its own to ``base``'s
-    store (a ``clone()``, torch >= 2.4 for TCPStore), so that its heartbeats are never queued
-    behind the program's store calls (a TCPStore client runs one operation at a time: a
-    ``wait`` in the training script would hold every beat), each operation bounded by
-    ``op_timeout_s``. None (keep ``base``, bounded by the group's own timeout) when the store
-    cannot be cloned."""
+    store, so that its heartbeats are never queued behind the program's store calls (a
+    TCPStore client runs one operation at a time: a ``wait`` in the training script would hold
+    every beat), each operation bounded by ``op_timeout_s``. A TCPStore's is a new client of
+    the same address (its connect bounded by :func:`connect_timeout_s`), another store's a
+    ``clone()``. None (keep ``base``, bounded by the group's own timeout) when there is none.
+    The keys are ``prefix``'s on the store under ``base``'s prefixes (:func:`_raw_store`)."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public
     from torch.distributed.distributed_c10d import PrefixStore
 
+    raw = _raw_store(base)
+    bound = timedelta(seconds=connect_timeout_s(raw, op_timeout_s))
+
     def connect() -> KeyValue | None:
-        clone = getattr(base, "clone", None)
-        if clone is None:
-            return None
         try:
-            own = clone()
+            if isinstance(raw, TCPStore):
+                own = TCPStore(
+                    raw.host, raw.port, None, False, bound, wait_for_workers=False,
+                    use_libuv=bool(getattr(raw, "libuvBackend", True)),
+                )  # fmt: skip
+            elif (clone := getattr(raw, "clone", None)) is not None:
+                own = clone()
+            else:
+                return None
             own.set_timeout(timedelta(seconds=op_timeout_s))
         except Exception:  # any failure: the shared connection still works
             return None  # the group's own timeout then; the exit wait stays bounded by ours
         return cast(KeyValue, PrefixStore(prefix, own))
 
     return connect
+
+
+def _connect_gives_up_s(base: Store, op_timeout_s: float) -> float | None:
+    """When torch gives the own connect up, at the latest, if the host is gone (two tries of
+    :func:`connect_timeout_s`); None for a store that is not a TCPStore (a clone, unbounded)."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public
+
+    raw = _raw_store(base)
+    if not isinstance(raw, TCPStore):
+        return None
+    return 2.0 * connect_timeout_s(raw, op_timeout_s)
 
 
 def start(
@@ -182,7 +213,7 @@ def start(
     _PROCESS.generation += 1
     prefix = f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/"
     link = StoreLink(
-        cast(KeyValue, PrefixStore(prefix, base)),
+        cast(KeyValue, PrefixStore(prefix, _raw_store(base))),
         rank=rank,
         world_size=world_size,
         interval_s=interval_for(bound_s),
@@ -193,7 +224,7 @@ def start(
         op_timeout_s=op_timeout_s,
         beat_interval_s=beat_interval_for(bound_s, world_size),
         connect=own_connection(base, prefix, op_timeout_s),
-        connect_gives_up_s=_clone_gives_up_s(base),
+        connect_gives_up_s=_connect_gives_up_s(base, op_timeout_s),
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:

@@ -38,8 +38,8 @@ from ddpkit.worker.watchdog.policy import (
 
 DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its own connection
 # At exit, a thread still making its own connection is waited for past the usual wait when
-# torch gives it up soon after (at most this much later), plus the margin (2 s was short once:
-# an 11.5 s clone came back after 25 s on busy cores, 18 s idle; see StoreLink.stop).
+# torch gives it up soon after (at most this much later), plus the margin (a connect whose tries
+# are bounded by hooks.connect_timeout_s ends within the usual wait; this is for other ones).
 CONNECT_EXTEND_MAX_S = 10.0
 CONNECT_RETURN_MARGIN_S = 5.0
 
@@ -83,8 +83,8 @@ class StoreLink:
     ) -> None:
         self._store = store
         # The link's own connection, made by its thread (None: keep ``store``) at its first
-        # beat's phase (rank 0: its first judging round, an interval in; a request, a hurry or
-        # the exit bring it sooner), the rank having introduced itself over ``store`` at start:
+        # beat's phase (rank 0: its first judging round, an interval in; a request or a hurry
+        # bring it sooner; none once it leaves), the rank having introduced itself at start:
         # thousands of ranks let go by one barrier do not add to the burst init() waits behind.
         self._connect = connect
         self._connecting, self._introduced = connect is not None, False
@@ -114,6 +114,7 @@ class StoreLink:
         self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self.leaving = False  # the rank says it leaves (Watchdog.stop): no own connection now
         self._hurry_until = 0.0
         self._stale_watch: StaleWatch | None = None  # a hurry's
         self._stale_read_at, self._stale_ready = -1.0, False
@@ -157,6 +158,7 @@ class StoreLink:
         ``terminate called without an active exception``, SIGABRT, and the launcher fails a
         job that had finished (seen at 16 ranks on 2 cores, where a call took over a second).
         """
+        self.leaving = True
         self._stopping.set()
         self._wake.set()
         if wait_s is None:
@@ -241,8 +243,9 @@ class StoreLink:
             # store (a counter is judged from rank 0's first round on, whatever it holds then).
             polls = self.rank == 0
             next_beat = self._clock() + (0.0 if polls else self._first_gap_s)
-            if self._connect is not None:
+            if self._connect is not None:  # not once leaving: the shared one ends it
                 self._wake.wait(self._first_gap_s)
+            if self._connect is not None and not self.leaving:
                 if self._connect_gives_up_s is not None:
                     self._connect_given_up_at = time.monotonic() + self._connect_gives_up_s
                 own = self._connect()

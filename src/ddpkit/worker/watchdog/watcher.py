@@ -74,6 +74,7 @@ class Watchdog:
             return
         self._stopped = True
         self._stop.set()
+        self._link.leaving = True  # its say and linger go over the shared connection if not own
         self._say(how)
         self._linger()
         self._link.stop()
