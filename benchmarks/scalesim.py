@@ -8,7 +8,7 @@ against the rendezvous store, with ddpkit's own code (no copy of it):
   group forms, then the watchdog starts as :func:`ddpkit.worker.watchdog.hooks.start` starts it (a
   :class:`~ddpkit.worker.watchdog.store.StoreLink` under a ``PrefixStore``, whose thread first
   makes its own connection with :func:`~ddpkit.worker.watchdog.hooks.own_connection`, a
-  ``clone()``, then introduces itself: ``who/<rank>``; rank 0 also creates every
+  new client of the same store, then introduces itself: ``who/<rank>``; rank 0 also creates every
   ``beat/<rank>`` key), left running to measure its heartbeats. Ready: where ``init()``
   returns, the link's thread started. The watchdog is *up* once the link has introduced
   itself, a figure of its own (``init()`` does not wait for it).
@@ -268,10 +268,10 @@ class Rank:
         def connect() -> Any:  # on the link's thread, as in hooks.start, counted
             self.stamp("linked")  # at its first beat's phase (rank 0: its first round)
             with TALLY.lock:
-                TALLY.connections += 1  # the watchdog's clone: a connection of its own
+                TALLY.connections += 1  # the watchdog's: a connection of its own
             made = own()
             if made is None:
-                raise RuntimeError("the watchdog could not clone the store")
+                raise RuntimeError("the watchdog could not connect to the store")
             up.part("cloned")
             return _Introduced(Counting(made, self.tally), up)
 
