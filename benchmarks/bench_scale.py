@@ -26,10 +26,11 @@ to ``--startup-runs`` in all to ``--startup-max`` ranks, the extra ones of the s
   ranks; rank 0 at its first judging round, 1 s in);
 * store calls per rank during start-up, and connections per rank;
 * store host CPU per rank: the CPU time of rank 0's store server thread (torch's libuv loop,
-  the one resource every rank shares) from the let-go until every rank is ready (init()'s
-  burst), over N. The watchdog's own connections come later, each at its rank's phase, among
-  the first heartbeats: what each costs the store is a figure apart, store host CPU per
-  connection, against a torch client's (``connection_cost``);
+  the one resource every rank shares) from its start until every rank is ready (init()'s burst,
+  and what came before it: rank 0's own connection and calls), over N. The watchdog's own
+  connections come later, each at its rank's phase, among the first heartbeats: what each costs
+  the store is a figure apart, store host CPU per connection, against a torch client's
+  (``connection_cost``);
 * client CPU per rank: the CPU time of the processes holding the other ranks from the let-go
   until each process's ranks are ready, over N - 1 (a real rank spends it on its own node;
   here every rank's shares this machine's 2 cores, which is what bounds time to ready past
@@ -88,7 +89,7 @@ STOP_DDPKIT, STOP_PLAIN = "ddpkit PreemptionGuard.should_stop", "plain dist.all_
 JUDGE_DDPKIT = "ddpkit watchdog (a multi_get a slice of keys)"
 JUDGE_PLAIN = "plain torch (one multi_get of every key, a Python loop)"
 JUDGE_FIGURE = "rank 0's judging round (every beat counter read once)"
-CONNECT_DDPKIT = "ddpkit watchdog's own connection (a clone)"
+CONNECT_DDPKIT = "ddpkit watchdog's own connection (a new client)"
 CONNECT_PLAIN = "plain torch client (TCPStore)"
 CONNECT_FIGURE = "store host CPU per connection (opened and closed)"
 
@@ -158,9 +159,12 @@ def job(world: int, variant: str, procs: int, window_s: float | None) -> dict[st
     before = scalesim.TALLY.snapshot()
     rank0 = scalesim.Rank(0, world, port, variant)
     host = threading.Thread(target=rank0.run, daemon=True)  # plain: waits for every client
+    # The store's CPU from its thread's start: read once it listened, rank 0's own first calls
+    # (it runs on) and the listen probe's close landed before or after the read, two groups of
+    # trials 0.1 ms a rank apart at 2 ranks, whatever the variant
+    store_cpu = scalesim.store_threads_cpu()
     host.start()
     scalesim.wait_listening(port)
-    store_cpu = scalesim.store_threads_cpu()  # rank 0's server is up: it listens
     overflows = scalesim.listen_overflows()
     start = time.monotonic()
     events[0].set()
@@ -249,7 +253,7 @@ def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 def connection_cost(count: int, trials: int) -> dict[str, list[float]]:
     """Microseconds of the store server thread's CPU per connection opened and closed: the
-    watchdog's own (``hooks.own_connection``: a ``clone()`` of the group's client, its timeout
+    watchdog's own (``hooks.own_connection``: a new client of the group's store, its timeout
     set) against a torch client's (``TCPStore(..., is_master=False)``, what every plain rank
     opens), ``count`` of each a trial, alternating, on a real store in this process. What a
     rank's watchdog costs the store at start-up besides its introduction (one ``set``), now
@@ -275,7 +279,7 @@ def connection_cost(count: int, trials: int) -> dict[str, list[float]]:
             before = scalesim.store_threads_cpu()
             for _ in range(count):
                 made = make()
-                assert made is not None, "the watchdog could not clone the store"
+                assert made is not None, "the watchdog could not connect to the store"
                 del made  # closed: the store's side of a connection's end is counted too
             time.sleep(0.05)  # the store's loop sees the last close
             found[variant].append(1e6 * scalesim.store_cpu_since(before) / count)
