@@ -126,59 +126,65 @@ def _store_address(store: Store) -> str:
 
 def connect_timeout_s(raw: Store, op_timeout_s: float) -> float:
     """The bound on each try of the watchdog's own connect: half an operation's, or the
-    store's own timeout when shorter. Not the store's own alone (what ``clone()`` takes):
-    torch tries about twice, so a connect to a host that is gone ends after ~2x its timeout
-    (measured: 1 s -> 1.5 s, 5 s -> 9 s idle; 11.5 s -> past 28 s beside the CI's SLURM
-    tests), and one the exit gave up on that comes back while the interpreter finalizes
-    aborts the process (StoreLink.stop). Bounded so, it ends within the exit's usual wait
-    (two operations' timeouts) with room to spare."""
+    store's own timeout when shorter. Not the store's own (what ``clone()`` takes): torch tries
+    about twice, so a try at a host that is gone ends after ~2x its timeout (measured: 1 s ->
+    1.5 s, 5 s -> 9 s idle; 11.5 s -> past 28 s beside the CI's SLURM tests), and a try still
+    running when the exit stops waiting comes back as the interpreter finalizes and aborts the
+    process (StoreLink.stop). Bounded so, a try ends within the exit's usual wait (two
+    operations' timeouts) with room to spare, and none begins once the rank leaves."""
     timeout = getattr(raw, "timeout", None)
     own_s = timeout.total_seconds() if isinstance(timeout, timedelta) else op_timeout_s
     return max(0.1, min(own_s, op_timeout_s / 2))
 
 
-def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Callable[[], KeyValue | None]:
+def own_connection(
+    base: Store, prefix: str, op_timeout_s: float, *, leaving: Callable[[], bool] = lambda: False
+) -> Callable[[], KeyValue | None]:
     """What the watchdog's store thread calls first: a connection of its own to ``base``'s
     store, so that its heartbeats are never queued behind the program's store calls (a
     TCPStore client runs one operation at a time: a ``wait`` in the training script would hold
     every beat), each operation bounded by ``op_timeout_s``. A TCPStore's is a new client of
-    the same address (its connect bounded by :func:`connect_timeout_s`), another store's a
-    ``clone()``. None (keep ``base``, bounded by the group's own timeout) when there is none.
-    The keys are ``prefix``'s on the store under ``base``'s prefixes (:func:`_raw_store`)."""
+    the same address, tried (each try bounded by :func:`connect_timeout_s`) until the store's
+    own timeout has passed or the rank is ``leaving``: a try can fail on a live store (one name
+    lookup the resolver drops takes 5 s). Another store's is a ``clone()``. None (keep
+    ``base``, bounded by the group's own timeout) when there is none. The keys are
+    ``prefix``'s on the store under ``base``'s prefixes (:func:`_raw_store`)."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public
     from torch.distributed.distributed_c10d import PrefixStore
 
     raw = _raw_store(base)
-    bound = timedelta(seconds=connect_timeout_s(raw, op_timeout_s))
+    try_s = connect_timeout_s(raw, op_timeout_s)
+    timeout = getattr(raw, "timeout", None)
+    budget_s = timeout.total_seconds() if isinstance(timeout, timedelta) else try_s
+    clone = getattr(raw, "clone", None)
+
+    def make() -> Store:
+        if isinstance(raw, TCPStore):
+            return TCPStore(
+                raw.host, raw.port, None, False, timedelta(seconds=try_s),
+                wait_for_workers=False, use_libuv=bool(getattr(raw, "libuvBackend", True)),
+            )  # fmt: skip
+        assert clone is not None  # connect() checked
+        return cast("Store", clone())
 
     def connect() -> KeyValue | None:
-        try:
-            if isinstance(raw, TCPStore):
-                own = TCPStore(
-                    raw.host, raw.port, None, False, bound, wait_for_workers=False,
-                    use_libuv=bool(getattr(raw, "libuvBackend", True)),
-                )  # fmt: skip
-            elif (clone := getattr(raw, "clone", None)) is not None:
-                own = clone()
-            else:
-                return None
-            own.set_timeout(timedelta(seconds=op_timeout_s))
-        except Exception:  # any failure: the shared connection still works
-            return None  # the group's own timeout then; the exit wait stays bounded by ours
-        return cast(KeyValue, PrefixStore(prefix, own))
+        if not isinstance(raw, TCPStore) and clone is None:
+            return None
+        deadline = time.monotonic() + budget_s
+        while True:
+            try:
+                own = make()
+                own.set_timeout(timedelta(seconds=op_timeout_s))
+                return cast(KeyValue, PrefixStore(prefix, own))
+            except Exception:  # the shared connection still works: the group's own timeout then
+                left_s = deadline - time.monotonic()
+                if not isinstance(raw, TCPStore) or left_s <= 0 or leaving():
+                    return None
+                time.sleep(min(0.5, left_s))
+                if leaving():
+                    return None
 
     return connect
-
-
-def _connect_gives_up_s(base: Store, op_timeout_s: float) -> float | None:
-    """When torch gives the own connect up, at the latest, if the host is gone (two tries of
-    :func:`connect_timeout_s`); None for a store that is not a TCPStore (a clone, unbounded)."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public
-
-    raw = _raw_store(base)
-    if not isinstance(raw, TCPStore):
-        return None
-    return 2.0 * connect_timeout_s(raw, op_timeout_s)
 
 
 def start(
@@ -223,8 +229,7 @@ def start(
         clock=clock,
         op_timeout_s=op_timeout_s,
         beat_interval_s=beat_interval_for(bound_s, world_size),
-        connect=own_connection(base, prefix, op_timeout_s),
-        connect_gives_up_s=_connect_gives_up_s(base, op_timeout_s),
+        connect=own_connection(base, prefix, op_timeout_s, leaving=lambda: link.leaving),
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:

@@ -37,11 +37,6 @@ from ddpkit.worker.watchdog.policy import (
 
 
 DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its own connection
-# At exit, a thread still making its own connection is waited for past the usual wait when
-# torch gives it up soon after (at most this much later), plus the margin (a connect whose tries
-# are bounded by hooks.connect_timeout_s ends within the usual wait; this is for other ones).
-CONNECT_EXTEND_MAX_S = 10.0
-CONNECT_RETURN_MARGIN_S = 5.0
 
 
 class KeyValue(Protocol):
@@ -79,7 +74,6 @@ class StoreLink:
         op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
         beat_interval_s: float | None = None,
         connect: Callable[[], KeyValue | None] | None = None,
-        connect_gives_up_s: float | None = None,
     ) -> None:
         self._store = store
         # The link's own connection, made by its thread (None: keep ``store``) at its first
@@ -88,10 +82,6 @@ class StoreLink:
         # thousands of ranks let go by one barrier do not add to the burst init() waits behind.
         self._connect = connect
         self._connecting, self._introduced = connect is not None, False
-        # by when (seconds after its start) torch gives ``connect`` up, answer or not; None:
-        # unknown (a listener that accepts and never answers may hold it longer still)
-        self._connect_gives_up_s = connect_gives_up_s
-        self._connect_given_up_at: float | None = None  # time.monotonic(): the exit's clock
         self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
@@ -157,6 +147,9 @@ class StoreLink:
         as it returns (``pthread_exit`` unwinding through a ``noexcept`` pybind11 frame):
         ``terminate called without an active exception``, SIGABRT, and the launcher fails a
         job that had finished (seen at 16 ranks on 2 cores, where a call took over a second).
+        So must a try of the thread's own connect (each bounded by half an operation's timeout,
+        none begun once the rank leaves, see hooks.own_connection); one blocked for good on a
+        frozen host never comes back.
         """
         self.leaving = True
         self._stopping.set()
@@ -165,21 +158,6 @@ class StoreLink:
             wait_s = 2 * self.op_timeout_s + 1.0
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(wait_s)
-            extra_s = self._connect_left_s()
-            if self._thread.is_alive() and extra_s is not None:
-                self._thread.join(extra_s)
-
-    def _connect_left_s(self) -> float | None:
-        """How much longer to wait for a thread still making its own connection: until torch
-        gives the call up (plus a margin) when that comes within ``CONNECT_EXTEND_MAX_S``;
-        None when it is over or far off (the process then ends with the thread blocked, and
-        it never comes back). Without it a call given up just as the exit stops waiting comes
-        back while the interpreter finalizes: SIGABRT instead of the program's exit code."""
-        given_up_at = self._connect_given_up_at
-        if not self._connecting or given_up_at is None:
-            return None
-        left = given_up_at + CONNECT_RETURN_MARGIN_S - time.monotonic()
-        return left if 0.0 < left <= CONNECT_EXTEND_MAX_S + CONNECT_RETURN_MARGIN_S else None
 
     def alive(self) -> bool:
         """Whether the store thread still talks to the store."""
@@ -246,8 +224,6 @@ class StoreLink:
             if self._connect is not None:  # not once leaving: the shared one ends it
                 self._wake.wait(self._first_gap_s)
             if self._connect is not None and not self.leaving:
-                if self._connect_gives_up_s is not None:
-                    self._connect_given_up_at = time.monotonic() + self._connect_gives_up_s
                 own = self._connect()
                 if own is not None:
                     self._store = own
