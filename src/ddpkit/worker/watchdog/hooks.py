@@ -156,19 +156,17 @@ def own_connection(
     try_s = connect_timeout_s(raw, op_timeout_s)
     timeout = getattr(raw, "timeout", None)
     budget_s = timeout.total_seconds() if isinstance(timeout, timedelta) else try_s
-    clone = getattr(raw, "clone", None)
+    make: Callable[[], Store] | None = getattr(raw, "clone", None)
+    if isinstance(raw, TCPStore):
 
-    def make() -> Store:
-        if isinstance(raw, TCPStore):
+        def make() -> Store:
             return TCPStore(
                 raw.host, raw.port, None, False, timedelta(seconds=try_s),
                 wait_for_workers=False, use_libuv=bool(getattr(raw, "libuvBackend", True)),
             )  # fmt: skip
-        assert clone is not None  # connect() checked
-        return cast("Store", clone())
 
     def connect() -> KeyValue | None:
-        if not isinstance(raw, TCPStore) and clone is None:
+        if make is None:
             return None
         deadline = time.monotonic() + budget_s
         while True:
