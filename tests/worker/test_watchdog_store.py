@@ -516,9 +516,9 @@ def test_a_rank_connects_on_its_own_at_its_first_beats_phase(
     try:
         assert connect.at.wait(phase_s + 5), "no connection of its own"
         assert connect.when is not None and connect.when - started >= phase_s - 0.01
-        # the beat, over its own (rank 0's multi_set makes beat/0 exist just before its add)
-        _wait(lambda: own.calls.get("add", 0) >= 1, 5)
-        assert host.check([f"w/beat/{rank}"])
+        # the beat, over its own: counted as the add begins (CountingStore counts, then calls),
+        # so wait for the key too; rank 0's multi_set makes beat/0 exist just before its add
+        _wait(lambda: own.calls.get("add", 0) >= 1 and host.check([f"w/beat/{rank}"]), 5)
         assert dict(shared.calls) == {"set": 1}  # who/<rank>, over the group's connection
         assert link.kv is own
     finally:
