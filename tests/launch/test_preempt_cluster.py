@@ -206,8 +206,7 @@ def _signal_when_training(
             if STOPPING in _task_logs(workdir):
                 del storming[name]
             elif name in signalled or _storm_may_start(case, workdir):
-                batch = ["--batch"] if case.storm == "batch" else []
-                slurm.run("scancel", *batch, "--signal=USR2", job_id, check=False)
+                _storm_signal(slurm, job_id, batch=case.storm == "batch")
                 signalled.setdefault(name, time.monotonic())
                 (workdir / "go").touch()  # a gated batch shell goes on only now (_gate)
                 # markers only appear: fewer after the signal means fewer when it was sent
@@ -217,6 +216,20 @@ def _signal_when_training(
     assert not waiting, f"no checkpoint appeared in time for {sorted(waiting)}"
     assert not storming, f"no rank stopped in time in {sorted(storming)}"
     return signalled, held
+
+
+# scancel retries a job "in a transitional state" (ending, or pending after a requeue) by
+# itself, sleeping 5, 6, 7 ... s between tries, until the job runs again: a storm's signal
+# sent as the first run ended reached the requeued run's batch shell 18 s later, before its
+# trap was set, and killed it (sacct: FAILED 0:12, in CI). A storm's signal is for the run it
+# was sent to: scancel is given less than its first retry's sleep, then killed (it is asleep).
+STORM_SIGNAL_S = 3.0
+
+
+def _storm_signal(slurm: SlurmCluster, job_id: str, *, batch: bool) -> None:
+    argv = ["scancel", *(["--batch"] if batch else []), "--signal=USR2", job_id]
+    with contextlib.suppress(subprocess.TimeoutExpired):  # killed by subprocess.run
+        slurm.run(*argv, check=False, timeout_s=STORM_SIGNAL_S)
 
 
 def _gate(case: Scenario, workdir: Path) -> str:
