@@ -25,6 +25,7 @@ from tests.support.distutil import CountingStore
 from tests.support.resolver import (
     private_files_or_skip,
     silent_nameserver,
+    system_hosts,
     with_files,
     with_mapped_loopback,
 )
@@ -245,14 +246,14 @@ def test_a_resolver_that_never_answers_is_a_warning_and_its_hosts_line_mends_it(
     lines = {}
     with silent_nameserver(200) as nameserver:
         resolv.write_text(f"nameserver {nameserver}\noptions timeout:1 attempts:1\n")
-        for hosts in (Path("/etc/hosts"), mended):
+        for hosts in (system_hosts(), mended):
             done = subprocess.run(
                 with_files(resolv, hosts, command),
                 env=env, capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
             (line,) = [x for x in done.stdout.splitlines() if " name lookup: " in x]
             lines[hosts] = line
-    assert lines[Path("/etc/hosts")].startswith("WARN name lookup: 4 reverse lookups of ")
-    assert "::ffff:127.0.0.1" in lines[Path("/etc/hosts")]
-    assert "'::ffff:127.0.0.1 <this host's name>' to /etc/hosts" in lines[Path("/etc/hosts")]
+    assert lines[system_hosts()].startswith("WARN name lookup: 4 reverse lookups of ")
+    assert "::ffff:127.0.0.1" in lines[system_hosts()]
+    assert "'::ffff:127.0.0.1 <this host's name>' to /etc/hosts" in lines[system_hosts()]
     assert lines[mended].startswith("PASS name lookup: "), lines[mended]

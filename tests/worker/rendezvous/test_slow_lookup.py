@@ -20,6 +20,7 @@ from tests.support.distutil import free_port, torchrun_env
 from tests.support.resolver import (
     private_files_or_skip,
     silent_nameserver,
+    system_hosts,
     with_files,
     with_mapped_loopback,
 )
@@ -46,7 +47,7 @@ def test_init_names_a_resolver_that_kept_its_store_waiting_and_the_line_that_men
     seen = {}
     with silent_nameserver(100) as nameserver:
         resolv.write_text(f"nameserver {nameserver}\noptions timeout:2 attempts:2\n")
-        for hosts in (Path("/etc/hosts"), mended):
+        for hosts in (system_hosts(), mended):
             base = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "DDPKIT_PEER_TIMEOUT": "off"}
             port = free_port()
             envs = [{**base, **torchrun_env(rank, 2, port)} for rank in range(2)]
@@ -57,7 +58,7 @@ def test_init_names_a_resolver_that_kept_its_store_waiting_and_the_line_that_men
             )  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             seen[hosts] = json.loads(done.stdout.splitlines()[-1])
-    (code0, err0), (code1, err1) = seen[Path("/etc/hosts")]
+    (code0, err0), (code1, err1) = seen[system_hosts()]
     assert code0 == code1 == 0, (err0, err1)
     # rank 0 hosts: torch's store connects a client to itself, which waits for the resolver
     assert "ddpkit: rank 0's rendezvous store took " in err0, err0
