@@ -51,6 +51,7 @@ stop_cluster() {
     echo "== stopping the SLURM test cluster"
     bash ci/slurm-down || true
   fi
+  rm -rf "${hosts_dir:-}" # the tests' hosts files (below)
 }
 trap stop_cluster EXIT
 trap 'exit 130' INT # so that the EXIT trap runs on Ctrl-C and on kill too
@@ -84,10 +85,8 @@ in_test_hosts() {
 
 if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as asked
   echo "== pytest $*"
-  rc=0
-  in_test_hosts python3 -m pytest --durations=30 "$@" || rc=$?
-  rm -rf "$hosts_dir"
-  exit "$rc"
+  in_test_hosts python3 -m pytest --durations=30 "$@"
+  exit
 fi
 
 # The SLURM tests spend their time waiting for the cluster (a time limit to pass, a requeued
@@ -104,7 +103,6 @@ rc=0
 in_test_hosts python3 -m pytest -m "not slurm and not sidecar" --durations=30 || rc=$?
 slurm_rc=0
 wait "$slurm_pid" || slurm_rc=$?
-rm -rf "$hosts_dir"
 echo "== pytest -m slurm (exit $slurm_rc)"
 cat "$slurm_log"
 rm -f "$slurm_log"

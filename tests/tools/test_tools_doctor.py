@@ -243,17 +243,17 @@ def test_a_resolver_that_never_answers_is_a_warning_and_its_hosts_line_mends_it(
     mended = with_mapped_loopback(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     command = [sys.executable, "-m", "ddpkit", "doctor", "--no-comm", "--timeout", "5"]
-    lines = {}
+    lines, plain = {}, system_hosts()
     with silent_nameserver(200) as nameserver:
         resolv.write_text(f"nameserver {nameserver}\noptions timeout:1 attempts:1\n")
-        for hosts in (system_hosts(), mended):
+        for hosts in (plain, mended):
             done = subprocess.run(
                 with_files(resolv, hosts, command),
                 env=env, capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
             (line,) = [x for x in done.stdout.splitlines() if " name lookup: " in x]
             lines[hosts] = line
-    assert lines[system_hosts()].startswith("WARN name lookup: 4 reverse lookups of ")
-    assert "::ffff:127.0.0.1" in lines[system_hosts()]
-    assert "'::ffff:127.0.0.1 <this host's name>' to /etc/hosts" in lines[system_hosts()]
+    assert lines[plain].startswith("WARN name lookup: 4 reverse lookups of ")
+    assert "::ffff:127.0.0.1" in lines[plain]
+    assert "'::ffff:127.0.0.1 <this host's name>' to /etc/hosts" in lines[plain]
     assert lines[mended].startswith("PASS name lookup: "), lines[mended]
