@@ -191,7 +191,11 @@ def test_ranks_let_go_together_beat_at_their_own_moments_of_the_interval(
     for rank, first in firsts.items():
         assert first >= beat_phase(rank) - 0.02, (rank, first)  # not before its moment
         assert first <= 1.0 + 2.0, (rank, first)  # within an interval (2 s for a slow start)
-        assert stores[rank].times[1] - stores[rank].times[0] >= 0.98  # then once an interval
+        # then on its grid, once an interval (policy.on_grid): the second beat not before its
+        # phase + an interval. (Not "a whole interval after the first": a first beat that came
+        # late, on a loaded machine, is followed by one less than an interval later, by design.)
+        second = stores[rank].times[1] - started
+        assert second >= beat_phase(rank) + 1.0 - 0.02, (rank, first, second)
     # phases 0.15 .. 0.91 of the interval: the first beats do not come together
     assert max(firsts.values()) - min(firsts.values()) >= 0.3, firsts
 
