@@ -89,16 +89,17 @@ if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as ask
   exit
 fi
 
-# Two pytest runs side by side, each in pytest-xdist workers (a file per worker at a time):
-# the SLURM tests (3 workers), which wait for the cluster (a time limit to pass, a requeued
-# job's hold, KillWait) between their jobs' bursts of CPU, and the others (2 workers), of which
-# one alone kept a core idle half the time. The SLURM run's report is printed after the
-# others'; either failing fails the run. What bounds the whole: CPU. Measured on 2026-11-28
-# with each run alone: the others 467 CPU-seconds (558 s in one worker), the SLURM tests about
-# 1,100 (752 s in 2 workers; in two of its files, process accounting gave 271 of 271 to the
-# jobs' and tests' 157 Python processes, 1.7 each: about an `import torch`), so at least
-# ~790 s on 2 cores however they are split. In CI runs, one worker for the others and 2 for
-# the SLURM tests took 962 and 884 s; 2 and 2, 750 and 980 s; 2 and 3, 876 and 828 s.
+# Two pytest runs side by side, each in pytest-xdist workers (a file per worker at a time): the
+# SLURM tests (3 workers), which wait for the cluster (a time limit to pass, a requeued job's hold,
+# KillWait) between their jobs' bursts of CPU, and the others (2 workers: in one, alone, they kept
+# 0.86 of the 2 cores busy on average). The SLURM run's report is printed after the others'; either
+# failing fails the run. What bounds the whole: CPU. Measured on 2026-11-28 with each run alone: the
+# others 467 CPU-seconds (558 s in one worker), the SLURM tests about 1,100 (752 s in 2 workers; in
+# two of its files, process accounting gave 271 of 271 to the jobs' and tests' 157 Python processes,
+# 1.7 each: about an `import torch`), so at least ~790 s on 2 cores however they are split. In CI
+# runs, one worker for the others and 2 for the SLURM tests took 962 and 884 s; 2 and 2, 750 and 980
+# s; 2 and 3, 876 and 828 s, then 913 and 875 s: still about 15 minutes, the CPU's floor plus what
+# sharing it costs.
 echo "== pytest: the SLURM tests (3 workers, log below) beside the others (2 workers)"
 slurm_log=$(mktemp /tmp/ddpkit-slurm-tests-XXXXXX)
 # (with them the `sidecar` tests: local processes that mostly wait for bounds and signals)
