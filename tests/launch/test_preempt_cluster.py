@@ -29,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,19 +189,24 @@ def _signal_when_training(
     slurm: SlurmCluster, submitted: dict[str, tuple[str, Path]]
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Signal the jobs: each hand-signalled one once its first checkpoint exists (``scancel
-    --signal=USR2``), each storm one from its start until its ranks stop; when each was
-    signalled, and how many storm signals came before every process had latched."""
+    --signal=USR2``, in a thread of its own), each storm one from its start until its ranks
+    stop; when each was signalled, and how many storm signals came before every process had
+    latched.
+
+    The hand signals once shared the storms' loop: with three storms, each scancel given up to
+    STORM_SIGNAL_S, a loaded machine's loop noticed the srun job's checkpoint 14 s late, after
+    its training had ended (sacct: COMPLETED, never requeued; CI, 2026-11-28)."""
     waiting = {n: submitted[n] for n, case in SCENARIOS.items() if case.signal_by_hand}
     storming = {n: submitted[n] for n, case in SCENARIOS.items() if case.storm}
     signalled: dict[str, float] = {}
     held = dict.fromkeys(storming, 0)
     deadline = time.monotonic() + JOBS_TIMEOUT_S
-    while (waiting or storming) and time.monotonic() < deadline:
-        for name, (job_id, workdir) in list(waiting.items()):
-            if any((workdir / "ck").glob("ckpt-*.pt")):
-                slurm.run("scancel", "--signal=USR2", job_id)
-                signalled[name] = time.monotonic()
-                del waiting[name]
+    failed: list[BaseException] = []  # the thread's own failure (a scancel that failed)
+    by_hand = threading.Thread(
+        target=_signal_by_hand, args=(slurm, waiting, signalled, deadline, failed), daemon=True
+    )
+    by_hand.start()
+    while storming and time.monotonic() < deadline:
         for name, (job_id, workdir) in list(storming.items()):
             case = SCENARIOS[name]
             if STOPPING in _task_logs(workdir):
@@ -213,9 +219,34 @@ def _signal_when_training(
                 if _markers(workdir) < case.latches:
                     held[name] += 1
         time.sleep(0.2)
+    by_hand.join(max(0.0, deadline - time.monotonic()) + 5)
+    if failed:
+        raise failed[0]
     assert not waiting, f"no checkpoint appeared in time for {sorted(waiting)}"
     assert not storming, f"no rank stopped in time in {sorted(storming)}"
     return signalled, held
+
+
+def _signal_by_hand(
+    slurm: SlurmCluster,
+    waiting: dict[str, tuple[str, Path]],
+    signalled: dict[str, float],
+    deadline: float,
+    failed: list[BaseException],
+) -> None:
+    """``scancel --signal=USR2`` each job of ``waiting`` once its first checkpoint exists (and
+    take it out of ``waiting``), until none waits or the deadline passes; what stopped it early
+    goes into ``failed``, for the test's thread to raise."""
+    try:
+        while waiting and time.monotonic() < deadline:
+            for name, (job_id, workdir) in list(waiting.items()):
+                if any((workdir / "ck").glob("ckpt-*.pt")):
+                    slurm.run("scancel", "--signal=USR2", job_id)
+                    signalled[name] = time.monotonic()
+                    del waiting[name]
+            time.sleep(0.1)
+    except BaseException as exc:  # pytest.fail's too: raised again by the test's thread
+        failed.append(exc)
 
 
 # scancel retries a job "in a transitional state" (ending, or pending after a requeue) by
