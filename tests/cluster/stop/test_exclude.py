@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+import signal
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -259,6 +260,16 @@ def test_requeue_comes_before_the_update_and_the_record_counts_it(
     assert "max_excluded_nodes=2 would be exceeded (3 nodes; excluded so far: n1, n3)" in (
         capsys.readouterr().err
     )
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_as_it_was() -> Iterator[None]:
+    """exclude.main ignores SIGTERM in the process it owns (a requeue's TERM must not cut the
+    update short): in pytest's process that lasted for every later test of the process, whose
+    children inherited it (a `sleep` sent SIGTERM in tests/support/test_pids.py lived on)."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
 
 
 def test_min_nodes_from_the_command_line_lets_a_range_requeue_on_the_last_node(
