@@ -194,8 +194,9 @@ def _signal_when_training(
     latched.
 
     The hand signals once shared the storms' loop: with three storms, each scancel given up to
-    STORM_SIGNAL_S, a loaded machine's loop noticed the srun job's checkpoint 14 s late, after
-    its training had ended (sacct: COMPLETED, never requeued; CI, 2026-11-28)."""
+    STORM_SIGNAL_S, a loaded machine's loop signalled the srun job ~16 s after its first
+    checkpoint, 6 s after its training had ended (sacct: COMPLETED, never requeued; CI,
+    2026-11-28)."""
     waiting = {n: submitted[n] for n, case in SCENARIOS.items() if case.signal_by_hand}
     storming = {n: submitted[n] for n, case in SCENARIOS.items() if case.storm}
     signalled: dict[str, float] = {}
@@ -238,6 +239,8 @@ def _signal_by_hand(
     take it out of ``waiting``), until none waits or the deadline passes; what stopped it early
     goes into ``failed``, for the test's thread to raise."""
     try:
+        for _, workdir in waiting.values():  # the jobs train only now (_gate): on a loaded
+            (workdir / "watched").touch()  # machine, submitting the 7 jobs took long enough
         while waiting and time.monotonic() < deadline:
             for name, (job_id, workdir) in list(waiting.items()):
                 if any((workdir / "ck").glob("ckpt-*.pt")):
@@ -268,9 +271,13 @@ def _gate(case: Scenario, workdir: Path) -> str:
     before any task starts) until its first signal has been sent: so that signal always comes
     before any process has latched, however slowly this test's loop runs on a loaded machine
     (ungated, it once came only after both ranks had latched)."""
-    if case.storm != "batch":
+    if case.signal_by_hand:  # ... and a hand-signalled job until the test watches for it
+        gate = workdir / "watched"
+    elif case.storm == "batch":
+        gate = workdir / "go"
+    else:
         return ""
-    return f"setup: ['while [ ! -e {workdir / 'go'} ]; do sleep 0.1; done']\n"
+    return f"setup: ['while [ ! -e {gate} ]; do sleep 0.1; done']\n"
 
 
 _TASK_GATE = """\
