@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -504,21 +504,16 @@ def _late_master(rank: int, world_size: int, port: int, delay_s: float) -> dict[
 
 
 class _Spy:
-    """Counts the probes and torch clients connect_client makes (each still made for real);
-    ``probed`` is set once the first probe has returned."""
+    """Counts the probes and torch clients connect_client makes (each still made for real)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.probes = 0
         self.clients = 0
-        self.probed = threading.Event()
         probe, client = store_module.try_connect, store_module.TCPStore
 
         def counted_probe(*args: Any) -> OSError | None:
             self.probes += 1
-            try:
-                return probe(*args)
-            finally:
-                self.probed.set()
+            return probe(*args)
 
         def counted_client(*args: Any, **kwargs: Any) -> Any:
             self.clients += 1
@@ -526,21 +521,6 @@ class _Spy:
 
         monkeypatch.setattr(store_module, "try_connect", counted_probe)
         monkeypatch.setattr(store_module, "TCPStore", counted_client)
-
-
-def _after_probe(spy: _Spy, action: Callable[[], Any]) -> threading.Thread:
-    """A started thread that runs ``action`` once the rank's first probe has returned (its
-    client lingered past the grace), or after 20 s without one (the test then fails on its
-    count). A fixed delay raced the grace: on a loaded machine the rank's thread could start
-    its grace more than the margin late, and see the store within it (probes 0)."""
-
-    def run() -> None:
-        spy.probed.wait(20.0)
-        action()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def _rank1(port: int) -> RankInfo:
@@ -590,17 +570,19 @@ def test_a_master_later_than_the_grace_is_probed_for_and_joined(
     second."""
     port = free_port()
     spy = _Spy(monkeypatch)
-    hosted: list[tuple[float, Any]] = []
+    late_s = CLIENT_GRACE_S + 1.5
+    hosted: list[Any] = []
+    timer = threading.Timer(late_s, lambda: hosted.append(_host(port)))
     started = time.monotonic()
-    later = _after_probe(spy, lambda: hosted.append((time.monotonic() - started, _host(port))))
+    timer.start()
     try:
         client = connect_client(_rank1(port), 30.0, timedelta(seconds=10))
         joined_s = time.monotonic() - started
         client.set("late", "joined")
-        assert hosted[0][1].get("late") == b"joined"
+        assert hosted[0].get("late") == b"joined"
     finally:
-        later.join()
-    sys.stderr.write(f"\nmaster {hosted[0][0]:.2f} s late, joined after {joined_s:.2f} s\n")
+        timer.join()
+    sys.stderr.write(f"\nmaster {late_s:g} s late, joined after {joined_s:.2f} s\n")
     assert spy.probes >= 1  # the client lingered (nothing listened within the grace)
     assert spy.clients in (1, 2)  # the first, or the probe's second, whichever connected first
 
@@ -626,17 +608,18 @@ def test_a_store_slow_past_the_grace_is_waited_for_without_a_second_connection(
     host = subprocess.Popen(
         [sys.executable, "-c", _HOST, str(port)], stdout=subprocess.PIPE, text=True, env=clean_env()
     )
+    timer = threading.Timer(CLIENT_GRACE_S + 1.5, host.send_signal, [signal.SIGCONT])
     try:
         assert host.stdout is not None and host.stdout.readline() == "up\n"
         host.send_signal(signal.SIGSTOP)
         spy = _Spy(monkeypatch)
-        # the host goes on once the probe has found it listening (a late answer)
-        _after_probe(spy, lambda: host.send_signal(signal.SIGCONT))
+        timer.start()
         client = connect_client(_rank1(port), 30.0, timedelta(seconds=10))
         client.set("slow", "joined")
         assert client.get("slow") == b"joined"
         assert (spy.probes, spy.clients) == (1, 1)
     finally:
+        timer.cancel()
         host.send_signal(signal.SIGCONT)
         host.kill()
         host.wait()
