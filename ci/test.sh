@@ -95,10 +95,10 @@ fi
 # report after the rest's. Either failing fails the run.
 # The whole is bound by CPU (measured on 2026-11-28, each run alone: the others 467
 # CPU-seconds, 558 s; the SLURM tests ~1,100, 752 s, nearly all in the Python processes of
-# their jobs): at least ~790 s on 2 cores. 2 and 3 workers took 876-944 s for the slower run
-# in 3 CI runs (962-1,137 s this way), but their new order exposed a test that left SIGTERM
-# ignored in its worker (tests/cluster/stop/test_exclude.py, now fixed), and they were not
-# kept until a whole run passes with them.
+# their jobs): at least ~790 s on 2 cores. 2 and 3 workers took 876-1,053 s for the slower
+# run in 4 CI runs (962-1,137 s this way), each with a failure; their new order exposed a test
+# that left SIGTERM ignored in its worker (tests/cluster/stop/test_exclude.py, now fixed), and
+# they were not kept until a whole run passes with them.
 echo "== pytest: the SLURM tests (2 workers, log below) beside the others"
 slurm_log=$(mktemp /tmp/ddpkit-slurm-tests-XXXXXX)
 # (with them the `sidecar` tests: local processes that mostly wait for bounds and signals)
