@@ -1,4 +1,5 @@
-"""Suite-wide guards: a test must leave no environment variable and no process group behind.
+"""Suite-wide guards: a test must leave no environment variable, no process group and no changed
+signal disposition or signal mask behind.
 
 The tests mirror the source tree (tests/cluster/ for ddpkit/cluster/, ...; the bottom modules
 and cross-cutting checks at the top). ``tests`` is a package, so its helpers are imported as
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -63,3 +65,46 @@ def _no_process_group_leak() -> Iterator[None]:
     if dist_mod is not None and dist_mod.is_available() and dist_mod.is_initialized():
         dist_mod.destroy_process_group()
         pytest.fail("test leaked an initialized torch.distributed process group")
+
+
+# every signal a handler can be set for (SIGKILL and SIGSTOP cannot be caught)
+_CATCHABLE = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}, key=int)
+
+
+# torch's DataLoader, the first time it starts worker processes, sets a SIGCHLD handler of its
+# own for the rest of the process (torch.utils.data._utils.signal_handling: once, by design; it
+# chains the handler before it): not a leak of the test that happened to be first
+_TORCH_ONCE = {signal.SIGCHLD: "torch.utils.data._utils.signal_handling"}
+
+
+def _set_by_torch_once(signum: int, handler: object) -> bool:
+    return getattr(handler, "__module__", None) == _TORCH_ONCE.get(signal.Signals(signum))
+
+
+def _dispositions() -> tuple[dict[int, object], set[int]]:
+    handlers = {int(signum): signal.getsignal(signum) for signum in _CATCHABLE}
+    mask = {int(signum) for signum in signal.pthread_sigmask(signal.SIG_BLOCK, [])}
+    return handlers, mask
+
+
+@pytest.fixture(autouse=True)
+def _no_signal_leak() -> Iterator[None]:
+    """A test that calls code which sets a handler, ignores or blocks a signal in pytest's own
+    process (``exclude.main`` ignores SIGTERM, a holder installs its own) must put it back:
+    every later test's children inherit an ignored signal and a blocked mask (a ``sleep`` that
+    SIGTERM no longer ends), and which test that hits depends on the order the tests run in."""
+    handlers, mask = _dispositions()
+    yield
+    after, after_mask = _dispositions()
+    moved = [
+        n for n in handlers if after[n] is not handlers[n] and not _set_by_torch_once(n, after[n])
+    ]
+    for signum in moved:
+        if handlers[signum] is not None:  # None: not set from Python, nothing to put back
+            signal.signal(signum, handlers[signum])  # type: ignore[arg-type]
+    changed = [signal.Signals(n).name for n in moved]
+    if after_mask != mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    blocked = sorted(signal.Signals(n).name for n in after_mask ^ mask)
+    if changed or blocked:
+        pytest.fail(f"test left signal dispositions changed: handlers={changed} mask={blocked}")

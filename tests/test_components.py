@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,16 @@ DATA = ROOT / "tests" / "data"
 REPORT = ROOT / "tests" / "scripts" / "report_rank.py"
 TORCHX = [sys.executable, "-m", "torchx.cli.main"]
 REPORT_LINE = re.compile(r"\[rank(\d+)\]: (\{.*\})")
+
+
+@pytest.fixture(autouse=True)
+def _torchx_handlers_undone() -> Iterator[None]:
+    """These tests call torchx's own runner, whose local scheduler sets SIGINT and SIGTERM
+    handlers in pytest's process and leaves them (ddpkit's backend puts the caller's back)."""
+    before = [(signum, signal.getsignal(signum)) for signum in (signal.SIGINT, signal.SIGTERM)]
+    yield
+    for signum, handler in before:
+        signal.signal(signum, handler)
 
 
 def torchx_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180):
@@ -258,6 +270,7 @@ def test_core_works_without_torchx(tmp_path: Path) -> None:
     """A meta-path blocker hides torchx: ddpkit's core runs, the torchx path names the extra."""
     code = f"""
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 class Block:
     def find_spec(self, name, path=None, target=None):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +263,81 @@ def test_log_files_skip_replica_files_numbered_in_another_scripts_digits(
         )  # fmt: skip
         files, _ = log_files(record, rank=0)
         assert [file.path for file in files] == [folder / good], handle
+
+
+_SLEEPER = """
+import os, sys, time
+with open(sys.argv[1], "w") as out:
+    out.write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_to_a_foreground_local_run_cancels_it_and_records_it(
+    tmp_path: Path, signum: int
+) -> None:
+    """`ddpkit submit --via torchx` runs a local_cwd app in the foreground: Ctrl-C or SIGTERM
+    ends its processes and records CANCELLED, in one line. torchx's own handlers, left in place,
+    raised its SignalException instead: a traceback, and a record with no final state."""
+    (tmp_path / "sleeper.py").write_text(_SLEEPER)
+    pid_file = tmp_path / "worker.pid"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: demo\ncommand: sleeper.py {pid_file}\ntime_min: 5\n")
+    home = tmp_path / "home"
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "submit", str(spec), "--via", "torchx"],
+        cwd=tmp_path,
+        env={**os.environ, "DDPKIT_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not pid_file.exists() or not pid_file.read_text():
+            assert submit.poll() is None, submit.communicate()
+            assert time.monotonic() < deadline, "the app's worker never started"
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+        submit.send_signal(signum)
+        out, err = submit.communicate(timeout=60)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+            submit.communicate()
+    assert submit.returncode == 1, err
+    assert "Traceback" not in err, err
+    handle = out.strip()
+    assert f"ddpkit: {handle} ended CANCELLED\n" in err, err
+    record = json.loads(next((home / "jobs").glob("local_cwd-*.json")).read_text())
+    assert (record["handle"], record["final_state"]) == (handle, "CANCELLED")
+    deadline = time.monotonic() + 30
+    while _alive(worker):  # torchx's cancel sends its process group SIGTERM, then ddpkit run's
+        assert time.monotonic() < deadline, f"the app's worker {worker} outlived its submitter"
+        time.sleep(0.1)
+
+
+def test_a_local_dry_run_leaves_the_callers_signal_handlers_as_they_were(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchx's local scheduler sets SIGINT and SIGTERM handlers when it is made, and never puts
+    the caller's back: ddpkit does, so that Ctrl-C in a program using the API stays
+    KeyboardInterrupt."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    code, _, err = run(
+        ["submit", str(write_spec(workdir, "")), "--via", "torchx", "--dry-run"], capsys
+    )
+    assert code == 0, err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)

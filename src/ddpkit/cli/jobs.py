@@ -55,7 +55,7 @@ a sweep prints the array's job id JOB; `ddpkit status JOB` shows every run, JOB_
 via torchx (pip install ddpkit[torchx]) the job id is torchx's app handle, e.g.
 slurm://torchx/1234 (the SLURM job id 1234 names it too) or local_cwd://torchx/demo-x7k2.
 --scheduler local_cwd (the default) runs the job on this machine in the foreground: submit
-returns when it has ended (exit 1 unless it succeeded; Ctrl-C cancels it).
+returns when it has ended (exit 1 unless it succeeded; Ctrl-C or SIGTERM cancels it).
 """
 _LOGS_EPILOG = """\
 --follow prefixes each line with its file ("[rank 3] ...") and never mixes two ranks' lines.

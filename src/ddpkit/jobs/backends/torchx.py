@@ -12,8 +12,11 @@ its record says how to follow it. Two torchx facts shape what follows:
 * ``local_cwd`` runs the app as children of the submitting process and forgets it when that
   process ends (a later ``Runner`` knows nothing of it, and closing one kills its apps). So a
   local_cwd submission runs in the foreground, like ``torchx run -s local_cwd``: it returns when
-  the app has ended (Ctrl-C cancels it) and records torchx's final state; its output goes to
-  files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the process.
+  the app has ended (Ctrl-C or SIGTERM cancels it) and records torchx's final state; its output
+  goes to files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the
+  process. torchx's local scheduler, once made, sets SIGINT and SIGTERM handlers of its own in
+  the process and never puts the caller's back: every runner here is made by :func:`_runner`,
+  which does (see there).
 * torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
   ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
   job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
@@ -30,10 +33,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.cluster import slurmtools as slurm
@@ -103,18 +110,50 @@ def run_config(spec: JobSpec, scheduler: str) -> dict[str, str]:
     return cfg
 
 
-def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, Any, dict[str, str]]:
-    """(a torchx Runner, the spec's AppDef, the run config), after checking the request."""
+def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, dict[str, str]]:
+    """(the spec's AppDef, the run config), after checking the request."""
     if scheduler not in SCHEDULERS:
         raise ConfigError(
             f"scheduler={scheduler!r} is not supported by ddpkit's torchx jobs",
             hint=f"use one of {', '.join(SCHEDULERS)}",
         )
-    runner_module = import_torchx("runner")
+    import_torchx("runner")
     from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
 
-    app = spec_to_appdef(spec, scheduler=scheduler)
-    return runner_module.get_runner(), app, run_config(spec, scheduler)
+    return spec_to_appdef(spec, scheduler=scheduler), run_config(spec, scheduler)
+
+
+# --- the runner, and the caller's signals -----------------------------------------------------
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Stopped(BaseException):
+    """SIGINT or SIGTERM came to the submitting process while its local app ran."""
+
+
+@contextmanager
+def _runner() -> Iterator[Any]:
+    """A torchx ``Runner``, closed after use (closing kills the local apps it still runs), with
+    the caller's SIGINT and SIGTERM handlers as they were before it.
+
+    torchx's ``LocalScheduler``, when a runner first makes it (a local_cwd dry run, submission or
+    status), sets handlers of its own for both in the whole process (each raises torchx's
+    ``SignalException``) and never puts the caller's back: a program that had asked ddpkit's API
+    for a dry run then got torchx's exception on Ctrl-C instead of ``KeyboardInterrupt`` (found
+    by the test suite's guard on signal handlers, 2026-11-29)."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = [(signum, signal.getsignal(signum)) for signum in _STOP_SIGNALS] if main else []
+    runner = import_torchx("runner").get_runner()
+    try:
+        yield runner
+    finally:
+        try:
+            runner.close()
+        finally:
+            for signum, handler in saved:
+                if handler is not None:  # None: not set from Python, nothing to put back
+                    signal.signal(signum, handler)
 
 
 class TorchxBackend:
@@ -130,11 +169,9 @@ class TorchxBackend:
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
         refuse_sweep(spec)
         scheduler = scheduler or DEFAULT_SCHEDULER
-        runner, app, cfg = _prepare(spec, scheduler)
-        try:
+        app, cfg = _prepare(spec, scheduler)
+        with _runner() as runner:
             info = runner.dryrun(app, scheduler, cfg=cfg)
-        finally:
-            runner.close()
         head = f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}"
         unused = _slurm_only(spec) if scheduler != "slurm" else []
         notes = (f"not used by {scheduler} (SLURM options): {', '.join(unused)}",) if unused else ()
@@ -145,16 +182,14 @@ class TorchxBackend:
     def schedule(self, request: Request) -> JobRecord:
         info, spec = request.payload, request.spec
         script = str(info)  # before schedule(), which adds the script's path to the command
-        runner = import_torchx("runner").get_runner()
-        try:
+        # local_cwd: its app has ended when the runner closes; closing kills nothing alive
+        with _runner() as runner:
             handle: str = runner.schedule(info)
             record = replace(_record(spec, handle), script=script)
             if request.scheduler == "slurm":
                 return record
             save_record(record)  # while it runs in the foreground, status finds it
             return replace(record, final_state=_run_in_foreground(runner, handle))
-        finally:
-            runner.close()  # local_cwd: its apps have ended by now; closing kills nothing alive
 
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
         return status(record or record_for(job_id))
@@ -182,10 +217,24 @@ def _slurm_only(spec: JobSpec) -> list[str]:
 
 
 def _run_in_foreground(runner: Any, handle: str) -> str:
-    """Wait for a local app to end; its final AppState name. Ctrl-C cancels it first."""
+    """Wait for a local app to end; its final AppState name. SIGINT (Ctrl-C) or SIGTERM cancels
+    it first: its processes are this one's children, which must not outlive it. (torchx's own
+    handlers, set as the runner made its local scheduler, raised an exception nothing here
+    caught: a traceback, and a record with no final state.)"""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stopped(signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, stop)
     try:
         final = runner.wait(handle, wait_interval=0.2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped):
+        if main:  # a second Ctrl-C does not cut the cancel short; the runner's close follows
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
         runner.cancel(handle)
         return "CANCELLED"
     return "UNKNOWN" if final is None else str(final.state.name)
@@ -250,11 +299,8 @@ def status(record: JobRecord) -> JobStatus:
 def _ask_torchx(handle: str, why: str) -> JobStatus:
     """torchx's status of ``handle`` mapped by TORCHX_STATES; any failure is UNKNOWN + hint."""
     try:
-        runner = import_torchx("runner").get_runner()
-        try:
+        with _runner() as runner:
             answer = runner.status(handle)
-        finally:
-            runner.close()
     except Exception as exc:  # torchx's own bugs included (AssertionError on CANCELLED by 0)
         hint = f"{why}; torchx's status failed too: {type(exc).__name__}: {exc}".lstrip("; ")
         return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
