@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -504,16 +504,25 @@ def _late_master(rank: int, world_size: int, port: int, delay_s: float) -> dict[
 
 
 class _Spy:
-    """Counts the probes and torch clients connect_client makes (each still made for real)."""
+    """Counts the probes and torch clients connect_client makes (each still made for real);
+    ``probed`` is set once the first probe has returned, ``times`` notes when (for the tests'
+    failure messages)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.probes = 0
         self.clients = 0
+        self.probed = threading.Event()
+        self.started = time.monotonic()
+        self.times: dict[str, float] = {}
         probe, client = store_module.try_connect, store_module.TCPStore
 
         def counted_probe(*args: Any) -> OSError | None:
             self.probes += 1
-            return probe(*args)
+            try:
+                return probe(*args)
+            finally:
+                self.note("probed")
+                self.probed.set()
 
         def counted_client(*args: Any, **kwargs: Any) -> Any:
             self.clients += 1
@@ -521,6 +530,26 @@ class _Spy:
 
         monkeypatch.setattr(store_module, "try_connect", counted_probe)
         monkeypatch.setattr(store_module, "TCPStore", counted_client)
+
+    def note(self, what: str) -> None:
+        self.times.setdefault(what, round(time.monotonic() - self.started, 2))
+
+    def after_probe(self, action: Callable[[], Any], delay_s: float) -> threading.Thread:
+        """A started thread that runs ``action`` ``delay_s`` after the first probe returned
+        (the rank's client lingered past its grace), or after 20 s without one (the test then
+        fails on its count). Not a fixed time from the start: on a loaded machine the rank began
+        its 2 s grace over 1.5 s late, found the store up within it and probed nothing (CI,
+        2026-11-28: ``(0, 1) == (1, 1)``)."""
+
+        def run() -> None:
+            self.probed.wait(20.0)
+            time.sleep(delay_s)
+            self.note("acted")
+            action()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
 
 
 def _rank1(port: int) -> RankInfo:
@@ -570,20 +599,17 @@ def test_a_master_later_than_the_grace_is_probed_for_and_joined(
     second."""
     port = free_port()
     spy = _Spy(monkeypatch)
-    late_s = CLIENT_GRACE_S + 1.5
     hosted: list[Any] = []
-    timer = threading.Timer(late_s, lambda: hosted.append(_host(port)))
-    started = time.monotonic()
-    timer.start()
+    later = spy.after_probe(lambda: hosted.append(_host(port)), 1.5)
     try:
         client = connect_client(_rank1(port), 30.0, timedelta(seconds=10))
-        joined_s = time.monotonic() - started
+        spy.note("joined")
         client.set("late", "joined")
-        assert hosted[0].get("late") == b"joined"
+        assert hosted[0].get("late") == b"joined", spy.times
     finally:
-        timer.join()
-    sys.stderr.write(f"\nmaster {late_s:g} s late, joined after {joined_s:.2f} s\n")
-    assert spy.probes >= 1  # the client lingered (nothing listened within the grace)
+        later.join()
+    sys.stderr.write(f"\nseconds from the start: {spy.times}\n")
+    assert spy.probes >= 1, spy.times  # the client lingered (nothing listened within the grace)
     assert spy.clients in (1, 2)  # the first, or the probe's second, whichever connected first
 
 
@@ -608,18 +634,18 @@ def test_a_store_slow_past_the_grace_is_waited_for_without_a_second_connection(
     host = subprocess.Popen(
         [sys.executable, "-c", _HOST, str(port)], stdout=subprocess.PIPE, text=True, env=clean_env()
     )
-    timer = threading.Timer(CLIENT_GRACE_S + 1.5, host.send_signal, [signal.SIGCONT])
     try:
         assert host.stdout is not None and host.stdout.readline() == "up\n"
         host.send_signal(signal.SIGSTOP)
         spy = _Spy(monkeypatch)
-        timer.start()
+        # the host goes on 1.5 s after the probe found it listening: an answer that comes late
+        spy.after_probe(lambda: host.send_signal(signal.SIGCONT), 1.5)
         client = connect_client(_rank1(port), 30.0, timedelta(seconds=10))
+        spy.note("joined")
         client.set("slow", "joined")
-        assert client.get("slow") == b"joined"
-        assert (spy.probes, spy.clients) == (1, 1)
+        assert client.get("slow") == b"joined", spy.times
+        assert (spy.probes, spy.clients) == (1, 1), spy.times
     finally:
-        timer.cancel()
         host.send_signal(signal.SIGCONT)
         host.kill()
         host.wait()
