@@ -67,8 +67,12 @@ def _no_process_group_leak() -> Iterator[None]:
         pytest.fail("test leaked an initialized torch.distributed process group")
 
 
-# every signal a handler can be set for (SIGKILL and SIGSTOP cannot be caught)
-_CATCHABLE = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}, key=int)
+# every signal a handler can be set for (SIGKILL and SIGSTOP cannot be caught), but SIGALRM:
+# pytest-timeout's (its signal method), which it sets back to SIG_DFL when a test fails
+# (pytest_exception_interact), before the test's fixtures end
+_CATCHABLE = sorted(
+    set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP, signal.SIGALRM}, key=int
+)
 
 
 # torch's DataLoader, the first time it starts worker processes, sets a SIGCHLD handler of its
