@@ -119,13 +119,19 @@ def _entry(
 
 def _who_holds_the_peer(text: str) -> str:
     """For gloo's "Connection closed by peer [addr]:port": the sockets on that port and the
-    command lines of their processes, read the moment it failed. Twice in CI a worker's full
-    mesh met a peer port below the ephemeral range (where gloo's own ports come from), which a
-    process of another test running beside must have held: this names it next time."""
+    command lines of their processes, read the moment it failed.
+
+    gloo prints the port with its bytes swapped (network byte order read as a host integer:
+    checked on 2026-11-29 with a 2-rank group whose rank 1 exited, rank 0's error named :14766
+    for rank 1's listener on 44601), so the port looked at is the swapped one. Seen in CI
+    3 times (:12945, :5788, :42914, i.e. 37170, 39958, 41639): once in a plain torch group with
+    no ddpkit code on the path (tests/worker/test_rankzero.py), each while both cores were
+    saturated; which side closed the pair, and why, is what this should show next time."""
     found = re.search(r"closed by peer \[?[^\]\s]*\]?:(\d+)", text)
     if found is None:
         return ""
-    port = found.group(1)
+    printed = int(found.group(1))
+    port = str(int.from_bytes(printed.to_bytes(2, "little"), "big"))
     try:
         sockets = subprocess.run(
             ["ss", "-tanpH"], capture_output=True, text=True, timeout=10, check=False
@@ -141,7 +147,8 @@ def _who_holds_the_peer(text: str) -> str:
             continue
         command = raw.replace(b"\0", b" ").decode(errors="replace")[:300]
         commands.append(f"  {pid}: {command}")
-    return "\n".join([f"\nsockets on port {port} then:", *lines[:20], *commands])
+    head = f"\nsockets on port {port} (gloo printed {printed}, byte-swapped) then:"
+    return "\n".join([head, *lines[:20], *commands])
 
 
 def run_workers(
