@@ -5,8 +5,9 @@ Usage: ``stop_worker.py DIR SECONDS``. Writes ``DIR/start.<rank>`` first thing, 
 waits 0.3 s (its imports), latches SIGUSR2 (``ddpkit.cluster.stop.latch``, what
 ``preemption_guard()`` does) and "trains" for SECONDS, checking the latch every 10 ms. Then the
 ranks agree through files (``end.<rank>.<0|1>``): all exit 75 after printing ``stopped`` when
-one saw the signal (before or after its latch), else 0 after ``finished``. No torch: the
-launcher's windows are what is tested.
+one saw the signal (before or after its latch; then each ignores SIGTERM and meets the others
+again in ``exit.<rank>`` files first, as ``requeue_and_exit`` does), else 0 after
+``finished``. No torch: the launcher's windows are what is tested.
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ if __name__ == "__main__":
     while len(list(where.glob("end.*"))) < int(os.environ["WORLD_SIZE"]):
         time.sleep(0.005)
     stopped = bool(list(where.glob("end.*.1")))
-    if stopped:  # as requeue_and_exit(): torch's agent SIGTERMs the ranks still exiting
+    if stopped:  # as requeue_and_exit(): torch's agent SIGTERMs the ranks still exiting, so
+        # each ignores SIGTERM, then a barrier: none exits before all ignore it (without it, a
+        # rank slow to leave the loop above on a loaded machine got the agent's SIGTERM, CI)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        (where / f"exit.{rank}").touch()
+        while len(list(where.glob("exit.*"))) < int(os.environ["WORLD_SIZE"]):
+            time.sleep(0.005)
     print("stopped" if stopped else "finished", flush=True)
     sys.exit(75 if stopped else 0)
