@@ -91,14 +91,9 @@ def _dispositions() -> tuple[dict[int, object], set[int]]:
     return handlers, mask
 
 
-@pytest.fixture(autouse=True)
-def _no_signal_leak() -> Iterator[None]:
-    """A test that calls code which sets a handler, ignores or blocks a signal in pytest's own
-    process (``exclude.main`` ignores SIGTERM, a holder installs its own) must put it back:
-    every later test's children inherit an ignored signal and a blocked mask (a ``sleep`` that
-    SIGTERM no longer ends), and which test that hits depends on the order the tests run in."""
-    handlers, mask = _dispositions()
-    yield
+def _put_back(handlers: dict[int, object], mask: set[int]) -> tuple[list[str], list[str]]:
+    """Set every handler and the mask back to ``handlers`` and ``mask`` (from
+    :func:`_dispositions`); the names of the signals whose handler or mask bit had moved."""
     after, after_mask = _dispositions()
     moved = [
         n for n in handlers if after[n] is not handlers[n] and not _set_by_torch_once(n, after[n])
@@ -106,9 +101,30 @@ def _no_signal_leak() -> Iterator[None]:
     for signum in moved:
         if handlers[signum] is not None:  # None: not set from Python, nothing to put back
             signal.signal(signum, handlers[signum])  # type: ignore[arg-type]
-    changed = [signal.Signals(n).name for n in moved]
     if after_mask != mask:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     blocked = sorted(signal.Signals(n).name for n in after_mask ^ mask)
+    return [signal.Signals(n).name for n in moved], blocked
+
+
+@pytest.fixture
+def signals_put_back() -> Iterator[None]:
+    """For the tests of code that owns its process's signals, run inside pytest's
+    (``exclude.main`` ignores SIGTERM; torchx's own runner sets SIGINT and SIGTERM handlers):
+    every handler and the mask as they were before the test."""
+    handlers, mask = _dispositions()
+    yield
+    _put_back(handlers, mask)
+
+
+@pytest.fixture(autouse=True)
+def _no_signal_leak() -> Iterator[None]:
+    """A test that calls code which sets a handler, ignores or blocks a signal in pytest's own
+    process must put it back (or ask for ``signals_put_back``): every later test's children
+    inherit an ignored signal and a blocked mask (a ``sleep`` that SIGTERM no longer ends), and
+    which test that hits depends on the order the tests run in."""
+    handlers, mask = _dispositions()
+    yield
+    changed, blocked = _put_back(handlers, mask)
     if changed or blocked:
         pytest.fail(f"test left signal dispositions changed: handlers={changed} mask={blocked}")

@@ -131,7 +131,7 @@ def _who_holds_the_peer(text: str) -> str:
     if found is None:
         return ""
     printed = int(found.group(1))
-    port = str(int.from_bytes(printed.to_bytes(2, "little"), "big"))
+    port = str(socket.ntohs(printed))
     try:
         sockets = subprocess.run(
             ["ss", "-tanpH"], capture_output=True, text=True, timeout=10, check=False

@@ -27,15 +27,11 @@ def test_each_worker_gets_the_environment_of_the_moment_not_the_fork_servers(
     assert run_workers(_what_the_worker_sees, 1) == [(None, False)]
 
 
-def _swapped(port: int) -> int:
-    return int.from_bytes(port.to_bytes(2, "little"), "big")
-
-
 def _fails_like_gloo_against(rank: int, world_size: int, port: int, held: int) -> None:
     # gloo names the peer's port with its two bytes swapped (network byte order)
     raise RuntimeError(
         "Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer "
-        f"[127.0.0.1]:{_swapped(held)}. This is typically caused by a remote worker crashing"
+        f"[127.0.0.1]:{socket.htons(held)}. This is typically caused by a remote worker crashing"
     )
 
 
@@ -47,5 +43,5 @@ def test_a_full_mesh_closed_by_a_peer_names_who_holds_that_port() -> None:
         with pytest.raises(AssertionError) as failed:
             run_workers(_fails_like_gloo_against, 1, held)
     text = str(failed.value)
-    assert f"sockets on port {held} (gloo printed {_swapped(held)}, byte-swapped) then:" in text
+    assert f"sockets on port {held} (gloo printed {socket.htons(held)}, byte-swapped) then:" in text
     assert f"127.0.0.1:{held}" in text and f"{os.getpid()}: " in text  # this process holds it

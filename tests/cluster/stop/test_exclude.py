@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import io
 import json
-import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,11 @@ from ddpkit.errors import DdpkitError
 from tests.fakes.slurm import OK, FakeSlurm, scontrol_line
 
 NO_REPORT = exclude._NO_REPORT
+
+# exclude.main ignores SIGTERM in the process it owns (a requeue's TERM must not cut the update
+# short): in pytest's process, every later test's children inherited that (a `sleep` sent
+# SIGTERM in tests/support/test_pids.py lived on)
+pytestmark = pytest.mark.usefixtures("signals_put_back")
 
 
 # ---------------------------------------------------------------------------- reports, blame
@@ -262,16 +266,6 @@ def test_requeue_comes_before_the_update_and_the_record_counts_it(
     )
 
 
-@pytest.fixture(autouse=True)
-def _sigterm_as_it_was() -> Iterator[None]:
-    """exclude.main ignores SIGTERM in the process it owns (a requeue's TERM must not cut the
-    update short): in pytest's process that lasted for every later test of the process, whose
-    children inherited it (a `sleep` sent SIGTERM in tests/support/test_pids.py lived on)."""
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
-
-
 def test_min_nodes_from_the_command_line_lets_a_range_requeue_on_the_last_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -366,17 +360,12 @@ def test_main_turns_an_error_into_a_failed_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import io
-    import signal
 
     monkeypatch.setattr("sys.stdin", io.StringIO(REPORTS))
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-")
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        assert exclude.main(["--max-excluded", "1", "--record-dir", str(tmp_path)]) == 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    assert exclude.main(["--max-excluded", "1", "--record-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("ddpkit: health check: SLURM_JOB_NODELIST='n[1-' is malformed")
     assert err.rstrip().endswith("; the job fails")
