@@ -6,23 +6,23 @@ Real runs: ``torchx run -s local_cwd`` (CLI) and ``torchx.runner`` (Python API) 
 and ``torchx run -s slurm`` on the test cluster in tests/test_components_cluster.py.
 """
 
+# ruff: noqa: E402  (the imports below come after the check that torchx is there)
 from __future__ import annotations
 
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import needs
 from tests.support.golden import GOLDEN, check_golden
 
-pytest.importorskip("torchx", reason="torchx is in the dev extra: pip install -e .[dev]")
+needs.module("torchx")  # before torchx is imported below
 
 from torchx.runner import get_runner
 from torchx.specs import AppState, file_linter, finder
@@ -40,14 +40,9 @@ TORCHX = [sys.executable, "-m", "torchx.cli.main"]
 REPORT_LINE = re.compile(r"\[rank(\d+)\]: (\{.*\})")
 
 
-@pytest.fixture(autouse=True)
-def _torchx_handlers_undone() -> Iterator[None]:
-    """These tests call torchx's own runner, whose local scheduler sets SIGINT and SIGTERM
-    handlers in pytest's process and leaves them (ddpkit's backend puts the caller's back)."""
-    before = [(signum, signal.getsignal(signum)) for signum in (signal.SIGINT, signal.SIGTERM)]
-    yield
-    for signum, handler in before:
-        signal.signal(signum, handler)
+# these tests call torchx's own runner, whose local scheduler sets SIGINT and SIGTERM handlers
+# in pytest's process and leaves them (ddpkit's backend puts the caller's back)
+pytestmark = pytest.mark.usefixtures("signals_put_back")
 
 
 def torchx_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180):
@@ -270,7 +265,6 @@ def test_core_works_without_torchx(tmp_path: Path) -> None:
     """A meta-path blocker hides torchx: ddpkit's core runs, the torchx path names the extra."""
     code = f"""
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 class Block:
     def find_spec(self, name, path=None, target=None):

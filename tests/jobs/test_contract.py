@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from ddpkit import contract
 from ddpkit.jobs import exports, render
 from ddpkit.jobs.spec import JobSpec
+from tests.support import needs
 
 BASE: dict[str, Any] = {
     "name": "contract",
@@ -54,7 +55,7 @@ def test_sbatch_exports_the_contract(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_submitit_exports_the_contract(variant: str) -> None:
-    pytest.importorskip("submitit")  # the dev extra installs it
+    needs.module("submitit")
     from ddpkit.jobs.backends.submitit import executor_parameters
 
     spec = _spec(**VARIANTS[variant])
@@ -68,7 +69,7 @@ def test_submitit_exports_the_contract(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_torchx_carries_the_contract_stop_signal_included(variant: str) -> None:
-    pytest.importorskip("torchx")  # the dev extra installs it
+    needs.module("torchx")
     from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
 
     spec = _spec(**VARIANTS[variant])

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from ddpkit.cli import main
+from tests.support import needs
 from tests.support.sbatch_parser import HETJOB, directive_arguments
 
-pytest.importorskip("torchx", reason="torchx is in the dev extra: pip install -e .[dev]")
+needs.module("torchx")
 
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.needs import missing
+
 __all__ = ["ABSENT", "FINISHED", "SlurmCluster", "slurm", "slurm_cluster"]
 
 ABSENT = "SLURM cluster not running: ci/test.sh starts it with ci/slurm-up"
@@ -165,10 +167,6 @@ class SlurmCluster:
             self.run("scancel", *live, check=False)
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
 def _env_file() -> Path:
     default = Path(os.environ.get("DDPKIT_SLURM_DIR", "/tmp/ddpkit-slurm"), "env.sh")
     return Path(os.environ.get("DDPKIT_TEST_SLURM_ENV", default))
@@ -216,10 +214,7 @@ def slurm_cluster() -> SlurmCluster:
     """Session-wide: find the cluster once; fail under CI=true, skip elsewhere, when absent."""
     cluster, why = _connect()
     if cluster is None:
-        message = f"{ABSENT} ({why})"
-        if _ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{ABSENT} ({why})")
     return cluster
 
 
