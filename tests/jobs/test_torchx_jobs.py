@@ -341,3 +341,89 @@ def test_a_local_dry_run_leaves_the_callers_signal_handlers_as_they_were(
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
+
+
+# The moments of a local submission a stop signal can come at, before the foreground wait:
+# torchx making a scheduler (and setting its handlers) for the dry run a submission begins
+# with, then for the submission, a replica started but not yet noted
+# by torchx (which the runner's close kills), every replica started, the record saved. Each is
+# a real local_cwd run, the signal raised in this process at that moment (a window of
+# milliseconds no outside timing hits on demand).
+_MOMENTS = ("dry run", "handlers set", "replica started", "scheduled", "record saved")
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", _MOMENTS)
+def test_a_stop_signal_while_a_local_app_starts_leaves_no_process_and_no_traceback(
+    workdir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    moment: str,
+    signum: int,
+) -> None:
+    """Before ddpkit held the signals over the start, torchx's handler raised its exception:
+    a traceback, and at "replica started" a replica nothing would stop (torchx had not noted
+    it, so the runner's close did not kill it: it ran on, in a session of its own)."""
+    from torchx.schedulers import local_scheduler
+
+    from ddpkit.jobs.backends import torchx as backend
+
+    replicas: list[int] = []
+    made: list[str] = []  # the schedulers torchx made: the dry run's, then the submission's
+
+    def at(name: str) -> None:
+        if name == moment:
+            signal.raise_signal(signum)
+
+    register = local_scheduler._register_termination_signals
+    popen = local_scheduler.LocalScheduler._popen
+    schedule = local_scheduler.LocalScheduler.schedule
+    save = backend.save_record
+
+    def registered() -> None:
+        register()
+        made.append("made")
+        at("dry run" if len(made) == 1 else "handlers set")
+
+    def started(self: Any, *args: Any, **kwargs: Any) -> Any:
+        replica = popen(self, *args, **kwargs)
+        replicas.append(replica.proc.pid)
+        at("replica started")
+        return replica
+
+    def scheduled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        app_id = schedule(self, *args, **kwargs)
+        at("scheduled")
+        return app_id
+
+    def saved(record: JobRecord) -> None:
+        save(record)
+        at("record saved")
+
+    monkeypatch.setattr(local_scheduler, "_register_termination_signals", registered)
+    monkeypatch.setattr(local_scheduler.LocalScheduler, "_popen", started)
+    monkeypatch.setattr(local_scheduler.LocalScheduler, "schedule", scheduled)
+    monkeypatch.setattr(backend, "save_record", saved)
+    (workdir / "sleeper.py").write_text(_SLEEPER)
+    spec = workdir / "job.yaml"
+    spec.write_text(f"name: demo\ncommand: sleeper.py {workdir / 'worker.pid'}\ntime_min: 5\n")
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    code, out, err = run(["submit", str(spec), "--via", "torchx"], capsys)
+
+    assert "Traceback" not in err, err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    records = sorted((workdir / "home" / "jobs").glob("local_cwd-*.json"))
+    if moment in ("dry run", "handlers set"):  # nothing had started
+        assert (code, out, err) == (130, "", "ddpkit: interrupted\n")
+        assert (replicas, records) == ([], [])
+        return
+    handle = out.strip()
+    assert (code, err.splitlines()[-1]) == (1, f"ddpkit: {handle} ended CANCELLED"), err
+    assert [json.loads(path.read_text())["final_state"] for path in records] == ["CANCELLED"]
+    assert replicas, "no replica started"
+    deadline = time.monotonic() + 30
+    while alive := [pid for pid in replicas if _alive(pid)]:
+        assert time.monotonic() < deadline, f"replicas {alive} outlived the submission"
+        time.sleep(0.1)

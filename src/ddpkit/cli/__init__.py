@@ -13,6 +13,7 @@ traceback, and exits with its class's ``exit_code``, see :mod:`ddpkit.errors`):
     2  bad input only: argparse usage errors, ConfigError (NodelistError too), TopologyError
     3  the rendezvous failed (RendezvousError)
     4  the scheduler failed (SchedulerError: sbatch refused the job, squeue/sacct/scancel down)
+  130  interrupted (Ctrl-C), printed as one line ``ddpkit: interrupted``
     *  otherwise what the subcommand returns (``ddpkit run``: the failed worker's exit code,
        128 + N when it died of signal N, 75 when it stopped early with a checkpoint;
        ``ddpkit doctor``: 1 when a check fails)
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except DdpkitError as exc:
         print(f"ddpkit: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
+        print("ddpkit: interrupted", file=sys.stderr)
+        return 130
     return code
 
 

@@ -16,7 +16,8 @@ its record says how to follow it. Two torchx facts shape what follows:
   goes to files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the
   process. torchx's local scheduler, once made, sets SIGINT and SIGTERM handlers of its own in
   the process and never puts the caller's back: every runner here is made by :func:`_runner`,
-  which does (see there).
+  which does (see there), and a submission holds both signals while torchx starts the app
+  (:class:`_Held`).
 * torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
   ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
   job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
@@ -141,12 +142,16 @@ def _runner() -> Iterator[Any]:
     status), sets handlers of its own for both in the whole process (each raises torchx's
     ``SignalException``) and never puts the caller's back: a program that had asked ddpkit's API
     for a dry run then got torchx's exception on Ctrl-C instead of ``KeyboardInterrupt`` (found
-    by the test suite's guard on signal handlers, 2026-11-29)."""
+    by the test suite's guard on signal handlers, 2026-11-29). That exception, raised while a
+    runner is in use, comes out as ``KeyboardInterrupt`` too."""
     main = threading.current_thread() is threading.main_thread()
     saved = [(signum, signal.getsignal(signum)) for signum in _STOP_SIGNALS] if main else []
+    torchx_signal = import_torchx("schedulers.local_scheduler").SignalException
     runner = import_torchx("runner").get_runner()
     try:
         yield runner
+    except torchx_signal as exc:  # raised by torchx's handler: Ctrl-C's, not a traceback
+        raise KeyboardInterrupt from exc
     finally:
         try:
             runner.close()
@@ -182,14 +187,15 @@ class TorchxBackend:
     def schedule(self, request: Request) -> JobRecord:
         info, spec = request.payload, request.spec
         script = str(info)  # before schedule(), which adds the script's path to the command
-        # local_cwd: its app has ended when the runner closes; closing kills nothing alive
         with _runner() as runner:
+            if request.scheduler == "slurm":
+                return replace(_record(spec, runner.schedule(info)), script=script)
+            # local_cwd: its app has ended when the runner closes; closing kills nothing alive
+            held = _Held(runner, request.scheduler or DEFAULT_SCHEDULER)
             handle: str = runner.schedule(info)
             record = replace(_record(spec, handle), script=script)
-            if request.scheduler == "slurm":
-                return record
             save_record(record)  # while it runs in the foreground, status finds it
-            return replace(record, final_state=_run_in_foreground(runner, handle))
+            return replace(record, final_state=_run_in_foreground(runner, handle, held))
 
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
         return status(record or record_for(job_id))
@@ -216,24 +222,58 @@ def _slurm_only(spec: JobSpec) -> list[str]:
     return unused + [f"sbatch.{k}" for k in sorted(spec.sbatch) if spec.sbatch[k] is not False]
 
 
-def _run_in_foreground(runner: Any, handle: str) -> str:
+class _Held:
+    """SIGINT and SIGTERM from before a local app starts until it runs in the foreground: kept,
+    and acted on once its handle is known (:func:`_run_in_foreground` arms it).
+
+    Made before the runner makes its local scheduler, whose handlers (torchx's, raising its
+    ``SignalException``) this then replaces: from then on no signal raises anything while
+    torchx starts the app's processes. One that did (before this class, 2026-11-29) could come
+    between a replica's start and torchx's note of it, which the runner's close kills: that
+    replica ran on, in a session of its own, with nothing left to stop it. A signal while
+    torchx sets its handlers, before anything starts, ends the submission as Ctrl-C does
+    (``KeyboardInterrupt``)."""
+
+    def __init__(self, runner: Any, scheduler: str) -> None:
+        self.signum: int | None = None
+        self.armed = False
+        self._main = threading.current_thread() is threading.main_thread()
+        torchx_signal = import_torchx("schedulers.local_scheduler").SignalException
+        self._install()
+        try:  # torchx makes its scheduler here (public API) and sets its handlers ...
+            runner.scheduler_run_opts(scheduler)
+        except torchx_signal as exc:
+            self.signum = int(exc.sigval)
+        self._install()  # ... which this one replaces again before anything starts
+        if self.signum is not None:
+            raise KeyboardInterrupt
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.armed:
+            raise _Stopped(signum)
+
+    def _install(self) -> None:
+        if self._main:
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, self)
+
+
+def _run_in_foreground(runner: Any, handle: str, held: _Held) -> str:
     """Wait for a local app to end; its final AppState name. SIGINT (Ctrl-C) or SIGTERM cancels
-    it first: its processes are this one's children, which must not outlive it. (torchx's own
-    handlers, set as the runner made its local scheduler, raised an exception nothing here
-    caught: a traceback, and a record with no final state.)"""
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise _Stopped(signum)
-
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        for signum in _STOP_SIGNALS:
-            signal.signal(signum, stop)
+    it first, also one that came while it started (``held``): its processes are this one's
+    children, which must not outlive it. (torchx's own handlers, set as the runner made its
+    local scheduler, raised an exception nothing here caught: a traceback, and a record with
+    no final state.)"""
     try:
+        held.armed = True  # a signal from here on raises; one kept before is acted on now
+        if held.signum is not None:
+            raise _Stopped(held.signum)
         final = runner.wait(handle, wait_interval=0.2)
     except (KeyboardInterrupt, _Stopped):
-        if main:  # a second Ctrl-C does not cut the cancel short; the runner's close follows
-            for signum in _STOP_SIGNALS:
+        if threading.current_thread() is threading.main_thread():
+            for signum in _STOP_SIGNALS:  # a second Ctrl-C does not cut the cancel short
                 signal.signal(signum, signal.SIG_IGN)
         runner.cancel(handle)
         return "CANCELLED"
