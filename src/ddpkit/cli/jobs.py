@@ -17,6 +17,7 @@ from ddpkit.cluster.envvars import number_hint, to_int
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backends import BACKENDS, check_scheduler
+from ddpkit.jobs.interrupts import held_stop_signals
 from ddpkit.jobs.records import Via, parse_job
 
 if TYPE_CHECKING:
@@ -238,8 +239,9 @@ def _spec_command(request: JobsRequest) -> int:
         _say_profile(resolved)
         return 0
     wanted = api.request(spec, request.via, scheduler=request.scheduler)
-    record = api.schedule(wanted)
-    print(record.name_for_user, flush=True)
+    with held_stop_signals(enabled=not wanted.foreground):  # a job submitted has its id printed
+        record = api.schedule(wanted)
+        print(record.name_for_user, flush=True)
     _say_profile(resolved)
     for note in wanted.notes:  # after success, as the profile line: an error stays one line
         print(f"ddpkit: {note}", file=sys.stderr)

@@ -35,6 +35,7 @@ from ddpkit.jobs.backends import (
     follower,
     get_backend,
 )
+from ddpkit.jobs.interrupts import held_stop_signals
 from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
 from ddpkit.jobs.records import (
@@ -150,8 +151,9 @@ def submit(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None) 
 def schedule(wanted: Request) -> JobRecord:
     """Submit what :func:`request` returned (its ``notes`` are for the user); write and
     return the job's record."""
-    record = get_backend(wanted.via).schedule(wanted)
-    save_record(record)
+    with held_stop_signals(enabled=not wanted.foreground):  # no job without its record
+        record = get_backend(wanted.via).schedule(wanted)
+        save_record(record)
     return record
 
 

@@ -61,6 +61,7 @@ def subprocess_runner(
             env=None if env is None else dict(env),
             timeout=COMMAND_TIMEOUT_S,
             check=False,
+            start_new_session=True,  # a terminal's Ctrl-C is ddpkit's to act on, not the tool's
         )
     except FileNotFoundError as exc:
         raise SlurmError(

@@ -61,6 +61,9 @@ class Request:
     script, torchx's dry run); ``payload`` is the backend's own object for ``schedule`` (the
     script, torchx's dry-run info), so what is scheduled is what was shown. ``notes``: what
     the user should hear on submitting it (SLURM options a local scheduler does not use).
+    ``foreground``: ``schedule`` runs the job itself until it ends (a local torchx app) and
+    answers a stop signal by cancelling it; any other submission holds those signals until the
+    job is recorded (:mod:`ddpkit.jobs.interrupts`).
     """
 
     via: Via
@@ -69,6 +72,7 @@ class Request:
     scheduler: str | None = None
     payload: Any = None
     notes: tuple[str, ...] = ()
+    foreground: bool = False
 
     def __str__(self) -> str:
         return self.text

@@ -182,7 +182,10 @@ class TorchxBackend:
         notes = (f"not used by {scheduler} (SLURM options): {', '.join(unused)}",) if unused else ()
         head += "".join(f"\n# {note}" for note in notes)
         text = f"{head}\n{info}\n"
-        return Request(self.via, spec, text, scheduler, payload=info, notes=notes)
+        foreground = scheduler != "slurm"  # local_cwd: the app runs until it ends
+        return Request(
+            self.via, spec, text, scheduler, payload=info, notes=notes, foreground=foreground
+        )
 
     def schedule(self, request: Request) -> JobRecord:
         info, spec = request.payload, request.spec

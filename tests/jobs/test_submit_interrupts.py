@@ -1,0 +1,107 @@
+"""A stop signal while ``ddpkit submit`` hands a job to sbatch: never a job without its record.
+
+``ddpkit submit`` runs in a subprocess in a session of its own, as a terminal's foreground job:
+the signal goes to its whole process group, as Ctrl-C does. Its ``sbatch`` is a fake that takes
+1 s (a real one takes milliseconds: the window no outside timing hits on demand); the real
+cluster's submissions are tests/jobs/test_jobs_cluster.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.slurm import FakeTools
+
+JOB_ID = "4242"
+# started, then 1 s before it answers, as a loaded controller might; done after it answered
+_SLOW_SBATCH = """#!/bin/sh
+cat > "{calls}/sbatch.stdin"
+touch "{calls}/sbatch.started"
+sleep 1
+echo {job_id}
+touch "{calls}/sbatch.done"
+"""
+
+
+def _submit(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    tools = FakeTools(tmp_path / "bin", tmp_path / "calls")
+    tools.install("sbatch", _SLOW_SBATCH.format(calls=tools.calls, job_id=JOB_ID))
+    tools.scontrol_jobs()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: demo\ncommand: train.py\nnodes: 1\nprocs_per_node: 1\n")
+    env = {**os.environ, "PATH": tools.path(), "DDPKIT_HOME": str(tmp_path / "home")}
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: a terminal's foreground job
+    )
+    return submit, tools.calls
+
+
+def _records(tmp_path: Path) -> list[str]:
+    jobs = tmp_path / "home" / "jobs"
+    return sorted(json.loads(path.read_text())["job_id"] for path in jobs.glob("*.json"))
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.5])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_sbatch_runs_waits_for_the_record_and_the_id(
+    tmp_path: Path, signum: int, delay_s: float
+) -> None:
+    """Before the hold, Ctrl-C reached sbatch too (one process group) and cut ddpkit short
+    while the job could be queued: no record, no id printed."""
+    submit, calls = _submit(tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not (calls / "sbatch.started").exists():
+            assert submit.poll() is None, submit.communicate()
+            assert time.monotonic() < deadline, "sbatch was never called"
+            time.sleep(0.01)
+        time.sleep(delay_s)
+        os.killpg(submit.pid, signum)
+        out, err = submit.communicate(timeout=60)
+    finally:
+        if submit.poll() is None:
+            os.killpg(submit.pid, signal.SIGKILL)
+            submit.communicate()
+    assert (calls / "sbatch.done").exists(), "sbatch was cut short"
+    assert out == f"{JOB_ID}\n", (out, err)
+    assert _records(tmp_path) == [JOB_ID]
+    assert "Traceback" not in err, err
+    if signum == signal.SIGINT:
+        assert (submit.returncode, err.splitlines()[-1:]) == (130, ["ddpkit: interrupted"]), err
+    else:  # SIGTERM: as it would have, once the job is recorded and its id printed
+        assert submit.returncode == -signal.SIGTERM, err
+
+
+@pytest.mark.parametrize("delay_s", [0.2, 0.4, 0.6, 0.8, 1.0, 1.3, 1.6, 2.0])
+def test_a_ctrl_c_at_any_moment_never_leaves_a_job_without_its_record(
+    tmp_path: Path, delay_s: float
+) -> None:
+    """From the start of the command (its imports, the dry run, sbatch, the record, the id):
+    sbatch was given the job exactly when the job is recorded and its id printed."""
+    submit, calls = _submit(tmp_path)
+    time.sleep(delay_s)
+    try:
+        os.killpg(submit.pid, signal.SIGINT)
+        out, err = submit.communicate(timeout=60)
+    finally:
+        if submit.poll() is None:
+            os.killpg(submit.pid, signal.SIGKILL)
+            submit.communicate()
+    given = (calls / "sbatch.stdin").exists()
+    assert given == (calls / "sbatch.done").exists(), "sbatch was cut short"
+    assert (_records(tmp_path), out) == (([JOB_ID], f"{JOB_ID}\n") if given else ([], "")), err
+    assert submit.returncode in (0, 130, -signal.SIGINT), err
