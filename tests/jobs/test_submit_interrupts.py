@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.jobs import api
+from ddpkit.jobs.records import load_record
 from tests.fakes.slurm import FakeTools
 
 JOB_ID = "4242"
@@ -105,3 +107,45 @@ def test_a_ctrl_c_at_any_moment_never_leaves_a_job_without_its_record(
     assert given == (calls / "sbatch.done").exists(), "sbatch was cut short"
     assert (_records(tmp_path), out) == (([JOB_ID], f"{JOB_ID}\n") if given else ([], "")), err
     assert submit.returncode in (0, 130, -signal.SIGINT), err
+
+
+# An sbatch during which the submitting process gets Ctrl-C (its parent: the test's process),
+# answering as submitit reads it, or as ddpkit's --parsable sbatch does
+_SBATCH_INTERRUPTED = """#!/bin/sh
+kill -INT $PPID
+cat > /dev/null
+case "$*" in *--parsable*) echo 77 ;; *) echo Submitted batch job 77 ;; esac
+"""
+
+
+@pytest.mark.parametrize(
+    "how", ["submit", "submit via submitit", "submit_function", "map_function"]
+)
+def test_a_ctrl_c_during_an_api_submission_comes_after_the_job_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The Python API holds the signal as the command line does: the program gets its
+    KeyboardInterrupt once the job SLURM accepted has its record (``ddpkit status 77``)."""
+    tools = FakeTools(tmp_path / "bin")
+    tools.install("sbatch", _SBATCH_INTERRUPTED)
+    tools.srun()  # submitit renders its script only where srun is
+    monkeypatch.setenv("PATH", tools.path())
+    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    sweep = "sweep: {params: {lr: ['0.1', '0.2']}}\n" if how == "map_function" else ""
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: demo\ncommand: train.py\nnodes: 1\nprocs_per_node: 1\n{sweep}")
+    spec = api.load(path)
+    with pytest.raises(KeyboardInterrupt):
+        if how == "submit":
+            api.submit(spec)
+        elif how == "submit via submitit":
+            api.submit(spec, "submitit")
+        elif how == "submit_function":
+            api.submit_function(print, "hello", spec=spec)
+        else:
+            api.map_function(dict, spec=spec)
+        pytest.fail("the held Ctrl-C never came")
+    record = load_record("77")
+    assert record is not None, "a job SLURM accepted has no record"
+    assert record.job_id == "77"

@@ -167,8 +167,9 @@ def submit_function(
     """
     from ddpkit.jobs.backends import submitit as submitit_backend
 
-    job = submitit_backend.submit_function(fn, args, kwargs, spec=spec)
-    save_record(submitit_backend.record_of_function(spec, job))
+    with held_stop_signals():  # no job without its record (see schedule)
+        job = submitit_backend.submit_function(fn, args, kwargs, spec=spec)
+        save_record(submitit_backend.record_of_function(spec, job))
     return job
 
 
@@ -179,8 +180,9 @@ def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[
     from ddpkit.jobs.backends import submitit as submitit_backend
 
     check_sweep_environment(spec)
-    jobs = submitit_backend.map_function(fn, spec=spec)
-    save_record(submitit_backend.sweep_record(spec, jobs))
+    with held_stop_signals():  # no array without its record (see schedule)
+        jobs = submitit_backend.map_function(fn, spec=spec)
+        save_record(submitit_backend.sweep_record(spec, jobs))
     return jobs
 
 
