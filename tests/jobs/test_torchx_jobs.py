@@ -269,7 +269,7 @@ _SLEEPER = """
 import os, sys, time
 with open(sys.argv[1], "w") as out:
     out.write(str(os.getpid()))
-time.sleep(120)
+time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 120)
 """
 
 
@@ -343,19 +343,27 @@ def test_a_local_dry_run_leaves_the_callers_signal_handlers_as_they_were(
         signal.raise_signal(signal.SIGINT)
 
 
-# The moments of a local submission a stop signal can come at, before the foreground wait:
-# torchx making a scheduler (and setting its handlers) for the dry run a submission begins
-# with, then for the submission, a replica started but not yet noted
-# by torchx (which the runner's close kills), every replica started, the record saved. Each is
-# a real local_cwd run, the signal raised in this process at that moment (a window of
-# milliseconds no outside timing hits on demand).
-_MOMENTS = ("dry run", "handlers set", "replica started", "scheduled", "record saved")
+# The moments of a local submission a stop signal can come at: torchx making a scheduler (and
+# setting its handlers) for the dry run a submission begins with, that runner's close, then a
+# scheduler for the submission, a replica started but not yet noted by torchx (which the
+# runner's close kills), every replica started, the record saved; and once the app has ended
+# by itself, as the runner closes. Each is a real local_cwd run, the signal raised in this
+# process at that moment (a window of milliseconds no outside timing hits on demand).
+_MOMENTS = (
+    "dry run",
+    "dry run closed",
+    "handlers set",
+    "replica started",
+    "scheduled",
+    "record saved",
+    "ended",
+)
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("moment", _MOMENTS)
-def test_a_stop_signal_while_a_local_app_starts_leaves_no_process_and_no_traceback(
+def test_a_stop_signal_at_any_moment_of_a_local_submission_leaves_no_process_or_traceback(
     workdir: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -365,12 +373,13 @@ def test_a_stop_signal_while_a_local_app_starts_leaves_no_process_and_no_traceba
     """Before ddpkit held the signals over the start, torchx's handler raised its exception:
     a traceback, and at "replica started" a replica nothing would stop (torchx had not noted
     it, so the runner's close did not kill it: it ran on, in a session of its own)."""
+    from torchx.runner import api as runner_api
     from torchx.schedulers import local_scheduler
 
     from ddpkit.jobs.backends import torchx as backend
 
     replicas: list[int] = []
-    made: list[str] = []  # the schedulers torchx made: the dry run's, then the submission's
+    made: list[str] = []  # schedulers made and runners closed: the dry run's, the submission's
 
     def at(name: str) -> None:
         if name == moment:
@@ -380,11 +389,12 @@ def test_a_stop_signal_while_a_local_app_starts_leaves_no_process_and_no_traceba
     popen = local_scheduler.LocalScheduler._popen
     schedule = local_scheduler.LocalScheduler.schedule
     save = backend.save_record
+    close = runner_api.Runner.close
 
     def registered() -> None:
         register()
         made.append("made")
-        at("dry run" if len(made) == 1 else "handlers set")
+        at("dry run" if made.count("made") == 1 else "handlers set")
 
     def started(self: Any, *args: Any, **kwargs: Any) -> Any:
         replica = popen(self, *args, **kwargs)
@@ -401,13 +411,22 @@ def test_a_stop_signal_while_a_local_app_starts_leaves_no_process_and_no_traceba
         save(record)
         at("record saved")
 
+    def closed(self: Any) -> None:
+        made.append("closed")
+        at("dry run closed" if made.count("closed") == 1 else "ended")
+        close(self)
+
     monkeypatch.setattr(local_scheduler, "_register_termination_signals", registered)
     monkeypatch.setattr(local_scheduler.LocalScheduler, "_popen", started)
     monkeypatch.setattr(local_scheduler.LocalScheduler, "schedule", scheduled)
     monkeypatch.setattr(backend, "save_record", saved)
+    monkeypatch.setattr(runner_api.Runner, "close", closed)
     (workdir / "sleeper.py").write_text(_SLEEPER)
     spec = workdir / "job.yaml"
-    spec.write_text(f"name: demo\ncommand: sleeper.py {workdir / 'worker.pid'}\ntime_min: 5\n")
+    sleep_s = " 0" if moment == "ended" else ""  # the others are stopped long before 120 s
+    spec.write_text(
+        f"name: demo\ncommand: sleeper.py {workdir / 'worker.pid'}{sleep_s}\ntime_min: 5\n"
+    )
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 
     code, out, err = run(["submit", str(spec), "--via", "torchx"], capsys)
@@ -415,13 +434,14 @@ def test_a_stop_signal_while_a_local_app_starts_leaves_no_process_and_no_traceba
     assert "Traceback" not in err, err
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     records = sorted((workdir / "home" / "jobs").glob("local_cwd-*.json"))
-    if moment in ("dry run", "handlers set"):  # nothing had started
+    if moment in ("dry run", "dry run closed", "handlers set"):  # nothing had started
         assert (code, out, err) == (130, "", "ddpkit: interrupted\n")
         assert (replicas, records) == ([], [])
         return
     handle = out.strip()
-    assert (code, err.splitlines()[-1]) == (1, f"ddpkit: {handle} ended CANCELLED"), err
-    assert [json.loads(path.read_text())["final_state"] for path in records] == ["CANCELLED"]
+    final, want = ("SUCCEEDED", 0) if moment == "ended" else ("CANCELLED", 1)  # too late for it
+    assert (code, err.splitlines()[-1]) == (want, f"ddpkit: {handle} ended {final}"), err
+    assert [json.loads(path.read_text())["final_state"] for path in records] == [final]
     assert replicas, "no replica started"
     deadline = time.monotonic() + 30
     while alive := [pid for pid in replicas if _alive(pid)]:

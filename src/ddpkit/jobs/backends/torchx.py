@@ -149,16 +149,17 @@ def _runner() -> Iterator[Any]:
     torchx_signal = import_torchx("schedulers.local_scheduler").SignalException
     runner = import_torchx("runner").get_runner()
     try:
-        yield runner
-    except torchx_signal as exc:  # raised by torchx's handler: Ctrl-C's, not a traceback
-        raise KeyboardInterrupt from exc
-    finally:
         try:
-            runner.close()
+            yield runner
         finally:
-            for signum, handler in saved:
-                if handler is not None:  # None: not set from Python, nothing to put back
-                    signal.signal(signum, handler)
+            try:
+                runner.close()
+            finally:
+                for signum, handler in saved:
+                    if handler is not None:  # None: not set from Python, nothing to put back
+                        signal.signal(signum, handler)
+    except torchx_signal as exc:  # raised by torchx's handler (its close too): Ctrl-C's
+        raise KeyboardInterrupt from exc
 
 
 class TorchxBackend:
@@ -274,6 +275,8 @@ def _run_in_foreground(runner: Any, handle: str, held: _Held) -> str:
         if held.signum is not None:
             raise _Stopped(held.signum)
         final = runner.wait(handle, wait_interval=0.2)
+        held.armed = False  # it ended: a signal from here on is kept, not raised, until the
+        # runner's close puts the caller's handlers back (raised there, it was a traceback)
     except (KeyboardInterrupt, _Stopped):
         if threading.current_thread() is threading.main_thread():
             for signum in _STOP_SIGNALS:  # a second Ctrl-C does not cut the cancel short
