@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.needs import missing
+
 __all__ = [
     "private_files_or_skip",
     "silent_nameserver",
@@ -25,11 +27,10 @@ __all__ = [
 
 
 def private_files_or_skip() -> None:
-    missing = [tool for tool in ("unshare", "mount") if shutil.which(tool) is None]
-    missing += [] if os.geteuid() == 0 else ["root"]
-    if missing:
-        why = f"needs {', '.join(missing)}: a resolv.conf and hosts file of the test's own"
-        missing(why)
+    lacking = [tool for tool in ("unshare", "mount") if shutil.which(tool) is None]
+    lacking += [] if os.geteuid() == 0 else ["root"]
+    if lacking:
+        missing(f"needs {', '.join(lacking)}: a resolv.conf and hosts file of the test's own")
 
 
 @contextlib.contextmanager

@@ -20,3 +20,14 @@ def test_a_missing_module_fails_on_ci_and_is_skipped_elsewhere(
 
 def test_a_present_module_is_returned() -> None:
     assert needs.module("json").dumps([1]) == "[1]"
+
+
+def test_the_resolver_tests_name_the_tool_they_lack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller of :func:`needs.missing` (the private resolver files): once a local list of the
+    same name hid the helper, and a machine without unshare got a TypeError, not the reason."""
+    from tests.support import resolver
+
+    monkeypatch.setenv("CI", "")
+    monkeypatch.setattr(resolver.shutil, "which", lambda tool: None if tool == "unshare" else tool)
+    with pytest.raises(pytest.skip.Exception, match=r"^needs unshare(, root)?: a resolv.conf"):
+        resolver.private_files_or_skip()
