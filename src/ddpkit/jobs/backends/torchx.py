@@ -17,7 +17,7 @@ its record says how to follow it. Two torchx facts shape what follows:
   process. torchx's local scheduler, once made, sets SIGINT and SIGTERM handlers of its own in
   the process and never puts the caller's back: every runner here is made by :func:`_runner`,
   which does (see there), and a submission holds both signals while torchx starts the app
-  (:class:`_Held`).
+  (:func:`_run_local`).
 * torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
   ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
   job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
@@ -49,6 +49,7 @@ from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs.backends import Request, SweepTask
 from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep
+from ddpkit.jobs.interrupts import held_stop_signals
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record, submitted_run_id
 
@@ -133,6 +134,12 @@ class _Stopped(BaseException):
     """SIGINT or SIGTERM came to the submitting process while its local app ran."""
 
 
+def _torchx_signal() -> type[BaseException]:
+    """What torchx's own SIGINT and SIGTERM handlers raise."""
+    found: type[BaseException] = import_torchx("schedulers.local_scheduler").SignalException
+    return found
+
+
 @contextmanager
 def _runner() -> Iterator[Any]:
     """A torchx ``Runner``, closed after use (closing kills the local apps it still runs), with
@@ -146,7 +153,7 @@ def _runner() -> Iterator[Any]:
     runner is in use, comes out as ``KeyboardInterrupt`` too."""
     main = threading.current_thread() is threading.main_thread()
     saved = [(signum, signal.getsignal(signum)) for signum in _STOP_SIGNALS] if main else []
-    torchx_signal = import_torchx("schedulers.local_scheduler").SignalException
+    torchx_signal = _torchx_signal()
     runner = import_torchx("runner").get_runner()
     try:
         try:
@@ -195,11 +202,7 @@ class TorchxBackend:
             if request.scheduler == "slurm":
                 return replace(_record(spec, runner.schedule(info)), script=script)
             # local_cwd: its app has ended when the runner closes; closing kills nothing alive
-            held = _Held(runner, request.scheduler or DEFAULT_SCHEDULER)
-            handle: str = runner.schedule(info)
-            record = replace(_record(spec, handle), script=script)
-            save_record(record)  # while it runs in the foreground, status finds it
-            return replace(record, final_state=_run_in_foreground(runner, handle, held))
+            return _run_local(runner, request, script)
 
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
         return status(record or record_for(job_id))
@@ -226,64 +229,43 @@ def _slurm_only(spec: JobSpec) -> list[str]:
     return unused + [f"sbatch.{k}" for k in sorted(spec.sbatch) if spec.sbatch[k] is not False]
 
 
-class _Held:
-    """SIGINT and SIGTERM from before a local app starts until it runs in the foreground: kept,
-    and acted on once its handle is known (:func:`_run_in_foreground` arms it).
+def _run_local(runner: Any, request: Request, script: str) -> JobRecord:
+    """Start a local app and wait for it to end; its record with torchx's final state.
 
-    Made before the runner makes its local scheduler, whose handlers (torchx's, raising its
-    ``SignalException``) this then replaces: from then on no signal raises anything while
-    torchx starts the app's processes. One that did (before this class, 2026-11-29) could come
-    between a replica's start and torchx's note of it, which the runner's close kills: that
-    replica ran on, in a session of its own, with nothing left to stop it. A signal while
-    torchx sets its handlers, before anything starts, ends the submission as Ctrl-C does
-    (``KeyboardInterrupt``)."""
+    SIGINT (Ctrl-C) or SIGTERM cancels it (``CANCELLED``): its processes are this one's
+    children, which must not outlive it. torchx makes its local scheduler, and sets its own
+    handlers, before anything starts: a signal then ends the submission as Ctrl-C does
+    (:func:`_runner`). From the app's start until its record is saved the signal is held
+    (:func:`~ddpkit.jobs.interrupts.held_stop_signals`), then raised by torchx's handler and
+    acted on here: raised while torchx started the replicas (before 2026-11-29), one could come
+    between a replica's start and torchx's note of it, which the runner's close kills, and
+    that replica ran on, in a session of its own, with nothing left to stop it."""
+    main = threading.current_thread() is threading.main_thread()
 
-    def __init__(self, runner: Any, scheduler: str) -> None:
-        self.signum: int | None = None
-        self.armed = False
-        self._main = threading.current_thread() is threading.main_thread()
-        torchx_signal = import_torchx("schedulers.local_scheduler").SignalException
-        self._install()
-        try:  # torchx makes its scheduler here (public API) and sets its handlers ...
-            runner.scheduler_run_opts(scheduler)
-        except torchx_signal as exc:
-            self.signum = int(exc.sigval)
-        self._install()  # ... which this one replaces again before anything starts
-        if self.signum is not None:
-            raise KeyboardInterrupt
+    def handle_with(handler: Any) -> None:
+        for signum in _STOP_SIGNALS if main else ():
+            signal.signal(signum, handler)
 
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is None:
-            self.signum = signum
-        if self.armed:
-            raise _Stopped(signum)
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stopped(signum)
 
-    def _install(self) -> None:
-        if self._main:
-            for signum in _STOP_SIGNALS:
-                signal.signal(signum, self)
-
-
-def _run_in_foreground(runner: Any, handle: str, held: _Held) -> str:
-    """Wait for a local app to end; its final AppState name. SIGINT (Ctrl-C) or SIGTERM cancels
-    it first, also one that came while it started (``held``): its processes are this one's
-    children, which must not outlive it. (torchx's own handlers, set as the runner made its
-    local scheduler, raised an exception nothing here caught: a traceback, and a record with
-    no final state.)"""
+    runner.scheduler_run_opts(request.scheduler or DEFAULT_SCHEDULER)  # public: makes it
+    stopped = (KeyboardInterrupt, _Stopped, _torchx_signal())
     try:
-        held.armed = True  # a signal from here on raises; one kept before is acted on now
-        if held.signum is not None:
-            raise _Stopped(held.signum)
+        with held_stop_signals():  # raised as the block ends, by torchx's handler
+            handle: str = runner.schedule(request.payload)
+            record = replace(_record(request.spec, handle), script=script)
+            save_record(record)  # while it runs in the foreground, status finds it
+        handle_with(stop)
         final = runner.wait(handle, wait_interval=0.2)
-        held.armed = False  # it ended: a signal from here on is kept, not raised, until the
-        # runner's close puts the caller's handlers back (raised there, it was a traceback)
-    except (KeyboardInterrupt, _Stopped):
-        if threading.current_thread() is threading.main_thread():
-            for signum in _STOP_SIGNALS:  # a second Ctrl-C does not cut the cancel short
-                signal.signal(signum, signal.SIG_IGN)
+        # it ended: a signal from here on is ignored until the runner's close puts the caller's
+        # handlers back (raised in the close, it was a traceback)
+        handle_with(signal.SIG_IGN)
+    except stopped:
+        handle_with(signal.SIG_IGN)  # a second Ctrl-C does not cut the cancel short
         runner.cancel(handle)
-        return "CANCELLED"
-    return "UNKNOWN" if final is None else str(final.state.name)
+        return replace(record, final_state="CANCELLED")
+    return replace(record, final_state="UNKNOWN" if final is None else str(final.state.name))
 
 
 def _record(spec: JobSpec, handle: str) -> JobRecord:
