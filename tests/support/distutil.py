@@ -19,12 +19,16 @@ test process's ``os.environ`` of the moment (as spawn would), not the server's.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -48,6 +52,11 @@ __all__ = [
 # thread it starts (numpy's OpenBLAS server, idle) is shut down around a fork by OpenBLAS's own
 # atfork handlers, the path every forked DataLoader worker takes.
 _PRELOAD = ["torch", "torch.distributed"]
+
+# The signal that makes a worker write its threads' stacks (faulthandler's C handler, which
+# works while the worker waits in torch's C++): a real-time one, which neither ddpkit (SIGUSR1,
+# SIGTERM, ...), torch nor SLURM sends.
+_STACKS_SIGNAL = signal.SIGRTMIN + 7
 
 
 def free_port() -> int:
@@ -104,10 +113,15 @@ def _entry(
     args: tuple[Any, ...],
     out: Any,
     env: dict[str, str],
+    *,
+    stacks: str,
 ) -> None:
     os.environ.clear()  # the test process's environment, as spawn gives it, not the server's
     os.environ.update(env)
     rank, world_size, port = where
+    # Where this rank stands when a peer fails: _STACKS_SIGNAL writes its threads' stacks there.
+    stack_file = open(Path(stacks) / f"rank{rank}.txt", "w")  # noqa: SIM115 (the process's life)
+    faulthandler.register(_STACKS_SIGNAL, file=stack_file, all_threads=True)
     try:
         result = fn(rank, world_size, port, *args)
     except BaseException:
@@ -123,10 +137,11 @@ def _who_holds_the_peer(text: str) -> str:
 
     gloo prints the port with its bytes swapped (network byte order read as a host integer:
     checked on 2026-11-29 with a 2-rank group whose rank 1 exited, rank 0's error named :14766
-    for rank 1's listener on 44601), so the port looked at is the swapped one. Seen in CI
-    3 times (:12945, :5788, :42914, i.e. 37170, 39958, 41639): once in a plain torch group with
-    no ddpkit code on the path (tests/worker/test_rankzero.py), each while both cores were
-    saturated; which side closed the pair, and why, is what this should show next time."""
+    for rank 1's listener on 44601), so the port looked at is the swapped one, and the ports
+    it met. Seen in CI 5 times, inside ``init_process_group``: a peer that had left its own
+    ``init_process_group`` early and ended its group at once (gloo's ranks are not done
+    together; see ``ddpkit.worker.process_group._formed_everywhere``, which makes ``init()``
+    meet the ranks, and the barrier of tests/worker/test_rankzero.py's plain group)."""
     found = re.search(r"closed by peer \[?[^\]\s]*\]?:(\d+)", text)
     if found is None:
         return ""
@@ -139,6 +154,13 @@ def _who_holds_the_peer(text: str) -> str:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"\n(ss failed: {exc})"
     lines = [line for line in sockets if re.search(rf":{port}\b", line)]
+    # and the sockets of the ports those met (the listener a connection went to, its owner)
+    met = set(re.findall(r":(\d+)\b", " ".join(lines))) - {port}
+    lines += [
+        line
+        for line in sockets
+        if line not in lines and any(re.search(rf":{other}\b", line) for other in met)
+    ]
     commands = []
     for pid in sorted(set(re.findall(r"pid=(\d+)", "\n".join(lines)))):
         try:
@@ -148,7 +170,7 @@ def _who_holds_the_peer(text: str) -> str:
         command = raw.replace(b"\0", b" ").decode(errors="replace")[:300]
         commands.append(f"  {pid}: {command}")
     head = f"\nsockets on port {port} (gloo printed {printed}, byte-swapped) then:"
-    return "\n".join([head, *lines[:20], *commands])
+    return "\n".join([head, *lines[:30], *commands])
 
 
 def run_workers(
@@ -160,34 +182,38 @@ def run_workers(
     results_queue = context.Queue()
     port = free_port()
     env = dict(os.environ)
-    workers = [
-        context.Process(
-            target=_entry,
-            args=(fn, (rank, world_size, port), args, results_queue, env),
-            name=f"ddpkit-test-rank{rank}",
-            daemon=True,
-        )
-        for rank in range(world_size)
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        results = _collect(results_queue, workers, time.monotonic() + timeout_s, fn.__name__)
-    except BaseException:
-        _stop(workers, grace_s=0.0)  # peers of a failed rank may wait forever in a collective
-        raise
-    _stop(workers, grace_s=10.0)
+    with tempfile.TemporaryDirectory(prefix="ddpkit-test-stacks-") as stacks:
+        workers = [
+            context.Process(
+                target=_entry,
+                args=(fn, (rank, world_size, port), args, results_queue, env),
+                kwargs={"stacks": stacks},
+                name=f"ddpkit-test-rank{rank}",
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for worker in workers:
+            worker.start()
+        try:
+            deadline = time.monotonic() + timeout_s
+            results = _collect(results_queue, workers, deadline, fn.__name__, Path(stacks))
+        except BaseException:
+            _stop(workers, grace_s=0.0)  # peers of a failed rank may wait forever in a collective
+            raise
+        _stop(workers, grace_s=10.0)
     return [results[rank] for rank in range(world_size)]
 
 
 def _collect(
-    results_queue: Any, workers: list[BaseProcess], deadline: float, name: str
+    results_queue: Any, workers: list[BaseProcess], deadline: float, name: str, stacks: Path
 ) -> dict[int, Any]:
     results: dict[int, Any] = {}
     while len(results) < len(workers):
         missing = [rank for rank in range(len(workers)) if rank not in results]
         if time.monotonic() > deadline:
-            raise AssertionError(f"{name}: ranks {missing} did not finish in time")
+            where = _the_others(results_queue, workers, missing, stacks, wait_s=0.0)
+            raise AssertionError(f"{name}: ranks {missing} did not finish in time{where}")
         try:
             rank, ok, payload = results_queue.get(timeout=0.5)
         except queue.Empty:
@@ -200,9 +226,48 @@ def _collect(
                     raise AssertionError(f"{name}: ranks died without a result: {codes}") from None
             continue
         if not ok:
-            raise AssertionError(f"{name}: rank {rank} raised:\n{payload}")
+            others = [other for other in missing if other != rank]
+            where = _the_others(results_queue, workers, others, stacks, wait_s=5.0)
+            raise AssertionError(f"{name}: rank {rank} raised:\n{payload}{where}")
         results[rank] = payload
     return results
+
+
+def _the_others(
+    results_queue: Any, workers: list[BaseProcess], ranks: list[int], stacks: Path, wait_s: float
+) -> str:
+    """What ``ranks`` did when the test gave up on the run: the result each sent within
+    ``wait_s`` (a rank that failed too may have seen the cause first), else the stacks of the
+    threads of each one still running, else its exit code."""
+    if not ranks:
+        return ""
+    for rank in ranks:
+        if workers[rank].is_alive() and workers[rank].pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(workers[rank].pid, _STACKS_SIGNAL)
+    seen: dict[int, str] = {}
+    end = time.monotonic() + wait_s
+    while len(seen) < len(ranks):
+        try:
+            rank, ok, payload = results_queue.get(timeout=max(0.05, end - time.monotonic()))
+        except queue.Empty:
+            break
+        if rank in ranks:
+            seen[rank] = "returned" if ok else f"raised:\n{payload}"
+    time.sleep(0.2)  # the stacks' writes
+    parts = []
+    for rank in ranks:
+        if rank in seen:
+            parts.append(f"rank {rank} {seen[rank]}")
+            continue
+        code = workers[rank].exitcode
+        try:
+            stack = (stacks / f"rank{rank}.txt").read_text(errors="replace").strip()[-3000:]
+        except FileNotFoundError:
+            stack = ""
+        state = "running" if code is None else f"exited with code {code}"
+        parts.append(f"rank {rank} {state}, its threads:\n{stack or '(none written)'}")
+    return "\n\nthe other ranks then:\n" + "\n".join(parts)
 
 
 def _stop(workers: list[BaseProcess], grace_s: float) -> None:
