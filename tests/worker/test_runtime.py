@@ -496,3 +496,24 @@ def test_init_returns_only_once_every_ranks_group_is_formed(
     returned = run_workers(_returns_then_leaves, world_size, str(tmp_path))
     formed = [float(Path(tmp_path, f"formed{rank}").read_text()) for rank in range(1, world_size)]
     assert returned[0] > max(formed), (returned, formed)
+
+
+def _leaves_before_meeting(rank: int, world_size: int, port: int) -> tuple[str, str, bool]:
+    if rank > 0:  # this rank's group is made, then ended before it meets the others
+        process_group._formed_everywhere = dist.destroy_process_group  # this worker only
+    env = torchrun_env(rank, world_size, port, TORCHELASTIC_RUN_ID="named")
+    try:
+        ddpkit.init(env=env, connect_timeout_s=30, timeout_s=60, peer_timeout_s=0)
+    except Exception as exc:
+        return type(exc).__name__, str(exc), dist.is_initialized()
+    finally:
+        ddpkit.shutdown()
+    return "returned", "", dist.is_initialized()
+
+
+@pytest.mark.multiproc
+def test_a_peer_that_leaves_before_the_group_met_ends_init_in_one_line() -> None:
+    (kind, message, group_left), _ = run_workers(_leaves_before_meeting, 2)
+    assert kind == "RendezvousError" and "\n" not in message, message
+    assert "but the group did not form" in message and "crashed" in message, message
+    assert group_left is False  # the half-made group is destroyed, not left behind

@@ -133,10 +133,14 @@ def join(
                 # Binds NCCL eagerly to this rank's GPU; other backends do not need it.
                 device_id=device if "nccl" in backend and device.type == "cuda" else None,
             )
-            if backend == "gloo" and info.world_size > 1:
-                _formed_everywhere()
     except dist.DistError as exc:  # the store's timeout, a peer unreachable: torch's words
         raise _not_formed(info, exc, timeout_s) from exc
+    if backend == "gloo" and info.world_size > 1:
+        try:
+            _formed_everywhere()
+        except RuntimeError as exc:  # a peer gone before it met the others: gloo's words
+            destroy()  # no half-made group stays behind the error
+            raise _not_formed(info, exc, timeout_s) from exc
     return info
 
 
