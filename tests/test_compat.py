@@ -505,3 +505,34 @@ def test_ddp_compute_s_reads_ddps_sampled_compute_time() -> None:
     assert value is not None, f"{TORCH}: DDP's logging data lost its compute times"
     assert 0.005 <= value < 5.0, value
     assert compat.ddp_compute_s(torch.nn.Linear(2, 2)) is None  # not a DDP model
+
+
+# An sbatch that says where it runs: its session (field 6 of /proc/PID/stat) and its parent
+_SBATCH_WHERE = """#!/bin/sh
+read -r line < /proc/$$/stat
+set -- $line
+echo "$$ $6 $PPID" > "{record}"
+echo Submitted batch job 5
+"""
+
+
+@reach
+def test_submitit_starts_sbatch_in_a_session_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import submitit
+
+    from tests.fakes.slurm import FakeTools
+
+    tools = FakeTools(tmp_path / "bin")
+    tools.install("sbatch", _SBATCH_WHERE.format(record=tmp_path / "where"))
+    tools.srun()  # SlurmExecutor refuses to exist without it
+    monkeypatch.setenv("PATH", tools.path())
+    executor = submitit.AutoExecutor(folder=tmp_path / "jobs", cluster="slurm")
+    compat.submitit_sbatch_in_own_session(executor)
+    job = executor.submit(print, "hello")
+    assert job.job_id == "5", f"submitit {submitit.__version__}"
+    pid, session, parent = (tmp_path / "where").read_text().split()
+    # the leader of a session of its own, started by this process (the wrapper exec'd sbatch)
+    assert session == pid != str(os.getsid(0)), f"submitit {submitit.__version__}"
+    assert parent == str(os.getpid())

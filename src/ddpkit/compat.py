@@ -40,6 +40,8 @@ against the installed version and names that version when one has moved.
       parameter (map_array's)                  sweep's: the array map_array would write)
     #SBATCH values through         submitit    backslashes doubled so that sbatch reads
       shlex.quote                              back the spec's values (submitit_sbatch_value)
+    SlurmExecutor._make_submission submitit    sbatch in a session of its own: Ctrl-C
+      _command                                 waits for the job's record
     SlurmBatchRequest.replicas     torchx      ``--via torchx``: the spec's account, qos and
       [<role>-<k>].sbatch_opts                 sbatch options in every node's #SBATCH group,
                                                all values quoted for sbatch
@@ -81,6 +83,7 @@ __all__ = [
     "recorded_traceback",
     "refused_globals",
     "saved_pickle_head",
+    "submitit_sbatch_in_own_session",
     "submitit_sbatch_text",
     "submitit_sbatch_value",
     "tail_logs_tuned",
@@ -278,21 +281,16 @@ def launch_config_from_args(args: argparse.Namespace) -> tuple[Any, Any, list[st
     return config, entrypoint, list(cmd_args)
 
 
-class _NoticeFilter(logging.Filter):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in str(record.msg)
-
-
 @contextmanager
 def torchrun_notice_muted(text: str = "OMP_NUM_THREADS") -> Iterator[None]:
     """Drop the records of torchrun's logger that contain ``text`` (its OMP banner)."""
     import torch.distributed.run as torch_run
 
-    logger, muted = logging.getLogger(torch_run.__name__), _NoticeFilter(text)
+    logger = logging.getLogger(torch_run.__name__)
+
+    def muted(record: logging.LogRecord) -> bool:
+        return text not in str(record.msg)
+
     logger.addFilter(muted)
     try:
         yield
@@ -394,6 +392,15 @@ def submitit_sbatch_text(executor: Any, *, map_count: int | None = None) -> str:
         inner.parameters = {**inner.parameters, "map_count": map_count}
     text: str = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
     return text
+
+
+def submitit_sbatch_in_own_session(executor: Any) -> None:
+    """``executor`` (SLURM) starts sbatch in a session of its own: a terminal's Ctrl-C reaches
+    only ddpkit, which holds it until the job is recorded (``ddpkit.jobs.interrupts``)."""
+    inner: Any = executor._executor
+    made = inner._make_submission_command
+    code = "import os,sys\ntry:os.setsid()\nexcept OSError:0\nos.execvp(sys.argv[1],sys.argv[1:])"
+    inner._make_submission_command = lambda path: [sys.executable, "-c", code, *made(path)]
 
 
 def submitit_sbatch_value(value: str) -> str:

@@ -33,15 +33,27 @@ touch "{calls}/sbatch.done"
 """
 
 
-def _submit(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+# submitit's: the script as an argument, the id in sbatch's sentence
+_SLOW_SBATCH_FOR_SUBMITIT = """#!/bin/sh
+cp "$1" "{calls}/sbatch.stdin"
+touch "{calls}/sbatch.started"
+sleep 1
+echo Submitted batch job {job_id}
+touch "{calls}/sbatch.done"
+"""
+
+
+def _submit(tmp_path: Path, via: str = "sbatch") -> tuple[subprocess.Popen[str], Path]:
     tools = FakeTools(tmp_path / "bin", tmp_path / "calls")
-    tools.install("sbatch", _SLOW_SBATCH.format(calls=tools.calls, job_id=JOB_ID))
+    slow = _SLOW_SBATCH_FOR_SUBMITIT if via == "submitit" else _SLOW_SBATCH
+    tools.install("sbatch", slow.format(calls=tools.calls, job_id=JOB_ID))
     tools.scontrol_jobs()
+    tools.srun()  # submitit's executor needs one on PATH
     spec = tmp_path / "job.yaml"
     spec.write_text("name: demo\ncommand: train.py\nnodes: 1\nprocs_per_node: 1\n")
     env = {**os.environ, "PATH": tools.path(), "DDPKIT_HOME": str(tmp_path / "home")}
     submit = subprocess.Popen(
-        [sys.executable, "-m", "ddpkit", "submit", str(spec)],
+        [sys.executable, "-m", "ddpkit", "submit", str(spec), "--via", via],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -57,14 +69,16 @@ def _records(tmp_path: Path) -> list[str]:
     return sorted(json.loads(path.read_text())["job_id"] for path in jobs.glob("*.json"))
 
 
+@pytest.mark.parametrize("via", ["sbatch", "submitit"])
 @pytest.mark.parametrize("delay_s", [0.0, 0.5])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stop_signal_while_sbatch_runs_waits_for_the_record_and_the_id(
-    tmp_path: Path, signum: int, delay_s: float
+    tmp_path: Path, signum: int, delay_s: float, via: str
 ) -> None:
     """Before the hold, Ctrl-C reached sbatch too (one process group) and cut ddpkit short
-    while the job could be queued: no record, no id printed."""
-    submit, calls = _submit(tmp_path)
+    while the job could be queued: no record, no id printed. Through submitit, sbatch is
+    submitit's child: it heard the signal until it ran in a session of its own."""
+    submit, calls = _submit(tmp_path, via)
     try:
         deadline = time.monotonic() + 60
         while not (calls / "sbatch.started").exists():

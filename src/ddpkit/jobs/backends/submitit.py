@@ -50,7 +50,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ddpkit.compat import submitit_sbatch_text, submitit_sbatch_value
+from ddpkit.compat import (
+    submitit_sbatch_in_own_session,
+    submitit_sbatch_text,
+    submitit_sbatch_value,
+)
 from ddpkit.contract import SUBMITIT_SIGNAL_VAR, SUBMITIT_TASK_MODULE
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backends import Request
@@ -201,6 +205,7 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
             hint="run on a host with the SLURM client commands (srun, sbatch) on PATH",
         ) from exc
     executor.update_parameters(**_sbatch_read_back(executor_parameters(spec)))
+    submitit_sbatch_in_own_session(executor)  # Ctrl-C: ddpkit holds it until the job's record
     return executor
 
 
