@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 
 
 def start_ticks(pid: int) -> int | None:
@@ -45,3 +46,32 @@ def signal_if_same(pid: int, started: int | None, signum: int = signal.SIGKILL) 
         return False
     finally:
         os.close(fd)
+
+
+def all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state not in ("T", "t"):
+            return False
+    return bool(tasks)
+
+
+def wait_until_stopped(pid: int, timeout_s: float = 30.0) -> None:
+    """Return once SIGSTOP (sent before) has stopped every thread of ``pid``.
+
+    A stop is not done when ``kill`` returns: the kernel wakes one thread, and that thread,
+    once it runs, stops the others. Until then they run on: on a busy machine a CI run saw a
+    stopped store host's server thread answer a client after its SIGSTOP was sent."""
+    deadline = time.monotonic() + timeout_s
+    while not all_stopped(pid):
+        assert time.monotonic() < deadline, f"process {pid} not stopped after {timeout_s:g} s"
+        time.sleep(0.005)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 
-from tests.support.pids import signal_if_same, start_ticks
+from tests.support.pids import all_stopped, signal_if_same, start_ticks, wait_until_stopped
 
 
 def test_a_pid_is_signalled_only_while_it_names_the_process_that_was_recorded() -> None:
@@ -23,3 +24,32 @@ def test_a_pid_is_signalled_only_while_it_names_the_process_that_was_recorded() 
     finally:
         first.kill()
         first.wait()
+
+
+_THREADS = """
+import threading, time
+for _ in range(3):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_stopped_process_is_waited_for_until_every_thread_stopped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _THREADS], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"
+        assert not all_stopped(child.pid)  # running (asleep): not stopped
+        child.send_signal(signal.SIGSTOP)
+        wait_until_stopped(child.pid)
+        assert all_stopped(child.pid)
+        child.send_signal(signal.SIGCONT)
+        deadline = 100
+        while all_stopped(child.pid) and deadline:
+            subprocess.run(["sleep", "0.05"], check=True)
+            deadline -= 1
+        assert not all_stopped(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not all_stopped(child.pid)  # no such process

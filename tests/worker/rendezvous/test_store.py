@@ -42,6 +42,7 @@ from tests.support.distutil import (
     torchrun_env,
 )
 from tests.support.needs import missing
+from tests.support.pids import wait_until_stopped
 from tests.support.sockets import WILDCARDS, is_loopback, listening, routable_interface
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -635,6 +636,7 @@ def test_a_store_slow_past_the_grace_is_waited_for_without_a_second_connection(
     try:
         assert host.stdout is not None and host.stdout.readline() == "up\n"
         host.send_signal(signal.SIGSTOP)
+        wait_until_stopped(host.pid)  # its store's thread could answer until then
         spy = _Spy(monkeypatch)
         # the host goes on 1.5 s after the probe found it listening: an answer that comes late
         spy.after_probe(lambda: host.send_signal(signal.SIGCONT), 1.5)
