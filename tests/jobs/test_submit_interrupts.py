@@ -102,7 +102,7 @@ def test_a_stop_signal_while_sbatch_runs_waits_for_the_record_and_the_id(
         assert submit.returncode == -signal.SIGTERM, err
 
 
-@pytest.mark.parametrize("delay_s", [0.2, 0.4, 0.6, 0.8, 1.0, 1.3, 1.6, 2.0])
+@pytest.mark.parametrize("delay_s", [0.02, 0.2, 0.4, 0.6, 0.8, 1.0, 1.3, 1.6, 2.0])
 def test_a_ctrl_c_at_any_moment_never_leaves_a_job_without_its_record(
     tmp_path: Path, delay_s: float
 ) -> None:
@@ -120,7 +120,12 @@ def test_a_ctrl_c_at_any_moment_never_leaves_a_job_without_its_record(
     given = (calls / "sbatch.stdin").exists()
     assert given == (calls / "sbatch.done").exists(), "sbatch was cut short"
     assert (_records(tmp_path), out) == (([JOB_ID], f"{JOB_ID}\n") if given else ([], "")), err
-    assert submit.returncode in (0, 130, -signal.SIGINT), err
+    if submit.returncode == 1 and not given:
+        # Ctrl-C while Python itself starts (its site module, before any of ddpkit runs), as a
+        # loaded CI machine can make the first moments: Python's own fatal error, nothing sent
+        assert "Fatal Python error: init_import_site" in err and "KeyboardInterrupt" in err, err
+    else:
+        assert submit.returncode in (0, 130, -signal.SIGINT), err
 
 
 # An sbatch during which the submitting process gets Ctrl-C (its parent: the test's process),
