@@ -138,7 +138,7 @@ def _who_holds_the_peer(text: str) -> str:
     gloo prints the port with its bytes swapped (network byte order read as a host integer:
     checked on 2026-11-29 with a 2-rank group whose rank 1 exited, rank 0's error named :14766
     for rank 1's listener on 44601), so the port looked at is the swapped one, and the ports
-    it met. Seen in CI 5 times, inside ``init_process_group``: a peer that had left its own
+    it met. Seen in CI 4 times, inside ``init_process_group``: a peer that had left its own
     ``init_process_group`` early and ended its group at once (gloo's ranks are not done
     together; see ``ddpkit.worker.process_group._formed_everywhere``, which makes ``init()``
     meet the ranks, and the barrier of tests/worker/test_rankzero.py's plain group)."""
