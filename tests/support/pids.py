@@ -19,12 +19,17 @@ import time
 def start_ticks(pid: int) -> int | None:
     """When ``pid`` started (clock ticks after boot, /proc/<pid>/stat's field 22); None when
     no process has that pid. A pid and its start time name one process for good."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    return None if fields is None else int(fields[19])
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    """A /proc stat file's fields from the 3rd (the state) on; None when it cannot be read."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()  # from field 3 (the state) on
+        with open(path) as stat:
+            return stat.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[19])
 
 
 def signal_if_same(pid: int, started: int | None, signum: int = signal.SIGKILL) -> bool:
@@ -54,15 +59,8 @@ def all_stopped(pid: int) -> bool:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        if state not in ("T", "t"):
-            return False
-    return bool(tasks)
+    states = [_stat_fields(f"/proc/{pid}/task/{task}/stat") for task in tasks]
+    return bool(states) and all(fields is not None and fields[0] in ("T", "t") for fields in states)
 
 
 def wait_until_stopped(pid: int, timeout_s: float = 30.0) -> None:
