@@ -241,10 +241,6 @@ def _the_others(
     threads of each one still running, else its exit code."""
     if not ranks:
         return ""
-    for rank in ranks:
-        if workers[rank].is_alive() and workers[rank].pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(workers[rank].pid, _STACKS_SIGNAL)
     seen: dict[int, str] = {}
     end = time.monotonic() + wait_s
     while len(seen) < len(ranks):
@@ -254,6 +250,12 @@ def _the_others(
             break
         if rank in ranks:
             seen[rank] = "returned" if ok else f"raised:\n{payload}"
+    # only the silent ones, once their results had time to come: the signal would end a rank
+    # that has not registered its handler yet
+    for rank in ranks:
+        if rank not in seen and workers[rank].is_alive() and workers[rank].pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(workers[rank].pid, _STACKS_SIGNAL)
     time.sleep(0.2)  # the stacks' writes
     parts = []
     for rank in ranks:
