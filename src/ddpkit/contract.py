@@ -178,7 +178,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "step: a rank in one collective that long (every rank alive) gathers every rank's "
         "stack and last collectives, names the stuck rank in one report and ends the job. "
         "Grows with the world size past 64 ranks (x log2(world)/6). `0` or `off` turns it "
-        "off, with the rank-0-only collective guard; `init(hang_timeout_s=)` wins over it.",
+        "off; `init(hang_timeout_s=)` wins over it.",
         "set hang_timeout_s instead",
     ),
     EnvVar(

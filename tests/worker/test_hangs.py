@@ -1,7 +1,8 @@
 """The hang watchdog: every rank alive, one stuck; the job ends within the bound with one report
-naming the stuck rank; a collective in rank-0-only code raises at once.
+naming the stuck rank, and the rank-0-only ``if`` rank 0's collective runs under, if any. A
+collective in rank-0-only code alone is left alone (main-process-first is correct code).
 
-Pure pieces (bounds, the diagnosis, the report, the guard's reading of ``if`` tests, the record)
+Pure pieces (bounds, the diagnosis, the report, the reading of rank-0-only ``if`` tests, the record)
 run in-process. The scenarios start real ranks (gloo on 127.0.0.1, see
 :mod:`tests.support.spawned`) with a small per-collective bound (3 s) and a large first bound
 (60 s): ending within ``SLACK_S`` (30 s) shows that the tight bound applied after the first step
@@ -21,11 +22,11 @@ import pytest
 import torch.distributed as dist
 
 from ddpkit import compat
-from ddpkit.errors import ConfigError, UsageError
+from ddpkit.errors import ConfigError
 from ddpkit.worker import watchdog
 from ddpkit.worker.watchdog import hang
 from ddpkit.worker.watchdog import record as calls
-from ddpkit.worker.watchdog.guard import RankZeroGuard, is_rank_zero_test
+from ddpkit.worker.watchdog.rankzero_if import is_rank_zero_test, rank_zero_if
 from tests.support.pids import start_ticks
 from tests.support.spawned import Rank, child_env, running, spawn
 
@@ -216,6 +217,28 @@ def test_a_rank_in_another_collective_and_a_silent_rank_are_named() -> None:
     assert "rank 4 did not answer" in line and "ranks 0,2-3 wait in all_reduce #8" in line
 
 
+_UNDER = {"file": "/job/train.py", "line": 41, "code": "barrier()", "if_line": 40,
+          "test": "ctx.is_main"}  # fmt: skip
+
+
+def test_a_rank_zero_only_if_is_named_only_when_rank_zero_waits_apart() -> None:
+    # 2 ranks, a tie: rank 0 in a barrier under `if ctx.is_main:`, rank 1 in an all_reduce
+    pieces = {0: _piece(0, _call("barrier", 8, site="train.py:41")), 1: _piece(1, None)}
+    pieces[1]["running"] = _call("all_reduce", 8, site="train.py:50")
+    pieces[0]["under"] = _UNDER
+    assert hang.diagnose(pieces, 2) == ([0], [1], [])
+    line = hang.headline(pieces, 2, 5.0, "b")
+    assert line.startswith(
+        "ddpkit: hang: rank 0 (host n0, pid 100) is in barrier #8 [4] float32 on default_pg at "
+        "train.py:41 (for 4.0 s), called under `if ctx.is_main:` (job/train.py:40), rank-0-only "
+        "code that rank 1 skips; rank 1 waits in all_reduce #8"
+    ), line
+    # every rank in the same barrier (main-process-first's shape): nobody is blamed for the if
+    pieces[1]["running"] = _call("barrier", 8, site="train.py:41")
+    assert hang.diagnose(pieces, 2) == ([], [0, 1], [])
+    assert "rank-0-only" not in hang.report(pieces, 2, 5.0, "b", reporter=0)
+
+
 def test_no_rank_in_a_collective_names_nobody() -> None:
     pieces = {r: _piece(r, None) for r in (0, 1)}
     assert hang.diagnose(pieces, 2) == ([], [], [])
@@ -286,7 +309,7 @@ def test_install_wraps_torchs_collectives_and_uninstall_puts_them_back() -> None
     assert torch.autograd.backward is backward
 
 
-# --- the guard -----------------------------------------------------------------------------------
+# --- rank-0-only code ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -326,31 +349,35 @@ def main(ctx, collective):
 """
 
 
-def test_the_guard_raises_in_a_rank_zero_block_and_names_file_and_line(tmp_path: Path) -> None:
+def test_a_stack_inside_a_rank_zero_only_if_names_it_and_others_do_not(tmp_path: Path) -> None:
     path = tmp_path / "train_guarded.py"
     path.write_text(GUARDED)
     namespace: dict[str, object] = {}
     exec(compile(GUARDED, str(path), "exec"), namespace)
-    guard = RankZeroGuard()
-    calls_made: list[str] = []
+    stacks: list[list[list[object]]] = []
 
-    def barrier() -> None:
-        guard("barrier", None)
-        calls_made.append("barrier")
+    def barrier() -> None:  # what the hang report sees: the stack at the collective
+        frame = sys._getframe(1)
+        rows = []
+        while frame is not None:
+            rows.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, ""])
+            frame = frame.f_back  # type: ignore[assignment]
+        stacks.append(rows[::-1])
 
     class Main:
         is_main = True
 
-    with pytest.raises(UsageError) as raised:
-        namespace["main"](Main(), barrier)  # type: ignore[operator]
-    assert f"{path}:8 `save(collective)` runs under `if ctx.is_main:` (line 7)" in str(raised.value)
-    assert "collective barrier() called inside rank-0-only code" in str(raised.value)
-
     class Other:
         is_main = False
 
-    namespace["main"](Other(), barrier)  # type: ignore[operator]  # the else branch: allowed
-    assert calls_made == ["barrier", "barrier"]
+    namespace["main"](Main(), barrier)  # type: ignore[operator]  # nothing raises: it runs
+    namespace["main"](Other(), barrier)  # type: ignore[operator]
+    found = [rank_zero_if(stack) for stack in stacks]
+    assert found[0] == {
+        "file": str(path), "line": 8, "code": "", "if_line": 7, "test": "ctx.is_main"
+    }  # fmt: skip
+    # the last call on rank 0, the else branch and the last call on the others: none
+    assert found[1:] == [None, None, None]
 
 
 # --- the scenarios -------------------------------------------------------------------------------
@@ -473,18 +500,23 @@ def test_rank_zero_holding_the_gil_is_reported_by_the_rank_that_gathered(worker:
 
 
 @pytest.mark.multiproc
-def test_a_barrier_in_rank_zero_only_code_raises_at_once(worker: Path) -> None:
+def test_a_barrier_in_rank_zero_only_code_is_named_in_the_hang_report(worker: Path) -> None:
+    # nothing raises before the collective (main-process-first is correct code): the hang is
+    # reported, and the report names the `if` rank 0's barrier runs under
     ranks = _run(worker, "rank0")
+    _ended_by_the_report(ranks)
+    head = _report_of(ranks[0]).splitlines()[0]
     line = _line("dist.barrier()  # rank0")
-    assert ranks[0].code == 1 and ranks[0].ended_s < SLACK_S
+    assert head.startswith(
+        f"ddpkit: hang: rank 0 (host {HOST}, pid {ranks[0].pid()}) is in barrier #"
+    ), head
+    assert (f" on default_pg at {_site(worker, 'dist.barrier()  # rank0')} (for ") in head, head
     assert (
-        f"UsageError: collective barrier() called inside rank-0-only code: {worker}:{line} "
-        f"`dist.barrier()  # rank0` runs under `if opts.case == 'rank0' and ctx.is_main:` (line "
-        f"{line - 1})"
-    ) in ranks[0].err
-    for peer in ranks[1:]:  # the peers name rank 0 through the peer watchdog
-        assert peer.code == 1 and peer.ended_s < SLACK_S
-        assert f"rank 0 on host {HOST} (pid {ranks[0].pid()}) raised UsageError" in peer.err
+        f"called under `if opts.case == 'rank0' and ctx.is_main:` ({worker.parent.name}/"
+        f"worker.py:{line - 1}), rank-0-only code that ranks 1-2 skip; ranks 1-2 wait in "
+        "all_reduce #"
+    ) in head, head
+    assert all("UsageError" not in rank.err for rank in ranks)
 
 
 @pytest.mark.multiproc

@@ -132,8 +132,8 @@ def init(
     turns the watchdog off; see :mod:`ddpkit.worker.watchdog`). ``hang_timeout_s``: the hang
     watchdog's per-collective bound once the job is past its first step: a rank in one
     collective that long, every rank alive, ends the job with one report naming the stuck rank
-    (None: ``DDPKIT_HANG_TIMEOUT``, else 180 s, grown past 64 ranks; 0 turns it off, with the
-    guard against collectives in rank-0-only code). ``hang_first_timeout_s``: its bound before
+    (None: ``DDPKIT_HANG_TIMEOUT``, else 180 s, grown past 64 ranks; 0 turns it off).
+    ``hang_first_timeout_s``: its bound before
     the first step (None: ``DDPKIT_HANG_FIRST_TIMEOUT``, else 900 s; see
     :mod:`ddpkit.worker.watchdog.hang`). Both need the peer watchdog on.
 

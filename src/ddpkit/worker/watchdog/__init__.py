@@ -58,8 +58,8 @@ threads cannot run for the bound (the GIL held that long) is reported by rank 0 
 A rank that hangs while alive and keeps sending heartbeats is the hang watchdog's (same threads,
 same store): a rank in one collective past ``DDPKIT_HANG_TIMEOUT`` gathers every rank's stack
 and last collectives and ends the job with one report naming the stuck rank (:mod:`.hang`,
-:mod:`.hangwatch`, :mod:`.record`); a collective inside rank-0-only code raises at once
-(:mod:`.guard`).
+:mod:`.hangwatch`, :mod:`.record`), which names a rank waiting in a collective inside
+rank-0-only code (:mod:`.rankzero_if`); nothing raises before a collective.
 
 Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.liveness` (is the
 training thread blocked), :mod:`.store` (the link to the store), :mod:`.watcher` (the judging

@@ -129,6 +129,12 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ("rank " if len(ordered) == 1 else "ranks ") + ",".join(spans)
 
 
+def _short_path(path: str) -> str:
+    """The last two parts of a path, as the report writes call sites."""
+    parts = path.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 2 else path
+
+
 def _where(piece: Mapping[str, Any]) -> str:
     """``train.py:88 `loss.item()``` from the piece's innermost frame of the program."""
     frame = piece.get("at")
@@ -169,10 +175,19 @@ def _who(ranks: Sequence[int], pieces: Mapping[int, Mapping[str, Any]]) -> str:
     return f"{ranks_text(ranks)} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})"
 
 
-def _doing(piece: Mapping[str, Any]) -> str:
+def _doing(piece: Mapping[str, Any], others: str = "") -> str:
+    """What the rank is doing; ``others``: the ranks waiting elsewhere, when this rank is the
+    odd one out (then a rank-0-only ``if`` its collective runs under is named)."""
     call = piece.get("running")
     if call:
-        return f"is in {_call_text(call)} (for {float(call['age_s']):.1f} s)"
+        doing = f"is in {_call_text(call)} (for {float(call['age_s']):.1f} s)"
+        under = piece.get("under")
+        if under and others:
+            doing += (
+                f", called under `if {under['test']}:` ({_short_path(str(under['file']))}:"
+                f"{under['if_line']}), rank-0-only code that {others}"
+            )
+        return doing
     last = piece.get("last")
     after = f"; its last collective: {_call_text(last)}" if last else "; no collective yet"
     loader = piece.get("loader")
@@ -196,7 +211,13 @@ def diagnose(
     inside = [(key, ranks) for key, ranks in groups.items() if key[0] == "in"]
     if not inside:
         return [], [], silent
-    _, waiters = max(inside, key=lambda item: (len(item[1]), -min(item[1])))
+
+    def likely_waiters(item: tuple[tuple[str, ...], list[int]]) -> tuple[int, bool, int]:
+        # on a tie, ranks inside rank-0-only code are the odd ones, not the waiters
+        ranks = item[1]
+        return len(ranks), not any(pieces[rank].get("under") for rank in ranks), -min(ranks)
+
+    _, waiters = max(inside, key=likely_waiters)
     odd = [rank for rank in answered if rank not in waiters]
     return odd, waiters, silent
 
@@ -208,7 +229,8 @@ def headline(
     odd, waiters, silent = diagnose(pieces, world_size)
     parts = []
     for rank in odd:
-        parts.append(f"{_who([rank], pieces)} {_doing(pieces[rank])}")
+        others = f"{ranks_text(waiters)} skip{'s' if len(waiters) == 1 else ''}" if waiters else ""
+        parts.append(f"{_who([rank], pieces)} {_doing(pieces[rank], others)}")
     if silent:
         parts.append(
             f"{ranks_text(silent)} did not answer within the gathering time (frozen, or its "

@@ -24,6 +24,7 @@ from typing import Any
 from ddpkit.compat import flight_recorder_tail
 from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
 from ddpkit.worker.watchdog.hang import HangBounds, report
+from ddpkit.worker.watchdog.rankzero_if import rank_zero_if
 from ddpkit.worker.watchdog.record import Record
 from ddpkit.worker.watchdog.store import StoreLink
 
@@ -57,11 +58,16 @@ class HangWatch:
     # the store thread
 
     def piece(self) -> dict[str, Any]:
-        """This rank's answer: host, pid, main thread's stack, its collectives."""
+        """This rank's answer: host, pid, main thread's stack, its collectives, and the
+        rank-0-only ``if`` its collective was called under, if any (:mod:`.rankzero_if`)."""
         now = self._clock()
         running = self.record.running()
         last = self.record.last()
         stack = _stack(self._main)
+        under = None
+        if running and _default_group(running[0].group):  # a subgroup's rank 0 may well
+            with contextlib.suppress(Exception):  # call with its peers; a guess: never fatal
+                under = rank_zero_if(stack)
         return {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -72,6 +78,7 @@ class HangWatch:
             "tail": [call.as_dict(now) for call in self.record.calls()[-4:-1]],
             "loader": _loader_pids(stack),
             "torch": flight_recorder_tail(2),
+            "under": under,
         }
 
     # the watchdog thread
@@ -184,6 +191,14 @@ def _program_frame(stack: list[list[Any]]) -> list[Any] | None:
             continue
         return [_short(filename), line, function, code]
     return None
+
+
+def _default_group(group: Any) -> bool:
+    if group is None:
+        return True
+    import torch.distributed as dist
+
+    return group is dist.group.WORLD
 
 
 def _short(path: str) -> str:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ddpkit.worker.steptimes import TIMES
 from ddpkit.worker.watchdog import record as calls
-from ddpkit.worker.watchdog.guard import RankZeroGuard
 from ddpkit.worker.watchdog.hang import HangBounds
 from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
 from ddpkit.worker.watchdog.policy import (
@@ -231,7 +230,7 @@ def start(
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:
-        record = calls.Record(clock=clock, sequence=group_sequence, before_call=RankZeroGuard())
+        record = calls.Record(clock=clock, sequence=group_sequence)
         watchdog.hangs = HangWatch(
             link,
             record,

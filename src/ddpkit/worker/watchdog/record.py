@@ -132,12 +132,10 @@ class Record:
         *,
         clock: Callable[[], float] = time.monotonic,
         sequence: Callable[[Any], int | None] | None = None,
-        before_call: Callable[[str, Any], None] | None = None,
     ) -> None:
         self._clock = clock
         self._torch_dir = _torch_dir()
         self._sequence = sequence  # the group's torch counter (before the call), if any
-        self._before = before_call  # the rank-0 guard: may raise instead of calling
         self._tail: deque[Call] = deque(maxlen=TAIL)
         self._running: dict[int, Call] = {}
         self._counts: dict[int, int] = {}  # id(group) -> calls, where torch counts none
@@ -171,8 +169,6 @@ class Record:
                     if type(arg) is group_type:
                         group = arg
                         break
-            if self._before is not None and op != BACKWARD:
-                self._before(op, group)
             first = args[0] if args and op != BACKWARD else None
             call = self._enter(op, group, first, sys._getframe(1))
             if getattr(local, "patient", False):
