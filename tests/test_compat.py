@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ddpkit import compat
 from ddpkit.cluster.rendezvous.ports import free_port
+from ddpkit.launch import tee
 
 TORCH = f"torch {torch.__version__}"
 
@@ -60,7 +61,7 @@ def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> No
     log.write_text("")
     out = io.StringIO()
     original = getattr(mp_api, "TailLog", None)
-    with compat.tail_logs_tuned(0.01):
+    with compat.tail_logs_tuned(0.01, tee.tail_whole_lines, tee.OncePrefixed):
         tuned = mp_api.TailLog
         assert tuned is not original, f"{TORCH}: mp_api.TailLog is gone or not a TailLog class"
         tail = tuned("trainer", {0: str(log)}, out, {0: "[rank0]: "}).start()
@@ -87,7 +88,7 @@ def test_a_line_tailed_in_pieces_is_printed_as_one_line(tmp_path: Path) -> None:
     for log in logs.values():
         log.write_text("")
     out = io.StringIO()
-    with compat.tail_logs_tuned(0.01):
+    with compat.tail_logs_tuned(0.01, tee.tail_whole_lines, tee.OncePrefixed):
         assert tail_log.tail_logfile is not original, f"{TORCH}: tail_logfile was not replaced"
         prefixes = {rank: f"[rank{rank}]: " for rank in logs}
         tail = mp_api.TailLog("trainer", {r: str(p) for r, p in logs.items()}, out, prefixes)
@@ -102,7 +103,7 @@ def test_a_line_tailed_in_pieces_is_printed_as_one_line(tmp_path: Path) -> None:
             zero.write(" at step 3\n")
             zero.flush()
             _tail_until(out, lambda text: "step 3" in text)
-            two.write("10%")  # never ended: printed once held for HOLD_PARTIAL_LINE_S
+            two.write("10%")  # never ended: printed once held for tee.HOLD_PARTIAL_LINE_S
             two.flush()
             _tail_until(out, lambda text: "10%" in text)
             assert "[rank2]: 10%" in out.getvalue(), f"a piece never ended was held: {out!r}"
@@ -110,7 +111,7 @@ def test_a_line_tailed_in_pieces_is_printed_as_one_line(tmp_path: Path) -> None:
         tail.stop()
     assert tail_log.tail_logfile is original  # put back afterwards
     assert out.getvalue() == (
-        "[rank1]: a whole line\n[rank0]: loss 0.5 at step 3\n[rank2]: 10%[rank2]:  20%"
+        "[rank1]: a whole line\n[rank0]: loss 0.5 at step 3\n[rank2]: 10% 20%"
     ), out.getvalue()
 
 

@@ -7,9 +7,9 @@ against the installed version and names that version when one has moved.
 
     reach                          dependency  what ddpkit does with it
     TailLog in mp_api, its         torch       ``ddpkit run`` polls tee'd logs every 10 ms and
-      (name, files, dst) args                  prints torch's own "[rankN]: " prefix once
-    tail_log.tail_logfile and its  torch       ... and prints a line its worker wrote in two
-      parameters                               pieces as one line (PYTHONUNBUFFERED=1)
+      (name, files, dst) args                  prints torch's own "[rankN]:" prefix once
+    tail_log.tail_logfile and its  torch       ... whole lines, redraws (\\r) in place
+      parameters                               (:mod:`ddpkit.launch.tee`)
     run.config_from_args           torch       ``ddpkit run`` builds its LaunchConfig with
                                                torchrun's own parser and logic
     run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
@@ -58,7 +58,6 @@ import os
 import pickle
 import re
 import sys
-import time
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -91,97 +90,24 @@ __all__ = [
     "torchx_slurm_sbatch_options",
 ]
 
-# torch's excepthook (installed by init_process_group) prefixes every traceback line with
-# "[rank<N>]: ", the very text of the default tee prefix: one of the two is dropped.
-_DOUBLED_PREFIX = re.compile(r"(\[rank\d+\]: )\1")
-
-
-class _OncePrefixed:
-    """A tee destination that writes ``[rankN]: [rankN]: text`` as ``[rankN]: text``.
-
-    ``TailLog`` writes each worker line as ``f"{header}{line}"`` in one ``write``; only a line
-    whose own text starts with the same header is changed (other templates are left alone).
-    """
-
-    def __init__(self, dst: Any) -> None:
-        self._dst = dst
-
-    def write(self, text: str) -> int:
-        return int(self._dst.write(_DOUBLED_PREFIX.sub(r"\1", text, count=1)))
-
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, ...
-        return getattr(self._dst, name)
-
-
-# how long a tee'd line read without its end (its writer has not finished it) is held for the
-# rest before it is printed as it is, as torch prints it: a progress bar without newlines shows
-HOLD_PARTIAL_LINE_S = 1.0
 _TAIL_PARAMETERS = ("header", "file", "dst", "finished", "interval_sec", "log_line_filter")
 
 
-def _tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start calls)
-    header: str,
-    file: str,
-    dst: Any,
-    finished: Any,
-    interval_sec: float,
-    log_line_filter: Any = None,
-) -> None:
-    """torch's ``tail_log.tail_logfile``, except for a line read before its writer finished it.
-
-    torch prefixes whatever ``readline`` returns, and at the end of a file that is a piece of a
-    line: a worker under ``PYTHONUNBUFFERED=1`` (set in many images and job scripts) writes a
-    ``print``'s text and its newline in two writes, and a poll between them printed
-    ``[rank0]: text[rank0]: `` and an empty line, with another rank's line possibly between
-    the two pieces. Here a piece is held until its line ends (at most
-    :data:`HOLD_PARTIAL_LINE_S`, then printed as torch prints it) and the line is written once,
-    with its header. The rest is torch's: wait for the file, poll every ``interval_sec``, read
-    to the end once ``finished`` is set; ``log_line_filter`` as torch applies it.
-    """
-    while not os.path.exists(file):
-        if finished.is_set():
-            return
-        time.sleep(interval_sec)
-
-    def emit(text: str) -> None:
-        if log_line_filter and log_line_filter(text):
-            dst.write(f"{header}{text}")
-
-    held, since = "", 0.0
-    with open(file, errors="replace") as fp:
-        while True:
-            piece = fp.readline()
-            if piece:
-                if not held:
-                    since = time.monotonic()
-                held += piece
-                if held.endswith("\n"):
-                    emit(held)
-                    held = ""
-                continue
-            done = finished.is_set()  # read before the hold is judged: nothing comes after it
-            if held and (done or time.monotonic() - since >= HOLD_PARTIAL_LINE_S):
-                emit(held)
-                held = ""
-            if done:
-                break
-            time.sleep(interval_sec)
-
-
 @contextmanager
-def tail_logs_tuned(interval_s: float) -> Iterator[None]:
+def tail_logs_tuned(
+    interval_s: float, tail_logfile: Callable[..., None], wrap_dst: Callable[[Any], Any]
+) -> Iterator[None]:
     """While the block runs, torch's tee of worker logs polls every ``interval_s`` (not its
-    fixed 0.1 s), prints torch's own ``[rankN]: `` traceback prefix only once, and prints a
-    line that reached the log in pieces as one line (:func:`_tail_whole_lines`).
+    fixed 0.1 s), writes through ``wrap_dst(dst)``, and reads each file with ``tail_logfile``
+    in place of torch's ``tail_log.tail_logfile`` (same parameters). ``ddpkit run`` passes
+    :mod:`ddpkit.launch.tee`'s: one rank prefix a line, whole lines, redraws in place.
 
     Why the interval: at shutdown torch stops one ``TailLog`` per tee'd stream and each stop
-    waits out a poll sleep, in step with the agent's 0.1 s monitor loop: +0.2 s per launch with
-    stdout and stderr tee'd, ~10% of a trivial 2-process run. ``PContext`` builds its
+    waits out a poll sleep, in step with the agent's 0.1 s monitor loop. ``PContext`` builds its
     ``TailLog`` with the default interval and offers no parameter, so for the duration of the
-    launch the name it looks up is a subclass with a shorter interval and a destination that
-    drops a doubled prefix (restored afterwards). Should torch move the class, nothing is
-    replaced and its defaults apply. Price of 10 ms: polling costs the agent ~1% of a core per
-    tee'd stream (2 ranks, stdout+stderr: ~3-4% of one core, measured).
+    launch the name it looks up is a subclass (restored afterwards). Should torch move the
+    class, nothing is replaced and its defaults apply; should it change ``tail_logfile``'s
+    parameters, its own stays.
     """
     import inspect
 
@@ -194,23 +120,21 @@ def tail_logs_tuned(interval_s: float) -> Iterator[None]:
         yield
         return
     tail: Any = getattr(tail_log, "tail_logfile", None)
-    # only a function that takes what ours takes is replaced: should torch change it, its own
-    # stays (pieces of lines printed as before)
-    whole_lines = callable(tail) and tuple(inspect.signature(tail).parameters) == _TAIL_PARAMETERS
+    replace = callable(tail) and tuple(inspect.signature(tail).parameters) == _TAIL_PARAMETERS
 
     class _PromptTailLog(original):  # type: ignore[misc, valid-type]
         def __init__(self, name: str, log_files: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("interval_sec", interval_s)
-            super().__init__(name, log_files, _OncePrefixed(dst), *args, **kwargs)
+            super().__init__(name, log_files, wrap_dst(dst), *args, **kwargs)
 
     mp_api.TailLog = _PromptTailLog  # type: ignore[attr-defined]
-    if whole_lines:
-        tail_log.tail_logfile = _tail_whole_lines  # TailLog.start looks it up by this name
+    if replace:
+        tail_log.tail_logfile = tail_logfile  # TailLog.start looks it up by this name
     try:
         yield
     finally:
         mp_api.TailLog = original  # type: ignore[attr-defined]
-        if whole_lines:
+        if replace:
             tail_log.tail_logfile = tail
 
 

@@ -54,7 +54,7 @@ from ddpkit.compat import (
 )
 from ddpkit.contract import RUN_ID_VAR
 from ddpkit.errors import ConfigError, RendezvousError
-from ddpkit.launch import deathsig, node_order, rdzv_port, relay
+from ddpkit.launch import deathsig, node_order, rdzv_port, relay, tee
 from ddpkit.launch.config import RunConfig
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
 
@@ -170,7 +170,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
     with (
         _environ_restored(),
         _signal_handlers_restored(handled),
-        tail_logs_tuned(LOG_TAIL_INTERVAL_S),
+        tail_logs_tuned(LOG_TAIL_INTERVAL_S, tee.tail_whole_lines, tee.OncePrefixed),
         rdzv_method_names_cheap(),
         _shared_store_on(plan.shared_store_bind),
         _signals_forwarded(FORWARDED_SIGNALS),
