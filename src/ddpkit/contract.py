@@ -40,6 +40,8 @@ __all__ = [
     "ENVIRONMENT",
     "EXCLUDE_MODULE",
     "EXPECTED_WORLD_SIZE_VAR",
+    "HANG_ACTIONS",
+    "HANG_ACTION_VAR",
     "HANG_FIRST_TIMEOUT_VAR",
     "HANG_REPORT_FILE",
     "HANG_TIMEOUT_VAR",
@@ -87,6 +89,8 @@ HANG_TIMEOUT_VAR: Final = "DDPKIT_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT_S: Final = 180.0
 HANG_FIRST_TIMEOUT_VAR: Final = "DDPKIT_HANG_FIRST_TIMEOUT"
 DEFAULT_HANG_FIRST_TIMEOUT_S: Final = 900.0
+HANG_ACTION_VAR: Final = "DDPKIT_HANG_ACTION"
+HANG_ACTIONS: Final = ("report", "end")  # the first is the default
 STRAGGLER_INTERVAL_VAR: Final = "DDPKIT_STRAGGLER_INTERVAL"
 DEFAULT_STRAGGLER_INTERVAL_S: Final = 300.0
 # the hang watchdog's report, in the attempt's log folder of `ddpkit run`: the launcher quotes it
@@ -176,10 +180,20 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         f"{DEFAULT_HANG_TIMEOUT_S:g} s",
         "The hang watchdog's per-collective bound in seconds, once the job is past its first "
         "step: a rank in one collective that long (every rank alive) gathers every rank's "
-        "stack and last collectives, names the stuck rank in one report and ends the job. "
-        "Grows with the world size past 64 ranks (x log2(world)/6). `0` or `off` turns it "
-        "off; `init(hang_timeout_s=)` wins over it.",
+        "stack and last collectives and names the stuck rank in one report (see "
+        f"`{HANG_ACTION_VAR}`). Grows with the world size past 64 ranks (x log2(world)/6). "
+        "`0` or `off` turns it off; `init(hang_timeout_s=)` wins over it.",
         "set hang_timeout_s instead",
+    ),
+    EnvVar(
+        HANG_ACTION_VAR,
+        "you",
+        HANG_ACTIONS[0],
+        "What the hang watchdog does once its report is out. `report`: rank 0 prints it, it "
+        "is kept in the log folder, and the job goes on (a rank may be slow, not stuck: "
+        "torch's collective timeout ends a job that never resumes, as without ddpkit). `end`: "
+        "every rank ends with code 1 at the report, which saves the rest of a hung job's "
+        "allocation.",
     ),
     EnvVar(
         STRAGGLER_INTERVAL_VAR,

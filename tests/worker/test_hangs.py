@@ -12,6 +12,7 @@ and that nothing waited for torch's 30-minute collective timeout.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import socket
 import subprocess
@@ -34,7 +35,12 @@ pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (
 
 HOST = socket.gethostname()
 SLACK_S = 30.0
-BOUNDS = {"DDPKIT_HANG_TIMEOUT": "3", "DDPKIT_HANG_FIRST_TIMEOUT": "60"}
+# DDPKIT_HANG_ACTION=end: the scenarios below end at the report (the default only reports)
+BOUNDS = {
+    "DDPKIT_HANG_TIMEOUT": "3",
+    "DDPKIT_HANG_FIRST_TIMEOUT": "60",
+    "DDPKIT_HANG_ACTION": "end",
+}
 
 WORKER = """
 import argparse, os, time
@@ -45,7 +51,9 @@ import ddpkit
 parser = argparse.ArgumentParser()
 parser.add_argument(
     "--case",
-    choices=["sleep", "other", "loader", "rank0", "prep", "ckpt", "ckpt-async", "ddp", "gil"],
+    choices=[
+        "sleep", "other", "loader", "rank0", "prep", "ckpt", "ckpt-async", "ddp", "gil", "eval"
+    ],
 )
 parser.add_argument("--dir", default="")
 parser.add_argument("--stuck", type=int, default=1)
@@ -91,7 +99,12 @@ if opts.case == "ckpt-async":  # the others wait at the next save for rank 0's s
     dist.all_reduce(value)
     ddpkit.wait_for_checkpoint()
     dist.all_reduce(value)
-if opts.case in ("prep", "ckpt", "ckpt-async"):
+if opts.case == "eval":  # rank 0 evaluates alone inside the loop, longer than the bound
+    if ctx.is_main:
+        time.sleep(7)
+    dist.all_reduce(value)
+    print(f"sum {value.tolist()}", flush=True)
+if opts.case in ("prep", "ckpt", "ckpt-async", "eval"):
     raise SystemExit(0)
 if opts.case == "loader" and ctx.rank == opts.stuck:
     batches = iter(torch.utils.data.DataLoader(Slow(), batch_size=2, num_workers=1))
@@ -398,9 +411,11 @@ def _run(
     world_size: int = 3,
     extra: tuple[str, ...] = (),
     frozen: tuple[int, ...] = (),
+    action: str = "end",
 ) -> list[Rank]:
     args = ["--case", case, "--stuck", str(stuck), *extra]
-    ranks = spawn(worker, world_size, args, bound_s=3, env=BOUNDS, expect_stuck=frozen)
+    env = {**BOUNDS, "DDPKIT_HANG_ACTION": action}
+    ranks = spawn(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen)
     left = [rank.pid() for rank in ranks if running(rank.pid())]
     children = [child for rank in ranks for child in rank.children()]
     left += [pid for pid, ticks in children if running(pid) and start_ticks(pid) == ticks]
@@ -520,6 +535,35 @@ def test_a_barrier_in_rank_zero_only_code_is_named_in_the_hang_report(worker: Pa
 
 
 @pytest.mark.multiproc
+def test_by_default_a_report_is_printed_and_the_job_goes_on(worker: Path) -> None:
+    # rank 0 evaluates for 7 s inside the loop while the others wait in an all_reduce, past
+    # the 3-s bound: a guess from timing (slow, or stuck?) reports; it never ends a correct job
+    ranks = _run(worker, "eval", action="report")
+    assert [rank.code for rank in ranks] == [0, 0, 0], ranks[0].err[-3000:]
+    for rank in ranks:  # 1, then x3 in each of 4 all_reduces
+        assert rank.out.splitlines()[-1] == "sum [81.0, 81.0, 81.0, 81.0]", rank.out
+    head = _report_of(ranks[0]).splitlines()[0]
+    assert head.startswith(
+        f"ddpkit: hang: rank 0 (host {HOST}, pid {ranks[0].pid()}) is in "
+        f"{_site(worker, 'time.sleep(7)')} `time.sleep(7)`, not in a collective"
+    ), head
+    assert "ddpkit: the job goes on (DDPKIT_HANG_ACTION=report)" in ranks[0].err
+    for rank in ranks[1:]:  # one report, on rank 0
+        assert "ddpkit:" not in rank.err, rank.err[-3000:]
+
+
+@pytest.mark.parametrize(("raw", "end"), [("", False), ("report", False), (" END ", True)])
+def test_the_hang_action_is_read_from_the_environment(raw: str, end: bool) -> None:
+    bounds = hang.hang_bounds({"DDPKIT_HANG_ACTION": raw}, None, None, world_size=2)
+    assert bounds is not None and bounds.end is end
+
+
+def test_a_bad_hang_action_is_a_config_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"DDPKIT_HANG_ACTION='kill' is not a hang action"):
+        hang.hang_bounds({"DDPKIT_HANG_ACTION": "kill"}, None, None, world_size=2)
+
+
+@pytest.mark.multiproc
 def test_data_preparation_on_rank_zero_before_the_first_step_is_left_alone(
     worker: Path,
 ) -> None:
@@ -582,6 +626,17 @@ def test_the_launchers_summary_quotes_the_report_it_finds(tmp_path: Path) -> Non
         f"ddpkit: the job hung; the hang watchdog's report (from {tmp_path / HANG_REPORT_FILE}):",
         "  ddpkit: hang: rank 1 ...",
         "  ddpkit: stack of rank 1",
+    ]
+    # a report made earlier while the job went on (DDPKIT_HANG_ACTION=report), then a failure
+    # of its own: its traceback is the cause, the report is pointed to
+    text = "Traceback (most recent call last):\nValueError: x"
+    raised = dataclasses.replace(root, traceback=text, source="err.log")
+    lines = LaunchOutcome(1, raised, log_dir=str(tmp_path)).describe().splitlines()
+    assert lines[1:5] == [
+        "ddpkit: traceback of rank 1 (from err.log):",
+        "  Traceback (most recent call last):",
+        "  ValueError: x",
+        f"ddpkit: the hang watchdog reported a hang earlier: {tmp_path / HANG_REPORT_FILE}",
     ]
 
 

@@ -27,7 +27,8 @@ def _submit(slurm: SlurmCluster, tmp_path: Path, case: str, stuck: int) -> tuple
     spec.write_text(
         f"name: hang-{case}\npartition: debug\nnodes: 2\nprocs_per_node: 2\n"
         f"workdir: {tmp_path}\nlog_dir: logs\nlaunch: torchrun\ntime_min: 5\n"
-        "hang_timeout_s: 5\nhang_first_timeout_s: 120\nenv: {DDPKIT_PEER_TIMEOUT: '5'}\n"
+        "hang_timeout_s: 5\nhang_first_timeout_s: 120\n"
+        "env: {DDPKIT_PEER_TIMEOUT: '5', DDPKIT_HANG_ACTION: end}\n"
         f"command: {worker} --case {case} --stuck {stuck}\n"
     )
     job = slurm.submit_spec(spec, home=tmp_path / "home")

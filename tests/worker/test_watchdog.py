@@ -53,6 +53,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--leave", choices=["return", "raise", "kill", "freeze"], default="return")
 parser.add_argument("--leave-rank", type=int, default=1)
 parser.add_argument("--solo-s", type=float, default=0.0)
+parser.add_argument("--solo-call-s", type=float, default=0.0)
 parser.add_argument("--children", action="store_true")
 parser.add_argument("--slurm-node-names", action="store_true")  # SLURM's n<rank>, job 42
 opts = parser.parse_args()
@@ -101,6 +102,10 @@ if opts.solo_s:  # work alone after the peer finished: short sleeps and computat
     while time.monotonic() < deadline:
         time.sleep(0.05)
         sum(range(5000))
+    print("solo done", flush=True)
+    sys.exit(0)
+if opts.solo_call_s:  # one long call of its own after the peer finished: blocked, no collective
+    time.sleep(opts.solo_call_s)
     print("solo done", flush=True)
     sys.exit(0)
 while True:
@@ -467,6 +472,17 @@ def test_rank_working_alone_after_its_peer_finished_is_left_alone(
     assert [r.code for r in ranks] == [0, 0], solo.err[-3000:]
     assert "solo done" in solo.out
     assert "ddpkit:" not in solo.err and "TCPStore" not in solo.err  # nothing, not even noise
+
+
+@pytest.mark.multiproc
+def test_rank_in_one_long_call_after_its_peer_finished_is_left_alone(worker: Path) -> None:
+    # blocked past the bound, as a rank in a collective is, but in a call of its own (a single
+    # sleep: no context switch for seconds): it is not waiting for the peer that left, and a
+    # correct program is never ended on that guess (before: ended after the bound, exit 1)
+    ranks = _spawn(worker, 2, ["--leave-rank", "1", "--solo-call-s", "7"], bound_s=2.5)
+    assert [r.code for r in ranks] == [0, 0], ranks[0].err[-3000:]
+    assert "solo done" in ranks[0].out
+    assert "ddpkit:" not in ranks[0].err
 
 
 # --- what rank 0 publishes for a failed collective's survivors, and how they read it (pure) ---

@@ -95,13 +95,15 @@ class LaunchOutcome:
             )
         lines = [f"ddpkit: worker failed (root cause): {root.headline()}"]
         hung = _hang_report(self.log_dir)
-        if hung is not None:
+        if hung is not None and not root.traceback:  # ended at the report (its action: end)
             path, text = hung
             lines.append(f"ddpkit: the job hung; the hang watchdog's report (from {path}):")
             lines += ["  " + line for line in text.splitlines()]
         elif root.traceback:
             lines.append(f"ddpkit: traceback of rank {root.rank} (from {root.source}):")
             lines += ["  " + line for line in root.traceback.splitlines()]
+            if hung is not None:  # reported earlier, the job going on (its action: report)
+                lines.append(f"ddpkit: the hang watchdog reported a hang earlier: {hung[0]}")
         elif root.died_of is not None:
             lines += _killed(root)
         else:

@@ -131,10 +131,10 @@ def init(
     (None: ``DDPKIT_PEER_TIMEOUT`` from ``env``, else 60 s; 0, or ``off`` in the variable,
     turns the watchdog off; see :mod:`ddpkit.worker.watchdog`). ``hang_timeout_s``: the hang
     watchdog's per-collective bound once the job is past its first step: a rank in one
-    collective that long, every rank alive, ends the job with one report naming the stuck rank
-    (None: ``DDPKIT_HANG_TIMEOUT``, else 180 s, grown past 64 ranks; 0 turns it off).
-    ``hang_first_timeout_s``: its bound before
-    the first step (None: ``DDPKIT_HANG_FIRST_TIMEOUT``, else 900 s; see
+    collective that long, every rank alive, makes one report naming the stuck rank, and ends
+    the job only with ``DDPKIT_HANG_ACTION=end`` (None: ``DDPKIT_HANG_TIMEOUT``, else 180 s,
+    grown past 64 ranks; 0 turns it off). ``hang_first_timeout_s``: its bound before the first
+    step (None: ``DDPKIT_HANG_FIRST_TIMEOUT``, else 900 s; see
     :mod:`ddpkit.worker.watchdog.hang`). Both need the peer watchdog on.
 
     On a gloo group of several ranks, ``init`` returns once every rank's group is formed (a

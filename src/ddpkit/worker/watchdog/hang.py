@@ -11,6 +11,10 @@ Where torch keeps a flight recorder (gloo and NCCL in torch 2.13), each rank's l
 quoted too: it also sees the collectives torch issues from C++ (DDP's gradient all-reduces),
 which ddpkit's own record cannot.
 
+What happens then is ``DDPKIT_HANG_ACTION``'s: ``report`` by default (the report is printed and
+kept; the job goes on, and torch's collective timeout ends one that never resumes), ``end`` to
+end every rank at the report.
+
 Two bounds, as torchtitan has: until the job is past its first step (a collective call site
 came round a second time) the generous ``DDPKIT_HANG_FIRST_TIMEOUT`` (data preparation on rank
 0 while the others wait at a barrier must still work), then ``DDPKIT_HANG_TIMEOUT``, which grows
@@ -29,9 +33,12 @@ from ddpkit.cluster.envvars import to_float
 from ddpkit.contract import (
     DEFAULT_HANG_FIRST_TIMEOUT_S,
     DEFAULT_HANG_TIMEOUT_S,
+    HANG_ACTION_VAR,
+    HANG_ACTIONS,
     HANG_FIRST_TIMEOUT_VAR,
     HANG_TIMEOUT_VAR,
 )
+from ddpkit.errors import ConfigError
 
 _STACK_FRAMES = 14  # the innermost frames of each stack in the report
 
@@ -43,6 +50,7 @@ class HangBounds:
     first_s: float
     step_s: float
     base_step_s: float  # as set, before scaling
+    end: bool = False  # DDPKIT_HANG_ACTION=end: every rank ends at the report
 
     def bound(self, past_first_step: bool) -> float:
         return self.step_s if past_first_step else self.first_s
@@ -86,7 +94,24 @@ def hang_bounds(
         can_be_off=False,
     )
     step_s = scaled_for(step, world_size)
-    return HangBounds(first_s=max(first or step_s, step_s), step_s=step_s, base_step_s=step)
+    first_s = max(first or step_s, step_s)
+    end = hang_action(env) == "end"
+    return HangBounds(first_s=first_s, step_s=step_s, base_step_s=step, end=end)
+
+
+def hang_action(env: Mapping[str, str]) -> str:
+    """``DDPKIT_HANG_ACTION``: ``report`` (the default: the report, and the job goes on) or
+    ``end`` (every rank ends at the report). Ending is opt-in: a rank past the bound may be
+    slow, not stuck, and a guess from timing never ends a correct program by default."""
+    raw = env.get(HANG_ACTION_VAR, "").strip().lower()
+    if not raw:
+        return HANG_ACTIONS[0]
+    if raw not in HANG_ACTIONS:
+        raise ConfigError(
+            f"{HANG_ACTION_VAR}={env[HANG_ACTION_VAR]!r} is not a hang action",
+            hint=f"use {HANG_ACTION_VAR}=report (the default) or {HANG_ACTION_VAR}=end",
+        )
+    return raw
 
 
 def _resolve(

@@ -3,9 +3,10 @@
 Run by the watchdog thread each interval (:meth:`HangWatch.check`); the store thread answers
 an ask with :meth:`HangWatch.piece`. The first rank whose collective passes the bound claims
 the report (``hang/claim``), asks every rank for its piece, waits for them (a bounded
-gathering time), writes the report to the store, prints it when it is rank 0 and writes it to
-the job's log folder. Every rank that sees the report ends: rank 0 prints it (the one report
-of the job), the others one line pointing to it.
+gathering time) and writes the report to the store. Every rank that sees the report writes it
+to its log folders and rank 0 prints it (the one report of the job). Then, by
+``DDPKIT_HANG_ACTION``: ``report`` (the default) lets the job go on, and no other report is
+made in this run; ``end`` ends every rank, the others printing one line pointing to it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class HangWatch:
         self._main, self._clock, self._interval_s = main, clock, interval_s
         self._report_paths = report_paths
         self._claimed = False
+        self.done = False  # a report was made and the job goes on: no other one this run
         self.without_rank0 = False  # this rank gathered and rank 0 did not answer: it prints
         link.piece = self.piece
 
@@ -84,7 +86,10 @@ class HangWatch:
     # the watchdog thread
 
     def check(self, now: float) -> str | None:
-        """The report when this rank must end now (it saw one, or made one), else None."""
+        """The report when this rank must act on it now (it saw one, or made one), else
+        None; nothing once :attr:`done`."""
+        if self.done:
+            return None
         with contextlib.suppress(Exception):
             seen = self._link.hang_report
             if seen is not None:

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 
 from ddpkit.cluster.stop.blamed import record_blame
+from ddpkit.contract import HANG_ACTION_VAR
 from ddpkit.worker.watchdog.hangwatch import HangWatch
 from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
@@ -89,7 +90,10 @@ class Watchdog:
                 progress.sample(now)
                 text = self.hangs.check(now) if self.hangs is not None else None
                 if text is not None and not self._stop.is_set():
-                    self._end_for_hang(text)
+                    if self.hangs is not None and self.hangs.bounds.end:
+                        self._end_for_hang(text)
+                    else:
+                        self._report_hang(text)
                 line = self.stragglers.check(now) if self.stragglers is not None else None
                 if line is not None:
                     write_stderr(line + "\n")
@@ -97,10 +101,18 @@ class Watchdog:
                 if cause is None:
                     continue
                 blocked_s = now - max(progress.blocked_since, cause.left_at)
-                if blocked_s >= self.bound_s and not self._stop.is_set():
+                if blocked_s >= self.bound_s and self._waits() and not self._stop.is_set():
                     self._abort(cause, blocked_s)
             except Exception:  # never into the program; try again next interval
                 continue
+
+    def _waits(self) -> bool:
+        """Whether the blocked rank waits in a collective (or ``backward()``: DDP's), which
+        cannot end once a peer has left. Known where the hang watchdog keeps its record of
+        this rank's collectives (by default); a rank blocked anywhere else (one long call of
+        its own: a sleep, a C function) is left alone then. Without the record, blocked is
+        taken as waiting."""
+        return self.hangs is None or bool(self.hangs.record.running())
 
     def _cause(self, now: float) -> Departure | None:
         departures = self._link.departures()
@@ -151,10 +163,27 @@ class Watchdog:
         _reap_children()
         os._exit(ABORT_EXIT_CODE)
 
+    def _report_hang(self, text: str) -> None:
+        """``DDPKIT_HANG_ACTION=report`` (the default): rank 0 prints the report, every rank
+        keeps it in its log folders, and the job goes on; once a run."""
+        if self.hangs is None:
+            return
+        self.hangs.done = True
+        paths = self.hangs.write(text)
+        if self.rank == 0 or self.hangs.without_rank0:
+            where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
+            write_stderr(
+                f"{text}{where}\nddpkit: the job goes on ({HANG_ACTION_VAR}=report): a rank "
+                "may be slow, not stuck; torch's collective timeout ends it if it never "
+                f"resumes, {HANG_ACTION_VAR}=end ends it at the report\n"
+            )
+
     def hang_pending(self) -> bool:
-        """Whether a hang report is being gathered or is out (the main thread's collective
-        failing then is the report's doing: it waits for the watchdog to end the process)."""
-        return self.ending or self._link.hang_asked
+        """Whether a hang report that ends the job is being gathered or is out (the main
+        thread's collective failing then is the report's doing: it waits for the watchdog to
+        end the process)."""
+        ends = self.hangs is not None and self.hangs.bounds.end
+        return self.ending or (ends and self._link.hang_asked)
 
     # leaving
 
