@@ -16,26 +16,47 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-echo "== install (torch pinned by ci/constraints.txt)"
+# Each phase's wall time, printed as a table at the end however the run ends (phase NAME starts
+# a phase and ends the one before).
+run_started=$SECONDS
+phase_names=() phase_secs=() phase_at=$SECONDS
+phase() {
+  if [ "${#phase_names[@]}" -gt 0 ]; then phase_secs+=($((SECONDS - phase_at))); fi
+  phase_names+=("$1")
+  phase_at=$SECONDS
+  echo "== $1"
+}
+phase_table() {
+  if [ "${#phase_names[@]}" -gt "${#phase_secs[@]}" ]; then phase_secs+=($((SECONDS - phase_at))); fi
+  echo "== wall time by phase"
+  local i
+  for i in "${!phase_names[@]}"; do
+    printf '  %6d s  %s\n' "${phase_secs[$i]}" "${phase_names[$i]}"
+  done
+  printf '  %6d s  %s\n' $((SECONDS - run_started)) "in all"
+}
+trap phase_table EXIT
+
+phase "install (torch pinned by ci/constraints.txt)"
 python3 -m pip install --quiet --disable-pip-version-check -c ci/constraints.txt -e ".[dev,docs]"
 
-echo "== contract: the README's first command in a brand-new venv (ci/contract.sh)"
+phase "contract: the README's first command in a brand-new venv (ci/contract.sh)"
 bash ci/contract.sh
 
-echo "== ruff"
+phase "ruff"
 ruff check src tests examples benchmarks docs/hooks
 ruff format --check src tests examples benchmarks docs/hooks
 
-echo "== mypy (strict on src/)"
+phase "mypy (strict on src/)"
 mypy
 
-echo "== docs (mkdocs build --strict)"
+phase "docs (mkdocs build --strict)"
 # into site/ (gitignored); any warning (a broken link or anchor, an API object that no longer
 # exists, a spec field or DDPKIT_* variable without its description) fails the build.
 # NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, noise in every run.
 NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict
 
-echo "== SLURM test cluster (ci/slurm-up)"
+phase "SLURM test cluster (ci/slurm-up)"
 export DDPKIT_SLURM_DIR=${DDPKIT_SLURM_DIR:-/tmp/ddpkit-slurm}
 export DDPKIT_SLURM_NETNS=${DDPKIT_SLURM_NETNS:-${NETNS:-1}}
 # 8 CPUs a node (more than the real cores: the test jobs mostly wait), so that the jobs of the
@@ -48,12 +69,12 @@ stop_cluster() {
   if [ "${DDPKIT_SLURM_KEEP:-0}" = 1 ]; then
     echo "== SLURM test cluster left running (DDPKIT_SLURM_KEEP=1): ci/slurm-down stops it"
   else
-    echo "== stopping the SLURM test cluster"
+    phase "stopping the SLURM test cluster"
     bash ci/slurm-down || true
   fi
   rm -rf "${hosts_dir:-}" # the tests' hosts files (below)
 }
-trap stop_cluster EXIT
+trap 'stop_cluster; phase_table' EXIT
 trap 'exit 130' INT # so that the EXIT trap runs on Ctrl-C and on kill too
 trap 'exit 143' TERM
 if ! bash ci/slurm-up; then
@@ -84,7 +105,7 @@ in_test_hosts() {
 }
 
 if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as asked
-  echo "== pytest $*"
+  phase "pytest $*"
   in_test_hosts python3 -m pytest --durations=30 "$@"
   exit
 fi
@@ -101,7 +122,7 @@ fi
 # brought out (the tests' own bugs, fixed, then a timed bound missed by 2 s and gloo's
 # "Connection closed by peer" in a torchrun test, found on 2026-11-29: a rank left init()
 # before a slower peer's gloo pair was handed over, see docs/concepts/ranks.md): not kept.
-echo "== pytest: the SLURM tests (2 workers, log below) beside the others"
+phase "pytest: the SLURM tests (2 workers, log below) beside the others"
 slurm_log=$(mktemp /tmp/ddpkit-slurm-tests-XXXXXX)
 # (with them the `sidecar` tests: local processes that mostly wait for bounds and signals)
 in_test_hosts python3 -m pytest -m "slurm or sidecar" -n 2 --dist loadfile --durations=20 \
