@@ -166,6 +166,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
     raise_open_files(open_files_needed(largest, hosts_store=True))
     logs = _RecordingLogsSpecs(plan.launch_config.logs_specs)
     plan.launch_config.logs_specs = logs
+    _leave_the_stop_signal_to_the_relay(plan.launch_config)
     handled = plan.launch_config.signals_to_handle
     with (
         _environ_restored(),
@@ -211,6 +212,19 @@ def launch(config: RunConfig) -> LaunchOutcome:
         finally:
             del held  # its server stops with the agent's last reference
     return LaunchOutcome(0, log_dir=attempt_dir(logs.last))
+
+
+def _leave_the_stop_signal_to_the_relay(launch_config: LaunchConfig) -> None:
+    """Take the stop signal the ``ddpkit`` process holds out of torch's signals to handle
+    (``PET_SIGNALS_TO_HANDLE``): the relay passes it on, kept until the workers can take it
+    (:mod:`.relay`). Where the launcher's main thread does not block it (outside a ddpkit
+    job), torch's handler would otherwise shut the workers down on the arrivals it took."""
+    stop = stop_forward.held()
+    if stop is None:
+        return
+    names = [name.strip() for name in launch_config.signals_to_handle.split(",")]
+    kept = [name for name in names if name and getattr(signal, name, None) != stop]
+    launch_config.signals_to_handle = ",".join(kept)
 
 
 class _RecordingLogsSpecs(LogsSpecs):
@@ -266,7 +280,9 @@ def _signal_handlers_restored(names: str) -> Iterator[None]:
 
 @contextmanager
 def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """While the block runs, a signal in ``signals`` sent to this process goes to its children."""
+    """While the block runs, a signal in ``signals`` sent to this process goes to its children;
+    not the stop signal the ``ddpkit`` process holds: the relay thread passes that one on
+    (:mod:`.relay`), kept until the workers can take it, and its handler stays."""
 
     def forward(signum: int, frame: Any) -> None:
         for pid in stop_forward.workers():
@@ -275,6 +291,8 @@ def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
 
     saved: dict[signal.Signals, Any] = {}
     for sig in signals:
+        if sig == stop_forward.held():  # sent at once, it would kill a worker that has no handler
+            continue
         with suppress(ValueError):  # not the main thread: nothing installed, nothing forwarded
             saved[sig] = signal.signal(sig, forward)
     try:

@@ -11,6 +11,19 @@ anything heavy is imported; for ``ddpkit run``:
   submitit's task runner use too): blocked from the first line, started relaying by
   :func:`relay_stop_signal` once the command line is parsed. After the last workers, a signal
   is kept and dropped at exit: the run ends as its workers did.
+* In a ddpkit job (``DDPKIT_SIGNAL`` set in the launcher's environment) SLURM signals every
+  process of the step, the workers too, before they latch it: they start with it blocked, so
+  it stays pending in each until ``ddpkit.init()`` or ``preemption_guard()`` latches it.
+* Outside one, ``ddpkit run`` must do no harm: its workers get the signals they would get
+  under torchrun (a ``kill`` of a worker, a hand-written sbatch's ``--signal``). Once the relay
+  thread runs, the launcher's main thread, which starts the workers, unblocks the stop signal
+  again (unless the user started ``ddpkit run`` with it blocked): the workers start with the
+  user's signal mask, and a script's own handler runs. An arrival the main thread takes goes
+  to the relay thread at once, which sends it only to the workers that catch it (a latch or
+  the script's own handler) and keeps it for each of the others until it does: a worker that
+  never catches it is never killed by a signal sent to the launcher (see
+  :mod:`ddpkit.cluster.stop.forward`, with the cost of that wait). From the atexit handlers
+  on it is ignored, as the other one is.
 * The other of SIGUSR1/SIGUSR2 gets a handler that sends it to the running workers (none:
   dropped), ignored from the atexit handlers on: Python's finalization would restore the
   default action while torch tears down.
@@ -54,12 +67,16 @@ def hold(argv: Sequence[str], env: Mapping[str, str]) -> signal.Signals | None:
 
 
 def relay_stop_signal(env: Mapping[str, str]) -> None:
-    """Pass the stop signal on to the workers from now on.
+    """Pass the stop signal on to the workers from now on; call it in the thread that will start
+    them (``ddpkit run``: the main thread).
 
     The ``ddpkit`` process blocked it first thing (:func:`hold`); called in-process, only a
     ddpkit job's ``DDPKIT_SIGNAL`` is held, from here. In a ddpkit job the agent is a task too
     (SLURM signals every process of the step): its marker in ``DDPKIT_LATCH_DIR`` then tells the
-    batch shell that the agent holds it.
+    batch shell that the agent holds it, and the signal stays blocked, so the workers start with
+    it blocked. Outside one, it is unblocked again here, once the relay thread runs (which
+    sends it only to workers that catch it): the workers start with the signal mask the user
+    started ``ddpkit run`` with.
     """
     in_job = signal_from_env(env)  # strict: a bad DDPKIT_SIGNAL is a ConfigError here
     stop = in_job or forward.held()
@@ -67,6 +84,7 @@ def relay_stop_signal(env: Mapping[str, str]) -> None:
         return
     if forward.held() != stop:
         forward.block(stop)
-    forward.start(stop)
+    if forward.start(stop, catching_only=in_job is None) and in_job is None:
+        forward.release(stop)
     if in_job:
         announce(env)

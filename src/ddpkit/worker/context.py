@@ -150,7 +150,10 @@ def init(
         _stop_watchdog("destroyed the process group")  # it was destroyed (or replaced) behind us
         _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     snapshot = dict(os.environ if env is None else env)
-    latch.latch_from_env(snapshot)  # first: a stop signal during start-up is not lost
+    # first: a stop signal during start-up is not lost (a ddpkit job's wrappers, and ddpkit run
+    # in a job, start this process with it blocked: pending until here; ddpkit run outside a job
+    # starts it with the user's mask and sends it only to a process that catches it)
+    latch.latch_from_env(snapshot)
     adopting = dist.is_initialized()
     info = _detect_for_adoption(snapshot) if adopting else detect(snapshot)
     if not adopting:

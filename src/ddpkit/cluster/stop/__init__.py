@@ -7,7 +7,8 @@
     requeue   the requeue rules: the cap, the job to requeue (pure)
     forward   hold-and-forward: block the signal, and pass each arrival on to this process's
               children (kept while none runs); a child starts with it blocked, so it stays
-              pending there until the child latches it
+              pending there until the child latches it (``ddpkit run`` outside a job: the
+              children start with it unblocked, and get it once they catch it)
     hold      ``python -m ddpkit.cluster.stop.hold COMMAND...``: a command run under
               hold-and-forward (each srun task of an sbatch job; submitit's task runner)
     health    ``python -m ddpkit.cluster.stop.health``: a spec's health check on one node,

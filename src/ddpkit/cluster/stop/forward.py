@@ -5,13 +5,30 @@ srun task's holder (:mod:`.hold`, in sbatch jobs), submitit's task runner
 (:mod:`ddpkit.launch.submitit_task`) and the ``ddpkit run`` launcher (:mod:`ddpkit.launch.relay`).
 
 * :func:`block` blocks the stop signal in the calling thread and so in every thread and process
-  it starts from then on: one that comes waits, pending, and nothing dies of it. A child starts
-  with it blocked, so it stays pending there until ``ddpkit.init()`` or ``preemption_guard()``
-  latches it (a command that handles it itself must unblock it).
+  it starts from then on: one that comes waits, pending, and nothing dies of it. A child started
+  while it is blocked starts with it blocked, so it stays pending there until ``ddpkit.init()``
+  or ``preemption_guard()`` latches it (a command that handles it itself must unblock it).
 * The relay thread (:func:`start`) takes each arrival and sends it to the children (this
   process's, less the zombies and the helpers it names with :func:`not_a_worker`); one that
   finds no child running (before it starts, between two groups of ``--max-restarts``) is kept,
   and sent to the next children as soon as they exist. :func:`arrivals` counts them.
+* ``catching_only`` (:func:`start`; ``ddpkit run`` outside a ddpkit job, whose workers must get
+  what they would get under torchrun): :func:`release` then unblocks the signal again in the
+  thread that starts the children (unless :func:`block` found it blocked), so they start with
+  the signal mask the process was started with, and a script's own handler runs when the signal
+  is sent to it. The handler hands an arrival a thread other than the relay's takes to the relay
+  thread (``pthread_kill``) as soon as the main thread runs Python again: at once, or once the
+  call it is in returns (a rendezvous wait); nothing is lost meanwhile. The relay sends an
+  arrival only to the children that catch the signal (its bit in ``SigCgt`` of
+  ``/proc/<pid>/status``: a latch, or the script's own handler), for the others would die of it:
+  it is owed to each child running when it came (none: to the next ones, once two looks in a row
+  find the same children, a whole group), and each gets it as soon as it catches it; a child
+  that ends owing it drops it. Cost: while an arrival is owed, the relay reads each owing
+  child's status file (tens of microseconds) every 50 ms at first, backing off to every 0.5 s
+  within a second of nothing changing: a child that never catches it (a script without a guard)
+  costs two such reads a second for the rest of its life. While an arrival waits for children to
+  exist, the relay scans ``/proc`` (every process's ``stat``: a few ms on a busy node) as often,
+  backing off the same way.
 
 This module imports nothing but the standard library and :mod:`.signals`: the launcher runs it
 from its first line. Children are found in ``/proc``: elsewhere than on Linux a holder holds
@@ -20,6 +37,7 @@ the signal (it does not die of it) but passes nothing on.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
@@ -30,17 +48,20 @@ from types import FrameType
 __all__ = [
     "arrivals",
     "block",
+    "catches",
     "child_pids",
     "forget",
     "forward_now",
     "held",
     "ignore_at_exit",
     "not_a_worker",
+    "release",
     "start",
     "workers",
 ]
 
 _POLL_S = 0.05  # how often a kept stop signal looks for workers
+_BACKOFF_S = 0.5  # catching only: the longest wait between two looks while nothing changes
 _IDLE_S = 1.0
 # multiprocessing's helpers started by a --run-path launch: children, but not workers
 _HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
@@ -53,7 +74,10 @@ class _State:
         self.held: signal.Signals | None = None
         self.arrivals = 0  # stop signals taken by the relay thread
         self.relay: threading.Thread | None = None
-        self.arrived = False  # by the fallback handler: a thread that does not block it
+        self.catching_only = False  # the relay sends only to children that catch the signal
+        self.blocked_before = False  # block() found the signal blocked already
+        self.released = False  # release() registered the signal's ignoring at exit
+        self.arrived = False  # by the fallback handler, while no relay thread runs
         self.not_workers: set[int] = set()
         # held while a non-worker child is being started: between its fork and its record in
         # not_workers it would look like a worker, and a kept signal sent to it would be lost
@@ -64,11 +88,14 @@ _STATE = _State()
 
 
 def block(stop: signal.Signals) -> None:
-    """Block ``stop`` in this thread (and what it starts from now on); a handler that keeps an
-    arrival catches it in a thread started earlier that does not block it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, [stop])
+    """Block ``stop`` in this thread (and what it starts from now on); a handler hands an
+    arrival that a thread not blocking it takes (one started earlier, or after
+    :func:`release`) to the relay thread."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [stop])
     if threading.current_thread() is threading.main_thread():
         signal.signal(stop, _keep)
+    if _STATE.held != stop:
+        _STATE.blocked_before = stop in before
     _STATE.held = stop
 
 
@@ -82,28 +109,111 @@ def arrivals() -> int:
     return _STATE.arrivals
 
 
-def start(stop: signal.Signals) -> None:
+def start(stop: signal.Signals, *, catching_only: bool = False) -> bool:
     """Start the relay thread for ``stop`` (once per process); ``stop`` must be blocked in
-    this thread already, so that the relay thread inherits the block, as sigwait needs."""
-    if _STATE.relay is not None:
-        return
-    _STATE.relay = threading.Thread(
-        target=_relay, args=(stop,), name="ddpkit-stop-relay", daemon=True
-    )
-    _STATE.relay.start()
+    this thread already, so that the relay thread inherits the block, as sigwait needs.
+
+    ``catching_only``: send an arrival only to the workers that catch ``stop``, keeping it for
+    each of the others until it does (see the module docstring); for a process whose children
+    must start with the signal as it was given (``ddpkit run`` outside a ddpkit job), which
+    then calls :func:`release`. Returns whether the relay thread (this one, or one started
+    before) sends only to workers that catch it."""
+    if _STATE.relay is None:
+        _STATE.catching_only = catching_only
+        _STATE.relay = threading.Thread(
+            target=_relay, args=(stop, catching_only), name="ddpkit-stop-relay", daemon=True
+        )
+        _STATE.relay.start()
+    return _STATE.catching_only
 
 
-def _relay(stop: signal.Signals) -> None:
-    kept = False
+def release(stop: signal.Signals) -> None:
+    """Once the relay thread runs, sending only to workers that catch ``stop``: put ``stop``
+    in this thread's mask back as :func:`block` found it, so the children this thread starts
+    from now on start with the mask this process started with. An arrival this thread takes
+    goes to the relay thread at once (:func:`block`'s handler); from the atexit handlers on it
+    is ignored, since Python's finalization would restore its default action."""
+    if _STATE.relay is None or not _STATE.catching_only:
+        raise RuntimeError("release() needs a relay thread started with catching_only")
+    if not _STATE.blocked_before:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [stop])
+    if not _STATE.released:
+        atexit.register(ignore_at_exit, [stop])
+        _STATE.released = True
+
+
+def _relay(stop: signal.Signals, catching_only: bool) -> None:
+    kept = False  # an arrival not yet sent to any worker
+    owing = _Owing(stop)
+    wait_s = _POLL_S
     while True:
+        busy = owing.busy() if catching_only else kept
         # short waits only while a signal is kept for the workers; else the wait is mostly
         # sigwait's, waking now and then for an arrival the fallback handler caught
-        if _wait(stop, _POLL_S if kept else _IDLE_S) or _STATE.arrived:
-            _STATE.arrived, kept = False, True
+        if _wait(stop, wait_s if busy else _IDLE_S) or _STATE.arrived:
+            _STATE.arrived = False
             _STATE.arrivals += 1
-        if kept:
+            kept = owing.kept = True
+            wait_s = _POLL_S
+        if catching_only:
+            if owing.busy():
+                changed = owing.pass_on()
+                wait_s = _POLL_S if changed else min(2 * wait_s, _BACKOFF_S)
+        elif kept:
             with _STATE.starting:
                 kept = not _send(stop, workers())
+
+
+class _Owing:
+    """Catching only: an arrival is owed to the workers running when it came (or to the next
+    ones), and sent to each once it catches it."""
+
+    def __init__(self, stop: signal.Signals) -> None:
+        self.stop = stop
+        self.kept = False  # an arrival not yet owed to any worker
+        self.seen: list[int] = []  # the workers the last look found, while one is kept
+        self.owed: set[int] = set()
+
+    def busy(self) -> bool:
+        return self.kept or bool(self.owed)
+
+    def pass_on(self) -> bool:
+        """One look: a kept arrival becomes owed to the running workers once two looks in a row
+        found the same ones (torch starts a group's workers one by one: all of them); each owed
+        worker that catches it gets it, one that ended drops it. Whether anything changed."""
+        changed = False
+        with _STATE.starting:
+            if self.kept:
+                running = workers()
+                if running and running == self.seen:
+                    self.owed.update(running)
+                    self.kept, self.seen, changed = False, [], True
+                elif running != self.seen:
+                    self.seen, changed = running, True
+            for pid in sorted(self.owed):
+                catching = catches(pid, self.stop)
+                if catching is None or (catching and _send(self.stop, [pid])):
+                    self.owed.discard(pid)
+                    changed = True
+        return changed
+
+
+def catches(pid: int, sig: int, proc: str = "/proc") -> bool | None:
+    """Whether ``pid``, a running child of this process, catches ``sig`` (a handler of its
+    own: its bit in ``SigCgt``); None when it is not one (ended, a zombie, or another's)."""
+    try:
+        with open(os.path.join(proc, str(pid), "status"), encoding="utf-8") as status:
+            text = status.read()
+    except OSError:
+        return None
+    fields = dict(line.partition(":")[::2] for line in text.splitlines())
+    try:
+        state, parent, caught = fields["State"].split(), fields["PPid"], fields["SigCgt"]
+        if not state or state[0] in "ZX" or int(parent) != os.getpid():
+            return None
+        return bool(int(caught, 16) >> (int(sig) - 1) & 1)
+    except (KeyError, ValueError):
+        return None
 
 
 def _wait(stop: signal.Signals, timeout_s: float) -> bool:
@@ -115,6 +225,13 @@ def _wait(stop: signal.Signals, timeout_s: float) -> bool:
 
 
 def _keep(signum: int, frame: FrameType | None) -> None:
+    """An arrival a thread that does not block it took: the relay thread's, at once."""
+    relay = _STATE.relay
+    if relay is not None and relay.ident is not None and relay.is_alive():
+        # thread-directed: pending in the relay thread (which blocks it) until its sigwait
+        with suppress(OSError):
+            signal.pthread_kill(relay.ident, signum)
+            return
     _STATE.arrived = True
 
 

@@ -15,15 +15,19 @@ The latch holds until the process is gone:
   seconds: a signal then would kill a run that has finished, and SLURM would record it as
   FAILED. An ignored signal is left ignored. Nobody reads the latch by then: nothing is lost.
 * Latching also unblocks the signal in the calling thread: a parent that starts this process
-  with the signal blocked (:mod:`ddpkit.cluster.stop.forward`) keeps one that came before the
-  latch pending, and it is recorded the moment the handler is in place.
+  with the signal blocked (:mod:`ddpkit.cluster.stop.forward`: ddpkit's task wrappers, and
+  ``ddpkit run`` in a ddpkit job) keeps one that came before the latch pending, and it is
+  recorded the moment the handler is in place. Outside a ddpkit job ``ddpkit run`` starts its
+  workers with the signal as the user had it (not blocked) and sends one to a worker only once
+  the worker catches it: the handler in place is what lets it through.
 * With ``DDPKIT_LATCH_DIR`` set (ddpkit's sbatch scripts set it to a fresh folder of the job),
   ``latch_from_env`` creates ``<host>.<pid>`` there once the handler is in place: the batch
   shell holds SLURM's warning until every process has one, then passes it on (see the
   templates).
 * The other side is :mod:`ddpkit.cluster.stop.forward`: each srun task's holder, submitit's task
-  runner and ``ddpkit run`` block the signal, so every process they start inherits the block,
-  and a thread passes each arrival on.
+  runner and ``ddpkit run`` in a ddpkit job block the signal, so every process they start
+  inherits the block, and a thread passes each arrival on (``ddpkit run`` outside a job: to
+  the workers that catch it, see :mod:`ddpkit.launch.relay`).
 """
 
 from __future__ import annotations
