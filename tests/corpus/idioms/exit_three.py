@@ -1,0 +1,36 @@
+"""One rank ends with ``sys.exit(3)`` after the last collective, the other normally: a job
+whose exit code tells a driver script something (an evaluation below its threshold). Rank 1
+writes its report first (a second of solo work), so that rank 0 has left by then under either
+launcher: torch's agent stops the ranks still running when one fails, and which of them are
+still running would otherwise be a race.
+
+Source: the ``sys.exit(main())`` shape of launcher-driven scripts, e.g. pytorch/examples,
+distributed/ddp-tutorial-series and the torchrun documentation's note that the agent reports
+a worker's non-zero exit code; here rank 1 returns 3 after everyone's last all_reduce.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from corpus_start import finish, start
+
+
+def main() -> int:
+    rank, _ = start()
+    score = torch.tensor([0.25 * (rank + 1)])
+    dist.all_reduce(score)
+    print(f"score {score.item()}")
+    if rank == 1:
+        time.sleep(1.0)  # writing its evaluation report
+        print("rank 1: below the threshold, exit code 3")
+        return 3
+    finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The script destroys the process group itself at the end, then works on alone.
+
+Source: pytorch/examples, distributed/ddp-tutorial-series/multigpu_torchrun.py
+(``destroy_process_group()`` as the last line of ``main``), the shape of torch's DDP tutorials.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from corpus_start import start
+
+
+def main() -> None:
+    rank, _ = start()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    print(f"total {total.item()}")
+    dist.destroy_process_group()
+    print(f"after destroy_process_group: initialized {dist.is_initialized()}")
+    print(f"solo work after the group: {sum(range(10))}")
+
+
+if __name__ == "__main__":
+    main()
