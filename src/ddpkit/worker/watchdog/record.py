@@ -7,7 +7,9 @@ return: the op, the group's sequence number (torch's own counter, the number its
 recorder shows; ddpkit's count where torch has none), the first tensor's shape and dtype, the
 group, the caller's file and line, and the monotonic times. A call made from inside another
 (``broadcast_object_list`` calling ``broadcast``) is the outer one's business and is not noted.
-Only the last :data:`TAIL` calls are kept. ``uninstall`` puts torch's functions back.
+Only the last :data:`TAIL` calls are kept. ``uninstall`` puts torch's functions back. Under
+``torch.compile`` a wrapper steps aside (dynamo traces torch's own function): collectives in a
+compiled graph are not noted here, torch's flight recorder still sees them.
 
 ``torch.autograd.backward`` (``loss.backward()``) is noted as a collective too: DDP's gradient
 all-reduces run inside it, from C++, and a rank whose peer is stuck waits there. Not seen:
@@ -158,9 +160,15 @@ class Record:
         """``function`` noting each outermost call in this record."""
         local = self._local
         group_type = _group_type()
+        compiling = _is_compiling()
 
         @functools.wraps(function)
         def noted(*args: Any, **kwargs: Any) -> Any:
+            # first: under torch.compile, dynamo takes this for True and traces torch's own
+            # function, which it turns into a traceable collective (it knows torch's functions,
+            # not this wrapper; the wrapper's frame look-ups would break the graph)
+            if compiling():
+                return function(*args, **kwargs)
             if getattr(local, "depth", 0):
                 return function(*args, **kwargs)
             group = kwargs.get("group")
@@ -214,6 +222,16 @@ class Record:
         self._running[thread] = call
         self._tail.append(call)
         return call
+
+
+def _is_compiling() -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` (public since torch 2.3), else never."""
+    try:
+        import torch.compiler
+
+        return torch.compiler.is_compiling
+    except (ImportError, AttributeError):
+        return lambda: False
 
 
 def _group_type() -> type | None:
