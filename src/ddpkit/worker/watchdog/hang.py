@@ -154,8 +154,9 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ("rank " if len(ordered) == 1 else "ranks ") + ",".join(spans)
 
 
-def _short_path(path: str) -> str:
-    """The last two parts of a path, as the report writes call sites."""
+def short_path(path: str) -> str:
+    """The last two parts of a path, as the report writes call sites: enough to find the file,
+    short enough to read."""
     parts = path.replace("\\", "/").rsplit("/", 2)
     return "/".join(parts[-2:]) if len(parts) > 2 else path
 
@@ -209,7 +210,7 @@ def _doing(piece: Mapping[str, Any], others: str = "") -> str:
         under = piece.get("under")
         if under and others:
             doing += (
-                f", called under `if {under['test']}:` ({_short_path(str(under['file']))}:"
+                f", called under `if {under['test']}:` ({short_path(str(under['file']))}:"
                 f"{under['if_line']}), rank-0-only code that {others}"
             )
         return doing

@@ -24,8 +24,8 @@ from typing import Any
 
 from ddpkit.compat import flight_recorder_tail
 from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
-from ddpkit.worker.watchdog.hang import HangBounds, report
-from ddpkit.worker.watchdog.rankzero_if import rank_zero_if
+from ddpkit.worker.watchdog.hang import HangBounds, report, short_path
+from ddpkit.worker.watchdog.rankzero_if import is_program, rank_zero_if
 from ddpkit.worker.watchdog.record import Record
 from ddpkit.worker.watchdog.store import StoreLink
 
@@ -183,18 +183,10 @@ def _stack(thread: threading.Thread) -> list[list[Any]]:
 
 
 def _program_frame(stack: list[list[Any]]) -> list[Any] | None:
-    """The innermost frame of the program itself (not torch's, ddpkit's or the standard
-    library's)."""
-    import torch
-
-    foreign = tuple(
-        os.path.join(os.path.dirname(path), "")
-        for path in (os.__file__, torch.__file__, os.path.dirname(os.path.dirname(__file__)))
-    )
+    """The innermost frame of the program itself (:func:`.rankzero_if.is_program`)."""
     for filename, line, function, code in reversed(stack):
-        if filename.startswith("<") or os.path.abspath(filename).startswith(foreign):
-            continue
-        return [_short(filename), line, function, code]
+        if is_program(filename):
+            return [short_path(filename), line, function, code]
     return None
 
 
@@ -204,11 +196,6 @@ def _default_group(group: Any) -> bool:
     import torch.distributed as dist
 
     return group is dist.group.WORLD
-
-
-def _short(path: str) -> str:
-    parts = path.replace("\\", "/").rsplit("/", 2)
-    return "/".join(parts[-2:]) if len(parts) > 2 else path
 
 
 def _loader_pids(stack: list[list[Any]]) -> str | None:

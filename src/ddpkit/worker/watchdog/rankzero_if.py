@@ -29,6 +29,7 @@ _RANK_ZERO_FLAGS = ("is_main", "is_main_process", "is_global_zero", "is_rank_zer
 _RANK_NAMES = ("rank", "global_rank", "get_rank", "get_global_rank", "process_index")
 
 
+@functools.cache
 def _foreign_roots() -> tuple[str, ...]:
     """Folders whose frames are not the program's: torch, ddpkit, the standard library."""
     import torch
@@ -42,6 +43,14 @@ def _foreign_roots() -> tuple[str, ...]:
         if path:
             roots.add(path)
     return tuple(os.path.join(root, "") for root in roots)
+
+
+def is_program(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the program's own (not torch's, ddpkit's, the
+    standard library's, nor generated code's)."""
+    return not filename.startswith("<") and not os.path.abspath(filename).startswith(
+        _foreign_roots()
+    )
 
 
 def is_rank_zero_test(test: ast.expr) -> bool:
@@ -114,11 +123,10 @@ def rank_zero_if(stack: Sequence[Sequence[Any]]) -> dict[str, Any] | None:
     ``{"file", "line", "code", "if_line", "test"}`` (the frame's file and line, the ``if``'s
     line and its test as written), else None.
     """
-    foreign = _foreign_roots()
     seen = 0
     for row in reversed(stack):
         filename, line, code = str(row[0]), int(row[1]), str(row[3] or "")
-        if filename.startswith("<") or os.path.abspath(filename).startswith(foreign):
+        if not is_program(filename):
             continue
         block = _enclosing(filename, line)
         if block is not None:

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ddpkit.worker.watchdog.hang import short_path
+
 TAIL = 16
 # ``torch.autograd.backward`` (what ``loss.backward()`` calls) counts as a collective: DDP runs
 # its gradient all-reduces from C++ inside it, where no Python wrapper sees them, and a rank
@@ -93,7 +95,7 @@ class Call:
 
     @property
     def site(self) -> str:
-        return f"{_short(self.filename)}:{self.line}"
+        return f"{short_path(self.filename)}:{self.line}"
 
     @property
     def sizes(self) -> str:
@@ -241,12 +243,6 @@ def _group_type() -> type | None:
         return dist.ProcessGroup
     except (ImportError, AttributeError):
         return None
-
-
-def _short(path: str) -> str:
-    """The last two parts of a path: enough to find the file, short enough to read."""
-    parts = path.replace("\\", "/").rsplit("/", 2)
-    return "/".join(parts[-2:]) if len(parts) > 2 else path
 
 
 def _group_of(group: Any) -> tuple[str, int]:

@@ -90,10 +90,7 @@ class Watchdog:
                 progress.sample(now)
                 text = self.hangs.check(now) if self.hangs is not None else None
                 if text is not None and not self._stop.is_set():
-                    if self.hangs is not None and self.hangs.bounds.end:
-                        self._end_for_hang(text)
-                    else:
-                        self._report_hang(text)
+                    self._act_on_hang(text)
                 line = self.stragglers.check(now) if self.stragglers is not None else None
                 if line is not None:
                     write_stderr(line + "\n")
@@ -141,20 +138,34 @@ class Watchdog:
         _reap_children()
         os._exit(ABORT_EXIT_CODE)
 
-    def _end_for_hang(self, text: str) -> None:
-        """Rank 0 prints the report, the others a line pointing to it; then leave and exit."""
-        self.ending = True
-        paths = self.hangs.write(text) if self.hangs is not None else []
-        also = f" and in {' and '.join(paths)}" if paths else ""
-        if self.rank == 0 or (self.hangs is not None and self.hangs.without_rank0):
+    def _act_on_hang(self, text: str) -> None:
+        """Every rank keeps the report in its log folders and rank 0 prints it (or the rank
+        that gathered it, rank 0 silent). Then, by ``DDPKIT_HANG_ACTION``: ``report`` (the
+        default) lets the job go on, no other report this run; ``end`` has the other ranks
+        print one line pointing to it, and every rank leave and exit."""
+        hangs = self.hangs
+        if hangs is None:
+            return
+        end = hangs.bounds.end
+        self.ending = end
+        hangs.done = True
+        paths = hangs.write(text)
+        if self.rank == 0 or hangs.without_rank0:
             where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
-            write_stderr(text + where + "\n")
-        else:
-            head = text.splitlines()[0]
+            goes_on = (
+                f"\nddpkit: the job goes on ({HANG_ACTION_VAR}=report): a rank may be slow, "
+                "not stuck; torch's collective timeout ends it if it never resumes, "
+                f"{HANG_ACTION_VAR}=end ends it at the report"
+            )
+            write_stderr(f"{text}{where}{'' if end else goes_on}\n")
+        elif end:
+            also = f" and in {' and '.join(paths)}" if paths else ""
             write_stderr(
                 f"ddpkit: rank {self.rank} ends: the hang watchdog's report is on rank 0's "
-                f"stderr{also}; its first line: {head}\n"
+                f"stderr{also}; its first line: {text.splitlines()[0]}\n"
             )
+        if not end:
+            return
         self._stopped = True
         if self._link.store_departure(self._clock()) is None:
             self._say("was ended by the ddpkit hang watchdog", victim=True)
@@ -162,21 +173,6 @@ class Watchdog:
             self._link.stop()
         _reap_children()
         os._exit(ABORT_EXIT_CODE)
-
-    def _report_hang(self, text: str) -> None:
-        """``DDPKIT_HANG_ACTION=report`` (the default): rank 0 prints the report, every rank
-        keeps it in its log folders, and the job goes on; once a run."""
-        if self.hangs is None:
-            return
-        self.hangs.done = True
-        paths = self.hangs.write(text)
-        if self.rank == 0 or self.hangs.without_rank0:
-            where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
-            write_stderr(
-                f"{text}{where}\nddpkit: the job goes on ({HANG_ACTION_VAR}=report): a rank "
-                "may be slow, not stuck; torch's collective timeout ends it if it never "
-                f"resumes, {HANG_ACTION_VAR}=end ends it at the report\n"
-            )
 
     def hang_pending(self) -> bool:
         """Whether a hang report that ends the job is being gathered or is out (the main
