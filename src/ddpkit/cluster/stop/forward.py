@@ -143,8 +143,8 @@ def release(stop: signal.Signals) -> None:
 
 
 def _relay(stop: signal.Signals, catching_only: bool) -> None:
-    kept = False  # an arrival not yet sent to any worker
-    owing = _Owing(stop)
+    kept = False  # an arrival not yet sent to any worker (sending to every worker)
+    owing = _Owing(stop)  # catching only
     wait_s = _POLL_S
     while True:
         busy = owing.busy() if catching_only else kept
@@ -153,12 +153,12 @@ def _relay(stop: signal.Signals, catching_only: bool) -> None:
         if _wait(stop, wait_s if busy else _IDLE_S) or _STATE.arrived:
             _STATE.arrived = False
             _STATE.arrivals += 1
-            kept = owing.kept = True
+            owing.kept = catching_only
+            kept = not catching_only
             wait_s = _POLL_S
-        if catching_only:
-            if owing.busy():
-                changed = owing.pass_on()
-                wait_s = _POLL_S if changed else min(2 * wait_s, _BACKOFF_S)
+        if owing.busy():
+            changed = owing.pass_on()
+            wait_s = _POLL_S if changed else min(2 * wait_s, _BACKOFF_S)
         elif kept:
             with _STATE.starting:
                 kept = not _send(stop, workers())
