@@ -56,24 +56,25 @@ def _tail_until(out: io.StringIO, done: Callable[[str], bool]) -> None:
 
 
 @reach
-def test_tail_log_is_tuned_and_prints_the_rank_prefix_once(tmp_path: Path) -> None:
+def test_tee_read_by_prints_the_rank_prefix_once(tmp_path: Path) -> None:
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    original = tail_log.tail_logfile
     log = tmp_path / "0.log"
     log.write_text("")
     out = io.StringIO()
-    original = getattr(mp_api, "TailLog", None)
-    with compat.tail_logs_tuned(0.01, tee.tail_whole_lines, tee.OncePrefixed):
-        tuned = mp_api.TailLog
-        assert tuned is not original, f"{TORCH}: mp_api.TailLog is gone or not a TailLog class"
-        tail = tuned("trainer", {0: str(log)}, out, {0: "[rank0]: "}).start()
+    with compat.tee_read_by(tee.tail_whole_lines):
+        assert tail_log.tail_logfile is not original, f"{TORCH}: tail_logfile was not replaced"
+        tail = mp_api.TailLog("trainer", {0: str(log)}, out, {0: "[rank0]: "}).start()
         with log.open("a") as handle:
             handle.write("[rank0]: Traceback (most recent call last):\nplain line\n")
         _tail_until(out, lambda text: text.count("\n") >= 2)
         tail.stop()
-    assert mp_api.TailLog is original  # put back afterwards
+    assert tail_log.tail_logfile is original  # put back afterwards
     assert out.getvalue().splitlines() == [
         "[rank0]: Traceback (most recent call last):",
         "[rank0]: plain line",
-    ], f"{TORCH}: TailLog no longer writes header + line in one write"
+    ], f"{TORCH}: TailLog no longer calls tail_logfile with its header and destination"
 
 
 @reach
@@ -81,22 +82,18 @@ def test_a_line_tailed_in_pieces_is_printed_as_one_line(tmp_path: Path) -> None:
     """A worker's line read before it ended (its text and its newline in two writes, as
     ``print`` under PYTHONUNBUFFERED=1) is held for its end, while another rank's line goes on;
     a piece never ended is printed after the hold, and at the stop."""
-    from torch.distributed.elastic.multiprocessing import tail_log
-
-    original = tail_log.tail_logfile
     logs = {rank: tmp_path / f"{rank}.log" for rank in (0, 1, 2)}
     for log in logs.values():
         log.write_text("")
     out = io.StringIO()
-    with compat.tail_logs_tuned(0.01, tee.tail_whole_lines, tee.OncePrefixed):
-        assert tail_log.tail_logfile is not original, f"{TORCH}: tail_logfile was not replaced"
+    with compat.tee_read_by(tee.tail_whole_lines):
         prefixes = {rank: f"[rank{rank}]: " for rank in logs}
         tail = mp_api.TailLog("trainer", {r: str(p) for r, p in logs.items()}, out, prefixes)
         tail.start()
         with logs[0].open("a") as zero, logs[1].open("a") as one, logs[2].open("a") as two:
             zero.write("loss 0.5")
             zero.flush()
-            time.sleep(0.3)  # 30 polls see the piece
+            time.sleep(0.3)  # 3 polls (torch's 0.1 s) see the piece
             one.write("a whole line\n")
             one.flush()
             _tail_until(out, lambda text: "whole" in text)
@@ -109,31 +106,9 @@ def test_a_line_tailed_in_pieces_is_printed_as_one_line(tmp_path: Path) -> None:
             assert "[rank2]: 10%" in out.getvalue(), f"a piece never ended was held: {out!r}"
             two.write(" 20%")  # the last piece: printed at the stop
         tail.stop()
-    assert tail_log.tail_logfile is original  # put back afterwards
     assert out.getvalue() == (
         "[rank1]: a whole line\n[rank0]: loss 0.5 at step 3\n[rank2]: 10% 20%"
     ), out.getvalue()
-
-
-@reach
-def test_rdzv_method_names_cheap_gives_torchs_answer() -> None:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    original = dynamic_rendezvous.get_method_name
-
-    def event_of_a_method() -> tuple[str, str]:  # as torch's handler methods call it
-        return dynamic_rendezvous.get_method_name(), dynamic_rendezvous.get_method_name(1)
-
-    def next_rendezvous() -> tuple[str, str]:
-        return event_of_a_method()
-
-    expected = next_rendezvous()
-    assert expected == ("next_rendezvous", "event_of_a_method"), f"{TORCH}: {expected}"
-    with compat.rdzv_method_names_cheap():
-        assert dynamic_rendezvous.get_method_name is not original
-        assert next_rendezvous() == expected
-        assert dynamic_rendezvous.get_method_name(10**6) == original(10**6) == "no_method_name"
-    assert dynamic_rendezvous.get_method_name is original  # put back afterwards
 
 
 @reach

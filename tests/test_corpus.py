@@ -86,8 +86,8 @@ LAUNCH_TIMEOUT_S = 150  # one launch takes 3-10 s here
 # ddpkit's launch may cost this much more CPU than torchrun's: a guard against a gross cost
 # (a busy loop, a heavy import). The difference of one pair is noisy (on this 2-core machine,
 # alone: -1.1 to +1.3 s over the 18 pairs of one run of this file; beside two busy loops -1.7
-# to +1.7 s; +0.4 s typical, a pair taking 5-12 s of CPU each, mostly torch's import); its tee
-# polls the workers' logs every 10 ms, which adds ~0.04 s a second of launch.
+# to +1.7 s; +0.4 s typical, a pair taking 5-12 s of CPU each, mostly torch's import). Its
+# idle cost while workers compute is measured by benchmarks/bench_idle.py.
 CPU_SLACK_S = 3.0
 _DIFF_LINES = 60  # of each differing stream, in a failure's message
 

@@ -6,10 +6,9 @@ upgrade breaks this one file, loudly: ``tests/test_compat.py`` checks every reac
 against the installed version and names that version when one has moved.
 
     reach                          dependency  what ddpkit does with it
-    TailLog in mp_api, its         torch       ``ddpkit run`` polls tee'd logs every 10 ms and
-      (name, files, dst) args                  prints torch's own "[rankN]:" prefix once
-    tail_log.tail_logfile and its  torch       ... whole lines, redraws (\\r) in place
-      parameters                               (:mod:`ddpkit.launch.tee`)
+    tail_log.tail_logfile and its  torch       ``ddpkit run`` prints torch's own "[rankN]:"
+      parameters                               prefix once, whole lines, redraws (\\r) in
+                                               place (:mod:`ddpkit.launch.tee`)
     run.config_from_args           torch       ``ddpkit run`` builds its LaunchConfig with
                                                torchrun's own parser and logic
     run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
@@ -78,14 +77,13 @@ __all__ = [
     "group_sequence",
     "launch_config_from_args",
     "matches_machine_hostname",
-    "rdzv_method_names_cheap",
     "recorded_traceback",
     "refused_globals",
     "saved_pickle_head",
     "submitit_sbatch_in_own_session",
     "submitit_sbatch_text",
     "submitit_sbatch_value",
-    "tail_logs_tuned",
+    "tee_read_by",
     "torchrun_notice_muted",
     "torchx_slurm_sbatch_options",
 ]
@@ -94,79 +92,27 @@ _TAIL_PARAMETERS = ("header", "file", "dst", "finished", "interval_sec", "log_li
 
 
 @contextmanager
-def tail_logs_tuned(
-    interval_s: float, tail_logfile: Callable[..., None], wrap_dst: Callable[[Any], Any]
-) -> Iterator[None]:
-    """While the block runs, torch's tee of worker logs polls every ``interval_s`` (not its
-    fixed 0.1 s), writes through ``wrap_dst(dst)``, and reads each file with ``tail_logfile``
-    in place of torch's ``tail_log.tail_logfile`` (same parameters). ``ddpkit run`` passes
-    :mod:`ddpkit.launch.tee`'s: one rank prefix a line, whole lines, redraws in place.
-
-    Why the interval: at shutdown torch stops one ``TailLog`` per tee'd stream and each stop
-    waits out a poll sleep, in step with the agent's 0.1 s monitor loop. ``PContext`` builds its
-    ``TailLog`` with the default interval and offers no parameter, so for the duration of the
-    launch the name it looks up is a subclass (restored afterwards). Should torch move the
-    class, nothing is replaced and its defaults apply; should it change ``tail_logfile``'s
-    parameters, its own stays.
+def tee_read_by(tail_logfile: Callable[..., None]) -> Iterator[None]:
+    """While the block runs, torch's tee of worker logs (``TailLog``, a thread a stream) reads
+    each file with ``tail_logfile`` in place of ``tail_log.tail_logfile``, which
+    ``TailLog.start`` looks up by that name: ``ddpkit run`` passes
+    :func:`ddpkit.launch.tee.tail_whole_lines` (one rank prefix a line, whole lines, redraws in
+    place). Restored afterwards; should torch rename the function or change its parameters,
+    nothing is replaced and torch's own tee prints.
     """
     import inspect
 
-    from torch.distributed.elastic.multiprocessing import api as mp_api
     from torch.distributed.elastic.multiprocessing import tail_log
-    from torch.distributed.elastic.multiprocessing.tail_log import TailLog
 
-    original = getattr(mp_api, "TailLog", None)
-    if not (isinstance(original, type) and issubclass(original, TailLog)):
+    original: Any = getattr(tail_log, "tail_logfile", None)
+    if not callable(original) or tuple(inspect.signature(original).parameters) != _TAIL_PARAMETERS:
         yield
         return
-    tail: Any = getattr(tail_log, "tail_logfile", None)
-    replace = callable(tail) and tuple(inspect.signature(tail).parameters) == _TAIL_PARAMETERS
-
-    class _PromptTailLog(original):  # type: ignore[misc, valid-type]
-        def __init__(self, name: str, log_files: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("interval_sec", interval_s)
-            super().__init__(name, log_files, wrap_dst(dst), *args, **kwargs)
-
-    mp_api.TailLog = _PromptTailLog  # type: ignore[attr-defined]
-    if replace:
-        tail_log.tail_logfile = tail_logfile  # TailLog.start looks it up by this name
+    tail_log.tail_logfile = tail_logfile
     try:
         yield
     finally:
-        mp_api.TailLog = original  # type: ignore[attr-defined]
-        if replace:
-            tail_log.tail_logfile = tail
-
-
-@contextmanager
-def rdzv_method_names_cheap() -> Iterator[None]:
-    """While the block runs, torch's c10d (dynamic) rendezvous names the method of each event
-    it records from one frame lookup instead of two ``inspect.stack()`` calls.
-
-    ``dynamic_rendezvous.get_method_name`` builds the whole stack twice, reading the source
-    line of every frame, for each event: ~18 times per launch, 0.1-0.5 s of a trivial
-    2-process ``ddpkit run`` on this machine, which torchrun's static rendezvous never pays.
-    Same answer (the function ``depth`` frames up, or ``"no_method_name"``); restored
-    afterwards; should torch rename the function, nothing is replaced.
-    """
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    original = getattr(dynamic_rendezvous, "get_method_name", None)
-    if not callable(original):
-        yield
-        return
-
-    def get_method_name(depth: int = 2) -> str:
-        try:  # frame 0 is this function, as inspect.stack()[0] was torch's
-            return sys._getframe(depth).f_code.co_name
-        except ValueError:
-            return "no_method_name"
-
-    dynamic_rendezvous.get_method_name = get_method_name
-    try:
-        yield
-    finally:
-        dynamic_rendezvous.get_method_name = original
+        tail_log.tail_logfile = original
 
 
 @contextmanager

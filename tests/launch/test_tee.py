@@ -28,10 +28,9 @@ from ddpkit.launch import tee
     ],
 )
 def test_torchs_own_rank_prefix_is_printed_once(written: str, shown: str) -> None:
-    out = io.StringIO()
-    tee.OncePrefixed(out).write(written)
-    assert out.getvalue().startswith(shown), out.getvalue()
-    assert out.getvalue().count("\n") == 1
+    once = tee.once_prefixed(written)
+    assert once.startswith(shown), once
+    assert once.count("\n") == 1
 
 
 @pytest.mark.parametrize(
@@ -53,7 +52,7 @@ def _tail(log: Path, out: io.StringIO) -> tuple[threading.Event, threading.Threa
     finished = threading.Event()
     thread = threading.Thread(
         target=tee.tail_whole_lines,
-        args=("[rank0]: ", str(log), out, finished, 0.01, lambda _line: True),
+        args=("[rank0]: ", str(log), out, finished, 0.1, lambda _line: True),
     )
     thread.start()
     return finished, thread
@@ -84,7 +83,7 @@ def test_a_progress_bar_is_redrawn_in_place_and_lines_stay_whole(tmp_path: Path)
             worker.write("\n")  # the bar's last newline, written apart: it ends the same line
             worker.write("loss 0.5")
             worker.flush()
-            time.sleep(0.2)  # 20 polls see the piece: it is held for its end
+            time.sleep(0.3)  # 3 polls see the piece: it is held for its end
             worker.write(" at step 3\n")
             worker.flush()
             _until(out, "step 3")

@@ -47,9 +47,8 @@ from ddpkit.cluster.stop import forward as stop_forward
 from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
     launch_config_from_args,
-    rdzv_method_names_cheap,
     rdzv_shared_store_made_by,
-    tail_logs_tuned,
+    tee_read_by,
     torchrun_notice_muted,
 )
 from ddpkit.contract import RUN_ID_VAR
@@ -69,7 +68,6 @@ __all__ = [
 ]
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
-LOG_TAIL_INTERVAL_S = 0.01  # torch polls tee'd logs every 0.1 s; see compat.tail_logs_tuned
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FORWARDED_SIGNALS = relay.FORWARDED
 
@@ -171,8 +169,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
     with (
         _environ_restored(),
         _signal_handlers_restored(handled),
-        tail_logs_tuned(LOG_TAIL_INTERVAL_S, tee.tail_whole_lines, tee.OncePrefixed),
-        rdzv_method_names_cheap(),
+        tee_read_by(tee.tail_whole_lines),
         _shared_store_on(plan.shared_store_bind),
         _signals_forwarded(FORWARDED_SIGNALS),
         deathsig.tied() as token,

@@ -3,12 +3,13 @@ progress bars redrawn in place.
 
 torch's agent tees each worker's log file to the terminal (``TailLog``, one thread a stream):
 it reads a line and writes ``f"{header}{line}"``. Three things a user sees differently from the
-same program under plain ``torchrun`` come from that, and are mended here (the reach into torch
-that installs these is :func:`ddpkit.compat.tail_logs_tuned`):
+same program under plain ``torchrun`` come from that, and are mended here by
+:func:`tail_whole_lines`, which torch's ``TailLog`` calls in place of its own reader (the reach
+into torch that installs it is :func:`ddpkit.compat.tee_read_by`):
 
 * torch prefixes lines itself once a process group exists: its excepthook writes
   ``[rank0]: `` before each traceback line, and its C++ log lines read ``[rank0]:[W1201 ...]``.
-  Under the default header that gave ``[rank0]: [rank0]: ...``: :class:`OncePrefixed` drops
+  Under the default header that gave ``[rank0]: [rank0]: ...``: :func:`once_prefixed` drops
   torch's copy when it repeats the header's rank.
 * A worker's ``print`` can reach the file in two writes (its text, then its newline, under
   ``PYTHONUNBUFFERED=1``); torch printed each piece with its own header. A piece is held until
@@ -19,6 +20,9 @@ that installs these is :func:`ddpkit.compat.tail_logs_tuned`):
   the header after each carriage return, so the bar is redrawn in place, prefixed. A piece
   printed before its line ended (a redraw, a piece held too long) is continued without a
   second header.
+
+It polls as torch's reader does (``TailLog``'s 0.1 s), but waits on the stop event rather than
+sleeping, so that stopping a tee takes no poll's wait.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import re
 import time
 from typing import Any
 
-__all__ = ["HOLD_PARTIAL_LINE_S", "OncePrefixed", "tail_whole_lines"]
+__all__ = ["HOLD_PARTIAL_LINE_S", "once_prefixed", "tail_whole_lines"]
 
 # how long a tee'd line read without its end (its writer has not finished it) is held for the
 # rest before it is printed as it is, as torch prints it: a progress bar without newlines shows
@@ -40,22 +44,10 @@ _DOUBLED_PREFIX = re.compile(r"^(\[rank(\d+)\]: )\[rank\2\]: ?")
 _LONE_CR = re.compile(r"\r(?!\n|$)")  # a carriage return a redraw follows
 
 
-class OncePrefixed:
-    """A tee destination that writes ``[rankN]: [rankN]:text`` as ``[rankN]: text``.
-
-    ``TailLog`` writes each worker line as ``f"{header}{line}"`` in one ``write``; only a line
-    whose own text starts with the same rank's prefix is changed (other templates are left
-    alone).
-    """
-
-    def __init__(self, dst: Any) -> None:
-        self._dst = dst
-
-    def write(self, text: str) -> int:
-        return int(self._dst.write(_DOUBLED_PREFIX.sub(r"\1", text, count=1)))
-
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, ...
-        return getattr(self._dst, name)
+def once_prefixed(text: str) -> str:
+    """``[rankN]: [rankN]:text`` as ``[rankN]: text``: only a line whose own text starts with
+    the header's rank prefix is changed (other templates are left alone)."""
+    return _DOUBLED_PREFIX.sub(r"\1", text, count=1)
 
 
 def prefixed(header: str, text: str, *, continued: bool = False) -> str:
@@ -77,19 +69,20 @@ def tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start c
     """torch's ``tail_log.tail_logfile``, printing whole lines and redraws (module docstring).
 
     The rest is torch's: wait for the file, poll every ``interval_sec``, read to the end once
-    ``finished`` is set; ``log_line_filter`` as torch applies it.
+    ``finished`` is set (here without waiting out a poll); ``log_line_filter`` as torch
+    applies it.
     """
     while not os.path.exists(file):
         if finished.is_set():
             return
-        time.sleep(interval_sec)
+        finished.wait(interval_sec)
 
     open_line = False  # the last text printed did not end its line: the next one goes on it
 
     def emit(text: str) -> None:
         nonlocal open_line
         if log_line_filter and log_line_filter(text):
-            dst.write(prefixed(header, text, continued=open_line))
+            dst.write(once_prefixed(prefixed(header, text, continued=open_line)))
             open_line = not text.endswith("\n")
 
     held, since = "", 0.0
@@ -111,4 +104,4 @@ def tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start c
                 held = ""
             if done:
                 break
-            time.sleep(interval_sec)
+            finished.wait(interval_sec)  # set: the rest is read at once
