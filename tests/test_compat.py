@@ -131,6 +131,27 @@ def test_rdzv_shared_store_made_by_replaces_where_torch_makes_the_workers_store(
 
 
 @reach
+@pytest.mark.parametrize("use_libuv", [True, False])
+def test_store_ping_is_answered_by_both_of_torchs_store_servers(use_libuv: bool) -> None:
+    import socket
+
+    host = dist.TCPStore(
+        "127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False,
+        use_libuv=use_libuv,
+    )  # fmt: skip
+    for nonce in (7, 2**32 - 1, os.getpid()):
+        hello, answer = compat.store_ping(nonce)
+        with socket.create_connection(("127.0.0.1", host.port), timeout=10) as sock:
+            sock.sendall(hello)
+            got = b""
+            while len(got) < len(answer) and (part := sock.recv(len(answer) - len(got))):
+                got += part
+        assert got == answer, f"{TORCH} (libuv={use_libuv}): TCPStore's handshake changed"
+    host.set("still", "serving")  # the asks left the server as it was
+    assert host.get("still") == b"serving"
+
+
+@reach
 def test_launch_config_from_torchrun_args(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed.run as torch_run
 

@@ -22,6 +22,10 @@ against the installed version and names that version when one has moved.
     DDP._get_ddp_logging_data,     torch       the straggler report: a rank's forward and
       its avg_forward/backward_                backward compute as DDP samples it
       compute_time keys (ns)
+    TCPStore's handshake: VALIDATE torch       a rank makes torch's store client only once
+      + magic number, then PING                a store has answered this ping, bounded: a
+      + nonce, echoed                          listener that is no store is a one-line error
+                                               (torch's client waits for its reply unbounded)
     rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
       machine_hostname                         whether this node hosts the c10d store
     DynamicRendezvousHandler.      torch       a one-node ``ddpkit run`` of one round hosts
@@ -56,6 +60,7 @@ import logging
 import os
 import pickle
 import re
+import struct
 import sys
 import zipfile
 from collections.abc import Callable, Iterator
@@ -80,6 +85,7 @@ __all__ = [
     "recorded_traceback",
     "refused_globals",
     "saved_pickle_head",
+    "store_ping",
     "submitit_sbatch_in_own_session",
     "submitit_sbatch_text",
     "submitit_sbatch_value",
@@ -141,6 +147,21 @@ def rdzv_shared_store_made_by(create: Callable[[str, int], Any]) -> Iterator[Non
         yield
     finally:
         handler._create_tcp_store_server = original
+
+
+# torch's TCPStore protocol (c10d/TCPStoreBackend.hpp; its libuv server speaks the same): a
+# client opens with VALIDATE (query 0) and this magic number, then PING (query 13) with a nonce
+# the server sends back; each value in the machine's byte order, unpadded.
+_STORE_HELLO = struct.Struct("=BIBI")
+_STORE_MAGIC, _STORE_VALIDATE, _STORE_PING = 0x3C85F7CE, 0, 13
+
+
+def store_ping(nonce: int) -> tuple[bytes, bytes]:
+    """(what torch's store client sends first, with ``nonce``; the 4 bytes a TCPStore server
+    answers it with)."""
+    nonce &= 0xFFFFFFFF
+    hello = _STORE_HELLO.pack(_STORE_VALIDATE, _STORE_MAGIC, _STORE_PING, nonce)
+    return hello, struct.pack("=I", nonce)
 
 
 def launch_config_from_args(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:

@@ -40,9 +40,7 @@ from torch.utils.data import Dataset
 
 __all__ = [
     "Indices",
-    "admit_pending_clients",
     "free_port",
-    "pending_clients",
     "run_workers",
     "torchrun_env",
 ]
@@ -78,33 +76,6 @@ def torchrun_env(rank: int, world_size: int, port: int, **extra: str) -> dict[st
         "MASTER_PORT": str(port),
         **extra,
     }
-
-
-def admit_pending_clients(port: int, timeout_s: float = 20.0) -> None:
-    """Host a store on 127.0.0.1:``port`` until the rank clients ddpkit gave up on there have
-    connected and ended, so that none prints torch's give-up traces into a later test's
-    output (a rank's first client retries quietly for ``CLIENT_QUIET_S`` past its connect
-    timeout, see ``ddpkit.worker.rendezvous.store.connect_client``)."""
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    host = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while pending_clients(port):
-            assert time.monotonic() < deadline, f"a client of port {port} still runs"
-            time.sleep(0.05)
-    finally:
-        del host
-
-
-def pending_clients(port: int) -> int:
-    """How many threads still make a rank's client of the store on ``port`` in this process."""
-    from ddpkit.worker.rendezvous.store import connect_thread_name
-    from ddpkit.worker.rendezvous.waits import running
-
-    return running(connect_thread_name(port))
 
 
 def _entry(

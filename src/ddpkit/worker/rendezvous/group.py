@@ -10,13 +10,11 @@
 * rank 0 hosts a ``TCPStore`` on loopback when the job allows it, else on every interface;
   under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the agent hosts it and every rank is
   a client, as torch's own ``env://`` would do;
-* a client makes torch's client in a thread; only when it is not made within
-  :func:`~ddpkit.worker.rendezvous.store.client_grace_s` does a TCP connect look at the
-  master: one that listens is waited for, a late one found by the probe gets a second client
-  bounded by what is left (at least
-  :data:`~ddpkit.worker.rendezvous.store.HANDSHAKE_MIN_S`): a port held by something that
-  accepts and never answers ends as a :class:`RendezvousError` naming address, port and
-  launcher, never as a wait past the connect and collective timeouts.
+* a client first asks the store for torch's handshake with a socket of its own, bounded
+  (:func:`~ddpkit.worker.rendezvous.store.connect_client`), and makes torch's client only once
+  it answered: a late master is waited for, and a port held by something that is no store
+  ends as a one-line :class:`RendezvousError` naming address, port and launcher, never as a
+  wait past the connect timeout nor as pages of torch's retry traces.
 
 Before either, a rank whose open-files limit is below what the job's size needs raises it as far
 as the hard limit allows (:func:`fit_open_files`, :mod:`ddpkit.cluster.limits`): the store's host
@@ -180,5 +178,5 @@ def _host(info: RankInfo, bind: str | None, timeout: timedelta, env: Mapping[str
 
 
 def _connect(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> Store:
-    """A client of the store (torch's, then a probe only when it lingers), each wait bounded."""
+    """A client of the store (once it answered a bounded handshake)."""
     return connect_client(info, connect_timeout_s, timeout)

@@ -4,8 +4,9 @@ A taken port does not end the job: :func:`host_store` hosts on the first candida
 bind (listening where :func:`~ddpkit.worker.rendezvous.store.store_endpoint` says) and publishes the
 search's identity under :data:`IDENTITY_KEY`; :func:`find_store` tries the candidates in order
 and joins the first store that answers with that identity, skipping a port held by another
-job's store, by a stale store, or by a listener that is not a store at all (bounded: torch's
-client would wait forever for a reply such a listener never sends). The candidates are
+job's store, by a stale store, or by a listener that is not a store at all (each asked with
+:func:`~ddpkit.worker.rendezvous.store.store_answers` first, bounded: torch's client would wait
+forever for a reply such a listener never sends). The candidates are
 :mod:`ddpkit.cluster.rendezvous.ports`'s.
 """
 
@@ -22,11 +23,11 @@ from ddpkit.cluster.rendezvous.ports import PortSearch
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.store import (
     CONNECT_TIMEOUT_VAR,
+    NotAStore,
     host_tcp_store,
     is_taken,
-    try_connect,
+    store_answers,
 )
-from ddpkit.worker.rendezvous.waits import CallThread, bounded
 
 __all__ = ["IDENTITY_KEY", "find_store", "host_store"]
 
@@ -69,7 +70,7 @@ def host_store(
             if not is_taken(exc):
                 raise _unhostable(addr, search, f"port {port}: {exc}") from exc
             if share:
-                client, answer, _ = _ask_identity(addr, port, _IDENTITY_BOUND_S)
+                client, answer = _ask_identity(addr, port, _IDENTITY_BOUND_S)
                 if client is not None and answer == search.identity:
                     client.set_timeout(timeout)
                     return client, port
@@ -101,32 +102,19 @@ def find_store(
     """The first candidate on ``addr`` whose store answers with the search's identity.
 
     Passes over the candidates until ``timeout_s`` runs out (the host may start later): a port
-    nobody listens on, another job's store, or a silent listener is skipped for this pass. A
-    silent listener leaves a client thread blocked on it; the port is not retried while that
-    thread waits, so each port costs at most one such thread. ``who`` names the caller in the
-    error.
+    nobody listens on, another job's store, or a listener that is no store is skipped for this
+    pass. ``who`` names the caller in the error.
     """
     deadline = clock() + timeout_s
     seen: dict[int, str] = {}
-    silent: dict[int, CallThread] = {}
     delay_s = 0.1
     while True:
         for port in search.ports:
-            if port in silent and silent[port].is_alive():
-                continue
-            remaining = deadline - clock()
-            error = try_connect(addr, port, min(5.0, max(0.1, remaining)))
-            if error is not None:
-                refused = isinstance(error, ConnectionRefusedError)
-                seen[port] = "nothing listening" if refused else str(error)
-                continue
-            bound_s = min(_IDENTITY_BOUND_S, max(0.1, remaining))
-            store, answer, thread = _ask_identity(addr, port, bound_s)
+            bound_s = min(_IDENTITY_BOUND_S, max(0.1, deadline - clock()))
+            store, answer = _ask_identity(addr, port, bound_s)
             if store is not None and answer == search.identity:
                 store.set_timeout(timeout)
                 return store, port
-            if thread is not None:
-                silent[port] = thread
             seen[port] = f"the store of {answer}" if store is not None else answer
         remaining = deadline - clock()
         if remaining <= 0:
@@ -135,22 +123,28 @@ def find_store(
         delay_s = min(2 * delay_s, 1.0)
 
 
-def _ask_identity(
-    addr: str, port: int, bound_s: float
-) -> tuple[TCPStore | None, str, CallThread | None]:
-    """(client, the identity its store holds, None), or (None, why not, the thread if it hangs)."""
-
-    def ask() -> tuple[TCPStore, str]:
+def _ask_identity(addr: str, port: int, bound_s: float) -> tuple[TCPStore | None, str]:
+    """(client, the identity its store holds), or (None, why not), within about 2 ``bound_s``."""
+    try:
+        store_answers(addr, port, bound_s)
+    except ConnectionRefusedError:
+        return None, "nothing listening"
+    except OSError as exc:
+        return None, str(exc)
+    except NotAStore as exc:
+        return None, f"a listener that is not a store ({exc})"
+    ends = time.monotonic() + bound_s
+    try:  # a store answered: torch's client connects at once
         client = TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=bound_s))
-        client.wait([IDENTITY_KEY], timedelta(seconds=bound_s))
+        # its host publishes the identity right after it listens; check, not wait: a wait
+        # that times out prints torch's warnings
+        while not client.check([IDENTITY_KEY]):
+            if time.monotonic() >= ends:
+                return None, "a store without ddpkit's identity"
+            time.sleep(0.05)
         return client, client.get(IDENTITY_KEY).decode(errors="replace")
-
-    outcome = bounded(ask, 2 * bound_s, f"ddpkit-store-probe-{port}")
-    if outcome.value is not None:
-        return outcome.value[0], outcome.value[1], None
-    if outcome.error is not None:  # any failure means: not (yet) this job's store
-        return None, f"a store without ddpkit's identity ({type(outcome.error).__name__})", None
-    return None, "a listener that is not a store (no answer)", outcome.pending
+    except RuntimeError as exc:  # DistError and all: not (yet) this job's store
+        return None, f"a store without ddpkit's identity ({type(exc).__name__})"
 
 
 def _not_found(

@@ -18,16 +18,15 @@ torch's ``TCPStore`` takes no bind address; it takes an already-listening socket
 over. A store torch opens later on the same port in this process with ``multi_tenant=True``
 shares that server, whatever host name it is given.
 
-Connecting is bounded at each step (:func:`connect_client`). torch's client is made in a
-daemon thread: against a store that is up, the only connection a rank opens for it. A client
-not made within :func:`client_grace_s` brings in a plain TCP connect (closed at once): a master
-that listens is only slow, and is waited for; when nothing listens, :func:`probe_master` finds
-a late master sooner than torch's back-off and, at the connect timeout, names a master that is
-not there. torch's client validates and pings the server and
-waits for its reply with no bound at all, so a port held by something that accepts connections
-but never answers would hold a rank forever: the thread is given up after a bound, naming the
-address as "accepts connections but does not speak the TCPStore protocol". The thread stays
-blocked on that listener (one per attempt; it does not keep the process alive).
+Connecting is bounded (:func:`connect_client`), with no thread: torch's client, against a
+listener that accepts and never answers, waits for the reply to its handshake with no bound at
+all, and against one that closes it retries and prints pages of C++ traces before its error.
+So a rank first asks the store itself, with a socket of its own and a timeout, for torch's
+handshake, which a TCPStore server answers (:func:`store_answers`,
+:func:`ddpkit.compat.store_ping`). Only a store that answered gets torch's client, in the
+rank's own thread; anything else ends, at the connect timeout, in a one-line
+:class:`RendezvousError` naming the address: nothing listens (a missing or crashed rank 0), or
+something that is no store holds the port.
 
 The port search of a SLURM step without MASTER_PORT (host on the first candidate that binds,
 find the store that answers with the job's identity) is in
@@ -38,8 +37,8 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -47,39 +46,30 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
 
+from ddpkit import compat
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
-from ddpkit.worker.rendezvous.waits import Call
 
 __all__ = [
-    "CLIENT_GRACE_PER_RANK_S",
-    "CLIENT_GRACE_S",
-    "CLIENT_QUIET_S",
     "CONNECT_TIMEOUT_VAR",
     "HANDSHAKE_MIN_S",
-    "client_grace_s",
+    "NOT_A_STORE",
+    "NotAStore",
     "connect_client",
-    "connect_thread_name",
     "host_tcp_store",
     "is_taken",
     "loopback_address",
     "probe_master",
+    "store_answers",
     "store_endpoint",
     "try_connect",
 ]
 
-# The least time a client gets for torch's handshake once the TCP connect succeeded: a real
-# store answers in milliseconds (its server thread needs no GIL), even when the connect used
-# up the whole connect timeout.
+# The least time torch's client gets once the store answered: it answers in milliseconds (its
+# server thread needs no GIL), even when the wait for it used up the whole connect timeout.
 HANDSHAKE_MIN_S = 5.0
-# How long a rank's client may take before a probe looks at the master (see connect_client):
-# against a store that is up it is made in milliseconds, plus ~1 ms a rank when every rank
-# connects at once (torch's libuv store took 96K ranks in ~100 s): client_grace_s.
-CLIENT_GRACE_S = 2.0
-CLIENT_GRACE_PER_RANK_S = 0.001
-# How long past the connect timeout torch's first client of a rank keeps retrying (quietly).
-CLIENT_QUIET_S = 30.0
+NOT_A_STORE = "accepts connections but does not speak the TCPStore protocol"
 _LOOPBACK = "127.0.0.1"
 
 
@@ -243,95 +233,70 @@ def _unreachable(info: RankInfo, timeout_s: float, error: OSError) -> Rendezvous
     )
 
 
-def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> TCPStore:
-    """This rank's client of the store at ``info.master_addr:master_port``, or a
-    :class:`RendezvousError` naming the cause within ``connect_timeout_s`` (and at least
-    :data:`HANDSHAKE_MIN_S` for a handshake that began late).
+class NotAStore(Exception):
+    """Something listens on the store's address that does not answer as a TCPStore does."""
 
-    torch's client is made first, in a thread: against a store that is up, the one connection
-    a rank needs (no probe beside it: at 4,096 simulated ranks a probe's connect and the
-    client's, back to back, overflowed a listen queue of 4,096). Only a client not made within
-    :func:`client_grace_s` brings in a TCP connect. When the master listens then, the client
-    is only slow (a busy store) or talks to something that is not a store: it is waited for,
-    with no second connection to load that store more. When nothing listens,
-    :func:`probe_master` finds a late master sooner than torch's retries (they back off to
-    seconds: a master 12 s late was found after 18.7 s), which then gets a second client,
-    bounded as before (the first, still in its back-off, connects later and is dropped), or
-    names a missing one at the deadline. torch's own client gives up (and prints its C++
-    traces) only :data:`CLIENT_QUIET_S` past the deadline, when the rank has reported the cause
-    and, as a rank that cannot join does, ended.
+
+def store_answers(addr: str, port: int, timeout_s: float) -> None:
+    """Return once a TCPStore on ``addr:port`` has answered torch's handshake; raise the
+    ``OSError`` of a connect that failed, or :class:`NotAStore` (a listener that closed, sent
+    something else, or said nothing within ``timeout_s``). Closed normally (FIN) afterwards:
+    torch's stores, libuv or classic, log nothing for that."""
+    hello, answer = compat.store_ping(os.getpid())
+    with socket.create_connection((addr, port), timeout=timeout_s) as sock:
+        got = b""
+        try:
+            sock.sendall(hello)
+            while len(got) < len(answer) and (part := sock.recv(len(answer) - len(got))):
+                got += part
+        except TimeoutError:
+            raise NotAStore(f"no answer within {timeout_s:g} s") from None
+        except OSError as exc:
+            raise NotAStore(str(exc)) from None
+    if got != answer:
+        raise NotAStore("it closed the connection" if not got else f"it answered {got!r}")
+
+
+def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> TCPStore:
+    """This rank's client of the store at ``info.master_addr:master_port``, or a one-line
+    :class:`RendezvousError` naming the cause within ``connect_timeout_s`` (and the store's
+    answer to one more handshake, a few ms; see the module docstring).
+
+    The store is asked (:func:`store_answers`) until it answers, again and again while nothing
+    listens (a late rank 0: at least every second) or something else does; torch's client
+    connects afterwards, to a store that is up: it neither retries nor prints.
     """
     addr, port = info.master_addr, info.master_port
-    name = connect_thread_name(port)
     deadline = time.monotonic() + connect_timeout_s
-    wake = threading.Event()
-    quiet_s = connect_timeout_s + CLIENT_QUIET_S
-    calls = [Call(lambda: _client(addr, port, quiet_s, timeout), name, wake)]
-    wake.wait(min(client_grace_s(info.world_size), connect_timeout_s))
-    if (made := _made(calls)) is not None:
-        return made
-    # Not made yet: the master is late or missing (torch's client then sleeps in its back-off),
-    # the store is slow to answer, or something else holds the port. One TCP connect tells.
-    if try_connect(addr, port, min(5.0, max(0.1, deadline - time.monotonic()))) is not None:
-
-        def nap(seconds: float) -> None:  # a client made meanwhile ends the nap
-            if wake.is_set():
-                time.sleep(seconds)
-            else:
-                wake.wait(seconds)
-
+    delay_s = 0.1
+    while True:
+        remaining = deadline - time.monotonic()
         try:
-            probe_master(info, connect_timeout_s, sleep=nap, deadline=deadline)
-        except RendezvousError:
-            # Nothing listened until the deadline: torch's client is in its back-off and prints
-            # nothing before CLIENT_QUIET_S from now; a rank that exits is not held 3 s for it.
-            calls[0].give_up(wait_at_exit=False)
-            raise
-        if (made := _made(calls)) is not None:
-            return made
-        # The master came up after the grace: torch's client may sleep in its back-off for
-        # seconds yet, a second one joins now. torch's client retries a listener that closes
-        # or answers garbage until its timeout (and a try or two past it): half the bound, so
-        # those end with torch's own error and only a client blocked on a silent listener
-        # outlives the bound.
-        bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
-        wake.clear()
-        second = Call(lambda: _client(addr, port, bound_s / 2, timeout), name, wake)
-        calls.append(second)
-    else:  # it listens: the client is slow (a busy store) or talks to something else; no second
-        bound_s = max(HANDSHAKE_MIN_S, deadline - time.monotonic())
-    ends = time.monotonic() + bound_s
-    while (made := _made(calls)) is None and time.monotonic() < ends:
-        if all(call.outcome is not None for call in calls):
-            break  # both failed
-        wake.wait(max(0.0, ends - time.monotonic()))
-        wake.clear()
-    if made is not None:
-        return made
-    outcomes = [call.give_up() for call in calls]
-    errors = [outcome.error for outcome in reversed(outcomes) if outcome.error is not None]
-    why = f"torch's client: {_one_line(errors[0])}" if errors else f"no answer within {bound_s:g} s"
-    raise RendezvousError(
-        f"rank {info.rank} (launcher {info.launcher}): something on {addr}:{port} accepts "
-        f"connections but does not speak the TCPStore protocol ({why})",
+            store_answers(addr, port, max(0.1, remaining))
+            break
+        except (OSError, NotAStore) as exc:
+            error = exc
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if isinstance(error, NotAStore):
+                raise _not_a_store(info, error)
+            raise _unreachable(info, connect_timeout_s, error)
+        time.sleep(min(delay_s, remaining))
+        delay_s = min(2 * delay_s, 1.0)
+    return _client(addr, port, max(HANDSHAKE_MIN_S, deadline - time.monotonic()), timeout)
+
+
+def _not_a_store(info: RankInfo, error: NotAStore) -> RendezvousError:
+    addr, port = info.master_addr, info.master_port
+    return RendezvousError(
+        f"rank {info.rank} (launcher {info.launcher}): something on {addr}:{port} {NOT_A_STORE} "
+        f"({_one_line(error)})",
         hint=(
             f"another service holds port {port} on {addr}? (`ss -ltnp 'sport = :{port}'` "
             "there names it); give the job a free MASTER_PORT, or check rank 0's log in case it "
             "crashed while this rank connected"
         ),
     )
-
-
-def connect_thread_name(port: int) -> str:
-    """The name of the threads that make a rank's clients of the store on ``port``."""
-    return f"ddpkit-store-connect-{port}"
-
-
-def client_grace_s(world_size: int) -> float:
-    """How long a rank's client may take before a probe looks at the master: the store takes
-    every rank's connect at about torch's pace, so a large job's ranks are not all counted
-    late (each would add a connection to a store already busy with them all)."""
-    return CLIENT_GRACE_S + CLIENT_GRACE_PER_RANK_S * max(0, world_size - 1)
 
 
 def _client(addr: str, port: int, connect_s: float, timeout: timedelta) -> TCPStore:
@@ -345,16 +310,3 @@ def _client(addr: str, port: int, connect_s: float, timeout: timedelta) -> TCPSt
     client = TCPStore(addr, port, None, False, timedelta(seconds=connect_s))
     client.set_timeout(timeout)
     return client
-
-
-def _made(calls: list[Call[TCPStore]]) -> TCPStore | None:
-    """The first client made of ``calls``, if any; the others still running are given up (a
-    late master's first client, in torch's back-off, connects later: the exit waits for it a
-    little, as for any call given up)."""
-    for call in calls:
-        if (outcome := call.outcome) is not None and outcome.value is not None:
-            for other in calls:
-                if other is not call and other.outcome is None:
-                    other.give_up()
-            return outcome.value
-    return None
