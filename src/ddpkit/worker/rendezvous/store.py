@@ -250,7 +250,7 @@ def store_answers(addr: str, port: int, timeout_s: float) -> None:
             while len(got) < len(answer) and (part := sock.recv(len(answer) - len(got))):
                 got += part
         except TimeoutError:
-            raise NotAStore(f"no answer within {timeout_s:g} s") from None
+            raise NotAStore(f"no answer within {timeout_s:.3g} s") from None
         except OSError as exc:
             raise NotAStore(str(exc)) from None
     if got != answer:
