@@ -1,24 +1,24 @@
 """Which ``ddpkit.loader`` pass yielded the latest batch, for ``ddpkit.gather``.
 
-Each batch a loader's iterator yields marks that iterator as the active one, through weak
-references, so a finished or abandoned loop (and its loader and dataset) is never kept alive,
-and in a stack, so when an inner loop (evaluation inside training) ends or is left with
-``break``, the outer loop's step is the active one again. Each pass carries a
-:class:`GatherMemo` of what ``gather`` agreed with the other ranks during it.
+Each batch a loader's iterator yields marks that iterator as the active one
+(:class:`ActiveSlot`, held by :mod:`ddpkit.worker.loader`), through weak references, so a
+finished or abandoned loop (and its loader and dataset) is never kept alive, and in a stack, so
+when an inner loop (evaluation inside training) ends or is left with ``break``, the outer
+loop's step is the active one again. Each pass carries a :class:`GatherMemo` of what ``gather``
+agreed with the other ranks during it. Knows nothing of the loader (which imports this module).
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Generic, TypeVar
 
 import torch
 
-if TYPE_CHECKING:
-    from ddpkit.worker.loader import DistributedLoader
+__all__ = ["ActiveSlot", "GatherMemo"]
 
-__all__ = ["ACTIVE", "GatherMemo", "Pass", "active_gather_memo", "active_step"]
+P = TypeVar("P")
 
 
 @dataclass
@@ -42,53 +42,27 @@ class GatherMemo:
         return self.calls - 1
 
 
-class Pass(Protocol):
-    """A loader's iterator as ``gather`` sees it: its loader, its latest step, its memo."""
-
-    @property
-    def loader(self) -> DistributedLoader: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def gather_memo(self) -> GatherMemo: ...
-
-
-class _ActiveSlot:
+class ActiveSlot(Generic[P]):
     """Weak references to the live passes, the one that yielded the latest batch on top."""
 
     def __init__(self) -> None:
-        self._stack: list[weakref.ref[Pass]] = []
+        self._stack: list[weakref.ref[P]] = []
 
-    def _prune(self, drop: Pass | None = None) -> None:
+    def _prune(self, drop: P | None = None) -> None:
         self._stack = [ref for ref in self._stack if ref() is not None and ref() is not drop]
 
-    def mark(self, iterator: Pass) -> None:
+    def mark(self, iterator: P) -> None:
         if self._stack and self._stack[-1]() is iterator:  # every batch of a loop: no change
             return
         self._prune(drop=iterator)
         self._stack.append(weakref.ref(iterator))
 
-    def finish(self, iterator: Pass) -> None:
+    def finish(self, iterator: P) -> None:
         self._prune(drop=iterator)
 
-    def get(self) -> Pass | None:
+    def get(self) -> P | None:
         top = self._stack[-1]() if self._stack else None
         if top is None:  # the latest pass was collected: fall back to a live one
             self._prune()
             top = self._stack[-1]() if self._stack else None
         return top
-
-
-ACTIVE = _ActiveSlot()
-
-
-def active_step() -> tuple[DistributedLoader, int] | None:
-    """The loader whose iterator yielded the latest batch, and that batch's step; or None."""
-    iterator = ACTIVE.get()
-    return None if iterator is None else (iterator.loader, iterator.step)
-
-
-def active_gather_memo() -> GatherMemo | None:
-    """The :class:`GatherMemo` of the pass whose latest batch is the active step, or None."""
-    iterator = ACTIVE.get()
-    return None if iterator is None else iterator.gather_memo

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from ddpkit.errors import ConfigError
 from ddpkit.worker import reshard
-from ddpkit.worker.active import ACTIVE, GatherMemo, active_gather_memo, active_step
+from ddpkit.worker.active import ActiveSlot, GatherMemo
 from ddpkit.worker.context import current
 from ddpkit.worker.steptimes import TIMES, batch_clock
 
@@ -387,6 +387,22 @@ class _TrackedIterator(Iterator[Any]):
 
     def __len__(self) -> int:
         return self._length
+
+
+# the pass that yielded the latest batch (ddpkit.worker.active)
+ACTIVE: ActiveSlot[_TrackedIterator] = ActiveSlot()
+
+
+def active_step() -> tuple[DistributedLoader, int] | None:
+    """The loader whose iterator yielded the latest batch, and that batch's step; or None."""
+    iterator = ACTIVE.get()
+    return None if iterator is None else (iterator.loader, iterator.step)
+
+
+def active_gather_memo() -> GatherMemo | None:
+    """The :class:`GatherMemo` of the pass whose latest batch is the active step, or None."""
+    iterator = ACTIVE.get()
+    return None if iterator is None else iterator.gather_memo
 
 
 def _check_epoch(epoch: int) -> int:
