@@ -21,14 +21,18 @@ into torch that installs it is :func:`ddpkit.compat.tee_read_by`):
   printed before its line ended (a redraw, a piece held too long) is continued without a
   second header.
 
-It polls as torch's reader does (``TailLog``'s 0.1 s), but waits on the stop event rather than
-sleeping, so that stopping a tee takes no poll's wait.
+One thread reads every tee'd file of the launch, at torch's pace (``TailLog``'s 0.1 s);
+torch's thread for each file only waits for the tee's stop, and the files are read to their end
+at once when it comes. torch's reader polls each file from a thread of its own: at 8 ranks a
+node, 16 threads waking 10 times a second, what most of an idle launcher's CPU went to
+(``benchmarks/bench_idle.py``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from typing import Any
 
@@ -62,46 +66,107 @@ def tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start c
     header: str,
     file: str,
     dst: Any,
-    finished: Any,
+    finished: threading.Event,
     interval_sec: float,
     log_line_filter: Any = None,
 ) -> None:
     """torch's ``tail_log.tail_logfile``, printing whole lines and redraws (module docstring).
 
     The rest is torch's: wait for the file, poll every ``interval_sec``, read to the end once
-    ``finished`` is set (here without waiting out a poll); ``log_line_filter`` as torch
-    applies it.
+    ``finished`` is set; ``log_line_filter`` as torch applies it. The file is read by the
+    launch's one reading thread; this call returns once it has read it to the end.
     """
-    while not os.path.exists(file):
-        if finished.is_set():
-            return
-        finished.wait(interval_sec)
+    follow = _Follow(header, file, dst, finished, log_line_filter)
+    _READER.add(follow, interval_sec)
+    finished.wait()  # no polling here: torch sets it when the tee stops
+    _READER.wake.set()  # the rest is read now
+    follow.drained.wait()
+    if follow.error is not None:  # torch logs a tail's error
+        raise follow.error
 
-    open_line = False  # the last text printed did not end its line: the next one goes on it
 
-    def emit(text: str) -> None:
-        nonlocal open_line
-        if log_line_filter and log_line_filter(text):
-            dst.write(once_prefixed(prefixed(header, text, continued=open_line)))
-            open_line = not text.endswith("\n")
+class _Follow:
+    """One tee'd file: what was read of it and printed, and whether it is done."""
 
-    held, since = "", 0.0
-    # newline="\n": only "\n" ends a line (by default a lone "\r" ends one too)
-    with open(file, errors="replace", newline="\n") as fp:
+    def __init__(
+        self, header: str, file: str, dst: Any, finished: threading.Event, keep: Any
+    ) -> None:
+        self.header, self.file, self.dst, self.finished, self.keep = (
+            header,
+            file,
+            dst,
+            finished,
+            keep,
+        )
+        self.drained = threading.Event()
+        self.error: BaseException | None = None
+        self._fp: Any = None
+        self._held, self._since = "", 0.0
+        self._open_line = False  # the last text printed did not end its line
+
+    def step(self) -> bool:
+        """Print what the file has now; True once it is done (``finished`` and read to its end)."""
+        done = self.finished.is_set()  # read first: what is in the file by then gets printed
+        if self._fp is None:
+            if not os.path.exists(self.file):
+                return done
+            # newline="\n": only "\n" ends a line (by default a lone "\r" ends one too)
+            self._fp = open(self.file, errors="replace", newline="\n")  # noqa: SIM115
+        while piece := self._fp.readline():
+            if not self._held:
+                self._since = time.monotonic()
+            self._held += piece
+            if self._held.endswith("\n") or "\r" in self._held:
+                self._emit()
+        if self._held and (done or time.monotonic() - self._since >= HOLD_PARTIAL_LINE_S):
+            self._emit()
+        if done:
+            self._fp.close()
+        return done
+
+    def _emit(self) -> None:
+        text, self._held = self._held, ""
+        if self.keep and self.keep(text):
+            self.dst.write(once_prefixed(prefixed(self.header, text, continued=self._open_line)))
+            self._open_line = not text.endswith("\n")
+
+
+class _Reader:
+    """The one thread that reads every followed file; it ends when none is left."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.follows: list[_Follow] = []
+        self.thread: threading.Thread | None = None
+
+    def add(self, follow: _Follow, interval_s: float) -> None:
+        with self.lock:
+            self.follows.append(follow)
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, args=(interval_s,), name="ddpkit-tee", daemon=True
+                )
+                self.thread.start()
+
+    def _run(self, interval_s: float) -> None:
         while True:
-            piece = fp.readline()
-            if piece:
-                if not held:
-                    since = time.monotonic()
-                held += piece
-                if held.endswith("\n") or "\r" in held:
-                    emit(held)
-                    held = ""
-                continue
-            done = finished.is_set()  # read before the hold is judged: nothing comes after it
-            if held and (done or time.monotonic() - since >= HOLD_PARTIAL_LINE_S):
-                emit(held)
-                held = ""
-            if done:
-                break
-            finished.wait(interval_sec)  # set: the rest is read at once
+            with self.lock:
+                follows = list(self.follows)
+                if not follows:
+                    self.thread = None
+                    return
+            self.wake.clear()  # a stop from now on ends the wait below at once
+            for follow in follows:
+                try:
+                    finished = follow.step()
+                except Exception as error:  # handed to the follow's own thread
+                    follow.error, finished = error, True
+                if finished:
+                    with self.lock:
+                        self.follows.remove(follow)
+                    follow.drained.set()
+            self.wake.wait(interval_s)
+
+
+_READER = _Reader()
