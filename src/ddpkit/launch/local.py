@@ -179,12 +179,13 @@ def launch(config: RunConfig) -> LaunchOutcome:
             os.environ[deathsig.TOKEN_VAR] = token
         # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
         # workers' keys in it carry no attempt prefix: a group restarted by --max-restarts could
-        # read the previous attempt's gloo addresses and hang (4 runs in 5 here). With sharing
+        # read the previous attempt's gloo addresses and hang. With sharing
         # off, each round bootstraps a fresh store. A one-node run of one round (no restarts)
         # on a loopback rendezvous keeps torch's sharing (plan.shared_store_bind): its workers
         # use the agent's store, up before them, hosted on loopback; a store of their own,
-        # hosted by their rank 0, was joined 0.4-0.7 s late whenever rank 1 asked before it
-        # listened (torch's client backs off). An explicit setting by the user wins.
+        # hosted by their rank 0, was joined late whenever rank 1 asked before it listened
+        # (torch's client backs off; figures: benchmarks/why.yaml, launch). An explicit
+        # setting by the user wins.
         if plan.shared_store_bind is None:
             os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
         # A taken rendezvous port is not the end of a SLURM job; `held` (the store this node

@@ -29,7 +29,7 @@ anything heavy is imported; for ``ddpkit run``:
   default action while torch tears down.
 
 Out of reach: the interpreter's own start, until the entry point's first line, and this
-module's imports (about 35 ms: :mod:`ddpkit.cluster.stop` and the ``ddpkit.cluster`` package,
+module's imports (:mod:`ddpkit.cluster.stop` and the ``ddpkit.cluster`` package,
 which imports detection; nothing heavier). On Windows the launcher holds nothing.
 """
 

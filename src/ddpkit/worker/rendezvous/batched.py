@@ -1,11 +1,8 @@
 """Store calls that name many keys, made in slices of :data:`KEYS_PER_CALL`.
 
 torch's store serves one ``multi_get`` / ``multi_set`` / ``check`` of N keys in time that grows
-faster than N (torch 2.13's libuv store, one client on 127.0.0.1, keys of the watchdog's
-length; the median of 3): ``multi_get`` of 32,768 keys in one call 704 ms, in slices of 1,024
-66 ms; of 98,304 keys 9.1 s against 181 ms; a ``multi_set`` of 98,304 keys kept the store
-busy for ~7 s. The store's one thread serves every rank meanwhile. In slices the cost is
-linear: ~1.8 us a key.
+faster than N, and its one thread serves every rank meanwhile; in slices the cost is linear
+(figures: ``benchmarks/bench_scale.py``, rank 0's judging round, and docs/benchmarks).
 
 Torch-free: any object with the store's methods will do (the watchdog's ``KeyValue``).
 """
