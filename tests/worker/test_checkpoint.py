@@ -22,7 +22,7 @@ import torch
 
 import ddpkit
 from ddpkit.errors import CheckpointError, ConfigError
-from ddpkit.worker import checkpoint
+from ddpkit.worker import checkpoint, durable
 from ddpkit.worker.checkpoint import checkpoint_files
 from tests.support.distutil import run_workers, torchrun_env
 
@@ -349,6 +349,9 @@ def test_kill_9_during_write_keeps_previous_checkpoint(tmp_path: Path) -> None:
     state: dict[str, Any] = {}
     assert ddpkit.load_checkpoint(directory, state) == 1
     assert torch.equal(state["w"], torch.full((4,), 1.0))
+    dead_since = time.time() - durable.BEAT_STALE_AFTER_S - 60  # the time a restart takes
+    for temp in temps:
+        os.utime(directory / temp, (dead_since, dead_since))
     ddpkit.save_checkpoint(directory, {"w": torch.zeros(1)}, step=3)
     assert _names(directory) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
 

@@ -335,6 +335,8 @@ def test_kill_9_during_the_background_write_keeps_the_previous_checkpoint(
     state: dict[str, Any] = {}
     assert ddpkit.load_checkpoint(folder, state) == 1
     assert torch.equal(state["w"], torch.full((4,), 1.0))
+    dead_since = time.time() - durable.BEAT_STALE_AFTER_S - 60  # the time a restart takes
+    os.utime(folder / temp, (dead_since, dead_since))
     ddpkit.async_save_checkpoint(folder, {"w": torch.zeros(1)}, step=3).wait()
     assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]  # the temp removed
 

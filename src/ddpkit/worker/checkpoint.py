@@ -2,13 +2,14 @@
 
 Layout: ``<directory>/ckpt-<step:09d>.pt``, one file per checkpoint, written only by the main
 rank. A write goes to a hidden temporary file in the same directory
-(``.ckpt-<step>.pt.<host>~<scope>.<pid>.<token>.hb.tmp``, created with mode 0666 less the umask,
+(``.ckpt-<step>.pt.<token>.hb.tmp``, created with mode 0666 less the umask,
 like any file ``torch.save`` creates), is flushed and fsynced, then ``os.replace``\\ d onto its
 final name and the directory fsynced: a reader sees either the whole new file or none of it,
 and a ``kill -9`` during the write leaves the previous checkpoints untouched. The temporary
-file a killed writer leaves is removed by the next save, before it writes (so that it cannot
-fill the disk for good) and never looked at by a load; a live writer's (another job sharing
-the folder) is left alone (:mod:`ddpkit.worker.durable` says how the two are told apart).
+file a killed writer leaves is removed by a later save, before it writes, once it has not been
+touched for minutes (so that it cannot fill the disk for good), and never looked at by a load;
+a live writer's (another job sharing the folder) is left alone: it touches its file while it
+writes (:mod:`ddpkit.worker.durable`).
 
 Order: the newest checkpoint is the one written last, not the one with the highest step. Each
 file records its save's ``sequence`` (one more than the highest in the directory when it was

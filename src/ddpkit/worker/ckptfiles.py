@@ -51,7 +51,7 @@ __all__ = [
 READABLE = (1, 2)  # format 1 has no sequence: older than every format-2 save
 # used with fullmatch: "$" also matches before a final newline ("ckpt-000000001.pt\n")
 COMPLETE = re.compile(r"ckpt-(\d{9,})\.pt")
-_TEMP_PREFIX = "ckpt-"  # temporary files are ".ckpt-<step>.pt.<writer>.tmp"
+_TEMP_PREFIX = "ckpt-"  # temporary files are ".ckpt-<step>.pt.<token>.hb.tmp"
 _HEAD_BYTES = 4096  # the header's few items take ~200 bytes; a bound, whatever the file holds
 _MAX_INT = 2**63 - 1  # the largest header int this reader takes (a sequence, a step)
 _MAX_TEXT = 256  # a header string (the run id: 128 at most); a longer one ends the header

@@ -7,25 +7,17 @@ fsynced so that the rename itself is durable. ``drop_cache`` releases the page c
 about to be deleted, so that their eviction does not slow the write. Used by checkpoints.
 
 What a crash leaves behind: a ``kill -9`` mid-write leaves its temporary file, named
-``.<final>.<host>~<scope>.<pid>.<token>.hb.tmp`` (``scope``: a hash of this boot and this PID
-namespace, so that a PID means one process; ``hb``: its writer touches it every
-:data:`HEARTBEAT_S` while the write runs, pickling and fsync included). :func:`stale_temps`
-finds those whose writer is dead, never a live writer's (another job, another host sharing
-the folder):
-
-- same host and scope: stale when no process has that PID, or when the process that has it
-  started after the file was last written (the PID was reused);
-- another host or scope (a requeue onto another node, a container started again): stale when
-  the file has not been touched for :data:`BEAT_STALE_AFTER_S` (a dozen missed heartbeats), so
-  a restart elsewhere finds the space free again within minutes. The age is measured on the
-  filesystem's clock too (a file server's may lag this node's: the time of a file created in
-  the folder for the purpose), so a skewed node clock takes no live writer's file;
-- a name without ``hb`` (ddpkit before the heartbeat or before host names, a hand-made name):
-  stale when the file was last written more than :data:`STALE_AFTER_S` ago (such a writer
-  touches its file only when it writes data).
-
-Only a writer stalled that long mid-save (a suspended job) can lose its file, and then its own
-save fails with a clear error.
+``.<final>.<token>.hb.tmp`` (``hb``: its writer touches it every :data:`HEARTBEAT_S` while the
+write runs, pickling and fsync included). :func:`stale_temps` finds those whose writer is dead
+by one rule, the same for every writer, on this host or another one sharing the folder: a
+file not touched for :data:`BEAT_STALE_AFTER_S` (a dozen missed heartbeats). The age is
+measured on the filesystem's clock too (a file server's may lag this node's: the time of a
+file created in the folder for the purpose), so a skewed node clock takes no live writer's
+file. A name without ``hb`` (a ddpkit from before the heartbeat, a hand-made name) gets
+:data:`STALE_AFTER_S`, as such a writer touches its file only when it writes data. A process
+ID would tell a dead writer sooner, but only on its own host and PID namespace: the age tells
+it everywhere, within minutes. Only a writer stalled that long mid-save (a suspended job) can
+lose its file, and then its own save fails with a clear error.
 
 A write that runs out of space (ENOSPC, EDQUOT, a write that writes nothing), whether the
 failure reaches the caller as an ``OSError`` or as the ``RuntimeError`` torch's zip writer
@@ -38,12 +30,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import hashlib
 import os
-import re
 import secrets
 import shutil
-import socket
 import stat
 import sys
 import threading
@@ -65,56 +54,25 @@ __all__ = [
     "open_regular",
     "stale_temps",
     "write_atomically",
-    "writer_tag",
 ]
 
 _WRITEBACK_CHUNK = 16 * 2**20  # bytes written between two writeback requests
 # A writer touches its temporary file this often while its write runs.
 HEARTBEAT_S = 10.0
-# A touched ("hb") temporary file not touched for this long, by a writer this process cannot
-# check by its PID, is stale.
+# A touched ("hb") temporary file not touched for this long is stale.
 BEAT_STALE_AFTER_S = 120.0
 # Any other temporary file (an older ddpkit's, a hand-made name) not written for this long.
 STALE_AFTER_S = 15 * 60.0
 _MB = 10**6
-# .<final>.<host>~<scope>.<pid>.<token>[.hb].tmp; no re.DOTALL: a name with a newline is not ours
-_TEMP = re.compile(
-    r"\.(?P<final>.+)\.(?P<tag>[A-Za-z0-9-]+~[0-9a-f]{8})\.(?P<pid>[0-9]{1,10})"
-    r"\.[0-9a-f]{8}(?P<beat>\.hb)?\.tmp"
-)
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
-
-
-@functools.cache
-def writer_tag() -> str:
-    """``<host>~<scope>``: the host name (letters, digits and dashes) and a hash of this boot
-    and PID namespace; two processes with one tag see the same PIDs."""
-    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:63] or "host"
-    boot = _read("/proc/sys/kernel/random/boot_id")
-    scope = hashlib.sha256(f"{boot}|{_pid_namespace()}".encode())
-    return f"{host}~{scope.hexdigest()[:8]}"
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_bytes().decode("ascii", "replace").strip()
-    except OSError:  # not Linux, or hidden
-        return ""
-
-
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
 
 
 def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
     """A new hidden temporary file for ``name``, open for writing, with mode 0666 less the umask
     (and the directory's default ACL) as ``torch.save`` would create it; mkstemp's 0600 would
-    keep the checkpoint from teammates and evaluation jobs. Its name says who writes it."""
+    keep the checkpoint from teammates and evaluation jobs."""
     while True:
-        temp = folder / f".{name}.{writer_tag()}.{os.getpid()}.{secrets.token_hex(4)}.hb.tmp"
+        temp = folder / f".{name}.{secrets.token_hex(4)}.hb.tmp"
         try:
             return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temp
         except FileExistsError:  # drawn before: draw again
@@ -246,11 +204,7 @@ def stale_temps(folder: Path, prefix: str) -> list[Path]:
 
 
 def _stale(name: str, modified: float, clock: _Clock) -> bool:
-    match = _TEMP.fullmatch(name)
-    if match is not None and match["tag"] == writer_tag() and int(match["pid"]) > 0:
-        return not _writer_alive(int(match["pid"]), modified)
-    beating = match is not None and match["beat"] is not None
-    return clock.older(modified, BEAT_STALE_AFTER_S if beating else STALE_AFTER_S)
+    return clock.older(modified, BEAT_STALE_AFTER_S if name.endswith(".hb.tmp") else STALE_AFTER_S)
 
 
 class _Clock:
@@ -287,37 +241,6 @@ def _filesystem_now(folder: Path) -> float | None:
     finally:
         os.close(descriptor)
         probe.unlink(missing_ok=True)
-
-
-def _writer_alive(pid: int, modified: float) -> bool:
-    """Whether process ``pid`` (this host, this PID namespace) can be the one that last wrote
-    at ``modified``: it exists and started before that."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        pass
-    except OverflowError:
-        return False
-    started = _started_at(pid)
-    # /proc's start time has 1/100 s ticks and the boot time whole seconds: 2 s of slack
-    return started is None or started <= modified + 2.0
-
-
-def _started_at(pid: int) -> float | None:
-    """When ``pid`` started (seconds since the epoch), from /proc; None where unknown."""
-    stat_line = _read(f"/proc/{pid}/stat")
-    boot = next(
-        (line.split()[1] for line in _read("/proc/stat").splitlines() if line.startswith("btime ")),
-        None,
-    )
-    fields = stat_line.rpartition(")")[2].split()  # after the command name, which may hold ")"
-    if boot is None or len(fields) < 20 or not fields[19].isdigit():
-        return None
-    return int(boot) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 class _StreamingFile:
