@@ -10,16 +10,61 @@ and cross-cutting checks at the top). ``tests`` is a package, so its helpers are
 from __future__ import annotations
 
 import getpass
+import json
 import os
+import resource
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
 
 # the fixtures of the SLURM tests (every file using them ends in _cluster.py: test_architecture)
 from tests.support.slurm_cluster import slurm, slurm_cluster  # noqa: F401
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--times-file",
+        default=None,
+        help="append one JSON line per test to this file: its node id, wall seconds (setup, "
+        "call and teardown) and CPU seconds, this process's and its reaped children's (ci/test.sh "
+        "passes it to both its pytest runs and prints the slowest tests with ci/slowest.py)",
+    )
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    path = item.config.getoption("--times-file")
+    if not path:
+        yield
+        return
+    wall, own, children = (
+        time.monotonic(),
+        _cpu(resource.RUSAGE_SELF),
+        _cpu(resource.RUSAGE_CHILDREN),
+    )
+    yield
+    line = {
+        "test": item.nodeid,
+        "wall": round(time.monotonic() - wall, 3),
+        # a child's CPU counts once it is reaped (with its own reaped children): worker
+        # processes, torchrun and its workers, sbatch; not a SLURM job's processes (slurmd's)
+        "cpu": round(_cpu(resource.RUSAGE_SELF) - own, 3),
+        "cpu_children": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+    }
+    # one short write with O_APPEND: lines from xdist's workers do not interleave
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+
 
 # pytest itself rewrites this one between a test's phases
 _PYTEST_OWN = {"PYTEST_CURRENT_TEST"}
