@@ -40,25 +40,48 @@ def _cpu(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _live_children_cpu() -> float:
+    """CPU seconds of this process's live children so far, with the children each of them reaped:
+    a fork server (tests/support/distutil.py) lives the whole session and reaps its workers, so
+    their CPU reaches RUSAGE_CHILDREN only at the end. 0 where /proc lacks the children files."""
+    pids: set[str] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", encoding="ascii") as f:
+                pids.update(f.read().split())
+    except OSError:
+        return 0.0
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended and reaped meanwhile: RUSAGE_CHILDREN counts it
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return total / _TICK
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     path = item.config.getoption("--times-file")
     if not path:
         yield
         return
-    wall, own, children = (
-        time.monotonic(),
-        _cpu(resource.RUSAGE_SELF),
-        _cpu(resource.RUSAGE_CHILDREN),
-    )
+    wall, own = time.monotonic(), _cpu(resource.RUSAGE_SELF)
+    children = _cpu(resource.RUSAGE_CHILDREN) + _live_children_cpu()
     yield
     line = {
         "test": item.nodeid,
         "wall": round(time.monotonic() - wall, 3),
-        # a child's CPU counts once it is reaped (with its own reaped children): worker
-        # processes, torchrun and its workers, sbatch; not a SLURM job's processes (slurmd's)
+        # the children's: those reaped during the test (with their own reaped children: worker
+        # processes, torchrun and its workers, sbatch) and what live ones (a fork server and
+        # the workers it reaped) spent meanwhile; not a SLURM job's processes (slurmd's)
         "cpu": round(_cpu(resource.RUSAGE_SELF) - own, 3),
-        "cpu_children": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
+        "cpu_children": round(_cpu(resource.RUSAGE_CHILDREN) + _live_children_cpu() - children, 3),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
     }
     # one short write with O_APPEND: lines from xdist's workers do not interleave
