@@ -5,8 +5,11 @@
 # link or a stale reference fails the run), starts the real SLURM test
 # cluster (ci/slurm-up: 4 nodes, accounting, installed with apt-get when missing), runs the whole
 # test suite against it (the SLURM tests in two pytest-xdist workers beside the others), and stops
-# it again (ci/slurm-down) however pytest ends. Arguments go to one plain pytest run instead,
-# e.g. `bash ci/test.sh -m slurm -q`.
+# it again (ci/slurm-down) however pytest ends. The cluster's start and the contract run in the
+# background from the start (the contract is waited for at the end and fails the run like any
+# other step). Every run ends with the 20 slowest tests, their CPU time and the costliest files
+# (ci/slowest.py), then a table of each phase's wall time. Arguments go to one plain pytest run
+# instead, e.g. `bash ci/test.sh -m slurm -q`.
 #
 # The whole suite runs against a cluster whose nodes each have their own network namespace
 # (NETNS=1; DDPKIT_SLURM_NETNS=0 turns it off): like real nodes, they share no `localhost`, so a job
