@@ -25,6 +25,7 @@ class Row(NamedTuple):
     wall: float
     cpu: float  # pytest's own process
     children: float  # the children it reaped
+    outcome: str  # passed, failed, skipped (its worst phase's)
 
 
 def _read(run: str, path: Path) -> list[Row]:
@@ -32,11 +33,8 @@ def _read(run: str, path: Path) -> list[Row]:
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             r = json.loads(line)
-            rows.append(
-                Row(
-                    run, str(r["test"]), float(r["wall"]), float(r["cpu"]), float(r["cpu_children"])
-                )
-            )
+            wall, cpu, children = float(r["wall"]), float(r["cpu"]), float(r["cpu_children"])
+            rows.append(Row(run, str(r["test"]), wall, cpu, children, str(r.get("outcome", "?"))))
         except (ValueError, TypeError, KeyError):  # a line cut short by a killed run
             continue
     return rows
@@ -58,8 +56,10 @@ def main(argv: list[str]) -> int:
         if not rows:
             print(f"slowest: run {name!r}: no test times in {file}")
             continue
+        failed = sum(r.outcome == "failed" for r in rows)
         print(
-            f"== {name}: {len(rows)} tests, {sum(r.wall for r in rows):.0f} s of test wall time "
+            f"== {name}: {len(rows)} tests ({failed} failed), {sum(r.wall for r in rows):.0f} s "
+            "of test wall time "
             f"(summed over its workers), CPU {sum(r.cpu for r in rows):.0f} s in pytest + "
             f"{sum(r.children for r in rows):.0f} s in its children"
         )
@@ -68,7 +68,8 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"== the {args.n} slowest tests (wall s: setup+call+teardown; CPU s: pytest + children)")
     for r in sorted(tests, key=lambda r: -r.wall)[: args.n]:
-        print(f"  {r.wall:7.1f}  cpu {r.cpu:6.1f} + {r.children:6.1f}  {r.run:6}  {r.test}")
+        mark = " (failed)" if r.outcome == "failed" else ""
+        print(f"  {r.wall:7.1f}  cpu {r.cpu:6.1f} + {r.children:6.1f}  {r.run:6}  {r.test}{mark}")
     files: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for r in tests:
         f = files[(r.run, r.test.split("::")[0])]

@@ -83,10 +83,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "cpu": round(_cpu(resource.RUSAGE_SELF) - own, 3),
         "cpu_children": round(_cpu(resource.RUSAGE_CHILDREN) + _live_children_cpu() - children, 3),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+        "outcome": getattr(item, "_times_outcome", "?"),
     }
     # one short write with O_APPEND: lines from xdist's workers do not interleave
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """For --times-file: the test's outcome, its worst phase's (a failed teardown fails it)."""
+    outcome = yield
+    report = outcome.get_result()
+    worst = {"?": 0, "passed": 1, "skipped": 2, "failed": 3}
+    seen = getattr(item, "_times_outcome", "?")
+    if worst.get(report.outcome, 0) > worst.get(seen, 0):
+        item._times_outcome = report.outcome  # type: ignore[attr-defined]
 
 
 # pytest itself rewrites this one between a test's phases
