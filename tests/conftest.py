@@ -101,6 +101,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item._times_outcome = report.outcome  # type: ignore[attr-defined]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT as in a pytest started from a terminal, wherever this one was started: a
+    non-interactive shell starts a command it puts in the background (``&``: ci/test.sh's
+    SLURM run, a helper's ``nohup ... &``) with SIGINT and SIGQUIT ignored, Python then keeps
+    SIGINT ignored, pytest-xdist's workers inherit that, and so does every child a test starts
+    (an ignored signal survives exec): the tests of what Ctrl-C does failed only there."""
+    for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, None)):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, handler or signal.SIG_DFL)
+
+
 # pytest itself rewrites this one between a test's phases
 _PYTEST_OWN = {"PYTEST_CURRENT_TEST"}
 
