@@ -194,8 +194,16 @@ times_runs=("others=$work/times-others.jsonl" "slurm=$work/times-slurm.jsonl")
 in_test_hosts python3 -m pytest -m "slurm or sidecar" -n 2 --dist loadfile \
   --times-file "$work/times-slurm.jsonl" >"$slurm_log" 2>&1 &
 slurm_pid=$!
+# DDPKIT_CI_WORKERS=N runs the others in N pytest-xdist workers (default 1: one process, as
+# measured). On 2026-12-02 the others took ~1,000 CPU-s and the SLURM run ~860 (its jobs' steps
+# 732, by sacct) plus its local sidecar tests, against the 1,649 s of the last clean run: about
+# a third of the 2 cores idle on average, which more workers would fill.
+workers=${DDPKIT_CI_WORKERS:-1}
+[[ $workers =~ ^[1-9]$ ]] || { echo "ci/test.sh: DDPKIT_CI_WORKERS=$workers: 1-9" >&2; exit 2; }
+parallel=()
+[ "$workers" = 1 ] || parallel=(-n "$workers" --dist worksteal)
 rc=0
-in_test_hosts python3 -m pytest -m "not slurm and not sidecar" \
+in_test_hosts python3 -m pytest -m "not slurm and not sidecar" "${parallel[@]}" \
   --times-file "$work/times-others.jsonl" || rc=$?
 slurm_rc=0
 wait "$slurm_pid" || slurm_rc=$?
