@@ -5,8 +5,11 @@
 # link or a stale reference fails the run), starts the real SLURM test
 # cluster (ci/slurm-up: 4 nodes, accounting, installed with apt-get when missing), runs the whole
 # test suite against it (the SLURM tests in two pytest-xdist workers beside the others), and stops
-# it again (ci/slurm-down) however pytest ends. Arguments go to one plain pytest run instead,
-# e.g. `bash ci/test.sh -m slurm -q`.
+# it again (ci/slurm-down) however pytest ends. The cluster's start and the contract run in the
+# background from the start (the contract is waited for at the end and fails the run like any
+# other step). Every run ends with the 20 slowest tests, their CPU time and the costliest files
+# (ci/slowest.py), then a table of each phase's wall time. Arguments go to one plain pytest run
+# instead, e.g. `bash ci/test.sh -m slurm -q`.
 #
 # The whole suite runs against a cluster whose nodes each have their own network namespace
 # (NETNS=1; DDPKIT_SLURM_NETNS=0 turns it off): like real nodes, they share no `localhost`, so a job
@@ -40,23 +43,42 @@ trap phase_table EXIT
 phase "install (torch pinned by ci/constraints.txt)"
 python3 -m pip install --quiet --disable-pip-version-check -c ci/constraints.txt -e ".[dev,docs]"
 
-phase "contract: the README's first command in a brand-new venv (ci/contract.sh)"
-bash ci/contract.sh
+# Work that does not wait for anything runs in the background from here, beside ruff, mypy and
+# mkdocs (which use one core): the SLURM test cluster's start (ci/slurm-up) and the contract
+# (ci/contract.sh, ~60-90 CPU-seconds, mostly pip unpacking torch). The pytest runs start when
+# the cluster is up and the linters are done; the contract's outcome is waited for at the end
+# and fails the run as before. `bg NAME LOG CMD...` starts one; the phase table lists each with
+# its own wall time, marked "(background)".
+bg_names=() bg_pids=() bg_logs=()
+bg() {
+  local name=$1 log=$2
+  shift 2
+  (
+    started=$SECONDS
+    rc=0
+    "$@" || rc=$?
+    echo "$((SECONDS - started))" >"$log.secs"
+    exit "$rc"
+  ) >"$log" 2>&1 &
+  bg_names+=("$name") bg_pids+=($!) bg_logs+=("$log")
+  echo "== started in the background: $name"
+}
+bg_wait() { # bg_wait INDEX: wait for that background job, print its log; its exit code
+  local i=$1 rc=0
+  wait "${bg_pids[$i]}" || rc=$?
+  echo "== ${bg_names[$i]} (background, exit $rc, $(cat "${bg_logs[$i]}.secs" 2>/dev/null || echo '?') s)"
+  cat "${bg_logs[$i]}"
+  return "$rc"
+}
+bg_table() {
+  local i
+  for i in "${!bg_names[@]}"; do
+    printf '  %6s s  %s (background)\n' "$(cat "${bg_logs[$i]}.secs" 2>/dev/null || echo '?')" \
+      "${bg_names[$i]}"
+  done
+}
+work=$(mktemp -d /tmp/ddpkit-ci-XXXXXX) # background logs and the tests' times
 
-phase "ruff"
-ruff check src tests examples benchmarks docs/hooks
-ruff format --check src tests examples benchmarks docs/hooks
-
-phase "mypy (strict on src/)"
-mypy
-
-phase "docs (mkdocs build --strict)"
-# into site/ (gitignored); any warning (a broken link or anchor, an API object that no longer
-# exists, a spec field or DDPKIT_* variable without its description) fails the build.
-# NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, noise in every run.
-NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict
-
-phase "SLURM test cluster (ci/slurm-up)"
 export DDPKIT_SLURM_DIR=${DDPKIT_SLURM_DIR:-/tmp/ddpkit-slurm}
 export DDPKIT_SLURM_NETNS=${DDPKIT_SLURM_NETNS:-${NETNS:-1}}
 # 8 CPUs a node (more than the real cores: the test jobs mostly wait), so that the jobs of the
@@ -74,10 +96,47 @@ stop_cluster() {
   fi
   rm -rf "${hosts_dir:-}" # the tests' hosts files (below)
 }
-trap 'stop_cluster; phase_table' EXIT
+kill_tree() { # kill_tree PID: that process and its descendants, by their ids
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+times_runs=()
+finish() { # however the run ends: no background job left, the cluster down, the tables
+  local pid
+  for pid in "${bg_pids[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then kill_tree "$pid"; fi
+  done
+  stop_cluster
+  if [ "${#times_runs[@]}" -gt 0 ]; then python3 ci/slowest.py "${times_runs[@]}" || true; fi
+  phase_table
+  bg_table
+  rm -rf "$work"
+}
+trap finish EXIT
 trap 'exit 130' INT # so that the EXIT trap runs on Ctrl-C and on kill too
 trap 'exit 143' TERM
-if ! bash ci/slurm-up; then
+bg "SLURM test cluster (ci/slurm-up)" "$work/slurm-up.log" bash ci/slurm-up
+slurm_up=$((${#bg_pids[@]} - 1))
+bg "contract: the README's first command in a brand-new venv (ci/contract.sh)" \
+  "$work/contract.log" bash ci/contract.sh
+contract=$((${#bg_pids[@]} - 1))
+
+phase "ruff"
+ruff check src tests examples benchmarks docs/hooks
+ruff format --check src tests examples benchmarks docs/hooks
+
+phase "mypy (strict on src/)"
+mypy
+
+phase "docs (mkdocs build --strict)"
+# into site/ (gitignored); any warning (a broken link or anchor, an API object that no longer
+# exists, a spec field or DDPKIT_* variable without its description) fails the build.
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, noise in every run.
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict
+
+phase "waiting for the SLURM test cluster"
+if ! bg_wait "$slurm_up"; then
   # the SLURM tests then fail under CI=true, and are skipped saying why elsewhere
   echo "ci/test.sh: warning: ci/slurm-up failed (see above); SLURM tests cannot run" >&2
 fi
@@ -104,10 +163,16 @@ in_test_hosts() {
   fi
 }
 
+# Each pytest run writes every test's wall and CPU time (tests/conftest.py's --times-file); the
+# EXIT trap prints the 20 slowest of both runs together (ci/slowest.py), however the run ends.
 if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as asked
   phase "pytest $*"
-  in_test_hosts python3 -m pytest --durations=30 "$@"
-  exit
+  times_runs=("pytest=$work/times.jsonl")
+  rc=0
+  in_test_hosts python3 -m pytest --times-file "$work/times.jsonl" "$@" || rc=$?
+  phase "waiting for the contract (ci/contract.sh)"
+  bg_wait "$contract" || { echo "ci/test.sh: ci/contract.sh failed (see above)" >&2; exit 1; }
+  exit "$rc"
 fi
 
 # The SLURM tests spend their time waiting for the cluster (a time limit to pass, a requeued
@@ -123,19 +188,32 @@ fi
 # "Connection closed by peer" in a torchrun test, found on 2026-11-29: a rank left init()
 # before a slower peer's gloo pair was handed over, see docs/concepts/ranks.md): not kept.
 phase "pytest: the SLURM tests (2 workers, log below) beside the others"
-slurm_log=$(mktemp /tmp/ddpkit-slurm-tests-XXXXXX)
+slurm_log=$work/slurm-tests.log
+times_runs=("others=$work/times-others.jsonl" "slurm=$work/times-slurm.jsonl")
 # (with them the `sidecar` tests: local processes that mostly wait for bounds and signals)
-in_test_hosts python3 -m pytest -m "slurm or sidecar" -n 2 --dist loadfile --durations=20 \
-  >"$slurm_log" 2>&1 &
+in_test_hosts python3 -m pytest -m "slurm or sidecar" -n 2 --dist loadfile \
+  --times-file "$work/times-slurm.jsonl" >"$slurm_log" 2>&1 &
 slurm_pid=$!
+# DDPKIT_CI_WORKERS=N runs the others in N pytest-xdist workers (default 1: one process, as
+# measured). On 2026-12-02 the others took ~1,000 CPU-s and the SLURM run ~860 (its jobs' steps
+# 732, by sacct) plus its local sidecar tests, against the 1,649 s of the last clean run: about
+# a third of the 2 cores idle on average, which more workers would fill.
+workers=${DDPKIT_CI_WORKERS:-1}
+[[ $workers =~ ^[1-9]$ ]] || { echo "ci/test.sh: DDPKIT_CI_WORKERS=$workers: 1-9" >&2; exit 2; }
+parallel=()
+[ "$workers" = 1 ] || parallel=(-n "$workers" --dist worksteal)
 rc=0
-in_test_hosts python3 -m pytest -m "not slurm and not sidecar" --durations=30 || rc=$?
+in_test_hosts python3 -m pytest -m "not slurm and not sidecar" "${parallel[@]}" \
+  --times-file "$work/times-others.jsonl" || rc=$?
 slurm_rc=0
 wait "$slurm_pid" || slurm_rc=$?
 echo "== pytest -m slurm (exit $slurm_rc)"
 cat "$slurm_log"
-rm -f "$slurm_log"
-if [ "$rc" != 0 ] || [ "$slurm_rc" != 0 ]; then
-  echo "ci/test.sh: pytest failed (others: exit $rc, SLURM tests: exit $slurm_rc)" >&2
+phase "waiting for the contract (ci/contract.sh)"
+contract_rc=0
+bg_wait "$contract" || contract_rc=$?
+if [ "$rc" != 0 ] || [ "$slurm_rc" != 0 ] || [ "$contract_rc" != 0 ]; then
+  echo "ci/test.sh: failed (pytest, others: exit $rc; SLURM tests: exit $slurm_rc;" \
+    "ci/contract.sh: exit $contract_rc)" >&2
   exit 1
 fi

@@ -10,16 +10,107 @@ and cross-cutting checks at the top). ``tests`` is a package, so its helpers are
 from __future__ import annotations
 
 import getpass
+import json
 import os
+import resource
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
 
 # the fixtures of the SLURM tests (every file using them ends in _cluster.py: test_architecture)
 from tests.support.slurm_cluster import slurm, slurm_cluster  # noqa: F401
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--times-file",
+        default=None,
+        help="append one JSON line per test to this file: its node id, wall seconds (setup, "
+        "call and teardown) and CPU seconds, this process's and its reaped children's (ci/test.sh "
+        "passes it to both its pytest runs and prints the slowest tests with ci/slowest.py)",
+    )
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _live_children_cpu() -> float:
+    """CPU seconds of this process's live children so far, with the children each of them reaped:
+    a fork server (tests/support/distutil.py) lives the whole session and reaps its workers, so
+    their CPU reaches RUSAGE_CHILDREN only at the end. 0 where /proc lacks the children files."""
+    pids: set[str] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", encoding="ascii") as f:
+                pids.update(f.read().split())
+    except OSError:
+        return 0.0
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended and reaped meanwhile: RUSAGE_CHILDREN counts it
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return total / _TICK
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    path = item.config.getoption("--times-file")
+    if not path:
+        yield
+        return
+    wall, own = time.monotonic(), _cpu(resource.RUSAGE_SELF)
+    children = _cpu(resource.RUSAGE_CHILDREN) + _live_children_cpu()
+    yield
+    line = {
+        "test": item.nodeid,
+        "wall": round(time.monotonic() - wall, 3),
+        # the children's: those reaped during the test (with their own reaped children: worker
+        # processes, torchrun and its workers, sbatch) and what live ones (a fork server and
+        # the workers it reaped) spent meanwhile; not a SLURM job's processes (slurmd's)
+        "cpu": round(_cpu(resource.RUSAGE_SELF) - own, 3),
+        "cpu_children": round(_cpu(resource.RUSAGE_CHILDREN) + _live_children_cpu() - children, 3),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+        "outcome": getattr(item, "_times_outcome", "?"),
+    }
+    # one short write with O_APPEND: lines from xdist's workers do not interleave
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """For --times-file: the test's outcome, its worst phase's (a failed teardown fails it)."""
+    outcome = yield
+    report = outcome.get_result()
+    worst = {"?": 0, "passed": 1, "skipped": 2, "failed": 3}
+    seen = getattr(item, "_times_outcome", "?")
+    if worst.get(report.outcome, 0) > worst.get(seen, 0):
+        item._times_outcome = report.outcome  # type: ignore[attr-defined]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT as in a pytest started from a terminal, wherever this one was started: a
+    non-interactive shell starts a command it puts in the background (``&``: ci/test.sh's
+    SLURM run, a helper's ``nohup ... &``) with SIGINT and SIGQUIT ignored, Python then keeps
+    SIGINT ignored, pytest-xdist's workers inherit that, and so does every child a test starts
+    (an ignored signal survives exec): the tests of what Ctrl-C does failed only there."""
+    for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, None)):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, handler or signal.SIG_DFL)
+
 
 # pytest itself rewrites this one between a test's phases
 _PYTEST_OWN = {"PYTEST_CURRENT_TEST"}

@@ -9,7 +9,13 @@ script's own signal handlers, ``async_op=True`` and keyword calls, ``inspect.sig
 collectives, subgroups, the script's own ``destroy_process_group()``, ``sys.exit(3)`` on one
 rank, a tqdm-style progress bar, and a script that never calls ddpkit.
 
-Every idiom runs twice as a real 2-rank gloo job, one launch after the other:
+The idioms that need no job of their own run one after the other in one job, ``plain_all.py``
+(each idiom's ``exercise()``, announced by a ``--- name`` line); those that change what a later
+idiom would meet (the script's own signal handlers, its own ``destroy_process_group()``,
+``sys.exit(3)``, no ``ddpkit.init()``, a compile) keep a job of their own. One launch under
+each launcher instead of one each: a pair of launches is 5-12 s of CPU, mostly torch's import.
+
+Every such job runs twice as a real 2-rank gloo job, one launch after the other:
 
 * the reference: ``torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port <free>
   --redirects 3 --log-dir <dir>`` (as ``python -m torch.distributed.run``, torchrun's own entry
@@ -39,13 +45,17 @@ pair before it (CI, 2026-12-02: torchrun 7.4 s then 12.7 s for the same script);
 wall time, within 2 s of torchrun on this machine, is measured by
 ``benchmarks/bench_corpus.py``, alternating the two launchers, and quoted in the report.
 
-The library idioms run with the library as a user installs it: each idiom's own script with
-``ddpkit_idiomlib`` installed into site-packages (``pip install --no-deps --no-build-isolation
---no-index`` into a venv made with ``--system-site-packages``, from a copy of the library, so
-the build leaves nothing in the tree), and ``lib_all.py`` (every library idiom's exercise in one
-job, the group from corpus_start, not from torchvision's or timm's init helpers) with the
-library installed editable (``pip install -e`` into another such venv) and on ``PYTHONPATH``.
-The venvs are made once a session, offline, in about a second each.
+The library idioms run with the library as a user has it: ``lib_all.py`` (every library
+idiom's exercise in one job, the group from corpus_start) with ``ddpkit_idiomlib`` installed
+into site-packages (``pip install --no-deps --no-build-isolation --no-index`` into a venv made
+with ``--system-site-packages``, from a copy of the library, so the build leaves nothing in the
+tree), installed editable (``pip install -e`` into another such venv) and on ``PYTHONPATH``;
+and, installed into site-packages, the two idioms whose script joins through the library's own
+init helper under torchrun (torchvision's ``init_distributed_mode``, timm's
+``init_distributed_device``) as their own scripts. Accelerate's, transformers' and yolov5's
+scripts only join through corpus_start and run their exercise, which is what ``lib_all.py``
+does for each of them: they run there, one launch instead of one each (a pair of launches is
+5-12 s of CPU). The venvs are made once a session, offline, in about a second each.
 
 A new idiom: a script in tests/corpus/idioms/ that joins through ``corpus_start`` (or on its own
 under both launchers, as ``never_ddpkit.py``), prints what it computed on every rank, and is
@@ -94,19 +104,26 @@ _DIFF_LINES = 60  # of each differing stream, in a failure's message
 # idiom script (without .py) -> the root cause (rank, exit code) its reference run must end
 # with; None: every rank succeeds
 PLAIN_IDIOMS: dict[str, tuple[int, int] | None] = {
-    "gan_penalty": None,
+    "plain_all": None,
     "compile_collective": None,
-    "dataloader_fork": None,
     "own_signals": None,
-    "async_keywords": None,
-    "collective_signatures": None,
-    "subgroups": None,
     "own_destroy": None,
     "exit_three": (1, 3),
-    "progress_bar": None,
     "never_ddpkit": None,
 }
-LIBRARY_IDIOMS = ("lib_accelerate", "lib_transformers", "lib_yolov5", "lib_torchvision", "lib_timm")
+# plain idioms whose exercise() runs in plain_all.py only (no job of their own)
+EXERCISED_IN_PLAIN_ALL = (
+    "collective_signatures",
+    "async_keywords",
+    "gan_penalty",
+    "subgroups",
+    "dataloader_fork",
+    "progress_bar",
+)
+# library idioms whose script joins through the library's own init helper under torchrun
+LIBRARY_IDIOMS = ("lib_torchvision", "lib_timm")
+# library idioms whose exercise() runs in ALL_LIBRARY_IDIOMS only (no script of their own)
+EXERCISED_IN_ALL = ("lib_accelerate", "lib_transformers", "lib_yolov5")
 ALL_LIBRARY_IDIOMS = "lib_all"
 HELPERS = ("corpus_start",)
 
@@ -502,8 +519,17 @@ def _scratch(tmp_path: Path, name: str) -> Path:
 
 def test_every_script_is_in_the_corpus() -> None:
     scripts = {path.stem for path in IDIOMS.glob("*.py")}
-    listed = {*PLAIN_IDIOMS, *LIBRARY_IDIOMS, ALL_LIBRARY_IDIOMS, *HELPERS}
-    assert scripts == listed
+    listed = {*PLAIN_IDIOMS, *EXERCISED_IN_PLAIN_ALL, *LIBRARY_IDIOMS, *EXERCISED_IN_ALL}
+    assert scripts == listed | {ALL_LIBRARY_IDIOMS, *HELPERS}
+    for combined, names in (
+        ("plain_all", EXERCISED_IN_PLAIN_ALL),
+        (ALL_LIBRARY_IDIOMS, (*EXERCISED_IN_ALL, *LIBRARY_IDIOMS)),
+    ):
+        text = (IDIOMS / f"{combined}.py").read_text()
+        for name in names:  # imported, then used
+            assert f"import {name}\n" in text and text.count(name) >= 2, (
+                f"{combined}.py does not run {name}'s exercise()"
+            )
     modules = {p.stem for p in (LIBRARY / "ddpkit_idiomlib").glob("*.py")} - {"__init__"}
     assert modules == {"accelerate_state", "transformers_args", "yolov5_utils"} | {
         "torchvision_utils",
@@ -582,8 +608,8 @@ def test_library_idiom_installed(
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("layout", ["editable", "pythonpath"])
-def test_library_idioms_in_another_layout(
+@pytest.mark.parametrize("layout", ["site-packages", "editable", "pythonpath"])
+def test_library_idioms_in_each_layout(
     layout: str, tmp_path: Path, layouts: Callable[[str], Layout]
 ) -> None:
     assert_no_harm(ALL_LIBRARY_IDIOMS, layouts(layout), tmp_path)

@@ -139,19 +139,26 @@ def test_two_nodes_two_processes_every_rank_where_slurm_put_it(
 
 def test_two_multi_node_jobs_at_once_on_the_same_nodes(jobs: Jobs) -> None:
     # 2 nodes x 1 process each: both fit at once even on 2-CPU nodes; each holds its process
-    # group (and rank 0 its port) for a few seconds, so a shared port would fail one of them.
+    # group (and rank 0 its port) until the test saw both jobs' ranks report (the file
+    # `release`), so a shared port would fail one of them. (A fixed 4-s hold was not enough:
+    # under load one job had ended before the other started, 2026-12-02.)
     # Both are pinned to the same two nodes: left to SLURM, a job of another test running at
     # the time can send them to different pairs (seen in CI: n3,n4 and n1,n2)
     names = jobs.slurm.run("sinfo", "--noheader", "--format", "%n").stdout.split()
     pair = ",".join(sorted(set(names))[:2])
-    spec = jobs.spec(f"name: pair\nnodes: 2\nsbatch:\n  nodelist: {pair}\n", args="--sleep 4")
+    release = jobs.workdir / "release"
+    spec = jobs.spec(
+        f"name: pair\nnodes: 2\nsbatch:\n  nodelist: {pair}\n",
+        args=f"--sleep {JOB_TIMEOUT_S} --until {release}",
+    )
     first, second = jobs.submit(spec), jobs.submit(spec)
 
-    def both_running() -> bool:
-        shown = jobs.slurm.run("squeue", "--noheader", "--format", "%i %T").stdout.split("\n")
-        return {f"{first} RUNNING", f"{second} RUNNING"} <= {line.strip() for line in shown}
+    def both_reported() -> bool:
+        return all(len(reports(api.read_logs(job).text)) == 2 for job in (first, second))
 
-    eventually(both_running, "running together")
+    # a job's start, not a fixed window: the bound of a whole job
+    eventually(both_reported, "both reported, holding their groups", timeout_s=JOB_TIMEOUT_S)
+    release.touch()
     found = {}
     for job in (first, second):
         assert api.wait(job, timeout_s=JOB_TIMEOUT_S, poll_s=0.5).exit_code == 0

@@ -3,7 +3,8 @@ environment of the machine that previews or submits it, through the real ``ddpki
 
 Each payload below runs a command (it touches a marker file) or prints an environment variable
 with a plain ``jinja2.Environment``; in the sandbox it is a one-line error naming the template
-file, exit 2, and nothing reaches sbatch. ddpkit's own templates are unchanged by the sandbox
+file, exit 2, and nothing reaches sbatch: one real command a mode, every payload through the
+CLI's entry function in the test's process. ddpkit's own templates are unchanged by the sandbox
 (tests/jobs/test_render.py compares them with the golden files).
 """
 
@@ -12,10 +13,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ddpkit.cli import main
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
 from ddpkit.jobs.spec import JobSpec
@@ -52,20 +56,23 @@ PAYLOADS = {
 }
 
 
-def ddpkit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real command, in ``tmp_path``, with a fake sbatch first on PATH and a secret set."""
+def _env(tmp_path: Path) -> dict[str, str]:
+    """A fake sbatch first on PATH, ddpkit's home in ``tmp_path``, a secret set."""
     tools = FakeTools(tmp_path / "bin")
     tools.sbatch()
-    env = {
-        **os.environ,
+    return {
         "PATH": tools.path(),
         "DDPKIT_HOME": str(tmp_path / "home"),
         "DDPKIT_TEST_SECRET": SECRET,
     }
+
+
+def ddpkit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real command, in ``tmp_path``, with :func:`_env`."""
     return subprocess.run(
         [sys.executable, "-m", "ddpkit", *args],
         cwd=tmp_path,
-        env=env,
+        env={**os.environ, **_env(tmp_path)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -73,15 +80,30 @@ def ddpkit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.fixture
+def ddpkit_here(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``ddpkit_here(tmp_path, *args)``: as :func:`ddpkit`, through ``ddpkit.cli.main`` in this
+    process (the variations of a case that one real command per mode covers end to end)."""
+
+    def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        for name, value in _env(tmp_path).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.chdir(tmp_path)
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["ddpkit", *args], code, out, err)
+
+    return run
+
+
 # every way a spec's template is rendered: previewed, submitted, submitted as a sweep (array)
 MODES = {"dry-run": ["--dry-run"], "submit": [], "sweep": ["--sweep", "lr=1,2"]}
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
-def test_template_escapes_are_refused_through_the_cli(
-    tmp_path: Path, payload: str, mode: str
-) -> None:
+def _refused(tmp_path: Path, payload: str, mode: str, ddpkit: Callable[..., Any]) -> None:
     template = tmp_path / "evil.sbatch.j2"
     template.write_text("#!/bin/bash\n# a harmless first line\n" + payload + "\n")
     spec = tmp_path / "job.yaml"
@@ -98,13 +120,35 @@ def test_template_escapes_are_refused_through_the_cli(
     assert not (tmp_path / "home").exists(), "a job record was written"
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_template_escape_is_refused_through_the_real_command(tmp_path: Path, mode: str) -> None:
+    _refused(tmp_path, PAYLOADS["subclasses"], mode, ddpkit)
+
+
+# the spec-default-factory payload reads spec.model_fields, which pydantic deprecates (a real
+# command does not show a DeprecationWarning; pytest does)
+_MODEL_FIELDS_WARNING = "ignore:Accessing the 'model_fields' attribute on the instance"
+
+
+@pytest.mark.filterwarnings(_MODEL_FIELDS_WARNING)
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
-def test_plan_never_renders_the_template(tmp_path: Path, payload: str) -> None:
+def test_template_escapes_are_refused_through_the_cli(
+    tmp_path: Path, payload: str, mode: str, ddpkit_here: Callable[..., Any]
+) -> None:
+    _refused(tmp_path, payload, mode, ddpkit_here)
+
+
+@pytest.mark.filterwarnings(_MODEL_FIELDS_WARNING)
+@pytest.mark.parametrize("payload", PAYLOADS.values(), ids=list(PAYLOADS))
+def test_plan_never_renders_the_template(
+    tmp_path: Path, payload: str, ddpkit_here: Callable[..., Any]
+) -> None:
     """plan shows the resolved spec and its ranks: the template is not rendered there."""
     (tmp_path / "evil.sbatch.j2").write_text("#!/bin/bash\n" + payload + "\n")
     spec = tmp_path / "job.yaml"
     spec.write_text("name: demo\ncommand: train.py\ntemplate: evil.sbatch.j2\n")
-    done = ddpkit(tmp_path, "plan", str(spec))
+    done = ddpkit_here(tmp_path, "plan", str(spec))
     assert not (tmp_path / MARK).exists() and SECRET not in done.stdout + done.stderr
     assert (done.returncode, done.stderr) == (0, "") and "template: " in done.stdout
 
@@ -163,7 +207,9 @@ READS = {
 
 
 @pytest.mark.parametrize("payload", READS.values(), ids=list(READS))
-def test_templates_read_only_files_in_their_own_folder(tmp_path: Path, payload: str) -> None:
+def test_templates_read_only_files_in_their_own_folder(
+    tmp_path: Path, payload: str, ddpkit_here: Callable[..., Any]
+) -> None:
     folder = tmp_path / "templates"
     folder.mkdir()
     (tmp_path / "outside.j2").write_text(f"{{% macro m() %}}{SECRET}{{% endmacro %}}{SECRET}\n")
@@ -174,7 +220,7 @@ def test_templates_read_only_files_in_their_own_folder(tmp_path: Path, payload: 
     spec.write_text(
         "name: demo\ncommand: train.py\ntemplate: templates/evil.sbatch.j2\nsignal: null\n"
     )
-    done = ddpkit(tmp_path, "submit", "--dry-run", str(spec))
+    done = ddpkit_here(tmp_path, "submit", "--dry-run", str(spec))
     assert SECRET not in done.stdout + done.stderr, "the template read a file outside its folder"
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.startswith("ddpkit: error: ") and done.stderr.count("\n") == 1

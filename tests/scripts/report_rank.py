@@ -3,15 +3,17 @@
 Prints one JSON line ``{"rank", "local_rank", "world_size", "node", "launcher", "master_port",
 "sum"}`` where ``node`` is this host's name and ``sum`` the all_reduce of ``rank + 1`` over the
 world (so the right answer is ``world_size * (world_size + 1) / 2``). ``--sleep S`` waits S
-seconds after reporting, with the process group still up (a job to cancel, or two jobs holding
-their ports at once); any other argument is ignored, so tests can add a unique marker to find
-the job's processes with ``ps``.
+seconds after reporting, with the process group still up (a job to cancel); with
+``--until FILE`` it stops waiting as soon as FILE exists (two jobs holding their ports at once,
+until the test saw both report). Any other argument is ignored, so tests can add a unique
+marker to find the job's processes with ``ps``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import time
 
@@ -24,6 +26,7 @@ import ddpkit
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--until", default=None)
     opts, _ = parser.parse_known_args()  # unknown arguments are markers
     ctx = ddpkit.init(backend="gloo")
     value = torch.tensor([float(ctx.rank + 1)])
@@ -38,7 +41,9 @@ def main() -> None:
         "sum": int(value.item()),
     }
     print(json.dumps(report), flush=True)
-    time.sleep(opts.sleep)
+    deadline = time.monotonic() + opts.sleep
+    while time.monotonic() < deadline and not (opts.until and os.path.exists(opts.until)):
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
     ddpkit.shutdown()
 
 

@@ -5,17 +5,15 @@ Sources: pytorch/tutorials, intermediate_source/dist_tuto.rst (``req = dist.isen
 dst=1)``, ``req.wait()``); pytorch/pytorch, torch/distributed/algorithms/ddp_comm_hooks/
 default_hooks.py (``dist.all_reduce(tensor, group=group_to_use, async_op=True).get_future()``
 then ``.then(...)``).
-"""
+Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from corpus_start import finish, start
 
 
-def main() -> None:
-    rank, world_size = start()
+def exercise(rank: int, world_size: int) -> None:
     tensor = torch.full((3,), float(rank + 1))
     work = dist.all_reduce(
         tensor=tensor, op=dist.ReduceOp.SUM, group=dist.group.WORLD, async_op=True
@@ -47,8 +45,3 @@ def main() -> None:
         request = dist.irecv(tensor=box, src=0)
     request.wait()
     print("isend/irecv waited" if rank == 0 else f"irecv got {box.item()}")
-    finish()
-
-
-if __name__ == "__main__":
-    main()

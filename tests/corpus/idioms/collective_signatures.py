@@ -5,14 +5,13 @@ inspect.signature(dist.broadcast).parameters`` and the like, plus the names and 
 Sources: deepseek-ai/DeepEP, tests/utils.py (init_dist: ``"device_id" in
 inspect.signature(dist.init_process_group).parameters``), and the same check on
 ``dist.broadcast`` for ``group_src`` in libraries that support several torch versions.
-"""
+Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import inspect
 
 import torch.distributed as dist
-from corpus_start import finish, start
 
 NAMES = (
     "all_reduce",
@@ -27,8 +26,7 @@ NAMES = (
 )
 
 
-def main() -> None:
-    start()
+def exercise(rank: int, world_size: int) -> None:
     for name in NAMES:
         function = getattr(dist, name)
         doc = (inspect.getdoc(function) or "").splitlines()[0]
@@ -37,8 +35,3 @@ def main() -> None:
     print(f"group_src supported: {'group_src' in inspect.signature(dist.broadcast).parameters}")
     device_id = "device_id" in inspect.signature(dist.init_process_group).parameters
     print(f"device_id supported: {device_id}")
-    finish()
-
-
-if __name__ == "__main__":
-    main()

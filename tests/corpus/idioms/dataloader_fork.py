@@ -4,13 +4,12 @@ rank started with ``fork`` (Linux's default), and the epoch's sum is all-reduced
 
 Source: pytorch/examples, imagenet/main.py (DistributedSampler, ``num_workers=args.workers``,
 ``train_sampler.set_epoch(epoch)``, the loader built after ``init_process_group``).
-"""
+Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from corpus_start import finish, start
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -23,8 +22,7 @@ class Squares(Dataset[torch.Tensor]):
         return torch.tensor(float(index * index))
 
 
-def main() -> None:
-    rank, _ = start()
+def exercise(rank: int, world_size: int) -> None:
     sampler = DistributedSampler(Squares(), shuffle=True, seed=7)
     loader = DataLoader(
         Squares(), batch_size=4, sampler=sampler, num_workers=2, multiprocessing_context="fork"
@@ -36,8 +34,3 @@ def main() -> None:
         dist.all_reduce(total)
         print(f"epoch {epoch}: rank {rank} saw {sorted(int(v) for v in seen)[:4]}...")
         print(f"epoch {epoch}: all ranks {int(total.item())}")
-    finish()
-
-
-if __name__ == "__main__":
-    main()

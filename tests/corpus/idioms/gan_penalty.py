@@ -8,13 +8,12 @@ Source: caogang/wgan-gp, gan_toy.py (calc_gradient_penalty: autograd.grad with
 create_graph=True, retain_graph=True, only_inputs=True), with ``Tensor.backward(inputs=...)``
 as GAN trainers use it to keep the generator's gradients out of the critic step (e.g. the R1
 loop ``d_loss.backward(inputs=list(D.parameters()))``).
-"""
+Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from corpus_start import finish, start
 from torch import autograd, nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -40,8 +39,7 @@ def checksum(module: nn.Module) -> float:
     return round(sum(float(p.detach().sum()) for p in module.parameters()), 4)
 
 
-def main() -> None:
-    rank, world_size = start()
+def exercise(rank: int, world_size: int) -> None:
     torch.manual_seed(0)  # the same weights on every rank
     generator = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
     critic = DistributedDataParallel(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1)))
@@ -70,8 +68,3 @@ def main() -> None:
             f"step {step}: penalty {penalty.item():.4f} critic {checksum(critic)} "
             f"generator {checksum(generator)} (untouched by the critic step: {untouched})"
         )
-    finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,12 +1,13 @@
 """Accelerate's main-process-first: rank 0 prepares a cache inside the block, the others then
 find it (ddpkit_idiomlib.accelerate_state; source: huggingface/accelerate,
-src/accelerate/state.py, PartialState.main_process_first / _goes_first)."""
+src/accelerate/state.py, PartialState.main_process_first / _goes_first).
+Its exercise() runs in lib_all.py, in each layout of the library (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import os
 
-from corpus_start import finish, scratch, start
+from corpus_start import scratch
 from ddpkit_idiomlib.accelerate_state import PartialState
 
 
@@ -29,8 +30,3 @@ def exercise(rank: int, world_size: int) -> None:
     print(f"accelerate local_main_process_first: {text}")
     state.wait_for_everyone()
     print("accelerate: everyone is here")
-
-
-if __name__ == "__main__":
-    exercise(*start())
-    finish()

@@ -1,7 +1,9 @@
-"""Every library idiom in one job, for the editable and PYTHONPATH layouts (tests/test_corpus.py
-runs each library idiom's own script in the site-packages layout): the group comes from
-corpus_start, then each script's exercise() in turn; torchvision's last, as its
-setup_for_distributed silences print on the non-master ranks for the rest of the process."""
+"""Every library idiom in one job, in each layout of the library (tests/test_corpus.py): the
+group comes from corpus_start, then each script's exercise() in turn; torchvision's last, as its
+setup_for_distributed silences print on the non-master ranks for the rest of the process. The
+only run of accelerate's, transformers' and yolov5's exercises (their scripts join through
+corpus_start too); torchvision's and timm's scripts also run on their own, joining through the
+library's init helper."""
 
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
 """transformers' main-process-first around dataset preprocessing, local and global
 (ddpkit_idiomlib.transformers_args; source: huggingface/transformers,
 src/transformers/training_args.py, TrainingArguments.main_process_first, as
-examples/pytorch/text-classification/run_glue.py uses it)."""
+examples/pytorch/text-classification/run_glue.py uses it).
+Its exercise() runs in lib_all.py, in each layout of the library (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import logging
 import os
 
-from corpus_start import finish, scratch, start
+from corpus_start import scratch
 from ddpkit_idiomlib.transformers_args import TrainingArguments
 
 
@@ -27,8 +28,3 @@ def exercise(rank: int, world_size: int) -> None:
         with args.main_process_first(local=local, desc="dataset map pre-processing"):
             text = _map_or_load(scratch(f"transformers-{local}"), rank)
         print(f"transformers main_process_first(local={local}): {text}")
-
-
-if __name__ == "__main__":
-    exercise(*start())
-    finish()

@@ -1,12 +1,13 @@
 """yolov5's torch_distributed_zero_first around the dataset cache (ddpkit_idiomlib.yolov5_utils;
 source: ultralytics/yolov5, utils/torch_utils.py, as train.py uses it around
-check_dataset/create_dataloader)."""
+check_dataset/create_dataloader).
+Its exercise() runs in lib_all.py, in each layout of the library (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import os
 
-from corpus_start import finish, scratch, start
+from corpus_start import scratch
 from ddpkit_idiomlib.yolov5_utils import LOCAL_RANK, RANK, WORLD_SIZE, torch_distributed_zero_first
 
 
@@ -21,8 +22,3 @@ def exercise(rank: int, world_size: int) -> None:
             with open(path) as cache:
                 text = cache.read()
         print(f"yolov5 zero_first #{attempt}: {text}")
-
-
-if __name__ == "__main__":
-    exercise(*start())
-    finish()

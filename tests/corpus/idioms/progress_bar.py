@@ -5,7 +5,7 @@ bars are disabled. A fixed ``bar_format`` (no rates, no times) keeps the text de
 Source: tqdm/tqdm, tqdm/std.py (``status_printer``: ``fp.write('\\r' + s + padding)``,
 ``close``: a final newline), used as ``tqdm(loader, disable=not is_main)`` in distributed
 training loops (transformers' Trainer: ``disable=not self.is_local_process_zero()``).
-"""
+Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from corpus_start import finish, start
 
 
 class Bar:
@@ -44,8 +43,7 @@ class Bar:
             sys.stderr.flush()
 
 
-def main() -> None:
-    rank, _ = start()
+def exercise(rank: int, world_size: int) -> None:
     bar = Bar(total=4, desc="train", disable=rank != 0)
     total = torch.zeros(1)
     for step in range(4):
@@ -56,8 +54,3 @@ def main() -> None:
         bar.update()
     bar.close()
     print(f"rank {rank}: total {total.item()}")
-    finish()
-
-
-if __name__ == "__main__":
-    main()

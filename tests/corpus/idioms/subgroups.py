@@ -5,17 +5,15 @@ one rank too.
 Source: NVIDIA/Megatron-LM, megatron/core/parallel_state.py (initialize_model_parallel: a loop
 over all the groups' rank lists, ``torch.distributed.new_group(ranks)`` on every rank, the group
 kept where ``rank in ranks``); torch.distributed.new_subgroups for the even split.
-"""
+Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from corpus_start import finish, start
 
 
-def main() -> None:
-    rank, world_size = start()
+def exercise(rank: int, world_size: int) -> None:
     mine = None
     for ranks in ([0], [1]):  # one group per rank: every rank makes both
         group = dist.new_group(ranks=ranks)
@@ -40,8 +38,3 @@ def main() -> None:
     dist.broadcast(source, group=everyone, group_src=1)
     print(f"broadcast(group_src=1) on the full subgroup: {source.item()}")
     dist.barrier(group=everyone)
-    finish()
-
-
-if __name__ == "__main__":
-    main()
