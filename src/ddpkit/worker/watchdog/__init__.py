@@ -61,7 +61,8 @@ A rank that hangs while alive and keeps sending heartbeats is the hang watchdog'
 same store): a rank in one collective past ``DDPKIT_HANG_TIMEOUT`` gathers every rank's stack
 and last collectives into one report naming the stuck rank, and the job goes on unless
 ``DDPKIT_HANG_ACTION=end`` (:mod:`.hang`, :mod:`.hangwatch`, :mod:`.flight`), which names a
-rank waiting in a collective inside rank-0-only code (:mod:`.rankzero_if`); nothing raises before a collective.
+rank waiting in a collective inside rank-0-only code (:mod:`.rankzero_if`); nothing raises
+before a collective.
 
 Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.liveness` (is the
 training thread blocked), :mod:`.store` (the link to the store), :mod:`.watcher` (the judging
