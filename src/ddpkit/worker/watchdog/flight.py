@@ -105,6 +105,8 @@ class Flight:
         self._since_ns = wall_ns()
         self._open: dict[tuple[str, int], float] = {}  # (group, seq) -> first seen open
         self._stale = self._opened()  # open before: a former group's, destroyed in flight
+        self._done: set[tuple[str, int]] = set()  # open by the status, retired by the entries
+        self._confirmed: tuple[frozenset[tuple[str, int]], bool] = (frozenset(), False)
         self._looked: tuple[str, int] | None = None
         self.past_first_step = False
 
@@ -122,13 +124,21 @@ class Flight:
         rank blocked is then taken as waiting, as with the hang watchdog off)."""
         if self._status() is None:
             return True
-        return bool(self._opened() - self._stale)
+        opened = frozenset(self._opened() - self._stale)
+        if not opened:
+            return False
+        if opened != self._confirmed[0]:  # the entries, once per set of open collectives
+            entries, status = self._entries()
+            found = entries is None or any(_in_flight(entry, status) for entry in entries)
+            self._confirmed = (opened, found)
+        return self._confirmed[1]
 
     def waiting(self, now: float) -> tuple[float, bool] | None:
         """(seconds, patient) of the collective open longest, or None when none is: from the
         recorder's status alone."""
         opened = self._opened() - self._stale
-        self._open = {key: self._open.get(key, now) for key in opened}
+        self._done &= opened
+        self._open = {key: self._open.get(key, now) for key in opened - self._done}
         if not self._open:
             return None
         key = min(self._open, key=self._open.__getitem__)
@@ -148,9 +158,15 @@ class Flight:
             return
         wall = self._wall_ns()
         for entry in entries:
-            if (_group(entry), _seq(entry)) == key:
-                made_s = (wall - int(entry.get("time_created_ns") or wall)) / 1e9
-                self._open[key] = min(self._open[key], now - max(made_s, 0.0))
+            if (_group(entry), _seq(entry)) != key or entry.get("is_p2p"):
+                continue
+            if entry.get("retired"):  # its completion not in the status yet: not open
+                self._done.add(key)
+                del self._open[key]
+                self._looked = None
+                break
+            made_s = (wall - int(entry.get("time_created_ns") or wall)) / 1e9
+            self._open[key] = min(self._open[key], now - max(made_s, 0.0))
         self._phase(entries, status)
 
     def note_phase(self) -> bool:
@@ -162,10 +178,9 @@ class Flight:
     def _phase(self, entries: list[dict[str, Any]], status: dict[str, tuple[int, int]]) -> None:
         seen: set[tuple[Any, ...]] = set()
         for entry in entries:
-            group, seq = _group(entry), _seq(entry)
-            if seq > status.get(group, (0, 0))[1] or entry.get("is_p2p"):
+            if _in_flight(entry, status) or entry.get("is_p2p"):
                 continue  # not completed (or point-to-point, numbered apart)
-            alike = (group, entry.get("profiling_name"), repr(entry.get("input_sizes")),
+            alike = (_group(entry), entry.get("profiling_name"), repr(entry.get("input_sizes")),
                      repr(entry.get("input_dtypes")))  # fmt: skip
             if alike in seen:
                 self.past_first_step = True
@@ -195,7 +210,7 @@ class Flight:
         for entry in entries:
             if entry.get("is_p2p"):
                 continue
-            if _seq(entry) > status.get(_group(entry), (0, 0))[1]:
+            if _in_flight(entry, status):
                 running = running or describe(entry, wall, running=True)
             else:
                 done.append(describe(entry, wall, running=False))
@@ -209,6 +224,14 @@ def _status(dump: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
             enqueued = int(numbers["last_enqueued_collective"])
             status[str(group)] = (enqueued, int(numbers["last_completed_collective"]))
     return status
+
+
+def _in_flight(entry: Mapping[str, Any], status: Mapping[str, tuple[int, int]]) -> bool:
+    """Neither retired (gloo marks DDP's all-reduce so late) nor completed by the group's status
+    (which can lag behind a collective that returned)."""
+    if entry.get("retired") or entry.get("is_p2p"):
+        return False
+    return _seq(entry) > status.get(_group(entry), (0, -1))[1]
 
 
 def _group(entry: Mapping[str, Any]) -> str:
