@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -394,6 +396,29 @@ def test_the_recorder_is_enabled_only_while_the_group_is_made_and_never_over_the
         seen = inside.get("TORCH_FR_BUFFER_SIZE")
     assert seen == (str(flight.BUFFER_SIZE) if not env else env.get("TORCH_FR_BUFFER_SIZE"))
     assert inside.get("TORCH_FR_BUFFER_SIZE") == after and inside == env
+
+
+def test_stacks_come_on_sigurg_only_where_nothing_handled_it(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from ddpkit.worker.watchdog import hangwatch
+
+    previous = signal.signal(signal.SIGURG, lambda *_: None)  # the program's own handler
+    try:
+        assert not hangwatch.stacks_on_signal()
+    finally:
+        signal.signal(signal.SIGURG, previous)
+    assert hangwatch.stacks_on_signal()
+    try:
+        os.kill(os.getpid(), signal.SIGURG)  # what the gathering rank sends a silent rank
+        time.sleep(0.2)
+    finally:
+        hangwatch.stacks_off()
+    err = capfd.readouterr().err
+    assert re.search(r'File ".*test_hangs.py", line \d+ in test_stacks_come_on_sigurg', err), err
+    os.kill(os.getpid(), signal.SIGURG)  # ignored again, as before: nothing written
+    time.sleep(0.2)
+    assert "test_hangs.py" not in capfd.readouterr().err
 
 
 # --- rank-0-only code ----------------------------------------------------------------------------
