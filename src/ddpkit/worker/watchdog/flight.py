@@ -15,7 +15,8 @@ functions; the watchdog thread reads the recorder's JSON dump
   an async one not yet done). Read from the recorder's status alone, which is cheap, every
   interval; the time in it is counted from when the watchdog first saw it open.
 * A long wait. Once that collective has been open for the shorter bound, the entries are read
-  once (a dump of them all takes time): its creation time, and the phase.
+  once (parsing them all holds the GIL a while): its creation time, whether it is retired
+  after all (gloo's status can lag behind a call that returned), and the phase.
 * The phase. The job is past its first step once a collective made after ``init()`` has
   completed twice alike (same group, op, sizes, dtypes): the loop has turned. Until then the
   generous first bound applies (rank 0 preparing data while the others wait at a barrier).
