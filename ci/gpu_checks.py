@@ -1,7 +1,8 @@
 """In-process GPU checks for ci/gpu-check.sh (run under `ddpkit run --nproc-per-node 1`):
 SyncBatchNorm and bf16 autocast through ``ddpkit.wrap`` under NCCL, an async checkpoint taken
 from GPU memory (later in-place updates must not reach the file; it loads back bitwise), and
-the hang record's view of NCCL collectives. Prints one ``ok``/``FAIL`` line per check."""
+torch's flight recorder's view of NCCL collectives (what the hang report reads). Prints one
+``ok``/``FAIL`` line per check."""
 
 from __future__ import annotations
 
@@ -72,16 +73,12 @@ def main() -> int:
         torch.cuda.synchronize()
     results.append(check("NCCL all_reduce under the watchdog", float(value[0]) == 1.0))
     try:
-        from ddpkit.worker.watchdog import record
-
-        installed = record.installed()
-        tail = installed.tail() if installed is not None and hasattr(installed, "tail") else None
-        if ctx.world_size > 1:
-            results.append(check("hang record on NCCL", installed is not None, repr(tail)[:300]))
-        else:
-            print("n/a  hang record at world size 1 (no watchdog without peers)")
+        dump = compat.flight_recorder(True) or {}
+        ops = [str(entry.get("profiling_name")) for entry in dump.get("entries") or []]
+        recorded = "nccl:all_reduce" in ops
+        results.append(check("flight recorder on NCCL", recorded, repr(ops[-4:])[:300]))
     except Exception as error:  # report, do not hide
-        results.append(check("hang record on NCCL", False, repr(error)))
+        results.append(check("flight recorder on NCCL", False, repr(error)))
     results += explicit_ddp_syncbn(ctx) + split_model(ctx) + dataparallel_two_replicas_one_gpu()
     ddpkit.shutdown()
     return 0 if all(results) else 1

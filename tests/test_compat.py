@@ -245,20 +245,26 @@ def test_default_store_is_the_groups_store(one_rank_group: dist.TCPStore) -> Non
 
 @reach
 @pytest.mark.usefixtures("one_rank_group")
-def test_group_sequence_and_flight_recorder_count_the_groups_collectives() -> None:
-    before = compat.group_sequence(None)
-    assert before is not None, f"{TORCH}: ProcessGroup._get_sequence_number_for_group moved"
+def test_the_flight_recorder_gives_each_groups_status_and_collectives() -> None:
+    status = compat.flight_recorder(False)
+    assert status is not None, f"{TORCH}: _dump_fr_trace_json moved"
+    assert "entries" not in status, f"{TORCH}: the status alone came with the entries"
     dist.all_reduce(torch.ones(2))
     dist.barrier()
-    assert compat.group_sequence(None) == before + 2, TORCH
-    assert compat.group_sequence(dist.group.WORLD) == before + 2, TORCH
-    tail = compat.flight_recorder_tail(2)
-    assert tail is not None, f"{TORCH}: _dump_fr_trace_json moved"
-    assert [(entry["op"], entry["seq"]) for entry in tail] == [
-        ("gloo:all_reduce", before + 1),
-        ("gloo:barrier", before + 2),
-    ], f"{TORCH}: the flight recorder's entries changed: {tail}"
-    assert tail[0]["sizes"] == [[2]] and tail[0]["group"] == "default_pg", tail
+    dump = compat.flight_recorder(True)
+    assert dump is not None and dump.get("entries"), f"{TORCH}: gloo records nothing"
+    last = dump["entries"][-2:]
+    group = str(last[0]["pg_id"])
+    numbers = dump["pg_status"][group]
+    assert int(numbers["last_enqueued_collective"]) == last[1]["collective_seq_id"], dump
+    assert [
+        (e["profiling_name"], e["collective_seq_id"] - last[0]["collective_seq_id"]) for e in last
+    ] == [
+        ("gloo:all_reduce", 0),
+        ("gloo:barrier", 1),
+    ], f"{TORCH}: the flight recorder's entries changed: {last}"
+    assert last[0]["input_sizes"] == [[2]] and last[0]["input_dtypes"] == ["Float"], last
+    assert last[0]["process_group"][1] == "default_pg" and "time_created_ns" in last[0], last
 
 
 @reach

@@ -78,8 +78,7 @@ __all__ = [
     "compiled_inner",
     "ddp_compute_s",
     "default_store",
-    "flight_recorder_tail",
-    "group_sequence",
+    "flight_recorder",
     "launch_config_from_args",
     "matches_machine_hostname",
     "recorded_traceback",
@@ -211,18 +210,6 @@ def default_store() -> Store:
     return _get_default_store()
 
 
-def group_sequence(group: Any) -> int | None:
-    """The number of collectives torch has issued on ``group`` (the default group when None),
-    the counter its flight recorder calls ``collective_seq_id``; None where torch has none."""
-    try:
-        import torch.distributed as dist
-
-        pg: Any = group if group is not None else dist.group.WORLD
-        return int(pg._get_sequence_number_for_group())
-    except Exception:
-        return None
-
-
 def ddp_compute_s(model: Any) -> float | None:
     """This rank's forward + backward compute per step in seconds, as DDP measures it at its
     sampled iterations (CUDA events on GPUs); None before DDP has sampled one, or where the
@@ -235,10 +222,12 @@ def ddp_compute_s(model: Any) -> float | None:
     return total_ns / 1e9 if total_ns > 0 else None
 
 
-def flight_recorder_tail(count: int) -> list[dict[str, Any]] | None:
-    """The last ``count`` collectives in torch's flight recorder, oldest first, as
-    ``{"op", "seq", "group", "sizes", "state"}``; None where torch has no recorder (or it
-    fails). Read from its JSON dump: the default dump is a pickle, which ddpkit never loads."""
+def flight_recorder(collectives: bool) -> dict[str, Any] | None:
+    """torch's flight recorder, from its JSON dump: each group's last enqueued and completed
+    collective (``pg_status``) and, with ``collectives``, its entries (a dump of them all takes
+    time: the status alone is what a frequent reader asks for). None where torch has no
+    recorder (or it fails). JSON, not the default dump: that is a pickle, which ddpkit never
+    loads."""
     try:
         import json
 
@@ -246,20 +235,10 @@ def flight_recorder_tail(count: int) -> list[dict[str, Any]] | None:
             _dump_fr_trace_json,
         )
 
-        dump = json.loads(_dump_fr_trace_json(True, False))
-        entries = dump.get("entries") or []
-        return [
-            {
-                "op": str(entry.get("profiling_name", "?")),
-                "seq": entry.get("collective_seq_id"),
-                "group": str((entry.get("process_group") or ["", "?"])[-1]),
-                "sizes": entry.get("input_sizes"),
-                "state": str(entry.get("state", "?")),
-            }
-            for entry in entries[-count:]
-        ]
+        dump = json.loads(_dump_fr_trace_json(collectives, False))
     except Exception:
         return None
+    return dump if isinstance(dump, dict) else None
 
 
 def matches_machine_hostname(host: str) -> bool:

@@ -2,32 +2,39 @@
 naming the stuck rank, and the rank-0-only ``if`` rank 0's collective runs under, if any. A
 collective in rank-0-only code alone is left alone (main-process-first is correct code).
 
-Pure pieces (bounds, the diagnosis, the report, the reading of rank-0-only ``if`` tests, the record)
-run in-process. The scenarios start real ranks (gloo on 127.0.0.1, see
-:mod:`tests.support.spawned`) with a small per-collective bound (3 s) and a large first bound
-(60 s): ending within ``SLACK_S`` (30 s) shows that the tight bound applied after the first step
-and that nothing waited for torch's 30-minute collective timeout.
+Pure pieces (bounds, the diagnosis, the report, the reading of rank-0-only ``if`` tests) run
+in-process, and so does the reader of torch's flight recorder, on a real gloo group. The
+scenarios start real ranks (gloo on 127.0.0.1, see :mod:`tests.support.spawned`) with a small
+per-collective bound (3 s) and a large first bound (60 s): ending within ``SLACK_S`` (30 s)
+shows that the tight bound applied after the first step and that nothing waited for torch's
+30-minute collective timeout.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
-from ddpkit import compat
 from ddpkit.errors import ConfigError
 from ddpkit.worker import watchdog
-from ddpkit.worker.watchdog import hang
-from ddpkit.worker.watchdog import record as calls
+from ddpkit.worker.watchdog import flight, hang
 from ddpkit.worker.watchdog.rankzero_if import is_rank_zero_test, rank_zero_if
+from tests.support.distutil import free_port
 from tests.support.pids import start_ticks
 from tests.support.spawned import Rank, child_env, running, spawn
 
@@ -260,17 +267,15 @@ def test_no_rank_in_a_collective_names_nobody() -> None:
 def test_identical_stacks_are_grouped_the_largest_group_last() -> None:
     pieces = {r: _piece(r, _call("all_reduce", 8)) for r in range(4)}
     pieces[2] = _piece(2, None, at="train.py:88")
-    pieces[2]["torch"] = [
-        {"op": "gloo:all_reduce", "seq": 8, "group": "default_pg", "sizes": [[4]], "state": "x"}
-    ]
-    text = hang.report(pieces, 4, 5.0, "b", reporter=0)
-    assert (
-        "\n    torch's flight recorder, last: gloo:all_reduce #8 [[4]] on default_pg (x)\n" in text
-    )
+    pieces[2]["tail"] = [_call("all_reduce", 6) | {"site": None}]
+    del pieces[3]
+    text = hang.report(pieces, 4, 5.0, "b", reporter=0, silent={3: "; sent SIGURG"})
+    assert "; before: all_reduce #6 [4] float32 on default_pg\n" in text
+    assert "\n  rank 3: no answer; sent SIGURG\n" in text
     stacks = [line for line in text.splitlines() if line.startswith("ddpkit: stack of")]
     assert stacks == [
         "ddpkit: stack of rank 2 (main thread, innermost last):",
-        "ddpkit: stack of ranks 0-1,3 (main thread, innermost last):",
+        "ddpkit: stack of ranks 0-1 (main thread, innermost last):",
     ]
     assert '  File "/job/train.py", line 88, in <module>' in text
 
@@ -283,43 +288,137 @@ def test_ranks_text(ranks: list[int], text: str) -> None:
     assert hang.ranks_text(ranks) == text
 
 
-# --- the record ----------------------------------------------------------------------------------
+# --- the flight recorder ------------------------------------------------------------------------
 
 
-def test_the_record_notes_outer_calls_and_knows_the_first_step() -> None:
-    record = calls.Record(clock=iter(range(100)).__next__)
-    inner = record.wrap("broadcast", lambda *args, **kwargs: None)
-    outer = record.wrap("broadcast_object_list", lambda objects, src=0: inner(objects))
-    seen: list[list[tuple[str, float | None]]] = []
-    during = record.wrap(
-        "barrier", lambda: seen.append([(c.op, c.left_at) for c in record.running()])
-    )
-    outer([1, 2], src=0)  # its inner broadcast is not noted
-    for _ in range(2):
-        assert not record.past_first_step  # the loop below has not come round yet
-        during()
-    assert record.past_first_step
-    assert [call.op for call in record.calls()] == ["broadcast_object_list", "barrier", "barrier"]
-    assert [call.seq for call in record.calls()] == [1, 2, 3]  # no torch counter: ddpkit's own
-    assert seen == [[("barrier", None)], [("barrier", None)]]  # running while it runs
-    assert record.running() == [] and record.calls()[0].sizes == "2 objects"
-
-
-def test_install_wraps_torchs_collectives_and_uninstall_puts_them_back() -> None:
-    import torch.autograd
-
-    original, backward = dist.all_reduce, torch.autograd.backward
-    record = calls.Record()
-    calls.install(record)
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A gloo group of one, as ``init()`` makes it: torch's recorder keeps its collectives."""
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    store.set_timeout(timedelta(seconds=20))
+    with flight.recording():
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        assert dist.all_reduce is not original and dist.all_reduce.__wrapped__ is original
-        assert dist.distributed_c10d.barrier.__ddpkit_noted__
-        assert torch.autograd.backward.__wrapped__ is backward  # DDP all-reduces inside it
-        assert calls.installed() is record
+        yield
     finally:
-        calls.uninstall()
-    assert dist.all_reduce is original and calls.installed() is None
-    assert torch.autograd.backward is backward
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_recorder_gives_the_calls_and_the_phase_but_not_the_callers_place() -> None:
+    dist.barrier()  # before the watchdog starts (init's own collectives): never a step
+    reader = flight.Flight()
+    dist.all_reduce(torch.ones(4))
+    dist.broadcast(torch.ones(2, 3, dtype=torch.int64), src=0)
+    assert not reader.note_phase()  # nothing completed twice alike since it started
+    dist.all_reduce(torch.ones(4))  # the loop came round
+    assert reader.note_phase()
+    running, done = reader.calls()
+    assert running is None
+    assert [(c["op"], c["sizes"], c["group"], c["running"]) for c in done] == [
+        ("all_reduce", "[4] float32", "default_pg", False),
+        ("broadcast", "[2, 3] int64", "default_pg", False),
+        ("all_reduce", "[4] float32", "default_pg", False),
+    ]
+    assert done[2]["seq"] == done[0]["seq"] + 2  # torch's sequence number of the group
+    # the gap the report fills from the main thread's stack: the recorder keeps no call site
+    entries = flight.compat.flight_recorder(True)
+    assert entries is not None
+    assert all("frames" not in e and "site" not in e for e in entries["entries"]), entries
+
+
+RANK1 = """
+import sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False)
+dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timedelta(seconds=60))
+store.wait(["go"], timedelta(seconds=60))
+dist.all_reduce(torch.ones(4))
+dist.destroy_process_group()
+"""
+
+
+def test_a_collective_in_flight_is_seen_from_another_thread_then_seen_done() -> None:
+    port = free_port()
+    peer = subprocess.Popen([sys.executable, "-c", RANK1, str(port)], env=child_env())
+    try:
+        store = dist.TCPStore("127.0.0.1", port, 2, is_master=True)
+        store.set_timeout(timedelta(seconds=60))
+        with flight.recording():
+            dist.init_process_group("gloo", store=store, rank=0, world_size=2)
+        try:
+            _in_flight_then_done(store)
+        finally:
+            dist.destroy_process_group()
+        assert peer.wait(60) == 0
+    finally:
+        peer.kill()
+        peer.wait()
+
+
+def _in_flight_then_done(store: dist.TCPStore) -> None:
+    reader = flight.Flight()
+    assert not reader.in_collective() and reader.waiting(0) is None
+    call = threading.Thread(target=lambda: dist.all_reduce(torch.ones(4)))
+    with flight.patient():
+        call.start()  # rank 1 waits for "go": this one stays in flight
+        deadline = time.monotonic() + 30
+        while reader.waiting(1) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reader.in_collective()
+        assert reader.waiting(5) == (4, True)  # first seen at 1; inside patient()
+    assert reader.waiting(6) == (5, False)
+    running, _ = reader.calls()
+    assert running is not None and (running["op"], running["running"]) == ("all_reduce", True)
+    assert running["sizes"] == "[4] float32" and running["age_s"] >= 0
+    store.set("go", "1")
+    call.join(30)
+    assert not call.is_alive()
+    while reader.in_collective() and time.monotonic() < deadline:
+        time.sleep(0.05)  # torch marks it completed just after the call returns
+    assert not reader.in_collective() and reader.waiting(7) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "after"),
+    [
+        ({}, None),
+        ({"TORCH_FR_BUFFER_SIZE": "0"}, "0"),
+        ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "9"}, None),
+    ],
+)
+def test_the_recorder_is_enabled_only_while_the_group_is_made_and_never_over_the_user(
+    env: dict[str, str], after: str | None
+) -> None:
+    inside = dict(env)
+    with flight.recording(inside):
+        seen = inside.get("TORCH_FR_BUFFER_SIZE")
+    assert seen == (str(flight.BUFFER_SIZE) if not env else env.get("TORCH_FR_BUFFER_SIZE"))
+    assert inside.get("TORCH_FR_BUFFER_SIZE") == after and inside == env
+
+
+def test_stacks_come_on_sigurg_only_where_nothing_handled_it(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from ddpkit.worker.watchdog import hangwatch
+
+    previous = signal.signal(signal.SIGURG, lambda *_: None)  # the program's own handler
+    try:
+        assert not hangwatch.stacks_on_signal()
+    finally:
+        signal.signal(signal.SIGURG, previous)
+    assert hangwatch.stacks_on_signal()
+    try:
+        os.kill(os.getpid(), signal.SIGURG)  # what the gathering rank sends a silent rank
+        time.sleep(0.2)
+    finally:
+        hangwatch.stacks_off()
+    err = capfd.readouterr().err
+    assert re.search(r'File ".*test_hangs.py", line \d+ in test_stacks_come_on_sigurg', err), err
+    os.kill(os.getpid(), signal.SIGURG)  # ignored again, as before: nothing written
+    time.sleep(0.2)
+    assert "test_hangs.py" not in capfd.readouterr().err
 
 
 # --- rank-0-only code ----------------------------------------------------------------------------
@@ -452,8 +551,7 @@ def test_a_rank_sleeping_before_a_collective_is_named(worker: Path, stuck: int) 
     assert "bound: DDPKIT_HANG_TIMEOUT=3)" in report.splitlines()[0]
     assert f"ddpkit: stack of rank {stuck} (main thread, innermost last):" in report
     assert f"ddpkit: stack of {waiters} (main thread, innermost last):" in report
-    if compat.flight_recorder_tail(1) is not None:  # torch 2.13 keeps one for gloo
-        assert "torch's flight recorder, last: gloo:all_reduce #" in report
+    assert "; before: all_reduce #" in report  # from torch's flight recorder
 
 
 @pytest.mark.multiproc
@@ -491,10 +589,13 @@ def test_a_rank_missing_from_ddps_gradient_all_reduce_is_named(worker: Path) -> 
     assert head.startswith(
         f"ddpkit: hang: rank 2 (host {HOST}, pid {ranks[2].pid()}) is in {place} "
         "`time.sleep(600)  # stuck before backward`, not in a collective; its last "
-        "collective: backward #"
+        "collective: all_reduce #"
     ), head
-    waited = re.search(r"ranks 0-1 wait in backward #(\d+) on default_pg at (\S+) ", head)
-    assert waited and waited.group(2) == _site(worker, "loss.backward()"), head
+    # DDP's bucket all-reduce, made from C++: torch's recorder has it; the place is the frame
+    waited = re.search(
+        r"ranks 0-1 wait in all_reduce #\d+ \[18\] float32 on default_pg at (\S+) ", head
+    )
+    assert waited and waited.group(1) == _site(worker, "loss.backward()"), head
 
 
 @pytest.mark.multiproc
@@ -510,8 +611,16 @@ def test_rank_zero_holding_the_gil_is_reported_by_the_rank_that_gathered(worker:
         "ddpkit: hang: rank 0 did not answer within the gathering time (frozen, or its threads "
         "cannot run: a long call holding the GIL?); ranks 1-2 wait in all_reduce #"
     ), head
-    assert "  rank 0: no answer" in lines
     assert f"ddpkit: hang report (gathered by rank {reporter.rank}), each rank:" in lines
+    # its threads' stacks, from faulthandler on the signal the gathering rank sent it
+    assert (
+        "  rank 0: no answer; sent SIGURG: faulthandler writes its threads' stacks to its "
+        f"stderr (pid {ranks[0].pid()})"
+    ) in lines
+    regex = _line(
+        're.match(r"(a+)+$", "a" * 40 + "b")  # holds the GIL for hours: no thread of it runs'
+    )
+    assert f'  File "{worker}", line {regex} in <module>' in ranks[0].err, ranks[0].err[-3000:]
 
 
 @pytest.mark.multiproc
@@ -581,21 +690,6 @@ def test_ranks_waiting_while_rank_zero_writes_a_checkpoint_are_left_alone(
     assert [rank.code for rank in ranks] == [0, 0, 0], ranks[1].err[-3000:]
     assert all("ddpkit:" not in rank.err for rank in ranks)
     assert len(list((tmp_path / "ckpt").iterdir())) >= 1
-
-
-def test_a_patient_collective_is_noted_as_such() -> None:
-    record = calls.Record()
-    calls.install(record)
-    try:
-        seen: list[bool] = []
-        wait = record.wrap("broadcast", lambda: seen.append(record.running()[0].patient))
-        wait()
-        with calls.patient():
-            wait()
-        wait()
-    finally:
-        calls.uninstall()
-    assert seen == [False, True, False]
 
 
 def test_the_report_lands_in_the_attempt_folder_and_the_jobs_log_folder(tmp_path: Path) -> None:

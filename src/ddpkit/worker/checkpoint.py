@@ -81,7 +81,7 @@ from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
 from ddpkit.worker.state_dict import load_state_dict, unwrap
-from ddpkit.worker.watchdog.record import patient
+from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 

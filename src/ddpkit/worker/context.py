@@ -31,6 +31,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -44,6 +45,7 @@ from ddpkit.cluster.stop import latch
 from ddpkit.errors import ConfigError, TopologyError, UsageError
 from ddpkit.masking import assignment
 from ddpkit.worker import process_group, watchdog
+from ddpkit.worker.watchdog.flight import recording
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
 
@@ -197,14 +199,16 @@ def _join(
     stragglers = watchdog.straggler_interval(env)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
-    info = process_group.join(  # where the store actually is (a port search, loopback)
-        info,
-        backend=resolved,
-        device=chosen,
-        env=env,
-        timeout_s=collective_s,
-        connect_timeout_s=wait_s,
-    )
+    records = hangs is not None and bound_s is not None and info.world_size > 1
+    with recording() if records else nullcontext():  # torch's flight recorder: the hang report's
+        info = process_group.join(  # where the store actually is (a port search, loopback)
+            info,
+            backend=resolved,
+            device=chosen,
+            env=env,
+            timeout_s=collective_s,
+            connect_timeout_s=wait_s,
+        )
     context = _remember(Context(info, chosen, resolved, run), owns_group=True)
     try:
         context = _remember(_agreed(context), owns_group=True)

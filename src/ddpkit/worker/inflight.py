@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ddpkit import compat
 from ddpkit.errors import CheckpointError, DdpkitError
-from ddpkit.worker.watchdog.record import patient
+from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
 

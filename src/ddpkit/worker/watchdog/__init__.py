@@ -50,19 +50,19 @@ never waits on the store (a store whose host froze blocks an operation for good)
   5 s while none is listed), and prints the same kind of line after the traceback, where
   launchers look for the cause.
 
-Only a rank blocked inside a collective (or ``backward()``, where DDP's all-reduces run), as
-the hang watchdog's record of its collectives shows, is ended: that call can never complete once
-a peer has left. A training thread in ONE long call of its own (a C call, a single long
-``time.sleep``) looks just as blocked and is left alone. With the hang watchdog off there is
-no record, and a rank blocked for the bound is taken as waiting (the former guess: raise the
-bound, or call ``ddpkit.shutdown()`` before such solo work). A rank whose
+Only a rank blocked while a collective of its own is in flight (DDP's all-reduces inside
+``backward()`` too), as torch's flight recorder shows (:mod:`.flight`), is ended: that call can
+never complete once a peer has left. A training thread in ONE long call of its own (a C call, a
+single long ``time.sleep``) looks just as blocked and is left alone. With the hang watchdog off
+the recorder is not read, and a rank blocked for the bound is taken as waiting (the former
+guess: raise the bound, or call ``ddpkit.shutdown()`` before such solo work). A rank whose
 threads cannot run for the bound (the GIL held that long) is reported by rank 0 as silent.
 A rank that hangs while alive and keeps sending heartbeats is the hang watchdog's (same threads,
 same store): a rank in one collective past ``DDPKIT_HANG_TIMEOUT`` gathers every rank's stack
 and last collectives into one report naming the stuck rank, and the job goes on unless
-``DDPKIT_HANG_ACTION=end`` (:mod:`.hang`,
-:mod:`.hangwatch`, :mod:`.record`), which names a rank waiting in a collective inside
-rank-0-only code (:mod:`.rankzero_if`); nothing raises before a collective.
+``DDPKIT_HANG_ACTION=end`` (:mod:`.hang`, :mod:`.hangwatch`, :mod:`.flight`), which names a
+rank waiting in a collective inside rank-0-only code (:mod:`.rankzero_if`); nothing raises
+before a collective.
 
 Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.liveness` (is the
 training thread blocked), :mod:`.store` (the link to the store), :mod:`.watcher` (the judging

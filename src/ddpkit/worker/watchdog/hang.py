@@ -3,22 +3,21 @@
 Every rank alive and heartbeating, one of them stuck (a sleep, another collective, a data
 loader worker, a slow filesystem): the peer watchdog sees no departure and torch waits its
 10-30 min. The hang watchdog bounds it. A rank that has been inside one collective for longer
-than the bound asks every rank, over the store, for its piece: its main thread's stack and the
-tail of its collective record (:mod:`.record`); the pieces are grouped by identical stacks and
-the rank(s) not where the majority waits are named, in one report.
-
-Where torch keeps a flight recorder (gloo and NCCL in torch 2.13), each rank's last entries are
-quoted too: it also sees the collectives torch issues from C++ (DDP's gradient all-reduces),
-which ddpkit's own record cannot.
+than the bound asks every rank, over the store, for its piece: its main thread's stack and its
+collectives from torch's flight recorder (:mod:`.flight`: the one in flight, the last completed,
+DDP's gradient all-reduces from C++ included); the pieces are grouped by identical stacks and
+the rank(s) not where the majority waits are named, in one report. The place a collective is
+written at is the main thread's innermost frame of the program (the recorder keeps no stack).
 
 What happens then is ``DDPKIT_HANG_ACTION``'s: ``report`` by default (the report is printed and
 kept; the job goes on, and torch's collective timeout ends one that never resumes), ``end`` to
 end every rank at the report.
 
-Two bounds, as torchtitan has: until the job is past its first step (a collective call site
-came round a second time) the generous ``DDPKIT_HANG_FIRST_TIMEOUT`` (data preparation on rank
-0 while the others wait at a barrier must still work), then ``DDPKIT_HANG_TIMEOUT``, which grows
-with the world size past 64 ranks (``bound * log2(world) / 6``: 1.5 x at 512, 2 x at 4096).
+Two bounds, as torchtitan has: until the job is past its first step (a collective made after
+``init()`` completed twice alike: :mod:`.flight`) the generous ``DDPKIT_HANG_FIRST_TIMEOUT``
+(data preparation on rank 0 while the others wait at a barrier must still work), then
+``DDPKIT_HANG_TIMEOUT``, which grows with the world size past 64 ranks
+(``bound * log2(world) / 6``: 1.5 x at 512, 2 x at 4096).
 """
 
 from __future__ import annotations
@@ -175,7 +174,8 @@ def _call_text(call: Mapping[str, Any] | None) -> str:
         return "none"
     number = f" #{call['seq']}" if call.get("seq") is not None else ""
     sizes = f" {call['sizes']}" if call.get("sizes") else ""
-    return f"{call['op']}{number}{sizes} on {call['group']} at {call['site']}"
+    site = f" at {call['site']}" if call.get("site") else ""
+    return f"{call['op']}{number}{sizes} on {call['group']}{site}"
 
 
 def _state(piece: Mapping[str, Any]) -> tuple[str, ...]:
@@ -184,13 +184,6 @@ def _state(piece: Mapping[str, Any]) -> tuple[str, ...]:
     if call:
         return ("in", str(call["op"]), str(call.get("seq")), str(call["group"]))
     return ("out",)
-
-
-def _torch_entry(entry: Mapping[str, Any]) -> str:
-    """``gloo:all_reduce #6 [[4]] on default_pg (scheduled)``."""
-    sizes = f" {entry['sizes']}" if entry.get("sizes") else ""
-    where = f"on {entry.get('group')} ({entry.get('state')})"
-    return f"{entry.get('op')} #{entry.get('seq')}{sizes} {where}"
 
 
 def _who(ranks: Sequence[int], pieces: Mapping[int, Mapping[str, Any]]) -> str:
@@ -296,21 +289,20 @@ def report(
     waited_s: float,
     bound: str,
     reporter: int,
+    *,
+    silent: Mapping[int, str] | None = None,
 ) -> str:
-    """The whole report: the headline, each rank's state, the stacks grouped."""
+    """The whole report: the headline, each rank's state, the stacks grouped. ``silent``: what
+    was done to get the stacks of a rank that sent no piece (see :mod:`.hangwatch`)."""
     lines = [headline(pieces, world_size, waited_s, bound)]
     lines.append(f"ddpkit: hang report (gathered by rank {reporter}), each rank:")
     for rank in range(world_size):
         piece = pieces.get(rank)
         if piece is None:
-            lines.append(f"  rank {rank}: no answer")
+            lines.append(f"  rank {rank}: no answer{(silent or {}).get(rank, '')}")
             continue
-        tail = ", ".join(_call_text(call).split(" at ")[0] for call in piece.get("tail", [])[-3:])
+        tail = ", ".join(_call_text(call) for call in piece.get("tail", [])[-3:])
         lines.append(f"  {_who([rank], pieces)} {_doing(piece)}; before: {tail or 'none'}")
-        recorded = piece.get("torch")
-        if recorded:
-            entries = ", ".join(_torch_entry(entry) for entry in recorded)
-            lines.append(f"    torch's flight recorder, last: {entries}")
     for ranks, stack in stack_groups(pieces):
         lines.append(f"ddpkit: stack of {ranks_text(ranks)} (main thread, innermost last):")
         lines += stack or ["  (no stack)"]

@@ -7,13 +7,23 @@ gathering time) and writes the report to the store. Every rank that sees the rep
 to its log folders and rank 0 prints it (the one report of the job). Then, by
 ``DDPKIT_HANG_ACTION``: ``report`` (the default) lets the job go on, and no other report is
 made in this run; ``end`` ends every rank, the others printing one line pointing to it.
+
+The collectives come from torch's flight recorder (:mod:`.flight`); each rank's stack from
+``sys._current_frames()``, read by its store thread. A rank whose threads cannot run (a long C
+call holding the GIL) sends no piece: the gathering rank then sends it :data:`STACKS_SIGNAL`
+when it runs on the same host, and ``faulthandler``, registered for that signal at start when
+nothing else handles it, writes that rank's threads' stacks to its stderr without the GIL
+(:func:`stacks_on_signal`). The signal is ignored by default, so a process that did not
+register it (or one whose pid was reused) is left as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 import threading
@@ -22,22 +32,24 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddpkit.compat import flight_recorder_tail
 from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
+from ddpkit.worker.watchdog.flight import DEFAULT_GROUP, Flight
 from ddpkit.worker.watchdog.hang import HangBounds, report, short_path
 from ddpkit.worker.watchdog.rankzero_if import is_program, rank_zero_if
-from ddpkit.worker.watchdog.record import Record
 from ddpkit.worker.watchdog.store import StoreLink
 
 _CALL_WAIT_S = 5.0  # one store operation of the gathering, at most
 _LOADER = os.path.join("torch", "utils", "data", "")
+# Ignored by default (nothing happens to a process that did not register it); sent by nobody
+# else in practice (out-of-band socket data, to a process that asked for it).
+STACKS_SIGNAL = signal.SIGURG
 
 
 class HangWatch:
     def __init__(
         self,
         link: StoreLink,
-        record: Record,
+        flight: Flight,
         bounds: HangBounds,
         *,
         main: threading.Thread,
@@ -45,7 +57,7 @@ class HangWatch:
         interval_s: float,
         report_paths: list[str],
     ) -> None:
-        self._link, self.record, self.bounds = link, record, bounds
+        self._link, self.flight, self.bounds = link, flight, bounds
         self._main, self._clock, self._interval_s = main, clock, interval_s
         self._report_paths = report_paths
         self._claimed = False
@@ -60,26 +72,28 @@ class HangWatch:
     # the store thread
 
     def piece(self) -> dict[str, Any]:
-        """This rank's answer: host, pid, main thread's stack, its collectives, and the
-        rank-0-only ``if`` its collective was called under, if any (:mod:`.rankzero_if`)."""
-        now = self._clock()
-        running = self.record.running()
-        last = self.record.last()
+        """This rank's answer: host, pid, main thread's stack, its collectives (the recorder's
+        oldest in flight, at the main thread's innermost frame of the program, and the last
+        completed ones), and the rank-0-only ``if`` its collective was called under, if any
+        (:mod:`.rankzero_if`)."""
+        running, done = self.flight.calls()
         stack = _stack(self._main)
+        at = _program_frame(stack)
         under = None
-        if running and _default_group(running[0].group):  # a subgroup's rank 0 may well
-            with contextlib.suppress(Exception):  # call with its peers; a guess: never fatal
-                under = rank_zero_if(stack)
+        if running is not None:
+            running["site"] = f"{at[0]}:{at[1]}" if at else "an unknown place"
+            if running["group"] == DEFAULT_GROUP:  # a subgroup's rank 0 may well call with
+                with contextlib.suppress(Exception):  # its peers; a guess: never fatal
+                    under = rank_zero_if(stack)
         return {
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "stack": stack,
-            "at": _program_frame(stack),
-            "running": running[0].as_dict(now) if running else None,
-            "last": last.as_dict(now) if last is not None else None,
-            "tail": [call.as_dict(now) for call in self.record.calls()[-4:-1]],
+            "at": at,
+            "running": running,
+            "last": done[-1] if done else None,
+            "tail": done[:-1],
             "loader": _loader_pids(stack),
-            "torch": flight_recorder_tail(2),
             "under": under,
         }
 
@@ -96,11 +110,15 @@ class HangWatch:
                 return seen
         if self._claimed:
             return None
-        running = self.record.running()
-        if not running:
+        waiting = self.flight.waiting(now)
+        if waiting is None or waiting[0] < self.bounds.step_s:
             return None
-        past = self.record.past_first_step and not running[0].patient
-        waited_s = now - running[0].entered_at
+        self.flight.look(now)  # once per open collective: its age, the phase
+        waiting = self.flight.waiting(now)
+        if waiting is None:
+            return None
+        waited_s, patient = waiting
+        past = self.flight.past_first_step and not patient
         if waited_s < self.bounds.bound(past):
             return None
         self._claimed = True
@@ -119,9 +137,27 @@ class HangWatch:
             time.sleep(0.1)
         pieces = self._on_store(link.pieces) or {}
         self.without_rank0 = 0 not in pieces
-        text = report(pieces, link.world_size, waited_s, bound, link.rank)
+        silent = [rank for rank in range(link.world_size) if rank not in pieces]
+        notes = {rank: self._stacks_of(rank) for rank in silent[:_SIGNALLED]}
+        text = report(pieces, link.world_size, waited_s, bound, link.rank, silent=notes)
         self._on_store(lambda: link.publish_report(text))
         return text
+
+    def _stacks_of(self, rank: int) -> str:
+        """Have a silent rank write its threads' stacks (:data:`STACKS_SIGNAL`), when it runs
+        on this host; what the report says of them."""
+        who = self._on_store(lambda: self._link._who(rank))
+        host, pid = (who[0], who[1]) if who else (None, None)
+        if not host or not pid:
+            return ""
+        name = STACKS_SIGNAL.name
+        if host != socket.gethostname():
+            return f"; `kill -{name[3:]} {pid}` on {host} writes its threads' stacks to its stderr"
+        try:
+            os.kill(pid, STACKS_SIGNAL)
+        except OSError as error:
+            return f"; {name} to pid {pid} failed ({error.strerror})"
+        return f"; sent {name}: faulthandler writes its threads' stacks to its stderr (pid {pid})"
 
     def _on_store(self, work: Callable[[], Any]) -> Any:
         box: list[Any] = []
@@ -145,6 +181,32 @@ class HangWatch:
                 continue
             written.append(path)
         return written
+
+
+_SIGNALLED = 64  # silent ranks asked for their stacks, at most (their stderr gets them)
+_REGISTERED: list[bool] = []
+
+
+def stacks_on_signal() -> bool:
+    """``faulthandler`` writes this process's threads' stacks to stderr on
+    :data:`STACKS_SIGNAL`, unless something else handles that signal already; whether it
+    registered. Its C handler runs while a thread holds the GIL."""
+    if _REGISTERED or signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
+        return bool(_REGISTERED)
+    try:
+        faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+    except (RuntimeError, ValueError, OSError, AttributeError):  # no usable stderr
+        return False
+    _REGISTERED.append(True)
+    return True
+
+
+def stacks_off() -> None:
+    """Undo :func:`stacks_on_signal` (the signal's former handling comes back)."""
+    if _REGISTERED:
+        _REGISTERED.clear()
+        with contextlib.suppress(Exception):
+            faulthandler.unregister(STACKS_SIGNAL)
 
 
 def report_paths(env: Mapping[str, str]) -> list[str]:
@@ -188,14 +250,6 @@ def _program_frame(stack: list[list[Any]]) -> list[Any] | None:
         if is_program(filename):
             return [short_path(filename), line, function, code]
     return None
-
-
-def _default_group(group: Any) -> bool:
-    if group is None:
-        return True
-    import torch.distributed as dist
-
-    return group is dist.group.WORLD
 
 
 def _loader_pids(stack: list[list[Any]]) -> str | None:

@@ -21,9 +21,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 from ddpkit.worker.steptimes import TIMES
-from ddpkit.worker.watchdog import record as calls
+from ddpkit.worker.watchdog.flight import Flight
 from ddpkit.worker.watchdog.hang import HangBounds
-from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths
+from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths, stacks_off, stacks_on_signal
 from ddpkit.worker.watchdog.policy import (
     HOOK_POLL_S,
     KEY_PREFIX,
@@ -202,7 +202,7 @@ def start(
     """
     from torch.distributed.distributed_c10d import PrefixStore
 
-    from ddpkit.compat import default_store, group_sequence
+    from ddpkit.compat import default_store
 
     stop("left the job")
     base = store if store is not None else default_store()
@@ -230,17 +230,16 @@ def start(
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:
-        record = calls.Record(clock=clock, sequence=group_sequence)
         watchdog.hangs = HangWatch(
             link,
-            record,
+            Flight(),
             hangs,
             main=threading.current_thread(),
             clock=clock,
             interval_s=link.beat_interval_s,  # every rank answers once a beat interval
             report_paths=report_paths(os.environ),
         )
-        calls.install(record)
+        stacks_on_signal()
     if straggler_s is not None:
         watchdog.stragglers = StragglerWatch(
             link.call, lambda: link.kv, rank=rank, world_size=world_size, period_s=straggler_s,
@@ -256,5 +255,5 @@ def stop(how: str = "exited") -> None:
     """Stop this process's watchdog, if one runs (its exit marker says ``how``)."""
     watchdog, _PROCESS.active = _PROCESS.active, None
     if watchdog is not None:
-        calls.uninstall()
+        stacks_off()
         watchdog.stop(how)

@@ -104,12 +104,12 @@ class Watchdog:
                 continue
 
     def _waits(self) -> bool:
-        """Whether the blocked rank waits in a collective (or ``backward()``: DDP's), which
-        cannot end once a peer has left. Known where the hang watchdog keeps its record of
-        this rank's collectives (by default); a rank blocked anywhere else (one long call of
-        its own: a sleep, a C function) is left alone then. Without the record, blocked is
-        taken as waiting."""
-        return self.hangs is None or bool(self.hangs.record.running())
+        """Whether the blocked rank waits in a collective (DDP's inside ``backward()`` too),
+        which cannot end once a peer has left: one is in flight in torch's flight recorder,
+        which the hang watchdog reads (by default); a rank blocked anywhere else (one long call
+        of its own: a sleep, a C function) is left alone then. Without it, blocked is taken
+        as waiting."""
+        return self.hangs is None or self.hangs.flight.in_collective()
 
     def _cause(self, now: float) -> Departure | None:
         departures = self._link.departures()
