@@ -8,7 +8,6 @@ waits for within a bound, and gives up on when it runs out (:func:`bounded`, :cl
 from __future__ import annotations
 
 import _thread
-import atexit
 import os
 import threading
 import time
@@ -68,8 +67,10 @@ class Call(Generic[T]):
         if self._box:
             return self._box[0]
         if wait_at_exit:
-            if not _PENDING:
-                atexit.register(_wait_for_pending)
+            if not _PENDING:  # a step of the one exit path (ddpkit.worker.exit)
+                from ddpkit.worker import exit as process_exit
+
+                process_exit.add(process_exit.PENDING, "wait for bounded calls", _wait_for_pending)
             _PENDING.append(self._thread)
         return Outcome(pending=self._thread)
 
