@@ -93,6 +93,7 @@ class StoreLink:
         self.last_ok = clock()
         self.failure: Departure | None = None  # the store's host is gone: no more operations
         self.stopping = False  # the watchdog stops: call() refuses work
+        self.host_left = False  # the store's host wrote its exit marker: its store goes next
         self._started = False
         self._next_beat = 0.0
         self._hurry_until = 0.0
@@ -116,7 +117,7 @@ class StoreLink:
 
     def alive(self) -> bool:
         """Whether the store still answers."""
-        return self.failure is None
+        return self.failure is None and not self.host_left
 
     def departures(self) -> list[Departure]:
         with self._lock:
@@ -204,10 +205,11 @@ class StoreLink:
         return min(self._next_beat, now + HOOK_POLL_S) if self.hurrying(now) else self._next_beat
 
     def _answers(self) -> bool:
-        """False once the store is gone (its host closed the connection: now a failure)."""
+        """False once the store is gone (its host closed the connection: now a failure) or
+        its host left (no operation then: one in flight as the store vanishes is logged)."""
         if self.failure is None and self._closed is not None and self._closed():
             self._fail(ConnectionError("the connection was closed by the store's host"))
-        return self.failure is None
+        return self.failure is None and not self.host_left
 
     def _fail(self, error: BaseException) -> None:
         text = " ".join(str(error).split())[:200] or type(error).__name__
@@ -277,6 +279,7 @@ class StoreLink:
                 self._departed.add(rank)
                 if rank != self.rank:
                     self._departures.append(departure)
+        self.host_left = self.host_rank in self._departed and self.host_rank != self.rank
 
     # the hang watchdog's keys: hang/claim, hang/ask, hang/piece/<rank>, hang/answered,
     # hang/report; the ask and the report bump ``events``, so they cost no poll of their own
