@@ -15,7 +15,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -201,7 +201,7 @@ def _sockets() -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _socket(fd: int) -> Any:
+def _socket(fd: int) -> Iterator[socket.socket]:
     """A Python socket over ``fd`` that does not close it."""
     sock = socket.socket(fileno=fd)
     try:

@@ -98,9 +98,6 @@ class Watchdog:
         if not self._thread.is_alive():
             self._say(how)
 
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     # the thread
 
     def _watch(self) -> None:
@@ -248,8 +245,7 @@ class Watchdog:
             silent = self._link.silent()
             if silent:
                 return silent[0]
-            talks = self._link.alive() and self.alive()
-            late = silent is None and talks and now - started < 2 * wait_s
+            late = silent is None and self._link.alive() and now - started < 2 * wait_s
             if now - started >= wait_s and not late:
                 return cause
             time.sleep(HOOK_POLL_S)
