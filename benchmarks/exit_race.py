@@ -119,14 +119,22 @@ def one_run(mode: str, rng: random.Random, folder: Path) -> tuple[int, int]:
     return aborts, others
 
 
-def run_share(mode: str, runs: int, rng: random.Random, folder: Path) -> tuple[int, int]:
-    aborts = others = 0
-    for run in range(runs):
+def run_share(
+    mode: str, runs: int, rng: random.Random, folder: Path, until: float
+) -> tuple[int, int, int]:
+    """(runs done, aborts, other unexpected exits) of up to ``runs`` runs, none begun after
+    ``until`` (monotonic); each run's counts appended to ``folder/counts`` as it ends."""
+    aborts = others = done = 0
+    for _ in range(runs):
+        if time.monotonic() >= until:
+            break
         found, odd = one_run(mode, rng, folder)
-        aborts, others = aborts + found, others + odd
-        if (run + 1) % 50 == 0:
-            print(f"{run + 1} runs: {aborts} aborts, {others} other", flush=True)
-    return aborts, others
+        aborts, others, done = aborts + found, others + odd, done + 1
+        with open(folder / "counts", "a") as out:
+            out.write(f"{found} {odd}\n")
+        if found:
+            print(f"run {done}: {found} abort(s)", flush=True)
+    return done, aborts, others
 
 
 def main() -> None:
@@ -136,10 +144,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plain", action="store_true", help="plain torch, no ddpkit.init()")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (each 2 ranks)")
+    parser.add_argument("--minutes", type=float, default=0.0, help="begin no run after (0: none)")
     args = parser.parse_args()
     PLAIN[0] = args.plain
-    aborts = others = 0
+    aborts = others = done = 0
     started = time.monotonic()
+    until = started + args.minutes * 60 if args.minutes > 0 else float("inf")
     folder = Path(tempfile.mkdtemp())  # no context manager: a child unwinds through here
     parent = os.getpid()
     try:
@@ -149,21 +159,22 @@ def main() -> None:
             (folder / str(job)).mkdir()
             pid = os.fork()
             if pid == 0:
-                counts = run_share(args.mode, runs, random.Random(args.seed * 100 + job),
-                                   folder / str(job))  # fmt: skip
-                (folder / str(job) / "counts").write_text(" ".join(map(str, counts)))
+                run_share(args.mode, runs, random.Random(args.seed * 100 + job),
+                          folder / str(job), until)  # fmt: skip
                 os._exit(0)
             runners.append(pid)
         for job, pid in enumerate(runners):
             os.waitpid(pid, 0)
-            found, odd = map(int, (folder / str(job) / "counts").read_text().split())
-            aborts, others = aborts + found, others + odd
+            counts = folder / str(job) / "counts"
+            for line in counts.read_text().splitlines() if counts.exists() else []:
+                found, odd = map(int, line.split())
+                aborts, others, done = aborts + found, others + odd, done + 1
     finally:
         if os.getpid() == parent:
             shutil.rmtree(folder, ignore_errors=True)
     took = time.monotonic() - started
-    print(f"exit_race {args.mode}: {aborts} aborts/{args.runs} runs, {others} other unexpected "
-          f"exit codes, {took:.0f} s ({took / args.runs:.2f} s a run)")  # fmt: skip
+    print(f"exit_race {args.mode}: {aborts} aborts/{done} runs, {others} other unexpected "
+          f"exit codes, {took:.0f} s ({took / max(1, done):.2f} s a run)")  # fmt: skip
 
 
 if __name__ == "__main__":
