@@ -14,8 +14,9 @@ At interpreter exit (a safety net for a script that never waited; a step of the 
 :mod:`ddpkit.worker.exit`): the main rank waits for a write still in flight, and while the
 process group lives and no exception ends the process, the outcome goes to every rank through
 the job's store (not a collective: a rank exiting must not wait in one its peers never join).
-Every one of these waits is bounded by the save's ``timeout_s``: the main rank's for its write,
-the others' for the outcome, the main rank's for their reading it (30 s at most). When the
+Every one of these waits is bounded by the save's ``timeout_s``: the main rank's for its write
+(``timeout_s``), the others' for the outcome (``timeout_s`` + the time ranks reach their exit
+apart, ``min(30 s, timeout_s)``), the main rank's for their reading it (the same). When the
 write failed or timed out, every rank that learns it (or cannot learn it) prints the error
 and exits with code 1, after the later exit steps (an exception cannot be raised there).
 After ``ddpkit.shutdown()`` or ``destroy_process_group()`` only the main rank knows: wait
@@ -216,7 +217,9 @@ def _share_at_exit(pending: _Write, outcome: _Outcome) -> _Outcome:
                     break
                 time.sleep(0.01)
             return outcome
-        store.wait([key], timedelta(seconds=pending.timeout_s))  # the main rank's own bound
+        # the main rank's own bound, and the time ranks reach their exit apart (30 s at most)
+        wait_s = pending.timeout_s + min(_ACK_TIMEOUT_S, pending.timeout_s)
+        store.wait([key], timedelta(seconds=wait_s))
         text = store.get(key).decode()
         store.add(f"{key}/read", 1)
     except Exception as error:  # a store gone with the main rank: say so, do not hang
