@@ -264,7 +264,9 @@ def connection_cost(count: int, trials: int) -> dict[str, list[float]]:
 
     host = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), wait_for_workers=False)
     client = TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=600))
-    own = own_connection(client, "w", 10.0)
+
+    def own() -> Any:
+        return own_connection(client, "w", 10.0)
 
     def plain() -> Any:
         return TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=600))

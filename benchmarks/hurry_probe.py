@@ -32,7 +32,7 @@ VICTIM = 5
 def judge(sim: scalesim.Rank, started: float) -> tuple[str, float]:
     """What a failed collective's excepthook finds on this rank: (outcome, seconds)."""
     assert sim.link is not None
-    watchdog = Watchdog(sim.link, bound_s=sim.bound_s, clock=time.monotonic)
+    watchdog = Watchdog(sim.link.link, bound_s=sim.bound_s, clock=time.monotonic)
     cause = watchdog._wait_for_cause(hook_wait_for(interval_for(sim.bound_s)))
     took = time.monotonic() - started
     if cause is not None:

@@ -6,10 +6,10 @@ against the rendezvous store, with ddpkit's own code (no copy of it):
 * ``ddpkit``: :func:`ddpkit.worker.rendezvous.group.make_store` (rank 0 hosts, the others
   connect, probing the master only when their client lingers, every wait bounded), then the
   group forms, then the watchdog starts as :func:`ddpkit.worker.watchdog.hooks.start` starts it (a
-  :class:`~ddpkit.worker.watchdog.store.StoreLink` under a ``PrefixStore``, whose thread first
-  makes its own connection with :func:`~ddpkit.worker.watchdog.hooks.own_connection`, a
-  new client of the same store, then introduces itself: ``who/<rank>``; rank 0 also creates every
-  ``beat/<rank>`` key), left running to measure its heartbeats. Ready: where ``init()``
+  :class:`~ddpkit.worker.watchdog.store.StoreLink` under a ``PrefixStore`` over a connection
+  of its own made in init(), a new client of the same store, whose first step introduces it:
+  ``who/<rank>``; rank 0 also creates every ``beat/<rank>`` key), left running to measure its
+  heartbeats. Ready: where ``init()``
   returns, the link's thread started. The watchdog is *up* once the link has introduced
   itself, a figure of its own (``init()`` does not wait for it).
 * ``ddpkit-rendezvous``: the same with the watchdog off (``DDPKIT_PEER_TIMEOUT=off``): ready
@@ -54,8 +54,12 @@ import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.cluster.rendezvous.lookup import name_lookups_s
 from ddpkit.worker.rendezvous.group import make_store
-from ddpkit.worker.watchdog.hooks import own_connection
-from ddpkit.worker.watchdog.policy import KEY_PREFIX, beat_interval_for, interval_for
+from ddpkit.worker.watchdog.policy import (
+    KEY_PREFIX,
+    beat_interval_for,
+    interval_for,
+    op_timeout_for,
+)
 from ddpkit.worker.watchdog.store import StoreLink
 
 # When the resolver cannot answer at once (see resolver_answers), each wait of it is 1 s at most.
@@ -203,7 +207,7 @@ class Rank:
     up_at: float | None = None  # ddpkit: its watchdog has introduced itself
     error: str | None = None
     store: Any = None
-    link: StoreLink | None = None
+    link: Driven | None = None
     tally: Tally = dataclasses.field(default_factory=Tally)
     setup_calls: int = 0  # this rank's store calls until it was ready
     # when each step of a rank's start-up ended (monotonic; scale_phases.py reads them), and
@@ -262,39 +266,62 @@ class Rank:
             return
         up = _Up(self)
         prefix = f"{KEY_PREFIX}0/1/"
-        op_timeout_s = max(10.0, 4 * interval_for(self.bound_s))
-        own = own_connection(self.store, prefix, op_timeout_s)  # as hooks.start
-
-        def connect() -> Any:  # on the link's thread, as in hooks.start, counted
-            self.stamp("linked")  # at its first beat's phase (rank 0: its first round)
-            with TALLY.lock:
-                TALLY.connections += 1  # the watchdog's: a connection of its own
-            made = own()
-            if made is None:
-                raise RuntimeError("the watchdog could not connect to the store")
-            up.part("cloned")
-            return _Introduced(Counting(made, self.tally), up)
-
-        shared = PrefixStore(prefix, self.store)
-        self.link = StoreLink(
-            _Introduced(Counting(shared, self.tally), up),
-            rank=self.rank,
-            world_size=self.world,
-            interval_s=interval_for(self.bound_s),
-            bound_s=self.bound_s,
-            host_rank=0,
-            address=f"127.0.0.1:{self.port}",
-            clock=time.monotonic,
-            op_timeout_s=op_timeout_s,
-            beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as hooks.start
-            connect=connect,
+        op_timeout_s = op_timeout_for(self.bound_s)
+        # as hooks.start: a connection of its own, made in init() (a new client of the same
+        # store; the socket timeouts own_connection sets are left out: it tells the socket
+        # apart by its port, which thousands of ranks in one process share), counted
+        self.stamp("linked")
+        with TALLY.lock:
+            TALLY.connections += 1  # the watchdog's: a connection of its own
+        own = TCPStore("127.0.0.1", self.port, None, False, timedelta(seconds=op_timeout_s),
+                       wait_for_workers=False)  # fmt: skip
+        up.part("cloned")
+        self.link = Driven(
+            StoreLink(
+                _Introduced(Counting(PrefixStore(prefix, own), self.tally), up),
+                rank=self.rank,
+                world_size=self.world,
+                interval_s=interval_for(self.bound_s),
+                bound_s=self.bound_s,
+                host_rank=0,
+                address=f"127.0.0.1:{self.port}",
+                clock=time.monotonic,
+                op_timeout_s=op_timeout_s,
+                beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as hooks.start
+            )
         )
-        self.link.start()  # a rank other than 0 introduces itself here, over the group's client
+        self.link.start()  # its first step introduces it (rank 0: and every beat key)
         self.ready_at = self.stamp("ready")  # init() returns here
         self.readied.set()
         if not up.done.wait(600):
             raise TimeoutError("the watchdog link was not up (connected, introduced) in 600 s")
         self.up_at = max(self.stamps["cloned"], self.stamps["introduced"])
+
+
+class Driven:
+    """A simulated rank's link, driven as the watchdog's one thread drives it (its store work,
+    ``StoreLink.step``, each time it is due; the judging is not simulated)."""
+
+    def __init__(self, link: StoreLink) -> None:
+        self.link, self._stop = link, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.link, name)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            due = self.link.step(now)
+            self._stop.wait(max(0.0, min(due, now + 0.05) - time.monotonic()))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, wait_s: float | None = None) -> None:
+        self.link.stopping = True
+        self._stop.set()
+        self._thread.join(wait_s)
 
 
 class _Up:

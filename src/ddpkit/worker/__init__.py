@@ -21,6 +21,7 @@
     durable        atomic writes; dead writers' temporary files; the disk-full error
     preempt        the guard: one agreed stop, a checkpoint, requeue or exit 75
     watchdog/      the peer watchdog: a dead or frozen rank is named, survivors end
+    exit           the one exit path: ddpkit's at-exit steps, in order, from one handler
     rankzero       printing, logging and seeding on the main rank
 
 The public names are re-exported by :mod:`ddpkit` (``ddpkit.init``, ``ddpkit.wrap``, ...).

@@ -18,14 +18,13 @@ whether ddpkit owns that group, its watchdog): a process is in at most one job, 
 :func:`current_or_none`, which answers for the process group that exists: a group created with
 plain ``torch.distributed`` (no ``init()``, or after ``init()``'s group was destroyed) is adopted
 there with the group's own rank and world size, so no rank-aware helper ever acts on numbers the
-group does not have (every rank believing it is rank 0). At exit the watchdog's own atexit
-handler (registered later, so it runs first) writes this rank's exit marker before
-``_destroy_at_exit`` destroys the group and wakes the peers.
+group does not have (every rank believing it is rank 0). At exit (:mod:`ddpkit.worker.exit`)
+the watchdog's step writes this rank's exit marker before ``_destroy_at_exit`` destroys the
+group and wakes the peers.
 """
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import os
 import warnings
@@ -44,6 +43,7 @@ from ddpkit.cluster.runid import RunIdentity, run_identity
 from ddpkit.cluster.stop import latch
 from ddpkit.errors import ConfigError, TopologyError, UsageError
 from ddpkit.masking import assignment
+from ddpkit.worker import exit as process_exit
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog.flight import recording
 
@@ -98,7 +98,6 @@ class _State:
     # context: a later init() still adopts it with its own arguments and latches the signal).
     implicit: tuple[weakref.ref[object], Context] | None = None
     peer_watchdog: watchdog.Watchdog | None = None  # in a group ddpkit owns, of world size > 1
-    atexit_registered: bool = False
     warned: set[str] = field(default_factory=set)
 
 
@@ -318,9 +317,8 @@ def shutdown() -> None:
 def _remember(context: Context, *, owns_group: bool) -> Context:
     _STATE.context, _STATE.owns_group = context, owns_group
     _STATE.group = weakref.ref(dist.group.WORLD)
-    if owns_group and not _STATE.atexit_registered:
-        atexit.register(_destroy_at_exit)
-        _STATE.atexit_registered = True
+    if owns_group:
+        process_exit.add(process_exit.DESTROY, "destroy the process group", _destroy_at_exit)
     return context
 
 

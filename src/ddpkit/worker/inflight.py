@@ -10,18 +10,21 @@ guard's ``requeue_and_exit`` call it first, so at most one write is ever in flig
 checkpoint is never numbered before the previous one is in place. The writer thread runs at a
 lower CPU priority than the training (its own nice value, +10).
 
-At interpreter exit (a safety net for a script that never waited): the main rank waits for a
-write still in flight (bounded), and while the process group lives and no exception ends the
-process, the outcome goes to every rank through the job's store (not a collective: a rank
-exiting must not wait in one its peers never join). When the write failed or timed out, every
-rank that learns it prints the error and exits with code 1 (an exception cannot be raised
-there). After ``ddpkit.shutdown()`` or ``destroy_process_group()`` only the main rank knows:
-wait before you shut down.
+At interpreter exit (a safety net for a script that never waited; a step of the one exit path,
+:mod:`ddpkit.worker.exit`): the main rank waits for a write still in flight, and while the
+process group lives and no exception ends the process, the outcome goes to every rank through
+the job's store (not a collective: a rank exiting must not wait in one its peers never join).
+Every one of these waits is bounded by the save's ``timeout_s``: the main rank's for its write
+(``timeout_s``), the others' for the outcome (``timeout_s`` + the time ranks reach their exit
+apart, ``min(30 s, timeout_s)``), the main rank's for their reading it (the same). When the
+write failed or timed out, every rank that learns it (or cannot learn it) prints the error
+and exits with code 1, after the later exit steps (an exception cannot be raised there).
+After ``ddpkit.shutdown()`` or ``destroy_process_group()`` only the main rank knows: wait
+before you shut down.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import sys
@@ -36,6 +39,7 @@ import torch.distributed as dist
 
 from ddpkit import compat
 from ddpkit.errors import CheckpointError, DdpkitError
+from ddpkit.worker import exit as process_exit
 from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
@@ -69,7 +73,6 @@ class _Write:
 class _State:
     pending: _Write | None = None
     generation: int = 0
-    atexit_registered: bool = False
 
 
 _STATE = _State()
@@ -102,9 +105,7 @@ def start(
     else:
         pending.done.set()
     _STATE.pending = pending
-    if not _STATE.atexit_registered:  # after init()'s: runs before the group is destroyed
-        atexit.register(_at_exit)
-        _STATE.atexit_registered = True
+    process_exit.add(process_exit.SHARE, "share the background write's outcome", _at_exit)
     return pending
 
 
@@ -186,19 +187,20 @@ def _error(pending: _Write, outcome: tuple[str, str, str | None]) -> CheckpointE
 # --- at exit -----------------------------------------------------------------------------------
 
 
-def _at_exit() -> None:
+def _at_exit() -> int | None:
+    """The exit step: the write's outcome on every rank; 1 (the exit code) when it failed."""
     pending = _STATE.pending
     if pending is None:
-        return
+        return None
     _STATE.pending = None
     outcome = _outcome(pending, None) if pending.thread is not None else None
     crashed = getattr(sys, "last_value", None) is not None  # an uncaught exception ends us
     if pending.world_size > 1 and not crashed and dist.is_available() and dist.is_initialized():
         outcome = _share_at_exit(pending, outcome)
-    if outcome is not None:
-        print(f"ddpkit: error: {_error(pending, outcome)}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        _end_failed()
+    if outcome is None:
+        return None
+    print(f"ddpkit: error: {_error(pending, outcome)}", file=sys.stderr, flush=True)
+    return 1
 
 
 def _share_at_exit(pending: _Write, outcome: _Outcome) -> _Outcome:
@@ -208,13 +210,16 @@ def _share_at_exit(pending: _Write, outcome: _Outcome) -> _Outcome:
     try:
         if pending.rank == 0:
             store.set(key, "" if outcome is None else "\0".join([*outcome[:2], outcome[2] or ""]))
-            deadline = time.monotonic() + _ACK_TIMEOUT_S  # keep the store up while they read
+            # keep the store up while they read, never longer than the save's own bound
+            deadline = time.monotonic() + min(_ACK_TIMEOUT_S, pending.timeout_s)
             while store.add(f"{key}/read", 0) < pending.world_size - 1:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.01)
             return outcome
-        store.wait([key], timedelta(seconds=pending.timeout_s + _ACK_TIMEOUT_S))
+        # the main rank's own bound, and the time ranks reach their exit apart (30 s at most)
+        wait_s = pending.timeout_s + min(_ACK_TIMEOUT_S, pending.timeout_s)
+        store.wait([key], timedelta(seconds=wait_s))
         text = store.get(key).decode()
         store.add(f"{key}/read", 1)
     except Exception as error:  # a store gone with the main rank: say so, do not hang
@@ -223,9 +228,3 @@ def _share_at_exit(pending: _Write, outcome: _Outcome) -> _Outcome:
         return None
     kind, message, hint = text.split("\0")
     return kind, message, hint or None
-
-
-def _end_failed() -> None:
-    """Exit with code 1 from an atexit handler (raising there would not change the status)."""
-    sys.stderr.flush()
-    os._exit(1)

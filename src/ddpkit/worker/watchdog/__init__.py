@@ -8,32 +8,35 @@ starts a watchdog when it creates a group of several ranks (not when it adopts s
 (seconds; ``0`` or ``off`` disables it), else 60 s; the watchdog polls every
 ``min(1 s, bound / 4)``.
 
-It talks over the job's rendezvous store only (its own connection to the default group's store,
-a new client its store thread opens at the rank's first heartbeat, rank 0's at its first judging
-round, each rank having introduced itself as ``init()`` returns, which does not wait for it; a
-rank that ends before then never opens it; keys under ``ddpkit/watchdog/``, below the group's
-own prefixes), never over a collective, from two daemon
-threads: ``ddpkit-watchdog-store`` does every store operation, ``ddpkit-watchdog`` judges and
-never waits on the store (a store whose host froze blocks an operation for good).
+It talks over the job's rendezvous store only (keys under ``ddpkit/watchdog/``, below the
+group's own prefixes), never over a collective, from one daemon thread, ``ddpkit-watchdog``,
+on a connection of its own to the default group's store, opened by ``init()`` on the calling
+thread (a TCPStore client bounded by ``T``; without one, ``init()`` warns and runs without the
+watchdog). ``T = min(10 s, bound / 2)`` bounds every store operation (its socket's receive and
+send timeouts: torch's own timeout bounds only waits for a key): one that fails or times out
+means the store's host is gone.
 
 * Exit markers. A rank leaving writes ``exit/<rank>`` (host, pid, how: "exited", "raised
   ValueError: ...", "left the job (ddpkit.shutdown())"), appends its rank to ``order`` and bumps
-  ``events``: at exit (an atexit handler that runs before ddpkit's own one destroys the group,
-  since destroying it is what wakes the peers), in ``shutdown()``, and from a chained
-  ``sys.excepthook`` for an uncaught exception.
+  ``events``: at exit (the first step of :mod:`ddpkit.worker.exit`, before the group is
+  destroyed, since destroying it is what wakes the peers), in ``shutdown()``, and from a
+  chained ``sys.excepthook`` for an uncaught exception.
 * Heartbeats. Every rank bumps ``beat/<rank>`` each interval, at a moment of it of its own
   (``beat_phase``); rank 0 alone reads them (a ``multi_get`` a slice of keys; past 1,024 ranks
   a part of them each interval, ``judging_parts``) and judges them
   (:mod:`~ddpkit.worker.watchdog.beats`): it writes the marker of a rank whose counter
   has not moved for the bound ("stopped sending heartbeats N s ago"): ``kill -9``, a frozen
   process, a dead node. Time is each process's monotonic clock, so clocks need not agree. A
-  store that stops answering means its host is gone: rank 0 (``tcp://``, ``env://`` outside
-  torchrun) or the launcher's agent. Per beat interval each rank costs the store two
-  operations (a beat and one ``events`` poll); per interval rank 0 makes one more, of up to
-  1,024 keys (each counter at least once a beat interval: more past ~15,000 ranks at the default
-  bound). Rank 0, when it hosts the store, waits at its own exit (a few seconds at most) until
-  the other ranks have done their last store operation, so that none of them hits a vanished
-  store (torch logs that with a C++ stack trace).
+  store that stops answering, or closes the connection, means its host is gone: rank 0
+  (``tcp://``, ``env://`` outside torchrun) or the launcher's agent; once the host's own marker
+  is read no more store operation is made (its store goes next). Per beat interval each rank
+  costs the store two operations (a beat and one ``events`` poll); per interval rank 0 makes
+  one more, of up to 1,024 keys.
+* Exit bound. Stopping the watchdog (at exit, in ``shutdown()``) waits at most ``T`` for a
+  store operation in flight, then shuts its socket down (the call returns at once), then writes
+  the marker (one reply awaited, ``T`` at most): ``2 x T`` in all, within the bound; a few
+  milliseconds when the store answers. No thread of the watchdog's is then inside a torch
+  call when the interpreter finalizes (one that returned then would abort the process).
 * Survivors. A peer's marker alone ends nobody: at the end of a run ranks leave at slightly
   different times, and rank 0 may work on alone. A rank is ended only when, after a peer left,
   the thread that called ``init()`` (the main thread, usually) has been *blocked* for the whole
@@ -57,7 +60,7 @@ single long ``time.sleep``) looks just as blocked and is left alone. With the ha
 the recorder is not read, and a rank blocked for the bound is taken as waiting (the former
 guess: raise the bound, or call ``ddpkit.shutdown()`` before such solo work). A rank whose
 threads cannot run for the bound (the GIL held that long) is reported by rank 0 as silent.
-A rank that hangs while alive and keeps sending heartbeats is the hang watchdog's (same threads,
+A rank that hangs while alive and keeps sending heartbeats is the hang watchdog's (same thread,
 same store): a rank in one collective past ``DDPKIT_HANG_TIMEOUT`` gathers every rank's stack
 and last collectives into one report naming the stuck rank, and the job goes on unless
 ``DDPKIT_HANG_ACTION=end`` (:mod:`.hang`, :mod:`.hangwatch`, :mod:`.flight`), which names a
@@ -65,9 +68,9 @@ rank waiting in a collective inside rank-0-only code (:mod:`.rankzero_if`); noth
 before a collective.
 
 Layout: :mod:`.policy` (pure: bound, who left first, messages), :mod:`.liveness` (is the
-training thread blocked), :mod:`.store` (the link to the store), :mod:`.watcher` (the judging
-thread), :mod:`.hooks` (process-wide wiring: start, stop, excepthook, atexit). Only starting a
-watchdog imports torch.
+training thread blocked), :mod:`.store` (the store operations), :mod:`.watcher` (the thread),
+:mod:`.hooks` (process-wide wiring: start, stop, excepthook, exit step, own connection). Only
+starting a watchdog imports torch.
 """
 
 from __future__ import annotations

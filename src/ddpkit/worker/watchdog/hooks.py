@@ -1,25 +1,28 @@
-"""Process-wide wiring of the watchdog: one per process, a chained ``sys.excepthook``, an
-atexit marker, and ``start`` / ``stop`` / ``active`` for ``ddpkit.init()`` and ``shutdown()``.
+"""Process-wide wiring of the watchdog: one per process, a chained ``sys.excepthook``, its
+exit step, and ``start`` / ``stop`` / ``active`` for ``ddpkit.init()`` and ``shutdown()``.
 
 The only module of the watchdog with process-global state and the only one importing torch
-(when a watchdog starts: its store thread opens a connection of its own to the default
-group's store, see :mod:`ddpkit.compat`).
+(when a watchdog starts: it opens a connection of its own to the default group's store, on the
+calling thread, bounded, see :func:`own_connection`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
+import socket
+import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
+from ddpkit.worker import exit as process_exit
+from ddpkit.worker.rendezvous.store import store_answers
 from ddpkit.worker.steptimes import TIMES
 from ddpkit.worker.watchdog.flight import Flight
 from ddpkit.worker.watchdog.hang import HangBounds
@@ -29,8 +32,9 @@ from ddpkit.worker.watchdog.policy import (
     KEY_PREFIX,
     beat_interval_for,
     interval_for,
+    op_timeout_for,
 )
-from ddpkit.worker.watchdog.store import DEFAULT_OP_TIMEOUT_S, KeyValue, StoreLink
+from ddpkit.worker.watchdog.store import KeyValue, StoreLink
 from ddpkit.worker.watchdog.straggler import StragglerWatch
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
@@ -47,7 +51,6 @@ class _Process:
     active: Watchdog | None = None
     generation: int = 0  # watchdogs started by this process: a fresh key namespace each
     previous_hook: _Hook | None = None
-    atexit_registered: bool = False
 
 
 _PROCESS = _Process()
@@ -86,23 +89,20 @@ def _hang_ends_it(watchdog: Watchdog) -> bool:
     return False
 
 
-def _at_exit() -> None:
-    """Registered after ddpkit's group destroyer, so it runs first: the marker precedes the
-    closing of the group's sockets, which is what wakes the peers."""
-    watchdog = _PROCESS.active
-    if watchdog is not None:
-        watchdog.stop("exited")
+def _at_exit() -> int | None:
+    """The exit path's first step (:mod:`ddpkit.worker.exit`): stop the thread, then the
+    marker, before the group's sockets close (which is what wakes the peers)."""
+    stop("exited")
+    return None
 
 
 def _wire_process() -> None:
     """Chain the excepthook (again if someone replaced it, e.g. torch's init_process_group)
-    and register the atexit handler, once."""
+    and add the exit step."""
     if sys.excepthook is not _excepthook:
         _PROCESS.previous_hook = sys.excepthook
         sys.excepthook = _excepthook
-    if not _PROCESS.atexit_registered:
-        atexit.register(_at_exit)
-        _PROCESS.atexit_registered = True
+    process_exit.add(process_exit.MARKER, "the peer watchdog's exit marker", _at_exit)
 
 
 def _raw_store(store: Store) -> Store:
@@ -123,65 +123,100 @@ def _store_address(store: Store) -> str:
     return f"{host}:{port}"
 
 
-def connect_timeout_s(raw: Store, op_timeout_s: float) -> float:
-    """The bound on each try of the watchdog's own connect: half an operation's, or the
-    store's own timeout when shorter. Not the store's own (what ``clone()`` takes): torch tries
-    about twice, so a try at a host that is gone ends after ~2x its timeout (measured: 1 s ->
-    1.5 s, 5 s -> 9 s idle; 11.5 s -> past 28 s beside the CI's SLURM tests), and a try still
-    running when the exit stops waiting comes back as the interpreter finalizes and aborts the
-    process (StoreLink.stop). Bounded so, a try ends within the exit's usual wait (two
-    operations' timeouts) with room to spare, and none begins once the rank leaves."""
-    timeout = getattr(raw, "timeout", None)
-    own_s = timeout.total_seconds() if isinstance(timeout, timedelta) else op_timeout_s
-    return max(0.1, min(own_s, op_timeout_s / 2))
+@dataclass
+class Connection:
+    """The watchdog's own store connection: the store under its prefix, and how to end an
+    operation in flight at once (shut its socket down)."""
+
+    store: KeyValue
+    cut: Callable[[], None]
+    closed: Callable[[], bool]
 
 
-def own_connection(
-    base: Store, prefix: str, op_timeout_s: float, *, leaving: Callable[[], bool] = lambda: False
-) -> Callable[[], KeyValue | None]:
-    """What the watchdog's store thread calls first: a connection of its own to ``base``'s
-    store, so that its heartbeats are never queued behind the program's store calls (a
-    TCPStore client runs one operation at a time: a ``wait`` in the training script would hold
-    every beat), each operation bounded by ``op_timeout_s``. A TCPStore's is a new client of
-    the same address, tried (each try bounded by :func:`connect_timeout_s`) until the store's
-    own timeout has passed or the rank is ``leaving``: a try can fail on a live store (one name
-    lookup the resolver drops takes 5 s). Another store's is a ``clone()``. None (keep
-    ``base``, bounded by the group's own timeout) when there is none. The keys are
+def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Connection | None:
+    """A connection of the watchdog's own to ``base``'s TCPStore, so that its heartbeats are
+    never queued behind the program's store calls (a client runs one operation at a time: a
+    ``wait`` in the training script would hold every beat). Made on the calling thread, once
+    the store answered torch's handshake within ``op_timeout_s`` (torch's client has no
+    timeout of its own for that handshake: :func:`ddpkit.worker.rendezvous.store.store_answers`);
+    every operation is bounded by ``op_timeout_s`` through its socket's receive and send
+    timeouts (torch's own timeout bounds only waits for a key: an ``add`` to a frozen host
+    blocked for good). None when the store is not a TCPStore, the connect fails, or its socket
+    cannot be told apart (a bounded operation is what the exit bound rests on); the keys are
     ``prefix``'s on the store under ``base``'s prefixes (:func:`_raw_store`)."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public
     from torch.distributed.distributed_c10d import PrefixStore
 
     raw = _raw_store(base)
-    try_s = connect_timeout_s(raw, op_timeout_s)
-    timeout = getattr(raw, "timeout", None)
-    budget_s = timeout.total_seconds() if isinstance(timeout, timedelta) else try_s
-    make: Callable[[], Store] | None = getattr(raw, "clone", None)
-    if isinstance(raw, TCPStore):
+    if not isinstance(raw, TCPStore):
+        return None
+    before = _sockets()
 
-        def make() -> Store:
-            return TCPStore(
-                raw.host, raw.port, None, False, timedelta(seconds=try_s),
-                wait_for_workers=False, use_libuv=bool(getattr(raw, "libuvBackend", True)),
-            )  # fmt: skip
+    def make() -> Store:
+        return TCPStore(
+            raw.host, raw.port, None, False, timedelta(seconds=op_timeout_s),
+            wait_for_workers=False, use_libuv=bool(getattr(raw, "libuvBackend", True)),
+        )  # fmt: skip
 
-    def connect() -> KeyValue | None:
-        if make is None:
-            return None
-        deadline = time.monotonic() + budget_s
-        while True:
+    try:  # a store that answers torch's handshake: torch's client then neither waits nor prints
+        store_answers(raw.host, raw.port, op_timeout_s)
+        own = make()
+    except Exception:
+        return None
+    found = [fd for inode, fd in _sockets().items() if inode not in before and
+             _peer_port(fd) == raw.port]  # fmt: skip
+    if len(found) != 1:
+        return None
+    (fd,) = found
+    timeout = struct.pack("ll", int(op_timeout_s), int(op_timeout_s % 1 * 1e6))
+    with _socket(fd) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
+
+    def cut() -> None:
+        with contextlib.suppress(OSError), _socket(fd) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def closed() -> bool:  # between operations nothing is to be read: readable means closed
+        with _socket(fd) as sock:
             try:
-                own = make()
-                own.set_timeout(timedelta(seconds=op_timeout_s))
-                return cast(KeyValue, PrefixStore(prefix, own))
-            except Exception:  # the shared connection still works: the group's own timeout then
-                left_s = deadline - time.monotonic()
-                if not isinstance(raw, TCPStore) or left_s <= 0 or leaving():
-                    return None
-                time.sleep(min(0.5, left_s))
-                if leaving():
-                    return None
+                return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
 
-    return connect
+    store = cast(KeyValue, PrefixStore(prefix, own))
+    return Connection(store, cut, closed)  # the PrefixStore keeps ``own`` alive
+
+
+def _sockets() -> dict[str, int]:
+    """This process's sockets: ``socket:[inode]`` -> fd (Linux; empty elsewhere)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if target.startswith("socket:"):
+                    found[target] = int(name)
+    return found
+
+
+@contextlib.contextmanager
+def _socket(fd: int) -> Iterator[socket.socket]:
+    """A Python socket over ``fd`` that does not close it."""
+    sock = socket.socket(fileno=fd)
+    try:
+        yield sock
+    finally:
+        sock.detach()
+
+
+def _peer_port(fd: int) -> int | None:
+    with contextlib.suppress(OSError), _socket(fd) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            return int(sock.getpeername()[1])
+    return None
 
 
 def start(
@@ -200,7 +235,6 @@ def start(
     from ``TORCHELASTIC_USE_AGENT_STORE`` in ``os.environ``, so this reads it there too). Stops
     a watchdog this process still runs.
     """
-    from torch.distributed.distributed_c10d import PrefixStore
 
     from ddpkit.compat import default_store
 
@@ -209,14 +243,20 @@ def start(
     missing = [name for name in ("append", "multi_get", "check") if not hasattr(base, name)]
     if missing:
         raise RuntimeError(f"the store ({type(base).__name__}) lacks {', '.join(missing)}")
-    op_timeout_s = max(DEFAULT_OP_TIMEOUT_S, 4 * interval_for(bound_s))
+    op_timeout_s = op_timeout_for(bound_s)
     host_rank = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) else 0
     # Restarts of a torchrun job may share one store; so may several init()s of one process.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     _PROCESS.generation += 1
     prefix = f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/"
+    own = own_connection(base, prefix, op_timeout_s)
+    if own is None:  # no bounded operations, no exit bound: no watchdog (init() warns)
+        raise RuntimeError(
+            f"no connection of its own to the job's store at {_store_address(base)} within "
+            f"{op_timeout_s:g} s"
+        )
     link = StoreLink(
-        cast(KeyValue, PrefixStore(prefix, _raw_store(base))),
+        own.store,
         rank=rank,
         world_size=world_size,
         interval_s=interval_for(bound_s),
@@ -226,7 +266,8 @@ def start(
         clock=clock,
         op_timeout_s=op_timeout_s,
         beat_interval_s=beat_interval_for(bound_s, world_size),
-        connect=own_connection(base, prefix, op_timeout_s, leaving=lambda: link.leaving),
+        cut=own.cut,
+        closed=own.closed,
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:

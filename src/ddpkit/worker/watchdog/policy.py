@@ -16,11 +16,10 @@ from ddpkit.cluster.envvars import to_float
 from ddpkit.contract import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_VAR
 
 THREAD_NAME = "ddpkit-watchdog"
-STORE_THREAD_NAME = "ddpkit-watchdog-store"
 KEY_PREFIX = "ddpkit/watchdog/"
 ABORT_EXIT_CODE = 1
 HOOK_POLL_S = 0.05
-SAY_TIMEOUT_S = 2.0  # how long a leaving rank waits for its marker to be written
+MAX_OP_TIMEOUT_S = 10.0  # a store operation of the watchdog's is bounded by this, at most
 # In the RuntimeErrors a collective raises when a peer is gone (NCCL's are DistErrors).
 PEER_FAILURE_TEXTS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl")
 # Heartbeats a second that all ranks together send rank 0's store, at most, once the world is
@@ -62,6 +61,14 @@ def _is_off(raw: str) -> bool:
 def interval_for(bound_s: float) -> float:
     """How often the watchdog polls and samples: ``min(1 s, bound / 4)``."""
     return min(1.0, bound_s / 4)
+
+
+def op_timeout_for(bound_s: float) -> float:
+    """``T``, the bound on each store operation of the watchdog's: ``min(10 s, bound / 2)``.
+    An operation that times out means the store's host is gone (a frozen host is named as
+    one that stopped answering within the bound); the exit waits at most ``2 x T`` for the
+    watchdog (:mod:`.watcher`), within the bound."""
+    return min(MAX_OP_TIMEOUT_S, bound_s / 2)
 
 
 def beat_interval_for(bound_s: float, world_size: int) -> float:

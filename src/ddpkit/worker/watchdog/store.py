@@ -1,28 +1,29 @@
 """The watchdog's link to the rendezvous store: markers, heartbeats and the order of departures.
 
-Every store operation runs on one daemon thread (``ddpkit-watchdog-store``), so that the
-judging thread never waits on a store whose host froze. The key layout under
-``ddpkit/watchdog/`` and the order of the operations matter: a leaving rank writes its marker
-``exit/<rank>`` before appending to ``order`` and bumping ``events`` (peers poll ``events``).
+No thread of its own: the watchdog's one thread calls :meth:`StoreLink.step` each time it wakes,
+and a leaving rank's last calls (its marker) come from the thread that leaves, once the
+watchdog's thread has stopped. The store is the watchdog's own connection, opened at ``init()``
+(:func:`ddpkit.worker.watchdog.hooks.own_connection`), each operation bounded by its timeout
+``op_timeout_s``: an operation that fails or times out means the store's host is gone, and no
+further operation is made. The key layout under ``ddpkit/watchdog/`` and the order of the
+operations matter: a leaving rank writes its marker ``exit/<rank>`` before appending to
+``order`` and bumping ``events`` (peers poll ``events``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ddpkit.worker.rendezvous import batched
 from ddpkit.worker.watchdog.beats import BeatJudge, StaleWatch, encode_stale
 from ddpkit.worker.watchdog.policy import (
     HOOK_POLL_S,
-    STORE_THREAD_NAME,
+    MAX_OP_TIMEOUT_S,
     Departure,
     beat_phase,
     describe_rank,
@@ -32,11 +33,6 @@ from ddpkit.worker.watchdog.policy import (
     read_who,
     stale_gap_s,
 )
-
-# --- the store side -----------------------------------------------------------------------------
-
-
-DEFAULT_OP_TIMEOUT_S = 10.0  # a store operation's bound when the link has its own connection
 
 
 class KeyValue(Protocol):
@@ -51,14 +47,12 @@ class KeyValue(Protocol):
     def append(self, key: str, value: str) -> None: ...
 
 
-@dataclass
-class _Request:
-    work: Callable[[], None]
-    done: threading.Event
+class Stopping(Exception):
+    """Raised by :meth:`StoreLink.call` once the watchdog stops: its work is not done."""
 
 
 class StoreLink:
-    """The one thread that talks to the store; what it learns is read under ``_lock``."""
+    """The store operations of one rank's watchdog; what they learn is read under ``_lock``."""
 
     def __init__(
         self,
@@ -71,26 +65,24 @@ class StoreLink:
         host_rank: int | None,
         address: str,
         clock: Callable[[], float],
-        op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
+        op_timeout_s: float = MAX_OP_TIMEOUT_S,
         beat_interval_s: float | None = None,
-        connect: Callable[[], KeyValue | None] | None = None,
+        cut: Callable[[], None] | None = None,
+        closed: Callable[[], bool] | None = None,
     ) -> None:
         self._store = store
-        # The link's own connection, made by its thread (None: keep ``store``) at its first
-        # beat's phase (rank 0: its first judging round, an interval in; a request or a hurry
-        # bring it sooner; none once it leaves), the rank having introduced itself at start:
-        # thousands of ranks let go by one barrier do not add to the burst init() waits behind.
-        self._connect = connect
-        self._connecting, self._introduced = connect is not None, False
+        self._cut = cut  # ends an operation in flight at once (closes the connection's socket)
+        # whether the store's host closed the connection: looked at before each round, so that
+        # a host that left is learned of without an operation (torch logs a failed one with a
+        # C++ stack trace on stderr)
+        self._closed = closed
         self.op_timeout_s = op_timeout_s  # how long one store operation may block
         self.rank, self.world_size = rank, world_size
         self._interval_s, self._bound_s = interval_s, bound_s
         # how often the ranks other than 0 beat and poll (policy.beat_interval_for); rank 0
-        # judges their counters every interval_s, so its own loop keeps that one
+        # judges their counters every interval_s, so its own cadence keeps that one
         self.beat_interval_s = interval_s if beat_interval_s is None else beat_interval_s
         self._cadence_s = interval_s if rank == 0 else self.beat_interval_s
-        # the gap to the first beat: the others spread their beats over the interval
-        self._first_gap_s = self._cadence_s * (1.0 if rank == 0 else beat_phase(rank))
         self.host_rank, self.address = host_rank, address
         self._clock = clock
         self._lock = threading.Lock()
@@ -99,12 +91,11 @@ class StoreLink:
         self._events_seen = 0
         self._order_seen = 0
         self.last_ok = clock()
-        self.failure: Departure | None = None
-        self.released = False  # the store's host left: no more store operations
-        self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self.leaving = False  # the rank says it leaves (Watchdog.stop): no own connection now
+        self.failure: Departure | None = None  # the store's host is gone: no more operations
+        self.stopping = False  # the watchdog stops: call() refuses work
+        self.host_left = False  # the store's host wrote its exit marker: its store goes next
+        self._started = False
+        self._next_beat = 0.0
         self._hurry_until = 0.0
         self._stale_watch: StaleWatch | None = None  # a hurry's
         self._stale_read_at, self._stale_ready = -1.0, False
@@ -114,89 +105,54 @@ class StoreLink:
         parts = judging_parts(world_size, interval_s, self.beat_interval_s)
         self._judge = BeatJudge(rank, bound_s, world_size, parts)  # rank 0's
         self._listed_s = stale_gap_s(interval_s, self.beat_interval_s, parts)  # see hurry
-        self._presumed_dead: set[int] = set()  # ranks rank 0 wrote a heartbeat marker for
         # the hang watchdog's: what this rank answers when asked, what it learned
         self.piece: Callable[[], Mapping[str, Any]] | None = None
         self.hang_asked = False
         self.hang_report: str | None = None
-        self._thread = threading.Thread(target=self._run, name=STORE_THREAD_NAME, daemon=True)
-
-    # called from other threads
 
     @property
     def kv(self) -> KeyValue:
-        """The store, for work handed to :meth:`call` (it runs on the store thread): read it
-        there, not before: the thread swaps in its own connection before its first call."""
+        """The store, for work handed to :meth:`call`."""
         return self._store
 
-    def start(self) -> None:
-        if self._connect is not None:
-            try:  # who it is, known from init() on; one set over the group's connection
-                self._introduce()
-                self._introduced = True
-            except Exception:  # its thread introduces it once connected
-                pass
-        self._thread.start()
-
-    def stop(self, wait_s: float | None = None) -> None:
-        """End the thread after its last store operation (waits up to ``wait_s`` for it,
-        default: two operations' timeout, the one in flight and the ``done`` mark).
-
-        The wait must outlast the operation in flight: this runs at exit, and a daemon thread
-        still inside the store's C++ call when the interpreter finalizes is killed by CPython
-        as it returns (``pthread_exit`` unwinding through a ``noexcept`` pybind11 frame):
-        ``terminate called without an active exception``, SIGABRT, and the launcher fails a
-        job that had finished (seen at 16 ranks on 2 cores, where a call took over a second).
-        So must a try of the thread's own connect (each bounded by half an operation's timeout,
-        none begun once the rank leaves, see hooks.own_connection); one blocked for good on a
-        frozen host never comes back.
-        """
-        self.leaving = True
-        self._stopping.set()
-        self._wake.set()
-        if wait_s is None:
-            wait_s = 2 * self.op_timeout_s + 1.0
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(wait_s)
-
     def alive(self) -> bool:
-        """Whether the store thread still talks to the store."""
-        return self._thread.is_alive() and not self.released and self.failure is None
+        """Whether the store still answers."""
+        return self.failure is None and not self.host_left
 
     def departures(self) -> list[Departure]:
         with self._lock:
             return list(self._departures)
 
     def store_departure(self, now: float) -> Departure | None:
-        """The store's host as a departure: it failed, or has not answered for the bound."""
-        with self._lock:
-            if self.failure is not None or self.released:
-                return self.failure
-            if self._connecting:  # bounded by the store's own timeout, then a failure
-                return None
-            silent_s = now - self.last_ok
-        if silent_s < self._bound_s:
-            return None
-        return self._store_gone(f"has not answered for {silent_s:.0f} s", self.last_ok)
+        """The store's host as a departure, once an operation failed or timed out."""
+        return self.failure
 
     def call(self, work: Callable[[], None], timeout_s: float) -> bool:
-        """Run ``work`` on the store thread; False if it could not finish within the timeout."""
-        if not self._thread.is_alive():
+        """Run ``work`` (store operations, each bounded by ``op_timeout_s``) here and now;
+        False when the store is gone or ``work`` failed (the store is then taken as gone).
+        ``timeout_s`` is kept for the callers' sake: every operation is bounded already."""
+        if self.stopping:
+            raise Stopping
+        if not self._answers():
             return False
-        request = _Request(work, threading.Event())
-        self._requests.put(request)
-        self._wake.set()
-        return request.done.wait(timeout_s)
+        try:
+            work()
+        except Exception as error:
+            self._fail(error)
+            return False
+        return True
+
+    def cut(self) -> None:
+        """End the operation in flight at once (the exit, after waiting ``op_timeout_s``)."""
+        if self._cut is not None:
+            self._cut()
 
     def presume_dead(self, ranks: Iterable[int | None]) -> None:
-        """Ranks the host's ``linger`` should not wait for."""
-        with self._lock:
-            self._presumed_dead.update(rank for rank in ranks if rank is not None)
+        """Kept for the excepthook: ranks it names need no more waiting for (no-op)."""
 
     def hurry(self, duration_s: float) -> None:
         """Poll at 20 Hz for a while; read rank 0's list of stale ranks (beats.StaleWatch): two
-        keys at any size (each survivor read every counter twice until 2026-11-27: N x N keys
-        while the job failed). Where rank 0's gap outlasts ``duration_s`` (past ~1,100 ranks)
+        keys at any size. Where rank 0's gap outlasts ``duration_s`` (past ~1,100 ranks)
         nobody is silent at once, unless rank 0 lists one (long silent) before the end."""
         gap_s = stale_gap_s(self._interval_s, self.beat_interval_s, 1)  # rank 0's own counter
         with self._lock:
@@ -204,7 +160,9 @@ class StoreLink:
             self._silent = None if self._listed_s <= duration_s else []
             self._stale_read_at = -1.0
         self._hurry_until = self._clock() + duration_s
-        self._wake.set()
+
+    def hurrying(self, now: float) -> bool:
+        return now < self._hurry_until
 
     def silent(self) -> list[Departure] | None:
         """Ranks with no marker rank 0 listed as stale since a hurry began (None until one is
@@ -212,84 +170,54 @@ class StoreLink:
         with self._lock:
             return None if self._silent is None else list(self._silent)
 
-    # the thread
+    # the watchdog's thread
 
-    def _run(self) -> None:
+    def step(self, now: float) -> float:
+        """Do the store work due at ``now`` (beat, judge, poll, a hurry's read); when the
+        next is due. Each rank beats first at its phase of the interval (rank 0 judges at
+        once); every beat key exists once rank 0's first round ran."""
+        if not self._answers():
+            return now + self._cadence_s
         try:
-            # Each rank connects and beats first at its phase (rank 0 then judges at once), the
-            # others poll from their next wake: nothing of the watchdog's in init's burst at the
-            # store (a counter is judged from rank 0's first round on, whatever it holds then).
-            polls = self.rank == 0
-            next_beat = self._clock() + (0.0 if polls else self._first_gap_s)
-            if self._connect is not None:  # not once leaving: the shared one ends it
-                self._wake.wait(self._first_gap_s)
-            if self._connect is not None and not self.leaving:
-                own = self._connect()
-                if own is not None:
-                    self._store = own
-            with self._lock:  # the store's silence counts from here: a slow connect is not it
-                self.last_ok, self._connecting = self._clock(), False
-            if not self._introduced:
+            if not self._started:
+                self._started = True
+                phase = 0.0 if self.rank == 0 else beat_phase(self.rank)
+                self._next_beat = now + self._cadence_s * phase
                 self._introduce()
-            if self.rank == 0:  # every beat key exists from now on: multi_get never blocks.
-                # A round trip a slice of keys: not one per rank (N adds made rank 0 ready after
-                # ~N store calls), nor one call of N keys (the store's cost grows faster than N).
-                # Setting a counter some rank already bumped back to 0 is harmless: the judges
-                # look for a counter that does not move, and none has read beat/0 yet (rank 0
-                # bumps it only after this; they read every beat key or none).
-                batched.multi_set(self._store, self._beats(), ["0"] * self.world_size)
-            while True:
-                self._serve()
-                if self._stopping.is_set() or self.released:
-                    break
-                now = self._clock()
-                if now >= next_beat:
-                    self._store.add(f"beat/{self.rank}", 1)
-                    if self.rank == 0:
-                        self._check_beats(now)
-                    next_beat = on_grid(next_beat, self._cadence_s, now)
-                if polls:
-                    self._poll()
-                polls = True
-                hurrying = self._clock() < self._hurry_until
-                if hurrying:
-                    self._read_stale()
-                with self._lock:
-                    self.last_ok = self._clock()
-                wait_s = HOOK_POLL_S if hurrying else max(0.0, next_beat - self._clock())
-                self._wake.wait(wait_s)
-                self._wake.clear()
-            self._store.add("done", 1)  # this rank's last store operation (see linger)
+                if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
+                    batched.multi_set(self._store, self._beats(), ["0"] * self.world_size)
+            polls = now >= self._next_beat or self.hurrying(now)
+            if now >= self._next_beat:
+                self._store.add(f"beat/{self.rank}", 1)
+                if self.rank == 0:
+                    self._check_beats(now)
+                self._next_beat = on_grid(self._next_beat, self._cadence_s, now)
+            if polls:
+                self._poll()
+            if self.hurrying(now):
+                self._read_stale()
+            with self._lock:
+                self.last_ok = self._clock()
         except Exception as error:
+            if self.stopping:  # the exit cut the operation short: no judgment
+                return now
             self._fail(error)
-        finally:
-            self._drain()
+        return min(self._next_beat, now + HOOK_POLL_S) if self.hurrying(now) else self._next_beat
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                request = self._requests.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                request.work()
-            finally:
-                request.done.set()
-
-    def _drain(self) -> None:
-        """Release whoever waits on a request the dead thread will never run."""
-        while True:
-            try:
-                self._requests.get_nowait().done.set()
-            except queue.Empty:
-                return
+    def _answers(self) -> bool:
+        """False once the store is gone (its host closed the connection: now a failure) or
+        its host left (no operation then: one in flight as the store vanishes is logged)."""
+        if self.failure is None and self._closed is not None and self._closed():
+            self._fail(ConnectionError("the connection was closed by the store's host"))
+        return self.failure is None and not self.host_left
 
     def _fail(self, error: BaseException) -> None:
         text = " ".join(str(error).split())[:200] or type(error).__name__
         with self._lock:
-            if self.failure is None and not self.released:
+            if self.failure is None:
                 self.failure = self._store_gone(
-                    f"stopped answering ({type(error).__name__}: {text})", self._clock()
+                    f"stopped answering ({type(error).__name__}: {text.splitlines()[0]})",
+                    self.last_ok,
                 )
 
     def _store_gone(self, what: str, left_at: float) -> Departure:
@@ -316,11 +244,20 @@ class StoreLink:
 
     def write_marker(self, rank: int, marker: Mapping[str, Any]) -> None:
         """``exit/<rank>``, then ``order``, then ``events``: readers rely on that order."""
-        if self.released or self.failure is not None:
+        if self.failure is not None:
             return
         self._store.set(f"exit/{rank}", json.dumps(dict(marker)))
         self._store.append("order", f"{rank},")
         self._store.add("events", 1)
+
+    def leave(self, marker: Mapping[str, Any]) -> None:
+        """This rank's own marker, from the thread that leaves (the watchdog's has stopped)."""
+        if not self._answers():
+            return
+        try:
+            self.write_marker(self.rank, marker)
+        except Exception as error:
+            self._fail(error)
 
     def _poll(self) -> None:
         events = int(self._store.add("events", 0))
@@ -342,10 +279,7 @@ class StoreLink:
                 self._departed.add(rank)
                 if rank != self.rank:
                     self._departures.append(departure)
-        host_left = self.host_rank in self._departed and self.host_rank != self.rank
-        if host_left and self._store.check(["closing"]):  # it waits for our "done", then goes
-            with self._lock:
-                self.released = True
+        self.host_left = self.host_rank in self._departed and self.host_rank != self.rank
 
     # the hang watchdog's keys: hang/claim, hang/ask, hang/piece/<rank>, hang/answered,
     # hang/report; the ask and the report bump ``events``, so they cost no poll of their own
@@ -378,9 +312,8 @@ class StoreLink:
 
     def pieces(self) -> dict[int, dict[str, Any]]:
         """Every piece written so far (a rank that never answered is missing), a slice of
-        ranks a call: a check and a get a rank (74 us on this machine's loopback) outlast the
-        gathering's wait for one store operation (5 s) at tens of thousands of ranks (~67,000
-        there, fewer across a network), and the report then came out without pieces."""
+        ranks a call: a check and a get a rank outlast the gathering's wait at tens of
+        thousands of ranks, and the report then came out without pieces."""
         keys = [f"hang/piece/{rank}" for rank in range(self.world_size)]
         ranks = batched.present(self._store, keys)
         found: dict[int, dict[str, Any]] = {}
@@ -407,7 +340,7 @@ class StoreLink:
         return read_who(self._store.get(key)) if self._store.check([key]) else (None, None, None)
 
     def _beats(self) -> list[str]:
-        """Every rank's beat key, made once: at 98,304 ranks ~6 ms of rank 0's GIL a round."""
+        """Every rank's beat key, made once (rank 0 reads them every round)."""
         if self._beat_keys is None:
             self._beat_keys = [f"beat/{rank}" for rank in range(self.world_size)]
         return self._beat_keys
@@ -415,7 +348,7 @@ class StoreLink:
     def _check_beats(self, now: float) -> None:
         """Rank 0: mark the ranks whose counter has not moved for the bound, publish those still
         for a gap; a part of the counters a round (BeatJudge.next_part). Every beat key exists
-        (_introduce): no check of N keys a round (it doubled the keys rank 0 names a second)."""
+        (step): no check of N keys a round."""
         start, end = self._judge.next_part()
         values = batched.multi_get(self._store, self._beats()[start:end])  # see batched
         for rank, age_s in self._judge.still(values, now, start):
@@ -425,7 +358,6 @@ class StoreLink:
             how = f"stopped sending heartbeats {age_s:.0f} s ago (killed, or frozen?)"
             marker = {"host": host, "pid": pid, "how": how, "age_s": age_s, "node": node}
             self.write_marker(rank, marker)
-            self.presume_dead([rank])
         listed = self._judge.stale(now, self._listed_s)
         stale = encode_stale([rank for rank in listed if rank not in self._departed])
         if stale != self._stale_published:  # within the round beat/0 counts: see StaleWatch
@@ -433,12 +365,11 @@ class StoreLink:
             self._stale_published = stale
 
     def _read_stale(self) -> None:
-        """A hurry's read of rank 0's round counter and stale list, 4 times a round at most, and
-        once more when the host leaves (it lists a rank before it names it, then leaves)."""
+        """A hurry's read of rank 0's round counter and stale list, 4 times a round at most."""
         now = self._clock()
         with self._lock:
             watch, found_already = self._stale_watch, bool(self._silent)
-        soon = now - self._stale_read_at < self._interval_s / 4 and not self.released
+        soon = now - self._stale_read_at < self._interval_s / 4
         if watch is None or found_already or soon:
             return
         self._stale_read_at = now
@@ -457,20 +388,3 @@ class StoreLink:
         if found:
             with self._lock:
                 self._silent = found
-
-    def linger(self, deadline_s: float) -> None:
-        """The store's host, leaving: announce it, then wait until every other rank that may
-        still be alive has done its last store operation, so that none of them hits a vanished
-        store (torch logs each such failure with a C++ stack trace). Bounded by ``deadline_s``:
-        a rank killed without a marker never answers."""
-        if self.failure is not None:
-            return
-        self._store.set("closing", "1")
-        self._store.add("events", 1)  # wakes the pollers' look at "closing"
-        deadline = self._clock() + deadline_s
-        while self._clock() < deadline:
-            with self._lock:
-                expected = self.world_size - 1 - len(self._presumed_dead)
-            if int(self._store.add("done", 0)) >= expected:
-                return
-            time.sleep(HOOK_POLL_S)

@@ -16,7 +16,7 @@ by more than a quarter of the step (and 2 ms) for two periods in a row, rank 0 p
 and again each period while it lasts. An even run (every gap under the threshold, or the
 slowest rank changing from one period to the next) prints nothing. What it cannot see: work
 outside the loader and the model (a rank's own Python between steps) counts for neither.
-Only store operations, on the watchdog's store thread, never a collective.
+Only store operations, on the watchdog's thread, never a collective.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ RELATIVE = 0.25  # the slowest rank's extra own work, as a share of the step, to
 FLOOR_S = 0.002  # ... and at least this much a step
 PERIODS = 2  # periods in a row with the same slowest rank before the report
 MIN_STEPS = 5  # a rank with fewer steps in a period is not compared in it
-CALL_S = 5.0  # the judge thread waits no longer for the store thread (it judges departures too)
+CALL_S = 5.0  # kept for the link's call (each store operation is bounded by the link)
 
 
 def straggler_interval(env: Mapping[str, str]) -> float | None:
@@ -161,7 +161,7 @@ class StragglerWatch:
         totals: Callable[[], Mapping[str, Any]],
         clock: Callable[[], float],
     ) -> None:
-        # the link's call runs work on the store thread, which reads the link's store there
+        # the link's call runs work on the watchdog's thread, over the link's store
         self._call, self._store = call, store
         self.rank, self.world_size, self.period_s = rank, world_size, period_s
         self._totals, self._clock = totals, clock

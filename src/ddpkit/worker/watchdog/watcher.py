@@ -1,8 +1,16 @@
-"""The watchdog thread: judges departures against the bound and ends a blocked survivor.
+"""The watchdog's one thread: beats, judges departures against the bound, ends a blocked survivor.
 
-It reads the store link's departures and the training thread's progress, never the store
-itself; ending a rank prints where it was blocked and names the peer, reaps this rank's child
-processes (data loader workers) and exits with :data:`ABORT_EXIT_CODE`.
+Each time it wakes it does the store work due (:meth:`StoreLink.step`: a beat, rank 0's round,
+a poll of ``events``) and, every interval, samples the training thread and judges; ending a
+rank prints where it was blocked and names the peer, reaps this rank's child processes (data
+loader workers), flushes stdout and stderr and exits with :data:`ABORT_EXIT_CODE`.
+
+Its exit bound (:meth:`Watchdog.stop`, at exit and in ``shutdown()``): with ``T`` the store
+operation's timeout (:func:`~ddpkit.worker.watchdog.policy.op_timeout_for`: ``min(10 s,
+bound / 2)``), the thread is stopped and waited for at most ``T`` (a store operation in flight),
+then its connection is cut if it is still inside one (the call returns at once) and waited
+for again, briefly; the marker then takes one more store reply at most, ``T``: ``2 x T`` in
+all, within the bound. A store that answers (the usual case) costs a few milliseconds.
 """
 
 from __future__ import annotations
@@ -19,12 +27,12 @@ from collections.abc import Callable
 
 from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.contract import HANG_ACTION_VAR
+from ddpkit.worker import exit as process_exit
 from ddpkit.worker.watchdog.hangwatch import HangWatch
 from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
     ABORT_EXIT_CODE,
     HOOK_POLL_S,
-    SAY_TIMEOUT_S,
     THREAD_NAME,
     Departure,
     abort_message,
@@ -32,13 +40,14 @@ from ddpkit.worker.watchdog.policy import (
     how_it_raised,
     interval_for,
     looks_like_peer_failure,
+    on_grid,
     pick_cause,
     raised_message,
 )
 from ddpkit.worker.watchdog.store import StoreLink
 from ddpkit.worker.watchdog.straggler import StragglerWatch
 
-# --- the watchdog -------------------------------------------------------------------------------
+CUT_WAIT_S = 1.0  # how long the exit waits for the thread once its connection is cut
 
 
 class Watchdog:
@@ -52,13 +61,14 @@ class Watchdog:
         self._pid = os.getpid()
         self._main = threading.current_thread()  # the thread that joined: it runs collectives
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._said = False
         self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
         self.stragglers: StragglerWatch | None = None  # the straggler report, when on
         self.ending = False  # a hang report is out: this rank ends, quietly
-        self._judge = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
+        self._thread = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
 
     @property
     def owned(self) -> bool:
@@ -66,42 +76,60 @@ class Watchdog:
         return os.getpid() == self._pid
 
     def start(self) -> None:
-        self._link.start()
-        self._judge.start()
+        self._thread.start()
 
     def stop(self, how: str = "exited") -> None:
-        """Say that this rank leaves (unless said already), then stop both threads. Idempotent."""
+        """Stop the thread (see the module's exit bound), then say that this rank leaves
+        (unless said already). Idempotent. No thread of the watchdog's is left inside a store
+        call: one that returned from torch's C++ code while the interpreter finalizes would
+        abort the process (``terminate called without an active exception``)."""
         if self._stopped or not self.owned:
             return
         self._stopped = True
+        link = self._link
+        link.stopping = True
         self._stop.set()
-        self._link.leaving = True  # its say and linger go over the shared connection if not own
-        self._say(how)
-        self._linger()
-        self._link.stop()
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(link.op_timeout_s)
+            if self._thread.is_alive():  # inside a store call still: end it now
+                link.cut()
+                self._thread.join(CUT_WAIT_S)
+        if not self._thread.is_alive():
+            self._say(how)
 
-    # the judge thread
+    # the thread
 
     def _watch(self) -> None:
         progress = Progress(self._main, self._clock)
-        while not self._stop.wait(self.interval_s):
-            try:
-                now = self._clock()
-                progress.sample(now)
-                text = self.hangs.check(now) if self.hangs is not None else None
-                if text is not None and not self._stop.is_set():
-                    self._act_on_hang(text)
-                line = self.stragglers.check(now) if self.stragglers is not None else None
-                if line is not None:
-                    write_stderr(line + "\n")
-                cause = self._cause(now)
-                if cause is None:
-                    continue
-                blocked_s = now - max(progress.blocked_since, cause.left_at)
-                if blocked_s >= self.bound_s and self._waits() and not self._stop.is_set():
-                    self._abort(cause, blocked_s)
-            except Exception:  # never into the program; try again next interval
-                continue
+        link = self._link
+        next_judge = self._clock() + self.interval_s
+        while not self._stop.is_set():
+            now = self._clock()
+            next_store = link.step(now)
+            if now >= next_judge:
+                next_judge = on_grid(next_judge, self.interval_s, now)
+                self._judge(progress, now)
+            self._wake.wait(max(0.0, min(next_store, next_judge) - self._clock()))
+            self._wake.clear()
+
+    def _judge(self, progress: Progress, now: float) -> None:
+        try:
+            progress.sample(now)
+            text = self.hangs.check(now) if self.hangs is not None else None
+            if text is not None and not self._stop.is_set():
+                self._act_on_hang(text)
+            line = self.stragglers.check(now) if self.stragglers is not None else None
+            if line is not None:
+                write_stderr(line + "\n")
+            cause = self._cause(now)
+            if cause is None:
+                return
+            blocked_s = now - max(progress.blocked_since, cause.left_at)
+            if blocked_s >= self.bound_s and self._waits() and not self._stop.is_set():
+                self._abort(cause, blocked_s)
+        except Exception:  # never into the program; try again next interval
+            return
 
     def _waits(self) -> bool:
         """Whether the blocked rank waits in a collective (DDP's inside ``backward()`` too),
@@ -131,12 +159,9 @@ class Watchdog:
         write_stderr("\n".join(lines) + "\n")
         _blame_node(cause)
         self._stopped = True
-        if self._link.store_departure(self._clock()) is None:  # else a store call may hang
-            self._say("was ended by the ddpkit watchdog", victim=True)
-            self._linger()
-            self._link.stop()
+        self._say("was ended by the ddpkit watchdog", victim=True)  # none once the store is gone
         _reap_children()
-        os._exit(ABORT_EXIT_CODE)
+        process_exit.hard_exit(ABORT_EXIT_CODE)
 
     def _act_on_hang(self, text: str) -> None:
         """Every rank keeps the report in its log folders and rank 0 prints it (or the rank
@@ -167,12 +192,9 @@ class Watchdog:
         if not end:
             return
         self._stopped = True
-        if self._link.store_departure(self._clock()) is None:
-            self._say("was ended by the ddpkit hang watchdog", victim=True)
-            self._linger()
-            self._link.stop()
+        self._say("was ended by the ddpkit hang watchdog", victim=True)
         _reap_children()
-        os._exit(ABORT_EXIT_CODE)
+        process_exit.hard_exit(ABORT_EXIT_CODE)
 
     def hang_pending(self) -> bool:
         """Whether a hang report that ends the job is being gathered or is out (the main
@@ -184,20 +206,13 @@ class Watchdog:
     # leaving
 
     def _say(self, how: str, *, victim: bool = False) -> None:
-        """Write this rank's exit marker, once."""
+        """Write this rank's exit marker, once (each operation bounded by the store's timeout;
+        none once the store is gone)."""
         if self._said:
             return
         self._said = True
         marker = {"host": socket.gethostname(), "pid": os.getpid(), "how": how, "victim": victim}
-        link = self._link
-        link.call(lambda: link.write_marker(self.rank, marker), SAY_TIMEOUT_S)
-
-    def _linger(self) -> None:
-        """The store's host, leaving: give its peers time to read its marker and let go."""
-        link = self._link
-        if link.host_rank == self.rank:
-            linger_s = max(2.0, 3 * link.beat_interval_s)  # the others poll that often
-            link.call(lambda: link.linger(linger_s), linger_s + 1.0)
+        self._link.leave(marker)
 
     def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:
         """Excepthook, before the traceback: write this rank's marker. True when the error
@@ -221,6 +236,7 @@ class Watchdog:
         stopped (rank 0's list); twice as long at most while that may still come."""
         started = self._clock()
         self._link.hurry(2 * wait_s)
+        self._wake.set()  # the hurry starts now
         while True:
             now = self._clock()
             cause = self._cause(now)
@@ -228,7 +244,6 @@ class Watchdog:
                 return cause
             silent = self._link.silent()
             if silent:
-                self._link.presume_dead(departure.rank for departure in silent)
                 return silent[0]
             late = silent is None and self._link.alive() and now - started < 2 * wait_s
             if now - started >= wait_s and not late:
