@@ -93,7 +93,7 @@ class StoreLink:
         self.last_ok = clock()
         self.failure: Departure | None = None  # the store's host is gone: no more operations
         self.stopping = False  # the watchdog stops: call() refuses work
-        self.host_left = False  # the store's host wrote its exit marker: its store goes next
+        self.host_left = False  # the store's host left on its own: its store goes next
         self._started = False
         self._next_beat = 0.0
         self._hurry_until = 0.0
@@ -279,7 +279,10 @@ class StoreLink:
                 self._departed.add(rank)
                 if rank != self.rank:
                     self._departures.append(departure)
-        self.host_left = self.host_rank in self._departed and self.host_rank != self.rank
+            # a host that left on its own goes with its store; a victim first waits in its
+            # excepthook (its store still up), for the stale list a hurry reads
+            if rank == self.host_rank != self.rank and not departure.victim:
+                self.host_left = True
 
     # the hang watchdog's keys: hang/claim, hang/ask, hang/piece/<rank>, hang/answered,
     # hang/report; the ask and the report bump ``events``, so they cost no poll of their own
