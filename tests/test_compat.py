@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -360,24 +359,6 @@ def test_compiled_inner_finds_the_module_torch_compile_wraps() -> None:
         f"{compat.COMPILED_ATTRIBUTE}.weight",
         f"{compat.COMPILED_ATTRIBUTE}.bias",
     ]
-
-
-@reach
-def test_saved_pickle_head_is_the_pickle_torch_save_wrote(tmp_path: Path) -> None:
-    state = {"format": 2, "sequence": 7, "w": torch.ones(3)}
-    for target in (tmp_path / "by-path.pt", io.BytesIO()):  # torch names the record either way
-        torch.save(state, target)
-        path = target if isinstance(target, Path) else tmp_path / "by-stream.pt"
-        if isinstance(target, io.BytesIO):
-            path.write_bytes(target.getvalue())
-        head = compat.saved_pickle_head(path, 64)
-        assert head.startswith(b"\x80\x02}"), (TORCH, head)  # protocol 2, an empty dict
-        assert b"sequence" in head, TORCH
-        with path.open("rb") as file:  # the file already open (checked to be a regular one)
-            assert compat.saved_pickle_head(file, 64) == head
-    (tmp_path / "plain").write_bytes(b"\x80\x02}q\x00.")  # a pickle that is not torch's file
-    with pytest.raises(zipfile.BadZipFile):
-        compat.saved_pickle_head(tmp_path / "plain", 64)
 
 
 class _Refused:

@@ -33,8 +33,6 @@ against the installed version and names that version when one has moved.
       (self, master_addr, port)
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
-    torch.save's file: a zip with  torch       checkpoints read their write order from the
-      <name>/data.pkl                          pickle's first opcodes, never unpickling it
     weights_only's refusal text    torch       a checkpoint holding a type torch refuses
       ("GLOBAL x.y ...", "got                  names it (and how to trust it) instead of
       <class 'x.y'>")                          being skipped as damaged
@@ -62,7 +60,6 @@ import pickle
 import re
 import struct
 import sys
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
@@ -83,7 +80,6 @@ __all__ = [
     "matches_machine_hostname",
     "recorded_traceback",
     "refused_globals",
-    "saved_pickle_head",
     "store_ping",
     "submitit_sbatch_in_own_session",
     "submitit_sbatch_text",
@@ -321,21 +317,6 @@ def compiled_inner(module: object) -> Any:
     if wrapper is None or not isinstance(module, wrapper):
         return None
     return getattr(module, COMPILED_ATTRIBUTE)
-
-
-def saved_pickle_head(path: str | os.PathLike[str] | IO[bytes], limit: int) -> bytes:
-    """The first ``limit`` bytes of the pickle in a file ``torch.save`` wrote (a path, or the
-    file open for reading), unpickled by nobody: torch's file (since 1.6) is a zip archive
-    whose ``<name>/data.pkl`` record holds the pickle (stored, not compressed); :mod:`zipfile`
-    reads it. Raises ``OSError``, ``zipfile.BadZipFile`` or ``KeyError`` (no such record) for
-    any other file."""
-    with zipfile.ZipFile(path) as archive:
-        names = [name for name in archive.namelist() if re.fullmatch(r"[^/]+/data\.pkl", name)]
-        if len(names) != 1:
-            raise KeyError(f"{len(names)} data.pkl records")
-        with archive.open(names[0]) as record:
-            head: bytes = record.read(limit)
-            return head
 
 
 # torch's weights_only unpickler names what it refuses in these words (torch 2.4 to 2.13):

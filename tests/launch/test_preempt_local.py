@@ -35,7 +35,7 @@ pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (
 ROOT = Path(__file__).resolve().parents[2]
 # 4000 samples over 2 ranks in batches of 64: 32 steps an epoch, 64 in all.
 TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "4000", "--test-size", "501"]
-CHECKPOINT = re.compile(r"ckpt-(\d{9})\.pt")
+CHECKPOINT = re.compile(r"ckpt-(\d{9})-\d{9}.*\.pt")  # step, save number, run
 HASH = re.compile(r"^\[rank0\]:? ?weights sha256: ([0-9a-f]{64})$", re.MULTILINE)
 RESUMED = re.compile(r"^\[rank0\]:? ?resumed from .* at step (\d+)", re.MULTILINE)
 SAVED = re.compile(r"^\[rank0\]:? ?stop signal: saved step (\d+) in ", re.MULTILINE)

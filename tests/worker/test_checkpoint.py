@@ -22,7 +22,7 @@ import torch
 
 import ddpkit
 from ddpkit.errors import CheckpointError, ConfigError
-from ddpkit.worker import checkpoint, durable
+from ddpkit.worker import checkpoint, ckptfiles, durable
 from ddpkit.worker.checkpoint import checkpoint_files
 from tests.support.distutil import run_workers, torchrun_env
 
@@ -44,6 +44,11 @@ def _names(directory: Path) -> list[str]:
     return sorted(entry.name for entry in directory.iterdir())
 
 
+def _ckpt(step: int, sequence: int) -> str:
+    """The name of save number ``sequence`` of ``step`` by no named run (no init, no run id)."""
+    return ckptfiles.file_name(step, sequence, None)
+
+
 @pytest.fixture
 def world_of_one() -> Iterator[ddpkit.Context]:
     yield ddpkit.init(env={})
@@ -55,7 +60,7 @@ def test_round_trip_without_init(tmp_path: Path) -> None:
     path = ddpkit.save_checkpoint(
         tmp_path, {"model": model, "optim": optimizer, "epoch": 3, "t": torch.arange(4)}, step=7
     )
-    assert path == tmp_path / "ckpt-000000007.pt" and _names(tmp_path) == [path.name]
+    assert path == tmp_path / "ckpt-000000007-000000001.pt" and _names(tmp_path) == [path.name]
     fresh, fresh_optimizer = _model(1), torch.optim.Adam(_model(1).parameters(), lr=0.5)
     state: dict[str, Any] = {"model": fresh, "optim": fresh_optimizer, "epoch": 0}
     assert ddpkit.load_checkpoint(tmp_path, state) == 7
@@ -69,7 +74,7 @@ def test_round_trip_without_init(tmp_path: Path) -> None:
 def test_wrapped_model_is_saved_unwrapped(world_of_one: ddpkit.Context, tmp_path: Path) -> None:
     model = _model(0)
     ddpkit.save_checkpoint(tmp_path, {"model": torch.nn.DataParallel(model)}, step=1)
-    saved = torch.load(tmp_path / "ckpt-000000001.pt", weights_only=False)
+    saved = torch.load(checkpoint_files(tmp_path)[-1], weights_only=False)
     assert list(saved["state"]["model"]) == list(model.state_dict())  # no "module." prefix
     bare, wrapped = _model(5), torch.nn.DataParallel(_model(6))
     assert ddpkit.load_checkpoint(tmp_path, {"model": bare}) == 1
@@ -96,19 +101,19 @@ def test_a_checkpoint_file_loads_exactly_that_file(tmp_path: Path) -> None:
             tmp_path, {"at": step, "w": torch.full((3,), float(step))}, step=step
         )
     state: dict[str, Any] = {}
-    assert ddpkit.load_checkpoint(tmp_path / "ckpt-000000002.pt", state) == 2  # not the newest
+    assert ddpkit.load_checkpoint(tmp_path / _ckpt(2, 2), state) == 2  # not the newest
     assert state["at"] == 2 and torch.equal(state["w"], torch.full((3,), 2.0))
-    assert ddpkit.load_checkpoint(str(tmp_path / "ckpt-000000003.pt"), state) == 3
+    assert ddpkit.load_checkpoint(str(tmp_path / _ckpt(3, 3)), state) == 3
     assert state["at"] == 3
 
 
 @pytest.mark.parametrize(
     ("content", "match"),
     [
-        (b"", r"checkpoint file .*ckpt-000000002\.pt cannot be loaded"),
-        (b"garbage" * 10, r"checkpoint file .*ckpt-000000002\.pt cannot be loaded"),
-        ("half", r"checkpoint file .*ckpt-000000002\.pt cannot be loaded"),
-        ("model", r"ckpt-000000002\.pt was not written by ddpkit\.save_checkpoint"),
+        (b"", r"checkpoint file .*ckpt-000000002-000000002\.pt cannot be loaded"),
+        (b"garbage" * 10, r"checkpoint file .*ckpt-000000002-000000002\.pt cannot be loaded"),
+        ("half", r"checkpoint file .*ckpt-000000002-000000002\.pt cannot be loaded"),
+        ("model", r"ckpt-000000002-000000002\.pt was not written by ddpkit\.save_checkpoint"),
     ],
 )
 def test_a_checkpoint_file_that_does_not_load_is_an_error(
@@ -116,7 +121,7 @@ def test_a_checkpoint_file_that_does_not_load_is_an_error(
 ) -> None:
     ddpkit.save_checkpoint(tmp_path, {"at": 1}, step=1)
     ddpkit.save_checkpoint(tmp_path, {"at": 2, "w": torch.ones(1000)}, step=2)
-    path = tmp_path / "ckpt-000000002.pt"
+    path = tmp_path / _ckpt(2, 2)
     if content == "half":
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif content == "model":
@@ -152,9 +157,9 @@ def test_keep_last_and_stray_temp_files(tmp_path: Path) -> None:
     os.utime(stray, (day_ago, day_ago))  # not written for a day: its writer is gone
     for step in range(1, 6):
         ddpkit.save_checkpoint(tmp_path, {"step": step}, step=step, keep_last=2)
-    assert _names(tmp_path) == ["ckpt-000000004.pt", "ckpt-000000005.pt"]
+    assert _names(tmp_path) == [_ckpt(4, 4), _ckpt(5, 5)]
     ddpkit.save_checkpoint(tmp_path, {"step": 6}, step=6, keep_last=1)
-    assert [path.name for path in checkpoint_files(tmp_path)] == ["ckpt-000000006.pt"]
+    assert [path.name for path in checkpoint_files(tmp_path)] == [_ckpt(6, 6)]
     state: dict[str, Any] = {}
     assert ddpkit.load_checkpoint(tmp_path, state) == 6 and state["step"] == 6
 
@@ -163,13 +168,13 @@ def test_keep_last_and_stray_temp_files(tmp_path: Path) -> None:
 def test_unloadable_newest_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
     for step in (10, 20):
         ddpkit.save_checkpoint(tmp_path, {"w": torch.full((1000,), float(step))}, step=step)
-    newest = tmp_path / "ckpt-000000020.pt"
+    newest = tmp_path / _ckpt(20, 2)
     data = newest.read_bytes()
     newest.write_bytes(
         {"truncate": data[: len(data) // 2], "garbage": b"\x00" * 100, "empty": b""}[damage]
     )
     state: dict[str, Any] = {}
-    with pytest.warns(RuntimeWarning, match="ckpt-000000020.pt"):
+    with pytest.warns(RuntimeWarning, match=_ckpt(20, 2)):
         assert ddpkit.load_checkpoint(tmp_path, state) == 10
     assert torch.equal(state["w"], torch.full((1000,), 10.0))
 
@@ -250,19 +255,22 @@ def test_resume_from_an_older_checkpoint_after_the_newest_is_damaged(
     tmp_path: Path, keep_last: int
 ) -> None:
     _run(tmp_path, [10, 20, 30], keep_last, "first")
-    newest = tmp_path / "ckpt-000000030.pt"
+    newest = tmp_path / _ckpt(30, 3)
     newest.write_bytes(newest.read_bytes()[:100])  # damaged
-    with pytest.warns(RuntimeWarning, match="ckpt-000000030.pt"):
+    with pytest.warns(RuntimeWarning, match=_ckpt(30, 3)):
         resumed = ddpkit.load_checkpoint(tmp_path, {})
     assert resumed == (20 if keep_last == 3 else None)  # keep_last=1: nothing else to load
     start = 0 if resumed is None else resumed
-    order = [10, 20][: keep_last - 1]  # the loadable files, oldest written first
+    # a save tells a damaged file only by reading it, which it does not: the damaged file keeps
+    # its place in the write order (a load skips it) until a later save of its step replaces it
+    # or keep_last prunes it; the file just written is never the one pruned
+    order = [10, 20, 30][-keep_last:]
     for step in range(start + 5, start + 30, 5):  # a different cadence after the restart
         (path,) = _run(tmp_path, [step], keep_last, "second")
         assert path is not None and path.is_file(), step
         assert _loaded(tmp_path) == (step, ("second", step))
-        order = [*order, step][-keep_last:]
-        assert _steps(tmp_path) == order, step  # the damaged file went first, not a good one
+        order = [*[n for n in order if n != step], step][-keep_last:]
+        assert _steps(tmp_path) == order, step
 
 
 @pytest.mark.parametrize("keep_last", [1, 3])
@@ -338,14 +346,14 @@ def test_kill_9_during_write_keeps_previous_checkpoint(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the writer never reached the second save"
             time.sleep(0.05)
         temps = [name for name in _names(directory) if name.endswith(".tmp")]
-        assert temps and temps[0].startswith(".ckpt-000000002.pt.")  # mid-write of step 2
+        assert temps and temps[0].startswith(f".{_ckpt(2, 2)}.")  # mid-write of step 2
         os.kill(writer.pid, signal.SIGKILL)
         assert writer.wait(timeout=30) == -signal.SIGKILL
     finally:
         if writer.poll() is None:
             writer.kill()
             writer.wait()
-    assert _names(directory) == sorted(["ckpt-000000001.pt", *temps])  # the temp file stays
+    assert _names(directory) == sorted([_ckpt(1, 1), *temps])  # the temp file stays
     state: dict[str, Any] = {}
     assert ddpkit.load_checkpoint(directory, state) == 1
     assert torch.equal(state["w"], torch.full((4,), 1.0))
@@ -353,7 +361,7 @@ def test_kill_9_during_write_keeps_previous_checkpoint(tmp_path: Path) -> None:
     for temp in temps:
         os.utime(directory / temp, (dead_since, dead_since))
     ddpkit.save_checkpoint(directory, {"w": torch.zeros(1)}, step=3)
-    assert _names(directory) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
+    assert _names(directory) == [_ckpt(1, 1), _ckpt(3, 2)]
 
 
 # --- world size 2, spawned ---------------------------------------------------------------------
@@ -370,10 +378,11 @@ def _two_rank_worker(rank: int, world_size: int, port: int, directory: str) -> d
         fresh = _model(7)
         state: dict[str, Any] = {"model": fresh}
         step = ddpkit.load_checkpoint(directory, state)
-        from_file = ddpkit.load_checkpoint(Path(directory) / "ckpt-000000005.pt", {})
+        from_file = ddpkit.load_checkpoint(checkpoint_files(directory)[-1], {})
         return {
             "from_file": from_file,
             "path": None if path is None else path.name,
+            "origin": ddpkit.checkpoint_origin(directory),
             "step": step,
             "rng_ok": torch.equal(torch.rand(4), expected),
             "weights_ok": torch.equal(fresh[0].weight, model[0].weight),
@@ -386,12 +395,15 @@ def _two_rank_worker(rank: int, world_size: int, port: int, directory: str) -> d
 
 def test_two_ranks_each_get_their_own_rng(tmp_path: Path) -> None:
     results = run_workers(_two_rank_worker, 2, str(tmp_path))
-    assert [result["path"] for result in results] == ["ckpt-000000005.pt", None]
+    origin = results[0]["origin"]
+    name = f"ckpt-000000005-000000001-{origin.run_id}-a0.pt"  # the run the ranks agreed on
+    assert origin.run_id and [result["path"] for result in results] == [name, None]
     for result in results:
+        assert result["origin"] == origin  # every rank reads it from the name alike
         assert result["step"] == 5 and result["rng_ok"] and result["weights_ok"]
         assert result["from_file"] == 5
         assert result["rank_seen"] == 0  # the main rank's values are the saved ones
-        assert result["files"] == ["ckpt-000000005.pt"]  # the barrier: written before return
+        assert result["files"] == [name]  # the barrier: written before return
 
 
 def test_world_size_change_reseeds_rng_deterministically_with_warning(tmp_path: Path) -> None:

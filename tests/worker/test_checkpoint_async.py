@@ -137,7 +137,7 @@ def test_later_in_place_steps_do_not_reach_the_file(
         _step(model, optimizer)
     if moment != "returned":
         hold.release.set()
-    assert pending.wait() == tmp_path / "ckpt-000000001.pt"
+    assert pending.wait() == tmp_path / "ckpt-000000001-000000001.pt"
     assert not _same(_copy(state)["model"], before["model"])  # the steps did change it
     loaded: dict[str, Any] = {}
     assert ddpkit.load_checkpoint(tmp_path, loaded) == 1
@@ -171,7 +171,7 @@ def test_each_save_holds_its_own_state_when_the_copy_memory_is_reused(tmp_path: 
     ddpkit.wait_for_checkpoint()
     for step, saved in expected.items():
         loaded: dict[str, Any] = {}
-        assert ddpkit.load_checkpoint(tmp_path / f"ckpt-{step:09d}.pt", loaded) == step
+        assert ddpkit.load_checkpoint(tmp_path / f"ckpt-{step:09d}-{step:09d}.pt", loaded) == step
         assert _same(loaded["model"], saved["model"]), step
         assert _same(loaded["optimizer"], saved["optimizer"]), step
 
@@ -225,7 +225,7 @@ def test_the_next_save_or_load_waits_for_the_write_in_flight(
     if then == "async":
         results[0].wait()
     assert hold.calls == (2 if then == "async" else 1)
-    assert _names(tmp_path) == ["ckpt-000000001.pt", "ckpt-000000002.pt"]
+    assert _names(tmp_path) == ["ckpt-000000001-000000001.pt", "ckpt-000000002-000000002.pt"]
     assert ddpkit.load_checkpoint(tmp_path, {}) == 2  # written last: newest
 
 
@@ -241,8 +241,9 @@ def test_a_wait_past_its_bound_is_an_error_and_the_write_stays_in_flight(
         wait(timeout_s=0.2)
     assert inflight.in_flight() and not pending.done()
     hold.release.set()
-    assert wait(timeout_s=_WAIT_S) == tmp_path / "ckpt-000000001.pt"
-    assert not inflight.in_flight() and pending.wait() == tmp_path / "ckpt-000000001.pt"
+    first = tmp_path / "ckpt-000000001-000000001.pt"
+    assert wait(timeout_s=_WAIT_S) == first
+    assert not inflight.in_flight() and pending.wait() == first
 
 
 def test_a_failed_write_raises_at_the_next_save_and_only_once(
@@ -272,7 +273,7 @@ def test_a_failed_write_raises_at_the_next_save_and_only_once(
 def test_bad_arguments(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         ddpkit.async_save_checkpoint(tmp_path, {}, **{"step": 1, **kwargs})
-    assert not inflight.in_flight() and not tmp_path.joinpath("ckpt-000000001.pt").exists()
+    assert not inflight.in_flight() and not list(tmp_path.glob("ckpt-*.pt"))
 
 
 def test_an_uncopyable_value_raises_at_once(tmp_path: Path) -> None:
@@ -325,7 +326,7 @@ def test_kill_9_during_the_background_write_keeps_the_previous_checkpoint(
             assert time.monotonic() < deadline, "the writer never reached the background write"
             time.sleep(0.05)
         (temp,) = [name for name in _names(folder) if name.endswith(".tmp")]
-        assert temp.startswith(".ckpt-000000002.pt.")
+        assert temp.startswith(".ckpt-000000002-000000002.pt.")
         os.kill(writer.pid, signal.SIGKILL)
         assert writer.wait(timeout=30) == -signal.SIGKILL
     finally:
@@ -338,7 +339,7 @@ def test_kill_9_during_the_background_write_keeps_the_previous_checkpoint(
     dead_since = time.time() - durable.BEAT_STALE_AFTER_S - 60  # the time a restart takes
     os.utime(folder / temp, (dead_since, dead_since))
     ddpkit.async_save_checkpoint(folder, {"w": torch.zeros(1)}, step=3).wait()
-    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]  # the temp removed
+    assert _names(folder) == ["ckpt-000000001-000000001.pt", "ckpt-000000003-000000002.pt"]
 
 
 def test_the_writer_thread_yields_the_cpu_to_the_training(

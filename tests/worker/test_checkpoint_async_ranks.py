@@ -25,9 +25,16 @@ import torch
 
 import ddpkit
 from ddpkit.errors import CheckpointError
-from ddpkit.worker import asyncsave, inflight
+from ddpkit.worker import asyncsave, ckptfiles, inflight
 from ddpkit.worker.safeload import load_file
 from tests.support.distutil import free_port, run_workers, torchrun_env
+
+
+def _saves(names: list[str]) -> list[tuple[int, int]]:
+    """(step, sequence) of each checkpoint name (the run id in it is drawn per run)."""
+    found = [ckptfiles.parsed(Path(name)) for name in names]
+    return [(entry.step, entry.sequence) for entry in found if entry is not None]
+
 
 # real ranks that mostly wait for writes, bounds and exits: run beside the SLURM tests (ci/test.sh)
 pytestmark = pytest.mark.sidecar
@@ -184,7 +191,8 @@ def test_at_exit_the_write_is_waited_for_and_a_failure_ends_every_rank_with_1(
             assert process.returncode == 0, output
             assert "error" not in output, output
     if case.startswith("ok"):
-        assert sorted(p.name for p in folder.iterdir()) == ["ckpt-000000005.pt"]
+        names = sorted(p.name for p in folder.iterdir())
+        assert len(names) == 1 and _saves(names) == [(5, 1)], names
         with pytest.warns(RuntimeWarning, match="saved by 2 ranks"):
             assert ddpkit.load_checkpoint(folder, {}) == 5
     elif case == "too-slow":  # ended mid-wait: no file, at most a dead writer's temporary
@@ -240,8 +248,11 @@ def _resume_worker(rank: int, world_size: int, port: int, root: str) -> dict[str
 def test_resume_from_an_async_checkpoint_is_bitwise_the_sync_one(tmp_path: Path) -> None:
     results = run_workers(_resume_worker, 2, str(tmp_path), timeout_s=TIMEOUT_S)
     assert results == [{"sync": True, "async": True}] * 2
-    sync = load_file(tmp_path / "sync" / "ckpt-000000003.pt", "cpu", [])
-    done = load_file(tmp_path / "async" / "ckpt-000000003.pt", "cpu", [])
+    (sync_file,) = ckptfiles.written(tmp_path / "sync")
+    (async_file,) = ckptfiles.written(tmp_path / "async")
+    assert (sync_file.step, async_file.step) == (3, 3)
+    sync = load_file(sync_file.path, "cpu", [])
+    done = load_file(async_file.path, "cpu", [])
     assert sync.keys() == done.keys()
     for key in ("step", "world_size", "state", "rng"):
         assert _equal(sync[key], done[key]), key
@@ -319,6 +330,6 @@ def test_the_guard_waits_for_the_write_before_it_ends_the_job(
         return
     for result in results:
         assert result["code"] == 75 and result["step"] == 5 and result["written"], result
-        assert result["files"] == ["ckpt-000000002.pt", "ckpt-000000004.pt"]
+        assert len(result["files"]) == 2 and _saves(result["files"]) == [(2, 1), (4, 2)], result
     with pytest.warns(RuntimeWarning, match="saved by 2 ranks"):
         assert ddpkit.load_checkpoint(tmp_path / "ckpt", {}) == 4

@@ -165,6 +165,9 @@ def writers() -> Iterator[Callable[..., _Writer]]:
         writer.close()
 
 
+_ONE = "ckpt-000000001-000000001.pt"  # the first save of step 1, no run named
+
+
 def _names(folder: Path) -> list[str]:
     return sorted(entry.name for entry in folder.iterdir())
 
@@ -191,8 +194,8 @@ def test_kill_9_at_any_moment_of_a_save(
         _age(folder / temp, durable.BEAT_STALE_AFTER_S + 60)
     # the next save (another process on this host) removes the dead writer's temporary file
     ddpkit.save_checkpoint(folder, {"w": torch.zeros(1)}, step=3)
-    written = ["ckpt-000000001.pt", *(["ckpt-000000002.pt"] if renamed else [])]
-    assert _names(folder) == [*written, "ckpt-000000003.pt"]
+    written = [_ONE, *(["ckpt-000000002-000000002.pt"] if renamed else [])]
+    assert _names(folder) == [*written, f"ckpt-000000003-00000000{len(written) + 1}.pt"]
     assert ddpkit.load_checkpoint(folder, state) == 3
 
 
@@ -208,7 +211,8 @@ def test_a_live_writers_temporary_file_is_left_alone(
     assert _temps(folder) == [theirs]
     code, output = writer.resume()
     assert code == 0 and "saved" in output, output  # its file was there to be renamed
-    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000002.pt", "ckpt-000000003.pt"]
+    # both saves started after step 1: each is save number 2 (the later step is the newer)
+    assert _names(folder) == [_ONE, "ckpt-000000002-000000002.pt", "ckpt-000000003-000000002.pt"]
 
 
 def _age(path: Path, seconds: float) -> None:
@@ -233,7 +237,7 @@ def test_a_dead_writer_elsewhere_is_cleared_minutes_later(
     (temp,) = _temps(folder)
     _age(folder / temp, 3 * 60)
     ddpkit.save_checkpoint(folder, {"w": torch.ones(1)}, step=3)
-    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
+    assert _names(folder) == [_ONE, "ckpt-000000003-000000002.pt"]
 
 
 def test_a_live_writer_elsewhere_keeps_its_file_however_long_its_save(
@@ -256,7 +260,8 @@ def test_a_live_writer_elsewhere_keeps_its_file_however_long_its_save(
     assert _temps(folder) == [theirs]
     code, output = writer.resume()
     assert code == 0 and "saved" in output, output
-    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000002.pt", "ckpt-000000003.pt"]
+    # both saves started after step 1: each is save number 2 (the later step is the newer)
+    assert _names(folder) == [_ONE, "ckpt-000000002-000000002.pt", "ckpt-000000003-000000002.pt"]
 
 
 def test_a_clock_ahead_of_the_file_servers_takes_no_live_writers_file(
@@ -356,7 +361,7 @@ def test_a_dead_writers_file_does_not_fill_a_small_disk_for_long(
     assert shutil.disk_usage(folder).free < 2.5 * MiB
     _age(folder / temp, 3 * 60)
     ddpkit.save_checkpoint(folder, checkpoint, step=3)
-    assert _names(folder) == ["ckpt-000000001.pt", "ckpt-000000003.pt"]
+    assert _names(folder) == [_ONE, "ckpt-000000003-000000002.pt"]
     assert ddpkit.load_checkpoint(folder, {}) == 3
 
 
@@ -381,5 +386,5 @@ def test_a_full_disk_says_how_much_space_is_missing(
     needed, free = int(found[1]), int(found[2])
     assert needed == -(-6 * MiB // 10**6) and free == free_before // 10**6, message
     assert "unexpected pos" not in message and "keep_last" in (caught.value.hint or "")
-    assert _names(folder) == ["ckpt-000000001.pt"]  # nothing half-written left
+    assert _names(folder) == [_ONE]  # nothing half-written left
     assert ddpkit.load_checkpoint(folder, {}) == 1

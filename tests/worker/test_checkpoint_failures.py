@@ -31,6 +31,13 @@ def _model(seed: int, width: int = 8) -> torch.nn.Module:
     )
 
 
+def _saves(names: list[str]) -> list[tuple[int, int]]:
+    """(step, sequence) of ``names``, each a checkpoint's (the run id in it may be drawn)."""
+    found = [ckptfiles.parsed(Path(name)) for name in names]
+    assert None not in found, names
+    return [(entry.step, entry.sequence) for entry in found if entry is not None]
+
+
 def _names(directory: Path) -> list[str]:
     return sorted(entry.name for entry in directory.iterdir())
 
@@ -100,7 +107,7 @@ def test_main_rank_write_failure_raises_on_every_rank(tmp_path: Path, world_size
         assert (second["cause"] is not None) == (rank == 0), rank
         assert first["seconds"] < 20 and second["seconds"] < 20, result
         # nothing half-written: the step-3 temporary file is gone, step 1 untouched
-        assert result["files"] == ["ckpt-000000001.pt"], rank
+        assert _saves(result["files"]) == [(1, 1)], rank
         assert result["loaded"] == 4 and result["weights_ok"], rank
 
 
@@ -132,12 +139,12 @@ def _one_rank_worker(rank: int, world_size: int, port: int, root: str) -> dict[s
         other = _model(0, width=16 if rank == 1 else 8)  # rank 1's model does not fit
         results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
         if rank == 2:  # rank 2 cannot list the directory
-            original, ckptfiles.numbered = ckptfiles.numbered, _unlistable
+            original, ckptfiles.written = ckptfiles.written, _unlistable
         try:
             results["list"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {}))
         finally:
             if rank == 2:
-                ckptfiles.numbered = original
+                ckptfiles.written = original
         state: dict[str, Any] = {"model": _model(1)}
         results["loaded"] = ddpkit.load_checkpoint(directory, state)  # still in step
         results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
@@ -165,7 +172,7 @@ def test_one_rank_failing_raises_on_every_rank(tmp_path: Path) -> None:
             assert attempt["hint"] and attempt["seconds"] < 20, attempt
             assert (attempt["cause"] is not None) == (rank == failing), (rank, attempt)
         assert result["loaded"] == 2 and result["weights_ok"], rank
-    assert _names(tmp_path) == ["ckpt-000000002.pt"]  # the failed step 1 wrote nothing
+    assert _saves(_names(tmp_path)) == [(2, 1)]  # the failed step 1 wrote nothing
 
 
 # --- a world of one ----------------------------------------------------------------------------
@@ -182,7 +189,7 @@ def test_write_failure_in_a_world_of_one(world_of_one: ddpkit.Context, tmp_path:
     with pytest.raises(CheckpointError, match="failed to write checkpoint step 2") as caught:
         ddpkit.save_checkpoint(tmp_path, {"w": torch.ones(3), "f": lambda: 0}, step=2)
     assert caught.value.__cause__ is not None and caught.value.hint
-    assert _names(tmp_path) == ["ckpt-000000001.pt"]
+    assert _saves(_names(tmp_path)) == [(1, 1)]
 
 
 def test_prune_failure_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,10 +200,10 @@ def test_prune_failure_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ckptfiles, "prune", refuse)
     with pytest.warns(RuntimeWarning, match="step 2 is saved .* could not be deleted"):
         ddpkit.save_checkpoint(tmp_path, {"step": 2}, step=2, keep_last=1)
-    assert _names(tmp_path) == ["ckpt-000000001.pt", "ckpt-000000002.pt"]
+    assert _names(tmp_path) == ["ckpt-000000001-000000001.pt", "ckpt-000000002-000000002.pt"]
     monkeypatch.undo()
     ddpkit.save_checkpoint(tmp_path, {"step": 3}, step=3, keep_last=1)
-    assert _names(tmp_path) == ["ckpt-000000003.pt"]
+    assert _names(tmp_path) == ["ckpt-000000003-000000003.pt"]
 
 
 # --- the write path ----------------------------------------------------------------------------
@@ -236,7 +243,7 @@ def test_real_writeback_hint_is_harmless(tmp_path: Path, monkeypatch: pytest.Mon
         ([1, 2, 3, 4, 5], 3, 3, [3, 1, 2]),  # step 3 is saved again: replaced
         ([5, 6], 1, 2, [5]),  # write order, not steps: 6 was written last and stays
         ([5, 6, 1], 2, 3, [5]),  # a run restarted after step 6
-        ([1, 2, "damaged 9"], 3, 3, [9]),  # unreadable: the oldest, whatever its step
+        ([1, 2, "old 9"], 3, 3, [9]),  # an older ddpkit's name: the oldest, whatever its step
     ],
 )
 def test_doomed_are_the_files_the_save_replaces_or_prunes(
@@ -250,9 +257,7 @@ def test_doomed_are_the_files_the_save_replaces_or_prunes(
             else:
                 ddpkit.save_checkpoint(tmp_path, {}, step=number, keep_last=10)
     found = ckptfiles.doomed(ckptfiles.written(tmp_path), step, keep_last)
-    assert [entry.path for entry in found] == [
-        tmp_path / f"ckpt-{number:09d}.pt" for number in doomed
-    ]
+    assert [entry.step for entry in found] == doomed
 
 
 # --- a group plain torch created (no ddpkit.init()) ---------------------------------------------
@@ -305,8 +310,8 @@ def test_a_group_plain_torch_created(tmp_path: Path, world_size: int) -> None:
     # every rank's own RNG streams, distinct, saved and given back to their own rank
     assert len({repr(result["expected"]) for result in results}) == world_size
     for rank, result in enumerate(results):
-        assert result["path"] == ("ckpt-000000005.pt" if rank == 0 else None), rank
-        assert result["files"] == ["ckpt-000000005.pt"], rank  # one writer, no stray files
+        assert result["path"] == (results[0]["files"][0] if rank == 0 else None), rank
+        assert _saves(result["files"]) == [(5, 1)], rank  # one writer, no stray files
         assert result["loaded"] == 5 and result["weights_ok"], rank
         assert result["streams"] == result["expected"], rank
         assert result["rank_seen"] == 0, rank  # the main rank's values are the saved ones
@@ -321,4 +326,4 @@ def test_a_group_plain_torch_created(tmp_path: Path, world_size: int) -> None:
         for attempt in (collect, restore):  # the failing rank chains its own error
             assert (attempt["cause"] is not None) == (rank == last), (rank, attempt)
             assert attempt["seconds"] < 20, attempt
-    assert _names(tmp_path) == ["ckpt-000000005.pt"]
+    assert _saves(_names(tmp_path)) == [(5, 1)]

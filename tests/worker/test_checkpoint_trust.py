@@ -53,16 +53,22 @@ class _Exec:
         return (exec, (f"open({str(self.marker)!r}, 'w').close()",))
 
 
+def planted_name(kind: str) -> str:
+    """The name a planted file of ``kind`` takes: a forged one claims to be the newest save
+    (save number 1000 in a folder of a few), the others take the name of an older ddpkit."""
+    return "ckpt-000000999-000001000.pt" if kind.startswith("forged") else "ckpt-000000999.pt"
+
+
 def _plant(path: Path, kind: str, marker: Path) -> Path:
-    """A malicious ``path``: ``kind`` says how it is made and how much of ddpkit's header it
-    forges ("forged": format 2 with a huge sequence, so it claims to be the newest)."""
+    """A malicious ``path``: ``kind`` says how it is made and how much of ddpkit's payload it
+    forges ("forged": a ddpkit checkpoint's shape, a global inside its state)."""
     evil: Any = _System(marker) if kind.endswith("system") else _Exec(marker)
     if kind.startswith("pickle"):  # a plain pickle, not torch's zip
         path.write_bytes(pickle.dumps({"step": 1, "state": evil}))
     elif kind.startswith("torch"):  # torch.save, nothing of ddpkit's header
         torch.save({"state": evil}, path)
     else:  # forged: ddpkit's header, then the payload
-        header = {"format": 2, "sequence": 10**6, "step": 999, "world_size": 1}
+        header = {"format": 3, "step": 999, "world_size": 1}
         torch.save({**header, "state": {"x": evil}, "rng": []}, path)
     return path
 
@@ -75,7 +81,7 @@ def test_saving_never_unpickles_a_planted_file(tmp_path: Path, kind: str) -> Non
     marker = tmp_path / "marker"
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    _plant(folder / "ckpt-000000999.pt", kind, marker)
+    _plant(folder / planted_name(kind), kind, marker)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the higher-step notice
         for step in (1, 2):
@@ -89,17 +95,24 @@ def test_load_takes_the_legit_checkpoint_and_never_runs_the_planted_one(
 ) -> None:
     marker = tmp_path / "marker"
     folder = tmp_path / "ckpt"
-    ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=5)
-    # planted after the save, with a higher step: no header of ddpkit's, so it is no candidate
-    _plant(folder / "ckpt-000000999.pt", kind, marker)
+    newest = ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=5)
+    # planted after the save, with a higher step, under an older ddpkit's name: older than
+    # every save named with its place in the write order, so the load never reaches it
+    planted = _plant(folder / planted_name(kind), kind, marker)
     state: dict[str, Any] = {}
-    with pytest.warns(RuntimeWarning, match=r"skipping checkpoint .*ckpt-000000999\.pt"):
-        assert ddpkit.load_checkpoint(folder, state) == 5
+    assert ddpkit.load_checkpoint(folder, state) == 5
     assert torch.equal(state["w"], torch.ones(2))
     assert not marker.exists(), "loading ran code from a planted file"
-    with pytest.warns(RuntimeWarning, match="ckpt-000000999.pt"):  # alone, it is skipped too
-        (folder / "ckpt-000000005.pt").unlink()
-        assert ddpkit.load_checkpoint(folder, {}) is None
+    assert newest is not None
+    newest.unlink()  # alone, it is the newest: the weights-only load is the one reader
+    if kind.startswith("pickle"):  # an opcode it does not know: skipped as damaged
+        with pytest.warns(RuntimeWarning, match=rf"skipping checkpoint {planted}"):
+            assert ddpkit.load_checkpoint(folder, {}) is None
+    else:  # torch's file: the global refused, in one line
+        with pytest.raises(CheckpointError) as caught:
+            ddpkit.load_checkpoint(folder, {})
+        message = str(caught.value)
+        assert f"checkpoint {planted} holds " in message and "\n" not in message, message
     assert not marker.exists()
 
 
@@ -111,7 +124,7 @@ def test_a_planted_file_that_claims_to_be_newest_is_refused(
     marker = tmp_path / "marker"
     folder = tmp_path / "ckpt"
     ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=5)
-    planted = _plant(folder / "ckpt-000000999.pt", kind, marker)
+    planted = _plant(folder / planted_name(kind), kind, marker)
     assert [path.name for path in checkpoint_files(folder)][-1] == (
         planted.name
     )  # it does claim to be the newest
@@ -229,14 +242,19 @@ def _same_optim(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
 
 
 def test_checkpoints_written_before_weights_only_still_load(tmp_path: Path) -> None:
-    """Files of ddpkit at 42ddb9c (tests/data/checkpoints/generate.py): the write order they
-    recorded still decides (step 100 was written after step 500), and everything comes back."""
+    """Files of ddpkit at 42ddb9c (tests/data/checkpoints/generate.py), named before the write
+    order was in the name: everything comes back. Their order was inside the pickle, which
+    nothing reads but the load: among themselves they go by step (step 100 was written after
+    step 500, so a load of the folder takes 500 now), and any later save is newer."""
     from ddpkit.worker import ckptfiles
 
     folder = tmp_path / "legacy"
     shutil.copytree(LEGACY, folder)
     expected = json.loads((folder / "expected.json").read_text())
-    assert [entry.sequence for entry in ckptfiles.written(folder)] == [1, 2]
+    assert [(entry.step, entry.sequence) for entry in ckptfiles.written(folder)] == [
+        (100, 0),
+        (500, 0),
+    ]
     ddpkit.init(env={})
     try:
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -246,7 +264,8 @@ def test_checkpoints_written_before_weights_only_still_load(tmp_path: Path) -> N
             "optimizer": torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.1),
             "train": ddpkit.loader(data, 4, shuffle=True, seed=3),
         }
-        assert ddpkit.load_checkpoint(folder, state) == expected["step"] == 100
+        assert ddpkit.load_checkpoint(folder / "ckpt-000000100.pt", state) == expected["step"]
+        assert expected["step"] == 100
         weights = [torch.tensor(value) for value in expected["weights"]]
         for mine, theirs in zip(model.state_dict().values(), weights, strict=True):
             assert torch.equal(mine, theirs)
@@ -258,13 +277,15 @@ def test_checkpoints_written_before_weights_only_still_load(tmp_path: Path) -> N
         assert draws == expected["draws"]
     finally:
         ddpkit.shutdown()
-    # a new save continues the recorded order and prunes the legacy files oldest first
+    assert ddpkit.load_checkpoint(folder, {}) == 500  # the highest step of the old names
+    # a new save is newer than both and prunes the legacy files oldest first
     with pytest.warns(RuntimeWarning, match=r"higher steps \[500\]"):  # step 500: older
         ddpkit.save_checkpoint(folder, {"x": 1}, step=101, keep_last=2)
     assert [path.name for path in checkpoint_files(folder)] == [
-        "ckpt-000000100.pt",
-        "ckpt-000000101.pt",
+        "ckpt-000000500.pt",
+        "ckpt-000000101-000000001.pt",
     ]
+    assert ddpkit.load_checkpoint(folder, {}) == 101
 
 
 # --- every rank refuses alike ------------------------------------------------------------------
@@ -276,7 +297,7 @@ def _refusing_worker(rank: int, world_size: int, port: int, root: str) -> dict[s
         folder, marker = Path(root) / "ckpt", Path(root) / "marker"
         ddpkit.save_checkpoint(folder, {"w": torch.ones(2)}, step=1)
         if rank == 0:
-            _plant(folder / "ckpt-000000999.pt", "forged-system", marker)
+            _plant(folder / planted_name("forged"), "forged-system", marker)
         torch.distributed.barrier()
         start = time.monotonic()
         try:

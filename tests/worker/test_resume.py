@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # 8000 samples over 2 ranks in batches of 64: 63 steps an epoch, 189 in all. A checkpoint every
 # 16 steps always lands mid-epoch; every 21 steps (63 = 3 x 21) also on epoch boundaries.
 TRAIN = ["examples/train.py", "--epochs", "3", "--train-size", "8000", "--test-size", "501"]
-CHECKPOINT = re.compile(r"ckpt-(\d{9})\.pt")
+CHECKPOINT = re.compile(r"ckpt-(\d{9})-\d{9}.*\.pt")  # step, save number, run
 HASH = re.compile(r"^\[rank0\]:? ?weights sha256: ([0-9a-f]{64})$", re.MULTILINE)
 RESUMED = re.compile(r"^\[rank0\]:? ?resumed from .* at step (\d+)", re.MULTILINE)
 TIMEOUT_S = 120.0

@@ -63,13 +63,14 @@ def test_a_checkpoint_records_the_run_and_attempt_that_wrote_it(tmp_path: Path) 
     try:
         path = ddpkit.save_checkpoint(tmp_path, {"w": torch.ones(2)}, step=5)
         assert path is not None
+        assert path.name == "ckpt-000000005-000000001-exp-1-a3.pt"  # the origin is in the name
         origin = ddpkit.checkpoint_origin(tmp_path)
         assert origin == ckptfiles.Origin(path, 5, "exp-1", 3)
         assert ddpkit.checkpoint_origin(path) == origin  # one file, or the folder's newest
         assert ddpkit.load_checkpoint(tmp_path, {}) == 5  # the load is as before
     finally:
         ddpkit.shutdown()
-    # the order is still read from the head: a second save is the newest
+    # the order is in the name too: a second save is the newest
     ddpkit.init(env={"DDPKIT_RUN_ID": "exp-1", "SLURM_RESTART_COUNT": "4"})
     try:
         with pytest.warns(RuntimeWarning, match=r"higher steps \[5\]"):
@@ -87,7 +88,7 @@ def test_a_checkpoint_written_in_the_background_records_the_run_and_attempt_too(
     ddpkit.init(env={"DDPKIT_RUN_ID": "exp-2", "SLURM_RESTART_COUNT": "2"})
     try:
         path = ddpkit.async_save_checkpoint(tmp_path, {"w": torch.ones(2)}, step=7).wait()
-        assert path is not None  # the head is read after the host copy, unpickling nothing
+        assert path is not None
         assert ddpkit.checkpoint_origin(tmp_path) == ckptfiles.Origin(path, 7, "exp-2", 2)
     finally:
         ddpkit.shutdown()
@@ -96,12 +97,12 @@ def test_a_checkpoint_written_in_the_background_records_the_run_and_attempt_too(
 def test_no_origin_for_older_checkpoints_empty_folders_and_foreign_files(tmp_path: Path) -> None:
     folder = tmp_path / "legacy"
     shutil.copytree(LEGACY, folder)
-    origin = ddpkit.checkpoint_origin(folder)  # written before runs were recorded
-    assert origin is not None and (origin.step, origin.run_id, origin.attempt) == (100, None, None)
+    origin = ddpkit.checkpoint_origin(folder)  # older names: no origin, by step among themselves
+    assert origin is not None and (origin.step, origin.run_id, origin.attempt) == (500, None, None)
     assert ddpkit.checkpoint_origin(tmp_path / "missing") is None
     (tmp_path / "empty").mkdir()
     assert ddpkit.checkpoint_origin(tmp_path / "empty") is None
-    foreign = tmp_path / "ckpt-000000001.pt"
+    foreign = tmp_path / "model.pt"  # not named as a checkpoint: its contents are never read
     torch.save({"anything": 1}, foreign)
     assert ddpkit.checkpoint_origin(foreign) is None
 

@@ -130,7 +130,8 @@ def test_a_two_process_ddp_checkpoint_loads_into_plain_and_compiled_models(tmp_p
 def test_a_compiled_model_s_checkpoint_has_bare_keys(tmp_path: Path) -> None:
     source = _compiled(_net(4))
     ddpkit.save_checkpoint(tmp_path, {"model": source}, step=1)
-    payload = torch.load(tmp_path / "ckpt-000000001.pt", weights_only=False)
+    (path,) = tmp_path.glob("ckpt-000000001-*.pt")
+    payload = torch.load(path, weights_only=False)
     assert list(payload["state"]["model"]) == list(_net(0).state_dict())
     target = nn.DataParallel(_net(8))
     assert ddpkit.load_checkpoint(tmp_path, {"model": target}) == 1

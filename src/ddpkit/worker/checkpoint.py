@@ -1,8 +1,8 @@
 """Checkpoints that survive being killed mid-write: ``save_checkpoint`` / ``load_checkpoint``.
 
-Layout: ``<directory>/ckpt-<step:09d>.pt``, one file per checkpoint, written only by the main
-rank. A write goes to a hidden temporary file in the same directory
-(``.ckpt-<step>.pt.<token>.hb.tmp``, created with mode 0666 less the umask,
+Layout: ``<directory>/ckpt-<step:09d>-<sequence:09d>[-<run id>-a<attempt>].pt``, one file per
+checkpoint, written only by the main rank. A write goes to a hidden temporary file in the same
+directory (``.<name>.<token>.hb.tmp``, created with mode 0666 less the umask,
 like any file ``torch.save`` creates), is flushed and fsynced, then ``os.replace``\\ d onto its
 final name and the directory fsynced: a reader sees either the whole new file or none of it,
 and a ``kill -9`` during the write leaves the previous checkpoints untouched. The temporary
@@ -12,15 +12,15 @@ a live writer's (another job sharing the folder) is left alone: it touches its f
 writes (:mod:`ddpkit.worker.durable`).
 
 Order: the newest checkpoint is the one written last, not the one with the highest step. Each
-file records its save's ``sequence`` (one more than the highest in the directory when it was
-written), and load, prune and save all go by it: a run restarted from scratch in a used folder,
+file's name holds its save's ``sequence`` (one more than the highest in the directory when it
+was written), and load, prune and save all go by it: a run restarted from scratch in a used folder,
 a resume from an older checkpoint after the newest was damaged, or a fine-tune that resets the
 step resumes from its own latest save, and ``keep_last`` keeps the latest saves, never deleting
 the file just written in favour of an older run's higher step (the save warns when the
-directory holds such higher steps). The sequence is read from the head of each file without
-unpickling it (:mod:`ddpkit.worker.ckptfiles`); a file whose sequence cannot be read (damaged,
-or not written here) counts as the oldest: a load skips it with a warning, a save prunes it
-first.
+directory holds such higher steps). The name also holds the run id and attempt that wrote the
+file (``checkpoint_origin``); names and their older form are read by
+:mod:`ddpkit.worker.ckptfiles`, which never opens a file. A file that does not load (damaged,
+or not written here) is skipped by a folder's load with a warning.
 
 Values with ``state_dict()`` are stored as their state dict. ``DistributedDataParallel``,
 ``DataParallel`` and ``torch.compile`` wrappers are unwrapped first
@@ -85,7 +85,7 @@ from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
-_FORMAT = 2  # 2: the payload records "sequence", the save's place in the write order
+_FORMAT = 3  # 3: the write order and the origin are in the file's name (2: in the pickle)
 # what a failure becomes to share it between ranks: its text and its own hint, or None
 _Failure = tuple[str, str | None] | None
 
@@ -202,11 +202,14 @@ def load_checkpoint(
         map_location = context.device if context is not None else torch.device("cpu")
     payload: dict[str, Any] | None = None
     failure: Exception | None = None
+    read: tuple[Path, dict[str, Any]] | None = None
     try:
-        payload = read_checkpoint(Path(directory), map_location, trusted)
+        read = read_checkpoint(Path(directory), map_location, trusted)
     except Exception as error:  # e.g. a directory this rank cannot list
         failure = error
-    found = _all_gather(world_size, (_identity(payload), _describe(failure)))
+    payload = read[1] if read is not None else None
+    name = read[0].name if read is not None else None  # what every rank must have found alike
+    found = _all_gather(world_size, (name, _describe(failure)))
     _raise_failures(
         [text for _, text in found],
         f"could not read the checkpoints in {directory}",
@@ -216,8 +219,7 @@ def load_checkpoint(
     newest = [identity for identity, _ in found]
     if len(set(newest)) > 1:
         raise ConfigError(
-            f"ranks found different newest checkpoints in {directory}: (step, sequence) by "
-            f"rank {newest}",
+            f"ranks found different newest checkpoints in {directory}: the file by rank {newest}",
             hint="every rank must see the same checkpoint directory (a shared filesystem)",
         )
     if payload is None:
@@ -240,7 +242,7 @@ def load_checkpoint(
 
 def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
     """The complete checkpoints in ``directory``, oldest written first (temporary files
-    excluded; one whose write order cannot be read counts as the oldest)."""
+    excluded; one named by an older ddpkit counts as older than the others)."""
     return [entry.path for entry in ckptfiles.written(Path(directory))]
 
 
@@ -256,19 +258,14 @@ def _restore(saved: Mapping[str, Any], state: MutableMapping[str, Any]) -> None:
 
 
 def _run_stamp() -> dict[str, Any]:
-    """The run id and attempt that write this checkpoint (see :mod:`ddpkit.cluster.runid`):
-    strings and ints in the file's head, so ``checkpoint_origin`` reads them unpickling
-    nothing; none without a context whose run the environment names."""
+    """The run id and attempt that write this checkpoint (see :mod:`ddpkit.cluster.runid`),
+    which its file's name holds (and the payload too, for whoever reads a renamed file); none
+    without a context whose run the environment names."""
     context = current_or_none()
     run = context.run if context is not None else run_identity(os.environ)
     if run.source == "fresh" and context is None:
         return {}  # a fresh id per save would name no run
     return {"run_id": run.run_id, "attempt": run.attempt}
-
-
-def _identity(payload: Mapping[str, Any] | None) -> tuple[int, int] | None:
-    """(step, sequence) of a loaded checkpoint: what every rank must have found alike."""
-    return None if payload is None else (payload["step"], payload.get("sequence", 0))
 
 
 def _world() -> tuple[int, int]:
@@ -351,11 +348,11 @@ def save_payload(folder: Path, payload: dict[str, Any], step: int, keep_last: in
     sequence = ckptfiles.next_sequence(folder, found)
     doomed = ckptfiles.doomed(found, step, keep_last)
     drop_cache([entry.path for entry in doomed])
-    # "format" and "sequence" first: the write order is read from the head of the pickle
-    header = {"format": _FORMAT, "sequence": sequence}
-    path = write_atomically(folder, f"ckpt-{step:09d}.pt", {**header, **payload})
-    # The file of the same step was replaced by the rename: it is this checkpoint now.
-    _prune_or_warn(folder, [entry.path for entry in doomed if entry.step != step], step)
+    run = (payload["run_id"], payload["attempt"]) if "run_id" in payload else None
+    name = ckptfiles.file_name(step, sequence, run)
+    path = write_atomically(folder, name, {"format": _FORMAT, **payload})
+    # The older files of the same step go once this one, newer, is in place.
+    _prune_or_warn(folder, [entry.path for entry in doomed], step)
     _warn_higher_steps(folder, found, step)
     return path
 

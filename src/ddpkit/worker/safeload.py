@@ -14,7 +14,10 @@ itself stores beyond those, numpy's RNG state (a ``uint32`` array: ``ndarray``, 
 its ``uint32`` dtype class and the array's rebuild function), and the ``trusted_types`` the
 caller passes knowingly. A file that names anything else is refused with
 :class:`~ddpkit.errors.CheckpointError` naming every such global and how to trust it; a file
-that is damaged fails with torch's own error, which the caller treats as damage.
+that is damaged fails with torch's own error, which the caller treats as damage. This load is
+the only reader of a checkpoint's pickle: which file is the newest is read from the names
+(:mod:`ddpkit.worker.ckptfiles`), and a file that loads but has not the shape of a ddpkit
+checkpoint is refused after it.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker import ckptfiles
 from ddpkit.worker.durable import open_regular
 
-__all__ = ["check_trusted", "load_file", "read_checkpoint"]
+__all__ = ["READABLE", "check_trusted", "load_file", "read_checkpoint"]
+
+READABLE = (1, 2, 3)  # the payload formats a load takes (3: the order is in the file's name)
+_Read = tuple[Path, dict[str, Any]]  # a checkpoint's file and its payload
 
 
-def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> dict[str, Any] | None:
-    """The checkpoint to restore: the file ``path``, or the newest loadable one in the folder
-    ``path``; None for an empty or missing folder."""
+def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> _Read | None:
+    """The checkpoint to restore and its file: the file ``path``, or the newest loadable one in
+    the folder ``path``; None for an empty or missing folder."""
     if path.is_file():
         return _load_exactly(path, map_location, trusted)
     if path.is_dir():
@@ -46,7 +52,7 @@ def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> dict[s
     if path.exists():
         raise CheckpointError(
             f"{path} is neither a checkpoint folder nor a checkpoint file",
-            hint="pass the folder given to save_checkpoint, or one ckpt-<step>.pt file in it",
+            hint="pass the folder given to save_checkpoint, or one checkpoint file in it",
         )
     if ckptfiles.COMPLETE.fullmatch(path.name) or path.suffix in {".pt", ".pth"}:
         raise CheckpointError(
@@ -57,25 +63,13 @@ def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> dict[s
     return None  # a fresh run: save_checkpoint creates the folder
 
 
-def _load_exactly(path: Path, map_location: Any, trusted: list[Any]) -> dict[str, Any]:
+def _load_exactly(path: Path, map_location: Any, trusted: list[Any]) -> _Read:
     """The checkpoint in the file ``path``; a file that does not load is an error (asked
-    for by name, it is not swapped for another one). A file whose head is not a ddpkit
-    checkpoint's is refused unread, as a folder's load skips it: nothing of it is unpickled."""
+    for by name, it is not swapped for another one)."""
     damaged = (
         f"it is damaged or unreadable; pass its folder {path.parent} to resume from the "
         "newest checkpoint there that loads"
     )
-    head = ckptfiles.found(path, -1)
-    if head.problem is not None and not head.problem.startswith("not written"):
-        raise CheckpointError(
-            f"checkpoint file {path} cannot be loaded: {head.problem}", hint=damaged
-        )
-    if head.problem is not None:
-        raise CheckpointError(
-            f"{path} was not written by ddpkit.save_checkpoint (it does not start like a "
-            "ddpkit checkpoint), so load_checkpoint does not unpickle it",
-            hint="pass a ckpt-<step>.pt file that save_checkpoint wrote, or its folder",
-        )
     try:
         payload = load_file(path, map_location, trusted)
     except CheckpointError:
@@ -87,19 +81,15 @@ def _load_exactly(path: Path, map_location: Any, trusted: list[Any]) -> dict[str
     if not _valid(payload):
         raise CheckpointError(
             f"{path} was not written by ddpkit.save_checkpoint",
-            hint="pass a ckpt-<step>.pt file that save_checkpoint wrote, or its folder",
+            hint="pass a ckpt-<step>-<sequence>.pt file that save_checkpoint wrote, or its folder",
         )
-    return dict(payload)
+    return path, dict(payload)
 
 
-def _load_newest(folder: Path, map_location: Any, trusted: list[Any]) -> dict[str, Any] | None:
+def _load_newest(folder: Path, map_location: Any, trusted: list[Any]) -> _Read | None:
     """The newest written checkpoint that loads; every file skipped on the way is warned of.
     A file that holds a type the load refuses is not skipped: it raises."""
-    found = ckptfiles.written(folder)
-    for entry in found:
-        if entry.problem is not None:
-            _warn_skipped(entry.path, entry.problem)
-    for entry in reversed([entry for entry in found if entry.problem is None]):
+    for entry in reversed(ckptfiles.written(folder)):
         try:
             payload = load_file(entry.path, map_location, trusted)
         except CheckpointError:
@@ -110,7 +100,7 @@ def _load_newest(folder: Path, map_location: Any, trusted: list[Any]) -> dict[st
         if not _valid(payload):
             _warn_skipped(entry.path, "not written by ddpkit.save_checkpoint")
             continue
-        return dict(payload)
+        return entry.path, dict(payload)
     return None
 
 
@@ -118,7 +108,7 @@ def _valid(payload: object) -> bool:
     """Whether ``payload`` has the shape of a ddpkit checkpoint."""
     return (
         isinstance(payload, dict)
-        and payload.get("format") in ckptfiles.READABLE
+        and payload.get("format") in READABLE
         and isinstance(payload.get("step"), int)
         and isinstance(payload.get("state"), dict)
         and isinstance(payload.get("rng"), list)
