@@ -4,7 +4,7 @@
 # runs the linters and the type checker, builds the docs with `mkdocs build --strict` (a broken
 # link or a stale reference fails the run), starts the real SLURM test
 # cluster (ci/slurm-up: 4 nodes, accounting, installed with apt-get when missing), runs the whole
-# test suite against it (the SLURM tests in two pytest-xdist workers beside the others), and stops
+# test suite against it (the SLURM tests in four pytest-xdist workers beside the others), and stops
 # it again (ci/slurm-down) however pytest ends. The cluster's start and the contract run in the
 # background from the start (the contract is waited for at the end and fails the run like any
 # other step). Every run ends with the 20 slowest tests, their CPU time and the costliest files
@@ -82,7 +82,7 @@ work=$(mktemp -d /tmp/ddpkit-ci-XXXXXX) # background logs and the tests' times
 export DDPKIT_SLURM_DIR=${DDPKIT_SLURM_DIR:-/tmp/ddpkit-slurm}
 export DDPKIT_SLURM_NETNS=${DDPKIT_SLURM_NETNS:-${NETNS:-1}}
 # 8 CPUs a node (more than the real cores: the test jobs mostly wait), so that the jobs of the
-# two SLURM test workers below run side by side instead of queueing behind each other
+# four SLURM test workers below run side by side instead of queueing behind each other
 export DDPKIT_SLURM_CPUS=${DDPKIT_SLURM_CPUS:-8}
 # 4 nodes: the tests of bad-node exclusion (a job needing 2 of 3 nodes) and of a 4-node job at
 # scale need them; the others ask for the nodes they use (-N 1 or 2)
@@ -176,7 +176,7 @@ if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as ask
 fi
 
 # The SLURM tests spend their time waiting for the cluster (a time limit to pass, a requeued
-# job's hold, KillWait), the others keep both cores busy: run the SLURM files in two workers
+# job's hold, KillWait), the others keep both cores busy: run the SLURM files in workers
 # of their own (pytest-xdist, a file per worker at a time) beside the rest, and print their
 # report after the rest's. Either failing fails the run.
 # The whole is bound by CPU (measured on 2026-11-28, each run alone: the others 467
@@ -187,11 +187,20 @@ fi
 # brought out (the tests' own bugs, fixed, then a timed bound missed by 2 s and gloo's
 # "Connection closed by peer" in a torchrun test, found on 2026-11-29: a rank left init()
 # before a slower peer's gloo pair was handed over, see docs/concepts/ranks.md): not kept.
-phase "pytest: the SLURM tests (2 workers, log below) beside the others"
+# DDPKIT_CI_SLURM_WORKERS=N (default 4 since 2026-12-02; 2 before) workers for the SLURM run:
+# its tests wait for the cluster (~860 CPU-s in 1,211 s with 2 workers, CI of 2026-12-02), a
+# file at a time in tests/conftest.py's order, its longest files first (LONGEST_FIRST;
+# --no-loadscope-reorder keeps xdist from putting the files with most tests first). The
+# cluster has room: 4 nodes x 8 CPUs; the largest test job asks for 16 (test_scale_cluster).
+slurm_workers=${DDPKIT_CI_SLURM_WORKERS:-4}
+[[ $slurm_workers =~ ^[1-9]$ ]] ||
+  { echo "ci/test.sh: DDPKIT_CI_SLURM_WORKERS=$slurm_workers: 1-9" >&2; exit 2; }
+phase "pytest: the SLURM tests ($slurm_workers workers, log below) beside the others"
 slurm_log=$work/slurm-tests.log
 times_runs=("others=$work/times-others.jsonl" "slurm=$work/times-slurm.jsonl")
 # (with them the `sidecar` tests: local processes that mostly wait for bounds and signals)
-in_test_hosts python3 -m pytest -m "slurm or sidecar" -n 2 --dist loadfile \
+in_test_hosts python3 -m pytest -m "slurm or sidecar" -n "$slurm_workers" \
+  --dist loadfile --no-loadscope-reorder \
   --times-file "$work/times-slurm.jsonl" >"$slurm_log" 2>&1 &
 slurm_pid=$!
 # DDPKIT_CI_WORKERS=N runs the others in N pytest-xdist workers (default 1: one process, as

@@ -101,6 +101,46 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item._times_outcome = report.outcome  # type: ignore[attr-defined]
 
 
+# The files that take longest in ci/test.sh's SLURM run (ci/slowest.py's costliest files), longest
+# first: collected first, so that its workers (`--dist loadfile --no-loadscope-reorder`: a file
+# at a time, in collection order) start the long ones first and end together. xdist's own order
+# (files with most tests first) left single-test files of 1-2 minutes (scale, torchx preempt,
+# resize, blame) to the end, one worker busy for minutes after the others had finished. Every
+# other file keeps its place after them.
+# The local files that keep the cores busy (hangs, checkpoint_async_ranks, preempt_local) are
+# spread out: the first four files start together, and with three of them at once beside the
+# seven jobs of test_preempt_cluster, preempt_local's runs passed their 90-s bound (load ~37).
+LONGEST_FIRST = (  # seconds in the 4-worker run of 2026-12-02 on a loaded machine
+    "tests/launch/test_preempt_cluster.py",  # 284
+    "tests/worker/test_hangs.py",  # 491
+    "tests/jobs/test_jobs_cluster.py",  # 248
+    "tests/worker/test_checkpoint_async_ranks.py",  # 408
+    "tests/launch/test_preempt_local.py",  # 278
+    "tests/jobs/test_blame_cluster.py",  # 182
+    "tests/worker/test_watchdog_store.py",  # 181
+    "tests/cluster/rendezvous/test_ports_cluster.py",  # 176
+    "tests/worker/test_straggler.py",  # 172
+    "tests/worker/test_hangs_cluster.py",  # 150
+    "tests/jobs/test_scale_cluster.py",  # 146 (the 2-worker CI run of 2026-12-02)
+    "tests/jobs/test_nodes_cluster.py",
+    "tests/launch/test_node_order_cluster.py",  # 136
+    "tests/jobs/test_torchx_preempt_cluster.py",  # 127 (CI)
+    "tests/jobs/test_sweep_cluster.py",  # 107
+    "tests/launch/test_run_orphans.py",  # 93
+    "tests/launch/test_resize_cluster.py",  # 86 (CI)
+    "tests/jobs/test_slurm_backend_cluster.py",  # 84
+    "tests/jobs/test_sweep_submitit_cluster.py",  # 78
+    "tests/launch/test_resize_launch.py",  # 63 (CI)
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST's files before the others (a stable sort: each file's tests keep their
+    order, and so do the other files)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """SIGINT as in a pytest started from a terminal, wherever this one was started: a
     non-interactive shell starts a command it puts in the background (``&``: ci/test.sh's

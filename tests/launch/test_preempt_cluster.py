@@ -31,6 +31,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,18 +120,31 @@ def history(slurm: SlurmCluster, job_id: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The final weights of an uninterrupted run (no checkpoint dir, no signal)."""
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], str]]:
+    """The final weights of an uninterrupted run (no checkpoint dir, no signal), read when
+    first asked: the run starts before the jobs are submitted (``outcomes`` asks for this
+    fixture first) and runs while they wait for the cluster, not after them."""
     where = tmp_path_factory.mktemp("reference")
-    out = run(
-        [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(EXAMPLE),
-         *TRAIN.split()],
-        env={**_base_env(), "OMP_NUM_THREADS": "1"},
-        cwd=where,
-    )  # fmt: skip
-    found = HASH.findall(out)
-    assert len(found) == 1, out
-    return found[0]
+    log = where / "out.txt"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(EXAMPLE),
+             *TRAIN.split()],
+            env={**_base_env(), "OMP_NUM_THREADS": "1"},
+            cwd=where, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    def weights() -> str:
+        code = proc.wait(timeout=120)
+        found = HASH.findall(log.read_text(errors="replace"))
+        assert code == 0 and len(found) == 1, f"reference run exit {code}:\n{log.read_text()}"
+        return found[0]
+
+    try:
+        yield weights
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _base_env() -> dict[str, str]:
@@ -138,7 +153,9 @@ def _base_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def outcomes(
-    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+    slurm_cluster: SlurmCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+    reference: Callable[[], str],  # started first, to run beside the jobs
 ) -> dict[str, Outcome]:
     slurm = slurm_cluster
     if not slurm.accounting:
@@ -146,6 +163,7 @@ def outcomes(
     env = {**slurm.env, "DDPKIT_HOME": str(tmp_path_factory.mktemp("home"))}
     submitted: dict[str, tuple[str, Path]] = {}
     try:
+        specs = {}
         for name, case in SCENARIOS.items():
             workdir = tmp_path_factory.mktemp(name)
             spec = workdir / "job.yaml"
@@ -156,12 +174,24 @@ def outcomes(
                 f"--checkpoint-dir {workdir / 'ck'} "
                 f"--step-delay {case.step_delay}\n{case.fields}{_gate(case, workdir)}"
             )
-            job_id = run(
-                [sys.executable, "-m", "ddpkit", "submit", str(spec), "--via", case.via],
-                env=env,
-                cwd=workdir,
-            ).strip()
-            submitted[name] = (slurm.track(job_id), workdir)
+            specs[name] = (spec, case.via)
+        # submitted at the same time: one after the other, the seven `ddpkit submit` (each a
+        # Python start) took ~40 s on a loaded machine before the last job was queued
+        with ThreadPoolExecutor(len(specs)) as pool:
+            futures = {
+                name: pool.submit(
+                    run,
+                    [sys.executable, "-m", "ddpkit", "submit", str(spec), "--via", via],
+                    env=env,
+                    cwd=spec.parent,
+                )
+                for name, (spec, via) in specs.items()
+            }
+        for name, future in futures.items():  # every job that was submitted is tracked
+            with contextlib.suppress(Exception):
+                submitted[name] = (slurm.track(future.result().strip()), specs[name][0].parent)
+        for future in futures.values():
+            future.result()  # the first that failed fails the test, saying why
         signalled, held = _signal_when_training(slurm, submitted)
         deadline = time.monotonic() + JOBS_TIMEOUT_S
         for job_id, _ in submitted.values():
@@ -344,9 +374,10 @@ def _markers(workdir: Path) -> int:
 @pytest.mark.timeout(JOBS_TIMEOUT_S + 300)
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_stop_signal_requeues_and_resumes_exactly(
-    name: str, outcomes: dict[str, Outcome], reference: str
+    name: str, outcomes: dict[str, Outcome], reference: Callable[[], str]
 ) -> None:
     outcome = outcomes[name]
+    weights = reference()
     where = f"job {outcome.job_id} ({name}); logs:\n{outcome.logs[-6000:]}"
     states = [state for state, _ in outcome.history]
     assert states[-1] == "COMPLETED", f"runs {outcome.history}; {where}"
@@ -355,7 +386,7 @@ def test_stop_signal_requeues_and_resumes_exactly(
     assert re.search(r"requeue \S+ \(1 of 10\): done", outcome.logs), where
     assert re.search(r"resumed from \S+ at step [1-9]\d* ", outcome.logs), where
     hashes = HASH.findall(outcome.logs)
-    assert hashes == [reference], f"final weights {hashes} != uninterrupted {reference}; {where}"
+    assert hashes == [weights], f"final weights {hashes} != uninterrupted {weights}; {where}"
     if name in ("timelimit", "startup"):  # to the batch shell, which held it, then passed it on
         assert "ddpkit: SIGUSR2: time limit near; holding it until every" in outcome.logs, where
         assert "SIGUSR2: every process has latched it, passing it on" in outcome.logs, where
