@@ -187,12 +187,13 @@ fi
 # brought out (the tests' own bugs, fixed, then a timed bound missed by 2 s and gloo's
 # "Connection closed by peer" in a torchrun test, found on 2026-11-29: a rank left init()
 # before a slower peer's gloo pair was handed over, see docs/concepts/ranks.md): not kept.
-# DDPKIT_CI_SLURM_WORKERS=N (default 4 since 2026-12-02; 2 before) workers for the SLURM run:
+# DDPKIT_CI_SLURM_WORKERS=N (default 2: 4 were tried on 2026-12-02 on a machine loaded by other
+# work, and were not faster there; unmeasured in a clean run) workers for the SLURM run:
 # its tests wait for the cluster (~860 CPU-s in 1,211 s with 2 workers, CI of 2026-12-02), a
 # file at a time in tests/conftest.py's order, its longest files first (LONGEST_FIRST;
 # --no-loadscope-reorder keeps xdist from putting the files with most tests first). The
 # cluster has room: 4 nodes x 8 CPUs; the largest test job asks for 16 (test_scale_cluster).
-slurm_workers=${DDPKIT_CI_SLURM_WORKERS:-4}
+slurm_workers=${DDPKIT_CI_SLURM_WORKERS:-2}
 [[ $slurm_workers =~ ^[1-9]$ ]] ||
   { echo "ci/test.sh: DDPKIT_CI_SLURM_WORKERS=$slurm_workers: 1-9" >&2; exit 2; }
 phase "pytest: the SLURM tests ($slurm_workers workers, log below) beside the others"
