@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -169,6 +170,27 @@ class StoreLink:
         found, or [] when none is expected within the hurry)."""
         with self._lock:
             return None if self._silent is None else list(self._silent)
+
+    def named(self, cause: Departure | None, wait_s: float) -> None:
+        """After a failed collective's excepthook named ``cause``: count this rank in
+        ``named``; the store's host then keeps its store up (its process, and the store with
+        it, ends next) until every other survivor counted itself, ``wait_s`` at most. Without
+        it a survivor still reading the host's stale list found the store gone and named the
+        host, a victim, instead of the rank that was killed."""
+        if not self._answers():
+            return
+        culprits = 0 if cause is None or cause.rank in (None, self.rank) else 1
+        others = self.world_size - 1 - culprits
+        try:
+            count = int(self._store.add("named", 1))
+            if self.rank != self.host_rank:
+                return
+            deadline = self._clock() + wait_s
+            while count - 1 < others and self._clock() < deadline:
+                time.sleep(HOOK_POLL_S)
+                count = int(self._store.add("named", 0))
+        except Exception as error:
+            self._fail(error)
 
     # the watchdog's thread
 

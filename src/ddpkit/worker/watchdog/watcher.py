@@ -229,6 +229,7 @@ class Watchdog:
         waited_s = hook_wait_for(self.interval_s)
         cause = self._wait_for_cause(waited_s)
         _blame_node(cause)
+        self._link.named(cause, waited_s)
         return raised_message(cause, self.rank, kind.__name__, waited_s)
 
     def _wait_for_cause(self, wait_s: float) -> Departure | None:
