@@ -3,14 +3,14 @@
     python benchmarks/scale_phases.py [--procs 2] 1024 2048
 
 The same simulated ranks as ``bench_scale.py`` (:mod:`scalesim`, ddpkit's own code), stamped at
-the end of each step: connected (probe + torch's client), formed (every rank joined), ready
-(``init()`` returns: the watchdog's thread started, the rank introduced), linked (the watchdog's
-thread sets out to connect, at the rank's first beat's phase; rank 0 at its first round),
-cloned (that thread's own connection). Prints, per step, the spread over ranks (p50/p90/p99/max
-seconds), when the last rank finished it (and "introduced": rank 0's, with every beat key,
-comes after its connection), and the CPU time the thread that did it spent (``thread_cpu_ms``:
-p50 and mean over ranks, in ms: the rank's own thread, and the watchdog link's from "linked" to
-"cloned"). A diagnostic, not a figure of the report.
+the end of each step: connected (the store's handshake + torch's client), formed (every rank
+joined), linked (the watchdog sets out to connect, in ``init()``), cloned (its own connection
+made), ready (``init()`` returns: the watchdog's thread started). Prints, per step, the spread
+over ranks (p50/p90/p99/max seconds), when the last rank finished it (and "introduced": rank
+0's, with every beat key, comes after its connection), and the CPU time the thread that did it
+spent (``thread_cpu_ms``: p50 and mean over ranks, in ms, of the rank's own thread; "linked" to
+"cloned" is the watchdog's connect, inside "formed" to "ready"). A diagnostic, not a figure of
+the report.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scalesim
 
-STEPS = ("start", "connected", "formed", "ready", "linked", "cloned")  # on every rank, in order
+STEPS = ("start", "connected", "formed", "linked", "cloned", "ready")  # on every rank, in order
 LAST = (*STEPS, "introduced")
-# steps whose two stamps are taken on one thread: the CPU time that thread spent on the step
-# (the rank's own thread, then the watchdog link's; torch's client constructor runs on
-# ddpkit's bounded-connect thread, so it is not in ddpkit's "start->connected")
+# steps whose two stamps are taken on one thread (the rank's own): the CPU time it spent on the
+# step; "linked->cloned", the watchdog's own connect, is a part of "formed->ready"
 CPU_STEPS = (("start", "connected"), ("connected", "formed"), ("formed", "ready"),
              ("linked", "cloned"))  # fmt: skip
 

@@ -435,7 +435,9 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     ours = bench_scale.job(8, "ddpkit", 2, 1.0)
     alone = bench_scale.job(8, "ddpkit-rendezvous", 2, 1.0)  # the watchdog off
     plain = bench_scale.job(8, "plain", 2, 1.0)
-    assert 0 < ours["ready_s"] <= ours["up_s"] < 60, ours
+    # the watchdog's own connection is made in init(); its introduction, the thread's first
+    # step, may come just before or just after init() returns
+    assert 0 < ours["ready_s"] < 60 and 0 < ours["up_s"] < 60, ours
     assert 0 < alone["ready_s"] < 60 and alone["up_s"] == 0.0, alone
     assert 0 < plain["ready_s"] < 60 and plain["up_s"] == 0.0, plain
     # 7 clients: the group's client + the watchdog's own (no probe against a store that is up);
@@ -449,10 +451,6 @@ def test_the_scale_bench_times_ready_where_init_returns_and_counts_what_the_stor
     for found in (ours, alone, plain):
         assert found["store_cpu_ms"] > 0 and found["client_cpu_ms"] > 0, found
         assert 0 < found["store_ready_ms"] <= found["store_cpu_ms"], found
-    # init() returns before the watchdog's own connection, made at the rank's first beat's
-    # phase (rank 5 of 8: 0.91 s into a 1 s interval); each rank has introduced itself by then
-    # (one call; rank 0: its introduction and every beat key, 8 keys in one call)
-    assert ours["up_s"] - ours["ready_s"] > 0.5, ours
     assert ours["link_cpu_ms"] > 0 and alone["link_cpu_ms"] == plain["link_cpu_ms"] == 0, ours
     assert ours["calls_per_rank"] == (7 * 1 + 2) / 8 and ours["max_other_calls"] == 1, ours
     assert ours["beat_calls_s"] > 0 and plain["beat_calls_s"] == 0, (ours, plain)
@@ -585,12 +583,10 @@ def test_the_phase_diagnostic_gives_each_steps_time_and_its_threads_cpu(
     ours = scale_phases.job(8, 2, "ddpkit")
     plain = scale_phases.job(8, 2, "plain")
     last = ours["last_at_s"]
-    assert last["connected"] <= last["formed"] <= last["ready"] <= last["linked"], last
-    assert last["linked"] <= last["cloned"], last
-    # each watchdog's own connection comes at its first beat's phase (rank 5 of 8: 0.91 s of
-    # a 1 s interval; rank 0: its first round, 1 s in), not in init()'s burst. "introduced":
-    # the others' as init() returns, rank 0's (with every beat key) after its connection
-    assert last["linked"] - last["ready"] > 0.5, last
+    # each watchdog's own connection is made in init(), before it returns (the order of one
+    # rank's stamps, so of the last rank's too)
+    assert last["connected"] <= last["formed"] <= last["linked"], last
+    assert last["linked"] <= last["cloned"] <= last["ready"], last
     steps = ["start->connected", "connected->formed", "formed->ready"]
     assert sorted(ours["thread_cpu_ms"]) == sorted([*steps, "linked->cloned"])
     assert sorted(plain["thread_cpu_ms"]) == sorted(steps)
