@@ -468,7 +468,7 @@ def test_the_scale_benchs_start_up_trials_give_start_up_figures_only(scale_env: 
     import bench_scale
 
     startup = bench_scale.job(8, "ddpkit", 2, None)
-    assert 0 < startup["ready_s"] <= startup["up_s"] < 60, startup
+    assert 0 < startup["ready_s"] < 60 and 0 < startup["up_s"] < 60, startup  # see above
     assert startup["store_ready_ms"] > 0 and startup["client_cpu_ms"] > 0, startup
     assert not {"beat_calls_s", "beat_keys_s", "beat_burst"} & set(startup), startup
     windowed = {**startup, "beat_calls_s": 7.0, "beat_keys_s": 9.0, "beat_burst": 1.5}

@@ -192,6 +192,23 @@ class StoreLink:
         except Exception as error:
             self._fail(error)
 
+    def report_read(self, wait_s: float) -> None:
+        """The store's host, about to end at a hang report (``DDPKIT_HANG_ACTION=end``): keep
+        the store up (its process, and the store with it, ends next) until every other rank
+        has read the report, ``wait_s`` at most (a rank that holds the GIL never reads it).
+        Without it a rank still to poll found the store gone, and its peer watchdog ended it
+        for a departed host instead of the report ending it."""
+        if self.rank != self.host_rank or not self._answers():
+            return
+        try:
+            deadline = self._clock() + wait_s
+            while int(self._store.add("hang/read", 0)) < self.world_size - 1:
+                if self._clock() >= deadline:
+                    return
+                time.sleep(HOOK_POLL_S)
+        except Exception as error:
+            self._fail(error)
+
     # the watchdog's thread
 
     def step(self, now: float) -> float:
@@ -316,6 +333,7 @@ class StoreLink:
             text = self._store.get("hang/report").decode(errors="replace")
             with self._lock:
                 self.hang_report = text
+            self._store.add("hang/read", 1)  # the host may end once every rank has it
 
     def _answer(self) -> None:
         self.hang_asked = True

@@ -191,6 +191,7 @@ class Watchdog:
             )
         if not end:
             return
+        self._link.report_read(hangs.gather_s())
         self._stopped = True
         self._say("was ended by the ddpkit hang watchdog", victim=True)
         _reap_children()
