@@ -5,9 +5,11 @@ collective in rank-0-only code alone is left alone (main-process-first is correc
 Pure pieces (bounds, the diagnosis, the report, the reading of rank-0-only ``if`` tests) run
 in-process, and so does the reader of torch's flight recorder, on a real gloo group. The
 scenarios start real ranks (gloo on 127.0.0.1, see :mod:`tests.support.spawned`) with a small
-per-collective bound (3 s) and a large first bound (60 s): ending within ``SLACK_S`` (30 s)
-shows that the tight bound applied after the first step and that nothing waited for torch's
-30-minute collective timeout.
+per-collective bound (3 s) and a large first bound (60 s): the report naming
+``DDPKIT_HANG_TIMEOUT=3`` shows that the tight bound applied after the first step, and every
+rank ending on its own, with the watchdog's exit code, before :func:`~tests.support.spawned.spawn`'s
+guard kills it shows that nothing waited for torch's 30-minute collective timeout. No test
+times the ending: on this loaded 2-core machine the start of three ranks alone took up to 20 s.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from tests.support.spawned import Rank, child_env, running, spawn
 pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
 
 HOST = socket.gethostname()
-SLACK_S = 30.0
 # DDPKIT_HANG_ACTION=end: the scenarios below end at the report (the default only reports)
 BOUNDS = {
     "DDPKIT_HANG_TIMEOUT": "3",
@@ -531,7 +532,7 @@ def _report_of(rank0: Rank) -> str:
 
 def _ended_by_the_report(ranks: list[Rank], reported_by: int = 0) -> None:
     for rank in ranks:
-        assert rank.code == watchdog.ABORT_EXIT_CODE and rank.ended_s < SLACK_S, rank.err[-3000:]
+        assert rank.code == watchdog.ABORT_EXIT_CODE, rank.err[-3000:]  # not spawn's kill
         if rank.rank != reported_by:
             assert f"ddpkit: rank {rank.rank} ends: the hang watchdog's report" in rank.err
         assert "Traceback" not in rank.err, rank.err[-3000:]  # no noise from ended collectives

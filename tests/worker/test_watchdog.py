@@ -3,8 +3,10 @@
 Pure pieces (configuration, messages, the blocked-thread check) run in-process. The scenarios
 start real processes (gloo on 127.0.0.1): ``_spawn`` starts one interpreter per rank with
 torchrun's variables in its own environment (so each process's stderr and exit code can be
-read), and one test goes through ``python -m ddpkit run``. Timed asserts are generous (30 s
-against a bound of a few seconds): the point is "not the 30-minute collective timeout".
+read), and one test goes through ``python -m ddpkit run``. No test times an ending (on this
+loaded 2-core machine a start of three ranks alone took up to 20 s): a survivor ending on its own,
+with the watchdog's exit code and its message naming the bound, before the guard of ``_spawn``
+or of ``subprocess.run`` kills it, shows that nothing waited for the 30-minute collective timeout.
 """
 
 from __future__ import annotations
@@ -38,9 +40,6 @@ from tests.support.spawned import spawn as _spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = socket.gethostname()
-SLACK_S = (
-    30.0  # a survivor must be gone this long after its start; the collective timeout is 30 min
-)
 
 # Rank --leave-rank leaves after --steps all_reduces; the others all_reduce on, or work alone.
 WORKER = """
@@ -366,7 +365,7 @@ def test_peer_failing_at_a_rank_that_returned_early_names_it(
     rank0, rank1 = _spawn(worker, 2, ["--leave", leave], bound_s=3)
     assert rank1.code == (0 if leave == "return" else 1), rank1.err
     assert "ddpkit: " not in rank1.err  # the rank that left says nothing about itself
-    assert rank0.code == 1 and rank0.ended_s < SLACK_S
+    assert rank0.code == 1, rank0.err[-3000:]  # on its own: spawn's guard kills with -9
     # gloo's own error, then the name: a peer that exits closes its socket (FIN), or resets it
     # when data it never read was waiting (RST; 1 run in 6 under load): gloo says which
     gloo = re.search(r"RuntimeError: .*Connection (closed|reset) by peer", rank0.err)
@@ -391,13 +390,11 @@ def test_ddpkit_run_of_three_with_a_rank_returning_early_reports_it(worker: Path
         int(r): int(p) for r, p in re.findall(r"^\[rank\d\]: pid (\d) (\d+)$", done.stdout, re.M)
     }
     assert sorted(pids) == [0, 1, 2], done.stdout
-    # Timed from rank 1's leaving, not from the launch: the launch's start-up (four interpreters
-    # importing torch, stretched by a loaded 2-core machine) is no part of what is tested, that
-    # the job ends long before the 30-minute collective timeout. One CI run took 37.7 s in all,
-    # where it went unknown: a failure now gives both durations and the whole output.
+    # Not timed: the job ending by itself, with the survivor's exit code, within the guard of
+    # 120 s shows that nothing waited for the 30-minute collective timeout.
     (left,) = re.findall(r"^\[rank1\]: leaving ([0-9.]+)$", done.stdout, re.M)
     after_leaving = ended - float(left)
-    assert done.returncode == 1 and after_leaving < SLACK_S, (
+    assert done.returncode == 1, (
         f"exit {done.returncode}, {after_leaving:.1f} s after rank 1 left, {elapsed:.1f} s in "
         f"all\n{done.stdout}\n{done.stderr}"
     )
@@ -418,7 +415,7 @@ def test_killed_rank_is_named_by_both_survivors(worker: Path) -> None:
     ranks = _spawn(worker, 3, ["--leave", "kill"], bound_s=3)
     assert ranks[1].code == -9
     for survivor in (ranks[0], ranks[2]):
-        assert survivor.code == 1 and survivor.ended_s < SLACK_S, survivor.err[-2000:]
+        assert survivor.code == 1, survivor.err[-2000:]  # on its own, not spawn's kill
         _named(survivor, ranks[1], "stopped sending heartbeats")
 
 
@@ -455,7 +452,7 @@ def test_blocked_survivor_of_a_frozen_rank_is_ended_and_its_children_reaped(
     for pid, ticks in children:  # a failure here must not leave them behind either
         signal_if_same(pid, ticks)
     assert len(children) == 3, rank0.out
-    assert rank0.code == watchdog.ABORT_EXIT_CODE and rank0.ended_s < SLACK_S, rank0.err
+    assert rank0.code == watchdog.ABORT_EXIT_CODE, rank0.err
     _named(rank0, rank1, "stopped sending heartbeats")
     assert "ending rank 0 after" in rank0.err and "DDPKIT_PEER_TIMEOUT=3" in rank0.err
     assert "in all_reduce" in rank0.err  # where it was blocked
