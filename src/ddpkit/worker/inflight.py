@@ -14,9 +14,10 @@ At interpreter exit (a safety net for a script that never waited; a step of the 
 :mod:`ddpkit.worker.exit`): the main rank waits for a write still in flight, and while the
 process group lives and no exception ends the process, the outcome goes to every rank through
 the job's store (not a collective: a rank exiting must not wait in one its peers never join).
-Every one of these waits is bounded by the save's ``timeout_s``: the main rank's for its write
-(``timeout_s``), the others' for the outcome (``timeout_s`` + the time ranks reach their exit
-apart, ``min(30 s, timeout_s)``), the main rank's for their reading it (the same). When the
+Each rank's whole exit step ends within the save's ``timeout_s`` of the rank reaching it, the
+bound the user set: the main rank gives its write ``timeout_s`` less the time ranks may reach
+their exit apart (``min(30 s, timeout_s / 10)``), then waits that long at most for the others
+to read the outcome; the others wait ``timeout_s`` at most for it. When the
 write failed or timed out, every rank that learns it (or cannot learn it) prints the error
 and exits with code 1, after the later exit steps (an exception cannot be raised there).
 After ``ddpkit.shutdown()`` or ``destroy_process_group()`` only the main rank knows: wait
@@ -48,7 +49,10 @@ __all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
 # timeouts (10 min for NCCL, 30 for gloo): the other ranks wait in a collective meanwhile.
 WAIT_TIMEOUT_S = 300.0
 _NICER = 10  # how much lower the writer thread's CPU priority is than the training's
-_ACK_TIMEOUT_S = 30.0  # the main rank keeps the store up this long for the others to read
+# At exit, the time ranks may reach their exit apart: the main rank's write gets this much less
+# than the save's timeout_s, and the main rank keeps the store up this long for the others to
+# read the outcome, so that every rank's exit step ends within timeout_s (see _apart_s).
+_APART_S = 30.0
 # (kind, text, hint): kind "failed" or "timeout"; None when the write succeeded
 _Outcome = tuple[str, str, str | None] | None
 
@@ -154,13 +158,15 @@ def finish(world_size: int, *, timeout_s: float | None = None) -> Path | None:
     raise _error(pending, outcome) from pending.error
 
 
-def _outcome(pending: _Write, timeout_s: float | None) -> _Outcome:
-    """The main rank's view of its write, after waiting for it at most ``timeout_s``."""
+def _outcome(pending: _Write, timeout_s: float | None, *, said_s: float | None = None) -> _Outcome:
+    """The main rank's view of its write, after waiting for it at most ``timeout_s``; a timeout
+    names ``said_s`` (default: that bound), the one the user set, which an exit step shares."""
     bound = pending.timeout_s if timeout_s is None else timeout_s
     if not pending.done.wait(bound):
+        said = bound if said_s is None else said_s
         return (
             "timeout",
-            f"the write did not finish within {bound:g} s (still writing in the background)",
+            f"the write did not finish within {said:g} s (still writing in the background)",
             "pass a larger timeout_s to async_save_checkpoint or wait(), or check the "
             "filesystem's speed and free space",
         )
@@ -193,14 +199,25 @@ def _at_exit() -> int | None:
     if pending is None:
         return None
     _STATE.pending = None
-    outcome = _outcome(pending, None) if pending.thread is not None else None
     crashed = getattr(sys, "last_value", None) is not None  # an uncaught exception ends us
-    if pending.world_size > 1 and not crashed and dist.is_available() and dist.is_initialized():
+    shares = pending.world_size > 1 and not crashed
+    shares = shares and dist.is_available() and dist.is_initialized()
+    outcome = None
+    if pending.thread is not None:
+        bound = pending.timeout_s - (_apart_s(pending.timeout_s) if shares else 0.0)
+        outcome = _outcome(pending, bound, said_s=pending.timeout_s)
+    if shares:
         outcome = _share_at_exit(pending, outcome)
     if outcome is None:
         return None
     print(f"ddpkit: error: {_error(pending, outcome)}", file=sys.stderr, flush=True)
     return 1
+
+
+def _apart_s(timeout_s: float) -> float:
+    """How far apart ranks may reach their exit and still learn the outcome of a write that
+    takes (nearly) its whole bound: a tenth of ``timeout_s``, 30 s at most."""
+    return min(_APART_S, timeout_s / 10)
 
 
 def _share_at_exit(pending: _Write, outcome: _Outcome) -> _Outcome:
@@ -210,16 +227,16 @@ def _share_at_exit(pending: _Write, outcome: _Outcome) -> _Outcome:
     try:
         if pending.rank == 0:
             store.set(key, "" if outcome is None else "\0".join([*outcome[:2], outcome[2] or ""]))
-            # keep the store up while they read, never longer than the save's own bound
-            deadline = time.monotonic() + min(_ACK_TIMEOUT_S, pending.timeout_s)
+            # keep the store up while they read: the rest of this rank's bound at most
+            deadline = time.monotonic() + _apart_s(pending.timeout_s)
             while store.add(f"{key}/read", 0) < pending.world_size - 1:
-                if time.monotonic() > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     break
-                time.sleep(0.01)
+                time.sleep(min(0.01, left))
             return outcome
-        # the main rank's own bound, and the time ranks reach their exit apart (30 s at most)
-        wait_s = pending.timeout_s + min(_ACK_TIMEOUT_S, pending.timeout_s)
-        store.wait([key], timedelta(seconds=wait_s))
+        # the main rank's write gets timeout_s less the time ranks reach their exit apart
+        store.wait([key], timedelta(seconds=pending.timeout_s))
         text = store.get(key).decode()
         store.add(f"{key}/read", 1)
     except Exception as error:  # a store gone with the main rank: say so, do not hang
