@@ -4,10 +4,10 @@
 # runs the linters and the type checker, builds the docs with `mkdocs build --strict` (a broken
 # link or a stale reference fails the run), starts the real SLURM test
 # cluster (ci/slurm-up: 4 nodes, accounting, installed with apt-get when missing), runs the whole
-# test suite against it (the SLURM tests in four pytest-xdist workers beside the others), and stops
-# it again (ci/slurm-down) however pytest ends. The cluster's start and the contract run in the
-# background from the start (the contract is waited for at the end and fails the run like any
-# other step). Every run ends with the 20 slowest tests, their CPU time and the costliest files
+# test suite against it (the SLURM tests in pytest-xdist workers beside the others), and stops
+# it again (ci/slurm-down) however pytest ends. The cluster's start, the contract and the
+# linters, mypy and the docs (ci/lint.sh) run in the background from the start (the last two are
+# waited for at the end and fail the run like any other step). Every run ends with the 20 slowest tests, their CPU time and the costliest files
 # (ci/slowest.py), then a table of each phase's wall time. Arguments go to one plain pytest run
 # instead, e.g. `bash ci/test.sh -m slurm -q`.
 #
@@ -122,18 +122,19 @@ bg "contract: the README's first command in a brand-new venv (ci/contract.sh)" \
   "$work/contract.log" bash ci/contract.sh
 contract=$((${#bg_pids[@]} - 1))
 
-phase "ruff"
-ruff check src tests examples benchmarks docs/hooks
-ruff format --check src tests examples benchmarks docs/hooks
-
-phase "mypy (strict on src/)"
-mypy
-
-phase "docs (mkdocs build --strict)"
-# into site/ (gitignored); any warning (a broken link or anchor, an API object that no longer
-# exists, a spec field or DDPKIT_* variable without its description) fails the build.
-# NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, noise in every run.
-NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict
+# The linters, the type checker and the docs: one core for ~30 s, in the background beside the
+# tests (they fail the run at the end like the contract; `bash ci/lint.sh` runs them alone).
+bg "ruff, mypy (strict on src/), docs (mkdocs build --strict)" "$work/lint.log" bash ci/lint.sh
+lint=$((${#bg_pids[@]} - 1))
+# every background step's outcome, at the end: 0 when all passed
+bg_outcomes() {
+  local rc=0
+  phase "waiting for the linters and the docs"
+  bg_wait "$lint" || { echo "ci/test.sh: ci/lint.sh failed (see above)" >&2; rc=1; }
+  phase "waiting for the contract (ci/contract.sh)"
+  bg_wait "$contract" || { echo "ci/test.sh: ci/contract.sh failed (see above)" >&2; rc=1; }
+  return "$rc"
+}
 
 phase "waiting for the SLURM test cluster"
 if ! bg_wait "$slurm_up"; then
@@ -170,8 +171,7 @@ if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as ask
   times_runs=("pytest=$work/times.jsonl")
   rc=0
   in_test_hosts python3 -m pytest --times-file "$work/times.jsonl" "$@" || rc=$?
-  phase "waiting for the contract (ci/contract.sh)"
-  bg_wait "$contract" || { echo "ci/test.sh: ci/contract.sh failed (see above)" >&2; exit 1; }
+  bg_outcomes || exit 1
   exit "$rc"
 fi
 
@@ -219,11 +219,10 @@ slurm_rc=0
 wait "$slurm_pid" || slurm_rc=$?
 echo "== pytest -m slurm (exit $slurm_rc)"
 cat "$slurm_log"
-phase "waiting for the contract (ci/contract.sh)"
-contract_rc=0
-bg_wait "$contract" || contract_rc=$?
-if [ "$rc" != 0 ] || [ "$slurm_rc" != 0 ] || [ "$contract_rc" != 0 ]; then
+background_rc=0
+bg_outcomes || background_rc=$?
+if [ "$rc" != 0 ] || [ "$slurm_rc" != 0 ] || [ "$background_rc" != 0 ]; then
   echo "ci/test.sh: failed (pytest, others: exit $rc; SLURM tests: exit $slurm_rc;" \
-    "ci/contract.sh: exit $contract_rc)" >&2
+    "linters, docs or contract: exit $background_rc)" >&2
   exit 1
 fi
