@@ -310,20 +310,64 @@ def test_a_one_node_job_hosts_its_store_on_loopback(kind: str) -> None:
 
 
 _REPORT = """
-import json, os, sys
+import json, os, resource, sys, warnings
 import torch, torch.distributed as dist
 import ddpkit
 from tests.support.sockets import listening
-ctx = ddpkit.init()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ctx = ddpkit.init()
 dist.barrier()
 agent = listening(os.getppid())  # torch's agent is the workers' parent
 mine = listening()
+parent = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)  # the agent's open-files limit
+said = [str(w.message) for w in caught if "the launcher (pid" in str(w.message)]
 dist.barrier()
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
-    json.dump({"agent": agent, "mine": mine, "ifname": os.environ["GLOO_SOCKET_IFNAME"]}, out)
+    json.dump({"agent": agent, "mine": mine, "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+               "parent": list(parent), "ppid": os.getppid(), "said": said}, out)
 dist.barrier()
 ddpkit.shutdown()
 """
+
+
+def _low_open_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, 4096))
+
+
+def _report_of(
+    folder: Path, launcher: list[str], env: dict[str, str], *, low_open_files: bool = False
+) -> list[dict[str, Any]]:
+    """``launcher`` (a command line ending with its flags) running _REPORT on 2 ranks; each
+    rank's report."""
+    script = folder / "report.py"
+    script.write_text(_REPORT)
+    done = subprocess.run(
+        [*launcher, str(script), str(folder)],
+        env=env,
+        preexec_fn=_low_open_files if low_open_files else None,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+_DDPKIT_RUN = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2"]
+
+
+@pytest.fixture(scope="module")
+def ddpkit_run_on_one_node(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """One ``ddpkit run --nproc-per-node 2`` (one node, no --master-port: --standalone),
+    gloo on lo, started with a soft open-files limit of 200: where it listens, and the
+    limits (test_a_launcher_that_hosts_the_store_...): one launch for both."""
+    folder = tmp_path_factory.mktemp("ddpkit-run-one-node")
+    env = clean_env(GLOO_SOCKET_IFNAME="lo")
+    return _report_of(folder, _DDPKIT_RUN, env, low_open_files=True)
 
 
 @pytest.mark.multiproc
@@ -339,28 +383,20 @@ ddpkit.shutdown()
     ids=["standalone", "static", "standalone-gloo-on-a-network"],
 )
 def test_ddpkit_run_on_one_node_listens_on_loopback_only(
-    tmp_path: Path, flags: list[str], gloo_ifname: str
+    tmp_path: Path, flags: list[str], gloo_ifname: str, request: pytest.FixtureRequest
 ) -> None:
     # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface);
     # and gloo's listeners on the interface GLOO_SOCKET_IFNAME named ("gloo-on-a-network"),
     # although every peer is on this host. The user's variable is back after init().
     if gloo_ifname == "routable":
         gloo_ifname = _routable_interface()[0]
-    script = tmp_path / "report.py"
-    script.write_text(_REPORT)
-    flags = [str(free_port()) if flag == "port" else flag for flag in flags]
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
-    done = subprocess.run(
-        [*command, str(script), str(tmp_path)],
-        env=clean_env(GLOO_SOCKET_IFNAME=gloo_ifname),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
-        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    if not flags:
+        reports = request.getfixturevalue("ddpkit_run_on_one_node")
+    else:
+        flags = [str(free_port()) if flag == "port" else flag for flag in flags]
+        env = clean_env(GLOO_SOCKET_IFNAME=gloo_ifname)
+        reports = _report_of(tmp_path, [*_DDPKIT_RUN, *flags], env)
+    for rank, seen in enumerate(reports):
         assert seen["agent"], "the agent hosts the rendezvous store"
         assert seen["mine"], "gloo listens in every rank"
         for addr, port in seen["agent"] + seen["mine"]:
@@ -797,50 +833,21 @@ def test_a_hard_limit_below_the_need_is_said_once_a_node_and_the_job_goes_on() -
     assert results[1]["said"] == []  # local rank 1 of the node, not the store's host
 
 
-_LAUNCHER_LIMIT = """
-import json, os, resource, sys, warnings
-import ddpkit
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    ctx = ddpkit.init()
-parent = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)  # the agent: our parent
-said = [str(w.message) for w in caught if "the launcher (pid" in str(w.message)]
-with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
-    json.dump({"parent": list(parent), "ppid": os.getppid(), "said": said}, out)
-ddpkit.shutdown()
-"""
-
-
-def _low_open_files() -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_NOFILE, (200, 4096))
-
-
 @pytest.mark.multiproc
 @pytest.mark.parametrize("launcher", ["torchrun", "ddpkit run"])
 def test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_says_so(
-    tmp_path: Path, launcher: str
+    tmp_path: Path, launcher: str, request: pytest.FixtureRequest
 ) -> None:
     # torchrun's agent hosts the store of every worker of the job (2 connections each) and
     # nobody raises its limit: rank 0, its child, says so with the fix; ddpkit run raises its own
     from ddpkit.cluster.limits import open_files_needed
 
-    script = tmp_path / "report.py"
-    script.write_text(_LAUNCHER_LIMIT)
-    module = "torch.distributed.run" if launcher == "torchrun" else "ddpkit"
-    command = [sys.executable, "-m", module, *(["run"] if module == "ddpkit" else [])]
-    done = subprocess.run(
-        [*command, "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
-        env=clean_env(),
-        preexec_fn=_low_open_files,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    if launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc-per-node", "2"]
+        rank0, rank1 = _report_of(tmp_path, command, clean_env(), low_open_files=True)
+    else:  # the launch test_ddpkit_run_on_one_node_listens_on_loopback_only reads too
+        rank0, rank1 = request.getfixturevalue("ddpkit_run_on_one_node")
     need = open_files_needed(2, hosts_store=True)
     assert rank1["said"] == []
     if launcher == "torchrun":
