@@ -10,10 +10,11 @@ collectives, subgroups, the script's own ``destroy_process_group()``, ``sys.exit
 rank, a tqdm-style progress bar, and a script that never calls ddpkit.
 
 The idioms that need no job of their own run one after the other in one job, ``plain_all.py``
-(each idiom's ``exercise()``, announced by a ``--- name`` line); those that change what a later
-idiom would meet (the script's own signal handlers, its own ``destroy_process_group()``,
-``sys.exit(3)``, no ``ddpkit.init()``, a compile) keep a job of their own. One launch under
-each launcher instead of one each: a pair of launches is 5-12 s of CPU, mostly torch's import.
+(each idiom's ``exercise()``, announced by a ``--- name`` line; the compile late, the script's
+own ``destroy_process_group()`` last, as its tutorial has it); those that change what a later
+idiom would meet (the script's own signal handlers, one set before the group; ``sys.exit(3)``;
+no ``ddpkit.init()``) keep a job of their own. One launch under each launcher instead of one
+each: a pair of launches is 5-12 s of CPU, mostly torch's import.
 
 Every such job runs twice as a real 2-rank gloo job, one launch after the other:
 
@@ -55,7 +56,11 @@ init helper under torchrun (torchvision's ``init_distributed_mode``, timm's
 ``init_distributed_device``) as their own scripts. Accelerate's, transformers' and yolov5's
 scripts only join through corpus_start and run their exercise, which is what ``lib_all.py``
 does for each of them: they run there, one launch instead of one each (a pair of launches is
-5-12 s of CPU). The venvs are made once a session, offline, in about a second each.
+5-12 s of CPU). ``lib_all.py``'s torchrun reference runs once, in the site-packages layout, and
+each layout's ``ddpkit run`` is compared with it: the layout changes where the library is
+imported from (checked for each layout before its launch), not what the idioms print, so three
+torchrun launches would be the same reference three times. The venvs are made once a session,
+offline, in about a second each.
 
 A new idiom: a script in tests/corpus/idioms/ that joins through ``corpus_start`` (or on its own
 under both launchers, as ``never_ddpkit.py``), prints what it computed on every rank, and is
@@ -105,9 +110,7 @@ _DIFF_LINES = 60  # of each differing stream, in a failure's message
 # with; None: every rank succeeds
 PLAIN_IDIOMS: dict[str, tuple[int, int] | None] = {
     "plain_all": None,
-    "compile_collective": None,
     "own_signals": None,
-    "own_destroy": None,
     "exit_three": (1, 3),
     "never_ddpkit": None,
 }
@@ -119,6 +122,8 @@ EXERCISED_IN_PLAIN_ALL = (
     "subgroups",
     "dataloader_fork",
     "progress_bar",
+    "compile_collective",
+    "own_destroy",
 )
 # library idioms whose script joins through the library's own init helper under torchrun
 LIBRARY_IDIOMS = ("lib_torchvision", "lib_timm")
@@ -479,12 +484,27 @@ def _check_reference(name: str, reference: Launch, expected: tuple[int, int] | N
         assert reference.stdout[rank], f"{name}: rank {rank} printed nothing\n{reference.raw}"
 
 
-def assert_no_harm(
+def reference_run(
     name: str, layout: Layout, tmp_path: Path, expected: tuple[int, int] | None = None
-) -> None:
-    script = IDIOMS / f"{name}.py"
-    reference = run_torchrun(script, layout, _scratch(tmp_path, "torchrun"))
+) -> Launch:
+    """The idiom under torchrun, checked to work as meant there."""
+    reference = run_torchrun(IDIOMS / f"{name}.py", layout, _scratch(tmp_path, "torchrun"))
     _check_reference(name, reference, expected)
+    return reference
+
+
+def assert_no_harm(
+    name: str,
+    layout: Layout,
+    tmp_path: Path,
+    expected: tuple[int, int] | None = None,
+    reference: Launch | None = None,
+) -> None:
+    """``ddpkit run`` of the idiom in ``layout`` against torchrun's ``reference`` (run here in
+    the same layout when not given)."""
+    script = IDIOMS / f"{name}.py"
+    if reference is None:
+        reference = reference_run(name, layout, tmp_path, expected)
     ours = run_ddpkit(script, layout, _scratch(tmp_path, "ddpkit"))
     differences = _differences(reference, ours)
     assert not differences, (
@@ -607,9 +627,19 @@ def test_library_idiom_installed(
     assert_no_harm(name, layouts("site-packages"), tmp_path)
 
 
+@pytest.fixture(scope="module")
+def library_reference(
+    tmp_path_factory: pytest.TempPathFactory, layouts: Callable[[str], Layout]
+) -> Launch:
+    """``lib_all.py`` under torchrun, the library installed into site-packages: the reference
+    of every layout's ``ddpkit run``."""
+    folder = tmp_path_factory.mktemp("lib_all-reference")
+    return reference_run(ALL_LIBRARY_IDIOMS, layouts("site-packages"), folder)
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("layout", ["site-packages", "editable", "pythonpath"])
 def test_library_idioms_in_each_layout(
-    layout: str, tmp_path: Path, layouts: Callable[[str], Layout]
+    layout: str, tmp_path: Path, layouts: Callable[[str], Layout], library_reference: Launch
 ) -> None:
-    assert_no_harm(ALL_LIBRARY_IDIOMS, layouts(layout), tmp_path)
+    assert_no_harm(ALL_LIBRARY_IDIOMS, layouts(layout), tmp_path, reference=library_reference)

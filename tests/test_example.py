@@ -1,4 +1,9 @@
-"""The README's main job, end to end: `ddpkit run --nproc-per-node 2 examples/train.py`."""
+"""The README's main job, end to end: `ddpkit run --nproc-per-node 2 examples/train.py`.
+
+One launch, the README's: 2001 test samples are odd, so the sampler pads one for 2 ranks and
+the count proves the padding removed. (A 3-rank launch was here too, 16 CPU-s for no other
+guarantee: 2001 divides by 3, so it padded nothing the 2-rank run does not; the 3-rank example
+runs in tests/worker/test_resume.py's exact-resume test.)"""
 
 from __future__ import annotations
 
@@ -30,15 +35,14 @@ def _run(args: list[str]) -> str:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_example_trains_and_evaluates_every_sample_once(nproc: int) -> None:
-    out = _run(["--nproc-per-node", str(nproc), "examples/train.py", "--epochs", "3"])
-    assert f"world size {nproc}" in out
+def test_example_trains_and_evaluates_every_sample_once() -> None:
+    out = _run(["--nproc-per-node", "2", "examples/train.py", "--epochs", "3"])
+    assert "world size 2" in out
     # rank-prefixed lines from the main rank only
     assert re.search(r"^\[rank0\]:? ?epoch 2: loss", out, re.MULTILINE), out
-    assert not re.search(r"^\[rank[12]\]:? ?epoch", out, re.MULTILINE), out
+    assert not re.search(r"^\[rank1\]:? ?epoch", out, re.MULTILINE), out
     found = re.search(r"eval: (\d+) samples \(test set has (\d+)\), accuracy ([0-9.]+)", out)
     assert found, out
     seen, size, accuracy = int(found[1]), int(found[2]), float(found[3])
-    assert seen == size == 2001  # 2001 divides by neither 2 x 64 nor 3 x 64: padding is removed
+    assert seen == size == 2001  # odd, and no multiple of 2 x 64: padding is removed
     assert accuracy >= STATED_ACCURACY

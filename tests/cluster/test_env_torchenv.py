@@ -17,7 +17,7 @@ import pytest
 import ddpkit
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.environments import TorchEnvEnvironment
-from ddpkit.errors import ConfigError, TopologyError
+from ddpkit.errors import ConfigError, TopologyError, UsageError
 from tests.cluster.test_env_slurm import BATCH_ENV
 from tests.support.distutil import free_port, run_workers
 from tests.worker.rendezvous.test_store import clean_env
@@ -150,40 +150,32 @@ def test_torchruns_own_variables_win() -> None:
 
 # --- in init(): a real job of hand-exported variables --------------------------------------
 
-_WORKER = """
-import json, sys
-import torch, torch.distributed as dist
-import ddpkit
-ctx = ddpkit.init(connect_timeout_s=60)
-total = torch.tensor([ctx.rank + 1.0])
-dist.all_reduce(total)
-print(json.dumps({"rank": ctx.rank, "world": ctx.world_size, "launcher": ctx.info.launcher,
-                  "local_rank": ctx.local_rank, "sum": total.item()}), flush=True)
-ddpkit.shutdown()
-"""
+
+def _hand_exported(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """A process given RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT by hand, nothing else."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    exported = {"RANK": str(rank), "WORLD_SIZE": str(world_size)}
+    env = clean_env(**exported, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.clear()  # as a launcher would have started it
+    os.environ.update(env)
+    ctx = ddpkit.init(connect_timeout_s=60)
+    total = torch.tensor([ctx.rank + 1.0])
+    dist.all_reduce(total)
+    ddpkit.shutdown()
+    return {"rank": ctx.rank, "world": ctx.world_size, "launcher": ctx.info.launcher,
+            "local_rank": ctx.local_rank, "sum": total.item()}  # fmt: skip
 
 
 @pytest.mark.multiproc
 def test_hand_exported_rank_and_world_size_form_one_group() -> None:
-    # Two processes, each given RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and nothing else
-    # (no LOCAL_*, no TORCHELASTIC_*): before, two worlds of one, each "rank 0 of 1".
-    port = free_port()
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", _WORKER],
-            env=clean_env(
-                RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [child.communicate(timeout=120) for child in children]
-    for child, (_, err) in zip(children, outputs, strict=True):
-        assert child.returncode == 0, err
-    seen = [json.loads(out) for out, _ in outputs]
+    # Two processes (forked from run_workers' server), each given RANK, WORLD_SIZE, MASTER_ADDR,
+    # MASTER_PORT and nothing else (no LOCAL_*, no TORCHELASTIC_*): before, two worlds of one,
+    # each "rank 0 of 1".
+    seen = run_workers(_hand_exported, 2, timeout_s=120)
     assert [(s["rank"], s["world"], s["launcher"]) for s in seen] == [(0, 2, "env"), (1, 2, "env")]
     assert [s["local_rank"] for s in seen] == [0, 0]  # one process per host, by the rule
     assert [s["sum"] for s in seen] == [3.0, 3.0]
@@ -199,19 +191,13 @@ def test_hand_exported_rank_and_world_size_form_one_group() -> None:
 def test_an_incomplete_set_fails_init_before_anything_waits(
     variables: dict[str, str], line: str
 ) -> None:
-    env = clean_env(**variables)
-    code = "import ddpkit; ddpkit.init()"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"ddpkit.errors.ConfigError: {line}")
+    # in this process: init() raises before it joins (nothing waits, nothing is left behind)
+    with pytest.raises(ConfigError) as caught:
+        ddpkit.init(env=clean_env(**variables))
+    assert str(caught.value).startswith(line), caught.value
+    assert "\n" not in str(caught.value)
+    with pytest.raises(UsageError):  # no context was made
+        ddpkit.current()
 
 
 # --- init() inside someone else's group: adopted, whatever the environment says ----------

@@ -352,20 +352,10 @@ def test_failing_rank_reports_root_cause_with_traceback(
     assert "ddpkit: worker logs: " in report
 
 
-def test_recorded_failure_via_subprocess_uses_the_error_file() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", WORKER]
-    done = subprocess.run(
-        [*command, "--fail-rank", "0", "--record"],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 1, done.stderr
-    report = summary(done.stderr)
+def test_recorded_failure_uses_the_error_file(capfd: pytest.CaptureFixture[str]) -> None:
+    # the launcher in this process (python -m ddpkit: test_two_concurrent_runs_via_python_m...)
+    assert main(["run", "--nproc-per-node", "2", WORKER, "--fail-rank", "0", "--record"]) == 1
+    report = summary(capfd.readouterr().err)
     assert report.startswith("ddpkit: worker failed (root cause): rank 0 (local rank 0)")
     assert "error.json" in report.splitlines()[1]
     assert "  ValueError: boom from rank 0" in report.splitlines()

@@ -60,7 +60,7 @@ def test_a_verdict_that_never_comes_is_none_at_the_bound_and_the_store_still_ans
     started = time.monotonic()
     assert met.wait_for("verdict", bound_s) is None
     took = time.monotonic() - started
-    assert bound_s * 0.9 <= took < bound_s + 5.0, took
+    assert took >= bound_s * 0.9, took  # it waited to the bound (a hang: pytest's timeout)
     assert counted.calls["wait"] == 1 and "get" not in counted.calls
     # torch cancels the timed-out wait with the store: the connection's next answers are its own
     assert int(met.store.add("done", 1)) == 1
@@ -78,7 +78,8 @@ def _host_then_die(port_to: Any, die_after_s: float) -> None:
 def test_rank_zero_gone_during_the_wait_is_an_error_at_once_not_a_wait_to_the_bound(
     die_after_s: float,
 ) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # run_workers' server: torch imported once, not per host
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
     port_to = ctx.Queue()
     child = ctx.Process(target=_host_then_die, args=(port_to, die_after_s))
     child.start()
@@ -86,10 +87,9 @@ def test_rank_zero_gone_during_the_wait_is_an_error_at_once_not_a_wait_to_the_bo
         port = port_to.get(timeout=60)
         client = TCPStore("127.0.0.1", port, None, False)
         met = Meeting(client, Check("PASS", "master", "ok"), 3, 4, 5.0)
-        started = time.monotonic()
+        # an error, the host's end: at the 30 s bound the wait would return None instead
         with pytest.raises(dist.DistError):
             met.wait_for("verdict", 30.0)
-        assert time.monotonic() - started < 20.0  # the host's end, not the 30 s bound
     finally:
         child.kill()
         child.join(10)
@@ -103,14 +103,16 @@ def test_an_interrupted_rank_zero_leaves_at_once_and_a_finished_one_waits_for_th
     when the wait ends: an interrupted rank 0 does not keep its store up for their "done" (30 s
     here), so the store closes and their waits end at once (the test above)."""
     store = PrefixStore("ddpkit-doctor/run/0", host)
-    met = Meeting(store, Check("PASS", "master", "ok"), 0, 4, 30.0)
-    started = time.monotonic()
+    counted = CountingStore(store)
+    met = Meeting(counted, Check("PASS", "master", "ok"), 0, 4, 30.0)  # type: ignore[arg-type]
     with pytest.raises(interrupt), met.store_closing():
         raise interrupt("Ctrl-C")
-    assert time.monotonic() - started < 5.0
-    assert int(store.add("done", 0)) == 1  # it still said it is done
-    finished = Meeting(store, Check("PASS", "master", "ok"), 0, 4, 1.0)
+    assert counted.calls == {"add": 1}  # it said it is done, and polled nobody's
+    assert int(store.add("done", 0)) == 1
+    counted = CountingStore(store)
+    finished = Meeting(counted, Check("PASS", "master", "ok"), 0, 4, 1.0)  # type: ignore[arg-type]
     started = time.monotonic()
     with finished.store_closing():
         pass
     assert time.monotonic() - started >= 0.9  # the 3 others never said done: the 1 s bound
+    assert counted.calls["add"] > 2, counted.calls  # polled the others' "done" meanwhile

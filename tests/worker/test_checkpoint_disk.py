@@ -10,6 +10,7 @@ real small tmpfs mounted for the test (root needed: under CI=true its absence fa
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import re
 import shutil
@@ -93,49 +94,89 @@ _WRITER = textwrap.dedent(
 MOMENTS = ["pickling", "written-0.01", "written-0.5", "written-0.99", "fsynced", "renamed"]
 
 
+def _write_in_fork(arguments: list[str], log: str) -> None:
+    """The writer in a process forked from run_workers' server (torch imported once): the
+    script as ``python -c`` would run it, its output to ``log``."""
+    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    sys.argv = ["-c", *arguments]
+    exec(compile(_WRITER, "<writer>", "exec"), {"__name__": "__main__"})
+    sys.stdout.flush()
+
+
 class _Writer:
     """A process saving checkpoint ``step`` of ``size`` bytes into ``folder``, paused at
-    ``moment`` until it is killed or let go."""
+    ``moment`` until it is killed or let go. On this host: forked from run_workers' fork
+    server; elsewhere: a new interpreter in a PID namespace of its own."""
 
     def __init__(
         self, folder: Path, moment: str, size: int, step: int, elsewhere: bool = False
     ) -> None:
         self.marker = folder.parent / f"paused-{moment}-{step}"
+        self.log = folder.parent / f"writer-{moment}-{step}.log"
         arguments = [str(folder), str(self.marker), moment, str(size), str(step)]
-        # elsewhere: in a PID namespace of its own (a container, or as good as another host:
-        # this process cannot tell by its PID whether it lives); --kill-child: it dies with us
-        command = [sys.executable, "-c", _WRITER, *arguments]
-        if elsewhere:
-            command = ["unshare", "--pid", "--fork", "--kill-child", *command]
         self.elsewhere = elsewhere
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        self.process: subprocess.Popen[str] | None = None
+        self.forked: Any = None
+        if elsewhere:
+            # in a PID namespace of its own (a container, or as good as another host: this
+            # process cannot tell by its PID whether it lives); --kill-child: it dies with us
+            command = ["unshare", "--pid", "--fork", "--kill-child"]
+            command += [sys.executable, "-c", _WRITER, *arguments]
+            with self.log.open("w") as sink:
+                self.process = subprocess.Popen(
+                    command, stdout=sink, stderr=subprocess.STDOUT, text=True
+                )
+            return
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "torch.distributed"])
+        self.forked = context.Process(
+            target=_write_in_fork, args=(arguments, str(self.log)), daemon=True
         )
+        self.forked.start()
+
+    @property
+    def pid(self) -> int:
+        pid = self.process.pid if self.process is not None else self.forked.pid
+        assert pid is not None
+        return int(pid)
+
+    def _exitcode(self) -> int | None:
+        if self.process is not None:
+            return self.process.poll()
+        code: int | None = self.forked.exitcode
+        return code
+
+    def _wait(self, timeout_s: float) -> int:
+        if self.process is not None:
+            return self.process.wait(timeout=timeout_s)
+        self.forked.join(timeout_s)
+        code = self.forked.exitcode
+        assert code is not None, f"writer {self.pid} still running after {timeout_s} s"
+        return int(code)
 
     def wait_paused(self) -> None:
         deadline = time.monotonic() + _WAIT_S
         while not self.marker.exists():
-            if self.process.poll() is not None:
-                output = self.process.stdout.read() if self.process.stdout else ""
-                raise AssertionError(f"writer exited {self.process.returncode}\n{output}")
+            if self._exitcode() is not None:
+                output = self.log.read_text() if self.log.exists() else ""
+                raise AssertionError(f"writer exited {self._exitcode()}\n{output}")
             assert time.monotonic() < deadline, "the writer never reached its pause"
             time.sleep(0.02)
 
     def kill(self) -> None:
         """SIGKILL to the writer itself (inside ``unshare``, its only child), and wait until
         it is gone."""
-        target = self.process.pid
+        target = self.pid
         if self.elsewhere:
             children = Path(f"/proc/{target}/task/{target}/children").read_text().split()
             assert len(children) == 1, children
             target = int(children[0])
         os.kill(target, signal.SIGKILL)
-        self.process.wait(timeout=30)
+        code = self._wait(30)
         if not self.elsewhere:
-            assert self.process.returncode == -signal.SIGKILL
+            assert code == -signal.SIGKILL
         deadline = time.monotonic() + 30
         while Path(f"/proc/{target}").exists():  # a zombie of unshare's until it reaps it
             assert time.monotonic() < deadline, f"writer {target} still there after SIGKILL"
@@ -143,13 +184,13 @@ class _Writer:
 
     def resume(self) -> tuple[int, str]:
         Path(f"{self.marker}.go").touch()
-        output, _ = self.process.communicate(timeout=_WAIT_S)
-        return self.process.returncode, output
+        code = self._wait(_WAIT_S)
+        return code, self.log.read_text()
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.communicate()
+        if self._exitcode() is None:
+            os.kill(self.pid, signal.SIGKILL)
+        self._wait(30)
 
 
 @pytest.fixture

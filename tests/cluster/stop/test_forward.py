@@ -105,3 +105,27 @@ def test_an_arrival_is_owed_to_the_workers_running_then_not_to_the_next_group(
     procs.catching = {20, 21}
     owing.pass_on()
     assert not owing.busy() and procs.sent == []
+
+
+def test_an_arrival_during_a_forward_joins_it_instead_of_nesting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python runs a handler between any two bytecodes, the running handler's too: a storm of
+    SIGUSR1 faster than one scan of /proc nested forward_now in itself until a RecursionError
+    ended ``ddpkit run`` (tests/launch/test_run_signals.py, on a loaded machine). Here every
+    scan meets an arrival, as in that storm."""
+    sent: list[tuple[int, list[int]]] = []
+    scans = [0]
+
+    def scan() -> list[int]:
+        scans[0] += 1
+        if scans[0] < 5000:  # an arrival in the middle of the scan
+            forward.forward_now(signal.SIGUSR1, None)
+        return [4242]
+
+    monkeypatch.setattr(forward, "workers", scan)
+    monkeypatch.setattr(forward, "_send", lambda signum, pids: sent.append((signum, pids)))
+    forward.forward_now(signal.SIGUSR1, None)
+    assert scans[0] == 1 and sent == [(signal.SIGUSR1, [4242])]
+    forward.forward_now(signal.SIGUSR1, None)  # the next arrival, after it: a forward of its own
+    assert len(sent) == 2

@@ -2,24 +2,20 @@
 
 Source: pytorch/examples, distributed/ddp-tutorial-series/multigpu_torchrun.py
 (``destroy_process_group()`` as the last line of ``main``), the shape of torch's DDP tutorials.
+Its exercise() runs last in plain_all.py (tests/test_corpus.py): it ends that script's group,
+as the tutorial's last line does, so nothing runs after it but the script's solo work and exit.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from corpus_start import start
 
 
-def main() -> None:
-    rank, _ = start()
+def exercise(rank: int, world_size: int) -> None:
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
     print(f"total {total.item()}")
     dist.destroy_process_group()
     print(f"after destroy_process_group: initialized {dist.is_initialized()}")
     print(f"solo work after the group: {sum(range(10))}")
-
-
-if __name__ == "__main__":
-    main()

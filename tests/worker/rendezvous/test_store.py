@@ -1,12 +1,16 @@
 """Where the rendezvous store listens, and that joining never waits unbounded on its port.
 
 Real sockets throughout: listeners are read from /proc (tests/support/sockets.py), the squatters are
-real listener threads, and every init() under test is a real one in its own process.
+real listener threads, and every init() under test is a real one in its own process: forked by
+``run_workers``'s server (torch imported once, the process's environment set as a launcher's
+would be), or, where what a user sees of a whole interpreter is the point (its stderr to the
+end, the launchers), a new interpreter.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import signal
 import socket
@@ -26,7 +30,6 @@ import ddpkit
 import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.worker.rendezvous.store import (
-    HANDSHAKE_MIN_S,
     connect_client,
     loopback_address,
     store_endpoint,
@@ -52,6 +55,32 @@ _LAUNCHER_PREFIXES = (
     "ROLE_",
 )
 _LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}
+
+
+def _as_launched(env: dict[str, str]) -> None:
+    """In a forked worker: the environment a launcher would have started it with."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
+@contextmanager
+def _stderr_captured(into: list[str]) -> Iterator[None]:
+    """Everything written to file descriptor 2 meanwhile (Python's and torch's C++ alike),
+    appended to ``into`` as one text."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            into.append(sink.read().decode(errors="replace"))
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -134,21 +163,41 @@ def test_a_store_on_a_loopback_socket_listens_there_only_and_is_shared() -> None
 
 # --- a world of one: no network store ------------------------------------------------------
 
+
 _WORLD_OF_ONE = """
-import json
-import torch, torch.distributed as dist
-import ddpkit
-from ddpkit.compat import default_store
-from tests.support.sockets import listening
-before = listening()
-ctx = ddpkit.init()
-total = torch.ones(1); dist.all_reduce(total); dist.barrier()
-store = default_store()
-while hasattr(store, "underlying_store"):
-    store = store.underlying_store
-print(json.dumps({"before": before, "after": listening(), "store": type(store).__name__,
-                  "world": ctx.world_size, "sum": total.item()}))
+import json, os
+from tests.worker.rendezvous.test_store import _world_of_one
+print(json.dumps(_world_of_one(0, 1, 0, dict(os.environ), "auto")))
 """
+
+
+def _world_of_one(
+    rank: int, world_size: int, port: int, env: dict[str, str], backend: str
+) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from ddpkit.compat import default_store
+
+    _as_launched(env)
+    before = listening()
+    ctx = ddpkit.init(backend=backend)
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.barrier()
+    store = default_store()
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    after = listening()
+    ddpkit.shutdown()
+    return {
+        "before": before,
+        "after": after,
+        "store": type(store).__name__,
+        "world": ctx.world_size,
+        "sum": total.item(),
+        "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -160,18 +209,23 @@ def test_a_world_of_one_listens_on_no_network_port(extra: dict[str, str]) -> Non
     # Before: torch's TCPStore on [::]:port (every interface, no authentication). gloo's own
     # listener stays (one, per device): GLOO_SOCKET_IFNAME=lo keeps it on loopback here, so
     # the test is the same on a machine whose host name resolves to a routable address.
+    # MASTER_PORT without RANK in a process multiprocessing started is refused (an mp.spawn
+    # that forgot RANK): that case runs in an interpreter of its own, as a user's script does.
     extra = {k: str(free_port()) if v == "port" else v for k, v in extra.items()}
     env = clean_env(GLOO_SOCKET_IFNAME="lo", **extra)
-    done = subprocess.run(
-        [sys.executable, "-c", _WORLD_OF_ONE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    if "MASTER_PORT" in extra:
+        done = subprocess.run(
+            [sys.executable, "-c", _WORLD_OF_ONE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+    else:
+        [seen] = run_workers(_world_of_one, 1, env, "auto", timeout_s=120)
     assert (seen["world"], seen["sum"]) == (1, 1.0)
     assert seen["before"] == []
     after = [tuple(pair) for pair in seen["after"]]
@@ -196,23 +250,12 @@ def test_a_world_of_one_keeps_its_backends_listener_on_loopback(backend: str) ->
     # "eth0", "ib0"), or on the address the host name resolves to, reachable from that network
     # although nobody ever joins a world of one. The user's setting is back after init().
     name, address = _routable_interface()
-    script = _WORLD_OF_ONE.replace("ddpkit.init()", f"ddpkit.init(backend={backend!r})")
-    script += "import os; print(os.environ['GLOO_SOCKET_IFNAME'])\n"
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=clean_env(GLOO_SOCKET_IFNAME=name),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report, ifname = done.stdout.splitlines()[-2:]
-    seen = json.loads(report)
+    env = clean_env(GLOO_SOCKET_IFNAME=name)
+    [seen] = run_workers(_world_of_one, 1, env, backend, timeout_s=120)
     after = [tuple(pair) for pair in seen["after"]]
     assert (seen["world"], seen["sum"], len(after)) == (1, 1.0, 1), after  # gloo's listener
     assert all(is_loopback(addr) for addr, _ in after), f"{name} is {address}: {after}"
-    assert ifname == name
+    assert seen["ifname"] == name
 
 
 # --- several ranks on this host: the store on loopback only ---------------------------------
@@ -267,20 +310,64 @@ def test_a_one_node_job_hosts_its_store_on_loopback(kind: str) -> None:
 
 
 _REPORT = """
-import json, os, sys
+import json, os, resource, sys, warnings
 import torch, torch.distributed as dist
 import ddpkit
 from tests.support.sockets import listening
-ctx = ddpkit.init()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ctx = ddpkit.init()
 dist.barrier()
 agent = listening(os.getppid())  # torch's agent is the workers' parent
 mine = listening()
+parent = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)  # the agent's open-files limit
+said = [str(w.message) for w in caught if "the launcher (pid" in str(w.message)]
 dist.barrier()
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
-    json.dump({"agent": agent, "mine": mine, "ifname": os.environ["GLOO_SOCKET_IFNAME"]}, out)
+    json.dump({"agent": agent, "mine": mine, "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+               "parent": list(parent), "ppid": os.getppid(), "said": said}, out)
 dist.barrier()
 ddpkit.shutdown()
 """
+
+
+def _low_open_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, 4096))
+
+
+def _report_of(
+    folder: Path, launcher: list[str], env: dict[str, str], *, low_open_files: bool = False
+) -> list[dict[str, Any]]:
+    """``launcher`` (a command line ending with its flags) running _REPORT on 2 ranks; each
+    rank's report."""
+    script = folder / "report.py"
+    script.write_text(_REPORT)
+    done = subprocess.run(
+        [*launcher, str(script), str(folder)],
+        env=env,
+        preexec_fn=_low_open_files if low_open_files else None,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+_DDPKIT_RUN = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2"]
+
+
+@pytest.fixture(scope="module")
+def ddpkit_run_on_one_node(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """One ``ddpkit run --nproc-per-node 2`` (one node, no --master-port: --standalone),
+    gloo on lo, started with a soft open-files limit of 200: where it listens, and the
+    limits (test_a_launcher_that_hosts_the_store_...): one launch for both."""
+    folder = tmp_path_factory.mktemp("ddpkit-run-one-node")
+    env = clean_env(GLOO_SOCKET_IFNAME="lo")
+    return _report_of(folder, _DDPKIT_RUN, env, low_open_files=True)
 
 
 @pytest.mark.multiproc
@@ -289,34 +376,27 @@ ddpkit.shutdown()
     [
         ([], "lo"),
         (["--master-port", "port"], "lo"),
-        ([], "routable"),
         (["--standalone"], "routable"),
     ],
-    ids=["standalone", "static", "gloo-on-a-network", "standalone-gloo-on-a-network"],
+    # one node without --master-port is --standalone (config.py: implied): the same launch as
+    # the switch, so gloo on a network runs once, with the switch given
+    ids=["standalone", "static", "standalone-gloo-on-a-network"],
 )
 def test_ddpkit_run_on_one_node_listens_on_loopback_only(
-    tmp_path: Path, flags: list[str], gloo_ifname: str
+    tmp_path: Path, flags: list[str], gloo_ifname: str, request: pytest.FixtureRequest
 ) -> None:
     # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface);
     # and gloo's listeners on the interface GLOO_SOCKET_IFNAME named ("gloo-on-a-network"),
     # although every peer is on this host. The user's variable is back after init().
     if gloo_ifname == "routable":
         gloo_ifname = _routable_interface()[0]
-    script = tmp_path / "report.py"
-    script.write_text(_REPORT)
-    flags = [str(free_port()) if flag == "port" else flag for flag in flags]
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
-    done = subprocess.run(
-        [*command, str(script), str(tmp_path)],
-        env=clean_env(GLOO_SOCKET_IFNAME=gloo_ifname),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
-        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    if not flags:
+        reports = request.getfixturevalue("ddpkit_run_on_one_node")
+    else:
+        flags = [str(free_port()) if flag == "port" else flag for flag in flags]
+        env = clean_env(GLOO_SOCKET_IFNAME=gloo_ifname)
+        reports = _report_of(tmp_path, [*_DDPKIT_RUN, *flags], env)
+    for rank, seen in enumerate(reports):
         assert seen["agent"], "the agent hosts the rendezvous store"
         assert seen["mine"], "gloo listens in every rank"
         for addr, port in seen["agent"] + seen["mine"]:
@@ -368,19 +448,20 @@ def _squatter(mode: str) -> Iterator[int]:
             conn.close()
 
 
-_JOIN = """
-import json, sys, time
-import torch.distributed  # imported before the clock starts: slow on a loaded machine
-import ddpkit
-from ddpkit.errors import RendezvousError
-started = time.monotonic()
-try:
-    ddpkit.init(connect_timeout_s=float(sys.argv[1]), timeout_s=float(sys.argv[2]))
-except RendezvousError as exc:
-    print(json.dumps({"elapsed": time.monotonic() - started, "error": str(exc)}), flush=True)
-    sys.exit(3)
-print(json.dumps({"joined": True}))
-"""
+def _join(
+    rank: int, world_size: int, port: int, cases: list[tuple[dict[str, str], float, float]]
+) -> dict[str, Any]:
+    """Case ``rank`` of ``cases`` (environment, connect and collective timeouts): init()."""
+    from ddpkit.errors import RendezvousError
+
+    env, connect_s, collective_s = cases[rank]
+    _as_launched(env)
+    try:
+        ddpkit.init(connect_timeout_s=connect_s, timeout_s=collective_s)
+    except RendezvousError as exc:
+        return {"error": str(exc)}
+    ddpkit.shutdown()
+    return {"joined": True}
 
 
 def _launcher_env(launcher: str, port: int) -> dict[str, str]:
@@ -421,48 +502,42 @@ _CASES = [
 
 
 @pytest.mark.multiproc
-def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts(tmp_path: Path) -> None:
+def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts() -> None:
     # Before: the silent listener held rank 1 in torch's TCPStore handshake for good (no bound
     # at all); "close"/"garbage" ended after torch's own retries with a hint about EADDRINUSE;
     # another job's store ended at the collective timeout in torch's words (DistStoreError).
-    # ~20 s: eleven interpreters importing torch at once on a small machine, then the longest
-    # case's bounds (6 s connect, 3 s collective).
-    # The cases run at once (each in its own process), so the test takes about its longest.
+    # The cases run at once, each in a process of its own forked from run_workers' server, so
+    # the test takes about its longest bounds (6 s connect, 3 s collective). Each ends with
+    # the error that names its cause, the bound it gave up at for another job's store; the
+    # guard against a wait without end is run_workers' timeout, far above every bound.
     with ExitStack() as stack:
-        runs = []
+        cases, ports = [], []
         for mode, launcher, connect_s, collective_s in _CASES:
             port = stack.enter_context(_squatter(mode))
-            env = clean_env(**_launcher_env(launcher, port))
-            argv = [sys.executable, "-c", _JOIN, str(connect_s), str(collective_s)]
-            err = stack.enter_context((tmp_path / f"{len(runs)}.err").open("w"))
-            child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-            runs.append((mode, launcher, connect_s, collective_s, port, child))
-        for index, (mode, launcher, connect_s, collective_s, port, child) in enumerate(runs):
-            case = f"{mode} listener, {launcher}, timeouts {connect_s}/{collective_s} s"
-            bound_s = max(connect_s, HANDSHAKE_MIN_S) + collective_s + 5  # + a few seconds
-            # (the handshake gets at least HANDSHAKE_MIN_S after a connect that used them all)
-            try:
-                out, _ = child.communicate(timeout=bound_s + 90)  # + starting python and torch
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.communicate()
-                pytest.fail(f"{case}: init() still waiting after {bound_s + 90:g} s")
-            err_text = (tmp_path / f"{index}.err").read_text()[-3000:]
-            assert child.returncode == 3, f"{case}: exit {child.returncode}: {out}{err_text}"
-            seen = json.loads(out)
-            assert seen["elapsed"] <= bound_s, f"{case}: ended after {seen['elapsed']:.1f} s"
-            message = seen["error"]
-            assert "\n" not in message, case
-            why = (
-                ("but the group did not form", "another job's store on that port")
-                if mode == "store"
-                else (
-                    "accepts connections but does not speak the TCPStore protocol",
-                    "another service holds port",
-                )
+            cases.append((clean_env(**_launcher_env(launcher, port)), connect_s, collective_s))
+            ports.append(port)
+        results = run_workers(_join, len(cases), cases, timeout_s=150)
+    for (mode, launcher, connect_s, collective_s), port, seen in zip(
+        _CASES, ports, results, strict=True
+    ):
+        case = f"{mode} listener, {launcher}, timeouts {connect_s}/{collective_s} s"
+        assert "error" in seen, f"{case}: {seen}"
+        message = seen["error"]
+        assert "\n" not in message, case
+        why = (
+            (
+                "but the group did not form",
+                f"(collective timeout {collective_s:g} s)",
+                "another job's store on that port",
             )
-            for part in (f"127.0.0.1:{port}", f"(launcher {launcher.split('-')[0]})", *why):
-                assert part in message, f"{case}: {message}"
+            if mode == "store"
+            else (
+                "accepts connections but does not speak the TCPStore protocol",
+                "another service holds port",
+            )
+        )
+        for part in (f"127.0.0.1:{port}", f"(launcher {launcher.split('-')[0]})", *why):
+            assert part in message, f"{case}: {message}"
 
 
 def test_a_store_that_answers_late_is_still_joined() -> None:
@@ -598,74 +673,69 @@ def test_a_late_master_is_asked_for_again_and_joined(monkeypatch: pytest.MonkeyP
     assert spy.clients == 1
 
 
-_HOST = """
-import sys, time
-from datetime import timedelta
-from torch.distributed import TCPStore
-port = int(sys.argv[1])
-store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
-print("up", flush=True)
-time.sleep(120)
-"""
+def _host_store(port: int, up: Any) -> None:
+    """A forked process that hosts a store on ``port``, says so on ``up``, and waits."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+    up.send("up")
+    time.sleep(120)
+    del store
 
 
 def test_a_store_slow_to_answer_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """A store busy with thousands of connects (here: its host stopped, so that the kernel
     completes the connect and nothing answers) is waited for within the connect timeout."""
     port = free_port()
-    host = subprocess.Popen(
-        [sys.executable, "-c", _HOST, str(port)], stdout=subprocess.PIPE, text=True, env=clean_env()
-    )
+    context = mp.get_context("forkserver")  # run_workers' server: torch imported once
+    context.set_forkserver_preload(["torch", "torch.distributed"])
+    ours, theirs = context.Pipe()
+    host = context.Process(target=_host_store, args=(port, theirs), daemon=True)
+    host.start()
+    assert host.pid is not None
+    pid = host.pid
     try:
-        assert host.stdout is not None and host.stdout.readline() == "up\n"
-        host.send_signal(signal.SIGSTOP)
-        wait_until_stopped(host.pid)  # its store's thread could answer until then
+        assert ours.poll(120) and ours.recv() == "up"
+        os.kill(pid, signal.SIGSTOP)
+        wait_until_stopped(pid)  # its store's thread could answer until then
         spy = _Spy(monkeypatch)
-        threading.Timer(1.5, lambda: host.send_signal(signal.SIGCONT)).start()
+        threading.Timer(1.5, lambda: os.kill(pid, signal.SIGCONT)).start()
         client = connect_client(_rank1(port), 30.0, timedelta(seconds=10))
         spy.note("joined")
         client.set("slow", "joined")
         assert client.get("slow") == b"joined", spy.times
         assert (spy.asks, spy.clients) == (1, 1), spy.times
     finally:
-        host.send_signal(signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         host.kill()
-        host.wait()
+        host.join()
 
 
-_UNREACHABLE = """
-import json, sys, threading, time
-from datetime import timedelta
-import ddpkit.worker.rendezvous.store as store
-from ddpkit.cluster.rankinfo import RankInfo
-from ddpkit.errors import RendezvousError
-info = RankInfo(1, 1, 2, 2, 0, 1, "127.0.0.1", int(sys.argv[1]), "torchrun")
-before = threading.active_count()
-started = time.monotonic()
-try:
-    store.connect_client(info, 1.0, timedelta(seconds=5))
-except RendezvousError as exc:
-    seen = {"elapsed": time.monotonic() - started, "error": str(exc)}
-seen["threads_left"] = threading.active_count() - before
-print(json.dumps(seen))
-"""
+def _unreachable(rank: int, world_size: int, port: int, target: int) -> dict[str, Any]:
+    from ddpkit.errors import RendezvousError
+
+    info = RankInfo(1, 1, 2, 2, 0, 1, "127.0.0.1", target, "torchrun")
+    before = threading.active_count()
+    seen: dict[str, Any] = {}
+    stderr: list[str] = []
+    started = time.monotonic()
+    with _stderr_captured(stderr):
+        try:
+            store_module.connect_client(info, 1.0, timedelta(seconds=5))
+        except RendezvousError as exc:
+            seen["error"] = str(exc)
+    seen["elapsed"] = time.monotonic() - started
+    seen["threads_left"] = threading.active_count() - before
+    seen["stderr"] = stderr[0]
+    return seen
 
 
 def test_a_master_that_is_not_there_is_named_quietly_and_leaves_nothing_running() -> None:
     port = free_port()  # nothing listens there
-    run = subprocess.run(
-        [sys.executable, "-c", _UNREACHABLE, str(port)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout)
-    assert "cannot reach the rendezvous master at MASTER_ADDR=127.0.0.1" in seen["error"]
-    assert 1.0 <= seen["elapsed"] < 60, seen
-    assert run.stderr == "", run.stderr[-3000:]
+    [seen] = run_workers(_unreachable, 1, port, timeout_s=120)
+    assert "cannot reach the rendezvous master at MASTER_ADDR=127.0.0.1" in seen["error"], seen
+    assert seen["elapsed"] >= 1.0, seen  # it asked until its connect timeout, not once
+    assert seen["stderr"] == "", seen["stderr"][-3000:]
     assert seen["threads_left"] == 0
 
 
@@ -681,23 +751,46 @@ except RendezvousError as exc:
 """
 
 
+def _one_line(rank: int, world_size: int, port: int, env: dict[str, str]) -> str:
+    """What _ONE_LINE writes to stderr up to its exit, in a forked process."""
+    from ddpkit.errors import RendezvousError
+
+    _as_launched(env)
+    stderr: list[str] = []
+    with _stderr_captured(stderr):
+        try:
+            ddpkit.init(connect_timeout_s=2.0)
+        except RendezvousError as exc:
+            print(f"ddpkit: error: {exc}", file=sys.stderr)
+        else:
+            print("joined", file=sys.stderr)
+    return stderr[0]
+
+
 @pytest.mark.parametrize("mode", ["close", "silent", "garbage"])
 def test_a_master_port_held_by_a_listener_that_is_no_store_prints_one_line(
     tmp_path: Path, mode: str
 ) -> None:
     """What the user sees is the one-line error: before, a listener that accepts and closes
-    had torch's client retry and print 184 lines of C++ traces before it."""
+    had torch's client retry and print 184 lines of C++ traces before it. That case runs as a
+    script of its own, to its interpreter's exit; the others in a forked process, the stderr
+    of their init() read from its file descriptor."""
     with _squatter(mode) as port:
-        run = subprocess.run(
-            [sys.executable, "-c", _ONE_LINE],
-            env=clean_env(**_launcher_env("torchrun", port)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    assert run.returncode == 3, run.stderr[-3000:]
-    lines = run.stderr.splitlines()
+        env = clean_env(**_launcher_env("torchrun", port))
+        if mode == "close":
+            run = subprocess.run(
+                [sys.executable, "-c", _ONE_LINE],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert run.returncode == 3, run.stderr[-3000:]
+            stderr = run.stderr
+        else:
+            [stderr] = run_workers(_one_line, 1, env, timeout_s=120)
+    lines = stderr.splitlines()
     assert len(lines) == 1, f"{len(lines)} lines:\n" + "\n".join(lines[:20])
     assert f"127.0.0.1:{port}" in lines[0] and "does not speak the TCPStore protocol" in lines[0]
 
@@ -740,50 +833,21 @@ def test_a_hard_limit_below_the_need_is_said_once_a_node_and_the_job_goes_on() -
     assert results[1]["said"] == []  # local rank 1 of the node, not the store's host
 
 
-_LAUNCHER_LIMIT = """
-import json, os, resource, sys, warnings
-import ddpkit
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    ctx = ddpkit.init()
-parent = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)  # the agent: our parent
-said = [str(w.message) for w in caught if "the launcher (pid" in str(w.message)]
-with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
-    json.dump({"parent": list(parent), "ppid": os.getppid(), "said": said}, out)
-ddpkit.shutdown()
-"""
-
-
-def _low_open_files() -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_NOFILE, (200, 4096))
-
-
 @pytest.mark.multiproc
 @pytest.mark.parametrize("launcher", ["torchrun", "ddpkit run"])
 def test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_says_so(
-    tmp_path: Path, launcher: str
+    tmp_path: Path, launcher: str, request: pytest.FixtureRequest
 ) -> None:
     # torchrun's agent hosts the store of every worker of the job (2 connections each) and
     # nobody raises its limit: rank 0, its child, says so with the fix; ddpkit run raises its own
     from ddpkit.cluster.limits import open_files_needed
 
-    script = tmp_path / "report.py"
-    script.write_text(_LAUNCHER_LIMIT)
-    module = "torch.distributed.run" if launcher == "torchrun" else "ddpkit"
-    command = [sys.executable, "-m", module, *(["run"] if module == "ddpkit" else [])]
-    done = subprocess.run(
-        [*command, "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
-        env=clean_env(),
-        preexec_fn=_low_open_files,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    if launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc-per-node", "2"]
+        rank0, rank1 = _report_of(tmp_path, command, clean_env(), low_open_files=True)
+    else:  # the launch test_ddpkit_run_on_one_node_listens_on_loopback_only reads too
+        rank0, rank1 = request.getfixturevalue("ddpkit_run_on_one_node")
     need = open_files_needed(2, hosts_store=True)
     assert rank1["said"] == []
     if launcher == "torchrun":
