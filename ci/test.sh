@@ -188,7 +188,9 @@ fi
 # "Connection closed by peer" in a torchrun test, found on 2026-11-29: a rank left init()
 # before a slower peer's gloo pair was handed over, see docs/concepts/ranks.md): not kept.
 # DDPKIT_CI_SLURM_WORKERS=N (default 2: 4 were tried on 2026-12-02 on a machine loaded by other
-# work, and were not faster there; unmeasured in a clean run) workers for the SLURM run:
+# work, and were not faster there; unmeasured in a clean run; 3, tried the same day at load ~40,
+# drained two nodes, "Kill task failed" (ci/slurm-up's UnkillableStepTimeout since), and are
+# unmeasured since) workers for the SLURM run:
 # its tests wait for the cluster (~860 CPU-s in 1,211 s with 2 workers, CI of 2026-12-02), a
 # file at a time in tests/conftest.py's order, its longest files first (LONGEST_FIRST;
 # --no-loadscope-reorder keeps xdist from putting the files with most tests first). The

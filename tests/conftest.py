@@ -110,27 +110,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # The local files that keep the cores busy (hangs, checkpoint_async_ranks, preempt_local) are
 # spread out: the first four files start together, and with three of them at once beside the
 # seven jobs of test_preempt_cluster, preempt_local's runs passed their 90-s bound (load ~37).
-LONGEST_FIRST = (  # seconds in the 4-worker run of 2026-12-02 on a loaded machine
-    "tests/launch/test_preempt_cluster.py",  # 284
-    "tests/worker/test_hangs.py",  # 491
-    "tests/jobs/test_jobs_cluster.py",  # 248
-    "tests/worker/test_checkpoint_async_ranks.py",  # 408
-    "tests/launch/test_preempt_local.py",  # 278
-    "tests/jobs/test_blame_cluster.py",  # 182
-    "tests/worker/test_watchdog_store.py",  # 181
-    "tests/cluster/rendezvous/test_ports_cluster.py",  # 176
-    "tests/worker/test_straggler.py",  # 172
-    "tests/worker/test_hangs_cluster.py",  # 150
-    "tests/jobs/test_scale_cluster.py",  # 146 (the 2-worker CI run of 2026-12-02)
-    "tests/jobs/test_nodes_cluster.py",
-    "tests/launch/test_node_order_cluster.py",  # 136
-    "tests/jobs/test_torchx_preempt_cluster.py",  # 127 (CI)
-    "tests/jobs/test_sweep_cluster.py",  # 107
-    "tests/launch/test_run_orphans.py",  # 93
-    "tests/launch/test_resize_cluster.py",  # 86 (CI)
-    "tests/jobs/test_slurm_backend_cluster.py",  # 84
-    "tests/jobs/test_sweep_submitit_cluster.py",  # 78
-    "tests/launch/test_resize_launch.py",  # 63 (CI)
+# (wall seconds of each file in `-m slurm` with 2 workers on 2026-12-02, a loaded machine; CI:
+# the CI run's, for the sidecar files, which that run does not hold)
+LONGEST_FIRST = (
+    "tests/launch/test_preempt_cluster.py",  # 341
+    "tests/jobs/test_jobs_cluster.py",  # 290
+    "tests/worker/test_hangs.py",  # 219 (CI)
+    "tests/cluster/rendezvous/test_ports_cluster.py",  # 189
+    "tests/jobs/test_scale_cluster.py",  # 181
+    "tests/worker/test_hangs_cluster.py",  # 174
+    "tests/launch/test_preempt_local.py",  # 102 (CI)
+    "tests/launch/test_resize_cluster.py",  # 147
+    "tests/jobs/test_blame_cluster.py",  # 129
+    "tests/jobs/test_torchx_preempt_cluster.py",  # 100
+    "tests/worker/test_checkpoint_async_ranks.py",  # 70 (CI)
+    "tests/jobs/test_nodes_cluster.py",  # 97
+    "tests/jobs/test_torchx_jobs_cluster.py",  # 91
+    "tests/worker/test_straggler.py",  # 71 (CI)
+    "tests/launch/test_resize_launch.py",  # 67 (CI)
+    "tests/jobs/test_slurm_backend_cluster.py",  # 67
+    "tests/launch/test_node_order_cluster.py",  # 64
+    "tests/jobs/test_sweep_cluster.py",  # 54
+    "tests/launch/test_run_identity_cluster.py",  # 48
+    "tests/test_components_cluster.py",  # 43
+    "tests/launch/test_run_orphans.py",
 )
 
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,52 @@ def jobs(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     return Jobs(slurm, tmp_path)
 
 
+RANKS = [("sbatch", "srun"), ("sbatch", "torchrun"), ("submitit", "srun")]
+IB = "ib"
+
+
+@pytest.fixture(scope="module")
+def early(
+    slurm_cluster: SlurmCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[dict[str, tuple[Jobs, str]]]:
+    """The jobs of the tests that only watch a job run to its end (each rank test's, the host
+    template's), submitted together before the first of them: each test then follows its own
+    job, which ran meanwhile, instead of starting it after the one before had ended. Only the
+    selected tests' jobs; each with its own folder and DDPKIT_HOME; cancelled at the end."""
+    slurm = SlurmCluster(slurm_cluster.env, slurm_cluster.info)  # its own list of jobs to cancel
+    selected = {item.nodeid.partition("::")[2] for item in request.session.items}
+    submitted: dict[str, tuple[Jobs, str]] = {}
+    try:
+        ranks = test_two_nodes_two_processes_every_rank_where_slurm_put_it.__name__
+        for via, launch in RANKS:
+            if f"{ranks}[{via}-{launch}]" in selected:
+                jobs = Jobs(slurm, tmp_path_factory.mktemp(f"ranks-{via}-{launch}"))
+                spec = jobs.spec(
+                    f"name: ranks\nnodes: 2\nprocs_per_node: 2\nlaunch: {launch}\nrdzv_port: auto\n"
+                )
+                submitted[f"{via}-{launch}"] = (jobs, jobs.submit(spec, "--via", via))
+        ib = test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name.__name__
+        if ib in selected and slurm.netns and slurm.info.get("node_ib_addrs"):
+            jobs = Jobs(slurm, tmp_path_factory.mktemp(IB))
+            spec = jobs.spec('name: ib\nnodes: 2\nlaunch: torchrun\nhost_template: "{host}-ib"\n')
+            submitted[IB] = (jobs, jobs.submit(spec))
+        yield submitted
+    finally:
+        slurm.cancel_tracked()
+
+
+def submitted_early(
+    early: dict[str, tuple[Jobs, str]], key: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Jobs, str]:
+    """A job ``early`` submitted, with the in-process API pointed at its records."""
+    jobs, job = early[key]
+    monkeypatch.setenv("DDPKIT_HOME", jobs.env["DDPKIT_HOME"])
+    monkeypatch.setenv("SLURM_CONF", jobs.slurm.env["SLURM_CONF"])
+    return jobs, job
+
+
 def reports(text: str) -> list[dict[str, Any]]:
     """The JSON lines report_rank.py printed (torchrun's "[rankN]: " prefix removed)."""
     found = []
@@ -102,16 +148,15 @@ def eventually(check: Callable[[], bool], what: str, timeout_s: float = 30) -> N
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize(
-    ("via", "launch"), [("sbatch", "srun"), ("sbatch", "torchrun"), ("submitit", "srun")]
-)
+@pytest.mark.parametrize(("via", "launch"), RANKS)
 def test_two_nodes_two_processes_every_rank_where_slurm_put_it(
-    jobs: Jobs, via: str, launch: str
+    slurm: SlurmCluster,
+    early: dict[str, tuple[Jobs, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    via: str,
+    launch: str,
 ) -> None:
-    spec = jobs.spec(
-        f"name: ranks\nnodes: 2\nprocs_per_node: 2\nlaunch: {launch}\nrdzv_port: auto\n"
-    )
-    job = jobs.submit(spec, "--via", via)
+    jobs, job = submitted_early(early, f"{via}-{launch}", monkeypatch)
     followed = jobs.ddpkit("logs", job, "--follow", timeout_s=JOB_TIMEOUT_S)
     assert jobs.ddpkit("status", job) == f"COMPLETED (exit code 0)\nrun slurm-{job} attempt 0\n"
 
@@ -217,17 +262,16 @@ def test_submit_function_runs_in_every_task_with_the_specs_resources(jobs: Jobs)
 
 
 def test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name(
-    jobs: Jobs,
+    slurm: SlurmCluster, early: dict[str, tuple[Jobs, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # n<i>-ib is a second address of node n<i> (ci/slurm-up): no name or address `hostname`
     # gives, so torch's own guess of who hosts the c10d store (endpoint host == this machine?)
     # finds no host, and every node waited as a client until the join failed. No rdzv_port
     # either: a multi-node torchrun job takes the job-derived port by default.
-    if not jobs.slurm.netns:
+    if not slurm.netns:
         pytest.skip("the cluster runs without NETNS=1, so without nI-ib addresses")
-    assert jobs.slurm.info.get("node_ib_addrs"), "cluster predates nI-ib: rerun ci/slurm-up"
-    spec = jobs.spec('name: ib\nnodes: 2\nlaunch: torchrun\nhost_template: "{host}-ib"\n')
-    job = jobs.submit(spec)
+    assert slurm.info.get("node_ib_addrs"), "cluster predates nI-ib: rerun ci/slurm-up"
+    jobs, job = submitted_early(early, IB, monkeypatch)  # its spec: `early`
     followed = jobs.ddpkit("logs", job, "--follow", timeout_s=JOB_TIMEOUT_S)
     shown = jobs.ddpkit("status", job)
     assert shown == f"COMPLETED (exit code 0)\nrun slurm-{job} attempt 0\n", followed
