@@ -1,8 +1,10 @@
 """A run stopped mid-epoch at world 4, resumed at world 2, stopped mid-epoch again and resumed
 at world 4 to its end, each piece a real ``ddpkit run`` launch (gloo on 127.0.0.1) that saves
 and loads real checkpoints (tests/scripts/resize_worker.py): every sample of every epoch is
-kept exactly once by ``gather`` over the pieces, and the epochs after the resize are the
-uninterrupted run's, rank by rank and step by step."""
+kept exactly once by ``gather`` over the pieces, and the epochs before and after the resize are
+the uninterrupted run's, rank by rank and step by step: torch's ``DistributedSampler`` order at
+world 4 with the worker's seed, which an uninterrupted ``ddpkit.loader`` run follows (computed
+here: a fifth launch, of 4 ranks, cost a quarter of the test's CPU)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.utils.data import DistributedSampler
 
 from ddpkit.cli import main
 
@@ -20,6 +23,7 @@ pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests/scripts/resize_worker.py"
 SIZE, EPOCHS = 23, 3  # at world 4: 6 per rank (one padding position), 3 steps of 2 per epoch
+BATCH, SEED = 2, 3  # the worker's
 
 
 def launch(folder: Path, nproc: int, stop: int) -> None:
@@ -42,8 +46,7 @@ def test_resume_at_another_world_size_keeps_every_sample_once(
 ) -> None:
     for name in ("DDPKIT_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)
-    reference, run = tmp_path / "reference", tmp_path / "run"
-    launch(reference, 4, 0)
+    run = tmp_path / "run"
     launch(run, 4, 4)  # epoch 0 (3 steps) and the first step of epoch 1
     launch(run, 2, 2)  # 2 of the 4 steps epoch 1 has left at world 2
     launch(run, 4, 0)  # the rest of epoch 1 at world 4 (1 step), then epoch 2
@@ -60,7 +63,15 @@ def test_resume_at_another_world_size_keeps_every_sample_once(
     for epoch in range(EPOCHS):
         kept = Counter(i for s in pieces if s["epoch"] == epoch for i in s["kept"])
         assert sorted(kept.elements()) == list(range(SIZE)), epoch  # each sample exactly once
-    expected = steps(reference, 4)
-    for rank in range(4):  # after the resize, the uninterrupted run's order, rank by rank
+    for rank in range(4):  # before and after the resize, the uninterrupted run's order
         resumed = [s["ids"] for s in four[rank] if s["epoch"] != 1]
-        assert resumed == [s["ids"] for s in expected[rank] if s["epoch"] != 1], rank
+        assert resumed == uninterrupted(rank, 0) + uninterrupted(rank, 2), rank
+
+
+def uninterrupted(rank: int, epoch: int) -> list[list[int]]:
+    """``rank``'s batches of ``epoch`` at world 4 in a run never stopped (sample ``i`` is
+    ``i``): torch's own sharded shuffle, in batches of 2."""
+    sampler = DistributedSampler(range(SIZE), num_replicas=4, rank=rank, shuffle=True, seed=SEED)
+    sampler.set_epoch(epoch)
+    ids = list(sampler)
+    return [ids[start : start + BATCH] for start in range(0, len(ids), BATCH)]

@@ -4,7 +4,8 @@ collective in rank-0-only code alone is left alone (main-process-first is correc
 
 Pure pieces (bounds, the diagnosis, the report, the reading of rank-0-only ``if`` tests) run
 in-process, and so does the reader of torch's flight recorder, on a real gloo group. The
-scenarios start real ranks (gloo on 127.0.0.1, see :mod:`tests.support.spawned`) with a small
+scenarios start real ranks (gloo on 127.0.0.1, see :mod:`tests.support.spawned`): 2, or 3
+where the ranks waiting in one collective are a majority against the odd one, with a small
 per-collective bound (3 s) and a large first bound (60 s): the report naming
 ``DDPKIT_HANG_TIMEOUT=3`` shows that the tight bound applied after the first step, and every
 rank ending on its own, with the watchdog's exit code, before :func:`~tests.support.spawned.spawn`'s
@@ -60,7 +61,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument(
     "--case",
     choices=[
-        "sleep", "other", "loader", "rank0", "prep", "ckpt", "ckpt-async", "ddp", "gil", "eval"
+        "sleep", "other", "loader", "rank0", "busy", "ddp", "gil", "eval"
     ],
 )
 parser.add_argument("--dir", default="")
@@ -82,7 +83,7 @@ class Slow(torch.utils.data.Dataset):
 
 
 value = torch.ones(4)
-if opts.case == "prep" and ctx.is_main:
+if opts.case == "busy" and ctx.is_main:
     time.sleep(7)  # rank 0 prepares data before the first step: more than the tight bound
 for step in range(3):
     dist.all_reduce(value)
@@ -93,26 +94,25 @@ if opts.case == "ddp":  # DDP all-reduces from C++ inside backward(): no Python 
         if step == 5 and ctx.rank == opts.stuck:
             time.sleep(600)  # stuck before backward
         loss.backward()
-if opts.case == "ckpt":  # rank 0 writes slowly (a slow filesystem); the others wait for it
+if opts.case == "busy":  # then rank 0 writes slowly (a slow filesystem); the others wait
     from ddpkit.worker import checkpoint
     write = checkpoint.save_payload
     checkpoint.save_payload = lambda *args: (time.sleep(7), write(*args))[1]
     ddpkit.save_checkpoint(opts.dir, {"value": value}, step=3)
     dist.all_reduce(value)
-if opts.case == "ckpt-async":  # the others wait at the next save for rank 0's slow write
-    from ddpkit.worker import checkpoint
-    write = checkpoint.save_payload
-    checkpoint.save_payload = lambda *args: (time.sleep(7), write(*args))[1]
-    ddpkit.async_save_checkpoint(opts.dir, {"value": value}, step=3)
+    print("saved", flush=True)
+    # then in the background: the others wait at the next save for rank 0's slow write
+    ddpkit.async_save_checkpoint(opts.dir, {"value": value}, step=4)
     dist.all_reduce(value)
     ddpkit.wait_for_checkpoint()
     dist.all_reduce(value)
+    print("saved in the background", flush=True)
 if opts.case == "eval":  # rank 0 evaluates alone inside the loop, longer than the bound
     if ctx.is_main:
         time.sleep(7)
     dist.all_reduce(value)
     print(f"sum {value.tolist()}", flush=True)
-if opts.case in ("prep", "ckpt", "ckpt-async", "eval"):
+if opts.case in ("busy", "eval"):
     raise SystemExit(0)
 if opts.case == "loader" and ctx.rank == opts.stuck:
     batches = iter(torch.utils.data.DataLoader(Slow(), batch_size=2, num_workers=1))
@@ -512,10 +512,12 @@ def _run(
     extra: tuple[str, ...] = (),
     frozen: tuple[int, ...] = (),
     action: str = "end",
+    guard_s: float = 120.0,
 ) -> list[Rank]:
     args = ["--case", case, "--stuck", str(stuck), *extra]
     env = {**BOUNDS, "DDPKIT_HANG_ACTION": action}
-    ranks = spawn(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen)
+    ranks = spawn(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen,
+                  timeout_s=guard_s)  # fmt: skip
     left = [rank.pid() for rank in ranks if running(rank.pid())]
     children = [child for rank in ranks for child in rank.children()]
     left += [pid for pid, ticks in children if running(pid) and start_ticks(pid) == ticks]
@@ -570,7 +572,7 @@ def test_a_rank_in_a_different_collective_is_named(worker: Path) -> None:
 
 @pytest.mark.multiproc
 def test_a_rank_stuck_in_its_data_loader_worker_is_named(worker: Path) -> None:
-    ranks = _run(worker, "loader")
+    ranks = _run(worker, "loader", world_size=2)
     _ended_by_the_report(ranks)
     ((child, _),) = ranks[1].children()
     head = _report_of(ranks[0]).splitlines()[0]
@@ -583,18 +585,18 @@ def test_a_rank_stuck_in_its_data_loader_worker_is_named(worker: Path) -> None:
 
 @pytest.mark.multiproc
 def test_a_rank_missing_from_ddps_gradient_all_reduce_is_named(worker: Path) -> None:
-    ranks = _run(worker, "ddp", stuck=2)
+    ranks = _run(worker, "ddp", world_size=2)
     _ended_by_the_report(ranks)
     head = _report_of(ranks[0]).splitlines()[0]
     place = f"{_site(worker, 'time.sleep(600)  # stuck before backward')}"
     assert head.startswith(
-        f"ddpkit: hang: rank 2 (host {HOST}, pid {ranks[2].pid()}) is in {place} "
+        f"ddpkit: hang: rank 1 (host {HOST}, pid {ranks[1].pid()}) is in {place} "
         "`time.sleep(600)  # stuck before backward`, not in a collective; its last "
         "collective: all_reduce #"
     ), head
     # DDP's bucket all-reduce, made from C++: torch's recorder has it; the place is the frame
     waited = re.search(
-        r"ranks 0-1 wait in all_reduce #\d+ \[18\] float32 on default_pg at (\S+) ", head
+        r"rank 0 waits in all_reduce #\d+ \[18\] float32 on default_pg at (\S+) ", head
     )
     assert waited and waited.group(1) == _site(worker, "loss.backward()"), head
 
@@ -628,7 +630,7 @@ def test_rank_zero_holding_the_gil_is_reported_by_the_rank_that_gathered(worker:
 def test_a_barrier_in_rank_zero_only_code_is_named_in_the_hang_report(worker: Path) -> None:
     # nothing raises before the collective (main-process-first is correct code): the hang is
     # reported, and the report names the `if` rank 0's barrier runs under
-    ranks = _run(worker, "rank0")
+    ranks = _run(worker, "rank0", world_size=2)  # a tie: rank-0-only code is the odd one
     _ended_by_the_report(ranks)
     head = _report_of(ranks[0]).splitlines()[0]
     line = _line("dist.barrier()  # rank0")
@@ -638,7 +640,7 @@ def test_a_barrier_in_rank_zero_only_code_is_named_in_the_hang_report(worker: Pa
     assert (f" on default_pg at {_site(worker, 'dist.barrier()  # rank0')} (for ") in head, head
     assert (
         f"called under `if opts.case == 'rank0' and ctx.is_main:` ({worker.parent.name}/"
-        f"worker.py:{line - 1}), rank-0-only code that ranks 1-2 skip; ranks 1-2 wait in "
+        f"worker.py:{line - 1}), rank-0-only code that rank 1 skips; rank 1 waits in "
         "all_reduce #"
     ) in head, head
     assert all("UsageError" not in rank.err for rank in ranks)
@@ -648,10 +650,10 @@ def test_a_barrier_in_rank_zero_only_code_is_named_in_the_hang_report(worker: Pa
 def test_by_default_a_report_is_printed_and_the_job_goes_on(worker: Path) -> None:
     # rank 0 evaluates for 7 s inside the loop while the others wait in an all_reduce, past
     # the 3-s bound: a guess from timing (slow, or stuck?) reports; it never ends a correct job
-    ranks = _run(worker, "eval", action="report")
-    assert [rank.code for rank in ranks] == [0, 0, 0], ranks[0].err[-3000:]
-    for rank in ranks:  # 1, then x3 in each of 4 all_reduces
-        assert rank.out.splitlines()[-1] == "sum [81.0, 81.0, 81.0, 81.0]", rank.out
+    ranks = _run(worker, "eval", world_size=2, action="report")
+    assert [rank.code for rank in ranks] == [0, 0], ranks[0].err[-3000:]
+    for rank in ranks:  # 1, then x2 in each of 4 all_reduces
+        assert rank.out.splitlines()[-1] == "sum [16.0, 16.0, 16.0, 16.0]", rank.out
     head = _report_of(ranks[0]).splitlines()[0]
     assert head.startswith(
         f"ddpkit: hang: rank 0 (host {HOST}, pid {ranks[0].pid()}) is in "
@@ -674,22 +676,19 @@ def test_a_bad_hang_action_is_a_config_error_naming_it() -> None:
 
 
 @pytest.mark.multiproc
-def test_data_preparation_on_rank_zero_before_the_first_step_is_left_alone(
-    worker: Path,
+def test_ranks_waiting_while_rank_zero_prepares_data_or_writes_a_checkpoint_are_left_alone(
+    worker: Path, tmp_path: Path
 ) -> None:
-    ranks = _run(worker, "prep")
-    assert [rank.code for rank in ranks] == [0, 0, 0], ranks[0].err[-3000:]
+    # one run, three waits past the tight bound, each for rank 0's useful work: its data
+    # preparation before the first step (under the first bound), its slow checkpoint write,
+    # and its slow background write that the next save waits for
+    # three 7-s waits in one run: a longer guard than spawn's 120 s (at a load of 38 on this
+    # machine, the merged run passed 120 s); a guard against a hang, not a measure
+    extra = ("--dir", str(tmp_path / "ckpt"))
+    ranks = _run(worker, "busy", world_size=2, extra=extra, guard_s=240.0)
+    assert [rank.code for rank in ranks] == [0, 0], ranks[1].err[-3000:]
     assert all("ddpkit:" not in rank.err for rank in ranks)
-
-
-@pytest.mark.multiproc
-@pytest.mark.parametrize("case", ["ckpt", "ckpt-async"])
-def test_ranks_waiting_while_rank_zero_writes_a_checkpoint_are_left_alone(
-    worker: Path, tmp_path: Path, case: str
-) -> None:
-    ranks = _run(worker, case, extra=("--dir", str(tmp_path / "ckpt")))
-    assert [rank.code for rank in ranks] == [0, 0, 0], ranks[1].err[-3000:]
-    assert all("ddpkit:" not in rank.err for rank in ranks)
+    assert all(rank.out.endswith("saved\nsaved in the background\n") for rank in ranks)
     assert len(list((tmp_path / "ckpt").iterdir())) >= 1
 
 
@@ -737,7 +736,7 @@ def test_the_launchers_summary_quotes_the_report_it_finds(tmp_path: Path) -> Non
 
 @pytest.mark.multiproc
 def test_ddpkit_run_quotes_the_report_in_its_summary(worker: Path) -> None:
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "3", str(worker)]
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(worker)]
     env = child_env(DDPKIT_PEER_TIMEOUT="3", **BOUNDS)
     done = subprocess.run(
         [*command, "--case", "sleep"],
@@ -750,7 +749,7 @@ def test_ddpkit_run_quotes_the_report_in_its_summary(worker: Path) -> None:
     pids = {
         int(r): int(p) for r, p in re.findall(r"^\[rank\d\]: pid (\d) (\d+)$", done.stdout, re.M)
     }
-    assert sorted(pids) == [0, 1, 2], done.stdout
+    assert sorted(pids) == [0, 1], done.stdout
     assert [pid for pid in pids.values() if running(pid)] == []
     assert done.returncode == 1, done.stderr[-3000:]
     summary = done.stderr[done.stderr.index("ddpkit: worker failed (root cause)") :]
