@@ -1,5 +1,6 @@
 """Checkpoints written in the background, two ranks on a real gloo group: a failed write raises
-on every rank (at the next save, sync or async, at a wait, a load, the guard, and at exit), a
+on every rank (at the next save, sync or async, at a wait, a load, the guard, and at exit: a
+real interpreter's exit for a write still running, the exit step on forked ranks for the rest), a
 resume from an async checkpoint is bitwise the one from a sync checkpoint, and the preemption
 guard waits for the write before it ends the job.
 
@@ -9,6 +10,8 @@ the main rank's process only, or for real (a folder that cannot be created).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -142,13 +145,12 @@ _EXITING = textwrap.dedent(
 )
 
 
-# name: (the folder cannot be made, the write's delay, its timeout_s)
+# name: (the folder cannot be made, the write's delay, its timeout_s). The exit of a real
+# interpreter, with its atexit handlers and finalization, for a write still running when the
+# script ends, both outcomes; the variations below run ddpkit's exit step on the fork server.
 EXITS = {
-    "ok-at-once": (False, 0.0, 300.0),
     "ok-late": (False, 1.0, 300.0),
-    "fails-at-once": (True, 0.0, 300.0),
     "fails-late": (True, 1.0, 300.0),
-    "too-slow": (False, 60.0, 1.0),
 }
 
 
@@ -180,16 +182,25 @@ def test_at_exit_the_write_is_waited_for_and_a_failure_ends_every_rank_with_1(
                 process.wait()
     for rank, (process, output) in enumerate(zip(ranks, outputs, strict=True)):
         assert f"rank {rank} done" in output, output
-        if fails:
-            assert process.returncode == 1, output
-            assert "failed to write checkpoint step 5" in output, output
-            assert "NotADirectoryError" in output, output
-        elif case == "too-slow":
-            assert process.returncode == 1, output
-            assert "checkpoint step 5" in output and "did not finish within 1 s" in output, output
-        else:
-            assert process.returncode == 0, output
-            assert "error" not in output, output
+        _check_exit(case, process.returncode, output)
+    _check_folder(case, folder)
+
+
+def _check_exit(case: str, code: int | None, output: str) -> None:
+    """What one rank's exit shows: its code (None: no exit step asked for one) and stderr."""
+    if case.startswith("fails"):
+        assert code == 1, output
+        assert "failed to write checkpoint step 5" in output, output
+        assert "NotADirectoryError" in output, output
+    elif case == "too-slow":
+        assert code == 1, output
+        assert "checkpoint step 5" in output and "did not finish within 1 s" in output, output
+    else:
+        assert code in (0, None), output
+        assert "error" not in output, output
+
+
+def _check_folder(case: str, folder: Path) -> None:
     if case.startswith("ok"):
         names = sorted(p.name for p in folder.iterdir())
         assert len(names) == 1 and _saves(names) == [(5, 1)], names
@@ -197,6 +208,46 @@ def test_at_exit_the_write_is_waited_for_and_a_failure_ends_every_rank_with_1(
             assert ddpkit.load_checkpoint(folder, {}) == 5
     elif case == "too-slow":  # ended mid-wait: no file, at most a dead writer's temporary
         assert not list(folder.glob("ckpt-*.pt"))
+
+
+# The same exit step (``inflight._at_exit``, what the atexit handler runs first) on forked ranks:
+# a write that ended before the exit, well or not, and one slower than its timeout_s.
+EXIT_STEPS = {
+    "ok-at-once": (False, 0.0, 300.0),
+    "fails-at-once": (True, 0.0, 300.0),
+    "too-slow": (False, 60.0, 1.0),
+}
+
+
+def _exit_step_worker(
+    rank: int, world_size: int, port: int, folder: str, case: tuple[float, float]
+) -> tuple[int | None, str]:
+    delay_s, timeout_s = case
+    ddpkit.init(env=torchrun_env(rank, world_size, port), **INIT)
+    try:
+        _seam(set(), delay_s)  # each rank's own write (it is the main rank's that counts)
+        ddpkit.async_save_checkpoint(folder, {"w": torch.ones(3)}, step=5, timeout_s=timeout_s)
+        if delay_s == 0.0:
+            time.sleep(0.3)  # the write has ended before the script does
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            code = inflight._at_exit()
+        return code, said.getvalue()
+    finally:
+        ddpkit.shutdown()
+
+
+@pytest.mark.parametrize("case", EXIT_STEPS)
+def test_the_exit_step_reports_the_writes_outcome_on_every_rank(tmp_path: Path, case: str) -> None:
+    fails, delay_s, timeout_s = EXIT_STEPS[case]
+    if fails:
+        (tmp_path / "a-file").write_text("not a folder")
+    folder = tmp_path / ("a-file" if fails else "ok") / "ckpt"
+    case_args = (delay_s, timeout_s)
+    results = run_workers(_exit_step_worker, 2, str(folder), case_args, timeout_s=TIMEOUT_S)
+    for code, output in results:
+        _check_exit(case, code, output)
+    _check_folder(case, folder)
 
 
 # --- resume: async is sync, bitwise ------------------------------------------------------------
