@@ -160,20 +160,32 @@ def test_device_kind_this_machine_lacks_is_a_config_error() -> None:
 # --- launches ------------------------------------------------------------------------------------
 
 
-def test_two_ranks_all_reduce_with_prefixed_ordered_output(
+def test_two_concurrent_runs_all_reduce_with_prefixed_ordered_output(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    handler_before = signal.getsignal(signal.SIGTERM)
-    script_args = ["--lines", "15", "pos", "--opt=1", "-x"]
-    assert main(["run", "--nproc-per-node", "2", WORKER, *script_args]) == 0
+    """One run through ``python -m ddpkit`` and, at the same time, one in this process: each
+    group forms on its own port, and the in-process one's output is prefixed and in order."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc_per_node=2", WORKER]
+    other = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        handler_before = signal.getsignal(signal.SIGTERM)
+        script_args = ["--lines", "15", "pos", "--opt=1", "-x"]
+        assert main(["run", "--nproc-per-node", "2", WORKER, *script_args]) == 0
+        other_out = other.communicate(timeout=120)[0]
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert other.returncode == 0, other_out
     out, err = capfd.readouterr()
     assert signal.getsignal(signal.SIGTERM) is handler_before  # torch's handler was removed
     assert all(PREFIX.match(line) for line in out.splitlines() if line), out
     stdout, stderr = by_rank(out), by_rank(err)
     for rank in (0, 1):
         lines = stdout[rank]
-        env = f"env RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2"
-        assert lines[0].startswith(env), lines
+        env_line = f"env RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2"
+        assert lines[0].startswith(env_line), lines
         assert json.loads(lines[1].removeprefix("args ")) == script_args
         assert [line for line in lines if line.startswith("line")] == [
             f"line {rank} {i}" for i in range(15)
@@ -182,6 +194,10 @@ def test_two_ranks_all_reduce_with_prefixed_ordered_output(
         assert [line for line in stderr[rank] if line.startswith("eline")] == [
             f"eline {rank} {i}" for i in range(15)
         ]
+    other_lines = by_rank(other_out)
+    assert other_lines[0][-1] == other_lines[1][-1] == "sum 3", other_out
+    ports = {re.findall(r"MASTER_PORT=(\d+)", text)[0] for text in (out, other_out)}
+    assert len(ports) == 2, (out, other_out)
 
 
 PIECES = """
@@ -210,23 +226,6 @@ def test_a_line_written_in_pieces_is_printed_as_one_line(
             pieces = [line for line in lines[rank] if line.startswith("piece")]
             assert pieces == [f"piece {rank} {i} a b" for i in range(8)], text
     assert all(PREFIX.match(line) for line in out.splitlines() if line), out
-
-
-def test_two_concurrent_runs_via_python_m_do_not_collide() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc_per_node=2", WORKER]
-    runs = [
-        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    outputs = [run.communicate(timeout=120)[0] for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], outputs
-    ports = set()
-    for out in outputs:
-        lines = by_rank(out)
-        assert lines[0][-1] == lines[1][-1] == "sum 3", out
-        ports.add(re.findall(r"MASTER_PORT=(\d+)", out)[0])
-    assert len(ports) == 2
 
 
 @pytest.mark.parametrize(
@@ -261,20 +260,20 @@ print(os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["TORCHELASTIC_US
     ids=["one-round", "restarts"],
 )
 def test_a_one_round_run_hands_its_workers_the_agents_store(
-    tmp_path: Path, flags: list[str], expected: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    flags: list[str],
+    expected: str,
 ) -> None:
     script = tmp_path / "store.py"
     script.write_text(_STORE_REPORT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *flags]
-    done = subprocess.run(
-        [*command, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    seen = sorted(line.split("]: ", 1)[-1] for line in done.stdout.splitlines() if "]: " in line)
-    assert seen == [f"0 {expected}", f"1 {expected}"], done.stdout
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--nproc-per-node", "2", *flags, str(script)]) == 0
+    out, err = capfd.readouterr()
+    seen = sorted(line.split("]: ", 1)[-1] for line in out.splitlines() if "]: " in line)
+    assert seen == [f"0 {expected}", f"1 {expected}"], out + err
 
 
 def test_module_flag_runs_python_m(
@@ -353,7 +352,7 @@ def test_failing_rank_reports_root_cause_with_traceback(
 
 
 def test_recorded_failure_uses_the_error_file(capfd: pytest.CaptureFixture[str]) -> None:
-    # the launcher in this process (python -m ddpkit: test_two_concurrent_runs_via_python_m...)
+    # the launcher in this process (python -m ddpkit: test_two_concurrent_runs_all_reduce...)
     assert main(["run", "--nproc-per-node", "2", WORKER, "--fail-rank", "0", "--record"]) == 1
     report = summary(capfd.readouterr().err)
     assert report.startswith("ddpkit: worker failed (root cause): rank 0 (local rank 0)")
