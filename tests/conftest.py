@@ -134,10 +134,6 @@ LONGEST_FIRST = (
     "tests/launch/test_run_identity_cluster.py",  # 48
     "tests/test_components_cluster.py",  # 43
     "tests/launch/test_run_orphans.py",
-    # local files moved here from the others' run to balance the two (CI of 2026-12-02), last:
-    # the cores are freer once the SLURM jobs wind down
-    "tests/test_corpus.py",  # 160 (CI, in the others' run)
-    "tests/test_bench_report.py",  # 84 (CI, in the others' run)
 )
 
 

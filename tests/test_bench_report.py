@@ -20,10 +20,6 @@ import report  # noqa: E402
 import report_render  # noqa: E402
 from report_render import Outcome  # noqa: E402
 
-# sidecar: mostly waiting for benchmark runs (84 s of wall, 25 CPU-s in the CI of 2026-12-02):
-# in the SLURM run's workers (ci/test.sh), to balance the two runs
-pytestmark = pytest.mark.sidecar
-
 PNG = b"\x89PNG\r\n\x1a\n"
 MACHINE = {"CPU": "test cpu, 2 cores", "torch": "2.13.0"}
 

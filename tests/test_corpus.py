@@ -91,9 +91,7 @@ import pytest
 from tests.support import needs
 from tests.support.distutil import free_port
 
-# sidecar: the SLURM run's workers take it (ci/test.sh), to balance the two runs (CI of
-# 2026-12-02: the others ran 1,296 s, the SLURM run ~950 s; this file 160 s of the others')
-pytestmark = [pytest.mark.multiproc, pytest.mark.sidecar]
+pytestmark = pytest.mark.multiproc
 
 ROOT = Path(__file__).resolve().parents[1]
 IDIOMS = ROOT / "tests" / "corpus" / "idioms"
