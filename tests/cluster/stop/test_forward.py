@@ -129,3 +129,23 @@ def test_an_arrival_during_a_forward_joins_it_instead_of_nesting(
     assert scans[0] == 1 and sent == [(signal.SIGUSR1, [4242])]
     forward.forward_now(signal.SIGUSR1, None)  # the next arrival, after it: a forward of its own
     assert len(sent) == 2
+
+
+def test_another_signal_during_a_forward_is_still_passed_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only an arrival of the signal being forwarded joins it: a SIGTERM in the middle of a
+    SIGUSR1's forward is a signal of its own, and goes on to the workers."""
+    sent: list[tuple[int, list[int]]] = []
+    scans = [0]
+
+    def scan() -> list[int]:
+        scans[0] += 1
+        if scans[0] == 1:
+            forward.forward_now(signal.SIGTERM, None)
+        return [4242]
+
+    monkeypatch.setattr(forward, "workers", scan)
+    monkeypatch.setattr(forward, "_send", lambda signum, pids: sent.append((signum, pids)))
+    forward.forward_now(signal.SIGUSR1, None)
+    assert sent == [(signal.SIGTERM, [4242]), (signal.SIGUSR1, [4242])]

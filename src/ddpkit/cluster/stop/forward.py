@@ -78,7 +78,7 @@ class _State:
         self.blocked_before = False  # block() found the signal blocked already
         self.released = False  # release() registered the signal's ignoring at exit
         self.arrived = False  # by the fallback handler, while no relay thread runs
-        self.forwarding = False  # forward_now is running (in the main thread)
+        self.forwarding: set[int] = set()  # the signals forward_now is passing on now
         self.not_workers: set[int] = set()
         # held while a non-worker child is being started: between its fork and its record in
         # not_workers it would look like a worker, and a kept signal sent to it would be lost
@@ -239,18 +239,19 @@ def _keep(signum: int, frame: FrameType | None) -> None:
 def forward_now(signum: int, frame: FrameType | None) -> None:
     """A handler passing ``signum`` on to the running children at once (none: dropped).
 
-    Not re-entered: an arrival while a forward runs (Python runs a handler between any two
-    bytecodes, this one's too) joins that forward, as the kernel merges a standard signal that
-    is already pending. Re-entered, a storm of arrivals faster than one scan of /proc nested
-    handler in handler until a RecursionError ended the launcher (a SIGUSR1 every 10-50 ms on
-    a loaded machine: tests/launch/test_run_signals.py)."""
-    if _STATE.forwarding:
+    Not re-entered for one signal: an arrival while a forward of that signal runs (Python
+    runs a handler between any two bytecodes, this one's too) joins it, as the kernel merges a
+    standard signal already pending; another signal is still passed on. Re-entered, a storm of
+    arrivals faster than one scan of /proc nested handler in handler until a RecursionError
+    ended the launcher (a SIGUSR1 every 10-50 ms on a loaded machine:
+    tests/launch/test_run_signals.py)."""
+    if signum in _STATE.forwarding:
         return
-    _STATE.forwarding = True
+    _STATE.forwarding.add(signum)
     try:
         _send(signum, workers())
     finally:
-        _STATE.forwarding = False
+        _STATE.forwarding.discard(signum)
 
 
 def _send(signum: int, pids: Iterable[int]) -> bool:

@@ -183,12 +183,8 @@ class StoreLink:
         others = self.world_size - 1 - culprits
         try:
             count = int(self._store.add("named", 1))
-            if self.rank != self.host_rank:
-                return
-            deadline = self._clock() + wait_s
-            while count - 1 < others and self._clock() < deadline:
-                time.sleep(HOOK_POLL_S)
-                count = int(self._store.add("named", 0))
+            if self.rank == self.host_rank:
+                self._host_waits("named", others + 1, wait_s, count)
         except Exception as error:
             self._fail(error)
 
@@ -201,13 +197,19 @@ class StoreLink:
         if self.rank != self.host_rank or not self._answers():
             return
         try:
-            deadline = self._clock() + wait_s
-            while int(self._store.add("hang/read", 0)) < self.world_size - 1:
-                if self._clock() >= deadline:
-                    return
-                time.sleep(HOOK_POLL_S)
+            self._host_waits("hang/read", self.world_size - 1, wait_s)
         except Exception as error:
             self._fail(error)
+
+    def _host_waits(self, key: str, count: int, wait_s: float, seen: int | None = None) -> None:
+        """The store's host keeps its store up until counter ``key`` reaches ``count``,
+        ``wait_s`` at most (``seen``: its value already read)."""
+        deadline = self._clock() + wait_s
+        while (int(self._store.add(key, 0)) if seen is None else seen) < count:
+            if self._clock() >= deadline:
+                return
+            time.sleep(HOOK_POLL_S)
+            seen = None
 
     # the watchdog's thread
 
