@@ -201,3 +201,40 @@ def test_the_entry_point_holds_the_signal_before_anything_heavy_is_imported() ->
     )  # fmt: skip
     # held: SIGUSR2; blocked in the main thread; none of the command line, the launcher, torch
     assert done.stdout == "True True []\n", (done.stdout, done.stderr)
+
+
+LAST_WORDS = """\
+import os, signal, sys, time
+print("the last line before the signal", file=sys.stderr, flush=True)
+os.kill(os.getppid(), signal.SIGTERM)  # torch's agent: the launcher itself
+time.sleep(120)
+"""
+
+
+def test_on_sigterm_the_launcher_prints_its_workers_lines_before_it_stops_them(
+    tmp_path: Path,
+) -> None:
+    """A SLURM cancel or requeue: SIGTERM to the launcher, SIGKILL ``KillWait`` seconds later,
+    which may come before torch's shutdown has drained the tee. The line a worker wrote just
+    before the signal is printed first (:func:`ddpkit.launch.tee.drain`), before torch's
+    "Received 15 death signal" (it came after it, at the drain of torch's shutdown, before)."""
+    script = tmp_path / "last_words.py"
+    script.write_text(LAST_WORDS)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "1", str(script)],
+        env=_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _out, err = launcher.communicate(timeout=TIMEOUT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 128 + signal.SIGTERM, err
+    line, shutdown = "[rank0]: the last line before the signal", "Received 15 death signal"
+    assert line in err and shutdown in err, err
+    assert err.index(line) < err.index(shutdown), err
