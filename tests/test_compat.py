@@ -77,28 +77,6 @@ def test_tee_read_by_prints_the_rank_prefix_once(tmp_path: Path) -> None:
 
 
 @reach
-def test_termination_preceded_by_runs_first_in_torchs_termination_handler() -> None:
-    import inspect
-    import signal
-
-    from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
-
-    assert "_terminate_process_handler" in inspect.getsource(PContext.start), (
-        f"{TORCH}: PContext.start no longer installs _terminate_process_handler by name"
-    )
-    original = mp_api._terminate_process_handler
-    calls: list[str] = []
-    with compat.termination_preceded_by(lambda: calls.append("first")):
-        handler = mp_api._terminate_process_handler
-        assert handler is not original
-        with pytest.raises(SignalException) as raised:
-            handler(signal.SIGTERM, None)
-    assert calls == ["first"]
-    assert raised.value.sigval == signal.SIGTERM, f"{TORCH}: the handler raises no SignalException"
-    assert mp_api._terminate_process_handler is original  # put back afterwards
-
-
-@reach
 def test_a_line_tailed_in_pieces_is_printed_as_one_line(tmp_path: Path) -> None:
     """A worker's line read before it ended (its text and its newline in two writes, as
     ``print`` under PYTHONUNBUFFERED=1) is held for its end, while another rank's line goes on;

@@ -9,9 +9,6 @@ against the installed version and names that version when one has moved.
     tail_log.tail_logfile and its  torch       ``ddpkit run`` prints torch's own "[rankN]:"
       parameters                               prefix once, whole lines, redraws (\\r) in
                                                place (:mod:`ddpkit.launch.tee`)
-    multiprocessing.api._terminate torch       on SIGTERM (a SLURM cancel or requeue), the
-      _process_handler, looked up              launcher prints what its workers wrote before
-      by name at PContext.start                torch shuts them down (:func:`.launch.tee.drain`)
     run.config_from_args           torch       ``ddpkit run`` builds its LaunchConfig with
                                                torchrun's own parser and logic
     run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
@@ -88,7 +85,6 @@ __all__ = [
     "submitit_sbatch_text",
     "submitit_sbatch_value",
     "tee_read_by",
-    "termination_preceded_by",
     "torchrun_notice_muted",
     "torchx_slurm_sbatch_options",
 ]
@@ -118,34 +114,6 @@ def tee_read_by(tail_logfile: Callable[..., None]) -> Iterator[None]:
         yield
     finally:
         tail_log.tail_logfile = original
-
-
-@contextmanager
-def termination_preceded_by(first: Callable[[], object]) -> Iterator[None]:
-    """While the block runs, the handler torch's agent installs for its termination signals
-    (``TORCHELASTIC_SIGNALS_TO_HANDLE``: SIGTERM, SIGINT, ...) calls ``first`` before torch's
-    own, which raises ``SignalException`` and shuts the workers down: ``PContext.start`` looks
-    ``api._terminate_process_handler`` up by that name. ``first`` must be bounded; an
-    exception from it is dropped. Restored afterwards; should torch rename the handler, nothing
-    is replaced.
-    """
-    from torch.distributed.elastic.multiprocessing import api
-
-    original: Any = getattr(api, "_terminate_process_handler", None)
-    if not callable(original):
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        with contextlib.suppress(Exception):
-            first()
-        original(signum, frame)
-
-    api._terminate_process_handler = handler
-    try:
-        yield
-    finally:
-        api._terminate_process_handler = original
 
 
 @contextmanager

@@ -97,30 +97,3 @@ def test_a_progress_bar_is_redrawn_in_place_and_lines_stay_whole(tmp_path: Path)
     # on a terminal: two lines, each with one prefix (each carriage return goes back to its start)
     shown = [line.rsplit("\r", 1)[-1] for line in out.getvalue().split("\n")[:-1]]
     assert shown == ["[rank0]: progress 100%", "[rank0]: loss 0.5 at step 3"]
-
-
-def test_drain_prints_what_the_file_holds_before_it_returns(tmp_path: Path) -> None:
-    """What ``ddpkit run`` does first on SIGTERM: the reading thread polls every 1,000 s here,
-    so only the drain can print the line, and it has when the call returns (each time: a
-    drain is served by a pass that began after it was asked for)."""
-    log = tmp_path / "0.log"
-    log.write_text("")
-    out = io.StringIO()
-    finished = threading.Event()
-    thread = threading.Thread(
-        target=tee.tail_whole_lines,
-        args=("[rank0]: ", str(log), out, finished, 1000.0, lambda _line: True),
-    )
-    thread.start()
-    try:
-        with log.open("a") as worker:
-            for step in range(5):
-                worker.write(f"every rank stops after step {step}\n")
-                worker.flush()
-                assert tee.drain(timeout_s=30)
-                assert out.getvalue().endswith(f"[rank0]: every rank stops after step {step}\n")
-    finally:
-        finished.set()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
-    assert tee.drain(timeout_s=0.0)  # nothing followed: nothing to wait for

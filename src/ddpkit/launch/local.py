@@ -49,7 +49,6 @@ from ddpkit.compat import (
     launch_config_from_args,
     rdzv_shared_store_made_by,
     tee_read_by,
-    termination_preceded_by,
     torchrun_notice_muted,
 )
 from ddpkit.contract import RUN_ID_VAR
@@ -171,7 +170,6 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _environ_restored(),
         _signal_handlers_restored(handled),
         tee_read_by(tee.tail_whole_lines),
-        termination_preceded_by(tee.drain),
         _shared_store_on(plan.shared_store_bind),
         _signals_forwarded(FORWARDED_SIGNALS),
         deathsig.tied() as token,

@@ -36,15 +36,11 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["DRAIN_BOUND_S", "HOLD_PARTIAL_LINE_S", "drain", "once_prefixed", "tail_whole_lines"]
+__all__ = ["HOLD_PARTIAL_LINE_S", "once_prefixed", "tail_whole_lines"]
 
 # how long a tee'd line read without its end (its writer has not finished it) is held for the
 # rest before it is printed as it is, as torch prints it: a progress bar without newlines shows
 HOLD_PARTIAL_LINE_S = 1.0
-
-# how long a termination signal's handler waits for the reading thread to print what the files
-# hold (:func:`drain`) before torch's agent shuts the workers down
-DRAIN_BOUND_S = 2.0
 
 # ddpkit's header, then torch's own prefix of the same rank ("[rank0]: " before a traceback
 # line, "[rank0]:" before a C++ log line): torch's copy is dropped
@@ -87,20 +83,6 @@ def tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start c
     follow.drained.wait()
     if follow.error is not None:  # torch logs a tail's error
         raise follow.error
-
-
-def drain(timeout_s: float = DRAIN_BOUND_S) -> bool:
-    """Print what every followed file holds now, before returning; False when the reading
-    thread took longer than ``timeout_s`` (or nothing is followed: True).
-
-    ``ddpkit run`` calls it first when a termination signal reaches the launcher
-    (:func:`ddpkit.compat.termination_preceded_by`): on a SLURM requeue or a cancel, the
-    launcher gets SIGTERM and, ``KillWait`` seconds later, SIGKILL, which can come before
-    torch's shutdown drains the tee. The lines the workers wrote just before the signal (a rank's
-    "every rank stops after this step") were then missing from the job's output when the
-    reading thread had not had its turn on a loaded node.
-    """
-    return _READER.one_pass(timeout_s)
 
 
 class _Follow:
@@ -154,8 +136,6 @@ class _Reader:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.passed = threading.Condition(self.lock)  # notified at the end of each pass
-        self.started = self.ended = 0  # passes over the files, begun and finished
         self.wake = threading.Event()
         self.follows: list[_Follow] = []
         self.thread: threading.Thread | None = None
@@ -169,35 +149,14 @@ class _Reader:
                 )
                 self.thread.start()
 
-    def one_pass(self, timeout_s: float) -> bool:
-        """Wait for a whole pass that began after this call (the thread woken for it). Called
-        from a signal handler: the lock is taken with a bound too (a second signal's handler,
-        run while the first one's holds it, would otherwise wait on it forever)."""
-        if not self.lock.acquire(timeout=timeout_s):
-            return False
-        try:
-            if self.thread is None:
-                return True
-            wanted = self.started + 1
-            self.wake.set()
-            return self.passed.wait_for(
-                lambda: self.ended >= wanted or self.thread is None, timeout_s
-            )
-        finally:
-            self.lock.release()
-
     def _run(self, interval_s: float) -> None:
         while True:
             with self.lock:
                 follows = list(self.follows)
                 if not follows:
                     self.thread = None
-                    self.passed.notify_all()
                     return
-                self.started += 1
-                # a stop or a drain from now on ends the wait below at once (cleared under the
-                # lock: a drain that set it before this pass began is served by this pass)
-                self.wake.clear()
+            self.wake.clear()  # a stop from now on ends the wait below at once
             for follow in follows:
                 try:
                     finished = follow.step()
@@ -207,12 +166,6 @@ class _Reader:
                     with self.lock:
                         self.follows.remove(follow)
                     follow.drained.set()
-            with self.lock:
-                self.ended += 1
-                self.passed.notify_all()
-                if not self.follows:  # the last one is done: no wait for the next pass
-                    self.thread = None
-                    return
             self.wake.wait(interval_s)
 
 
