@@ -29,6 +29,9 @@ EXAMPLE = ROOT / "examples" / "train.py"
 TRAIN = "--epochs 3 --train-size 4000 --test-size 501 --checkpoint-every 5 --step-delay 0.1"
 HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")
 STOPPING = "every rank stops after this step"
+# said by rank 0 before `scontrol requeue`, which cancels the steps and cuts their output: the
+# launcher must have copied it by then (ddpkit.worker.preempt.COPY_GRACE_S)
+REQUEUING = "asking SLURM to put the job back in the queue"
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> str:
@@ -93,6 +96,7 @@ def test_torchx_job_on_slurm_stops_checkpoints_and_requeues(
     logs = "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("slurm-*")))
     where = f"job {job_id}; runs per het component {runs}; logs:\n{logs[-6000:]}"
     assert STOPPING in logs, where
+    assert REQUEUING in logs, where
     for component, states in runs.items():  # each of the 2 het components: requeued, then done
         assert "REQUEUED" in states[:-1] and states[-1] == "COMPLETED", f"{component}: {where}"
     assert re.search(rf"resumed from {re.escape(str(ck))} at step \d+", logs), where

@@ -23,6 +23,7 @@ import pytest
 import ddpkit
 from ddpkit.cluster.stop import latch as stopsignal
 from ddpkit.errors import ConfigError, UsageError
+from ddpkit.worker import preempt
 from ddpkit.worker.context import current_or_none
 from tests.fakes.slurm import FakeTools
 from tests.support.distutil import free_port, run_workers, torchrun_env
@@ -181,7 +182,8 @@ def test_slurm_job_is_requeued_once_by_rank_0_and_every_rank_exits_0(
     seen = [result["job"] for result in results]
     assert [s["code"] for s in seen] == [0, 0], seen
     assert _calls(root, "job") == ["requeue 77"]
-    assert "requeue 77 (1 of 10): done" in seen[0]["stderr"], seen
+    # said before the requeue, which cancels the job's steps and cuts their output
+    assert "requeue 77 (1 of 10): asking SLURM to put the job back" in seen[0]["stderr"], seen
     assert not any(s["initialized"] for s in seen), seen
 
 
@@ -211,8 +213,25 @@ def test_failing_scontrol_exits_75_on_every_rank_quoting_its_output(
     assert [s["code"] for s in seen] == [75, 75], seen
     assert _calls(root, "fails") == ["requeue 77"]
     message = seen[0]["stderr"]
-    assert "scontrol requeue 77 failed with exit code 1" in message, message
+    asked = "asking SLURM to put the job back"
+    failed = "scontrol requeue 77 failed with exit code 1"
+    assert asked in message and failed in message, message
+    assert message.index(asked) < message.index(failed), message
     assert "Invalid job id specified for 77" in message, message
+
+
+def test_under_torchs_agent_the_main_rank_waits_for_its_output_to_be_copied_before_a_requeue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent copies a worker's log file every 0.1 s; the requeue cuts the step's output."""
+    slept: list[float] = []
+    monkeypatch.setattr(preempt.time, "sleep", slept.append)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    preempt._let_the_launcher_copy_output()
+    assert slept == []  # srun started the worker: it writes to the step's output itself
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "13")
+    preempt._let_the_launcher_copy_output()
+    assert slept == [preempt.COPY_GRACE_S]
 
 
 # ---------------------------------------------------------------------------------- errors

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Mapping
 from typing import NoReturn
 
@@ -171,19 +172,40 @@ class PreemptionGuard:
             dist.barrier()  # everybody is past its checkpoint before the job is touched
         outcome: list[str | None] = [None]
         if context.is_main:
-            outcome[0] = requeue(plan.target) if plan.target is not None else plan.why
+            if plan.target is not None:
+                # said before: the requeue cancels the job's steps at once, and what is written
+                # after it (or not yet copied by a launcher) never reaches the job's output
+                _say(f"{plan.why}: asking SLURM to put the job back in the queue; it resumes")
+                _let_the_launcher_copy_output()
+                outcome[0] = requeue(plan.target)
+            else:
+                outcome[0] = plan.why
         if grouped:
             dist.broadcast_object_list(outcome, src=0)
         failure = outcome[0]
-        if context.is_main:
-            if failure is None:
-                _say(f"{plan.why}: done; the job goes back to the queue and resumes")
-            else:
-                _say(f"stopped with a checkpoint, not requeued: {failure}")
+        if context.is_main and failure is not None:
+            _say(f"stopped with a checkpoint, not requeued: {failure}")
         shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(0 if failure is None else EXIT_STOPPED)
+
+
+# How long the main rank waits before ``scontrol requeue`` when torch's agent started it
+# (``ddpkit run``, ``torchrun``): the agent copies each worker's output from a log file to the
+# job's output every 0.1 s (``ddpkit run``, ``torchrun --tee``), and the requeue cancels the step
+# at once: lines the agent had not copied by then were lost ("every rank stops after this
+# step", seen missing on the test cluster's requeues while in the worker's log file).
+COPY_GRACE_S = 2.0
+
+
+def _let_the_launcher_copy_output() -> None:
+    """Wait :data:`COPY_GRACE_S` under torch's agent (``TORCHELASTIC_RUN_ID`` set); a worker
+    srun started itself writes to the step's output directly: no wait."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        time.sleep(COPY_GRACE_S)
 
 
 def _say(message: str) -> None:
