@@ -108,7 +108,12 @@ finish() { # however the run ends: no background job left, the cluster down, the
     if kill -0 "$pid" 2>/dev/null; then kill_tree "$pid"; fi
   done
   stop_cluster
-  if [ "${#times_runs[@]}" -gt 0 ]; then python3 ci/slowest.py "${times_runs[@]}" || true; fi
+  if [ "${#times_runs[@]}" -gt 0 ]; then
+    python3 ci/slowest.py --files 30 "${times_runs[@]}" || true
+    # the times themselves, for a closer look than the table (each run replaces the last's)
+    rm -rf /tmp/ddpkit-ci-times-last && mkdir -p /tmp/ddpkit-ci-times-last &&
+      cp "$work"/times-*.jsonl "$work"/times.jsonl /tmp/ddpkit-ci-times-last/ 2>/dev/null || true
+  fi
   phase_table
   bg_table
   rm -rf "$work"
