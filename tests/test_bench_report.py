@@ -188,7 +188,25 @@ def test_a_real_bench_through_the_runner(tmp_path: Path) -> None:
     assert (tmp_path / "REPORT.md").read_text() == text  # the same report from results.json
 
 
+# A bench for the merge: a stub of bench_checkpoint.py (the real one runs through the runner in
+# test_a_real_bench_through_the_runner; what is tested here is which outcomes are kept).
+STUB_CHECKPOINT = (
+    "import json, sys\n"
+    "quick = ' --quick' if '--quick' in sys.argv else ''\n"
+    "doc = {'bench': 'checkpoint', 'title': 'Checkpoint', 'rows': [{'figure': 'checkpoint save',\n"
+    "       'variant': 'ddpkit.save_checkpoint', 'value': 2.0, 'unit': 'MB/s',\n"
+    "       'higher_is_better': True}],\n"
+    "       'command': 'python benchmarks/bench_checkpoint.py' + quick}\n"
+    "json.dump(doc, open(sys.argv[sys.argv.index('--json') + 1], 'w'))\n"
+)
+RAN = "import pathlib, sys\npathlib.Path(sys.argv[0] + '.ran').touch()\nraise SystemExit(1)\n"
+
+
 def test_merge_re_runs_only_the_named_bench_and_keeps_the_others(tmp_path: Path) -> None:
+    benches = tmp_path / "benches"
+    benches.mkdir()
+    (benches / "bench_checkpoint.py").write_text(STUB_CHECKPOINT)
+    (benches / "bench_a.py").write_text(RAN)  # must not run: it is not named
     old = _doc([_row("checkpoint save", "ddpkit.save_checkpoint", 1.0)], bench="checkpoint")
     kept = _doc([_row("a", "plain torch", 1.0), _row("a", "ddpkit", 1.0)], bench="a")
     earlier = {
@@ -201,12 +219,15 @@ def test_merge_re_runs_only_the_named_bench_and_keeps_the_others(tmp_path: Path)
     }
     (tmp_path / "results.json").write_text(json.dumps(earlier))
     argv = ["--only", "checkpoint", "--quick", "--merge", "--out", str(tmp_path)]
+    argv += ["--benchmarks", str(benches)]
     assert report.main(argv, environ={}) == 0, tmp_path / "logs" / "bench_checkpoint.log"
+    assert not (benches / "bench_a.py.ran").exists()
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [o["name"] for o in saved["outcomes"]] == ["bench_a", "bench_checkpoint"]
     assert saved["outcomes"][0]["doc"] == kept  # untouched
     fresh = saved["outcomes"][1]["doc"]
     assert fresh["command"] == "python benchmarks/bench_checkpoint.py --quick"
+    assert fresh["rows"][0]["value"] == 2.0  # this run's, not the earlier 1.0
     assert saved["machine"]["date"] == "2026-01-01 00:00 UTC"
     assert saved["command"].startswith("python benchmarks/report.py; then re-run on 20")
     assert saved["command"].endswith("with --only checkpoint")

@@ -1,23 +1,35 @@
 """Hostile or broken input to ``ddpkit plan|submit``: one line, exit 2, bounded memory and time.
 
-Every case runs the real command in a child whose address space is limited (RLIMIT_AS, a few
-hundred MB: far more than a plan needs, far less than what the input would make ddpkit take)
-under a wall-clock timeout, so that input that would eat the machine fails the test with a
-MemoryError or a timeout instead. Each must end with exit code 2, nothing on stdout, a single
-short stderr line naming the file (or --set/--sweep) and the field where there is one, with a
-hint, no traceback, and nothing handed to sbatch (a fake one that records a call).
+Each must end with exit code 2, nothing on stdout, a single short stderr line naming the file
+(or --set/--sweep) and the field where there is one, with a hint, no traceback, and nothing
+handed to sbatch (a fake one that records a call). Address space is limited (RLIMIT_AS, a few
+hundred MB over what the process holds: far more than a plan needs, far less than what the
+input would make ddpkit take), so that input that would eat the machine fails the test with a
+MemoryError instead.
+
+Each kind of input (a spec file through ``plan``, through ``submit`` and ``submit --dry-run``,
+flags, a file that never ends, the largest allowed job) has cases that run the real
+``python -m ddpkit`` in a child (:data:`IN_A_CHILD`), under a wall-clock timeout: the exit
+code, the streams and the absence of a traceback as a user sees them. The other cases call the
+command line's ``main()`` in the test process, with its soft address-space limit lowered for
+the call (:func:`_bounded_memory`): the same parser, checks and error line, without an
+interpreter's start (~0.6 s of CPU each, 55 of them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import resource
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from ddpkit.cli import main
 from tests.fakes.slurm import FakeTools
 
 MEMORY_LIMIT = 400 * 2**20  # bytes of address space for the child: python + ddpkit need ~150
@@ -28,6 +40,24 @@ BASE = "name: demo\ncommand: train.py\n"
 
 def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+@contextlib.contextmanager
+def _bounded_memory() -> Iterator[None]:
+    """The test process's soft RLIMIT_AS at what it maps now plus :data:`MEMORY_LIMIT`, for the
+    block (the hard limit is untouched, so the soft one goes back up after it)."""
+    status = Path("/proc/self/status").read_text()
+    found = re.search(r"^VmSize:\s+(\d+) kB$", status, re.MULTILINE)
+    assert found, status
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = int(found.group(1)) * 1024 + MEMORY_LIMIT
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def alias_bomb(levels: int) -> str:
@@ -66,6 +96,40 @@ def run_ddpkit(tmp_path: Path, *args: str) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         pytest.fail(f"ddpkit {' '.join(a[:60] for a in args)} ran past {TIME_LIMIT_S} s")
     return done.returncode, done.stdout, done.stderr
+
+
+Runner = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Runner:
+    """``run(*args)``: ``ddpkit *args`` by the command line's ``main()`` in this process, with
+    what :func:`run_ddpkit` gives its child (the fake sbatch first on PATH, DDPKIT_HOME, the
+    working directory) and bounded memory; (exit code, stdout, stderr). An exception other than
+    the command line's own errors propagates: the test fails with its traceback."""
+    tools = FakeTools(tmp_path / "bin")
+    tools.sbatch()
+    monkeypatch.setenv("PATH", tools.path())
+    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        with _bounded_memory():
+            code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def runner(case: str, in_process: Runner) -> Runner:
+    """The real ``python -m ddpkit`` for the cases in :data:`IN_A_CHILD`, else ``main()``."""
+    if case in IN_A_CHILD:
+        return run_ddpkit
+    return lambda tmp_path, *args: in_process(*args)
 
 
 def assert_one_line_error(tmp_path: Path, result: tuple[int, str, str], *expected: str) -> None:
@@ -115,24 +179,42 @@ FILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"), [c[1:] for c in FILE_CASES], ids=[c[0] for c in FILE_CASES]
-)
-def test_bad_spec_file_through_plan(tmp_path: Path, text: str, expected: list[str]) -> None:
+# The cases run by the real ``python -m ddpkit`` in a child: of each kind, the one that would
+# take the most memory or time if its bound were lost (the others call main() in this process).
+IN_A_CHILD = {"bigger-alias-bomb", "submit-alias-bomb", "dry-run-nodes-30M", "set-alias-bomb"}
+
+
+@pytest.mark.parametrize(("case", "text", "expected"), FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_bad_spec_file_through_plan(
+    tmp_path: Path, in_process: Runner, case: str, text: str, expected: list[str]
+) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text(text, encoding="utf-8")
-    result = run_ddpkit(tmp_path, "plan", str(spec))
+    result = runner(case, in_process)(tmp_path, "plan", str(spec))
     assert_one_line_error(tmp_path, result, f"ddpkit: error: {spec}", *expected)
 
 
-@pytest.mark.parametrize("case", ["alias-bomb", "nodes-30M", "deep-list", "list-key"])
+SUBMIT_CASES = ["alias-bomb", "nodes-30M", "deep-list", "list-key"]
+
+
+@pytest.mark.parametrize("case", SUBMIT_CASES)
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "submit"])
-def test_bad_spec_file_through_submit(tmp_path: Path, case: str, dry: bool) -> None:
+def test_bad_spec_file_through_submit(
+    tmp_path: Path, in_process: Runner, case: str, dry: bool
+) -> None:
     text, expected = next(c[1:] for c in FILE_CASES if c[0] == case)
     spec = tmp_path / "job.yaml"
     spec.write_text(text, encoding="utf-8")
-    result = run_ddpkit(tmp_path, "submit", str(spec), *(["--dry-run"] if dry else []))
+    run = runner(f"{'dry-run' if dry else 'submit'}-{case}", in_process)
+    result = run(tmp_path, "submit", str(spec), *(["--dry-run"] if dry else []))
     assert_one_line_error(tmp_path, result, f"ddpkit: error: {spec}", *expected)
+
+
+def test_each_case_in_a_child_is_a_case() -> None:
+    """A misspelt name in IN_A_CHILD would leave its kind without a real process."""
+    submit = {f"{how}-{case}" for how in ("dry-run", "submit") for case in SUBMIT_CASES}
+    known = {c[0] for c in FILE_CASES} | {c[0] for c in FLAG_CASES} | submit
+    assert known >= IN_A_CHILD
 
 
 def test_a_spec_that_never_ends(tmp_path: Path) -> None:
@@ -166,21 +248,22 @@ FLAG_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("args", "expected"), [c[1:] for c in FLAG_CASES], ids=[c[0] for c in FLAG_CASES]
-)
+@pytest.mark.parametrize(("case", "args", "expected"), FLAG_CASES, ids=[c[0] for c in FLAG_CASES])
 def test_bad_flags_through_plan_and_submit(
-    tmp_path: Path, args: list[str], expected: list[str]
+    tmp_path: Path, in_process: Runner, case: str, args: list[str], expected: list[str]
 ) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text(BASE)
     for command in (["plan"], ["submit", "--dry-run"]):
-        result = run_ddpkit(tmp_path, *command, str(spec), *args)
+        result = runner(case, in_process)(tmp_path, *command, str(spec), *args)
         assert_one_line_error(tmp_path, result, "ddpkit: error: ", *expected)
 
 
-def test_the_largest_allowed_job_plans_in_bounded_memory(tmp_path: Path) -> None:
-    """100000 nodes x 1024 processes: the plan shows the first and last ranks, not 10**8 rows."""
+def test_the_largest_allowed_job_plans_in_bounded_memory(
+    tmp_path: Path, in_process: Runner
+) -> None:
+    """100000 nodes x 1024 processes: the plan shows the first and last ranks, not 10**8 rows
+    (``plan`` in a child, ``submit --dry-run`` by main())."""
     spec = tmp_path / "job.yaml"
     spec.write_text(BASE + "nodes: 100000\nprocs_per_node: 1024\n")
     code, out, err = run_ddpkit(tmp_path, "plan", str(spec))
@@ -189,5 +272,5 @@ def test_the_largest_allowed_job_plans_in_bounded_memory(tmp_path: Path) -> None
     assert "... ranks 32-102399967 not shown (rank = node * 1024 + local_rank)\n" in out
     assert out.splitlines()[-1].split() == ["99999", "node99999", "1023", "102399999", "cpu"]
     assert len(out.splitlines()) < 200
-    code, out, err = run_ddpkit(tmp_path, "submit", "--dry-run", str(spec))
+    code, out, err = in_process("submit", "--dry-run", str(spec))
     assert (code, err) == (0, "") and "#SBATCH --nodes=100000\n" in out

@@ -1,16 +1,26 @@
 """Exact resume, end to end: `examples/train.py --checkpoint-dir` under `ddpkit run`.
 
 Real 2-process runs of the example must end with bitwise the same weights (the example's last
-line, `weights sha256: <hex>`): an uninterrupted one; and one where a worker is killed with
-SIGKILL under `--max-restarts 1`, so the agent restarts the group, which resumes from the last
-checkpoint, whose launcher is then stopped (SIGTERM), and which is then run again on the same
-directory. Each resume must show the example's "resumed from" line, so a kill that came too late
-(after training) or never happened fails the test instead of passing it vacuously.
+line, `weights sha256: <hex>`): an uninterrupted one (the reference, whose weights do not depend
+on the launcher: the example's ``main()`` in 2 ranks forked from ``run_workers``' server); and a
+``ddpkit run`` launch where a worker is killed with SIGKILL under `--max-restarts 1`, so the
+agent restarts the group, which resumes from the last checkpoint, whose launcher is then stopped
+(SIGTERM), and which is then run again on the same directory. Each resume must show the
+example's "resumed from" line, so a kill that came too late (after training) or never happened
+fails the test instead of passing it vacuously.
+
+The example's ``--exact-resume`` (a 3-rank resume bitwise exact) is a property of its DDP
+setting, not of the launcher: its two 3-rank runs are the example's ``main()`` in forked ranks
+too. Forked ranks (torch imported once, a real gloo group) rather than ``ddpkit run`` launches
+where the launcher is not what is tested: a launch of this short example costs about as much CPU
+whatever its length, nearly all of it torch's import in the agent and in each worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import io
 import os
 import re
 import signal
@@ -20,6 +30,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+
+from tests.support.distutil import run_workers, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # 8000 samples over 2 ranks in batches of 64: 63 steps an epoch, 189 in all. A checkpoint every
@@ -115,11 +128,38 @@ def _start(command: list[str], log: Path, **env: str) -> subprocess.Popen[str]:
         )
 
 
+def _example_rank(rank: int, world_size: int, port: int, argv: list[str]) -> str:
+    """Rank ``rank`` of ``examples/train.py argv`` (its ``main()``, in this forked worker, with
+    torchrun's variables); what it printed, each line prefixed ``[rankN]: `` as ``ddpkit run``
+    shows it."""
+    os.environ.update(torchrun_env(rank, world_size, port))  # what ddpkit.init() reads
+    # ddpkit run gives its workers OMP_NUM_THREADS=1; torch, imported by the fork server, reads
+    # it no more: 3 ranks of 2 threads each on 2 cores would contend at every step
+    torch.set_num_threads(1)
+    spec = importlib.util.spec_from_file_location("train_example", ROOT / "examples" / "train.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    sys.argv = ["examples/train.py", *argv]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        example.main()
+    return "".join(f"[rank{rank}]: {line}\n" for line in printed.getvalue().splitlines())
+
+
+def _example(world_size: int, argv: list[str]) -> str:
+    return "".join(run_workers(_example_rank, world_size, argv, timeout_s=TIMEOUT_S))
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """(a) The reference: an uninterrupted run with checkpoints on; its weights hash."""
+    """(a) The reference: an uninterrupted run with checkpoints on (the example's ``main()`` in 2
+    forked ranks: the weights do not depend on the launcher, and the resumed runs compared
+    with it are ``ddpkit run`` launches); what it printed."""
     directory = tmp_path_factory.mktemp("uninterrupted")
-    output = _run(_command(directory, every=16))
+    output = _example(
+        2, [*TRAIN[1:], "--checkpoint-dir", str(directory), "--checkpoint-every", "16"]
+    )
     assert _steps_saved(directory), f"no checkpoint written to {directory}"
     assert not RESUMED.search(output), output
     return output
@@ -182,16 +222,16 @@ def test_exact_resume_flag_makes_a_3_rank_resume_bitwise_exact(tmp_path: Path) -
     # With 3+ gloo ranks DDP's bucket regrouping after the first backward makes a resumed run's
     # first step round differently (this test fails without the flag); --exact-resume keeps the
     # first layout in every run.
-    command = [
-        sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "3", *TRAIN,
-        "--exact-resume", "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "5",
-    ]  # fmt: skip
-    first = _final_hash(_run(command))
+    # One epoch: 42 steps a rank, checkpoints every 5 steps, the 3 kept at 30, 35 and 40; the
+    # resume from step 30 rounds differently without the flag as it did after three epochs.
+    argv = ["--epochs", "1", *TRAIN[3:], "--exact-resume", "--checkpoint-dir", str(tmp_path)]
+    argv += ["--checkpoint-every", "5"]
+    first = _final_hash(_example(3, argv))
     saved = sorted(tmp_path.glob("ckpt-*.pt"))
     assert len(saved) == 3, saved  # keep_last=3
     for newer in saved[1:]:  # resume from the oldest kept one, mid-epoch
         newer.unlink()
-    again = _run(command)
+    again = _example(3, argv)
     resumed = RESUMED.search(again)
     assert resumed is not None and int(resumed.group(1)) == int(saved[0].stem.split("-")[1])
     assert _final_hash(again) == first

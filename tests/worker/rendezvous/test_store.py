@@ -28,7 +28,9 @@ import pytest
 
 import ddpkit
 import ddpkit.worker.rendezvous.store as store_module
+from ddpkit.cli.run import config_from_argv
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.launch.local import build_launch_config
 from ddpkit.worker.rendezvous.store import (
     connect_client,
     loopback_address,
@@ -361,38 +363,50 @@ _DDPKIT_RUN = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2"]
 
 
 @pytest.fixture(scope="module")
-def ddpkit_run_on_one_node(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """One ``ddpkit run --nproc-per-node 2`` (one node, no --master-port: --standalone),
-    gloo on lo, started with a soft open-files limit of 200: where it listens, and the
-    limits (test_a_launcher_that_hosts_the_store_...): one launch for both."""
+def ddpkit_run_on_one_node(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[str, list[dict[str, Any]]]:
+    """One ``ddpkit run --nproc-per-node 2`` (one node, no --master-port: --standalone, implied),
+    GLOO_SOCKET_IFNAME naming a network interface (lo on a machine with none), started with a
+    soft open-files limit of 200: where it listens, and the limits
+    (test_a_launcher_that_hosts_the_store_...): one launch for both; (that name, the reports)."""
     folder = tmp_path_factory.mktemp("ddpkit-run-one-node")
-    env = clean_env(GLOO_SOCKET_IFNAME="lo")
-    return _report_of(folder, _DDPKIT_RUN, env, low_open_files=True)
+    found = routable_interface()
+    ifname = "lo" if found is None else found[0]
+    env = clean_env(GLOO_SOCKET_IFNAME=ifname)
+    return ifname, _report_of(folder, _DDPKIT_RUN, env, low_open_files=True)
+
+
+def test_one_node_without_a_master_port_is_the_standalone_launch() -> None:
+    """What lets the launch above stand for ``--standalone`` given: the same launch."""
+    implied, given = (
+        build_launch_config(config_from_argv(["--nproc-per-node", "2", *flag, __file__]))
+        for flag in ([], ["--standalone"])
+    )
+    for plan in (implied, given):
+        config = plan.launch_config
+        assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "localhost:0")
+        assert plan.shared_store_bind == "127.0.0.1"
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
-    ("flags", "gloo_ifname"),
-    [
-        ([], "lo"),
-        (["--master-port", "port"], "lo"),
-        (["--standalone"], "routable"),
-    ],
-    # one node without --master-port is --standalone (config.py: implied): the same launch as
-    # the switch, so gloo on a network runs once, with the switch given
-    ids=["standalone", "static", "standalone-gloo-on-a-network"],
+    "flags",
+    [[], ["--master-port", "port"]],
+    # gloo on a network runs in the standalone launch (the fixture's, where the machine has a
+    # network interface), gloo on lo in the static one
+    ids=["standalone-gloo-on-a-network", "static"],
 )
 def test_ddpkit_run_on_one_node_listens_on_loopback_only(
-    tmp_path: Path, flags: list[str], gloo_ifname: str, request: pytest.FixtureRequest
+    tmp_path: Path, flags: list[str], request: pytest.FixtureRequest
 ) -> None:
     # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface);
     # and gloo's listeners on the interface GLOO_SOCKET_IFNAME named ("gloo-on-a-network"),
     # although every peer is on this host. The user's variable is back after init().
-    if gloo_ifname == "routable":
-        gloo_ifname = _routable_interface()[0]
     if not flags:
-        reports = request.getfixturevalue("ddpkit_run_on_one_node")
+        gloo_ifname, reports = request.getfixturevalue("ddpkit_run_on_one_node")
     else:
+        gloo_ifname = "lo"
         flags = [str(free_port()) if flag == "port" else flag for flag in flags]
         env = clean_env(GLOO_SOCKET_IFNAME=gloo_ifname)
         reports = _report_of(tmp_path, [*_DDPKIT_RUN, *flags], env)
@@ -402,6 +416,8 @@ def test_ddpkit_run_on_one_node_listens_on_loopback_only(
         for addr, port in seen["agent"] + seen["mine"]:
             assert is_loopback(addr), f"rank {rank}: a listener on {addr}:{port}"
         assert seen["ifname"] == gloo_ifname
+    if not flags and gloo_ifname == "lo":  # the fixture's launch had no network to name
+        _routable_interface()  # says so, as the test did when the launch was its own
 
 
 # --- a MASTER_PORT held by something that is not a store ----------------------------------
@@ -848,7 +864,7 @@ def test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_s
         command += ["--nproc-per-node", "2"]
         rank0, rank1 = _report_of(tmp_path, command, clean_env(), low_open_files=True)
     else:  # the launch test_ddpkit_run_on_one_node_listens_on_loopback_only reads too
-        rank0, rank1 = request.getfixturevalue("ddpkit_run_on_one_node")
+        _, (rank0, rank1) = request.getfixturevalue("ddpkit_run_on_one_node")
     need = open_files_needed(2, hosts_store=True)
     assert rank1["said"] == []
     if launcher == "torchrun":
