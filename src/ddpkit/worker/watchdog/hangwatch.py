@@ -1,11 +1,9 @@
 """The hang watchdog's moving part: notice a collective past its bound, gather, report.
 
-Run by the watchdog's thread each interval (:meth:`HangWatch.check`). The first rank whose
-collective (torch's flight recorder, :mod:`.flight`) passes the bound claims the report
-(``hang/claim``), asks every rank for its piece over the store, waits a bounded gathering time
-and publishes the report (:func:`.hang.report`). A rank whose threads cannot run (a long C call
-holding the GIL) sends no piece: the gathering rank sends it :data:`STACKS_SIGNAL` when it runs
-on the same host, and ``faulthandler`` writes its threads' stacks to its stderr.
+The first rank whose collective (:mod:`.flight`) passes the bound claims the report, asks every
+rank for its piece over the store, and publishes the report (:func:`.hang.report`). A rank
+whose threads cannot run (the GIL held) sends no piece: a gatherer on its host sends it
+:data:`STACKS_SIGNAL`, and ``faulthandler`` writes its threads' stacks to its stderr.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The watchdog's store operations: markers, heartbeats, their judging, and the hang keys.
 
-No thread of its own: the watchdog's thread calls :meth:`StoreLink.step` each time it wakes,
-and a leaving rank's marker comes from the thread that leaves, once the watchdog's thread has
-stopped. The store is the watchdog's own connection, opened at ``init()``
-(:func:`~ddpkit.worker.watchdog.hooks.own_connection`), each operation bounded by
-``op_timeout_s``: one that fails or times out means the store's host is gone, and no further
-operation is made. Keys (under ``ddpkit/watchdog/<attempt>/<n>/``): ``who/<rank>``,
-``beat/<rank>``, ``exit/<rank>``, ``order``, ``events``, ``named``, ``hang/...``. A
-leaving rank writes ``exit/<rank>`` before appending to ``order`` and bumping ``events``, which
-every rank polls.
+Called by the watchdog's thread (:meth:`StoreLink.step`), and for a leaving rank's marker by
+the thread that leaves, once that one stopped. Each operation goes over the watchdog's own
+connection (:func:`~ddpkit.worker.watchdog.hooks.own_connection`), bounded by ``op_timeout_s``:
+one that fails or times out means the store's host is gone, and no further one is made. A
+leaving rank writes ``exit/<rank>``, then appends to ``order``, then bumps ``events`` (polled).
 """
 
 from __future__ import annotations

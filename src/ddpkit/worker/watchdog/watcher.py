@@ -7,9 +7,9 @@ stdout and stderr and exits with :data:`ABORT_EXIT_CODE`.
 
 Exit bound (:meth:`Watchdog.stop`, at exit and in ``shutdown()``), with ``T`` the store
 operation's timeout (:func:`~ddpkit.worker.watchdog.policy.op_timeout_for`): the thread is
-waited for at most ``T`` (a store operation in flight), then its connection is cut (the call
-returns at once) and it is waited for again, briefly; the marker then takes one store reply,
-``T`` at most: ``2 x T`` in all, within the bound.
+waited for at most ``T``; still inside a store call, its connection is cut (the call returns
+at once) and it is waited for ``min(1 s, T)``, no marker written; else the marker takes one
+store reply, ``T`` at most: ``2 x T`` in all, within the bound.
 """
 
 from __future__ import annotations
@@ -122,11 +122,11 @@ class Watchdog:
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(link.op_timeout_s)
-            if self._thread.is_alive():  # inside a store call still: end it now
-                link.cut()
-                self._thread.join(CUT_WAIT_S)
-        if not self._thread.is_alive():
-            self._say(how)
+            if self._thread.is_alive():  # inside a store call still: end it, and no marker
+                link.cut()  # (the host did not answer for T: the peers judge the heartbeats)
+                self._thread.join(min(CUT_WAIT_S, link.op_timeout_s))
+                return
+        self._say(how)
 
     def _watch(self) -> None:
         progress = Progress(self._main, self._clock)
