@@ -11,7 +11,6 @@ or of ``subprocess.run`` kills it, shows that nothing waited for the 30-minute c
 
 from __future__ import annotations
 
-import math
 import re
 import socket
 import subprocess
@@ -29,8 +28,8 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
 from ddpkit.worker.watchdog import Departure
-from ddpkit.worker.watchdog.beats import BeatJudge, StaleWatch, encode_stale
-from ddpkit.worker.watchdog.policy import judging_parts, read_marker, read_who, stale_gap_s
+from ddpkit.worker.watchdog.policy import read_marker, read_who
+from ddpkit.worker.watchdog.store import BeatJudge
 from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
 from tests.support.spawned import Rank
@@ -201,32 +200,6 @@ def test_the_heartbeat_load_at_the_store_stops_growing_past_512_ranks() -> None:
     assert load[4096] <= 2 * 512 and load[2048] <= 2 * 512 and load[1024] <= 2 * 512
     assert max(load.values()) <= 2 * 512
     assert load[4] == 6  # small worlds keep the 1 s beat
-
-
-@pytest.mark.parametrize("world", [2, 8, 64, 345, 1024, 4096])
-def test_the_ranks_beat_phases_spread_them_evenly_over_the_interval(world: int) -> None:
-    # let go by one barrier, every rank used to beat (and poll) at the same moment of every
-    # interval: N calls in one burst at rank 0's store. In any slice of the interval, now, at
-    # most two more ranks beat than an even share.
-    phases = [watchdog.beat_phase(rank) for rank in range(1, world)]
-    assert all(0.0 < phase <= 1.0 for phase in phases)
-    for slices in (8, 10, 64, 100):
-        counts = [0] * slices
-        for phase in phases:
-            counts[min(slices - 1, int(phase * slices))] += 1
-        assert max(counts) <= math.ceil((world - 1) / slices) + 2, (slices, counts)
-    assert phases == [watchdog.beat_phase(rank) for rank in range(1, world)]  # no randomness
-
-
-def test_a_late_beat_puts_the_next_one_back_on_the_ranks_grid() -> None:
-    # anchored to a late beat, ranks that came late together beat together ever after
-    from ddpkit.worker.watchdog.policy import on_grid
-
-    assert on_grid(10.0, 2.0, 10.0) == 12.0  # on time: an interval later
-    assert on_grid(10.0, 2.0, 11.5) == 12.0  # late: the next point of its grid, not 13.5
-    assert on_grid(10.0, 2.0, 12.0) == 14.0  # never at once again
-    assert on_grid(10.0, 2.0, 15.1) == 16.0  # missed points are skipped, not made up
-    assert on_grid(0.0, 8.0, 1e6 + 0.5) == 1e6 + 8.0  # long runs: no drift
 
 
 # --- naming ---------------------------------------------------------------------------------------
@@ -488,50 +461,18 @@ def test_rank_working_alone_after_its_peer_finished_is_left_alone(
     assert "ddpkit:" not in solo.err and "TCPStore" not in solo.err  # nothing, not even noise
 
 
-# --- what rank 0 publishes for a failed collective's survivors, and how they read it (pure) ---
+# --- rank 0's judging, and the markers (pure) -------------------------------------------------
 
 
-def test_rank_zero_lists_the_ranks_still_for_the_gap_and_not_those_judged_gone() -> None:
-    judge = BeatJudge(0, bound_s=10.0, world_size=6)
-    judge.still([b"0"] * 6, 0.0)
-    assert judge.stale(2.0, 2.2) == []  # nobody still for the gap yet
-    moved = [b"0", b"1", b"1", b"0", b"1", b"0"]  # 3 and 5 stood still (0 is rank 0 itself)
-    judge.still(moved, 3.0)
-    assert judge.stale(3.0, 2.2) == [3, 5]
-    assert judge.stale(4.0, 2.2) == [3, 5]
-    judge.still([b"0", b"2", b"2", b"0", b"2", b"1"], 4.0)  # 5 moved again: no longer stale
-    assert judge.stale(4.0, 2.2) == [3]
-    assert [rank for rank, _ in judge.still([b"0", b"3", b"3", b"0", b"3", b"2"], 10.0)] == [3]
-    assert judge.stale(10.0, 2.2) == []  # judged gone past the bound: marked, not listed
-
-
-def test_a_survivor_names_what_rank_zero_lists_and_rank_zero_when_its_rounds_stop() -> None:
-    watch = StaleWatch(own=4, world_size=8, gap_s=2.2)
-    assert watch.read(0.0, b"10", b"") is None
-    assert watch.read(1.0, b"11", b"4") is None  # itself: never
-    assert watch.read(1.5, b"12", b"4,6,2") == [6, 2]
-    # the store is not ddpkit's alone: whatever else the list holds is ignored
-    assert watch.read(2.0, b"13", "x,9,-1, 3 ,\u00b2,1e3,,".encode()) == [3]
-    assert watch.read(4.1, b"13", b"") is None  # rank 0's round counter still for 2.1 s
-    assert watch.read(4.2, b"13", b"") == [0]  # for the gap: its judging stopped with it
-    assert StaleWatch(own=0, world_size=8, gap_s=2.2).read(9.0, b"1", b"") is None
-    assert encode_stale([3, 17]) == "3,17" and encode_stale([]) == ""
-
-
-@pytest.mark.parametrize(
-    ("world", "parts"), [(2, 1), (512, 1), (1024, 1), (2048, 2), (4096, 4), (98_304, 15)]
-)
-def test_rank_zero_reads_at_most_1024_counters_a_second_and_each_once_a_beat_interval(
-    world: int, parts: int
-) -> None:
-    beat_s = watchdog.beat_interval_for(60.0, world)
-    assert judging_parts(world, 1.0, beat_s) == parts
-    assert parts * 1.0 <= beat_s  # every counter read at least once a beat interval
-    assert world / parts <= 1024 or parts == math.floor(beat_s)  # 98,304: the interval's cap
-    # a live rank's counter is seen to move within a beat interval + a read period (parts
-    # rounds): the gap for the survivors' list is longer, the bound longer still
-    gap_s = stale_gap_s(1.0, beat_s, parts)
-    assert beat_s + parts * 1.0 < gap_s < 60.0
+def test_rank_zero_names_the_ranks_still_for_the_bound_each_once() -> None:
+    judge = BeatJudge(0, bound_s=10.0)
+    assert judge.still([b"0"] * 6, 0.0) == []  # the first round: every counter counts from now
+    assert judge.still([b"0", b"1", b"1", b"0", b"1", b"0"], 3.0) == []  # 3 and 5 stood still
+    assert judge.still([b"0", b"2", b"2", b"0", b"2", b"1"], 4.0) == []  # 5 moved again
+    still = judge.still([b"0", b"3", b"3", b"0", b"3", b"2"], 10.0)
+    assert still == [(3, 10.0)]  # rank 0 itself is never judged
+    # judged gone: a counter that moves again does not bring it back, nor name it twice
+    assert judge.still([b"0", b"4", b"4", b"1", b"4", b"3"], 20.0) == []
 
 
 @pytest.mark.parametrize(

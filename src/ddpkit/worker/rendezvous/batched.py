@@ -4,7 +4,7 @@ torch's store serves one ``multi_get`` / ``multi_set`` / ``check`` of N keys in 
 faster than N, and its one thread serves every rank meanwhile; in slices the cost is linear
 (figures: ``benchmarks/bench_scale.py``, rank 0's judging round, and docs/benchmarks).
 
-Torch-free: any object with the store's methods will do (the watchdog's ``KeyValue``).
+Torch-free: any object with the store's methods will do (the watchdog's own connection).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The hang watchdog's moving part: notice a collective past its bound, gather, report.
 
-Run by the watchdog thread each interval (:meth:`HangWatch.check`); the store thread answers
-an ask with :meth:`HangWatch.piece`. The first rank whose collective passes the bound claims
-the report (``hang/claim``), asks every rank for its piece, waits for them (a bounded
-gathering time) and writes the report to the store. Every rank that sees the report writes it
-to its log folders and rank 0 prints it (the one report of the job). Then, by
-``DDPKIT_HANG_ACTION``: ``report`` (the default) lets the job go on, and no other report is
-made in this run; ``end`` ends every rank, the others printing one line pointing to it.
-
-The collectives come from torch's flight recorder (:mod:`.flight`); each rank's stack from
-``sys._current_frames()``, read by its store thread. A rank whose threads cannot run (a long C
-call holding the GIL) sends no piece: the gathering rank then sends it :data:`STACKS_SIGNAL`
-when it runs on the same host, and ``faulthandler``, registered for that signal at start when
-nothing else handles it, writes that rank's threads' stacks to its stderr without the GIL
-(:func:`stacks_on_signal`). The signal is ignored by default, so a process that did not
-register it (or one whose pid was reused) is left as it was.
+The first rank whose collective (:mod:`.flight`) passes the bound claims the report, asks every
+rank for its piece over the store, and publishes the report (:func:`.hang.report`). A rank
+whose threads cannot run (the GIL held) sends no piece: a gatherer on its host sends it
+:data:`STACKS_SIGNAL`, and ``faulthandler`` writes its threads' stacks to its stderr.
 """
 
 from __future__ import annotations
@@ -38,14 +27,17 @@ from ddpkit.worker.watchdog.hang import HangBounds, report, short_path
 from ddpkit.worker.watchdog.rankzero_if import is_program, rank_zero_if
 from ddpkit.worker.watchdog.store import StoreLink
 
-_CALL_WAIT_S = 5.0  # one store operation of the gathering, at most
-_LOADER = os.path.join("torch", "utils", "data", "")
-# Ignored by default (nothing happens to a process that did not register it); sent by nobody
-# else in practice (out-of-band socket data, to a process that asked for it).
+# Ignored by default (nothing happens to a process that did not register it), and sent by
+# nobody else in practice (out-of-band socket data, to a process that asked for it).
 STACKS_SIGNAL = signal.SIGURG
+_SIGNALLED = 64  # silent ranks asked for their stacks, at most
+_LOADER = os.path.join("torch", "utils", "data", "")
 
 
 class HangWatch:
+    """One rank's hang watchdog: :meth:`check` on the watchdog's thread each interval; the
+    link answers an ask with :meth:`piece`."""
+
     def __init__(
         self,
         link: StoreLink,
@@ -69,22 +61,31 @@ class HangWatch:
         """How long the gatherer waits for the pieces: every rank polls once an interval."""
         return max(3.0, 3 * self._interval_s + 1.0)
 
-    # the store thread
-
     def piece(self) -> dict[str, Any]:
-        """This rank's answer: host, pid, main thread's stack, its collectives (the recorder's
-        oldest in flight, at the main thread's innermost frame of the program, and the last
-        completed ones), and the rank-0-only ``if`` its collective was called under, if any
-        (:mod:`.rankzero_if`)."""
+        """This rank's answer: host, pid, main thread's stack, its collectives (the oldest
+        in flight, placed at the program's innermost frame, and the last completed ones),
+        and the rank-0-only ``if`` its collective was called under, if any."""
         running, done = self.flight.calls()
         stack = _stack(self._main)
-        at = _program_frame(stack)
+        at = next(
+            (
+                [short_path(f), line, fn, code]
+                for f, line, fn, code in reversed(stack)
+                if is_program(f)
+            ),
+            None,
+        )
         under = None
         if running is not None:
             running["site"] = f"{at[0]}:{at[1]}" if at else "an unknown place"
             if running["group"] == DEFAULT_GROUP:  # a subgroup's rank 0 may well call with
                 with contextlib.suppress(Exception):  # its peers; a guess: never fatal
                     under = rank_zero_if(stack)
+        loader = None
+        if any(_LOADER in str(row[0]) for row in stack):
+            with contextlib.suppress(Exception):
+                pids = [str(child.pid) for child in multiprocessing.active_children()]
+                loader = ", ".join(pids) or "none alive"
         return {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -93,21 +94,17 @@ class HangWatch:
             "running": running,
             "last": done[-1] if done else None,
             "tail": done[:-1],
-            "loader": _loader_pids(stack),
+            "loader": loader,
             "under": under,
         }
-
-    # the watchdog thread
 
     def check(self, now: float) -> str | None:
         """The report when this rank must act on it now (it saw one, or made one), else
         None; nothing once :attr:`done`."""
         if self.done:
             return None
-        with contextlib.suppress(Exception):
-            seen = self._link.hang_report
-            if seen is not None:
-                return seen
+        if self._link.hang_report is not None:
+            return self._link.hang_report
         if self._claimed:
             return None
         waiting = self.flight.waiting(now)
@@ -122,35 +119,28 @@ class HangWatch:
         if waited_s < self.bounds.bound(past):
             return None
         self._claimed = True
-        won = self._on_store(lambda: self._link.claim_hang({"by": self._link.rank}))
-        if not won:
+        if not self._link.call(self._link.claim_hang):
             return None  # another rank gathers; its report comes through the store
-        return self._gather(waited_s, self.bounds.which(past))
-
-    def _gather(self, waited_s: float, bound: str) -> str:
         link = self._link
         deadline = self._clock() + self.gather_s()
-        while self._clock() < deadline:
-            count = self._on_store(link.answered)
-            if count is not None and count >= link.world_size:
-                break
+        while self._clock() < deadline and (self._link.call(link.answered) or 0) < link.world_size:
             time.sleep(0.1)
-        pieces = self._on_store(link.pieces) or {}
+        pieces = self._link.call(link.pieces) or {}
         self.without_rank0 = 0 not in pieces
         silent = [rank for rank in range(link.world_size) if rank not in pieces]
         notes = {rank: self._stacks_of(rank) for rank in silent[:_SIGNALLED]}
-        text = report(pieces, link.world_size, waited_s, bound, link.rank, silent=notes)
-        self._on_store(lambda: link.publish_report(text))
+        text = report(
+            pieces, link.world_size, waited_s, self.bounds.which(past), link.rank, silent=notes
+        )
+        self._link.call(lambda: link.publish_report(text))
         return text
 
     def _stacks_of(self, rank: int) -> str:
-        """Have a silent rank write its threads' stacks (:data:`STACKS_SIGNAL`), when it runs
-        on this host; what the report says of them."""
-        who = self._on_store(lambda: self._link._who(rank))
-        host, pid = (who[0], who[1]) if who else (None, None)
+        """Have a silent rank on this host write its threads' stacks; what the report says."""
+        host, pid, _ = self._link.call(lambda: self._link._who(rank)) or (None, None, None)
+        name = STACKS_SIGNAL.name
         if not host or not pid:
             return ""
-        name = STACKS_SIGNAL.name
         if host != socket.gethostname():
             return f"; `kill -{name[3:]} {pid}` on {host} writes its threads' stacks to its stderr"
         try:
@@ -159,14 +149,8 @@ class HangWatch:
             return f"; {name} to pid {pid} failed ({error.strerror})"
         return f"; sent {name}: faulthandler writes its threads' stacks to its stderr (pid {pid})"
 
-    def _on_store(self, work: Callable[[], Any]) -> Any:
-        box: list[Any] = []
-        self._link.call(lambda: box.append(work()), _CALL_WAIT_S)
-        return box[0] if box else None
-
     def write(self, text: str) -> list[str]:
-        """The report in this rank's log folders (every rank writes it, so that each node's
-        launcher finds it; whole, through a rename); the paths written."""
+        """The report in this rank's log folders, whole (through a rename); the paths."""
         written = []
         for path in self._report_paths:
             partial = f"{path}.{os.getpid()}.partial"
@@ -175,22 +159,20 @@ class HangWatch:
                 with open(partial, "w", encoding="utf-8") as out:
                     out.write(text + "\n")
                 os.replace(partial, path)
+                written.append(path)
             except OSError:
                 with contextlib.suppress(OSError):
                     os.unlink(partial)
-                continue
-            written.append(path)
         return written
 
 
-_SIGNALLED = 64  # silent ranks asked for their stacks, at most (their stderr gets them)
 _REGISTERED: list[bool] = []
 
 
 def stacks_on_signal() -> bool:
     """``faulthandler`` writes this process's threads' stacks to stderr on
-    :data:`STACKS_SIGNAL`, unless something else handles that signal already; whether it
-    registered. Its C handler runs while a thread holds the GIL."""
+    :data:`STACKS_SIGNAL` (its C handler runs while a thread holds the GIL), unless something
+    else handles that signal already; whether it registered."""
     if _REGISTERED or signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
         return bool(_REGISTERED)
     try:
@@ -211,8 +193,8 @@ def stacks_off() -> None:
 
 def report_paths(env: Mapping[str, str]) -> list[str]:
     """Where the report goes besides stderr: under ``ddpkit run`` (and torchrun) the attempt's
-    log folder, beside the workers' error files, where the launcher's summary finds it; in a
-    ddpkit job, its log folder (``DDPKIT_LOG_DIR``), named after the SLURM job."""
+    log folder, where the launcher's summary finds it; in a ddpkit job, ``DDPKIT_LOG_DIR``,
+    named after the SLURM job."""
     paths = []
     error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file and os.path.isabs(error_file):
@@ -221,14 +203,15 @@ def report_paths(env: Mapping[str, str]) -> list[str]:
     if log_dir and os.path.isabs(log_dir):
         stem, suffix = os.path.splitext(HANG_REPORT_FILE)
         job = env.get("SLURM_JOB_ID", "").strip()
-        name = f"{stem}-{job}{suffix}" if job.isdigit() else HANG_REPORT_FILE
-        paths.append(os.path.join(log_dir, name))
+        paths.append(
+            os.path.join(log_dir, f"{stem}-{job}{suffix}" if job.isdigit() else HANG_REPORT_FILE)
+        )
     return paths
 
 
 def _stack(thread: threading.Thread) -> list[list[Any]]:
     """The thread's stack as [file, line, function, code] rows, outermost first, without
-    ddpkit's own wrapper frames."""
+    the watchdog's own frames."""
     frame = sys._current_frames().get(thread.ident or -1)
     if frame is None:
         return []
@@ -242,21 +225,3 @@ def _stack(thread: threading.Thread) -> list[list[Any]]:
         for entry in summary
         if not entry.filename.startswith(here)
     ]
-
-
-def _program_frame(stack: list[list[Any]]) -> list[Any] | None:
-    """The innermost frame of the program itself (:func:`.rankzero_if.is_program`)."""
-    for filename, line, function, code in reversed(stack):
-        if is_program(filename):
-            return [short_path(filename), line, function, code]
-    return None
-
-
-def _loader_pids(stack: list[list[Any]]) -> str | None:
-    """The pids of this rank's data loader workers when its main thread waits for them."""
-    if not any(_LOADER in str(row[0]) for row in stack):
-        return None
-    with contextlib.suppress(Exception):
-        pids = [str(child.pid) for child in multiprocessing.active_children()]
-        return ", ".join(pids) or "none alive"
-    return None

@@ -1,9 +1,7 @@
-"""Process-wide wiring of the watchdog: one per process, a chained ``sys.excepthook``, its
-exit step, and ``start`` / ``stop`` / ``active`` for ``ddpkit.init()`` and ``shutdown()``.
-
-The only module of the watchdog with process-global state and the only one importing torch
-(when a watchdog starts: it opens a connection of its own to the default group's store, on the
-calling thread, bounded, see :func:`own_connection`).
+"""Process-wide wiring of the watchdog: one per process, its store connection, a chained
+``sys.excepthook``, its exit step, and ``start`` / ``stop`` / ``active`` for ``ddpkit.init()``
+and ``shutdown()``. The only module of the watchdog with process-global state, and the only
+one that imports torch (when a watchdog starts).
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.worker import exit as process_exit
 from ddpkit.worker.rendezvous.store import store_answers
@@ -28,20 +26,17 @@ from ddpkit.worker.watchdog.flight import Flight
 from ddpkit.worker.watchdog.hang import HangBounds
 from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths, stacks_off, stacks_on_signal
 from ddpkit.worker.watchdog.policy import (
-    HOOK_POLL_S,
     KEY_PREFIX,
     beat_interval_for,
     interval_for,
     op_timeout_for,
 )
-from ddpkit.worker.watchdog.store import KeyValue, StoreLink
+from ddpkit.worker.watchdog.store import StoreLink
 from ddpkit.worker.watchdog.straggler import StragglerWatch
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import Store
-
-# --- process-wide wiring ------------------------------------------------------------------------
 
 _Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -65,106 +60,70 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
     """Chained ``sys.excepthook``: the marker, the usual traceback, then the culprit's name
     (last, where launchers such as ``ddpkit run`` look for the cause)."""
     watchdog, culprit = _PROCESS.active, False
-    if watchdog is not None and _hang_ends_it(watchdog):
-        return
+    if watchdog is not None and watchdog.hang_pending() and watchdog.hangs is not None:
+        # the error is a hang report's doing (a peer it ended): the watchdog's thread ends
+        # this process after the report; wait for it, bounded, and say nothing
+        time.sleep(watchdog.hangs.gather_s() + 4 * watchdog.interval_s + 5.0)
     if watchdog is not None:
-        try:
+        with contextlib.suppress(Exception):
             culprit = watchdog.on_uncaught(kind, error)
-        except Exception:
-            culprit = False
     (_PROCESS.previous_hook or sys.__excepthook__)(kind, error, tb)
     if culprit and watchdog is not None:
         with contextlib.suppress(Exception):
             write_stderr(watchdog.name_culprit(kind) + "\n")
 
 
-def _hang_ends_it(watchdog: Watchdog) -> bool:
-    """A hang report is being made: the error is its doing (a peer it ended); wait, bounded,
-    for the watchdog thread to end this process after the report, and say nothing."""
-    if not watchdog.hang_pending() or watchdog.hangs is None:
-        return False
-    deadline = time.monotonic() + watchdog.hangs.gather_s() + 4 * watchdog.interval_s + 5.0
-    while time.monotonic() < deadline:
-        time.sleep(HOOK_POLL_S)
-    return False
-
-
-def _at_exit() -> int | None:
-    """The exit path's first step (:mod:`ddpkit.worker.exit`): stop the thread, then the
-    marker, before the group's sockets close (which is what wakes the peers)."""
-    stop("exited")
-    return None
-
-
-def _wire_process() -> None:
-    """Chain the excepthook (again if someone replaced it, e.g. torch's init_process_group)
-    and add the exit step."""
-    if sys.excepthook is not _excepthook:
-        _PROCESS.previous_hook = sys.excepthook
-        sys.excepthook = _excepthook
-    process_exit.add(process_exit.MARKER, "the peer watchdog's exit marker", _at_exit)
-
-
-def _raw_store(store: Store) -> Store:
+def _store_of(store: Store) -> Any:
     """The store under ``store``'s prefixes (the group's ``default_pg/``, torchrun's
-    ``/worker/attempt_N``): the watchdog's keys sit under its own prefix, which names the
-    attempt, on its own connection and on the shared one alike."""
+    ``/worker/attempt_N``): the watchdog's keys sit under its own prefix, naming the attempt."""
     inner: Any = store
     while hasattr(inner, "underlying_store"):
         inner = inner.underlying_store
-    return cast("Store", inner)
+    return inner
 
 
 def _store_address(store: Store) -> str:
-    inner = _raw_store(store)
+    inner = _store_of(store)
     host, port = getattr(inner, "host", None), getattr(inner, "port", None)
-    if host is None or port is None:
-        return type(inner).__name__
-    return f"{host}:{port}"
+    return type(inner).__name__ if host is None or port is None else f"{host}:{port}"
 
 
 @dataclass
 class Connection:
-    """The watchdog's own store connection: the store under its prefix, and how to end an
-    operation in flight at once (shut its socket down)."""
+    """The watchdog's own store connection: the store under its prefix, how to end an
+    operation in flight at once (shut its socket down), whether the host closed it."""
 
-    store: KeyValue
+    store: Any
     cut: Callable[[], None]
     closed: Callable[[], bool]
 
 
 def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Connection | None:
     """A connection of the watchdog's own to ``base``'s TCPStore, so that its heartbeats are
-    never queued behind the program's store calls (a client runs one operation at a time: a
-    ``wait`` in the training script would hold every beat). Made on the calling thread, once
-    the store answered torch's handshake within ``op_timeout_s`` (torch's client has no
-    timeout of its own for that handshake: :func:`ddpkit.worker.rendezvous.store.store_answers`);
-    every operation is bounded by ``op_timeout_s`` through its socket's receive and send
-    timeouts (torch's own timeout bounds only waits for a key: an ``add`` to a frozen host
-    blocked for good). None when the store is not a TCPStore, the connect fails, or its socket
-    cannot be told apart (a bounded operation is what the exit bound rests on); the keys are
-    ``prefix``'s on the store under ``base``'s prefixes (:func:`_raw_store`)."""
+    never queued behind the program's store calls (a client runs one operation at a time).
+    Made once the store answered torch's handshake within ``op_timeout_s`` (torch's client
+    has no timeout for it); every operation is bounded by ``op_timeout_s`` through its
+    socket's receive and send timeouts (torch's own timeout bounds only waits for a key: an
+    ``add`` to a frozen host blocked for good). None when the store is not a TCPStore, the
+    connect fails, or its socket cannot be told apart: the exit bound rests on it."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public
     from torch.distributed.distributed_c10d import PrefixStore
 
-    raw = _raw_store(base)
+    raw = _store_of(base)
     if not isinstance(raw, TCPStore):
         return None
     before = _sockets()
-
-    def make() -> Store:
-        return TCPStore(
-            raw.host, raw.port, None, False, timedelta(seconds=op_timeout_s),
-            wait_for_workers=False, use_libuv=bool(getattr(raw, "libuvBackend", True)),
-        )  # fmt: skip
-
-    try:  # a store that answers torch's handshake: torch's client then neither waits nor prints
+    try:  # a store that answers the handshake: torch's client then neither waits nor prints
         store_answers(raw.host, raw.port, op_timeout_s)
-        own = make()
+        libuv = bool(getattr(raw, "libuvBackend", True))
+        wait = timedelta(seconds=op_timeout_s)
+        own = TCPStore(
+            raw.host, raw.port, None, False, wait, wait_for_workers=False, use_libuv=libuv
+        )
     except Exception:
         return None
-    found = [fd for inode, fd in _sockets().items() if inode not in before and
-             _peer_port(fd) == raw.port]  # fmt: skip
+    found = [fd for inode, fd in _sockets().items() if inode not in before]
+    found = [fd for fd in found if _peer_port(fd) == raw.port]
     if len(found) != 1:
         return None
     (fd,) = found
@@ -186,8 +145,7 @@ def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Connection 
             except OSError:
                 return True
 
-    store = cast(KeyValue, PrefixStore(prefix, own))
-    return Connection(store, cut, closed)  # the PrefixStore keeps ``own`` alive
+    return Connection(PrefixStore(prefix, own), cut, closed)  # which keeps ``own`` alive
 
 
 def _sockets() -> dict[str, int]:
@@ -229,39 +187,31 @@ def start(
     hangs: HangBounds | None = None,
     straggler_s: float | None = None,
 ) -> Watchdog:
-    """Start this rank's watchdog on the default group's store (or ``store``).
-
-    Rank 0 hosts the store unless the workers use torchrun's agent store (torch decides that
-    from ``TORCHELASTIC_USE_AGENT_STORE`` in ``os.environ``, so this reads it there too). Stops
-    a watchdog this process still runs.
-    """
-
+    """Start this rank's watchdog on the default group's store (or ``store``); stops one this
+    process still runs. Rank 0 hosts the store unless the workers use torchrun's agent store
+    (torch reads ``TORCHELASTIC_USE_AGENT_STORE`` from ``os.environ``: so does this)."""
     from ddpkit.compat import default_store
 
     stop("left the job")
     base = store if store is not None else default_store()
-    missing = [name for name in ("append", "multi_get", "check") if not hasattr(base, name)]
-    if missing:
-        raise RuntimeError(f"the store ({type(base).__name__}) lacks {', '.join(missing)}")
     op_timeout_s = op_timeout_for(bound_s)
-    host_rank = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) else 0
     # Restarts of a torchrun job may share one store; so may several init()s of one process.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     _PROCESS.generation += 1
-    prefix = f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/"
-    own = own_connection(base, prefix, op_timeout_s)
+    own = own_connection(base, f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/", op_timeout_s)
     if own is None:  # no bounded operations, no exit bound: no watchdog (init() warns)
         raise RuntimeError(
             f"no connection of its own to the job's store at {_store_address(base)} within "
             f"{op_timeout_s:g} s"
         )
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     link = StoreLink(
         own.store,
         rank=rank,
         world_size=world_size,
         interval_s=interval_for(bound_s),
         bound_s=bound_s,
-        host_rank=host_rank,
+        host_rank=None if agent else 0,
         address=_store_address(base),
         clock=clock,
         op_timeout_s=op_timeout_s,
@@ -283,17 +233,26 @@ def start(
         stacks_on_signal()
     if straggler_s is not None:
         watchdog.stragglers = StragglerWatch(
-            link.call, lambda: link.kv, rank=rank, world_size=world_size, period_s=straggler_s,
-            totals=TIMES.totals, clock=clock,
-        )  # fmt: skip
-    _wire_process()
+            link,
+            rank=rank,
+            world_size=world_size,
+            period_s=straggler_s,
+            totals=TIMES.totals,
+            clock=clock,
+        )
+    if sys.excepthook is not _excepthook:  # again if someone replaced it (torch's init)
+        _PROCESS.previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+    process_exit.add(process_exit.MARKER, "the peer watchdog's exit marker", stop)
     watchdog.start()
     _PROCESS.active = watchdog
     return watchdog
 
 
 def stop(how: str = "exited") -> None:
-    """Stop this process's watchdog, if one runs (its exit marker says ``how``)."""
+    """Stop this process's watchdog, if one runs (its exit marker says ``how``). The exit
+    path's first step (:mod:`ddpkit.worker.exit`): before the group's sockets close, which is
+    what wakes the peers."""
     watchdog, _PROCESS.active = _PROCESS.active, None
     if watchdog is not None:
         stacks_off()

@@ -1,16 +1,15 @@
 """The watchdog's one thread: beats, judges departures against the bound, ends a blocked survivor.
 
-Each time it wakes it does the store work due (:meth:`StoreLink.step`: a beat, rank 0's round,
-a poll of ``events``) and, every interval, samples the training thread and judges; ending a
-rank prints where it was blocked and names the peer, reaps this rank's child processes (data
-loader workers), flushes stdout and stderr and exits with :data:`ABORT_EXIT_CODE`.
+Each time it wakes it does the store work due (:meth:`StoreLink.step`) and, every interval,
+samples the training thread (:class:`Progress`) and judges. Ending a rank prints where it was
+blocked and names the peer, reaps this rank's child processes (data loader workers), flushes
+stdout and stderr and exits with :data:`ABORT_EXIT_CODE`.
 
-Its exit bound (:meth:`Watchdog.stop`, at exit and in ``shutdown()``): with ``T`` the store
-operation's timeout (:func:`~ddpkit.worker.watchdog.policy.op_timeout_for`: ``min(10 s,
-bound / 2)``), the thread is stopped and waited for at most ``T`` (a store operation in flight),
-then its connection is cut if it is still inside one (the call returns at once) and waited
-for again, briefly; the marker then takes one more store reply at most, ``T``: ``2 x T`` in
-all, within the bound. A store that answers (the usual case) costs a few milliseconds.
+Exit bound (:meth:`Watchdog.stop`, at exit and in ``shutdown()``), with ``T`` the store
+operation's timeout (:func:`~ddpkit.worker.watchdog.policy.op_timeout_for`): the thread is
+waited for at most ``T``; still inside a store call, its connection is cut (the call returns
+at once) and it is waited for ``min(1 s, T)``, no marker written; else the marker takes one
+store reply, ``T`` at most: ``2 x T`` in all, within the bound.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import socket
 import sys
 import threading
@@ -29,10 +29,9 @@ from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.contract import HANG_ACTION_VAR
 from ddpkit.worker import exit as process_exit
 from ddpkit.worker.watchdog.hangwatch import HangWatch
-from ddpkit.worker.watchdog.liveness import Progress
 from ddpkit.worker.watchdog.policy import (
     ABORT_EXIT_CODE,
-    HOOK_POLL_S,
+    STALE_BEATS,
     THREAD_NAME,
     Departure,
     abort_message,
@@ -40,14 +39,46 @@ from ddpkit.worker.watchdog.policy import (
     how_it_raised,
     interval_for,
     looks_like_peer_failure,
-    on_grid,
     pick_cause,
     raised_message,
 )
-from ddpkit.worker.watchdog.store import StoreLink
+from ddpkit.worker.watchdog.store import BeatJudge, StoreLink
 from ddpkit.worker.watchdog.straggler import StragglerWatch
 
 CUT_WAIT_S = 1.0  # how long the exit waits for the thread once its connection is cut
+_SWITCHES = re.compile(rb"^voluntary_ctxt_switches:\s*(\d+)", re.MULTILINE)
+
+
+class Progress:
+    """Samples a thread; ``blocked_since`` is when its signature last changed: its innermost
+    frame, code and instruction, and on Linux its voluntary context switches (a loop of short
+    sleeps keeps switching; a thread blocked in a collective does not). No reference to the
+    frame is kept (its locals may be large)."""
+
+    def __init__(self, thread: threading.Thread, clock: Callable[[], float]) -> None:
+        self._thread = thread
+        self._last: tuple[int, int, int, bytes | None] | None = None
+        self.blocked_since = clock()
+
+    def sample(self, now: float) -> None:
+        signature = self._signature()
+        if signature is None or signature != self._last:
+            self.blocked_since = now
+        self._last = signature
+
+    def _signature(self) -> tuple[int, int, int, bytes | None] | None:
+        thread = self._thread
+        frame = sys._current_frames().get(thread.ident or -1) if thread.is_alive() else None
+        if frame is None:  # the program's main code is done
+            return None
+        signature = (id(frame), id(frame.f_code), frame.f_lasti)
+        del frame
+        switches = None
+        path = f"/proc/self/task/{thread.native_id}/status"
+        with contextlib.suppress(OSError), open(path, "rb") as status:
+            found = _SWITCHES.search(status.read())
+            switches = found.group(1) if found else None
+        return (*signature, switches)
 
 
 class Watchdog:
@@ -62,8 +93,7 @@ class Watchdog:
         self._main = threading.current_thread()  # the thread that joined: it runs collectives
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._said = False
-        self._stopped = False
+        self._said = self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
         self.stragglers: StragglerWatch | None = None  # the straggler report, when on
@@ -79,10 +109,10 @@ class Watchdog:
         self._thread.start()
 
     def stop(self, how: str = "exited") -> None:
-        """Stop the thread (see the module's exit bound), then say that this rank leaves
-        (unless said already). Idempotent. No thread of the watchdog's is left inside a store
-        call: one that returned from torch's C++ code while the interpreter finalizes would
-        abort the process (``terminate called without an active exception``)."""
+        """Stop the thread within the exit bound, then write this rank's marker (unless
+        written already). Idempotent. No thread of the watchdog's is left inside a store call:
+        one that returned from torch's C++ code while the interpreter finalizes would abort
+        the process (``terminate called without an active exception``)."""
         if self._stopped or not self.owned:
             return
         self._stopped = True
@@ -92,23 +122,20 @@ class Watchdog:
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(link.op_timeout_s)
-            if self._thread.is_alive():  # inside a store call still: end it now
-                link.cut()
-                self._thread.join(CUT_WAIT_S)
-        if not self._thread.is_alive():
-            self._say(how)
-
-    # the thread
+            if self._thread.is_alive():  # inside a store call still: end it, and no marker
+                link.cut()  # (the host did not answer for T: the peers judge the heartbeats)
+                self._thread.join(min(CUT_WAIT_S, link.op_timeout_s))
+                return
+        self._say(how)
 
     def _watch(self) -> None:
         progress = Progress(self._main, self._clock)
-        link = self._link
         next_judge = self._clock() + self.interval_s
         while not self._stop.is_set():
             now = self._clock()
-            next_store = link.step(now)
+            next_store = self._link.step(now)
             if now >= next_judge:
-                next_judge = on_grid(next_judge, self.interval_s, now)
+                next_judge = now + self.interval_s
                 self._judge(progress, now)
             self._wake.wait(max(0.0, min(next_store, next_judge) - self._clock()))
             self._wake.clear()
@@ -122,7 +149,7 @@ class Watchdog:
             line = self.stragglers.check(now) if self.stragglers is not None else None
             if line is not None:
                 write_stderr(line + "\n")
-            cause = self._cause(now)
+            cause = self._cause()
             if cause is None:
                 return
             blocked_s = now - max(progress.blocked_since, cause.left_at)
@@ -132,49 +159,48 @@ class Watchdog:
             return
 
     def _waits(self) -> bool:
-        """Whether the blocked rank waits in a collective (DDP's inside ``backward()`` too),
-        which cannot end once a peer has left: one is in flight in torch's flight recorder,
-        which the hang watchdog reads (by default); a rank blocked anywhere else (one long call
-        of its own: a sleep, a C function) is left alone then. Without it, blocked is taken
-        as waiting."""
+        """Whether the blocked rank waits in a collective of its own (DDP's inside
+        ``backward()`` too), as torch's flight recorder shows: that call cannot complete once a
+        peer has left; a rank blocked in one long call of its own is left alone. With the hang
+        watchdog off the recorder is not read, and blocked is taken as waiting."""
         return self.hangs is None or self.hangs.flight.in_collective()
 
-    def _cause(self, now: float) -> Departure | None:
-        departures = self._link.departures()
-        store = self._link.store_departure(now)
-        return pick_cause([*departures, *([store] if store else [])], self.rank)
+    def _cause(self) -> Departure | None:
+        store = self._link.failure
+        return pick_cause([*self._link.departures(), *([store] if store else [])], self.rank)
 
     def _abort(self, cause: Departure, blocked_s: float) -> None:
         """Say where this rank is blocked and who left, leave a marker, reap, exit."""
         frame = sys._current_frames().get(self._main.ident or -1)
         lines = []
         if frame is not None:
-            lines += [
-                f"ddpkit: rank {self.rank} is blocked here:",
-                "Traceback (most recent call last):",
-                "".join(traceback.format_stack(frame)).rstrip("\n"),
-            ]
+            stack = "".join(traceback.format_stack(frame)).rstrip("\n")
             del frame
+            head = f"ddpkit: rank {self.rank} is blocked here:"
+            lines += [head, "Traceback (most recent call last):", stack]
         lines.append(abort_message(cause, self.rank, blocked_s, self.bound_s))
         write_stderr("\n".join(lines) + "\n")
         _blame_node(cause)
+        self._end("was ended by the ddpkit watchdog")
+
+    def _end(self, how: str) -> None:
         self._stopped = True
-        self._say("was ended by the ddpkit watchdog", victim=True)  # none once the store is gone
+        self._say(how, victim=True)  # none once the store is gone
         _reap_children()
         process_exit.hard_exit(ABORT_EXIT_CODE)
 
     def _act_on_hang(self, text: str) -> None:
         """Every rank keeps the report in its log folders and rank 0 prints it (or the rank
-        that gathered it, rank 0 silent). Then, by ``DDPKIT_HANG_ACTION``: ``report`` (the
-        default) lets the job go on, no other report this run; ``end`` has the other ranks
-        print one line pointing to it, and every rank leave and exit."""
+        that gathered it, when rank 0 sent nothing). ``DDPKIT_HANG_ACTION=report`` (the
+        default) lets the job go on, with no other report this run; ``end`` has the other
+        ranks print one line pointing to it, and every rank leave and exit."""
         hangs = self.hangs
         if hangs is None:
             return
-        end = hangs.bounds.end
-        self.ending = end
+        end = self.ending = hangs.bounds.end
         hangs.done = True
         paths = hangs.write(text)
+        also = f" and in {' and '.join(paths)}" if paths else ""
         if self.rank == 0 or hangs.without_rank0:
             where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
             goes_on = (
@@ -184,36 +210,26 @@ class Watchdog:
             )
             write_stderr(f"{text}{where}{'' if end else goes_on}\n")
         elif end:
-            also = f" and in {' and '.join(paths)}" if paths else ""
             write_stderr(
                 f"ddpkit: rank {self.rank} ends: the hang watchdog's report is on rank 0's "
                 f"stderr{also}; its first line: {text.splitlines()[0]}\n"
             )
-        if not end:
-            return
-        self._link.report_read(hangs.gather_s())
-        self._stopped = True
-        self._say("was ended by the ddpkit hang watchdog", victim=True)
-        _reap_children()
-        process_exit.hard_exit(ABORT_EXIT_CODE)
+        if end:
+            self._link.report_read(hangs.gather_s())
+            self._end("was ended by the ddpkit hang watchdog")
 
     def hang_pending(self) -> bool:
-        """Whether a hang report that ends the job is being gathered or is out (the main
-        thread's collective failing then is the report's doing: it waits for the watchdog to
-        end the process)."""
+        """Whether a hang report that ends the job is being gathered or is out (a collective
+        of the main thread failing then is the report's doing)."""
         ends = self.hangs is not None and self.hangs.bounds.end
         return self.ending or (ends and self._link.hang_asked)
 
-    # leaving
-
     def _say(self, how: str, *, victim: bool = False) -> None:
-        """Write this rank's exit marker, once (each operation bounded by the store's timeout;
-        none once the store is gone)."""
-        if self._said:
-            return
-        self._said = True
-        marker = {"host": socket.gethostname(), "pid": os.getpid(), "how": how, "victim": victim}
-        self._link.leave(marker)
+        """Write this rank's exit marker, once."""
+        if not self._said:
+            self._said = True
+            host, pid = socket.gethostname(), os.getpid()
+            self._link.leave({"host": host, "pid": pid, "how": how, "victim": victim})
 
     def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:
         """Excepthook, before the traceback: write this rank's marker. True when the error
@@ -226,31 +242,22 @@ class Watchdog:
         return victim
 
     def name_culprit(self, kind: type[BaseException]) -> str:
-        """The line naming the rank that left first (waits for its marker, briefly)."""
-        waited_s = hook_wait_for(self.interval_s)
-        cause = self._wait_for_cause(waited_s)
+        """The line naming the rank that left first. Waits for its marker, or (a rank killed
+        writes none) for a rank whose heartbeat counter stood still for
+        :data:`STALE_BEATS` beat intervals, read here; twice as long while that may come."""
+        wait_s = hook_wait_for(self.interval_s)
+        gap_s = STALE_BEATS * self._link.beat_interval_s
+        deadline = self._clock() + (2 * wait_s if gap_s <= 2 * wait_s else wait_s)
+        judge = BeatJudge(self.rank, gap_s)
+        cause = self._cause()
+        while (cause is None or cause.victim) and self._clock() < deadline:
+            time.sleep(self.interval_s / 4)
+            cause = self._cause()
+            if cause is None or cause.victim:
+                cause = self._link.silent(judge, self._clock()) or cause
         _blame_node(cause)
-        self._link.named(cause, waited_s)
-        return raised_message(cause, self.rank, kind.__name__, waited_s)
-
-    def _wait_for_cause(self, wait_s: float) -> Departure | None:
-        """Up to ``wait_s`` for a rank that left on its own, else one whose heartbeats
-        stopped (rank 0's list); twice as long at most while that may still come."""
-        started = self._clock()
-        self._link.hurry(2 * wait_s)
-        self._wake.set()  # the hurry starts now
-        while True:
-            now = self._clock()
-            cause = self._cause(now)
-            if cause is not None and not cause.victim:
-                return cause
-            silent = self._link.silent()
-            if silent:
-                return silent[0]
-            late = silent is None and self._link.alive() and now - started < 2 * wait_s
-            if now - started >= wait_s and not late:
-                return cause
-            time.sleep(HOOK_POLL_S)
+        self._link.named(cause, wait_s)
+        return raised_message(cause, self.rank, kind.__name__, wait_s)
 
 
 def _blame_node(cause: Departure | None) -> None:
@@ -268,7 +275,7 @@ def write_stderr(text: str) -> None:
 
 def _reap_children(grace_s: float = 1.0) -> None:
     """Terminate this process's multiprocessing children (data loader workers), then kill."""
-    try:
+    with contextlib.suppress(Exception):
         children = multiprocessing.active_children()
         for child in children:
             child.terminate()
@@ -279,5 +286,3 @@ def _reap_children(grace_s: float = 1.0) -> None:
             if child.is_alive():
                 child.kill()
                 child.join(grace_s)
-    except Exception:
-        pass
