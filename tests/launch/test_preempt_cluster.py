@@ -383,7 +383,8 @@ def test_stop_signal_requeues_and_resumes_exactly(
     assert states[-1] == "COMPLETED", f"runs {outcome.history}; {where}"
     assert "REQUEUED" in states[:-1], f"never requeued: runs {outcome.history}; {where}"
     assert STOPPING in outcome.logs, where
-    assert re.search(r"requeue \S+ \(1 of 10\): done", outcome.logs), where
+    asked = r"requeue \S+ \(1 of 10\): asking SLURM to put the job back"
+    assert re.search(asked, outcome.logs), where
     assert re.search(r"resumed from \S+ at step [1-9]\d* ", outcome.logs), where
     hashes = HASH.findall(outcome.logs)
     assert hashes == [weights], f"final weights {hashes} != uninterrupted {weights}; {where}"
