@@ -4,8 +4,9 @@
 ``ddpkit run`` process alone. It must pass the signal on to its workers (whose guard agrees,
 saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behind. Running the
 same command again resumes from the stop's checkpoint and ends with the weights of an
-uninterrupted run: the same training run by 2 ranks forked from the test's fork server (a
-reference, not the launch under test: a third launch cost as much as the test's other two).
+uninterrupted run: the same training in 2 ranks forked from the test's fork server (a
+reference, not the launch under test: two forks of a process that imported torch once, not a
+launch's three fresh interpreters).
 
 A storm of SIGUSR2 to the launcher and its workers (``DDPKIT_SIGNAL=USR2``, as in a ddpkit
 job), from several moments (the launcher's start, init, training, evaluation, teardown) to the
@@ -285,11 +286,12 @@ def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> Non
 # the launcher and to each worker every 10 ms, as SLURM signals every process of a step)
 # starts at a given moment and lasts until the launcher has exited. "start": once the launcher
 # holds the signal (its marker in DDPKIT_LATCH_DIR), before its workers exist, so they are hit
-# while Python and torch start, before their init(). "training" is the stopped run above
-# (launcher alone until the ranks agreed, with a checkpoint). Training that sees it stops with 75; a
-# storm that starts after the last step meets the evaluation and then the teardown (the weights
-# line, atexit, the interpreter's finalization, the launcher's own exit: a storm lasts to the
-# end, so one from the evaluation covers the teardown too), and the run ends 0.
+# while Python and torch start, before their init(). Training that sees it stops with 75 (the
+# storm from training is the stopped run above: to the launcher alone until the ranks agreed);
+# a storm that starts after the last step meets the evaluation and then the teardown (the
+# weights line, atexit, the interpreter's finalization, the launcher's own exit: a storm lasts
+# to the end, so one from the evaluation covers the teardown too), and the run ends 0 (this
+# one is the rerun that resumes from the stop).
 STORM_FROM = {
     "start": None,
     "init": re.compile(r"^\[rank0\]:? ?ddpkit: torchrun, world size 2", re.MULTILINE),
