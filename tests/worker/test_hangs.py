@@ -15,8 +15,8 @@ ranks alone took up to 20 s.
 Each scenario's ranks are processes forked from the fork server of
 :mod:`tests.support.distutil` (torch imported once), each running the worker script as
 ``__main__`` with its own environment, stdout, stderr and exit code, and ending as an
-interpreter does (its threads, then its atexit handlers): a fresh interpreter per rank cost
-~2 CPU-s of imports, most of these tests' CPU. ``ddpkit run`` with fresh interpreters keeps
+interpreter does (its threads, then its atexit handlers): a fresh interpreter per rank
+imported torch anew, most of these tests' CPU. ``ddpkit run`` with fresh interpreters keeps
 its own scenario (the last test).
 """
 

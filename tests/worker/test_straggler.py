@@ -184,7 +184,7 @@ def test_a_slow_forward_is_the_compute_ddp_measures_and_is_named_as_compute() ->
     The model trains until DDP has sampled a step (it samples each of its first 10), not for
     all 100 batches: the figure is there from then on, and the step times must still not read
     it before the 100th batch. (100 real steps, each a gloo all-reduce handed between threads,
-    took a minute of waiting for a core on the loaded CI machine.)"""
+    waited for a core at each hand-over on a loaded machine: most of the test's time.)"""
     from ddpkit.compat import ddp_compute_s
     from ddpkit.worker.steptimes import COMPUTE_EVERY, StepTimes
 
