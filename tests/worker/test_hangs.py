@@ -767,6 +767,8 @@ def test_by_default_a_report_is_printed_and_the_job_goes_on(worker: Path) -> Non
     # rank 0 evaluates inside the loop while the others wait in an all_reduce, past the 3-s
     # bound (until the report is made): a guess from timing (slow, or stuck?) reports; it
     # never ends a correct job
+    # Open bug (the 2-rank DDP case's shape, see above): now and then the lone waiting rank 1
+    # makes no report within the 60 s, with fresh interpreters as with forked ranks
     ranks = _run(worker, "eval", world_size=2, action="report", extra=("--dir", str(worker.parent)))
     assert [rank.code for rank in ranks] == [0, 0], ranks[0].err[-3000:]
     for rank in ranks:  # 1, then x2 in each of 4 all_reduces
