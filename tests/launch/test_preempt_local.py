@@ -4,19 +4,27 @@
 ``ddpkit run`` process alone. It must pass the signal on to its workers (whose guard agrees,
 saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behind. Running the
 same command again resumes from the stop's checkpoint and ends with the weights of an
-uninterrupted run: the storm's run below whose storm starts after the last step (the same
-training, which a signal after its last step leaves as it was).
+uninterrupted run: the same training in 2 ranks forked from the test's fork server (a
+reference, not the launch under test: two forks of a process that imported torch once, not a
+launch's three fresh interpreters).
 
 A storm of SIGUSR2 to the launcher and its workers (``DDPKIT_SIGNAL=USR2``, as in a ddpkit
 job), from several moments (the launcher's start, init, training, evaluation, teardown) to the
-end of the run, must never kill a process either.
+end of the run, must never kill a process either. The stop above is the storm from training:
+the signals go to the launcher alone until rank 0 said the ranks agreed to stop (which only
+the launcher's passing them on can have caused), then to every process until the run exited
+(one launch for both, not two: each launch starts three interpreters that import torch); the
+storm from the evaluation is the rerun's (a signal after the last step leaves the run as it
+was).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
+import runpy
 import signal
 import subprocess
 import sys
@@ -29,6 +37,7 @@ import pytest
 
 from ddpkit.contract import STOP_HOLD_MODULE
 from ddpkit.launch.local import child_pids
+from tests.support.distutil import run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
 
 pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
@@ -37,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # 2000 samples over 2 ranks in batches of 64: 16 steps an epoch, 32 in all.
 TRAIN = ["examples/train.py", "--epochs", "2", "--train-size", "2000", "--test-size", "501"]
 CHECKPOINT = re.compile(r"ckpt-(\d{9})-\d{9}.*\.pt")  # step, save number, run
-HASH = re.compile(r"^\[rank0\]:? ?weights sha256: ([0-9a-f]{64})$", re.MULTILINE)
+# "[rank0]: " is the launcher's prefix; the forked reference's rank 0 prints without it
+HASH = re.compile(r"^(?:\[rank0\]:? ?)?weights sha256: ([0-9a-f]{64})$", re.MULTILINE)
 RESUMED = re.compile(r"^\[rank0\]:? ?resumed from .* at step (\d+)", re.MULTILINE)
 SAVED = re.compile(r"^\[rank0\]:? ?stop signal: saved step (\d+) in ", re.MULTILINE)
 TIMEOUT_S = 90.0
@@ -54,13 +64,13 @@ def _command(*extra: str) -> list[str]:
     return [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *TRAIN, *extra]
 
 
-def _start(command: list[str], out: Path) -> subprocess.Popen[str]:
+def _start(command: list[str], out: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     # into files: a pipe nobody reads while we poll could fill up and stall the run
     with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as stderr:
         return subprocess.Popen(
             command,
             cwd=ROOT,
-            env=_env(),
+            env={**_env(), **env},
             stdout=stdout,
             stderr=stderr,
             text=True,
@@ -106,28 +116,46 @@ def _final_hash(stdout: str) -> str:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """The run stopped by the signals to its launcher (then to every process), as a storm."""
+
+    code: int  # the launcher's exit code
+    sent: int  # rounds of signals
+    out: str
+    err: str
+    leftovers: list[int]  # its workers still alive after it exited
+    steps_saved: list[int]
+    directory: Path  # its checkpoints
+
+
+@dataclass(frozen=True)
 class Runs:
-    """The stopped run, its rerun on the same directory and an uninterrupted reference (the
-    storm from the evaluation's run)."""
+    """The stopped run, its rerun on the same directory (the storm from the evaluation's run)
+    and the weights of an uninterrupted run."""
 
     code: int  # the stopped launcher's exit code
     out: str
     err: str
     leftovers: list[int]  # its workers still alive after it exited
     steps_saved: list[int]
-    rerun: subprocess.CompletedProcess[str]
-    reference_code: int
-    reference_out: str
+    rerun: Storm
+    reference: str  # the uninterrupted run's weights sha256
+
+
+AGREED = "SIGUSR2 received: every rank stops after this step"  # rank 0, once the ranks agreed
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, storms: dict[str, Storm]) -> Runs:
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Stopped:
     tmp_path = tmp_path_factory.mktemp("preempt-local")
     directory = tmp_path / "stop-ckpt"  # unique: marks this run's workers in /proc
     marker = str(directory)
+    latched = tmp_path / "latched"
+    latched.mkdir()
     command = _command("--checkpoint-dir", marker, "--checkpoint-every", "5")
     # 27 steps of 0.1 s after the first save: the stop comes long before the end
-    first = _start([*command, "--step-delay", "0.1"], tmp_path / "first")
+    env = {"DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)}
+    first = _start([*command, "--step-delay", "0.1"], tmp_path / "first", env)
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not _steps_saved(directory):
@@ -135,24 +163,44 @@ def runs(tmp_path_factory: pytest.TempPathFactory, storms: dict[str, Storm]) -> 
             assert time.monotonic() < deadline, f"no checkpoint in {directory}"
             time.sleep(0.005)
         assert len(_worker_pids(marker)) == 2, "expected the 2 workers to be running"
-        first.send_signal(signal.SIGUSR2)  # the launcher only
+        # the launcher only, until the ranks agreed; then every process, until the exit
+        sent = _storm(first, lambda: True, everyone=lambda: AGREED in _logs(tmp_path / "first")[1])
         code = first.wait(timeout=TIMEOUT_S)
         leftovers = _worker_pids(marker)
     finally:
         _kill(first, marker)  # and any leftover, before the rerun uses the same directory
     out, err = _logs(tmp_path / "first")
-    steps_saved = _steps_saved(directory)
-    rerun = subprocess.run(
-        command,
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    reference = storms["evaluation"]
-    return Runs(code, out, err, leftovers, steps_saved, rerun, reference.code, reference.out)
+    return Stopped(code, sent, out, err, leftovers, _steps_saved(directory), directory)
+
+
+@pytest.fixture(scope="module")
+def runs(stopped: Stopped, storms: dict[str, Storm]) -> Runs:
+    reference = run_workers(_uninterrupted, 2, timeout_s=TIMEOUT_S)[0]
+    return Runs(
+        stopped.code, stopped.out, stopped.err, stopped.leftovers, stopped.steps_saved,
+        storms["evaluation"], reference,
+    )  # fmt: skip
+
+
+def _uninterrupted(rank: int, world_size: int, port: int) -> str:
+    """Rank ``rank`` of the training the launches run, never stopped: its stdout (one thread
+    and no stop signal, as in a launched worker)."""
+    for name in [k for k in os.environ if k.startswith(("SLURM_", "DDPKIT_", "SUBMITIT_"))]:
+        del os.environ[name]
+    os.environ.update(torchrun_env(rank, world_size, port, OMP_NUM_THREADS="1"))
+    import torch
+
+    import ddpkit
+
+    torch.set_num_threads(1)
+    said = io.StringIO()
+    sys.argv = [str(ROOT / TRAIN[0]), *TRAIN[1:]]
+    try:
+        with contextlib.redirect_stdout(said):
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        ddpkit.shutdown()
+    return said.getvalue()
 
 
 @pytest.mark.multiproc
@@ -160,7 +208,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, storms: dict[str, Storm]) -> 
 def test_sigusr2_to_the_launcher_reaches_the_workers_which_stop_with_75(runs: Runs) -> None:
     assert runs.code == 75, f"exit {runs.code}\n{runs.out}\n{runs.err}"
     assert runs.leftovers == [], f"workers left behind: {runs.leftovers}"
-    assert "SIGUSR2 received: every rank stops after this step" in runs.err, runs.err
+    assert AGREED in runs.err, runs.err
     assert "not a SLURM job" in runs.err, runs.err
     assert not HASH.search(runs.out), runs.out  # it did stop before the end
     saved = [int(step) for step in SAVED.findall(runs.err)]
@@ -182,11 +230,10 @@ def test_launcher_reports_the_stop_as_stopped_early_with_a_checkpoint(runs: Runs
 @pytest.mark.slow
 def test_rerun_resumes_from_the_stop_to_the_weights_of_an_uninterrupted_run(runs: Runs) -> None:
     rerun = runs.rerun
-    assert rerun.returncode == 0, f"{rerun.stdout}\n{rerun.stderr}"
+    assert rerun.code == 0, f"{rerun.out}\n{rerun.err}"
     saved = [int(step) for step in SAVED.findall(runs.err)]
-    assert [int(step) for step in RESUMED.findall(rerun.stdout)] == saved, rerun.stdout
-    assert runs.reference_code == 0, runs.reference_out
-    assert _final_hash(rerun.stdout) == _final_hash(runs.reference_out)
+    assert [int(step) for step in RESUMED.findall(rerun.out)] == saved, rerun.out
+    assert _final_hash(rerun.out) == _final_hash(runs.reference), runs.reference
 
 
 def test_child_pids_lists_direct_children_but_not_grandchildren() -> None:
@@ -239,14 +286,15 @@ def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> Non
 # the launcher and to each worker every 10 ms, as SLURM signals every process of a step)
 # starts at a given moment and lasts until the launcher has exited. "start": once the launcher
 # holds the signal (its marker in DDPKIT_LATCH_DIR), before its workers exist, so they are hit
-# while Python and torch start, before their init(). Training that sees it stops with 75; a
-# storm that starts after the last step meets the evaluation and then the teardown (the weights
-# line, atexit, the interpreter's finalization, the launcher's own exit: a storm lasts to the
-# end, so one from the evaluation covers the teardown too), and the run ends 0.
+# while Python and torch start, before their init(). Training that sees it stops with 75 (the
+# storm from training is the stopped run above: to the launcher alone until the ranks agreed);
+# a storm that starts after the last step meets the evaluation and then the teardown (the
+# weights line, atexit, the interpreter's finalization, the launcher's own exit: a storm lasts
+# to the end, so one from the evaluation covers the teardown too), and the run ends 0 (this
+# one is the rerun that resumes from the stop).
 STORM_FROM = {
     "start": None,
     "init": re.compile(r"^\[rank0\]:? ?ddpkit: torchrun, world size 2", re.MULTILINE),
-    "training": re.compile(r"^\[rank0\]:? ?epoch 0: ", re.MULTILINE),
     "evaluation": re.compile(r"^\[rank0\]:? ?epoch 1: ", re.MULTILINE),
 }
 ROUND_S = 0.01  # between two rounds of signals
@@ -256,18 +304,24 @@ REFRESH = 10  # rounds between two reads of the run's processes (a read scans /p
 # millisecond without the reads slowed the runs past the 90-s guard at a load of 34)
 
 
-def _storm(run: subprocess.Popen[str], started: Callable[[], bool]) -> int:
+def _storm(
+    run: subprocess.Popen[str],
+    started: Callable[[], bool],
+    everyone: Callable[[], bool] = lambda: True,
+) -> int:
     """Wait until ``started()``, then signal the run until it exits; how many rounds were
-    sent (each a signal to the launcher and to each of its descendants)."""
+    sent (each a signal to the launcher and, once ``everyone()`` held, to each of its
+    descendants)."""
     deadline = time.monotonic() + TIMEOUT_S
     while not started():
         assert run.poll() is None, "the run ended before the storm"
         assert time.monotonic() < deadline, "the storm's moment never came"
         time.sleep(0.005)
-    sent, pids = 0, []
+    sent, pids, all_of_them = 0, [], False
     while run.poll() is None:
         if sent % REFRESH == 0:  # new workers join the storm within 10 rounds
-            pids = [run.pid, *_descendants(run.pid)]
+            all_of_them = all_of_them or everyone()
+            pids = [run.pid, *(_descendants(run.pid) if all_of_them else [])]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR2)
@@ -302,12 +356,15 @@ class Storm:
 
 
 @pytest.fixture(scope="module")
-def storms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Storm]:
-    """One run for each moment a storm starts from, with what it ended with."""
+def storms(tmp_path_factory: pytest.TempPathFactory, stopped: Stopped) -> dict[str, Storm]:
+    """One run for each moment a storm starts from, with what it ended with (training's is
+    the stopped run's; the evaluation's is its rerun, which resumes from the stop)."""
     tmp_path = tmp_path_factory.mktemp("storms")
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", *TRAIN]
+    plain = _command()
+    rerun = _command("--checkpoint-dir", str(stopped.directory), "--checkpoint-every", "5")
     outcomes = {}
     for name, line in STORM_FROM.items():
+        command = rerun if name == "evaluation" else plain
         out, latched = tmp_path / name, tmp_path / f"{name}-latched"
         latched.mkdir()
         env = {**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)}
@@ -326,6 +383,7 @@ def storms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Storm]:
                 run.kill()
             run.wait()
         outcomes[name] = Storm(run.returncode, sent, *_logs(out))
+    outcomes["training"] = Storm(stopped.code, stopped.sent, stopped.out, stopped.err)
     return outcomes
 
 

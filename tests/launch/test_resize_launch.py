@@ -1,10 +1,12 @@
-"""A run stopped mid-epoch at world 4, resumed at world 2, stopped mid-epoch again and resumed
-at world 4 to its end, each piece a real ``ddpkit run`` launch (gloo on 127.0.0.1) that saves
+"""A run stopped mid-epoch at world 2, resumed at world 3, stopped mid-epoch again and resumed
+at world 2 to its end, each piece a real ``ddpkit run`` launch (gloo on 127.0.0.1) that saves
 and loads real checkpoints (tests/scripts/resize_worker.py): every sample of every epoch is
 kept exactly once by ``gather`` over the pieces, and the epochs before and after the resize are
 the uninterrupted run's, rank by rank and step by step: torch's ``DistributedSampler`` order at
-world 4 with the worker's seed, which an uninterrupted ``ddpkit.loader`` run follows (computed
-here: a fifth launch, of 4 ranks, cost a quarter of the test's CPU)."""
+world 2 with the worker's seed, which an uninterrupted ``ddpkit.loader`` run follows (computed
+here: a fourth launch, of 2 ranks, would cost a fifth of the test's CPU). Worlds 2 and 3, not
+4 and 2: the run still shrinks and grows mid-epoch, with padding at both sizes, from 7 fresh
+worker interpreters instead of 10 (each imports torch, and DDP's dynamo, anew)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests/scripts/resize_worker.py"
-SIZE, EPOCHS = 23, 3  # at world 4: 6 per rank (one padding position), 3 steps of 2 per epoch
+SIZE, EPOCHS = 23, 3  # at world 2: 12 a rank (one padding position), 6 steps of 2 an epoch
+HOME, OTHER = 2, 3  # the run's world size, and the one of its middle piece
 BATCH, SEED = 2, 3  # the worker's
 
 
@@ -47,31 +50,30 @@ def test_resume_at_another_world_size_keeps_every_sample_once(
     for name in ("DDPKIT_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)
     run = tmp_path / "run"
-    launch(run, 4, 4)  # epoch 0 (3 steps) and the first step of epoch 1
-    launch(run, 2, 2)  # 2 of the 4 steps epoch 1 has left at world 2
-    launch(run, 4, 0)  # the rest of epoch 1 at world 4 (1 step), then epoch 2
-    four, two = steps(run, 4), steps(run, 2)
-    for rank_lines in [*four, *two]:  # every rank logged the same steps as its world's rank 0
-        peers = four if rank_lines in four else two
+    launch(run, HOME, 7)  # epoch 0 (6 steps) and the first step of epoch 1 (4 of 23 samples)
+    launch(run, OTHER, 2)  # 2 of the 4 steps the other 19 make at world 3 (7 a rank, 1 padding)
+    launch(run, HOME, 0)  # the last 7 samples of epoch 1 at world 2 (2 steps), then epoch 2
+    home, other = steps(run, HOME), steps(run, OTHER)
+    for rank_lines in [*home, *other]:  # every rank logged the same steps as its world's rank 0
+        peers = home if rank_lines in home else other
         assert [s["step"] for s in rank_lines] == [s["step"] for s in peers[0]]
         assert [s["kept"] for s in rank_lines] == [s["kept"] for s in peers[0]]
-    pieces = sorted(four[0] + two[0], key=lambda s: s["step"])
+    pieces = sorted(home[0] + other[0], key=lambda s: s["step"])
     assert [s["step"] for s in pieces] == list(range(1, len(pieces) + 1))  # no step twice
-    assert [(s["epoch"], len(two[0]) if s in two[0] else 4) for s in pieces] == [
-        (0, 4), (0, 4), (0, 4), (1, 4), (1, 2), (1, 2), (1, 4), (2, 4), (2, 4), (2, 4),
-    ]  # fmt: skip
+    worlds = [(s["epoch"], OTHER if s in other[0] else HOME) for s in pieces]
+    assert worlds == [(0, 2)] * 6 + [(1, 2), (1, 3), (1, 3), (1, 2), (1, 2)] + [(2, 2)] * 6
     for epoch in range(EPOCHS):
         kept = Counter(i for s in pieces if s["epoch"] == epoch for i in s["kept"])
         assert sorted(kept.elements()) == list(range(SIZE)), epoch  # each sample exactly once
-    for rank in range(4):  # before and after the resize, the uninterrupted run's order
-        resumed = [s["ids"] for s in four[rank] if s["epoch"] != 1]
+    for rank in range(HOME):  # before and after the resize, the uninterrupted run's order
+        resumed = [s["ids"] for s in home[rank] if s["epoch"] != 1]
         assert resumed == uninterrupted(rank, 0) + uninterrupted(rank, 2), rank
 
 
 def uninterrupted(rank: int, epoch: int) -> list[list[int]]:
-    """``rank``'s batches of ``epoch`` at world 4 in a run never stopped (sample ``i`` is
+    """``rank``'s batches of ``epoch`` at world 2 in a run never stopped (sample ``i`` is
     ``i``): torch's own sharded shuffle, in batches of 2."""
-    sampler = DistributedSampler(range(SIZE), num_replicas=4, rank=rank, shuffle=True, seed=SEED)
+    sampler = DistributedSampler(range(SIZE), num_replicas=HOME, rank=rank, shuffle=True, seed=SEED)
     sampler.set_epoch(epoch)
     ids = list(sampler)
     return [ids[start : start + BATCH] for start in range(0, len(ids), BATCH)]

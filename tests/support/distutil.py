@@ -48,8 +48,10 @@ __all__ = [
 # What the fork server imports once for every worker it forks: modules whose import leaves no
 # state a worker could notice. It starts no Python thread and opens no file; the one native
 # thread it starts (numpy's OpenBLAS server, idle) is shut down around a fork by OpenBLAS's own
-# atfork handlers, the path every forked DataLoader worker takes.
-_PRELOAD = ["torch", "torch.distributed"]
+# atfork handlers, the path every forked DataLoader worker takes. torch._dynamo too: the first
+# DistributedDataParallel a process makes imports it (with sympy, ~800 modules, ~1.5 CPU-s), so
+# without it every rank that wraps a model paid that import anew; it starts no thread either.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
 
 # The signal that makes a worker write its threads' stacks (faulthandler's C handler, which
 # works while the worker waits in torch's C++): a real-time one, which neither ddpkit (SIGUSR1,

@@ -4,21 +4,31 @@ collective in rank-0-only code alone is left alone (main-process-first is correc
 
 Pure pieces (bounds, the diagnosis, the report, the reading of rank-0-only ``if`` tests) run
 in-process, and so does the reader of torch's flight recorder, on a real gloo group. The
-scenarios start real ranks (gloo on 127.0.0.1, see :mod:`tests.support.spawned`): 2, or 3
-where the ranks waiting in one collective are a majority against the odd one, with a small
-per-collective bound (3 s) and a large first bound (60 s): the report naming
-``DDPKIT_HANG_TIMEOUT=3`` shows that the tight bound applied after the first step, and every
-rank ending on its own, with the watchdog's exit code, before :func:`~tests.support.spawned.spawn`'s
-guard kills it shows that nothing waited for torch's 30-minute collective timeout. No test
-times the ending: on this loaded 2-core machine the start of three ranks alone took up to 20 s.
+scenarios start real ranks (gloo on 127.0.0.1): 2, or 3 where the ranks waiting in one
+collective are a majority against the odd one, with a small per-collective bound (3 s) and a
+large first bound (60 s): the report naming ``DDPKIT_HANG_TIMEOUT=3`` shows that the tight
+bound applied after the first step, and every rank ending on its own, with the watchdog's exit
+code, before the test's guard kills it shows that nothing waited for torch's 30-minute
+collective timeout. No test times the ending: on this loaded 2-core machine the start of three
+ranks alone took up to 20 s.
+
+Each scenario's ranks are processes forked from the fork server of
+:mod:`tests.support.distutil` (torch imported once), each running the worker script as
+``__main__`` with its own environment, stdout, stderr and exit code, and ending as an
+interpreter does (its threads, then its atexit handlers): a fresh interpreter per rank
+imported torch anew, most of these tests' CPU. ``ddpkit run`` with fresh interpreters keeps
+its own scenario (the last test).
 """
 
 from __future__ import annotations
 
 import ast
+import atexit
 import dataclasses
+import multiprocessing as mp
 import os
 import re
+import runpy
 import signal
 import socket
 import subprocess
@@ -39,7 +49,7 @@ from ddpkit.worker.watchdog import flight, hang
 from ddpkit.worker.watchdog.rankzero_if import is_rank_zero_test, rank_zero_if
 from tests.support.distutil import free_port
 from tests.support.pids import start_ticks
-from tests.support.spawned import Rank, child_env, running, spawn
+from tests.support.spawned import Rank, child_env, running
 
 pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
 
@@ -517,6 +527,95 @@ def worker(tmp_path: Path) -> Path:
     return path
 
 
+def _rank_main(script: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """One rank, in a process forked from the fork server: ``python script *args`` with
+    ``env`` as its environment and its stdout and stderr into ``out`` and ``err``, ended as an
+    interpreter ends (its code, or 1 after ``sys.excepthook`` for what it raised)."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):  # faulthandler and C++ write to the fds themselves
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(handle, fd)
+        os.close(handle)
+    mp.set_start_method("fork", force=True)  # a fresh interpreter's default here (DataLoader)
+    sys.argv = [script, *args]
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())  # as an interpreter does: ddpkit's watchdog chains it
+        code = 1
+    # what an interpreter's exit runs next: it waits for its other threads, then atexit's
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _ranks(
+    script: Path,
+    world_size: int,
+    args: list[str],
+    *,
+    bound_s: float,
+    expect_stuck: tuple[int, ...] = (),
+    timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> list[Rank]:
+    """``script`` run as ranks 0..world_size-1 (see :func:`tests.support.spawned.spawn`, whose
+    contract this keeps, with forked ranks): ranks in ``expect_stuck`` are killed once the
+    others are done; ``timeout_s`` is a guard against a hang, not a measure (a rank still
+    running then is killed: exit code -9). Nothing is left running afterwards."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
+    port = free_port()
+    procs = []
+    started = time.monotonic()
+    for rank in range(world_size):
+        rank_env = child_env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            DDPKIT_PEER_TIMEOUT=f"{bound_s:g}",
+            **(env or {}),
+        )
+        out, err = (str(script.parent / f"rank{rank}.{kind}") for kind in ("out", "err"))
+        proc = context.Process(
+            target=_rank_main, args=(str(script), args, rank_env, out, err), name=f"rank{rank}"
+        )
+        proc.start()
+        procs.append(proc)
+    ended: dict[int, float] = {}
+    try:
+        deadline = started + timeout_s
+        waiting = [r for r in range(world_size) if r not in expect_stuck]
+        while waiting and time.monotonic() < deadline:
+            for r in list(waiting):
+                if procs[r].exitcode is not None:
+                    ended[r] = time.monotonic() - started
+                    waiting.remove(r)
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.kill()
+            proc.join()
+    for r in expect_stuck:
+        ended[r] = time.monotonic() - started
+    ranks = []
+    for r, proc in enumerate(procs):
+        assert proc.exitcode is not None  # joined
+        out, err = ((script.parent / f"rank{r}.{kind}").read_text() for kind in ("out", "err"))
+        ranks.append(Rank(r, proc.exitcode, out, err, ended.get(r, float("inf"))))
+    return ranks
+
+
 def _run(
     worker: Path,
     case: str,
@@ -530,8 +629,8 @@ def _run(
 ) -> list[Rank]:
     args = ["--case", case, "--stuck", str(stuck), *extra]
     env = {**BOUNDS, "DDPKIT_HANG_ACTION": action}
-    ranks = spawn(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen,
-                  timeout_s=guard_s)  # fmt: skip
+    ranks = _ranks(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen,
+                   timeout_s=guard_s)  # fmt: skip
     left = [rank.pid() for rank in ranks if running(rank.pid())]
     children = [child for rank in ranks for child in rank.children()]
     left += [pid for pid, ticks in children if running(pid) and start_ticks(pid) == ticks]
@@ -668,6 +767,8 @@ def test_by_default_a_report_is_printed_and_the_job_goes_on(worker: Path) -> Non
     # rank 0 evaluates inside the loop while the others wait in an all_reduce, past the 3-s
     # bound (until the report is made): a guess from timing (slow, or stuck?) reports; it
     # never ends a correct job
+    # Open bug (the 2-rank DDP case's shape, see above): now and then the lone waiting rank 1
+    # makes no report within the 60 s, with fresh interpreters as with forked ranks
     ranks = _run(worker, "eval", world_size=2, action="report", extra=("--dir", str(worker.parent)))
     assert [rank.code for rank in ranks] == [0, 0], ranks[0].err[-3000:]
     for rank in ranks:  # 1, then x2 in each of 4 all_reduces
