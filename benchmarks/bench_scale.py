@@ -228,8 +228,11 @@ def job(world: int, variant: str, procs: int, window_s: float | None) -> dict[st
 def peak_over_mean(slots: list[dict[int, int]], start: float, end: float) -> float:
     """The most store calls in one slot (``scalesim.SLOT_S``) of the whole slots between
     ``start`` and ``end`` (monotonic), over their mean: 1 for calls spread evenly, up to the
-    number of slots when every call comes at once. 0 when there were none."""
-    first, last = math.ceil(start / scalesim.SLOT_S), math.floor(end / scalesim.SLOT_S)
+    number of slots when every call comes at once. 0 when there were none. The slots cut by
+    ``start`` and ``end`` count: the watchdog's ranks beat together, once an interval, and a
+    window of whole intervals can begin and end at a beat (only whole slots were counted, and
+    a 1-s window of 8 ranks read 0)."""
+    first, last = math.floor(start / scalesim.SLOT_S), math.ceil(end / scalesim.SLOT_S)
     counts = [0] * max(0, last - first)
     for tally in slots:
         for slot, calls in tally.items():
