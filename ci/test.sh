@@ -211,11 +211,12 @@ in_test_hosts python3 -m pytest -m "slurm or sidecar" -n "$slurm_workers" \
   --dist loadfile --no-loadscope-reorder \
   --times-file "$work/times-slurm.jsonl" >"$slurm_log" 2>&1 &
 slurm_pid=$!
-# DDPKIT_CI_WORKERS=N runs the others in N pytest-xdist workers (default 1: one process, as
-# measured). On 2026-12-02 the others took ~1,000 CPU-s and the SLURM run ~860 (its jobs' steps
+# DDPKIT_CI_WORKERS=N runs the others in N pytest-xdist workers (default 2: with one, the
+# others' run ended ~400 s after the SLURM run, one core idle; clean-clone runs of 2026-12-02:
+# 1,507 s with 1 worker, 1,101 s with 2, the latter on more work). On 2026-12-02 the others took ~1,000 CPU-s and the SLURM run ~860 (its jobs' steps
 # 732, by sacct) plus its local sidecar tests, against the 1,649 s of the last clean run: about
 # a third of the 2 cores idle on average, which more workers would fill.
-workers=${DDPKIT_CI_WORKERS:-1}
+workers=${DDPKIT_CI_WORKERS:-2}
 [[ $workers =~ ^[1-9]$ ]] || { echo "ci/test.sh: DDPKIT_CI_WORKERS=$workers: 1-9" >&2; exit 2; }
 parallel=()
 [ "$workers" = 1 ] || parallel=(-n "$workers" --dist worksteal)
