@@ -352,6 +352,39 @@ def test_the_recorder_gives_the_calls_and_the_phase_but_not_the_callers_place() 
     assert all("frames" not in e and "site" not in e for e in entries["entries"]), entries
 
 
+def test_a_call_behind_a_lagging_status_is_still_seen_waiting() -> None:
+    """The group's status can lag behind calls that returned: it says 2 completed while #3
+    returned (its entry retired) and #4 waits. #3 is set aside, #4 is the one waiting (only
+    the first number the status held open was taken: #3, retired, hid #4, and a lone waiting
+    rank never reported)."""
+    created = 1_000_000_000_000_000_000
+    entries = [
+        {"pg_id": 0, "collective_seq_id": seq, "retired": seq < 4, "time_created_ns": created,
+         "profiling_name": "gloo:all_reduce", "input_sizes": [[4]], "input_dtypes": ["Float"]}
+        for seq in (1, 2, 3, 4)
+    ]  # fmt: skip
+    status = {
+        "pg_status": {"0": {"last_enqueued_collective": "0", "last_completed_collective": "0"}}
+    }
+    dumps = {"status": status}
+
+    def dump(with_entries: bool) -> dict[str, object]:
+        return {**dumps["status"], **({"entries": entries} if with_entries else {})}
+
+    reader = flight.Flight(dump=dump, wall_ns=lambda: created)
+    dumps["status"] = {
+        "pg_status": {"0": {"last_enqueued_collective": "4", "last_completed_collective": "2"}}
+    }
+    assert reader.in_collective()
+    assert reader.waiting(10.0) == (0.0, False)
+    reader.look(13.0)  # the oldest open number first: #3, retired by its entry
+    reader.look(13.0)  # then #4 (made at the wall clock's now): open since it was first seen
+    assert reader.waiting(20.0) == (10.0, False)
+    assert reader.past_first_step  # #1 and #2 completed alike
+    running, _ = reader.calls()
+    assert running is not None and running["seq"] == 4
+
+
 RANK1 = """
 import sys
 from datetime import timedelta

@@ -90,7 +90,13 @@ class Flight:
     def _opened(self) -> set[Key]:
         dump = self._dump(False)
         status = _status(dump) if dump is not None else {}
-        return {(group, done + 1) for group, (made, done) in status.items() if done < made}
+        # every number the status holds open: it can lag behind calls that returned, and
+        # only the first open one was taken (retired by its entry, it hid the call after it)
+        return {
+            (group, seq)
+            for group, (made, done) in status.items()
+            for seq in range(done + 1, made + 1)
+        }
 
     def in_collective(self) -> bool:
         """Whether a collective of this rank is in flight; True where there is no recorder (a
