@@ -116,13 +116,17 @@ def _final_hash(stdout: str) -> str:
 
 
 @dataclass(frozen=True)
-class Stopped:
-    """The run stopped by the signals to its launcher (then to every process), as a storm."""
-
+class Storm:
     code: int  # the launcher's exit code
     sent: int  # rounds of signals
     out: str
     err: str
+
+
+@dataclass(frozen=True)
+class Stopped(Storm):
+    """The run stopped by the signals to its launcher (then to every process), as a storm."""
+
     leftovers: list[int]  # its workers still alive after it exited
     steps_saved: list[int]
     directory: Path  # its checkpoints
@@ -345,14 +349,6 @@ def _descendants(pid: int) -> list[int]:
         found += children
         todo += children
     return found
-
-
-@dataclass(frozen=True)
-class Storm:
-    code: int  # the launcher's exit code
-    sent: int  # rounds of signals
-    out: str
-    err: str
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ __all__ = [
 # atfork handlers, the path every forked DataLoader worker takes. torch._dynamo too: the first
 # DistributedDataParallel a process makes imports it (with sympy, ~800 modules, ~1.5 CPU-s), so
 # without it every rank that wraps a model paid that import anew; it starts no thread either.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
 
 # The signal that makes a worker write its threads' stacks (faulthandler's C handler, which
 # works while the worker waits in torch's C++): a real-time one, which neither ddpkit (SIGUSR1,
@@ -151,7 +151,7 @@ def run_workers(
 ) -> list[Any]:
     """``[fn(rank, world_size, port, *args) for each rank]``, run in parallel processes."""
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
     results_queue = context.Queue()
     port = free_port()
     env = dict(os.environ)

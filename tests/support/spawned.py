@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,44 @@ def running(pid: int) -> bool:
         return True
 
 
+def spawned_env(
+    rank: int, world_size: int, port: int, bound_s: float, env: dict[str, str] | None
+) -> dict[str, str]:
+    """A rank's environment: torchrun's variables of a one-node job, the peer bound, ``env``."""
+    return child_env(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DDPKIT_PEER_TIMEOUT=f"{bound_s:g}",
+        **(env or {}),
+    )
+
+
+def wait_ended(
+    exit_codes: list[Callable[[], int | None]],
+    expect_stuck: tuple[int, ...],
+    started: float,
+    timeout_s: float,
+) -> dict[int, float]:
+    """Seconds from ``started`` at which each rank ended (``exit_codes[r]()`` not None), until
+    every rank not in ``expect_stuck`` has or ``timeout_s`` passed; the stuck ones get now."""
+    ended: dict[int, float] = {}
+    deadline = started + timeout_s
+    waiting = [r for r in range(len(exit_codes)) if r not in expect_stuck]
+    while waiting and time.monotonic() < deadline:
+        for r in list(waiting):
+            if exit_codes[r]() is not None:
+                ended[r] = time.monotonic() - started
+                waiting.remove(r)
+        time.sleep(0.05)
+    for r in expect_stuck:
+        ended[r] = time.monotonic() - started
+    return ended
+
+
 def spawn(
     script: Path,
     world_size: int,
@@ -80,16 +119,7 @@ def spawn(
     procs = []
     started = time.monotonic()
     for rank in range(world_size):
-        rank_env = child_env(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_WORLD_SIZE=str(world_size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            DDPKIT_PEER_TIMEOUT=f"{bound_s:g}",
-            **(env or {}),
-        )
+        rank_env = spawned_env(rank, world_size, port, bound_s, env)
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(script), *args],
@@ -108,22 +138,13 @@ def spawn(
     for reader in readers:
         reader.start()
     try:
-        deadline = started + timeout_s
-        waiting = [r for r in range(world_size) if r not in expect_stuck]
-        while waiting and time.monotonic() < deadline:
-            for r in list(waiting):
-                if procs[r].poll() is not None:
-                    ended[r] = time.monotonic() - started
-                    waiting.remove(r)
-            time.sleep(0.05)
+        ended = wait_ended([proc.poll for proc in procs], expect_stuck, started, timeout_s)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
         for reader in readers:
             reader.join()
-    for r in expect_stuck:
-        ended[r] = time.monotonic() - started
     return [
         Rank(r, procs[r].returncode, *outputs[r], ended.get(r, float("inf")))
         for r in range(world_size)

@@ -47,9 +47,9 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker import watchdog
 from ddpkit.worker.watchdog import flight, hang
 from ddpkit.worker.watchdog.rankzero_if import is_rank_zero_test, rank_zero_if
-from tests.support.distutil import free_port
+from tests.support.distutil import FORKSERVER_PRELOAD, free_port
 from tests.support.pids import start_ticks
-from tests.support.spawned import Rank, child_env, running
+from tests.support.spawned import Rank, child_env, running, spawned_env, wait_ended
 
 pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
 
@@ -603,21 +603,12 @@ def _ranks(
     others are done; ``timeout_s`` is a guard against a hang, not a measure (a rank still
     running then is killed: exit code -9). Nothing is left running afterwards."""
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
     port = free_port()
     procs = []
     started = time.monotonic()
     for rank in range(world_size):
-        rank_env = child_env(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_WORLD_SIZE=str(world_size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            DDPKIT_PEER_TIMEOUT=f"{bound_s:g}",
-            **(env or {}),
-        )
+        rank_env = spawned_env(rank, world_size, port, bound_s, env)
         out, err = (str(script.parent / f"rank{rank}.{kind}") for kind in ("out", "err"))
         proc = context.Process(
             target=_rank_main, args=(str(script), args, rank_env, out, err), name=f"rank{rank}"
@@ -626,21 +617,13 @@ def _ranks(
         procs.append(proc)
     ended: dict[int, float] = {}
     try:
-        deadline = started + timeout_s
-        waiting = [r for r in range(world_size) if r not in expect_stuck]
-        while waiting and time.monotonic() < deadline:
-            for r in list(waiting):
-                if procs[r].exitcode is not None:
-                    ended[r] = time.monotonic() - started
-                    waiting.remove(r)
-            time.sleep(0.05)
+        exit_codes = [lambda proc=proc: proc.exitcode for proc in procs]
+        ended = wait_ended(exit_codes, expect_stuck, started, timeout_s)
     finally:
         for proc in procs:
             if proc.exitcode is None:
                 proc.kill()
             proc.join()
-    for r in expect_stuck:
-        ended[r] = time.monotonic() - started
     ranks = []
     for r, proc in enumerate(procs):
         assert proc.exitcode is not None  # joined
