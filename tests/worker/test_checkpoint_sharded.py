@@ -139,7 +139,7 @@ def test_a_metadata_naming_a_file_outside_its_folder_is_refused(
     info.relative_path = "../elsewhere.distcp"
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
     model = tinymlp.make_model()
-    with pytest.raises(CheckpointError, match="'../elsewhere.distcp', outside its folder"):
+    with pytest.raises(CheckpointError, match=r"'\.\./elsewhere\.distcp', outside its folder"):
         ddpkit.load_checkpoint(
             directory, {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
         )
