@@ -4,8 +4,10 @@ at another world size on real gloo groups, and read under ddpkit's trust rule (D
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import re
 import shutil
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 import ddpkit
 from ddpkit.errors import CheckpointError, ConfigError
@@ -126,6 +129,36 @@ def test_a_planted_metadata_is_refused_without_running_it(
     assert not marker.exists()
     pickle.loads(pickle.dumps(_Payload(marker)))  # the payload does run when unpickled freely
     assert marker.exists()
+
+
+def test_a_planted_value_is_loaded_weights_only_without_running_it(
+    saved: tuple[Path, list[float]], tmp_path: Path
+) -> None:
+    """DCP's planner unpickles non-tensor values (an optimizer's lr) with weights_only=False:
+    one pointed at a planted pickle is refused before it runs."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(saved[0], directory)
+    marker = tmp_path / "ran"
+    (folder,) = directory.glob("*.dcp")
+    metadata = pickle.loads((folder / ".metadata").read_bytes())  # ddpkit's own, from the save
+    planted = io.BytesIO()
+    torch.save(_Payload(marker), planted)
+    (folder / "planted.distcp").write_bytes(planted.getvalue())
+    fqn = next(
+        key
+        for key, value in metadata.state_dict_metadata.items()
+        if isinstance(value, BytesStorageMetadata)
+    )
+    info = next(info for index, info in metadata.storage_data.items() if index.fqn == fqn)
+    info.relative_path, info.offset, info.length = "planted.distcp", 0, len(planted.getvalue())
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    model = tinymlp.make_model()
+    state = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    with pytest.raises(
+        CheckpointError, match=rf"\({re.escape(fqn)}\) is refused by a weights-only"
+    ):
+        ddpkit.load_checkpoint(directory, state)
+    assert not marker.exists()
 
 
 def test_a_metadata_naming_a_file_outside_its_folder_is_refused(

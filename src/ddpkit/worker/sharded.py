@@ -40,12 +40,14 @@ import os
 import pickle
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -55,7 +57,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
 from ddpkit import compat
-from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.errors import CheckpointError, ConfigError, DdpkitError
 from ddpkit.worker.durable import fsync_directory, open_regular
 from ddpkit.worker.fsdp import is_sharded
 from ddpkit.worker.state_dict import unwrap
@@ -139,7 +141,9 @@ def new_temp(folder: Path, step: int) -> Path:
 def write(temp: Path, state: Mapping[str, Any], found: Parts) -> None:
     """Every rank's shards of the sharded models and their optimizers into ``temp`` (a
     collective)."""
-    dcp_save(_state_dicts(state, found), storage_writer=FileSystemWriter(temp, sync_files=True))
+    with _unwrapped():
+        writer = FileSystemWriter(temp, sync_files=True)
+        dcp_save(_state_dicts(state, found), storage_writer=writer)
 
 
 def commit(temp: Path, final: Path) -> None:
@@ -158,7 +162,8 @@ def read(folder: Path, state: Mapping[str, Any], found: Parts) -> None:
     metadata = read_metadata(folder)  # refused here, before DCP reads anything
     target = _state_dicts(state, found)
     reader = _TrustedReader(folder, metadata)
-    dcp_load(target, storage_reader=reader, planner=_WeightsOnlyPlanner())
+    with _unwrapped():
+        dcp_load(target, storage_reader=reader, planner=_WeightsOnlyPlanner())
     for key, optimizers in found.items():
         set_state_dict(
             unwrap(state[key]),
@@ -166,6 +171,25 @@ def read(folder: Path, state: Mapping[str, Any], found: Parts) -> None:
             model_state_dict=target[key]["model"],
             optim_state_dict=target[key]["optim"],
         )
+
+
+@contextmanager
+def _unwrapped() -> Iterator[None]:
+    """DCP's failure as an ``Exception``: DCP gathers every rank's failure into one
+    ``CheckpointException``, a ``BaseException`` that ``except Exception`` would let through;
+    ddpkit's own error (a refusal) comes out as it was raised, any other as CheckpointError."""
+    try:
+        yield
+    except CheckpointException as error:
+        ranks = sorted(error.failures)
+        first, _ = error.failures[ranks[0]]
+        if isinstance(first, DdpkitError):
+            raise first from None
+        text = str(first).splitlines()[0] if str(first) else ""
+        raise CheckpointError(
+            f"torch.distributed.checkpoint failed on ranks {ranks}: {type(first).__name__}: {text}",
+            hint="check that every rank sees the same checkpoint folder, writable, with space",
+        ) from first
 
 
 def _state_dicts(state: Mapping[str, Any], found: Parts) -> dict[str, Any]:
