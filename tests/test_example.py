@@ -53,9 +53,9 @@ def test_example_trains_sharded_with_strategy_fsdp(tmp_path: Path) -> None:
     """--strategy fsdp: the same script with FSDP2, its checkpoints saved by both ranks."""
     ckpt = tmp_path / "ckpt"
     flags = ["--strategy", "fsdp", "--epochs", "1", "--train-size", "1024"]
-    saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "4"]
+    saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"]
     out = _run(["--nproc-per-node", "2", "examples/train.py", *flags, *saving])
     assert "eval: 2001 samples (test set has 2001)" in out, out
     assert re.search(r"^\[rank0\]:? ?weights sha256: [0-9a-f]{64}$", out, re.MULTILINE), out
-    # steps 4 and 8: a file and its folder each
-    assert sorted(path.suffix for path in ckpt.iterdir()) == [".dcp", ".dcp", ".pt", ".pt"]
+    # steps 4, 6 and 8 kept (keep_last=3), each a file and its folder: step 2's folder is pruned
+    assert sorted(path.suffix for path in ckpt.iterdir()) == [".dcp"] * 3 + [".pt"] * 3
