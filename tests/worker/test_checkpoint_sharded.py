@@ -99,7 +99,8 @@ def test_loads_into_a_plain_model_in_one_process(
     model = tinymlp.make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     state: dict[str, Any] = {"model": model, "optimizer": optimizer}
-    assert ddpkit.load_checkpoint(saved[0], state) == STEPS
+    with pytest.warns(RuntimeWarning, match="re-seeded"):
+        assert ddpkit.load_checkpoint(saved[0], state) == STEPS
     losses = [tinymlp.step(model, optimizer, 0, 1) for _ in range(STEPS)]
     assert losses == pytest.approx(tinymlp.reference(2 * STEPS)[STEPS:], rel=1e-5, abs=1e-7)
 
@@ -197,7 +198,8 @@ def test_a_folder_without_its_file_is_not_loaded_and_goes_once_stale(
     shutil.copytree(ckptfiles.shards_of(file), temp)  # a dead writer's
     model = tinymlp.make_model()
     state = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
-    assert ddpkit.load_checkpoint(directory, state) == STEPS  # the orphan is not a checkpoint
+    with pytest.warns(RuntimeWarning, match="re-seeded"):
+        assert ddpkit.load_checkpoint(directory, state) == STEPS  # the orphan is no checkpoint
     ckptfiles.remove_stale_temps(directory)
     assert orphan.is_dir() and temp.is_dir()  # fresh: maybe a live writer's
     old = time.time() - durable.STALE_AFTER_S - 60

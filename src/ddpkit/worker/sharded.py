@@ -40,6 +40,7 @@ import os
 import pickle
 import secrets
 import shutil
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -179,7 +180,10 @@ def _unwrapped() -> Iterator[None]:
     ``CheckpointException``, a ``BaseException`` that ``except Exception`` would let through;
     ddpkit's own error (a refusal) comes out as it was raised, any other as CheckpointError."""
     try:
-        yield
+        with warnings.catch_warnings():
+            # without a process group DCP reads and writes as one process, and says so
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            yield
     except CheckpointException as error:
         ranks = sorted(error.failures)
         first, _ = error.failures[ranks[0]]
