@@ -19,6 +19,11 @@ The loop also asks `ddpkit.preemption_guard()` after every step whether a stop s
 one did, every rank stops after the same step, saves a checkpoint and the job requeues itself
 (SLURM) or exits with code 75 (elsewhere); the next run resumes. `--step-delay` slows each step
 down, to leave time for sending a signal by hand.
+
+`--strategy` chooses how the model is wrapped: `auto` (the default: DDP across processes,
+DataParallel on one machine's several GPUs, the plain model otherwise), `dp`, `ddp`, or `fsdp`
+(FSDP2: parameters, gradients and optimizer state sharded across the ranks; its checkpoints
+are saved by every rank and resume at any world size).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
 import ddpkit
@@ -73,10 +79,13 @@ def evaluate(
 def weights_sha256(model: nn.Module) -> str:
     """SHA-256 over the raw bytes of every tensor in ``state_dict`` order (CPU, contiguous).
 
-    Names are left out, so a model hashes the same wrapped in DDP or not.
+    Names are left out, so a model hashes the same wrapped in DDP or not. A sharded (FSDP2)
+    tensor is gathered whole first: a collective, so every rank calls this.
     """
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
         raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype
         digest.update(raw.numpy().tobytes())
     return digest.hexdigest()
@@ -127,6 +136,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train-size", type=int, default=8000)
     parser.add_argument("--test-size", type=int, default=2001)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--strategy",
+        choices=("auto", "dp", "ddp", "fsdp"),
+        default="auto",
+        help="how ddpkit.wrap wraps the model (default auto: DDP across processes)",
+    )
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume here")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between saves")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step")
@@ -160,8 +175,9 @@ def main() -> None:
     test_set = make_data(args.test_size, classes=classes, dim=dim, seed=2)
     # DDP regroups its gradient buckets after the first backward; a resumed run's first step
     # then sums in the old layout, and with 3+ gloo ranks that rounds differently.
-    ddp = {"find_unused_parameters": True} if args.exact_resume else {}
-    model = ddpkit.wrap(make_model(dim, classes), **ddp)
+    exact = args.exact_resume and args.strategy in ("auto", "ddp")  # a DDP option only
+    ddp = {"find_unused_parameters": True} if exact else {}
+    model = ddpkit.wrap(make_model(dim, classes), args.strategy, **ddp)
     train = ddpkit.loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
     test = ddpkit.loader(test_set, args.batch_size, shuffle=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -206,7 +222,8 @@ def main() -> None:
     ddpkit.print(f"done in {time.perf_counter() - start:.1f} s")
     if seen != len(test_set):
         raise SystemExit(f"evaluation saw {seen} samples instead of {len(test_set)}")
-    ddpkit.print(f"weights sha256: {weights_sha256(model)}")  # the last line: compare runs
+    digest = weights_sha256(model)  # on every rank: a collective under fsdp
+    ddpkit.print(f"weights sha256: {digest}")  # the last line: compare runs
 
 
 if __name__ == "__main__":

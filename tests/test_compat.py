@@ -11,6 +11,7 @@ import functools
 import io
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -520,3 +521,35 @@ def test_submitit_starts_sbatch_in_a_session_of_its_own(
     # the leader of a session of its own, started by this process (the wrapper exec'd sbatch)
     assert session == pid != str(os.getsid(0)), f"submitit {submitit.__version__}"
     assert parent == str(os.getpid())
+
+
+@reach
+def test_dcp_metadata_names_only_the_allowed_globals(tmp_path: Path) -> None:
+    """A real DCP save (one process, no group) of a model and its optimizer's state: every
+    global its .metadata pickle names is in DCP_METADATA_GLOBALS (or is a torch dtype), and
+    each of those resolves in this torch."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    weights, optim = get_state_dict(model, [optimizer])
+    with pytest.warns(UserWarning, match="single process"):
+        save({"model": weights, "optim": optim}, checkpoint_id=tmp_path)
+    named: set[tuple[str, str]] = set()
+
+    class Recording(pickle.Unpickler):  # our own file: unpickled to see what it names
+        def find_class(self, module: str, name: str) -> Any:
+            named.add((module, name))
+            return super().find_class(module, name)
+
+    with open(tmp_path / ".metadata", "rb") as file:
+        Recording(file).load()
+    dtypes = {(module, name) for module, name in named if module == "torch" and name.islower()}
+    assert named - dtypes <= compat.DCP_METADATA_GLOBALS, TORCH
+    assert ("torch.distributed.checkpoint.metadata", "Metadata") in named, TORCH
+    for module, name in compat.DCP_METADATA_GLOBALS:
+        __import__(module)
+        assert hasattr(sys.modules[module], name), (module, name, TORCH)

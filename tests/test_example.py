@@ -46,3 +46,16 @@ def test_example_trains_and_evaluates_every_sample_once() -> None:
     seen, size, accuracy = int(found[1]), int(found[2]), float(found[3])
     assert seen == size == 2001  # odd, and no multiple of 2 x 64: padding is removed
     assert accuracy >= STATED_ACCURACY
+
+
+@pytest.mark.multiproc
+def test_example_trains_sharded_with_strategy_fsdp(tmp_path: Path) -> None:
+    """--strategy fsdp: the same script with FSDP2, its checkpoints saved by both ranks."""
+    ckpt = tmp_path / "ckpt"
+    flags = ["--strategy", "fsdp", "--epochs", "1", "--train-size", "1024"]
+    saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"]
+    out = _run(["--nproc-per-node", "2", "examples/train.py", *flags, *saving])
+    assert "eval: 2001 samples (test set has 2001)" in out, out
+    assert re.search(r"^\[rank0\]:? ?weights sha256: [0-9a-f]{64}$", out, re.MULTILINE), out
+    # steps 4, 6 and 8 kept (keep_last=3), each a file and its folder: step 2's folder is pruned
+    assert sorted(path.suffix for path in ckpt.iterdir()) == [".dcp"] * 3 + [".pt"] * 3

@@ -31,6 +31,10 @@ against the installed version and names that version when one has moved.
     DynamicRendezvousHandler.      torch       a one-node ``ddpkit run`` of one round hosts
       _create_tcp_store_server                 its workers' shared store on loopback only
       (self, master_addr, port)
+    DCP's .metadata pickle: the    torch       a sharded (FSDP2) checkpoint's metadata is
+      globals it names (its                    read by a restricted unpickler that allows
+      dataclasses, _StorageInfo,               these and nothing else
+      _get_layout)                             (:mod:`ddpkit.worker.sharded`)
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
     weights_only's refusal text    torch       a checkpoint holding a type torch refuses
@@ -72,6 +76,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPILED_ATTRIBUTE",
+    "DCP_METADATA_GLOBALS",
     "compiled_inner",
     "ddp_compute_s",
     "default_store",
@@ -317,6 +322,25 @@ def compiled_inner(module: object) -> Any:
     if wrapper is None or not isinstance(module, wrapper):
         return None
     return getattr(module, COMPILED_ATTRIBUTE)
+
+
+# What the ``.metadata`` pickle of torch.distributed.checkpoint's FileSystemWriter names (torch
+# 2.4 to 2.13): its metadata dataclasses, the writer's storage info, torch.Size, the layout
+# helper torch's own weights_only unpickler allows, and the path the checkpoint was saved to.
+# torch's dtypes (``torch.float32``) are allowed besides, by type. Building any of these runs
+# no code but their constructors.
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_DCP_METADATA_CLASSES = """Metadata TensorStorageMetadata TensorProperties ChunkStorageMetadata
+    BytesStorageMetadata MetadataIndex StorageMeta _MEM_FORMAT_ENCODING"""
+DCP_METADATA_GLOBALS = frozenset(
+    {
+        *((_DCP_METADATA, name) for name in _DCP_METADATA_CLASSES.split()),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "Size"),
+        ("pathlib", "PosixPath"),
+    }
+)
 
 
 # torch's weights_only unpickler names what it refuses in these words (torch 2.4 to 2.13):

@@ -54,7 +54,8 @@ def test_resolve_strategy(
         ("DDP", "did you mean 'ddp'?"),
         ("singel", "did you mean 'single'?"),
         ("autoo", "did you mean 'auto'?"),
-        ("fsdp", "'auto', 'ddp', 'dp', 'single'"),
+        ("fsdpp", "did you mean 'fsdp'?"),
+        ("zero3", "'auto', 'ddp', 'dp', 'fsdp', 'single'"),
     ],
 )
 def test_bad_strategy_names_it_and_suggests(strategy: str, fragment: str) -> None:

@@ -37,7 +37,8 @@ import torch
 
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker import inflight
-from ddpkit.worker.checkpoint import _broadcast, _describe, _world, collect, save_payload
+from ddpkit.worker.agree import broadcast, describe, world
+from ddpkit.worker.checkpoint import collect, save_payload
 
 __all__ = ["PendingCheckpoint", "async_save_checkpoint", "snapshot", "wait_for_checkpoint"]
 
@@ -94,7 +95,7 @@ def async_save_checkpoint(
     ``timeout_s`` bounds every later wait for this write.
     """
     _check_timeout(timeout_s)
-    world_size, rank = _world()
+    world_size, rank = world()
     payload = collect(directory, state, step=step, keep_last=keep_last)
     folder = Path(directory)
     copied: dict[str, Any] = {}
@@ -105,7 +106,7 @@ def async_save_checkpoint(
             _SPARE["copy"] = copied
         except Exception as error:  # shared below, as a failed write would be
             failure = error
-    outcome = _broadcast(world_size, _describe(failure))
+    outcome = broadcast(world_size, describe(failure))
     if outcome is not None:
         text, hint = outcome
         raise CheckpointError(
@@ -140,7 +141,7 @@ def wait_for_checkpoint(timeout_s: float | None = None) -> Path | None:
     """
     if timeout_s is not None:
         _check_timeout(timeout_s)
-    world_size, _ = _world()
+    world_size, _ = world()
     return inflight.finish(world_size, timeout_s=timeout_s)
 
 

@@ -49,6 +49,11 @@ and a rank whose ``load_state_dict`` raises make every rank raise :class:`Checkp
 naming the step, the directory, the rank and the cause (the failing rank chains the original);
 the process group stays usable and nothing half-written is left behind.
 
+Sharded state: a model sharded by ``wrap(model, "fsdp")`` and the optimizers over its
+parameters are written by every rank through torch.distributed.checkpoint into a folder next
+to the file, ``ckpt-<...>.dcp``, which is complete before the file is written; a load reads it
+at any world size, its pickled metadata weights-only (:mod:`ddpkit.worker.sharded`).
+
 In the background: :mod:`ddpkit.worker.asyncsave` runs the first half of a save
 (:func:`collect`) in the loop and the second (:func:`save_payload`) in a thread, on a copy.
 
@@ -72,22 +77,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ddpkit.cluster.runid import run_identity
-from ddpkit.errors import CheckpointError, ConfigError, DdpkitError
-from ddpkit.worker import ckptfiles, inflight
+from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.worker import ckptfiles, inflight, sharded
+from ddpkit.worker.agree import _Failure, all_gather, broadcast, describe, raise_failures, world
 from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
+from ddpkit.worker.shardio import read_shards, sharded_keys, write_shards
 from ddpkit.worker.state_dict import load_state_dict, unwrap
 from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 _FORMAT = 3  # 3: the write order and the origin are in the file's name (2: in the pickle)
-# what a failure becomes to share it between ranks: its text and its own hint, or None
-_Failure = tuple[str, str | None] | None
+_SHARDED_FORMAT = 4  # 3 with a sharded folder next to the file (older ddpkits refuse it)
 
 
 def save_checkpoint(
@@ -107,19 +112,25 @@ def save_checkpoint(
     checkpoint still written in the background (:func:`ddpkit.async_save_checkpoint`) is
     waited for first, and its failure raised here.
     """
-    world_size, rank = _world()
-    payload = collect(directory, state, step=step, keep_last=keep_last)  # after any pending
+    world_size, rank = world()
+    found = sharded.parts(state)  # the FSDP2 models and their optimizers: saved by every rank
+    rest = {key: value for key, value in state.items() if key not in sharded_keys(found)}
+    payload = collect(directory, rest, step=step, keep_last=keep_last)  # after any pending
+    shards = write_shards(Path(directory), state, found, step) if found else None
     path: Path | None = None
     failure: Exception | None = None
     if rank == 0:
         try:
-            path = save_payload(Path(directory), payload, step, keep_last)
+            payload = {**payload, "sharded": found} if found else payload
+            path = save_payload(Path(directory), payload, step, keep_last, shards=shards)
         except Exception as error:
             failure = error
+            if shards is not None:
+                sharded.discard(shards)
     # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
     # everybody learns whether it is.
     with patient():  # the others wait while rank 0 writes: maybe minutes, not a hang
-        outcome: _Failure = _broadcast(world_size, _describe(failure))
+        outcome: _Failure = broadcast(world_size, describe(failure))
     if outcome is not None:
         text, hint = outcome
         raise CheckpointError(
@@ -144,7 +155,13 @@ def collect(
     RNG states. Returns the payload to write on the main rank, {} on the others."""
     _check_count("step", step, minimum=0, hint="pass the global training step, e.g. step=1000")
     _check_count("keep_last", keep_last, minimum=1, hint="keep at least one checkpoint")
-    world_size, rank = _world()
+    world_size, rank = world()
+    if sharded.parts(state):  # save_checkpoint passes the rest only
+        raise ConfigError(
+            f"sharded (FSDP2) state in {sorted(sharded.parts(state))} cannot be saved in the "
+            "background",
+            hint="use ddpkit.save_checkpoint for a model wrapped with strategy='fsdp'",
+        )
     inflight.finish(world_size)  # at most one write in flight, and numbered after the last
     saved: dict[str, Any] = {}
     mine: dict[str, Any] | None = None
@@ -155,8 +172,8 @@ def collect(
         mine = _rng_state()
     except Exception as error:  # shared below: the other ranks must not wait for this one
         failure = error
-    gathered = _all_gather(world_size, (mine, _describe(failure)))
-    _raise_failures(
+    gathered = all_gather(world_size, (mine, describe(failure)))
+    raise_failures(
         [text for _, text in gathered],
         f"could not collect its state for checkpoint step {step} in {directory}",
         hint="every value's state_dict() must succeed on every rank",
@@ -195,7 +212,7 @@ def load_checkpoint(
     trains on from a partial restore.
     """
     trusted = check_trusted(trusted_types)
-    world_size, rank = _world()
+    world_size, rank = world()
     inflight.finish(world_size)  # a checkpoint written in the background is in place first
     if map_location is None:
         context = current_or_none()
@@ -209,8 +226,8 @@ def load_checkpoint(
         failure = error
     payload = read[1] if read is not None else None
     name = read[0].name if read is not None else None  # what every rank must have found alike
-    found = _all_gather(world_size, (name, _describe(failure)))
-    _raise_failures(
+    found = all_gather(world_size, (name, describe(failure)))
+    raise_failures(
         [text for _, text in found],
         f"could not read the checkpoints in {directory}",
         hint="every rank must be able to read the checkpoint directory",
@@ -225,12 +242,14 @@ def load_checkpoint(
     if payload is None:
         return None
     step: int = payload["step"]
+    if "sharded" in payload:  # the same file on every rank: all of them take this branch
+        read_shards(read[0] if read is not None else Path(directory), payload, state)
     try:
         _restore(payload["state"], state)
     except Exception as error:  # shared below: no rank may train on from a partial restore
         failure = error
-    _raise_failures(
-        _all_gather(world_size, _describe(failure)),
+    raise_failures(
+        all_gather(world_size, describe(failure)),
         f"could not restore checkpoint step {step} from {directory}",
         hint="every rank must pass objects that match the checkpoint (the model, optimizer "
         "and loader of the run that saved it)",
@@ -268,64 +287,6 @@ def _run_stamp() -> dict[str, Any]:
     return {"run_id": run.run_id, "attempt": run.attempt}
 
 
-def _world() -> tuple[int, int]:
-    """(world size, rank) of the process group that exists, ddpkit's or plain torch's."""
-    context = current_or_none()
-    if context is None:
-        return 1, 0
-    return context.world_size, context.rank
-
-
-def _describe(error: BaseException | None) -> _Failure:
-    """A failure as it travels to the other ranks: ddpkit's own errors by their message and
-    hint, any other by its type and text."""
-    if error is None:
-        return None
-    if isinstance(error, DdpkitError):
-        return error.message, error.hint
-    return f"{type(error).__name__}: {error}", None
-
-
-def _all_gather(world_size: int, mine: Any) -> list[Any]:
-    """Every rank's ``mine``, in rank order (a collective when the world is larger than one)."""
-    if world_size == 1:
-        return [mine]
-    every: list[Any] = [None] * world_size
-    dist.all_gather_object(every, mine)
-    return every
-
-
-def _broadcast(world_size: int, value: Any) -> Any:
-    """Rank 0's ``value`` on every rank."""
-    if world_size == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _raise_failures(
-    failures: list[_Failure], what: str, *, hint: str, own: Exception | None
-) -> None:
-    """Raise on every rank when any rank failed (its own error chained); ranks that failed
-    alike are named together, and the first failure's own hint, if any, replaces ``hint``."""
-    failed = [(number, failure) for number, failure in enumerate(failures) if failure]
-    if not failed:
-        return
-    by_text: dict[str, list[int]] = {}
-    for number, (text, _) in failed:
-        by_text.setdefault(text, []).append(number)
-    causes = "; ".join(f"{_ranks(numbers)}: {text}" for text, numbers in by_text.items())
-    own_hint = next((given for _, (_, given) in failed if given), None)
-    ranks = _ranks([number for number, _ in failed])
-    raise CheckpointError(f"{ranks} {what}: {causes}", hint=own_hint or hint) from own
-
-
-def _ranks(numbers: list[int]) -> str:
-    label = "rank" if len(numbers) == 1 else "ranks"
-    return f"{label} {', '.join(str(number) for number in numbers)}"
-
-
 def _check_count(name: str, value: object, *, minimum: int, hint: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{name}={value!r} must be an int >= {minimum}", hint=hint)
@@ -337,8 +298,11 @@ def _saveable(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") else value
 
 
-def save_payload(folder: Path, payload: dict[str, Any], step: int, keep_last: int) -> Path:
-    """Write ``payload`` as checkpoint ``step``, the newest in ``folder``; prune the others."""
+def save_payload(
+    folder: Path, payload: dict[str, Any], step: int, keep_last: int, *, shards: Path | None = None
+) -> Path:
+    """Write ``payload`` as checkpoint ``step``, the newest in ``folder``; prune the others.
+    ``shards``: the temporary folder of its sharded state, renamed into place first."""
     folder.mkdir(parents=True, exist_ok=True)
     # A dead writer's temporary file must not take the space this write needs; a failure
     # here is tried again (and warned of) by the prune after the write.
@@ -350,7 +314,15 @@ def save_payload(folder: Path, payload: dict[str, Any], step: int, keep_last: in
     drop_cache([entry.path for entry in doomed])
     run = (payload["run_id"], payload["attempt"]) if "run_id" in payload else None
     name = ckptfiles.file_name(step, sequence, run)
-    path = write_atomically(folder, name, {"format": _FORMAT, **payload})
+    if shards is None:
+        path = write_atomically(folder, name, {"format": _FORMAT, **payload})
+    else:  # the folder first: a checkpoint whose file exists is complete
+        sharded.commit(shards, ckptfiles.shards_of(folder / name))
+        try:
+            path = write_atomically(folder, name, {"format": _SHARDED_FORMAT, **payload})
+        except BaseException:
+            sharded.discard(ckptfiles.shards_of(folder / name))
+            raise
     # The older files of the same step go once this one, newer, is in place.
     _prune_or_warn(folder, [entry.path for entry in doomed], step)
     _warn_higher_steps(folder, found, step)

@@ -15,19 +15,24 @@ count as older than any newer save, by step among themselves, and have no origin
 needs no parsing, and a folder that mixes both resumes from its newest save.
 
 Pruning deletes the files a save replaces or no longer keeps, and the temporary files of dead
-writers (:func:`ddpkit.worker.durable.stale_temps`), never a live writer's.
+writers (:func:`ddpkit.worker.durable.stale_temps`), never a live writer's. A checkpoint with
+sharded (FSDP2) state has a folder next to its file, ``ckpt-<...>.dcp`` (:func:`shards_of`,
+:mod:`ddpkit.worker.sharded`): pruning the file removes it, and a save removes the temporary
+folders of dead writers and a ``.dcp`` folder whose file never came, once untouched for
+:data:`~ddpkit.worker.durable.STALE_AFTER_S`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import NamedTuple
 
 from ddpkit.contract import RUN_ID_MAX_CHARS
 from ddpkit.errors import CheckpointError
-from ddpkit.worker.durable import stale_temps
+from ddpkit.worker.durable import STALE_AFTER_S, newest_mtime, older_than, stale_temps
 
 __all__ = [
     "COMPLETE",
@@ -38,6 +43,7 @@ __all__ = [
     "file_name",
     "next_sequence",
     "prune",
+    "shards_of",
     "written",
 ]
 
@@ -139,10 +145,27 @@ def doomed(entries: list[Found], step: int, keep_last: int) -> list[Found]:
     return [entry for entry in entries if entry.step == step] + pruned
 
 
+def shards_of(path: Path) -> Path:
+    """The folder of checkpoint file ``path``'s sharded state (which may not exist)."""
+    return path.with_suffix(".dcp")
+
+
 def remove_stale_temps(folder: Path) -> None:
-    """Delete the temporary files that dead writers left in ``folder``."""
+    """Delete the temporary files and folders that dead writers left in ``folder``, and the
+    sharded folders whose checkpoint file was never written (both untouched for long)."""
     for temp in stale_temps(folder, _TEMP_PREFIX):
         temp.unlink(missing_ok=True)
+    for temp in stale_temps(folder, _TEMP_PREFIX, directories=True):
+        shutil.rmtree(temp, ignore_errors=True)
+    for entry in folder.iterdir():
+        if entry.suffix != ".dcp" or not COMPLETE.fullmatch(entry.with_suffix(".pt").name):
+            continue
+        try:
+            orphan = entry.is_dir() and not entry.with_suffix(".pt").exists()
+            if orphan and older_than(folder, newest_mtime(entry), STALE_AFTER_S):
+                shutil.rmtree(entry, ignore_errors=True)
+        except FileNotFoundError:  # removed meanwhile
+            continue
 
 
 def prune(folder: Path, old: list[Path]) -> None:
@@ -150,4 +173,6 @@ def prune(folder: Path, old: list[Path]) -> None:
     job, or another host, may be saving into the same folder)."""
     for path in old:
         path.unlink(missing_ok=True)
+        if shards_of(path).is_dir():
+            shutil.rmtree(shards_of(path), ignore_errors=True)
     remove_stale_temps(folder)

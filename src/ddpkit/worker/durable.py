@@ -27,6 +27,7 @@ needs and how many are free in the folder (``shutil.disk_usage``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -51,6 +52,9 @@ __all__ = [
     "HEARTBEAT_S",
     "STALE_AFTER_S",
     "drop_cache",
+    "fsync_directory",
+    "newest_mtime",
+    "older_than",
     "open_regular",
     "stale_temps",
     "write_atomically",
@@ -105,7 +109,7 @@ def write_atomically(folder: Path, name: str, payload: Any) -> Path:
         if isinstance(cause, OSError) and cause.errno in _NO_SPACE:
             raise _no_space(cause, folder, payload, stream.written) from error
         raise
-    _fsync_directory(folder)  # make the rename itself durable
+    fsync_directory(folder)  # make the rename itself durable
     return final
 
 
@@ -185,9 +189,11 @@ def _payload_bytes(payload: Any) -> int:
     return total
 
 
-def stale_temps(folder: Path, prefix: str) -> list[Path]:
+def stale_temps(folder: Path, prefix: str, *, directories: bool = False) -> list[Path]:
     """The temporary files ``.<prefix>*.tmp`` in ``folder`` whose writer is dead (see the
-    module's docstring); regular files only, a link is never followed."""
+    module's docstring); regular files only, a link is never followed. ``directories``: the
+    temporary folders instead (a sharded checkpoint's, :mod:`ddpkit.worker.sharded`), dated
+    by the newest of the folder and its files (the files grow while the ranks write)."""
     found = []
     clock = _Clock(folder)
     for entry in folder.iterdir():
@@ -196,11 +202,28 @@ def stale_temps(folder: Path, prefix: str) -> list[Path]:
             continue
         try:
             info = entry.lstat()
+            kind = stat.S_ISDIR(info.st_mode) if directories else stat.S_ISREG(info.st_mode)
+            modified = newest_mtime(entry) if kind and directories else info.st_mtime
         except FileNotFoundError:  # renamed or removed meanwhile
             continue
-        if stat.S_ISREG(info.st_mode) and _stale(name, info.st_mtime, clock):
+        if kind and _stale(name, modified, clock):
             found.append(entry)
     return found
+
+
+def newest_mtime(directory: Path) -> float:
+    """The newest modification time of ``directory`` and the entries in it (not recursive)."""
+    times = [directory.lstat().st_mtime]
+    for entry in directory.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            times.append(entry.lstat().st_mtime)
+    return max(times)
+
+
+def older_than(folder: Path, modified: float, bound_s: float) -> bool:
+    """Whether a time read in ``folder`` is older than ``bound_s`` by both clocks (this node's
+    and the folder's filesystem's, see :class:`_Clock`)."""
+    return _Clock(folder).older(modified, bound_s)
 
 
 def _stale(name: str, modified: float, clock: _Clock) -> bool:
@@ -350,7 +373,8 @@ def drop_cache(paths: list[Path]) -> None:
             os.close(descriptor)
 
 
-def _fsync_directory(folder: Path) -> None:
+def fsync_directory(folder: Path) -> None:
+    """Make the entries of ``folder`` (a rename into it) durable."""
     descriptor = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(descriptor)

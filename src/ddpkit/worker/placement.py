@@ -13,6 +13,8 @@ on ``cuda:0``; layers on ``cuda:0`` and ``cuda:1``) is never moved behind the us
                                                  module spanning GPUs), no move
     ddp                CPU and GPU mixed         ConfigError: DDP refuses it; the ways out
     ddp                GPUs, device_ids given    ConfigError: torch refuses device_ids there
+    fsdp               several devices           ConfigError: fully_shard shards one device's
+                                                 parameters per rank
 
 Takes device names (``"cpu"``, ``"cuda:0"``), imports no torch: a table the tests walk on CPU.
 """
@@ -55,6 +57,13 @@ def plan_placement(
             f"strategy='dp' with a model split across {where}: DataParallel needs every "
             "parameter and buffer on its first device",
             hint="use strategy='single' (or 'auto'), which keeps your placement in one process",
+        )
+    if chosen == "fsdp":
+        raise ConfigError(
+            f"strategy='fsdp' with a model split across {where}: FSDP2 shards parameters that "
+            "live on one device per rank",
+            hint="build the model on one device (wrap moves it to this rank's), or use "
+            "strategy='ddp' or 'single', which keep your placement",
         )
     if any(not name.startswith("cuda") for name in placed):
         raise ConfigError(

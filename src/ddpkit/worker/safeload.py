@@ -38,7 +38,7 @@ from ddpkit.worker.durable import open_regular
 
 __all__ = ["READABLE", "check_trusted", "load_file", "read_checkpoint"]
 
-READABLE = (1, 2, 3)  # the payload formats a load takes (3: the order is in the file's name)
+READABLE = (1, 2, 3, 4)  # payload formats a load takes (3: order in the name, 4: + sharded)
 _Read = tuple[Path, dict[str, Any]]  # a checkpoint's file and its payload
 
 

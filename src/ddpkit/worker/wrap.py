@@ -1,4 +1,4 @@
-"""One call that wraps a model for the job at hand: DDP, DataParallel or the plain model.
+"""One call that wraps a model for the job at hand: DDP, DataParallel, FSDP2 or the plain model.
 
 ``"auto"`` picks DDP when the world has more than one process, DataParallel when one process
 sees several GPUs, and the plain model otherwise, so the same script runs under a launcher,
@@ -6,6 +6,10 @@ on one multi-GPU machine, or on a laptop. The choice is the pure :func:`resolve_
 ``"dp"`` on a machine without GPUs becomes ``"single"`` with one warning. DataParallel is
 ddpkit's (:class:`ddpkit.worker.dataparallel.DataParallel`: any structure, the autocast dtype
 in the replicas, an uneven split); train it with :func:`ddpkit.balanced_loss`.
+
+``"fsdp"`` shards the model with torch's FSDP2 (:mod:`ddpkit.worker.fsdp`: ``fully_shard`` per
+block, then on the root) at any world size; ``"auto"`` never picks it, because a sharded model's
+checkpoints and memory differ from a replicated one's and that is the user's choice to make.
 
 A model whose parts are on several devices is never moved: :mod:`ddpkit.worker.placement`
 decides what happens to it (kept in place, DDP with ``device_ids=None``, or a clear error).
@@ -25,13 +29,14 @@ from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
 from ddpkit.worker.context import Context, current
 from ddpkit.worker.dataparallel import DataParallel
+from ddpkit.worker.fsdp import check_blocks, check_precision, is_sharded, shard_model
 from ddpkit.worker.placement import Placement, plan_placement
 from ddpkit.worker.steptimes import TIMES
 from ddpkit.worker.structure import split_sizes
 
 __all__ = ["STRATEGIES", "resolve_strategy", "wrap"]
 
-STRATEGIES: tuple[str, ...] = ("auto", "ddp", "dp", "single")
+STRATEGIES: tuple[str, ...] = ("auto", "ddp", "dp", "fsdp", "single")
 
 # Keyword arguments DistributedDataParallel accepts besides the module itself.
 _DDP_OPTIONS = frozenset(inspect.signature(DistributedDataParallel.__init__).parameters) - {
@@ -47,7 +52,7 @@ def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
 
 
 def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device_count: int) -> str:
-    """The concrete strategy (``ddp``, ``dp`` or ``single``) for ``strategy`` in this job.
+    """The concrete strategy (``ddp``, ``dp``, ``fsdp`` or ``single``) for ``strategy`` here.
 
     ``device_count`` is the number of GPUs this process sees (0 without CUDA).
     """
@@ -79,6 +84,8 @@ def wrap(
     *,
     sync_batchnorm: bool = False,
     first_device_batch: int | None = None,
+    fsdp_blocks: Any = None,
+    fsdp_precision: str | None = None,
     **ddp_kwargs: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for ``strategy``; needs ``ddpkit.init()``.
@@ -91,11 +98,14 @@ def wrap(
     strategies, and DDP on CPU (which torch refuses), ignore it with a warning.
     ``first_device_batch``: under ``dp``, at most that many samples of each batch on the
     first GPU (the output device); ignored by the other strategies.
+    ``fsdp_blocks`` (module classes, or None for a size rule) and ``fsdp_precision`` (None or
+    ``"bf16"``) configure ``strategy="fsdp"`` (:mod:`ddpkit.worker.fsdp`) and are an error with
+    any other strategy.
     A model with parts on several devices keeps its placement (see
     :mod:`ddpkit.worker.placement`).
     """
     context = current()
-    if isinstance(model, DistributedDataParallel | nn.DataParallel):
+    if isinstance(model, DistributedDataParallel | nn.DataParallel) or is_sharded(model):
         raise ConfigError(
             f"model is already wrapped in {type(model).__name__}",
             hint="pass the bare nn.Module to ddpkit.wrap",
@@ -108,6 +118,8 @@ def wrap(
         device_count=visible,
     )
     _check_ddp_kwargs(ddp_kwargs, strategy, chosen)
+    blocks, policy = check_blocks(fsdp_blocks), check_precision(fsdp_precision)
+    _check_fsdp_options(fsdp_blocks, fsdp_precision, chosen)
     split_sizes(1, 1, first=first_device_batch)  # a bad value fails in every mode, not on GPUs only
     if strategy == "dp" and chosen == "single":
         warnings.warn(
@@ -125,6 +137,14 @@ def wrap(
         model = model.to(context.device)
     if chosen == "ddp":
         return _wrap_ddp(model, context, sync_batchnorm, ddp_kwargs, placement)
+    if chosen == "fsdp":
+        if sync_batchnorm:
+            raise ConfigError(
+                "sync_batchnorm=True with strategy='fsdp'",
+                hint="convert the model yourself (nn.SyncBatchNorm.convert_sync_batchnorm) "
+                "before wrap, or drop sync_batchnorm",
+            )
+        return shard_model(model, blocks, policy)
     if sync_batchnorm:
         warnings.warn(
             f"sync_batchnorm=True ignored: strategy resolved to {chosen!r}, and SyncBatchNorm "
@@ -145,9 +165,24 @@ def _check_ddp_kwargs(ddp_kwargs: dict[str, Any], strategy: str, chosen: str) ->
                 hint=_did_you_mean(name, sorted(_DDP_OPTIONS)),
             )
     if ddp_kwargs and chosen != "ddp" and strategy != "auto":
+        # (under "fsdp" too: fully_shard takes none of DDP's options)
         raise ConfigError(
             f"DDP options {sorted(ddp_kwargs)} given with strategy={strategy!r}",
             hint="they only apply to strategy='ddp' or 'auto'; drop them or change strategy",
+        )
+
+
+def _check_fsdp_options(blocks: object, precision: object, chosen: str) -> None:
+    given = [
+        f"{name}={value!r}"
+        for name, value in (("fsdp_blocks", blocks), ("fsdp_precision", precision))
+        if value is not None
+    ]
+    if given and chosen != "fsdp":
+        raise ConfigError(
+            f"{', '.join(given)} given, but the strategy resolved to {chosen!r}",
+            hint="they only apply to strategy='fsdp' (which 'auto' never picks): pass "
+            "strategy='fsdp', or drop them",
         )
 
 
