@@ -184,23 +184,18 @@ fi
 # job's hold, KillWait), the others keep both cores busy: run the SLURM files in workers
 # of their own (pytest-xdist, a file per worker at a time) beside the rest, and print their
 # report after the rest's. Either failing fails the run.
-# The whole is bound by CPU (measured on 2026-11-28, each run alone: the others 467
-# CPU-seconds, 558 s; the SLURM tests ~1,100, 752 s, nearly all in the Python processes of
-# their jobs, ~1.7 s each: an `import torch`): at least ~790 s on 2 cores. With 1 and 2
-# workers the slower run took 962-1,137 s; with 2 and 3, 876-1,053 s in 5 CI runs (the last,
-# 2026-11-29: 938 and 914 s), each with a failure that the heavier load or the new order
-# brought out (the tests' own bugs, fixed, then a timed bound missed by 2 s and gloo's
-# "Connection closed by peer" in a torchrun test, found on 2026-11-29: a rank left init()
-# before a slower peer's gloo pair was handed over, see docs/concepts/ranks.md): not kept.
-# DDPKIT_CI_SLURM_WORKERS=N (default 2: 4 were tried on 2026-12-02 on a machine loaded by other
-# work, and were not faster there; unmeasured in a clean run; 3, tried the same day at load ~40,
-# drained two nodes, "Kill task failed" (ci/slurm-up's UnkillableStepTimeout since), and are
-# unmeasured since) workers for the SLURM run:
-# its tests wait for the cluster (~860 CPU-s in 1,211 s with 2 workers, CI of 2026-12-02), a
-# file at a time in tests/conftest.py's order, its longest files first (LONGEST_FIRST;
+# Both runs mostly wait (real processes' bounds and timeouts, the cluster's time limits and
+# requeues) rather than compute: more workers overlap the waits, until the 2 cores are full
+# (the SLURM jobs' own processes, ~1.7 CPU-s each for `import torch`, count there too).
+# DDPKIT_CI_SLURM_WORKERS=N (default 3) workers for the SLURM run: its tests wait for the cluster
+# (a time limit to pass, a requeued job's hold, KillWait), not for the cores (clean clone of
+# 2026-12-02, 2 workers: 1,670 s of test wall time summed over them, 202 local CPU-s), a file at
+# a time in tests/conftest.py's order, its longest files first (LONGEST_FIRST;
 # --no-loadscope-reorder keeps xdist from putting the files with most tests first). The
 # cluster has room: 4 nodes x 8 CPUs; the largest test job asks for 16 (test_scale_cluster).
-slurm_workers=${DDPKIT_CI_SLURM_WORKERS:-2}
+# (3 drained two nodes once at a load of ~40, "Kill task failed": ci/slurm-up's
+# UnkillableStepTimeout since; a 3-worker run at a load of 20-30 passed, 2026-12-02.)
+slurm_workers=${DDPKIT_CI_SLURM_WORKERS:-3}
 [[ $slurm_workers =~ ^[1-9]$ ]] ||
   { echo "ci/test.sh: DDPKIT_CI_SLURM_WORKERS=$slurm_workers: 1-9" >&2; exit 2; }
 phase "pytest: the SLURM tests ($slurm_workers workers, log below) beside the others"
@@ -211,12 +206,11 @@ in_test_hosts python3 -m pytest -m "slurm or sidecar" -n "$slurm_workers" \
   --dist loadfile --no-loadscope-reorder \
   --times-file "$work/times-slurm.jsonl" >"$slurm_log" 2>&1 &
 slurm_pid=$!
-# DDPKIT_CI_WORKERS=N runs the others in N pytest-xdist workers (default 2: with one, the
-# others' run ended ~400 s after the SLURM run, one core idle; clean-clone runs of 2026-12-02:
-# 1,507 s with 1 worker, 1,101 s with 2, the latter on more work). On 2026-12-02 the others took ~1,000 CPU-s and the SLURM run ~860 (its jobs' steps
-# 732, by sacct) plus its local sidecar tests, against the 1,649 s of the last clean run: about
-# a third of the 2 cores idle on average, which more workers would fill.
-workers=${DDPKIT_CI_WORKERS:-2}
+# DDPKIT_CI_WORKERS=N runs the others in N pytest-xdist workers (default 3). They too wait more
+# than they compute (same run: 1,623 s of test wall time summed over 2 workers, 431 CPU-s: bounds
+# and timeouts of real processes), so with 2 workers each run ended at ~875 s, one core idle
+# a third of the time; a third worker overlaps more of the waits.
+workers=${DDPKIT_CI_WORKERS:-3}
 [[ $workers =~ ^[1-9]$ ]] || { echo "ci/test.sh: DDPKIT_CI_WORKERS=$workers: 1-9" >&2; exit 2; }
 parallel=()
 [ "$workers" = 1 ] || parallel=(-n "$workers" --dist worksteal)
