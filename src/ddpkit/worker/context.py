@@ -195,7 +195,6 @@ def _join(
     collective_s = process_group.collective_timeout(env, timeout_s)
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     hangs = watchdog.hang_bounds(env, *hang_s, info.world_size)
-    stragglers = watchdog.straggler_interval(env)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
     records = hangs is not None and bound_s is not None and info.world_size > 1
@@ -218,7 +217,7 @@ def _join(
         shutdown()
         raise
     if bound_s is not None and info.world_size > 1:
-        _start_watchdog(info, bound_s, hangs, stragglers)
+        _start_watchdog(info, bound_s, hangs)
     return context
 
 
@@ -232,17 +231,11 @@ def _agreed(context: Context) -> Context:
     return replace(context, run=replace(context.run, run_id=str(box[0])))
 
 
-def _start_watchdog(
-    info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None, stragglers: float | None
-) -> None:
+def _start_watchdog(info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None) -> None:
     """Start the watchdog; training goes on without one (with a warning) if it cannot start."""
     try:
         _STATE.peer_watchdog = watchdog.start(
-            rank=info.rank,
-            world_size=info.world_size,
-            bound_s=bound_s,
-            hangs=hangs,
-            straggler_s=stragglers,
+            rank=info.rank, world_size=info.world_size, bound_s=bound_s, hangs=hangs
         )
     except Exception as exc:
         warnings.warn(

@@ -40,7 +40,6 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker import reshard
 from ddpkit.worker.active import ActiveSlot, GatherMemo
 from ddpkit.worker.context import current
-from ddpkit.worker.steptimes import TIMES, batch_clock
 
 __all__ = [
     "DistributedLoader",
@@ -370,15 +369,12 @@ class _TrackedIterator(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        started = batch_clock()
         try:
             batch = next(self._inner)
         except StopIteration:
-            TIMES.pass_ended()
             ACTIVE.finish(self)
             self.loader._finish(self)
             raise
-        TIMES.batch(started, batch_clock())
         self.step += 1
         self.yielded += 1
         self.loader._advance(self)

@@ -1,17 +1,24 @@
 """The hang watchdog's policy, pure: its two bounds, who is the odd one out, the report.
 
-A rank inside one collective past the bound has every rank send its piece (its main thread's
-stack, its collectives from torch's flight recorder; :mod:`.hangwatch`); the pieces are grouped
-by identical stacks and the rank(s) not where the majority waits are named in one report. Two
-bounds: ``DDPKIT_HANG_FIRST_TIMEOUT`` until the job is past its first step (rank 0 preparing
-data while the others wait must still work), then ``DDPKIT_HANG_TIMEOUT``, grown by
-``log2(world) / 6`` past 64 ranks. ``DDPKIT_HANG_ACTION``: ``report`` (the default: the job goes
-on) or ``end`` (every rank ends at the report).
+Every rank sends its piece (main thread's stack, collectives from torch's flight recorder:
+:mod:`.hangwatch`); the rank(s) not where the majority waits are named. Two bounds:
+``DDPKIT_HANG_FIRST_TIMEOUT`` until the job is past its first step (rank 0 preparing data while
+the others wait must still work), then ``DDPKIT_HANG_TIMEOUT``, grown past 64 ranks.
+
+A rank-0-only ``if`` (``if ctx.is_main: save(...)`` where ``save`` calls ``dist.barrier()``,
+the classic hang) is named from source text at report time only, a guess that never raises:
+the innermost ``if`` of the program without ``else`` whose test holds on rank 0 only and whose
+body holds the frame that called the collective.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import linecache
 import math
+import os
+import sysconfig
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +35,9 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker.watchdog.policy import seconds_or_off
 
 _STACK_FRAMES = 14  # the innermost frames of each stack in the report
+_MAX_FRAMES = 8  # program frames looked at for a rank-0-only if
+_RANK_ZERO_FLAGS = ("is_main", "is_main_process", "is_global_zero", "is_rank_zero", "is_master")
+_RANK_NAMES = ("rank", "global_rank", "get_rank", "get_global_rank", "process_index")
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ class HangBounds:
 
 def scaled_for(bound_s: float, world_size: int) -> float:
     """The per-collective bound for ``world_size`` ranks: as set up to 64 ranks, then growing
-    with log2 of the world size (stragglers grow with it; collectives' depth too)."""
+    with log2 of the world size (as collectives' depth does)."""
     return bound_s * max(1.0, math.log2(max(world_size, 1)) / 6)
 
 
@@ -86,9 +96,8 @@ def hang_bounds(
 
 
 def hang_action(env: Mapping[str, str]) -> str:
-    """``DDPKIT_HANG_ACTION``: ``report`` (the default) or ``end``. Ending is opt-in: a rank
-    past the bound may be slow, not stuck, and a guess from timing never ends a correct
-    program by default."""
+    """``DDPKIT_HANG_ACTION``: ``report`` (the default) or ``end``, opt-in: a rank past the
+    bound may be slow, not stuck."""
     raw = env.get(HANG_ACTION_VAR, "").strip().lower()
     if raw and raw not in HANG_ACTIONS:
         raise ConfigError(
@@ -96,9 +105,6 @@ def hang_action(env: Mapping[str, str]) -> str:
             hint=f"use {HANG_ACTION_VAR}=report (the default) or {HANG_ACTION_VAR}=end",
         )
     return raw or HANG_ACTIONS[0]
-
-
-# --- the report (pure) --------------------------------------------------------------------------
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -128,12 +134,8 @@ def _call_text(call: Mapping[str, Any] | None) -> str:
     return f"{call['op']}{number}{sizes} on {call['group']}{site}"
 
 
-def _who(ranks: Sequence[int], pieces: Mapping[int, Mapping[str, Any]]) -> str:
-    if len(ranks) == 1:
-        piece = pieces[ranks[0]]
-        return f"rank {ranks[0]} (host {piece.get('host')}, pid {piece.get('pid')})"
-    hosts = sorted({str(pieces[rank].get("host")) for rank in ranks})
-    return f"{ranks_text(ranks)} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})"
+def _who(rank: int, piece: Mapping[str, Any]) -> str:
+    return f"rank {rank} (host {piece.get('host')}, pid {piece.get('pid')})"
 
 
 def _doing(piece: Mapping[str, Any], others: str = "") -> str:
@@ -188,7 +190,7 @@ def headline(
     """The one line that names the stuck rank(s) and where the others wait."""
     odd, waiters, silent = diagnose(pieces, world_size)
     others = f"{ranks_text(waiters)} skip{'s' if len(waiters) == 1 else ''}" if waiters else ""
-    parts = [f"{_who([rank], pieces)} {_doing(pieces[rank], others)}" for rank in odd]
+    parts = [f"{_who(rank, pieces[rank])} {_doing(pieces[rank], others)}" for rank in odd]
     if silent:
         parts.append(
             f"{ranks_text(silent)} did not answer within the gathering time (frozen, or its "
@@ -222,7 +224,7 @@ def report(
             lines.append(f"  rank {rank}: no answer{(silent or {}).get(rank, '')}")
             continue
         tail = ", ".join(_call_text(call) for call in piece.get("tail", [])[-3:])
-        lines.append(f"  {_who([rank], pieces)} {_doing(piece)}; before: {tail or 'none'}")
+        lines.append(f"  {_who(rank, piece)} {_doing(piece)}; before: {tail or 'none'}")
         stack = []
         for filename, line, function, code in (piece.get("stack") or [])[-_STACK_FRAMES:]:
             stack.append(f'  File "{filename}", line {line}, in {function}')
@@ -232,3 +234,82 @@ def report(
         lines.append(f"ddpkit: stack of {ranks_text(ranks)} (main thread, innermost last):")
         lines += frames or ["  (no stack)"]
     return "\n".join(lines)
+
+
+@functools.cache
+def _foreign_roots() -> tuple[str, ...]:
+    """Folders whose frames are not the program's: torch, ddpkit, the standard library."""
+    import torch
+
+    ddpkit = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    roots = {os.path.dirname(torch.__file__), ddpkit}
+    roots |= {path for key in ("stdlib", "platstdlib") if (path := sysconfig.get_paths().get(key))}
+    return tuple(os.path.join(root, "") for root in roots)
+
+
+def is_program(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the program's own (not torch's, ddpkit's, the
+    standard library's, nor generated code's)."""
+    foreign = os.path.abspath(filename).startswith(_foreign_roots())
+    return not filename.startswith("<") and not foreign
+
+
+def _name(node: ast.expr) -> str:
+    if isinstance(node, ast.Call):  # get_rank(), not get_rank(subgroup): a subgroup's rank 0
+        return "" if node.args or node.keywords else _name(node.func)  # may call with peers
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def is_rank_zero_test(test: ast.expr) -> bool:
+    """Whether an ``if`` test holds on rank 0 only (``a and <rank-zero test>`` too)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(is_rank_zero_test(value) for value in test.values)
+    if isinstance(test, ast.Attribute | ast.Name | ast.Call):
+        return _name(test) in _RANK_ZERO_FLAGS
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+        sides = (test.left, test.comparators[0])
+        zero = [
+            isinstance(s, ast.Constant) and s.value == 0 and s.value is not False for s in sides
+        ]
+        return any(zero[i] and _name(sides[1 - i]) in _RANK_NAMES for i in (0, 1))
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_zero_blocks(filename: str) -> tuple[tuple[int, int, int, str], ...]:
+    """(body's first line, last line, the ``if``'s line, its test) of each rank-0-only ``if``
+    without ``else`` in ``filename``."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(
+        (
+            node.body[0].lineno,
+            max(s.end_lineno or s.lineno for s in node.body),
+            node.lineno,
+            ast.unparse(node.test),
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and not node.orelse and is_rank_zero_test(node.test)
+    )
+
+
+def rank_zero_if(stack: Sequence[Sequence[Any]]) -> dict[str, Any] | None:
+    """The rank-0-only ``if`` the innermost program frames of ``stack`` ([file, line, function,
+    code] rows, outermost first) run under, as ``{"file", "line", "code", "if_line", "test"}``."""
+    program = [row for row in reversed(stack) if is_program(str(row[0]))][:_MAX_FRAMES]
+    for filename, line, _, code in program:
+        blocks = [b for b in _rank_zero_blocks(str(filename)) if b[0] <= int(line) <= b[1]]
+        if blocks:
+            _, _, if_line, test = max(blocks)  # the innermost: it starts last
+            return {
+                "file": str(filename),
+                "line": int(line),
+                "code": str(code or ""),
+                "if_line": if_line,
+                "test": test,
+            }
+    return None

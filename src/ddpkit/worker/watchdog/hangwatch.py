@@ -1,10 +1,7 @@
-"""The hang watchdog's moving part: notice a collective past its bound, gather, report.
-
-The first rank whose collective (:mod:`.flight`) passes the bound claims the report, asks every
-rank for its piece over the store, and publishes the report (:func:`.hang.report`). A rank
-whose threads cannot run (the GIL held) sends no piece: a gatherer on its host sends it
-:data:`STACKS_SIGNAL`, and ``faulthandler`` writes its threads' stacks to its stderr.
-"""
+"""The hang watchdog's moving part: the first rank whose collective (:mod:`.flight`) passes the
+bound claims the report, asks every rank for its piece over the store, and publishes the report
+(:func:`.hang.report`). A rank whose threads cannot run (the GIL held) sends no piece: a
+gatherer on its host sends it :data:`STACKS_SIGNAL`, and ``faulthandler`` writes its stacks."""
 
 from __future__ import annotations
 
@@ -23,20 +20,17 @@ from typing import Any
 
 from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
 from ddpkit.worker.watchdog.flight import DEFAULT_GROUP, Flight
-from ddpkit.worker.watchdog.hang import HangBounds, report, short_path
-from ddpkit.worker.watchdog.rankzero_if import is_program, rank_zero_if
+from ddpkit.worker.watchdog.hang import HangBounds, is_program, rank_zero_if, report, short_path
 from ddpkit.worker.watchdog.store import StoreLink
 
-# Ignored by default (nothing happens to a process that did not register it), and sent by
-# nobody else in practice (out-of-band socket data, to a process that asked for it).
+# Ignored by default, and sent by nobody else in practice (out-of-band data, to who asked for it)
 STACKS_SIGNAL = signal.SIGURG
 _SIGNALLED = 64  # silent ranks asked for their stacks, at most
 _LOADER = os.path.join("torch", "utils", "data", "")
 
 
 class HangWatch:
-    """One rank's hang watchdog: :meth:`check` on the watchdog's thread each interval; the
-    link answers an ask with :meth:`piece`."""
+    """One rank's hang watchdog: :meth:`check` each interval; the link asks :meth:`piece`."""
 
     def __init__(
         self,
@@ -62,9 +56,9 @@ class HangWatch:
         return max(3.0, 3 * self._interval_s + 1.0)
 
     def piece(self) -> dict[str, Any]:
-        """This rank's answer: host, pid, main thread's stack, its collectives (the oldest
-        in flight, placed at the program's innermost frame, and the last completed ones),
-        and the rank-0-only ``if`` its collective was called under, if any."""
+        """This rank's answer: host, pid, main thread's stack, its collectives (the oldest in
+        flight, at the program's innermost frame; the last completed ones), its rank-0-only
+        ``if``."""
         running, done = self.flight.calls()
         stack = _stack(self._main)
         at = next(
@@ -78,8 +72,8 @@ class HangWatch:
         under = None
         if running is not None:
             running["site"] = f"{at[0]}:{at[1]}" if at else "an unknown place"
-            if running["group"] == DEFAULT_GROUP:  # a subgroup's rank 0 may well call with
-                with contextlib.suppress(Exception):  # its peers; a guess: never fatal
+            if running["group"] == DEFAULT_GROUP:  # a subgroup's rank 0 may call with peers
+                with contextlib.suppress(Exception):
                     under = rank_zero_if(stack)
         loader = None
         if any(_LOADER in str(row[0]) for row in stack):
@@ -99,8 +93,7 @@ class HangWatch:
         }
 
     def check(self, now: float) -> str | None:
-        """The report when this rank must act on it now (it saw one, or made one), else
-        None; nothing once :attr:`done`."""
+        """The report when this rank must act on it now (it saw or made one), else None."""
         if self.done:
             return None
         if self._link.hang_report is not None:
@@ -170,9 +163,8 @@ _REGISTERED: list[bool] = []
 
 
 def stacks_on_signal() -> bool:
-    """``faulthandler`` writes this process's threads' stacks to stderr on
-    :data:`STACKS_SIGNAL` (its C handler runs while a thread holds the GIL), unless something
-    else handles that signal already; whether it registered."""
+    """``faulthandler`` writes the threads' stacks on :data:`STACKS_SIGNAL` (its C handler runs
+    while a thread holds the GIL), unless something else handles it; whether it registered."""
     if _REGISTERED or signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
         return bool(_REGISTERED)
     try:
@@ -192,9 +184,8 @@ def stacks_off() -> None:
 
 
 def report_paths(env: Mapping[str, str]) -> list[str]:
-    """Where the report goes besides stderr: under ``ddpkit run`` (and torchrun) the attempt's
-    log folder, where the launcher's summary finds it; in a ddpkit job, ``DDPKIT_LOG_DIR``,
-    named after the SLURM job."""
+    """Where the report goes besides stderr: the attempt's log folder under ``ddpkit run`` (and
+    torchrun), where the launcher's summary finds it; ``DDPKIT_LOG_DIR``, by SLURM job."""
     paths = []
     error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file and os.path.isabs(error_file):

@@ -1,15 +1,13 @@
-"""The watchdog's one thread: beats, judges departures against the bound, ends a blocked survivor.
+"""The watchdog's one thread, and its process-wide wiring (``start``, ``stop``, ``active``, the
+chained ``sys.excepthook``, its exit step): the only module of the watchdog with process-global
+state.
 
-Each time it wakes it does the store work due (:meth:`StoreLink.step`) and, every interval,
-samples the training thread (:class:`Progress`) and judges. Ending a rank prints where it was
-blocked and names the peer, reaps this rank's child processes (data loader workers), flushes
-stdout and stderr and exits with :data:`ABORT_EXIT_CODE`.
-
-Exit bound (:meth:`Watchdog.stop`, at exit and in ``shutdown()``), with ``T`` the store
-operation's timeout (:func:`~ddpkit.worker.watchdog.policy.op_timeout_for`): the thread is
-waited for at most ``T``; still inside a store call, its connection is cut (the call returns
-at once) and it is waited for ``min(1 s, T)``, no marker written; else the marker takes one
-store reply, ``T`` at most: ``2 x T`` in all, within the bound.
+Each time the thread wakes it does the store work due (:meth:`StoreLink.step`) and, every
+interval, samples the main thread (:class:`Progress`) and judges. Ending a rank prints where it
+was blocked and names the peer, reaps its child processes, flushes and exits
+(:data:`ABORT_EXIT_CODE`). Exit bound (:meth:`Watchdog.stop`): the thread is waited for ``T``
+at most; still inside a store call, its connection is cut and it is waited for ``min(1 s, T)``,
+no marker written; else the marker takes one store reply, ``T`` at most: ``2 x T`` in all.
 """
 
 from __future__ import annotations
@@ -24,36 +22,46 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.contract import HANG_ACTION_VAR
 from ddpkit.worker import exit as process_exit
-from ddpkit.worker.watchdog.hangwatch import HangWatch
+from ddpkit.worker.watchdog.flight import Flight
+from ddpkit.worker.watchdog.hang import HangBounds
+from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths, stacks_off, stacks_on_signal
 from ddpkit.worker.watchdog.policy import (
     ABORT_EXIT_CODE,
+    KEY_PREFIX,
     STALE_BEATS,
     THREAD_NAME,
     Departure,
     abort_message,
+    beat_interval_for,
     hook_wait_for,
     how_it_raised,
     interval_for,
     looks_like_peer_failure,
+    op_timeout_for,
     pick_cause,
     raised_message,
 )
-from ddpkit.worker.watchdog.store import BeatJudge, StoreLink
-from ddpkit.worker.watchdog.straggler import StragglerWatch
+from ddpkit.worker.watchdog.store import BeatJudge, StoreLink, own_connection, store_address
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
 
 CUT_WAIT_S = 1.0  # how long the exit waits for the thread once its connection is cut
 _SWITCHES = re.compile(rb"^voluntary_ctxt_switches:\s*(\d+)", re.MULTILINE)
+_Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 
 class Progress:
     """Samples a thread; ``blocked_since`` is when its signature last changed: its innermost
     frame, code and instruction, and on Linux its voluntary context switches (a loop of short
-    sleeps keeps switching; a thread blocked in a collective does not). No reference to the
-    frame is kept (its locals may be large)."""
+    sleeps keeps switching; a thread blocked in a collective does not)."""
 
     def __init__(self, thread: threading.Thread, clock: Callable[[], float]) -> None:
         self._thread = thread
@@ -96,7 +104,6 @@ class Watchdog:
         self._said = self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
-        self.stragglers: StragglerWatch | None = None  # the straggler report, when on
         self.ending = False  # a hang report is out: this rank ends, quietly
         self._thread = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
 
@@ -109,10 +116,9 @@ class Watchdog:
         self._thread.start()
 
     def stop(self, how: str = "exited") -> None:
-        """Stop the thread within the exit bound, then write this rank's marker (unless
-        written already). Idempotent. No thread of the watchdog's is left inside a store call:
-        one that returned from torch's C++ code while the interpreter finalizes would abort
-        the process (``terminate called without an active exception``)."""
+        """Stop the thread within the exit bound, then write this rank's marker, once. No thread
+        of the watchdog's is left inside a store call: one returning from torch's C++ code while
+        the interpreter finalizes aborts the process."""
         if self._stopped or not self.owned:
             return
         self._stopped = True
@@ -146,9 +152,6 @@ class Watchdog:
             text = self.hangs.check(now) if self.hangs is not None else None
             if text is not None and not self._stop.is_set():
                 self._act_on_hang(text)
-            line = self.stragglers.check(now) if self.stragglers is not None else None
-            if line is not None:
-                write_stderr(line + "\n")
             cause = self._cause()
             if cause is None:
                 return
@@ -159,10 +162,9 @@ class Watchdog:
             return
 
     def _waits(self) -> bool:
-        """Whether the blocked rank waits in a collective of its own (DDP's inside
-        ``backward()`` too), as torch's flight recorder shows: that call cannot complete once a
-        peer has left; a rank blocked in one long call of its own is left alone. With the hang
-        watchdog off the recorder is not read, and blocked is taken as waiting."""
+        """Whether the blocked rank waits in a collective (the flight recorder's word; with the
+        hang watchdog off it is not read, and blocked is taken as waiting): that call cannot
+        complete once a peer has left, while one long call of its own may."""
         return self.hangs is None or self.hangs.flight.in_collective()
 
     def _cause(self) -> Departure | None:
@@ -190,10 +192,9 @@ class Watchdog:
         process_exit.hard_exit(ABORT_EXIT_CODE)
 
     def _act_on_hang(self, text: str) -> None:
-        """Every rank keeps the report in its log folders and rank 0 prints it (or the rank
-        that gathered it, when rank 0 sent nothing). ``DDPKIT_HANG_ACTION=report`` (the
-        default) lets the job go on, with no other report this run; ``end`` has the other
-        ranks print one line pointing to it, and every rank leave and exit."""
+        """Every rank keeps the report in its log folders; rank 0 prints it (or the gatherer,
+        when rank 0 sent nothing). ``report`` (the default) lets the job go on, with no other
+        report this run; ``end`` has the others print one line, and every rank exit."""
         hangs = self.hangs
         if hangs is None:
             return
@@ -219,8 +220,7 @@ class Watchdog:
             self._end("was ended by the ddpkit hang watchdog")
 
     def hang_pending(self) -> bool:
-        """Whether a hang report that ends the job is being gathered or is out (a collective
-        of the main thread failing then is the report's doing)."""
+        """Whether a hang report that ends the job is being gathered or is out."""
         ends = self.hangs is not None and self.hangs.bounds.end
         return self.ending or (ends and self._link.hang_asked)
 
@@ -232,8 +232,8 @@ class Watchdog:
             self._link.leave({"host": host, "pid": pid, "how": how, "victim": victim})
 
     def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:
-        """Excepthook, before the traceback: write this rank's marker. True when the error
-        looks like a failed collective: then :meth:`name_culprit` after the traceback."""
+        """Before the traceback: write this rank's marker; whether the error looks like a
+        failed collective (then :meth:`name_culprit` after the traceback)."""
         if self._stopped or not self.owned or self._handled == id(error):
             return False
         self._handled = id(error)
@@ -242,9 +242,8 @@ class Watchdog:
         return victim
 
     def name_culprit(self, kind: type[BaseException]) -> str:
-        """The line naming the rank that left first. Waits for its marker, or (a rank killed
-        writes none) for a rank whose heartbeat counter stood still for
-        :data:`STALE_BEATS` beat intervals, read here; twice as long while that may come."""
+        """The line naming the rank that left first: waits for its marker, or (a rank killed
+        writes none) for a counter that stood still for :data:`STALE_BEATS` beat intervals."""
         wait_s = hook_wait_for(self.interval_s)
         gap_s = STALE_BEATS * self._link.beat_interval_s
         deadline = self._clock() + (2 * wait_s if gap_s <= 2 * wait_s else wait_s)
@@ -286,3 +285,103 @@ def _reap_children(grace_s: float = 1.0) -> None:
             if child.is_alive():
                 child.kill()
                 child.join(grace_s)
+
+
+@dataclass
+class _Process:
+    active: Watchdog | None = None
+    generation: int = 0  # watchdogs started by this process: a fresh key namespace each
+    previous_hook: _Hook | None = None
+
+
+_PROCESS = _Process()
+
+
+def active() -> Watchdog | None:
+    """The running watchdog of this process, if any."""
+    return _PROCESS.active
+
+
+def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    """The marker, the usual traceback, then the culprit's name (last, where launchers look)."""
+    watchdog, culprit = _PROCESS.active, False
+    if watchdog is not None and watchdog.hang_pending() and watchdog.hangs is not None:
+        # the hang report's doing: the watchdog's thread ends this process; wait, bounded
+        time.sleep(watchdog.hangs.gather_s() + 4 * watchdog.interval_s + 5.0)
+    if watchdog is not None:
+        with contextlib.suppress(Exception):
+            culprit = watchdog.on_uncaught(kind, error)
+    (_PROCESS.previous_hook or sys.__excepthook__)(kind, error, tb)
+    if culprit and watchdog is not None:
+        with contextlib.suppress(Exception):
+            write_stderr(watchdog.name_culprit(kind) + "\n")
+
+
+def start(
+    *,
+    rank: int,
+    world_size: int,
+    bound_s: float,
+    store: Store | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    hangs: HangBounds | None = None,
+) -> Watchdog:
+    """Start this rank's watchdog on the default group's store (or ``store``), stopping one
+    still running. Rank 0 hosts the store unless the workers use torchrun's agent store."""
+    from ddpkit.compat import default_store
+
+    stop("left the job")
+    base = store if store is not None else default_store()
+    op_timeout_s = op_timeout_for(bound_s)
+    # Restarts of a torchrun job may share one store; so may several init()s of one process.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    _PROCESS.generation += 1
+    own = own_connection(base, f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/", op_timeout_s)
+    if own is None:  # no bounded operations, no exit bound: no watchdog (init() warns)
+        raise RuntimeError(
+            f"no connection of its own to the job's store at {store_address(base)} within "
+            f"{op_timeout_s:g} s"
+        )
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    link = StoreLink(
+        own.store,
+        rank=rank,
+        world_size=world_size,
+        interval_s=interval_for(bound_s),
+        bound_s=bound_s,
+        host_rank=None if agent else 0,
+        address=store_address(base),
+        clock=clock,
+        op_timeout_s=op_timeout_s,
+        beat_interval_s=beat_interval_for(bound_s, world_size),
+        cut=own.cut,
+        closed=own.closed,
+    )
+    watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
+    if hangs is not None:
+        watchdog.hangs = HangWatch(
+            link,
+            Flight(),
+            hangs,
+            main=threading.current_thread(),
+            clock=clock,
+            interval_s=link.beat_interval_s,  # every rank answers once a beat interval
+            report_paths=report_paths(os.environ),
+        )
+        stacks_on_signal()
+    if sys.excepthook is not _excepthook:  # again if someone replaced it (torch's init)
+        _PROCESS.previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+    process_exit.add(process_exit.MARKER, "the peer watchdog's exit marker", stop)
+    watchdog.start()
+    _PROCESS.active = watchdog
+    return watchdog
+
+
+def stop(how: str = "exited") -> None:
+    """Stop this process's watchdog, if one runs (its exit marker says ``how``): the exit
+    path's first step, before the group's sockets close (which wakes the peers)."""
+    watchdog, _PROCESS.active = _PROCESS.active, None
+    if watchdog is not None:
+        stacks_off()
+        watchdog.stop(how)
