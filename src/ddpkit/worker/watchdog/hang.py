@@ -1,14 +1,9 @@
 """The hang watchdog's policy, pure: its two bounds, who is the odd one out, the report.
 
-Every rank sends its piece (main thread's stack, collectives from torch's flight recorder:
-:mod:`.hangwatch`); the rank(s) not where the majority waits are named. Two bounds:
-``DDPKIT_HANG_FIRST_TIMEOUT`` until the job is past its first step (rank 0 preparing data while
-the others wait must still work), then ``DDPKIT_HANG_TIMEOUT``, grown past 64 ranks.
-
-A rank-0-only ``if`` (``if ctx.is_main: save(...)`` where ``save`` calls ``dist.barrier()``,
-the classic hang) is named from source text at report time only, a guess that never raises:
-the innermost ``if`` of the program without ``else`` whose test holds on rank 0 only and whose
-body holds the frame that called the collective.
+Every rank sends its piece (:mod:`.hangwatch`); the rank(s) not where the majority waits are
+named. A rank-0-only ``if`` (``if ctx.is_main: save()`` where ``save`` calls a barrier: the
+classic hang) is guessed from source text at report time: the innermost ``if`` without ``else``
+whose test holds on rank 0 only and whose body holds the frame that called the collective.
 """
 
 from __future__ import annotations
@@ -23,16 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddpkit.contract import (
-    DEFAULT_HANG_FIRST_TIMEOUT_S,
-    DEFAULT_HANG_TIMEOUT_S,
-    HANG_ACTION_VAR,
-    HANG_ACTIONS,
-    HANG_FIRST_TIMEOUT_VAR,
-    HANG_TIMEOUT_VAR,
-)
+from ddpkit import contract
+from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.errors import ConfigError
-from ddpkit.worker.watchdog.policy import seconds_or_off
 
 _STACK_FRAMES = 14  # the innermost frames of each stack in the report
 _MAX_FRAMES = 8  # program frames looked at for a rank-0-only if
@@ -42,7 +30,8 @@ _RANK_NAMES = ("rank", "global_rank", "get_rank", "get_global_rank", "process_in
 
 @dataclass(frozen=True)
 class HangBounds:
-    """The bound before the first step and after it (already scaled by the world size)."""
+    """The bound before the first step (rank 0 preparing data while the others wait must still
+    work) and after it, scaled by the world size."""
 
     first_s: float
     step_s: float
@@ -53,17 +42,16 @@ class HangBounds:
         return self.step_s if past_first_step else self.first_s
 
     def which(self, past_first_step: bool) -> str:
-        """``DDPKIT_HANG_TIMEOUT=3`` (x1.5 for 512 ranks), for the report."""
+        """``DDPKIT_HANG_TIMEOUT=3 x 1.50 for the world size``, for the report."""
         if not past_first_step:
-            return f"{HANG_FIRST_TIMEOUT_VAR}={self.first_s:g}, before the first step"
+            return f"{contract.HANG_FIRST_TIMEOUT_VAR}={self.first_s:g}, before the first step"
         scale = self.step_s / self.base_step_s
         scaled = f" x {scale:.2f} for the world size" if scale > 1.0001 else ""
-        return f"{HANG_TIMEOUT_VAR}={self.base_step_s:g}{scaled}"
+        return f"{contract.HANG_TIMEOUT_VAR}={self.base_step_s:g}{scaled}"
 
 
 def scaled_for(bound_s: float, world_size: int) -> float:
-    """The per-collective bound for ``world_size`` ranks: as set up to 64 ranks, then growing
-    with log2 of the world size (as collectives' depth does)."""
+    """As set up to 64 ranks, then growing with log2 of the world size (collectives' depth)."""
     return bound_s * max(1.0, math.log2(max(world_size, 1)) / 6)
 
 
@@ -73,22 +61,16 @@ def hang_bounds(
     explicit_first_s: float | None,
     world_size: int,
 ) -> HangBounds | None:
-    """The two bounds, or None when the hang watchdog is off: ``init(hang_timeout_s=)`` or
-    ``DDPKIT_HANG_TIMEOUT`` (180 s; ``0``/``off`` is off), ``init(hang_first_timeout_s=)`` or
-    ``DDPKIT_HANG_FIRST_TIMEOUT`` (900 s, never below the other)."""
-    step = seconds_or_off(
-        env, explicit_s, HANG_TIMEOUT_VAR, "hang_timeout_s", DEFAULT_HANG_TIMEOUT_S, example="300"
-    )
+    """The two bounds, None when the hang watchdog is off: ``init(hang_timeout_s=)`` or
+    ``DDPKIT_HANG_TIMEOUT`` (``0``/``off``: off), ``init(hang_first_timeout_s=)`` or
+    ``DDPKIT_HANG_FIRST_TIMEOUT`` (never below the other)."""
+    var, default = contract.HANG_TIMEOUT_VAR, contract.DEFAULT_HANG_TIMEOUT_S
+    step = seconds_or_off(env, explicit_s, var, "hang_timeout_s", default, example="300")
     if step is None:
         return None
+    var, default = contract.HANG_FIRST_TIMEOUT_VAR, contract.DEFAULT_HANG_FIRST_TIMEOUT_S
     first = seconds_or_off(
-        env,
-        explicit_first_s,
-        HANG_FIRST_TIMEOUT_VAR,
-        "hang_first_timeout_s",
-        DEFAULT_HANG_FIRST_TIMEOUT_S,
-        example="300",
-        can_be_off=False,
+        env, explicit_first_s, var, "hang_first_timeout_s", default, example="300", can_be_off=False
     )
     step_s = scaled_for(step, world_size)
     end = hang_action(env) == "end"
@@ -98,13 +80,12 @@ def hang_bounds(
 def hang_action(env: Mapping[str, str]) -> str:
     """``DDPKIT_HANG_ACTION``: ``report`` (the default) or ``end``, opt-in: a rank past the
     bound may be slow, not stuck."""
-    raw = env.get(HANG_ACTION_VAR, "").strip().lower()
-    if raw and raw not in HANG_ACTIONS:
-        raise ConfigError(
-            f"{HANG_ACTION_VAR}={env[HANG_ACTION_VAR]!r} is not a hang action",
-            hint=f"use {HANG_ACTION_VAR}=report (the default) or {HANG_ACTION_VAR}=end",
-        )
-    return raw or HANG_ACTIONS[0]
+    var = contract.HANG_ACTION_VAR
+    raw = env.get(var, "").strip().lower()
+    if raw and raw not in contract.HANG_ACTIONS:
+        hint = f"use {var}=report (the default) or {var}=end"
+        raise ConfigError(f"{var}={env[var]!r} is not a hang action", hint=hint)
+    return raw or contract.HANG_ACTIONS[0]
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -140,7 +121,7 @@ def _who(rank: int, piece: Mapping[str, Any]) -> str:
 
 def _doing(piece: Mapping[str, Any], others: str = "") -> str:
     """What the rank is doing; ``others``: the ranks waiting elsewhere, when this rank is the
-    odd one out (then a rank-0-only ``if`` its collective runs under is named)."""
+    odd one out (then its rank-0-only ``if`` is named)."""
     call, under = piece.get("running"), piece.get("under")
     if call:
         doing = f"is in {_call_text(call)} (for {float(call['age_s']):.1f} s)"
@@ -162,11 +143,9 @@ def _doing(piece: Mapping[str, Any], others: str = "") -> str:
 def diagnose(
     pieces: Mapping[int, Mapping[str, Any]], world_size: int
 ) -> tuple[list[int], list[int], list[int]]:
-    """(the odd ranks out, the ranks waiting on them, the ranks that sent no piece).
-
-    The waiters are the largest group of ranks in one and the same collective; every other
-    rank that answered is odd. No rank in a collective: nobody waits. On a tie, ranks inside
-    rank-0-only code are the odd ones, then the group holding the lowest rank waits."""
+    """(the odd ranks out, the ranks waiting on them, the ranks that sent no piece). The waiters
+    are the largest group in one collective; on a tie, ranks in rank-0-only code are odd, then
+    the group holding the lowest rank waits."""
     silent = [rank for rank in range(world_size) if rank not in pieces]
     groups: dict[tuple[str, ...], list[int]] = {}
     for rank in sorted(pieces):
@@ -238,7 +217,6 @@ def report(
 
 @functools.cache
 def _foreign_roots() -> tuple[str, ...]:
-    """Folders whose frames are not the program's: torch, ddpkit, the standard library."""
     import torch
 
     ddpkit = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -248,8 +226,7 @@ def _foreign_roots() -> tuple[str, ...]:
 
 
 def is_program(filename: str) -> bool:
-    """Whether a frame of ``filename`` is the program's own (not torch's, ddpkit's, the
-    standard library's, nor generated code's)."""
+    """Whether ``filename`` is the program's (not torch's, ddpkit's, the stdlib's, generated)."""
     foreign = os.path.abspath(filename).startswith(_foreign_roots())
     return not filename.startswith("<") and not foreign
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
@@ -32,20 +32,11 @@ _LOADER = os.path.join("torch", "utils", "data", "")
 class HangWatch:
     """One rank's hang watchdog: :meth:`check` each interval; the link asks :meth:`piece`."""
 
-    def __init__(
-        self,
-        link: StoreLink,
-        flight: Flight,
-        bounds: HangBounds,
-        *,
-        main: threading.Thread,
-        clock: Callable[[], float],
-        interval_s: float,
-        report_paths: list[str],
-    ) -> None:
+    def __init__(self, link: StoreLink, flight: Flight, bounds: HangBounds) -> None:
         self._link, self.flight, self.bounds = link, flight, bounds
-        self._main, self._clock, self._interval_s = main, clock, interval_s
-        self._report_paths = report_paths
+        self._main, self._clock = threading.current_thread(), link._clock
+        self._interval_s = link.beat_interval_s  # every rank answers once a beat interval
+        self._report_paths = report_paths(os.environ)
         self._claimed = False
         self.done = False  # a report was made and the job goes on: no other one this run
         self.without_rank0 = False  # this rank gathered and rank 0 did not answer: it prints
@@ -61,14 +52,8 @@ class HangWatch:
         ``if``."""
         running, done = self.flight.calls()
         stack = _stack(self._main)
-        at = next(
-            (
-                [short_path(f), line, fn, code]
-                for f, line, fn, code in reversed(stack)
-                if is_program(f)
-            ),
-            None,
-        )
+        program = [[short_path(f), line, fn, code] for f, line, fn, code in stack if is_program(f)]
+        at = program[-1] if program else None
         under = None
         if running is not None:
             running["site"] = f"{at[0]}:{at[1]}" if at else "an unknown place"
@@ -165,14 +150,11 @@ _REGISTERED: list[bool] = []
 def stacks_on_signal() -> bool:
     """``faulthandler`` writes the threads' stacks on :data:`STACKS_SIGNAL` (its C handler runs
     while a thread holds the GIL), unless something else handles it; whether it registered."""
-    if _REGISTERED or signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
-        return bool(_REGISTERED)
-    try:
-        faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
-    except (RuntimeError, ValueError, OSError, AttributeError):  # no usable stderr
-        return False
-    _REGISTERED.append(True)
-    return True
+    if not _REGISTERED and signal.getsignal(STACKS_SIGNAL) is signal.SIG_DFL:
+        with contextlib.suppress(RuntimeError, ValueError, OSError, AttributeError):  # no stderr
+            faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+            _REGISTERED.append(True)
+    return bool(_REGISTERED)
 
 
 def stacks_off() -> None:
@@ -204,12 +186,8 @@ def _stack(thread: threading.Thread) -> list[list[Any]]:
     """The thread's stack as [file, line, function, code] rows, outermost first, without
     the watchdog's own frames."""
     frame = sys._current_frames().get(thread.ident or -1)
-    if frame is None:
-        return []
-    try:
-        summary = traceback.extract_stack(frame)
-    finally:
-        del frame
+    summary = traceback.extract_stack(frame) if frame is not None else []
+    del frame
     here = os.path.dirname(os.path.abspath(__file__))
     return [
         [entry.filename, entry.lineno, entry.name, (entry.line or "").strip()]

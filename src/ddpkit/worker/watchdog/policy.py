@@ -7,8 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddpkit.cluster.durations import positive_seconds, seconds_from_env
-from ddpkit.cluster.envvars import to_float
+from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.contract import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_VAR
 
 THREAD_NAME = "ddpkit-watchdog"
@@ -26,31 +25,6 @@ def peer_timeout(env: Mapping[str, str], explicit_s: float | None) -> float | No
     return seconds_or_off(
         env, explicit_s, PEER_TIMEOUT_VAR, "peer_timeout_s", DEFAULT_PEER_TIMEOUT_S, example="120"
     )
-
-
-def seconds_or_off(
-    env: Mapping[str, str],
-    explicit_s: float | None,
-    variable: str,
-    keyword: str,
-    default_s: float,
-    *,
-    example: str,
-    can_be_off: bool = True,
-) -> float | None:
-    """Seconds from a keyword (wins) or ``variable``, else ``default_s``; None for ``0`` (or
-    ``off``) when it ``can_be_off``. A bad value is a ConfigError naming it."""
-    off = ", or 0 for off" if can_be_off else ""
-    if explicit_s is not None:
-        if can_be_off and explicit_s == 0 and not isinstance(explicit_s, bool):
-            return None
-        return positive_seconds(explicit_s, keyword, hint=f"e.g. {keyword}={example}{off}")
-    raw = env.get(variable, "").strip().lower()
-    if can_be_off and (raw == "off" or to_float(raw) == 0):
-        return None
-    hint = f"e.g. {variable}={example}" + (f", or {variable}=off" if can_be_off else "")
-    value = seconds_from_env(env, variable, example=example, hint=hint)
-    return default_s if value is None else value
 
 
 def interval_for(bound_s: float) -> float:

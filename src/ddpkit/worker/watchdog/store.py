@@ -1,6 +1,5 @@
 """The watchdog's store operations, on a connection of its own (:func:`own_connection`), each
-bounded by ``op_timeout_s``: one that fails or times out means the store's host is gone, and no
-further one is made."""
+bounded by ``op_timeout_s``: one that fails or times out means the store's host is gone."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from itertools import compress
@@ -187,23 +186,15 @@ class StoreLink:
     def _fail(self, error: BaseException) -> None:
         text = " ".join(str(error).split())[:200] or type(error).__name__
         what = f"stopped answering ({type(error).__name__}: {text})"
-        if self.host_rank is None:
-            gone = Departure(
-                None,
-                f"the job's store at {self.address}, hosted by the launcher,",
-                f"{what}; the launcher probably exited",
-                left_at=self.last_ok,
-            )
+        rank = self.host_rank
+        if rank is None:
+            who = f"the job's store at {self.address}, hosted by the launcher,"
+            how = f"{what}; the launcher probably exited"
         else:
-            gone = Departure(
-                self.host_rank,
-                f"rank {self.host_rank} (host of the job's store at {self.address})",
-                f"is gone: the store {what}; rank {self.host_rank} probably exited, froze or "
-                "lost its node",
-                left_at=self.last_ok,
-            )
+            who = f"rank {rank} (host of the job's store at {self.address})"
+            how = f"is gone: the store {what}; rank {rank} probably exited, froze or lost its node"
         with self._lock:
-            self.failure = self.failure or gone
+            self.failure = self.failure or Departure(rank, who, how, left_at=self.last_ok)
 
     def _introduce(self) -> None:
         """``who/<rank>``: the host, pid and node a heartbeat marker names."""
@@ -376,28 +367,26 @@ def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Connection 
         )
     except Exception:
         return None
-    found = [fd for inode, fd in _sockets().items() if inode not in before]
-    found = [fd for fd in found if _peer_port(fd) == raw.port]
-    if len(found) != 1:
+    found = [_peer(fd, raw.port) for inode, fd in _sockets().items() if inode not in before]
+    socks = [sock for sock in found if sock is not None]
+    if len(socks) != 1:
         return None
-    (fd,) = found
+    (sock,) = socks  # a duplicate of torch's descriptor: the same socket
     timeout = struct.pack("ll", int(op_timeout_s), int(op_timeout_s % 1 * 1e6))
-    with _socket(fd) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
 
     def cut() -> None:
-        with contextlib.suppress(OSError), _socket(fd) as sock:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
 
     def closed() -> bool:  # between operations nothing is to be read: readable means closed
-        with _socket(fd) as sock:
-            try:
-                return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-            except BlockingIOError:
-                return False
-            except OSError:
-                return True
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     return Connection(PrefixStore(prefix, own), cut, closed)  # which keeps ``own`` alive
 
@@ -414,18 +403,12 @@ def _sockets() -> dict[str, int]:
     return found
 
 
-@contextlib.contextmanager
-def _socket(fd: int) -> Iterator[socket.socket]:
-    """A Python socket over ``fd`` that does not close it."""
-    sock = socket.socket(fileno=fd)
-    try:
-        yield sock
-    finally:
-        sock.detach()
-
-
-def _peer_port(fd: int) -> int | None:
-    with contextlib.suppress(OSError), _socket(fd) as sock:
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            return int(sock.getpeername()[1])
+def _peer(fd: int, port: int) -> socket.socket | None:
+    """A socket over a duplicate of ``fd``, if that is connected to ``port``."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        with contextlib.suppress(OSError):
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] == port:
+                return sock
+        sock.close()
     return None

@@ -1,13 +1,7 @@
-"""The watchdog's one thread, and its process-wide wiring (``start``, ``stop``, ``active``, the
-chained ``sys.excepthook``, its exit step): the only module of the watchdog with process-global
-state.
-
-Each time the thread wakes it does the store work due (:meth:`StoreLink.step`) and, every
-interval, samples the main thread (:class:`Progress`) and judges. Ending a rank prints where it
-was blocked and names the peer, reaps its child processes, flushes and exits
-(:data:`ABORT_EXIT_CODE`). Exit bound (:meth:`Watchdog.stop`): the thread is waited for ``T``
-at most; still inside a store call, its connection is cut and it is waited for ``min(1 s, T)``,
-no marker written; else the marker takes one store reply, ``T`` at most: ``2 x T`` in all.
+"""The watchdog's one thread and its process-wide wiring (``start``, ``stop``, ``active``, the
+chained ``sys.excepthook``, its exit step). Exit bound (:meth:`Watchdog.stop`): the thread is
+waited for ``T`` at most; still inside a store call, its connection is cut and it is waited for
+``min(1 s, T)``, no marker written; else the marker takes one store reply: ``2 x T`` in all.
 """
 
 from __future__ import annotations
@@ -29,25 +23,11 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.contract import HANG_ACTION_VAR
 from ddpkit.worker import exit as process_exit
+from ddpkit.worker.watchdog import policy
 from ddpkit.worker.watchdog.flight import Flight
 from ddpkit.worker.watchdog.hang import HangBounds
-from ddpkit.worker.watchdog.hangwatch import HangWatch, report_paths, stacks_off, stacks_on_signal
-from ddpkit.worker.watchdog.policy import (
-    ABORT_EXIT_CODE,
-    KEY_PREFIX,
-    STALE_BEATS,
-    THREAD_NAME,
-    Departure,
-    abort_message,
-    beat_interval_for,
-    hook_wait_for,
-    how_it_raised,
-    interval_for,
-    looks_like_peer_failure,
-    op_timeout_for,
-    pick_cause,
-    raised_message,
-)
+from ddpkit.worker.watchdog.hangwatch import HangWatch, stacks_off, stacks_on_signal
+from ddpkit.worker.watchdog.policy import Departure
 from ddpkit.worker.watchdog.store import BeatJudge, StoreLink, own_connection, store_address
 
 if TYPE_CHECKING:
@@ -59,9 +39,8 @@ _Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any
 
 
 class Progress:
-    """Samples a thread; ``blocked_since`` is when its signature last changed: its innermost
-    frame, code and instruction, and on Linux its voluntary context switches (a loop of short
-    sleeps keeps switching; a thread blocked in a collective does not)."""
+    """``blocked_since``: when a thread's innermost frame, instruction or (Linux) voluntary
+    context switches last changed (a loop of short sleeps keeps switching; a wait does not)."""
 
     def __init__(self, thread: threading.Thread, clock: Callable[[], float]) -> None:
         self._thread = thread
@@ -90,46 +69,35 @@ class Progress:
 
 
 class Watchdog:
-    """One rank's watchdog; :func:`start` makes it, ``stop`` ends it (writing the exit marker)."""
+    """One rank's watchdog; :func:`start` makes it."""
 
     def __init__(self, link: StoreLink, *, bound_s: float, clock: Callable[[], float]) -> None:
         self._link = link
         self.rank, self.world_size = link.rank, link.world_size
-        self.bound_s, self.interval_s = bound_s, interval_for(bound_s)
+        self.bound_s, self.interval_s = bound_s, policy.interval_for(bound_s)
         self._clock = clock
         self._pid = os.getpid()
         self._main = threading.current_thread()  # the thread that joined: it runs collectives
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._said = self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
         self.ending = False  # a hang report is out: this rank ends, quietly
-        self._thread = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
-
-    @property
-    def owned(self) -> bool:
-        """False in a forked child (a data loader worker): it must not touch the parent's link."""
-        return os.getpid() == self._pid
-
-    def start(self) -> None:
-        self._thread.start()
+        self._thread = threading.Thread(target=self._watch, name=policy.THREAD_NAME, daemon=True)
 
     def stop(self, how: str = "exited") -> None:
-        """Stop the thread within the exit bound, then write this rank's marker, once. No thread
-        of the watchdog's is left inside a store call: one returning from torch's C++ code while
-        the interpreter finalizes aborts the process."""
-        if self._stopped or not self.owned:
+        """Stop the thread within the exit bound, then write this rank's marker, once: no thread
+        of ours may return from torch's C++ code while the interpreter finalizes (an abort)."""
+        if self._stopped or os.getpid() != self._pid:  # a forked child: not its link
             return
         self._stopped = True
         link = self._link
         link.stopping = True
         self._stop.set()
-        self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(link.op_timeout_s)
-            if self._thread.is_alive():  # inside a store call still: end it, and no marker
-                link.cut()  # (the host did not answer for T: the peers judge the heartbeats)
+            if self._thread.is_alive():  # inside a store call still: cut it; no marker
+                link.cut()
                 self._thread.join(min(CUT_WAIT_S, link.op_timeout_s))
                 return
         self._say(how)
@@ -143,8 +111,7 @@ class Watchdog:
             if now >= next_judge:
                 next_judge = now + self.interval_s
                 self._judge(progress, now)
-            self._wake.wait(max(0.0, min(next_store, next_judge) - self._clock()))
-            self._wake.clear()
+            self._stop.wait(max(0.0, min(next_store, next_judge) - self._clock()))
 
     def _judge(self, progress: Progress, now: float) -> None:
         try:
@@ -156,23 +123,19 @@ class Watchdog:
             if cause is None:
                 return
             blocked_s = now - max(progress.blocked_since, cause.left_at)
-            if blocked_s >= self.bound_s and self._waits() and not self._stop.is_set():
+            # in a collective (the recorder's word; with the hang watchdog off, blocked is
+            # waiting): it cannot complete once a peer has left; one long call of its own may
+            waits = self.hangs is None or self.hangs.flight.in_collective()
+            if blocked_s >= self.bound_s and waits and not self._stop.is_set():
                 self._abort(cause, blocked_s)
         except Exception:  # never into the program; try again next interval
             return
 
-    def _waits(self) -> bool:
-        """Whether the blocked rank waits in a collective (the flight recorder's word; with the
-        hang watchdog off it is not read, and blocked is taken as waiting): that call cannot
-        complete once a peer has left, while one long call of its own may."""
-        return self.hangs is None or self.hangs.flight.in_collective()
-
     def _cause(self) -> Departure | None:
         store = self._link.failure
-        return pick_cause([*self._link.departures(), *([store] if store else [])], self.rank)
+        return policy.pick_cause([*self._link.departures(), *([store] if store else [])], self.rank)
 
     def _abort(self, cause: Departure, blocked_s: float) -> None:
-        """Say where this rank is blocked and who left, leave a marker, reap, exit."""
         frame = sys._current_frames().get(self._main.ident or -1)
         lines = []
         if frame is not None:
@@ -180,16 +143,25 @@ class Watchdog:
             del frame
             head = f"ddpkit: rank {self.rank} is blocked here:"
             lines += [head, "Traceback (most recent call last):", stack]
-        lines.append(abort_message(cause, self.rank, blocked_s, self.bound_s))
+        lines.append(policy.abort_message(cause, self.rank, blocked_s, self.bound_s))
         write_stderr("\n".join(lines) + "\n")
         _blame_node(cause)
         self._end("was ended by the ddpkit watchdog")
 
     def _end(self, how: str) -> None:
+        """Leave a marker, reap the children (data loader workers), flush and exit."""
         self._stopped = True
-        self._say(how, victim=True)  # none once the store is gone
-        _reap_children()
-        process_exit.hard_exit(ABORT_EXIT_CODE)
+        self._say(how, victim=True)
+        with contextlib.suppress(Exception):
+            children = multiprocessing.active_children()
+            for child in children:
+                child.terminate()
+            deadline = time.monotonic() + 1.0
+            for child in children:
+                child.join(max(0.0, deadline - time.monotonic()))
+                if child.is_alive():
+                    child.kill()
+        process_exit.hard_exit(policy.ABORT_EXIT_CODE)
 
     def _act_on_hang(self, text: str) -> None:
         """Every rank keeps the report in its log folders; rank 0 prints it (or the gatherer,
@@ -203,7 +175,7 @@ class Watchdog:
         paths = hangs.write(text)
         also = f" and in {' and '.join(paths)}" if paths else ""
         if self.rank == 0 or hangs.without_rank0:
-            where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
+            where = f"\nddpkit: this report is also{also[4:]}" if paths else ""
             goes_on = (
                 f"\nddpkit: the job goes on ({HANG_ACTION_VAR}=report): a rank may be slow, "
                 "not stuck; torch's collective timeout ends it if it never resumes, "
@@ -234,18 +206,18 @@ class Watchdog:
     def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:
         """Before the traceback: write this rank's marker; whether the error looks like a
         failed collective (then :meth:`name_culprit` after the traceback)."""
-        if self._stopped or not self.owned or self._handled == id(error):
+        if self._stopped or os.getpid() != self._pid or self._handled == id(error):
             return False
         self._handled = id(error)
-        victim = looks_like_peer_failure(error)
-        self._say(how_it_raised(kind, error), victim=victim)
+        victim = policy.looks_like_peer_failure(error)
+        self._say(policy.how_it_raised(kind, error), victim=victim)
         return victim
 
     def name_culprit(self, kind: type[BaseException]) -> str:
         """The line naming the rank that left first: waits for its marker, or (a rank killed
         writes none) for a counter that stood still for :data:`STALE_BEATS` beat intervals."""
-        wait_s = hook_wait_for(self.interval_s)
-        gap_s = STALE_BEATS * self._link.beat_interval_s
+        wait_s = policy.hook_wait_for(self.interval_s)
+        gap_s = policy.STALE_BEATS * self._link.beat_interval_s
         deadline = self._clock() + (2 * wait_s if gap_s <= 2 * wait_s else wait_s)
         judge = BeatJudge(self.rank, gap_s)
         cause = self._cause()
@@ -256,7 +228,7 @@ class Watchdog:
                 cause = self._link.silent(judge, self._clock()) or cause
         _blame_node(cause)
         self._link.named(cause, wait_s)
-        return raised_message(cause, self.rank, kind.__name__, wait_s)
+        return policy.raised_message(cause, self.rank, kind.__name__, wait_s)
 
 
 def _blame_node(cause: Departure | None) -> None:
@@ -270,21 +242,6 @@ def write_stderr(text: str) -> None:
         if sys.stderr is not None:
             sys.stderr.write(text)
             sys.stderr.flush()
-
-
-def _reap_children(grace_s: float = 1.0) -> None:
-    """Terminate this process's multiprocessing children (data loader workers), then kill."""
-    with contextlib.suppress(Exception):
-        children = multiprocessing.active_children()
-        for child in children:
-            child.terminate()
-        deadline = time.monotonic() + grace_s
-        for child in children:
-            child.join(max(0.0, deadline - time.monotonic()))
-        for child in children:
-            if child.is_alive():
-                child.kill()
-                child.join(grace_s)
 
 
 @dataclass
@@ -332,11 +289,11 @@ def start(
 
     stop("left the job")
     base = store if store is not None else default_store()
-    op_timeout_s = op_timeout_for(bound_s)
+    op_timeout_s = policy.op_timeout_for(bound_s)
     # Restarts of a torchrun job may share one store; so may several init()s of one process.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     _PROCESS.generation += 1
-    own = own_connection(base, f"{KEY_PREFIX}{attempt}/{_PROCESS.generation}/", op_timeout_s)
+    own = own_connection(base, f"{policy.KEY_PREFIX}{attempt}/{_PROCESS.generation}/", op_timeout_s)
     if own is None:  # no bounded operations, no exit bound: no watchdog (init() warns)
         raise RuntimeError(
             f"no connection of its own to the job's store at {store_address(base)} within "
@@ -347,33 +304,25 @@ def start(
         own.store,
         rank=rank,
         world_size=world_size,
-        interval_s=interval_for(bound_s),
+        interval_s=policy.interval_for(bound_s),
         bound_s=bound_s,
         host_rank=None if agent else 0,
         address=store_address(base),
         clock=clock,
         op_timeout_s=op_timeout_s,
-        beat_interval_s=beat_interval_for(bound_s, world_size),
+        beat_interval_s=policy.beat_interval_for(bound_s, world_size),
         cut=own.cut,
         closed=own.closed,
     )
     watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
     if hangs is not None:
-        watchdog.hangs = HangWatch(
-            link,
-            Flight(),
-            hangs,
-            main=threading.current_thread(),
-            clock=clock,
-            interval_s=link.beat_interval_s,  # every rank answers once a beat interval
-            report_paths=report_paths(os.environ),
-        )
+        watchdog.hangs = HangWatch(link, Flight(), hangs)
         stacks_on_signal()
     if sys.excepthook is not _excepthook:  # again if someone replaced it (torch's init)
         _PROCESS.previous_hook = sys.excepthook
         sys.excepthook = _excepthook
     process_exit.add(process_exit.MARKER, "the peer watchdog's exit marker", stop)
-    watchdog.start()
+    watchdog._thread.start()
     _PROCESS.active = watchdog
     return watchdog
 
