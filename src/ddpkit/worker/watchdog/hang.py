@@ -22,6 +22,7 @@ from ddpkit import contract
 from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.errors import ConfigError
 
+Pieces = Mapping[int, Mapping[str, Any]]  # rank -> its answer (:meth:`.HangWatch.piece`)
 _STACK_FRAMES = 14  # the innermost frames of each stack in the report
 _MAX_FRAMES = 8  # program frames looked at for a rank-0-only if
 _RANK_ZERO_FLAGS = ("is_main", "is_main_process", "is_global_zero", "is_rank_zero", "is_master")
@@ -140,9 +141,7 @@ def _doing(piece: Mapping[str, Any], others: str = "") -> str:
     return f"is in {where or 'an unknown place'}, not in a collective{waiting}{after}"
 
 
-def diagnose(
-    pieces: Mapping[int, Mapping[str, Any]], world_size: int
-) -> tuple[list[int], list[int], list[int]]:
+def diagnose(pieces: Pieces, world_size: int) -> tuple[list[int], list[int], list[int]]:
     """(the odd ranks out, the ranks waiting on them, the ranks that sent no piece). The waiters
     are the largest group in one collective; on a tie, ranks in rank-0-only code are odd, then
     the group holding the lowest rank waits."""
@@ -163,9 +162,7 @@ def diagnose(
     return [rank for rank in sorted(pieces) if rank not in waiters], waiters, silent
 
 
-def headline(
-    pieces: Mapping[int, Mapping[str, Any]], world_size: int, waited_s: float, bound: str
-) -> str:
+def headline(pieces: Pieces, world_size: int, waited_s: float, bound: str) -> str:
     """The one line that names the stuck rank(s) and where the others wait."""
     odd, waiters, silent = diagnose(pieces, world_size)
     others = f"{ranks_text(waiters)} skip{'s' if len(waiters) == 1 else ''}" if waiters else ""
@@ -184,7 +181,7 @@ def headline(
 
 
 def report(
-    pieces: Mapping[int, Mapping[str, Any]],
+    pieces: Pieces,
     world_size: int,
     waited_s: float,
     bound: str,

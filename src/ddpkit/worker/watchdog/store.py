@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 
 class BeatJudge:
-    """When each beat counter last moved (``own`` is never judged); in C's loops where it can:
-    rank 0 runs it on the training process's GIL every interval."""
+    """When each beat counter last moved (``own`` is never judged), in C's loops where it can:
+    rank 0 runs it on the training process's GIL."""
 
     def __init__(self, own: int, bound_s: float) -> None:
         self._own, self._bound_s = own, bound_s
@@ -80,12 +80,10 @@ class StoreLink:
         cut: Callable[[], None] | None = None,
         closed: Callable[[], bool] | None = None,
     ) -> None:
-        self._store = store
-        self._cut = cut  # ends an operation in flight at once (shuts its socket down)
-        self._closed = closed  # whether the host closed the connection: no failed operation
-        # (torch logs those with a stack trace)
-        self.op_timeout_s = op_timeout_s
-        self.rank, self.world_size, self._interval_s = rank, world_size, interval_s
+        # cut: ends an operation in flight at once; closed: whether the host closed the
+        # connection, learned without a failed operation (torch logs those with a stack trace)
+        self._store, self._cut, self._closed, self.op_timeout_s = store, cut, closed, op_timeout_s
+        self.rank, self.world_size = rank, world_size
         self.beat_interval_s = beat_interval_s or interval_s
         self._cadence_s = interval_s if rank == 0 else self.beat_interval_s  # rank 0 judges
         self.host_rank, self.address, self._clock = host_rank, address, clock
@@ -119,27 +117,21 @@ class StoreLink:
             self._cut()
 
     def named(self, cause: Departure | None, wait_s: float) -> None:
-        """After the excepthook named ``cause``: count this rank in ``named``; the store's host
-        keeps its store up until every other survivor did, ``wait_s`` at most (else one still
-        waiting for the culprit's marker found the store gone and named the host)."""
+        """After the excepthook named ``cause``: count this rank in ``named``."""
         culprits = 0 if cause is None or cause.rank in (None, self.rank) else 1
-        seen = self._guarded(lambda: int(self._store.add("named", 1)))
-        if seen is not None and self.rank == self.host_rank:
-            self._host_waits("named", self.world_size - culprits, wait_s, seen)
+        self._guarded(lambda: self._store.add("named", 1))
+        self.host_waits("named", self.world_size - culprits, wait_s)
 
-    def report_read(self, wait_s: float) -> None:
-        """The store's host, ending at a hang report: keep the store up until every other rank
-        read it, ``wait_s`` at most (else one still to poll found its host departed)."""
-        if self.rank == self.host_rank:
-            self._host_waits("hang/read", self.world_size - 1, wait_s)
-
-    def _host_waits(self, key: str, count: int, wait_s: float, seen: int | None = None) -> None:
-        """Keep the store up until counter ``key`` reaches ``count``, ``wait_s`` at most."""
+    def host_waits(self, key: str, count: int, wait_s: float) -> None:
+        """On the store's host, about to end: keep the store up until counter ``key`` reaches
+        ``count``, ``wait_s`` at most (the survivors still naming the culprit, the ranks still
+        to read a hang report: else they found the store gone, and blamed its host)."""
         deadline = self._clock() + wait_s
-        seen = self._guarded(lambda: int(self._store.add(key, 0))) if seen is None else seen
-        while seen is not None and seen < count and self._clock() < deadline:
-            time.sleep(0.05)
+        while self.rank == self.host_rank and self._clock() < deadline:
             seen = self._guarded(lambda: int(self._store.add(key, 0)))
+            if seen is None or seen >= count:
+                return
+            time.sleep(0.05)
 
     def _guarded(self, work: Callable[[], Any]) -> Any:
         """``work()``'s result, None once the store is gone (or when it fails)."""
@@ -203,7 +195,6 @@ class StoreLink:
         self._store.set(f"who/{self.rank}", json.dumps(me))
 
     def write_marker(self, rank: int, marker: Mapping[str, Any]) -> None:
-        """``exit/<rank>``, then ``order``, then ``events``: readers rely on that order."""
         if self.failure is None:
             self._store.set(f"exit/{rank}", json.dumps(dict(marker)))
             self._store.append("order", f"{rank},")
@@ -268,8 +259,7 @@ class StoreLink:
                     return Departure(rank, who, how, left_at=now, node=node)
             return None
 
-        found: Departure | None = self._guarded(read)
-        return found
+        return self._guarded(read)  # type: ignore[no-any-return]
 
     # the hang watchdog's keys: hang/claim, ask, piece/<rank>, answered, report, read; the ask
     # and the report bump ``events``: no poll of their own

@@ -71,11 +71,9 @@ class Progress:
 class Watchdog:
     """One rank's watchdog; :func:`start` makes it."""
 
-    def __init__(self, link: StoreLink, *, bound_s: float, clock: Callable[[], float]) -> None:
-        self._link = link
-        self.rank, self.world_size = link.rank, link.world_size
+    def __init__(self, link: StoreLink, bound_s: float) -> None:
+        self._link, self.rank, self._clock = link, link.rank, link._clock
         self.bound_s, self.interval_s = bound_s, policy.interval_for(bound_s)
-        self._clock = clock
         self._pid = os.getpid()
         self._main = threading.current_thread()  # the thread that joined: it runs collectives
         self._stop = threading.Event()
@@ -188,7 +186,7 @@ class Watchdog:
                 f"stderr{also}; its first line: {text.splitlines()[0]}\n"
             )
         if end:
-            self._link.report_read(hangs.gather_s())
+            self._link.host_waits("hang/read", self._link.world_size - 1, hangs.gather_s())
             self._end("was ended by the ddpkit hang watchdog")
 
     def hang_pending(self) -> bool:
@@ -280,7 +278,6 @@ def start(
     world_size: int,
     bound_s: float,
     store: Store | None = None,
-    clock: Callable[[], float] = time.monotonic,
     hangs: HangBounds | None = None,
 ) -> Watchdog:
     """Start this rank's watchdog on the default group's store (or ``store``), stopping one
@@ -308,13 +305,13 @@ def start(
         bound_s=bound_s,
         host_rank=None if agent else 0,
         address=store_address(base),
-        clock=clock,
+        clock=time.monotonic,
         op_timeout_s=op_timeout_s,
         beat_interval_s=policy.beat_interval_for(bound_s, world_size),
         cut=own.cut,
         closed=own.closed,
     )
-    watchdog = Watchdog(link, bound_s=bound_s, clock=clock)
+    watchdog = Watchdog(link, bound_s)
     if hangs is not None:
         watchdog.hangs = HangWatch(link, Flight(), hangs)
         stacks_on_signal()
