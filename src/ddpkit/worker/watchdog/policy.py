@@ -43,11 +43,6 @@ def beat_interval_for(bound_s: float, world_size: int) -> float:
     return min(bound_s / 4, max(interval_for(bound_s), world_size / BEATS_PER_S))
 
 
-def hook_wait_for(interval_s: float) -> float:
-    """How long an uncaught peer failure waits for the culprit's marker (>= 2 heartbeats)."""
-    return min(2.5, max(2.0, 2.5 * interval_s))
-
-
 @dataclass(frozen=True)
 class Departure:
     """A rank (or the store's host) that left. ``victim``: it left because another one did."""

@@ -84,6 +84,7 @@ class StoreLink:
         # connection, learned without a failed operation (torch logs those with a stack trace)
         self._store, self._cut, self._closed, self.op_timeout_s = store, cut, closed, op_timeout_s
         self.rank, self.world_size = rank, world_size
+        self._beats = [f"beat/{rank}" for rank in range(world_size)]
         self.beat_interval_s = beat_interval_s or interval_s
         self._cadence_s = interval_s if rank == 0 else self.beat_interval_s  # rank 0 judges
         self.host_rank, self.address, self._clock = host_rank, address, clock
@@ -152,8 +153,7 @@ class StoreLink:
                 self._started = True
                 self._introduce()
                 if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
-                    keys = [f"beat/{rank}" for rank in range(self.world_size)]
-                    batched.multi_set(self._store, keys, ["0"] * self.world_size)
+                    batched.multi_set(self._store, self._beats, ["0"] * self.world_size)
             if now >= self._next_beat:
                 self._store.add(f"beat/{self.rank}", 1)
                 if self.rank == 0:
@@ -234,8 +234,7 @@ class StoreLink:
 
     def _check_beats(self, now: float) -> None:
         """Rank 0: mark the ranks whose counter has not moved for the bound."""
-        keys = [f"beat/{rank}" for rank in range(self.world_size)]
-        for rank, age_s in self._judge.still(batched.multi_get(self._store, keys), now):
+        for rank, age_s in self._judge.still(batched.multi_get(self._store, self._beats), now):
             if rank in self._departed:  # it left with a marker of its own
                 continue
             host, pid, node = self._who(rank)
@@ -246,12 +245,11 @@ class StoreLink:
     def silent(self, judge: BeatJudge, now: float) -> Departure | None:
         """A rank without a marker whose counter ``judge`` saw stand still (a failed
         collective's survivor, waiting for a name)."""
-        keys = [f"beat/{rank}" for rank in range(self.world_size)]
 
         def read() -> Departure | None:
-            if not batched.check(self._store, keys):  # before rank 0's first round
+            if not batched.check(self._store, self._beats):  # before rank 0's first round
                 return None
-            for rank, _ in judge.still(batched.multi_get(self._store, keys), now):
+            for rank, _ in judge.still(batched.multi_get(self._store, self._beats), now):
                 if rank not in self._departed:
                     host, pid, node = self._who(rank)
                     who = describe_rank(rank, host, pid)

@@ -80,7 +80,6 @@ class Watchdog:
         self._said = self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
-        self.ending = False  # a hang report is out: this rank ends, quietly
         self._thread = threading.Thread(target=self._watch, name=policy.THREAD_NAME, daemon=True)
 
     def stop(self, how: str = "exited") -> None:
@@ -168,7 +167,7 @@ class Watchdog:
         hangs = self.hangs
         if hangs is None:
             return
-        end = self.ending = hangs.bounds.end
+        end = hangs.bounds.end
         hangs.done = True
         paths = hangs.write(text)
         also = f" and in {' and '.join(paths)}" if paths else ""
@@ -188,11 +187,6 @@ class Watchdog:
         if end:
             self._link.host_waits("hang/read", self._link.world_size - 1, hangs.gather_s())
             self._end("was ended by the ddpkit hang watchdog")
-
-    def hang_pending(self) -> bool:
-        """Whether a hang report that ends the job is being gathered or is out."""
-        ends = self.hangs is not None and self.hangs.bounds.end
-        return self.ending or (ends and self._link.hang_asked)
 
     def _say(self, how: str, *, victim: bool = False) -> None:
         """Write this rank's exit marker, once."""
@@ -214,7 +208,7 @@ class Watchdog:
     def name_culprit(self, kind: type[BaseException]) -> str:
         """The line naming the rank that left first: waits for its marker, or (a rank killed
         writes none) for a counter that stood still for :data:`STALE_BEATS` beat intervals."""
-        wait_s = policy.hook_wait_for(self.interval_s)
+        wait_s = min(2.5, max(2.0, 2.5 * self.interval_s))  # >= 2 heartbeats
         gap_s = policy.STALE_BEATS * self._link.beat_interval_s
         deadline = self._clock() + (2 * wait_s if gap_s <= 2 * wait_s else wait_s)
         judge = BeatJudge(self.rank, gap_s)
@@ -260,9 +254,10 @@ def active() -> Watchdog | None:
 def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
     """The marker, the usual traceback, then the culprit's name (last, where launchers look)."""
     watchdog, culprit = _PROCESS.active, False
-    if watchdog is not None and watchdog.hang_pending() and watchdog.hangs is not None:
-        # the hang report's doing: the watchdog's thread ends this process; wait, bounded
-        time.sleep(watchdog.hangs.gather_s() + 4 * watchdog.interval_s + 5.0)
+    hangs = watchdog.hangs if watchdog is not None else None
+    if watchdog and hangs and hangs.bounds.end and (hangs.done or watchdog._link.hang_asked):
+        # a report that ends the job: the watchdog's thread ends this process; wait, bounded
+        time.sleep(hangs.gather_s() + 4 * watchdog.interval_s + 5.0)
     if watchdog is not None:
         with contextlib.suppress(Exception):
             culprit = watchdog.on_uncaught(kind, error)
