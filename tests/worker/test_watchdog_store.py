@@ -371,7 +371,7 @@ def test_each_store_operation_of_the_watchdog_is_bounded_by_its_timeout() -> Non
     # torch's own timeout bounds waits for a key only: an add to a frozen host blocked for
     # good, and the watchdog's exit could not be bounded. Its own connection's socket times out
 
-    from ddpkit.worker.watchdog.store import own_connection
+    from ddpkit.worker.rendezvous.store import own_connection
 
     with _frozen_host() as (host, client):
         own = own_connection(PrefixStore("default_pg", client), "w/", 1.0)
@@ -398,7 +398,7 @@ def test_the_exit_cuts_a_store_call_in_flight() -> None:
     # the exit waits an operation's timeout for the thread, then shuts its socket down: the
     # call returns at once, before the interpreter finalizes (which it would abort)
 
-    from ddpkit.worker.watchdog.store import own_connection
+    from ddpkit.worker.rendezvous.store import own_connection
 
     with _frozen_host() as (host, client):
         own = own_connection(PrefixStore("default_pg", client), "w/", 600.0)
@@ -417,7 +417,7 @@ def test_a_store_host_that_left_is_named_without_a_failed_operation(
 ) -> None:
     # a peer of rank 0 (the host) that exits first learns it from the closed connection, with
     # no store call that fails (torch logs each with a C++ stack trace on stderr)
-    from ddpkit.worker.watchdog.store import own_connection
+    from ddpkit.worker.rendezvous.store import own_connection
 
     host, port = _store_host()
     try:

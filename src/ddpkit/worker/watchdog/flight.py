@@ -1,15 +1,8 @@
 """This rank's collectives, from torch's flight recorder (gloo's and NCCL's): read, never
-rebuilt or patched. :func:`recording` enables it while ``init()`` makes its group, unless the
-user set its buffer size; where torch keeps none the hang watchdog reports nothing.
-
-* In a collective: a group's last enqueued collective is past its last completed one, from the
-  cheap status, every interval; the entries (parsing them holds the GIL a while) are read once
-  one has been open for a bound: its creation time, whether it is retired after all (gloo's
-  status can lag behind), and the phase.
-* The phase: past the first step once a collective made since the watchdog started completed
-  twice alike (group, op, sizes, dtypes).
-* Patience: while a thread is inside :func:`patient` (waiting for rank 0's checkpoint write),
-  an open collective is judged by the first bound.
+rebuilt or patched; :func:`recording` enables it while ``init()`` makes its group. In a
+collective: a group's last enqueued one is past its last completed one (the cheap status, each
+interval); the entries (parsing them holds the GIL) are read once one has been open for a bound.
+Past the first step: a collective made since the watchdog started completed twice alike.
 """
 
 from __future__ import annotations
@@ -40,14 +33,14 @@ def recording(env: MutableMapping[str, str] | None = None) -> Iterator[None]:
     """While a group is made: ``TORCH_FR_BUFFER_SIZE`` set when the user set no buffer size
     (torch reads it once), then removed again."""
     env = os.environ if env is None else env
-    if any(name in env for name in BUFFER_VARS):
-        yield
-        return
-    env[BUFFER_VARS[0]] = str(BUFFER_SIZE)
+    ours = not any(name in env for name in BUFFER_VARS)
+    if ours:
+        env[BUFFER_VARS[0]] = str(BUFFER_SIZE)
     try:
         yield
     finally:
-        env.pop(BUFFER_VARS[0], None)
+        if ours:
+            env.pop(BUFFER_VARS[0], None)
 
 
 @contextlib.contextmanager

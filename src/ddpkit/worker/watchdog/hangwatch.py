@@ -48,8 +48,7 @@ class HangWatch:
 
     def piece(self) -> dict[str, Any]:
         """This rank's answer: host, pid, main thread's stack, its collectives (the oldest in
-        flight, at the program's innermost frame; the last completed ones), its rank-0-only
-        ``if``."""
+        flight, at the program's innermost frame; the last ones), its rank-0-only ``if``."""
         running, done = self.flight.calls()
         stack = _stack(self._main)
         program = [[short_path(f), line, fn, code] for f, line, fn, code in stack if is_program(f)]
@@ -183,8 +182,7 @@ def report_paths(env: Mapping[str, str]) -> list[str]:
 
 
 def _stack(thread: threading.Thread) -> list[list[Any]]:
-    """The thread's stack as [file, line, function, code] rows, outermost first, without
-    the watchdog's own frames."""
+    """The thread's stack as [file, line, function, code] rows, outermost first, ours left out."""
     frame = sys._current_frames().get(thread.ident or -1)
     summary = traceback.extract_stack(frame) if frame is not None else []
     del frame

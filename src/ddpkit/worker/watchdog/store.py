@@ -1,29 +1,21 @@
-"""The watchdog's store operations, on a connection of its own (:func:`own_connection`), each
-bounded by ``op_timeout_s``: one that fails or times out means the store's host is gone."""
+"""The watchdog's store operations, on its own connection, each bounded by ``op_timeout_s``: one
+that fails or times out means the store's host is gone."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import operator
 import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import timedelta
 from itertools import compress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpkit.worker.rendezvous import batched
-from ddpkit.worker.rendezvous.store import store_answers
 from ddpkit.worker.watchdog.policy import Departure, describe_rank, read_marker, read_who
-
-if TYPE_CHECKING:
-    from torch.distributed.distributed_c10d import Store
 
 
 class BeatJudge:
@@ -47,10 +39,7 @@ class BeatJudge:
                 moved[rank] = now
         self._seen = list(values)
         since = now - self._bound_s
-        found = [
-            (rank, now - moved[rank])
-            for rank in compress(range(len(moved)), map(since.__ge__, moved))
-        ]
+        found = [(r, now - moved[r]) for r in compress(range(len(moved)), map(since.__ge__, moved))]
         for rank, _ in found:
             moved[rank] = math.inf
         return found
@@ -307,96 +296,3 @@ class StoreLink:
         self._store.add("events", 1)
         with self._lock:
             self.hang_report = text
-
-
-def _store_of(store: Store) -> Any:
-    """The store under ``store``'s prefixes (``default_pg/``, torchrun's ``/worker/attempt_N``)."""
-    inner: Any = store
-    while hasattr(inner, "underlying_store"):
-        inner = inner.underlying_store
-    return inner
-
-
-def store_address(store: Store) -> str:
-    inner = _store_of(store)
-    host, port = getattr(inner, "host", None), getattr(inner, "port", None)
-    return type(inner).__name__ if host is None or port is None else f"{host}:{port}"
-
-
-@dataclass
-class Connection:
-    """The watchdog's own connection: the store under its prefix, ``cut`` (end an operation in
-    flight at once), ``closed`` (whether the host closed it)."""
-
-    store: Any
-    cut: Callable[[], None]
-    closed: Callable[[], bool]
-
-
-def own_connection(base: Store, prefix: str, op_timeout_s: float) -> Connection | None:
-    """A connection of the watchdog's own to ``base``'s TCPStore, its heartbeats never queued
-    behind the program's store calls; made once the store answered torch's handshake within
-    ``op_timeout_s``, and every operation bounded by its socket's timeouts (torch's timeout
-    bounds only waits for a key). None when the store is not a TCPStore, the connect fails, or
-    its socket cannot be told apart: the exit bound rests on it."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public
-    from torch.distributed.distributed_c10d import PrefixStore
-
-    raw = _store_of(base)
-    if not isinstance(raw, TCPStore):
-        return None
-    before = _sockets()
-    try:
-        store_answers(raw.host, raw.port, op_timeout_s)
-        libuv = bool(getattr(raw, "libuvBackend", True))
-        wait = timedelta(seconds=op_timeout_s)
-        own = TCPStore(
-            raw.host, raw.port, None, False, wait, wait_for_workers=False, use_libuv=libuv
-        )
-    except Exception:
-        return None
-    found = [_peer(fd, raw.port) for inode, fd in _sockets().items() if inode not in before]
-    socks = [sock for sock in found if sock is not None]
-    if len(socks) != 1:
-        return None
-    (sock,) = socks  # a duplicate of torch's descriptor: the same socket
-    timeout = struct.pack("ll", int(op_timeout_s), int(op_timeout_s % 1 * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
-
-    def cut() -> None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def closed() -> bool:  # between operations nothing is to be read: readable means closed
-        try:
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-
-    return Connection(PrefixStore(prefix, own), cut, closed)  # which keeps ``own`` alive
-
-
-def _sockets() -> dict[str, int]:
-    """This process's sockets: ``socket:[inode]`` -> fd (Linux; empty elsewhere)."""
-    found = {}
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc/self/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/self/fd/{name}")
-                if target.startswith("socket:"):
-                    found[target] = int(name)
-    return found
-
-
-def _peer(fd: int, port: int) -> socket.socket | None:
-    """A socket over a duplicate of ``fd``, if that is connected to ``port``."""
-    with contextlib.suppress(OSError):
-        sock = socket.socket(fileno=os.dup(fd))
-        with contextlib.suppress(OSError):
-            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] == port:
-                return sock
-        sock.close()
-    return None

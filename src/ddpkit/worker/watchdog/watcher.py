@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.contract import HANG_ACTION_VAR
 from ddpkit.worker import exit as process_exit
+from ddpkit.worker.rendezvous.store import own_connection, store_address
 from ddpkit.worker.watchdog import policy
 from ddpkit.worker.watchdog.flight import Flight
 from ddpkit.worker.watchdog.hang import HangBounds
 from ddpkit.worker.watchdog.hangwatch import HangWatch, stacks_off, stacks_on_signal
 from ddpkit.worker.watchdog.policy import Departure
-from ddpkit.worker.watchdog.store import BeatJudge, StoreLink, own_connection, store_address
+from ddpkit.worker.watchdog.store import BeatJudge, StoreLink
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import Store
@@ -189,7 +190,6 @@ class Watchdog:
             self._end("was ended by the ddpkit hang watchdog")
 
     def _say(self, how: str, *, victim: bool = False) -> None:
-        """Write this rank's exit marker, once."""
         if not self._said:
             self._said = True
             host, pid = socket.gethostname(), os.getpid()
