@@ -260,12 +260,7 @@ def _rank_zero_blocks(filename: str) -> tuple[tuple[int, int, int, str], ...]:
     except (SyntaxError, ValueError):
         return ()
     return tuple(
-        (
-            node.body[0].lineno,
-            max(s.end_lineno or s.lineno for s in node.body),
-            node.lineno,
-            ast.unparse(node.test),
-        )
+        (node.body[0].lineno, node.end_lineno or node.lineno, node.lineno, ast.unparse(node.test))
         for node in ast.walk(tree)
         if isinstance(node, ast.If) and not node.orelse and is_rank_zero_test(node.test)
     )

@@ -123,8 +123,8 @@ class Watchdog:
             blocked_s = now - max(progress.blocked_since, cause.left_at)
             # in a collective (the recorder's word; with the hang watchdog off, blocked is
             # waiting): it cannot complete once a peer has left; one long call of its own may
-            waits = self.hangs is None or self.hangs.flight.in_collective()
-            if blocked_s >= self.bound_s and waits and not self._stop.is_set():
+            blocked = blocked_s >= self.bound_s and not self._stop.is_set()
+            if blocked and (self.hangs is None or self.hangs.flight.in_collective()):
                 self._abort(cause, blocked_s)
         except Exception:  # never into the program; try again next interval
             return
