@@ -96,7 +96,13 @@ def explicit_ddp_syncbn(ctx: ddpkit.Context) -> list[bool]:
         wrapped(x).square().mean().backward()
         torch.cuda.synchronize()
         ok = type(wrapped).__name__ == "DistributedDataParallel" and "SyncBatchNorm" in kinds
-        return [check("SyncBatchNorm under DDP on NCCL (world 1)", ok, type(wrapped).__name__)]
+        results = [check("SyncBatchNorm under DDP on NCCL (world 1)", ok, type(wrapped).__name__)]
+        for _ in range(101):  # DDP samples its compute times (CUDA events) every 100 steps
+            wrapped(x).square().mean().backward()
+        compute = compat.ddp_compute_s(wrapped)
+        results.append(check("DDP compute time on CUDA (straggler report)",
+                             compute is not None and compute > 0, f"{compute!r} s"))  # fmt: skip
+        return results
     except Exception as error:
         return [check("SyncBatchNorm under DDP on NCCL (world 1)", False, repr(error)[:300])]
 

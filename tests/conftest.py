@@ -126,6 +126,7 @@ LONGEST_FIRST = (
     "tests/worker/test_checkpoint_async_ranks.py",  # 70 (CI)
     "tests/jobs/test_nodes_cluster.py",  # 97
     "tests/jobs/test_torchx_jobs_cluster.py",  # 91
+    "tests/worker/test_straggler.py",  # 71 (CI)
     "tests/launch/test_resize_launch.py",  # 67 (CI)
     "tests/jobs/test_slurm_backend_cluster.py",  # 67
     "tests/launch/test_node_order_cluster.py",  # 64

@@ -466,6 +466,31 @@ def test_the_public_store_classes_are_torchs_own() -> None:
         assert keyword in signature, signature
 
 
+class _Slow(torch.nn.Module):
+    """A forward that takes at least 5 ms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.005)
+        return self.layer(x)
+
+
+@reach
+@pytest.mark.usefixtures("one_rank_group")
+def test_ddp_compute_s_reads_ddps_sampled_compute_time() -> None:
+    model = torch.nn.parallel.DistributedDataParallel(_Slow())
+    assert compat.ddp_compute_s(model) is None  # nothing sampled yet
+    for _ in range(101):
+        model(torch.randn(8, 4)).sum().backward()
+    value = compat.ddp_compute_s(model)
+    assert value is not None, f"{TORCH}: DDP's logging data lost its compute times"
+    assert 0.005 <= value < 5.0, value
+    assert compat.ddp_compute_s(torch.nn.Linear(2, 2)) is None  # not a DDP model
+
+
 # An sbatch that says where it runs: its session (field 6 of /proc/PID/stat) and its parent
 _SBATCH_WHERE = """#!/bin/sh
 read -r line < /proc/$$/stat

@@ -19,6 +19,9 @@ against the installed version and names that version when one has moved.
     c10d._dump_fr_trace_json       torch       the hang report quotes torch's flight recorder
       and its entries' keys                    (JSON, never the pickled dump), which also
                                                sees collectives issued from C++ (DDP's)
+    DDP._get_ddp_logging_data,     torch       the straggler report: a rank's forward and
+      its avg_forward/backward_                backward compute as DDP samples it
+      compute_time keys (ns)
     TCPStore's handshake: VALIDATE torch       a rank makes torch's store client only once
       + magic number, then PING                a store has answered this ping, bounded: a
       + nonce, echoed                          listener that is no store is a one-line error
@@ -70,6 +73,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPILED_ATTRIBUTE",
     "compiled_inner",
+    "ddp_compute_s",
     "default_store",
     "flight_recorder",
     "launch_config_from_args",
@@ -200,6 +204,18 @@ def default_store() -> Store:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def ddp_compute_s(model: Any) -> float | None:
+    """This rank's forward + backward compute per step in seconds, as DDP measures it at its
+    sampled iterations (CUDA events on GPUs); None before DDP has sampled one, or where the
+    installed torch has no such figures."""
+    try:
+        data = model._get_ddp_logging_data()
+        total_ns = int(data["avg_forward_compute_time"]) + int(data["avg_backward_compute_time"])
+    except Exception:
+        return None
+    return total_ns / 1e9 if total_ns > 0 else None
 
 
 def flight_recorder(collectives: bool) -> dict[str, Any] | None:

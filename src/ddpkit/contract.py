@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_PEER_TIMEOUT_S",
     "DEFAULT_SIGNAL",
+    "DEFAULT_STRAGGLER_INTERVAL_S",
     "ENDPOINT_MODULE",
     "ENVIRONMENT",
     "EXCLUDE_MODULE",
@@ -63,6 +64,7 @@ __all__ = [
     "RUN_ID_VAR",
     "SIGNAL_VAR",
     "STOP_HOLD_MODULE",
+    "STRAGGLER_INTERVAL_VAR",
     "SUBMITIT_SIGNAL_VAR",
     "SUBMITIT_TASK_MODULE",
     "SWEEP_RUN_VAR",
@@ -89,6 +91,8 @@ HANG_FIRST_TIMEOUT_VAR: Final = "DDPKIT_HANG_FIRST_TIMEOUT"
 DEFAULT_HANG_FIRST_TIMEOUT_S: Final = 900.0
 HANG_ACTION_VAR: Final = "DDPKIT_HANG_ACTION"
 HANG_ACTIONS: Final = ("report", "end")  # the first is the default
+STRAGGLER_INTERVAL_VAR: Final = "DDPKIT_STRAGGLER_INTERVAL"
+DEFAULT_STRAGGLER_INTERVAL_S: Final = 300.0
 # the hang watchdog's report, in the attempt's log folder of `ddpkit run`: the launcher quotes it
 HANG_REPORT_FILE: Final = "ddpkit-hang-report.txt"
 PROGRESS_VAR: Final = "DDPKIT_PROGRESS"
@@ -190,6 +194,15 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "torch's collective timeout ends a job that never resumes, as without ddpkit). `end`: "
         "every rank ends with code 1 at the report, which saves the rest of a hung job's "
         "allocation.",
+    ),
+    EnvVar(
+        STRAGGLER_INTERVAL_VAR,
+        "you",
+        f"{DEFAULT_STRAGGLER_INTERVAL_S:g} s",
+        "The straggler report's period in seconds: each rank shares its data-wait and compute "
+        "times per step; when the same rank is the slowest by more than a quarter of the step "
+        "for two periods in a row, rank 0 prints which, by how much and the likely cause. "
+        "`0` or `off` turns it off.",
     ),
     EnvVar(
         HANG_FIRST_TIMEOUT_VAR,

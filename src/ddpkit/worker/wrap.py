@@ -26,6 +26,7 @@ from ddpkit.hints import closest
 from ddpkit.worker.context import Context, current
 from ddpkit.worker.dataparallel import DataParallel
 from ddpkit.worker.placement import Placement, plan_placement
+from ddpkit.worker.straggler import TIMES
 from ddpkit.worker.structure import split_sizes
 
 __all__ = ["STRATEGIES", "resolve_strategy", "wrap"]
@@ -172,4 +173,6 @@ def _wrap_ddp(
         options["device_ids"] = None  # a module on several GPUs (torch's rule)
     elif context.device.type == "cuda":
         options.setdefault("device_ids", [context.device.index])
-    return DistributedDataParallel(model, **options)
+    wrapped = DistributedDataParallel(model, **options)
+    TIMES.watch_model(wrapped)  # its sampled compute times feed the straggler report
+    return wrapped

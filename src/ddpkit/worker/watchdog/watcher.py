@@ -81,6 +81,7 @@ class Watchdog:
         self._said = self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
+        self.stragglers: Callable[[float], None] | None = None  # ddpkit.worker.straggler's hook
         self._thread = threading.Thread(target=self._watch, name=policy.THREAD_NAME, daemon=True)
 
     def stop(self, how: str = "exited") -> None:
@@ -117,6 +118,8 @@ class Watchdog:
             text = self.hangs.check(now) if self.hangs is not None else None
             if text is not None and not self._stop.is_set():
                 self._act_on_hang(text)
+            if self.stragglers is not None:
+                self.stragglers(now)
             cause = self._cause()
             if cause is None:
                 return
