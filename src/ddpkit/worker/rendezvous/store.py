@@ -13,8 +13,7 @@ allows (:func:`store_endpoint`):
 * otherwise on every interface, as torch does: the other nodes must reach it, and a host name
   may resolve to a different address on each node.
 
-torch's ``TCPStore`` takes no bind address but an already-listening socket
-(``master_listen_fd``), so the loopback listener is made here and handed over.
+torch's ``TCPStore`` takes no bind address but a listening socket (``master_listen_fd``): made here.
 
 Connecting is bounded (:func:`connect_client`), with no thread: torch's client, against a
 listener that accepts and never answers, waits for the reply to its handshake with no bound at
