@@ -256,14 +256,14 @@ def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 def connection_cost(count: int, trials: int) -> dict[str, list[float]]:
     """Microseconds of the store server thread's CPU per connection opened and closed: the
-    watchdog's own (``hooks.own_connection``: a new client of the group's store, its timeout
-    set) against a torch client's (``TCPStore(..., is_master=False)``, what every plain rank
+    watchdog's own (``rendezvous.store.own_connection``: a new client of the group's store, its
+    timeout set) against a torch client's (``TCPStore(..., is_master=False)``, what every plain rank
     opens), ``count`` of each a trial, alternating, on a real store in this process. What a
     rank's watchdog costs the store at start-up besides its introduction (one ``set``), now
     outside init()'s burst: bench_scale's jobs time that burst, not this."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    from ddpkit.worker.watchdog.hooks import own_connection
+    from ddpkit.worker.rendezvous.store import own_connection
 
     host = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), wait_for_workers=False)
     client = TCPStore("127.0.0.1", host.port, None, False, timedelta(seconds=600))

@@ -5,7 +5,7 @@ against the rendezvous store, with ddpkit's own code (no copy of it):
 
 * ``ddpkit``: :func:`ddpkit.worker.rendezvous.group.make_store` (rank 0 hosts, the others
   connect, probing the master only when their client lingers, every wait bounded), then the
-  group forms, then the watchdog starts as :func:`ddpkit.worker.watchdog.hooks.start` starts it (a
+  group forms, then the watchdog starts as :func:`ddpkit.worker.watchdog.watcher.start` starts it (a
   :class:`~ddpkit.worker.watchdog.store.StoreLink` under a ``PrefixStore`` over a connection
   of its own made in init(), a new client of the same store, whose first step introduces it:
   ``who/<rank>``; rank 0 also creates every ``beat/<rank>`` key), left running to measure its
@@ -267,7 +267,7 @@ class Rank:
         up = _Up(self)
         prefix = f"{KEY_PREFIX}0/1/"
         op_timeout_s = op_timeout_for(self.bound_s)
-        # as hooks.start: a connection of its own, made in init() (a new client of the same
+        # as watcher.start: a connection of its own, made in init() (a new client of the same
         # store; the socket timeouts own_connection sets are left out: it tells the socket
         # apart by its port, which thousands of ranks in one process share), counted
         self.stamp("linked")
@@ -287,7 +287,7 @@ class Rank:
                 address=f"127.0.0.1:{self.port}",
                 clock=time.monotonic,
                 op_timeout_s=op_timeout_s,
-                beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as hooks.start
+                beat_interval_s=beat_interval_for(self.bound_s, self.world),  # as watcher.start
             )
         )
         self.link.start()  # its first step introduces it (rank 0: and every beat key)

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from ddpkit.errors import ConfigError
 from ddpkit.worker import watchdog
 from ddpkit.worker.watchdog import flight, hang
-from ddpkit.worker.watchdog.rankzero_if import is_rank_zero_test, rank_zero_if
+from ddpkit.worker.watchdog.hang import is_rank_zero_test, rank_zero_if
 from tests.support.distutil import FORKSERVER_PRELOAD, free_port
 from tests.support.pids import start_ticks
 from tests.support.spawned import Rank, child_env, running, spawned_env, wait_ended

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.errors import ConfigError
-from ddpkit.worker.watchdog import straggler
+from ddpkit.worker import straggler
 from tests.support.distutil import free_port
 from tests.support.spawned import child_env
 
@@ -186,7 +186,7 @@ def test_a_slow_forward_is_the_compute_ddp_measures_and_is_named_as_compute() ->
     it before the 100th batch. (100 real steps, each a gloo all-reduce handed between threads,
     waited for a core at each hand-over on a loaded machine: most of the test's time.)"""
     from ddpkit.compat import ddp_compute_s
-    from ddpkit.worker.steptimes import COMPUTE_EVERY, StepTimes
+    from ddpkit.worker.straggler import COMPUTE_EVERY, StepTimes
 
     class Slow(torch.nn.Module):
         def __init__(self) -> None:

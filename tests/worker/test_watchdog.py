@@ -27,8 +27,8 @@ from ddpkit.cluster.stop.blamed import take_blamed
 from ddpkit.errors import ConfigError
 from ddpkit.worker import context as runtime
 from ddpkit.worker import process_group, watchdog
-from ddpkit.worker.watchdog import Departure
-from ddpkit.worker.watchdog.policy import read_marker, read_who
+from ddpkit.worker.watchdog import policy, watcher
+from ddpkit.worker.watchdog.policy import Departure, read_marker, read_who
 from ddpkit.worker.watchdog.store import BeatJudge
 from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
@@ -131,20 +131,20 @@ while True:
 def test_peer_timeout_resolution(
     env: dict[str, str], explicit: float | None, expected: float | None
 ) -> None:
-    assert watchdog.peer_timeout(env, explicit) == expected
+    assert policy.peer_timeout(env, explicit) == expected
 
 
 @pytest.mark.parametrize("raw", ["soon", "-1", "inf", "nan", "1e400"])
 def test_bad_peer_timeout_variable_is_a_config_error(raw: str) -> None:
     with pytest.raises(ConfigError, match=rf"DDPKIT_PEER_TIMEOUT='{re.escape(raw)}'") as info:
-        watchdog.peer_timeout({"DDPKIT_PEER_TIMEOUT": raw}, None)
+        policy.peer_timeout({"DDPKIT_PEER_TIMEOUT": raw}, None)
     assert "off" in str(info.value.hint)
 
 
 @pytest.mark.parametrize("value", [-1.0, True, float("inf")])
 def test_bad_peer_timeout_keyword_is_a_config_error(value: float) -> None:
     with pytest.raises(ConfigError, match=r"peer_timeout_s="):
-        watchdog.peer_timeout({}, value)
+        policy.peer_timeout({}, value)
 
 
 def test_collective_timeout_from_the_keyword_the_variable_or_torch() -> None:
@@ -170,8 +170,8 @@ def test_init_rejects_a_bad_variable_before_joining(name: str, raw: str) -> None
 
 
 def test_interval_is_a_quarter_of_the_bound_at_most_one_second() -> None:
-    assert watchdog.interval_for(60) == 1.0
-    assert watchdog.interval_for(2) == 0.5
+    assert policy.interval_for(60) == 1.0
+    assert policy.interval_for(2) == 0.5
 
 
 @pytest.mark.parametrize(
@@ -190,13 +190,13 @@ def test_interval_is_a_quarter_of_the_bound_at_most_one_second() -> None:
 def test_the_beat_interval_stretches_with_the_world(
     bound_s: float, world: int, expected: float
 ) -> None:
-    assert watchdog.beat_interval_for(bound_s, world) == expected
+    assert policy.beat_interval_for(bound_s, world) == expected
 
 
 def test_the_heartbeat_load_at_the_store_stops_growing_past_512_ranks() -> None:
     # each rank other than 0 makes 2 store calls a beat (its beat and its poll); before, the
     # load was 2 calls/s per rank: 8,192 calls/s at 4,096 ranks
-    load = {n: 2 * (n - 1) / watchdog.beat_interval_for(60, n) for n in (2**k for k in range(13))}
+    load = {n: 2 * (n - 1) / policy.beat_interval_for(60, n) for n in (2**k for k in range(13))}
     assert load[4096] <= 2 * 512 and load[2048] <= 2 * 512 and load[1024] <= 2 * 512
     assert max(load.values()) <= 2 * 512
     assert load[4] == 6  # small worlds keep the 1 s beat
@@ -206,36 +206,36 @@ def test_the_heartbeat_load_at_the_store_stops_growing_past_512_ranks() -> None:
 
 
 def _gone(rank: int | None, how: str, *, victim: bool = False) -> Departure:
-    return Departure(rank, watchdog.describe_rank(rank or 0, "nodeB", 4242), how, victim=victim)
+    return Departure(rank, policy.describe_rank(rank or 0, "nodeB", 4242), how, victim=victim)
 
 
 def test_the_first_rank_that_left_on_its_own_is_named() -> None:
     first_victim = _gone(0, "raised RuntimeError: Connection closed by peer", victim=True)
     culprit = _gone(2, "exited")
-    assert watchdog.pick_cause([first_victim, culprit, _gone(3, "exited")], me=1) is culprit
-    assert watchdog.pick_cause([first_victim], me=1) is first_victim  # better than nothing
-    assert watchdog.pick_cause([_gone(1, "exited")], me=1) is None  # never itself
+    assert policy.pick_cause([first_victim, culprit, _gone(3, "exited")], me=1) is culprit
+    assert policy.pick_cause([first_victim], me=1) is first_victim  # better than nothing
+    assert policy.pick_cause([_gone(1, "exited")], me=1) is None  # never itself
 
 
 def test_messages_name_the_rank_host_pid_and_bound() -> None:
     cause = _gone(1, "exited")
-    line = watchdog.abort_message(cause, me=0, waited_s=5.04, bound_s=5)
+    line = policy.abort_message(cause, me=0, waited_s=5.04, bound_s=5)
     assert line.startswith(
         "ddpkit: rank 1 on host nodeB (pid 4242) exited while rank 0 was waiting for it in a "
         "collective; ending rank 0 after 5.0 s (bound: DDPKIT_PEER_TIMEOUT=5)"
     )
     assert "ddpkit.shutdown()" in line and "\n" not in line
-    raised = watchdog.raised_message(cause, me=2, error="RuntimeError", waited_s=2.0)
+    raised = policy.raised_message(cause, me=2, error="RuntimeError", waited_s=2.0)
     assert raised.startswith("ddpkit: rank 1 on host nodeB (pid 4242) exited while rank 2")
     assert "the RuntimeError above" in raised
-    assert "no rank reported leaving" in watchdog.raised_message(None, 2, "RuntimeError", 2.0)
+    assert "no rank reported leaving" in policy.raised_message(None, 2, "RuntimeError", 2.0)
 
 
 def test_peer_failures_are_told_from_the_programs_own_errors() -> None:
     gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [1.2.3.4]:5")
-    assert watchdog.looks_like_peer_failure(gloo)
-    assert not watchdog.looks_like_peer_failure(ValueError("bad batch 17"))
-    assert not watchdog.looks_like_peer_failure(RuntimeError("CUDA out of memory"))
+    assert policy.looks_like_peer_failure(gloo)
+    assert not policy.looks_like_peer_failure(ValueError("bad batch 17"))
+    assert not policy.looks_like_peer_failure(RuntimeError("CUDA out of memory"))
 
 
 # --- the blocked-thread check ---------------------------------------------------------------------
@@ -245,7 +245,7 @@ def _blocked_for(target_wait: threading.Event, work: threading.Thread) -> float:
     """Sample ``work`` like the watchdog does for ~1 s; how long it looked blocked."""
     work.start()
     time.sleep(0.2)
-    progress = watchdog.Progress(work, time.monotonic)
+    progress = watcher.Progress(work, time.monotonic)
     start = time.monotonic()
     for _ in range(6):
         time.sleep(0.2)
@@ -307,7 +307,7 @@ def _lifecycle_worker(rank: int, world_size: int, port: int, more: list[int]) ->
 def test_started_for_an_owned_group_stopped_by_shutdown_absent_when_off_or_adopted() -> None:
     for seen in run_workers(_lifecycle_worker, 2, [free_port(), free_port()]):
         assert seen["owned"] is True
-        assert seen["threads"] == [watchdog.THREAD_NAME]  # one thread
+        assert seen["threads"] == [policy.THREAD_NAME]  # one thread
         assert seen["after_shutdown"] == (None, set())
         assert seen["off"] is None and seen["adopted"] is None
 

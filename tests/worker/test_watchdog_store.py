@@ -159,15 +159,15 @@ def test_rank_zero_judges_every_interval_while_the_others_beat_less_often(
 
 
 def test_the_watchdog_beats_at_its_worlds_interval(host: TCPStore) -> None:
-    from ddpkit.worker.watchdog import hooks
+    from ddpkit.worker.watchdog import watcher
 
     client = TCPStore("127.0.0.1", host.port, is_master=False)
-    dog = hooks.start(rank=1, world_size=4096, bound_s=60.0, store=client)
+    dog = watcher.start(rank=1, world_size=4096, bound_s=60.0, store=client)
     try:
         assert dog.interval_s == 1.0  # its judge samples as before
         assert dog._link.beat_interval_s == 8.0  # 4,096 ranks: 512 beats a second in all
     finally:
-        hooks.stop()
+        watcher.stop()
 
 
 class DictStore:
@@ -280,10 +280,10 @@ def _names(host: TCPStore) -> set[int]:
 
 
 def _prefix() -> str:
-    from ddpkit.worker.watchdog import hooks
+    from ddpkit.worker.watchdog import watcher
     from ddpkit.worker.watchdog.policy import KEY_PREFIX
 
-    return f"{KEY_PREFIX}0/{hooks._PROCESS.generation}//"  # PrefixStore joins with a "/"
+    return f"{KEY_PREFIX}0/{watcher._PROCESS.generation}//"  # PrefixStore joins with a "/"
 
 
 def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
@@ -291,10 +291,10 @@ def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
 ) -> None:
     # a TCPStore client runs one operation at a time: on the program's own connection, a
     # training script blocked in store.wait() would hold every heartbeat (and be named dead)
-    from ddpkit.worker.watchdog import hooks
+    from ddpkit.worker.watchdog import watcher
 
     client = TCPStore("127.0.0.1", host.port, is_master=False)
-    hooks.start(rank=1, world_size=2, bound_s=2.0, store=client)  # beats every 0.5 s
+    watcher.start(rank=1, world_size=2, bound_s=2.0, store=client)  # beats every 0.5 s
     beat = f"{_prefix()}beat/1"
     try:
         _wait(lambda: host.check([beat]) and int(host.get(beat)) >= 1, 10)
@@ -314,7 +314,7 @@ def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
         blocked.join(30)
         assert waited == ["1"], "the program's wait did not end at its key"
     finally:
-        hooks.stop()
+        watcher.stop()
 
 
 def _store_host() -> tuple[subprocess.Popen[str], int]:
@@ -371,7 +371,7 @@ def test_each_store_operation_of_the_watchdog_is_bounded_by_its_timeout() -> Non
     # torch's own timeout bounds waits for a key only: an add to a frozen host blocked for
     # good, and the watchdog's exit could not be bounded. Its own connection's socket times out
 
-    from ddpkit.worker.watchdog.hooks import own_connection
+    from ddpkit.worker.rendezvous.store import own_connection
 
     with _frozen_host() as (host, client):
         own = own_connection(PrefixStore("default_pg", client), "w/", 1.0)
@@ -398,7 +398,7 @@ def test_the_exit_cuts_a_store_call_in_flight() -> None:
     # the exit waits an operation's timeout for the thread, then shuts its socket down: the
     # call returns at once, before the interpreter finalizes (which it would abort)
 
-    from ddpkit.worker.watchdog.hooks import own_connection
+    from ddpkit.worker.rendezvous.store import own_connection
 
     with _frozen_host() as (host, client):
         own = own_connection(PrefixStore("default_pg", client), "w/", 600.0)
@@ -417,7 +417,7 @@ def test_a_store_host_that_left_is_named_without_a_failed_operation(
 ) -> None:
     # a peer of rank 0 (the host) that exits first learns it from the closed connection, with
     # no store call that fails (torch logs each with a C++ stack trace on stderr)
-    from ddpkit.worker.watchdog.hooks import own_connection
+    from ddpkit.worker.rendezvous.store import own_connection
 
     host, port = _store_host()
     try:
@@ -446,10 +446,10 @@ EXIT_AS_HOST_GOES = """
 import os, signal, sys, time
 from datetime import timedelta
 from torch.distributed import TCPStore
-from ddpkit.worker.watchdog import hooks
+from ddpkit.worker.watchdog import watcher
 port, pid, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 client = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
-dog = hooks.start(rank=1, world_size=2, bound_s=float(sys.argv[4]), store=client)
+dog = watcher.start(rank=1, world_size=2, bound_s=float(sys.argv[4]), store=client)
 time.sleep(0.72)  # it beats (and polls) at once, then every 0.5 s
 
 

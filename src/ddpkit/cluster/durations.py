@@ -1,9 +1,9 @@
 """Seconds from keyword arguments and environment variables: one parser for every timeout knob.
 
-``DDPKIT_CONNECT_TIMEOUT``, ``DDPKIT_COLLECTIVE_TIMEOUT`` and ``DDPKIT_PEER_TIMEOUT`` (and their
-keyword arguments) are read here, so they accept the same spellings and fail the same way: a
-``ConfigError`` naming the argument or variable and the value as written, with a hint.
-Pure and torch-free.
+``DDPKIT_CONNECT_TIMEOUT``, ``DDPKIT_COLLECTIVE_TIMEOUT``, ``DDPKIT_PEER_TIMEOUT`` and the hang
+watchdog's bounds (and their keyword arguments) are read here, so they accept the same spellings
+and fail the same way: a ``ConfigError`` naming the argument or variable and the value as
+written, with a hint. Pure and torch-free.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ddpkit.contract import BOUND_PER_RANK_S
 from ddpkit.errors import ConfigError
 from ddpkit.masking import assignment
 
-__all__ = ["positive_seconds", "scaled_bound", "seconds_from_env"]
+__all__ = ["positive_seconds", "scaled_bound", "seconds_from_env", "seconds_or_off"]
 
 
 def positive_seconds(
@@ -58,3 +58,28 @@ def scaled_bound(base_s: float, ranks: int) -> float:
     the first (:data:`~ddpkit.contract.BOUND_PER_RANK_S`): the ranks reach one store one by
     one. Only defaults scale; a bound the user set is used as given."""
     return base_s + BOUND_PER_RANK_S * max(0, ranks - 1)
+
+
+def seconds_or_off(
+    env: Mapping[str, str],
+    explicit_s: float | None,
+    variable: str,
+    keyword: str,
+    default_s: float,
+    *,
+    example: str,
+    can_be_off: bool = True,
+) -> float | None:
+    """Seconds from a keyword (wins) or ``variable``, else ``default_s``; None for ``0`` (or
+    ``off``) when it ``can_be_off``. A bad value is a ConfigError naming it."""
+    off = ", or 0 for off" if can_be_off else ""
+    if explicit_s is not None:
+        if can_be_off and explicit_s == 0 and not isinstance(explicit_s, bool):
+            return None
+        return positive_seconds(explicit_s, keyword, hint=f"e.g. {keyword}={example}{off}")
+    raw = env.get(variable, "").strip().lower()
+    if can_be_off and (raw == "off" or to_float(raw) == 0):
+        return None
+    hint = f"e.g. {variable}={example}" + (f", or {variable}=off" if can_be_off else "")
+    value = seconds_from_env(env, variable, example=example, hint=hint)
+    return default_s if value is None else value

@@ -44,7 +44,7 @@ from ddpkit.cluster.stop import latch
 from ddpkit.errors import ConfigError, TopologyError, UsageError
 from ddpkit.masking import assignment
 from ddpkit.worker import exit as process_exit
-from ddpkit.worker import process_group, watchdog
+from ddpkit.worker import process_group, straggler, watchdog
 from ddpkit.worker.watchdog.flight import recording
 
 __all__ = ["Context", "current", "current_or_none", "init", "shutdown"]
@@ -195,7 +195,7 @@ def _join(
     collective_s = process_group.collective_timeout(env, timeout_s)
     bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
     hangs = watchdog.hang_bounds(env, *hang_s, info.world_size)
-    stragglers = watchdog.straggler_interval(env)
+    stragglers = straggler.straggler_interval(env)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
     records = hangs is not None and bound_s is not None and info.world_size > 1
@@ -235,15 +235,14 @@ def _agreed(context: Context) -> Context:
 def _start_watchdog(
     info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None, stragglers: float | None
 ) -> None:
-    """Start the watchdog; training goes on without one (with a warning) if it cannot start."""
+    """Start the watchdog (and the straggler report on its thread); training goes on without
+    one (with a warning) if it cannot start."""
     try:
         _STATE.peer_watchdog = watchdog.start(
-            rank=info.rank,
-            world_size=info.world_size,
-            bound_s=bound_s,
-            hangs=hangs,
-            straggler_s=stragglers,
+            rank=info.rank, world_size=info.world_size, bound_s=bound_s, hangs=hangs
         )
+        if stragglers is not None:
+            straggler.attach(_STATE.peer_watchdog, stragglers)
     except Exception as exc:
         warnings.warn(
             f"ddpkit: the peer watchdog could not start ({type(exc).__name__}: {exc}); a rank "

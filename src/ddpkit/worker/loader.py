@@ -30,6 +30,7 @@ progress), so a resumed pass reports only the batches it still yields.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.worker import reshard
 from ddpkit.worker.active import ActiveSlot, GatherMemo
 from ddpkit.worker.context import current
-from ddpkit.worker.steptimes import TIMES, batch_clock
+from ddpkit.worker.straggler import TIMES
 
 __all__ = [
     "DistributedLoader",
@@ -370,7 +371,7 @@ class _TrackedIterator(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        started = batch_clock()
+        started = time.perf_counter()
         try:
             batch = next(self._inner)
         except StopIteration:
@@ -378,7 +379,7 @@ class _TrackedIterator(Iterator[Any]):
             ACTIVE.finish(self)
             self.loader._finish(self)
             raise
-        TIMES.batch(started, batch_clock())
+        TIMES.batch(started, time.perf_counter())
         self.step += 1
         self.yielded += 1
         self.loader._advance(self)

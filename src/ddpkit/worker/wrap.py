@@ -31,7 +31,7 @@ from ddpkit.worker.context import Context, current
 from ddpkit.worker.dataparallel import DataParallel
 from ddpkit.worker.fsdp import check_blocks, check_precision, is_sharded, shard_model
 from ddpkit.worker.placement import Placement, plan_placement
-from ddpkit.worker.steptimes import TIMES
+from ddpkit.worker.straggler import TIMES
 from ddpkit.worker.structure import split_sizes
 
 __all__ = ["STRATEGIES", "resolve_strategy", "wrap"]

@@ -13,10 +13,7 @@ allows (:func:`store_endpoint`):
 * otherwise on every interface, as torch does: the other nodes must reach it, and a host name
   may resolve to a different address on each node.
 
-torch's ``TCPStore`` takes no bind address; it takes an already-listening socket
-(``master_listen_fd``, a public parameter), so the loopback listener is made here and handed
-over. A store torch opens later on the same port in this process with ``multi_tenant=True``
-shares that server, whatever host name it is given.
+torch's ``TCPStore`` takes no bind address but a listening socket (``master_listen_fd``): made here.
 
 Connecting is bounded (:func:`connect_client`), with no thread: torch's client, against a
 listener that accepts and never answers, waits for the reply to its handshake with no bound at
@@ -28,20 +25,23 @@ rank's own thread; anything else ends, at the connect timeout, in a one-line
 :class:`RendezvousError` naming the address: nothing listens (a missing or crashed rank 0), or
 something that is no store holds the port.
 
-The port search of a SLURM step without MASTER_PORT (host on the first candidate that binds,
-find the store that answers with the job's identity) is in
-:mod:`ddpkit.worker.rendezvous.portsearch`.
+The peer watchdog's own client (:func:`own_connection`) is made here too. The port search of a
+SLURM step without MASTER_PORT is in :mod:`ddpkit.worker.rendezvous.portsearch`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
 import socket
+import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
@@ -55,12 +55,15 @@ __all__ = [
     "CONNECT_TIMEOUT_VAR",
     "HANDSHAKE_MIN_S",
     "NOT_A_STORE",
+    "Connection",
     "NotAStore",
     "connect_client",
     "host_tcp_store",
     "is_taken",
     "loopback_address",
+    "own_connection",
     "probe_master",
+    "store_address",
     "store_answers",
     "store_endpoint",
     "try_connect",
@@ -310,3 +313,88 @@ def _client(addr: str, port: int, connect_s: float, timeout: timedelta) -> TCPSt
     client = TCPStore(addr, port, None, False, timedelta(seconds=connect_s))
     client.set_timeout(timeout)
     return client
+
+
+def _store_of(store: Any) -> Any:
+    """The store under ``store``'s prefixes (``default_pg/``, torchrun's ``/worker/attempt_N``)."""
+    inner: Any = store
+    while hasattr(inner, "underlying_store"):
+        inner = inner.underlying_store
+    return inner
+
+
+def store_address(store: Any) -> str:
+    inner = _store_of(store)
+    host, port = getattr(inner, "host", None), getattr(inner, "port", None)
+    return type(inner).__name__ if host is None or port is None else f"{host}:{port}"
+
+
+@dataclass
+class Connection:
+    """The store under a prefix; ``cut`` ends an operation in flight; ``closed``: by the host?"""
+
+    store: Any
+    cut: Callable[[], None]
+    closed: Callable[[], bool]
+
+
+def own_connection(base: Any, prefix: str, op_timeout_s: float) -> Connection | None:
+    """The peer watchdog's own client of ``base``'s TCPStore (never queued behind the program's
+    calls), made once the store answered, each operation bounded by its socket's timeouts (torch
+    bounds only waits for a key); None when it is no TCPStore, the connect fails, or its socket
+    cannot be told apart."""
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    raw = _store_of(base)
+    if not isinstance(raw, TCPStore):
+        return None
+    before = _sockets()
+    try:
+        store_answers(raw.host, raw.port, op_timeout_s)
+        own = _client(raw.host, raw.port, op_timeout_s, timedelta(seconds=op_timeout_s))
+    except Exception:
+        return None
+    socks = [s for i, fd in _sockets().items() if i not in before and (s := _peer(fd, raw.port))]
+    if len(socks) != 1:
+        return None
+    (sock,) = socks  # a duplicate of torch's descriptor: the same socket
+    timeout = struct.pack("ll", int(op_timeout_s), int(op_timeout_s % 1 * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
+
+    def cut() -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def closed() -> bool:  # between operations nothing is to be read: readable means closed
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    return Connection(PrefixStore(prefix, own), cut, closed)  # which keeps ``own`` alive
+
+
+def _sockets() -> dict[str, int]:
+    """This process's sockets: ``socket:[inode]`` -> fd (Linux; empty elsewhere)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if target.startswith("socket:"):
+                    found[target] = int(name)
+    return found
+
+
+def _peer(fd: int, port: int) -> socket.socket | None:
+    """A socket over a duplicate of ``fd``, if that is connected to ``port``."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        with contextlib.suppress(OSError):
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] == port:
+                return sock
+        sock.close()
+    return None

@@ -1,21 +1,8 @@
-"""This rank's collectives, from torch's flight recorder: read, never rebuilt or patched.
-
-torch records each group's collectives, gloo's and NCCL's alike (op, sequence number, sizes,
-dtypes, creation time; per group the last enqueued and last completed), and ddpkit reads its
-JSON dump (:func:`ddpkit.compat.flight_recorder`). While ``init()`` makes its group with the
-hang watchdog on, :func:`recording` sets ``TORCH_FR_BUFFER_SIZE`` (torch 2.13's default) when
-the user set no buffer size. The recorder keeps no call site: the hang report takes the place
-from the main thread's stack. Where torch keeps no recorder the hang watchdog reports nothing.
-
-* In a collective: a group's last enqueued collective is past its last completed one (a sync
-  call waiting, DDP's all-reduce inside ``backward()``): from the cheap status alone, every
-  interval; the entries are read only once one has been open for a bound (parsing them holds
-  the GIL a while), for its creation time, whether it is retired after all (gloo's status can
-  lag behind a call that returned), and the phase.
-* The phase: the job is past its first step once a collective made after the watchdog
-  started has completed twice alike (group, op, sizes, dtypes): the loop has turned.
-* Patience: while a thread is inside :func:`patient` (a rank waiting for rank 0's checkpoint
-  write), an open collective is judged by the generous first bound.
+"""This rank's collectives, from torch's flight recorder (gloo's and NCCL's): read, never
+rebuilt or patched; :func:`recording` enables it while ``init()`` makes its group. In a
+collective: a group's last enqueued one is past its last completed one (the cheap status, each
+interval); the entries (parsing them holds the GIL) are read once one has been open for a bound.
+Past the first step: a collective made since the watchdog started completed twice alike.
 """
 
 from __future__ import annotations
@@ -44,22 +31,22 @@ Key = tuple[str, int]  # (group id, sequence number)
 @contextlib.contextmanager
 def recording(env: MutableMapping[str, str] | None = None) -> Iterator[None]:
     """While a group is made: ``TORCH_FR_BUFFER_SIZE`` set when the user set no buffer size
-    (torch reads it once, at the recorder's first use), then removed again."""
+    (torch reads it once), then removed again."""
     env = os.environ if env is None else env
-    if any(name in env for name in BUFFER_VARS):
-        yield
-        return
-    env[BUFFER_VARS[0]] = str(BUFFER_SIZE)
+    ours = not any(name in env for name in BUFFER_VARS)
+    if ours:
+        env[BUFFER_VARS[0]] = str(BUFFER_SIZE)
     try:
         yield
     finally:
-        env.pop(BUFFER_VARS[0], None)
+        if ours:
+            env.pop(BUFFER_VARS[0], None)
 
 
 @contextlib.contextmanager
 def patient() -> Iterator[None]:
-    """Collectives entered inside wait for another rank's long solo work (rank 0 writing a
-    checkpoint): while any thread is inside, the hang watchdog uses the first bound."""
+    """Collectives inside wait for another rank's long solo work (rank 0 writing a checkpoint):
+    the hang watchdog uses the first bound meanwhile."""
     with _PATIENT_LOCK:
         _PATIENT[0] += 1
     try:
@@ -70,8 +57,7 @@ def patient() -> Iterator[None]:
 
 
 class Flight:
-    """This rank's collectives as the recorder shows them (the watchdog's thread; and
-    :meth:`calls` on it too, answering a hang report)."""
+    """This rank's collectives as the recorder shows them (read on the watchdog's thread)."""
 
     def __init__(
         self,
@@ -90,8 +76,7 @@ class Flight:
     def _opened(self) -> set[Key]:
         dump = self._dump(False)
         status = _status(dump) if dump is not None else {}
-        # every number the status holds open: it can lag behind calls that returned, and
-        # only the first open one was taken (retired by its entry, it hid the call after it)
+        # every number the status holds open (it lags: the first may be retired by its entry)
         return {
             (group, seq)
             for group, (made, done) in status.items()
@@ -99,8 +84,7 @@ class Flight:
         }
 
     def in_collective(self) -> bool:
-        """Whether a collective of this rank is in flight; True where there is no recorder (a
-        rank blocked is then taken as waiting, as with the hang watchdog off)."""
+        """Whether a collective of this rank is in flight; True where there is no recorder."""
         if self._dump(False) is None:
             return True
         if not self._opened() - self._stale:
@@ -173,8 +157,8 @@ class Flight:
         return [e for e in entries if int(e.get("time_created_ns") or 0) >= since], _status(dump)
 
     def calls(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """(the oldest collective in flight, the last completed ones, oldest first), as
-        :func:`describe` makes them: what a rank's piece of a hang report says."""
+        """(the oldest collective in flight, the last completed ones), as :func:`describe`
+        makes them."""
         entries, status = self._entries()
         wall, running, done = self._wall_ns(), None, []
         for entry in entries or []:
@@ -197,8 +181,7 @@ def _status(dump: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
 
 
 def _in_flight(entry: Mapping[str, Any], status: Mapping[str, tuple[int, int]]) -> bool:
-    """Neither retired (gloo marks DDP's all-reduce so late) nor completed by the group's
-    status (which can lag behind a collective that returned)."""
+    """Neither retired nor completed by the group's status."""
     if entry.get("retired") or entry.get("is_p2p"):
         return False
     return _seq(entry) > status.get(_group(entry), (0, -1))[1]
@@ -217,7 +200,7 @@ def _seq(entry: Mapping[str, Any]) -> int:
 
 def describe(entry: Mapping[str, Any], wall_ns: int, *, running: bool) -> dict[str, Any]:
     """A recorder entry as the report writes a call: ``all_reduce #12 [1024] float32 on
-    default_pg`` (the piece adds the caller's place)."""
+    default_pg``."""
     name, desc = ([*(entry.get("process_group") or []), "", ""])[:2]
     sizes, dtypes = entry.get("input_sizes") or [], entry.get("input_dtypes") or []
     dtype = _DTYPES.get(str(dtypes[0]), str(dtypes[0]).lower()) if dtypes else ""

@@ -1,38 +1,38 @@
 """The hang watchdog's policy, pure: its two bounds, who is the odd one out, the report.
 
-A rank inside one collective past the bound has every rank send its piece (its main thread's
-stack, its collectives from torch's flight recorder; :mod:`.hangwatch`); the pieces are grouped
-by identical stacks and the rank(s) not where the majority waits are named in one report. Two
-bounds: ``DDPKIT_HANG_FIRST_TIMEOUT`` until the job is past its first step (rank 0 preparing
-data while the others wait must still work), then ``DDPKIT_HANG_TIMEOUT``, grown by
-``log2(world) / 6`` past 64 ranks. ``DDPKIT_HANG_ACTION``: ``report`` (the default: the job goes
-on) or ``end`` (every rank ends at the report).
+Every rank sends its piece (:mod:`.hangwatch`); the rank(s) not where the majority waits are
+named. A rank-0-only ``if`` (``if ctx.is_main: save()`` where ``save`` calls a barrier: the
+classic hang) is guessed from source text at report time: the innermost ``if`` without ``else``
+whose test holds on rank 0 only and whose body holds the frame that called the collective.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import linecache
 import math
+import os
+import sysconfig
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddpkit.contract import (
-    DEFAULT_HANG_FIRST_TIMEOUT_S,
-    DEFAULT_HANG_TIMEOUT_S,
-    HANG_ACTION_VAR,
-    HANG_ACTIONS,
-    HANG_FIRST_TIMEOUT_VAR,
-    HANG_TIMEOUT_VAR,
-)
+from ddpkit import contract
+from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.errors import ConfigError
-from ddpkit.worker.watchdog.policy import seconds_or_off
 
+Pieces = Mapping[int, Mapping[str, Any]]  # rank -> its answer (:meth:`.HangWatch.piece`)
 _STACK_FRAMES = 14  # the innermost frames of each stack in the report
+_MAX_FRAMES = 8  # program frames looked at for a rank-0-only if
+_RANK_ZERO_FLAGS = ("is_main", "is_main_process", "is_global_zero", "is_rank_zero", "is_master")
+_RANK_NAMES = ("rank", "global_rank", "get_rank", "get_global_rank", "process_index")
 
 
 @dataclass(frozen=True)
 class HangBounds:
-    """The bound before the first step and after it (already scaled by the world size)."""
+    """The bound before the first step (rank 0 preparing data while the others wait must still
+    work) and after it, scaled by the world size."""
 
     first_s: float
     step_s: float
@@ -43,17 +43,16 @@ class HangBounds:
         return self.step_s if past_first_step else self.first_s
 
     def which(self, past_first_step: bool) -> str:
-        """``DDPKIT_HANG_TIMEOUT=3`` (x1.5 for 512 ranks), for the report."""
+        """``DDPKIT_HANG_TIMEOUT=3 x 1.50 for the world size``, for the report."""
         if not past_first_step:
-            return f"{HANG_FIRST_TIMEOUT_VAR}={self.first_s:g}, before the first step"
+            return f"{contract.HANG_FIRST_TIMEOUT_VAR}={self.first_s:g}, before the first step"
         scale = self.step_s / self.base_step_s
         scaled = f" x {scale:.2f} for the world size" if scale > 1.0001 else ""
-        return f"{HANG_TIMEOUT_VAR}={self.base_step_s:g}{scaled}"
+        return f"{contract.HANG_TIMEOUT_VAR}={self.base_step_s:g}{scaled}"
 
 
 def scaled_for(bound_s: float, world_size: int) -> float:
-    """The per-collective bound for ``world_size`` ranks: as set up to 64 ranks, then growing
-    with log2 of the world size (stragglers grow with it; collectives' depth too)."""
+    """As set up to 64 ranks, then growing with log2 of the world size (collectives' depth)."""
     return bound_s * max(1.0, math.log2(max(world_size, 1)) / 6)
 
 
@@ -63,22 +62,16 @@ def hang_bounds(
     explicit_first_s: float | None,
     world_size: int,
 ) -> HangBounds | None:
-    """The two bounds, or None when the hang watchdog is off: ``init(hang_timeout_s=)`` or
-    ``DDPKIT_HANG_TIMEOUT`` (180 s; ``0``/``off`` is off), ``init(hang_first_timeout_s=)`` or
-    ``DDPKIT_HANG_FIRST_TIMEOUT`` (900 s, never below the other)."""
-    step = seconds_or_off(
-        env, explicit_s, HANG_TIMEOUT_VAR, "hang_timeout_s", DEFAULT_HANG_TIMEOUT_S, example="300"
-    )
+    """The two bounds, None when the hang watchdog is off: ``init(hang_timeout_s=)`` or
+    ``DDPKIT_HANG_TIMEOUT`` (``0``/``off``: off), ``init(hang_first_timeout_s=)`` or
+    ``DDPKIT_HANG_FIRST_TIMEOUT`` (never below the other)."""
+    var, default = contract.HANG_TIMEOUT_VAR, contract.DEFAULT_HANG_TIMEOUT_S
+    step = seconds_or_off(env, explicit_s, var, "hang_timeout_s", default, example="300")
     if step is None:
         return None
+    var, default = contract.HANG_FIRST_TIMEOUT_VAR, contract.DEFAULT_HANG_FIRST_TIMEOUT_S
     first = seconds_or_off(
-        env,
-        explicit_first_s,
-        HANG_FIRST_TIMEOUT_VAR,
-        "hang_first_timeout_s",
-        DEFAULT_HANG_FIRST_TIMEOUT_S,
-        example="300",
-        can_be_off=False,
+        env, explicit_first_s, var, "hang_first_timeout_s", default, example="300", can_be_off=False
     )
     step_s = scaled_for(step, world_size)
     end = hang_action(env) == "end"
@@ -86,19 +79,14 @@ def hang_bounds(
 
 
 def hang_action(env: Mapping[str, str]) -> str:
-    """``DDPKIT_HANG_ACTION``: ``report`` (the default) or ``end``. Ending is opt-in: a rank
-    past the bound may be slow, not stuck, and a guess from timing never ends a correct
-    program by default."""
-    raw = env.get(HANG_ACTION_VAR, "").strip().lower()
-    if raw and raw not in HANG_ACTIONS:
-        raise ConfigError(
-            f"{HANG_ACTION_VAR}={env[HANG_ACTION_VAR]!r} is not a hang action",
-            hint=f"use {HANG_ACTION_VAR}=report (the default) or {HANG_ACTION_VAR}=end",
-        )
-    return raw or HANG_ACTIONS[0]
-
-
-# --- the report (pure) --------------------------------------------------------------------------
+    """``DDPKIT_HANG_ACTION``: ``report`` (the default) or ``end``, opt-in: a rank past the
+    bound may be slow, not stuck."""
+    var = contract.HANG_ACTION_VAR
+    raw = env.get(var, "").strip().lower()
+    if raw and raw not in contract.HANG_ACTIONS:
+        hint = f"use {var}=report (the default) or {var}=end"
+        raise ConfigError(f"{var}={env[var]!r} is not a hang action", hint=hint)
+    return raw or contract.HANG_ACTIONS[0]
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -128,17 +116,13 @@ def _call_text(call: Mapping[str, Any] | None) -> str:
     return f"{call['op']}{number}{sizes} on {call['group']}{site}"
 
 
-def _who(ranks: Sequence[int], pieces: Mapping[int, Mapping[str, Any]]) -> str:
-    if len(ranks) == 1:
-        piece = pieces[ranks[0]]
-        return f"rank {ranks[0]} (host {piece.get('host')}, pid {piece.get('pid')})"
-    hosts = sorted({str(pieces[rank].get("host")) for rank in ranks})
-    return f"{ranks_text(ranks)} (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})"
+def _who(rank: int, piece: Mapping[str, Any]) -> str:
+    return f"rank {rank} (host {piece.get('host')}, pid {piece.get('pid')})"
 
 
 def _doing(piece: Mapping[str, Any], others: str = "") -> str:
     """What the rank is doing; ``others``: the ranks waiting elsewhere, when this rank is the
-    odd one out (then a rank-0-only ``if`` its collective runs under is named)."""
+    odd one out (then its rank-0-only ``if`` is named)."""
     call, under = piece.get("running"), piece.get("under")
     if call:
         doing = f"is in {_call_text(call)} (for {float(call['age_s']):.1f} s)"
@@ -157,14 +141,10 @@ def _doing(piece: Mapping[str, Any], others: str = "") -> str:
     return f"is in {where or 'an unknown place'}, not in a collective{waiting}{after}"
 
 
-def diagnose(
-    pieces: Mapping[int, Mapping[str, Any]], world_size: int
-) -> tuple[list[int], list[int], list[int]]:
-    """(the odd ranks out, the ranks waiting on them, the ranks that sent no piece).
-
-    The waiters are the largest group of ranks in one and the same collective; every other
-    rank that answered is odd. No rank in a collective: nobody waits. On a tie, ranks inside
-    rank-0-only code are the odd ones, then the group holding the lowest rank waits."""
+def diagnose(pieces: Pieces, world_size: int) -> tuple[list[int], list[int], list[int]]:
+    """(the odd ranks out, the ranks waiting on them, the ranks that sent no piece). The waiters
+    are the largest group in one collective; on a tie, ranks in rank-0-only code are odd, then
+    the group holding the lowest rank waits."""
     silent = [rank for rank in range(world_size) if rank not in pieces]
     groups: dict[tuple[str, ...], list[int]] = {}
     for rank in sorted(pieces):
@@ -182,13 +162,11 @@ def diagnose(
     return [rank for rank in sorted(pieces) if rank not in waiters], waiters, silent
 
 
-def headline(
-    pieces: Mapping[int, Mapping[str, Any]], world_size: int, waited_s: float, bound: str
-) -> str:
+def headline(pieces: Pieces, world_size: int, waited_s: float, bound: str) -> str:
     """The one line that names the stuck rank(s) and where the others wait."""
     odd, waiters, silent = diagnose(pieces, world_size)
     others = f"{ranks_text(waiters)} skip{'s' if len(waiters) == 1 else ''}" if waiters else ""
-    parts = [f"{_who([rank], pieces)} {_doing(pieces[rank], others)}" for rank in odd]
+    parts = [f"{_who(rank, pieces[rank])} {_doing(pieces[rank], others)}" for rank in odd]
     if silent:
         parts.append(
             f"{ranks_text(silent)} did not answer within the gathering time (frozen, or its "
@@ -203,7 +181,7 @@ def headline(
 
 
 def report(
-    pieces: Mapping[int, Mapping[str, Any]],
+    pieces: Pieces,
     world_size: int,
     waited_s: float,
     bound: str,
@@ -222,7 +200,7 @@ def report(
             lines.append(f"  rank {rank}: no answer{(silent or {}).get(rank, '')}")
             continue
         tail = ", ".join(_call_text(call) for call in piece.get("tail", [])[-3:])
-        lines.append(f"  {_who([rank], pieces)} {_doing(piece)}; before: {tail or 'none'}")
+        lines.append(f"  {_who(rank, piece)} {_doing(piece)}; before: {tail or 'none'}")
         stack = []
         for filename, line, function, code in (piece.get("stack") or [])[-_STACK_FRAMES:]:
             stack.append(f'  File "{filename}", line {line}, in {function}')
@@ -232,3 +210,75 @@ def report(
         lines.append(f"ddpkit: stack of {ranks_text(ranks)} (main thread, innermost last):")
         lines += frames or ["  (no stack)"]
     return "\n".join(lines)
+
+
+@functools.cache
+def _foreign_roots() -> tuple[str, ...]:
+    import torch
+
+    ddpkit = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    roots = {os.path.dirname(torch.__file__), ddpkit}
+    roots |= {path for key in ("stdlib", "platstdlib") if (path := sysconfig.get_paths().get(key))}
+    return tuple(os.path.join(root, "") for root in roots)
+
+
+def is_program(filename: str) -> bool:
+    """Whether ``filename`` is the program's (not torch's, ddpkit's, the stdlib's, generated)."""
+    foreign = os.path.abspath(filename).startswith(_foreign_roots())
+    return not filename.startswith("<") and not foreign
+
+
+def _name(node: ast.expr) -> str:
+    if isinstance(node, ast.Call):  # get_rank(), not get_rank(subgroup): a subgroup's rank 0
+        return "" if node.args or node.keywords else _name(node.func)  # may call with peers
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def is_rank_zero_test(test: ast.expr) -> bool:
+    """Whether an ``if`` test holds on rank 0 only (``a and <rank-zero test>`` too)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(is_rank_zero_test(value) for value in test.values)
+    if isinstance(test, ast.Attribute | ast.Name | ast.Call):
+        return _name(test) in _RANK_ZERO_FLAGS
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+        sides = (test.left, test.comparators[0])
+        zero = [
+            isinstance(s, ast.Constant) and s.value == 0 and s.value is not False for s in sides
+        ]
+        return any(zero[i] and _name(sides[1 - i]) in _RANK_NAMES for i in (0, 1))
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_zero_blocks(filename: str) -> tuple[tuple[int, int, int, str], ...]:
+    """(body's first line, last line, the ``if``'s line, its test) of each rank-0-only ``if``
+    without ``else`` in ``filename``."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(
+        (node.body[0].lineno, node.end_lineno or node.lineno, node.lineno, ast.unparse(node.test))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and not node.orelse and is_rank_zero_test(node.test)
+    )
+
+
+def rank_zero_if(stack: Sequence[Sequence[Any]]) -> dict[str, Any] | None:
+    """The rank-0-only ``if`` the innermost program frames of ``stack`` ([file, line, function,
+    code] rows, outermost first) run under, as ``{"file", "line", "code", "if_line", "test"}``."""
+    program = [row for row in reversed(stack) if is_program(str(row[0]))][:_MAX_FRAMES]
+    for filename, line, _, code in program:
+        blocks = [b for b in _rank_zero_blocks(str(filename)) if b[0] <= int(line) <= b[1]]
+        if blocks:
+            _, _, if_line, test = max(blocks)  # the innermost: it starts last
+            return {
+                "file": str(filename),
+                "line": int(line),
+                "code": str(code or ""),
+                "if_line": if_line,
+                "test": test,
+            }
+    return None

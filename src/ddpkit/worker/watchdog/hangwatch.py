@@ -1,10 +1,7 @@
-"""The hang watchdog's moving part: notice a collective past its bound, gather, report.
-
-The first rank whose collective (:mod:`.flight`) passes the bound claims the report, asks every
-rank for its piece over the store, and publishes the report (:func:`.hang.report`). A rank
-whose threads cannot run (the GIL held) sends no piece: a gatherer on its host sends it
-:data:`STACKS_SIGNAL`, and ``faulthandler`` writes its threads' stacks to its stderr.
-"""
+"""The hang watchdog's moving part: the first rank whose collective (:mod:`.flight`) passes the
+bound claims the report, asks every rank for its piece over the store, and publishes the report
+(:func:`.hang.report`). A rank whose threads cannot run (the GIL held) sends no piece: a
+gatherer on its host sends it :data:`STACKS_SIGNAL`, and ``faulthandler`` writes its stacks."""
 
 from __future__ import annotations
 
@@ -18,40 +15,28 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ddpkit.contract import HANG_REPORT_FILE, LOG_DIR_VAR
 from ddpkit.worker.watchdog.flight import DEFAULT_GROUP, Flight
-from ddpkit.worker.watchdog.hang import HangBounds, report, short_path
-from ddpkit.worker.watchdog.rankzero_if import is_program, rank_zero_if
+from ddpkit.worker.watchdog.hang import HangBounds, is_program, rank_zero_if, report, short_path
 from ddpkit.worker.watchdog.store import StoreLink
 
-# Ignored by default (nothing happens to a process that did not register it), and sent by
-# nobody else in practice (out-of-band socket data, to a process that asked for it).
+# Ignored by default, and sent by nobody else in practice (out-of-band data, to who asked for it)
 STACKS_SIGNAL = signal.SIGURG
 _SIGNALLED = 64  # silent ranks asked for their stacks, at most
 _LOADER = os.path.join("torch", "utils", "data", "")
 
 
 class HangWatch:
-    """One rank's hang watchdog: :meth:`check` on the watchdog's thread each interval; the
-    link answers an ask with :meth:`piece`."""
+    """One rank's hang watchdog: :meth:`check` each interval; the link asks :meth:`piece`."""
 
-    def __init__(
-        self,
-        link: StoreLink,
-        flight: Flight,
-        bounds: HangBounds,
-        *,
-        main: threading.Thread,
-        clock: Callable[[], float],
-        interval_s: float,
-        report_paths: list[str],
-    ) -> None:
+    def __init__(self, link: StoreLink, flight: Flight, bounds: HangBounds) -> None:
         self._link, self.flight, self.bounds = link, flight, bounds
-        self._main, self._clock, self._interval_s = main, clock, interval_s
-        self._report_paths = report_paths
+        self._main, self._clock = threading.current_thread(), link._clock
+        self._interval_s = link.beat_interval_s  # every rank answers once a beat interval
+        self._report_paths = report_paths(os.environ)
         self._claimed = False
         self.done = False  # a report was made and the job goes on: no other one this run
         self.without_rank0 = False  # this rank gathered and rank 0 did not answer: it prints
@@ -62,24 +47,17 @@ class HangWatch:
         return max(3.0, 3 * self._interval_s + 1.0)
 
     def piece(self) -> dict[str, Any]:
-        """This rank's answer: host, pid, main thread's stack, its collectives (the oldest
-        in flight, placed at the program's innermost frame, and the last completed ones),
-        and the rank-0-only ``if`` its collective was called under, if any."""
+        """This rank's answer: host, pid, main thread's stack, its collectives (the oldest in
+        flight, at the program's innermost frame; the last ones), its rank-0-only ``if``."""
         running, done = self.flight.calls()
         stack = _stack(self._main)
-        at = next(
-            (
-                [short_path(f), line, fn, code]
-                for f, line, fn, code in reversed(stack)
-                if is_program(f)
-            ),
-            None,
-        )
+        program = [[short_path(f), line, fn, code] for f, line, fn, code in stack if is_program(f)]
+        at = program[-1] if program else None
         under = None
         if running is not None:
             running["site"] = f"{at[0]}:{at[1]}" if at else "an unknown place"
-            if running["group"] == DEFAULT_GROUP:  # a subgroup's rank 0 may well call with
-                with contextlib.suppress(Exception):  # its peers; a guess: never fatal
+            if running["group"] == DEFAULT_GROUP:  # a subgroup's rank 0 may call with peers
+                with contextlib.suppress(Exception):
                     under = rank_zero_if(stack)
         loader = None
         if any(_LOADER in str(row[0]) for row in stack):
@@ -99,8 +77,7 @@ class HangWatch:
         }
 
     def check(self, now: float) -> str | None:
-        """The report when this rank must act on it now (it saw one, or made one), else
-        None; nothing once :attr:`done`."""
+        """The report when this rank must act on it now (it saw or made one), else None."""
         if self.done:
             return None
         if self._link.hang_report is not None:
@@ -170,17 +147,13 @@ _REGISTERED: list[bool] = []
 
 
 def stacks_on_signal() -> bool:
-    """``faulthandler`` writes this process's threads' stacks to stderr on
-    :data:`STACKS_SIGNAL` (its C handler runs while a thread holds the GIL), unless something
-    else handles that signal already; whether it registered."""
-    if _REGISTERED or signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
-        return bool(_REGISTERED)
-    try:
-        faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
-    except (RuntimeError, ValueError, OSError, AttributeError):  # no usable stderr
-        return False
-    _REGISTERED.append(True)
-    return True
+    """``faulthandler`` writes the threads' stacks on :data:`STACKS_SIGNAL` (its C handler runs
+    while a thread holds the GIL), unless something else handles it; whether it registered."""
+    if not _REGISTERED and signal.getsignal(STACKS_SIGNAL) is signal.SIG_DFL:
+        with contextlib.suppress(RuntimeError, ValueError, OSError, AttributeError):  # no stderr
+            faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+            _REGISTERED.append(True)
+    return bool(_REGISTERED)
 
 
 def stacks_off() -> None:
@@ -192,9 +165,8 @@ def stacks_off() -> None:
 
 
 def report_paths(env: Mapping[str, str]) -> list[str]:
-    """Where the report goes besides stderr: under ``ddpkit run`` (and torchrun) the attempt's
-    log folder, where the launcher's summary finds it; in a ddpkit job, ``DDPKIT_LOG_DIR``,
-    named after the SLURM job."""
+    """Where the report goes besides stderr: the attempt's log folder under ``ddpkit run`` (and
+    torchrun), where the launcher's summary finds it; ``DDPKIT_LOG_DIR``, by SLURM job."""
     paths = []
     error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file and os.path.isabs(error_file):
@@ -210,15 +182,10 @@ def report_paths(env: Mapping[str, str]) -> list[str]:
 
 
 def _stack(thread: threading.Thread) -> list[list[Any]]:
-    """The thread's stack as [file, line, function, code] rows, outermost first, without
-    the watchdog's own frames."""
+    """The thread's stack as [file, line, function, code] rows, outermost first, ours left out."""
     frame = sys._current_frames().get(thread.ident or -1)
-    if frame is None:
-        return []
-    try:
-        summary = traceback.extract_stack(frame)
-    finally:
-        del frame
+    summary = traceback.extract_stack(frame) if frame is not None else []
+    del frame
     here = os.path.dirname(os.path.abspath(__file__))
     return [
         [entry.filename, entry.lineno, entry.name, (entry.line or "").strip()]

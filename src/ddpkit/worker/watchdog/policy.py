@@ -1,7 +1,5 @@
-"""The peer watchdog's policy, pure: its bound and intervals, who left, and what to say.
-
-No threads, no store, no torch: unit-tested without processes (tests/worker/test_watchdog.py).
-"""
+"""The peer watchdog's policy, pure (no threads, store or torch): its bound and intervals, who
+left, and what to say."""
 
 from __future__ import annotations
 
@@ -9,54 +7,24 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddpkit.cluster.durations import positive_seconds, seconds_from_env
-from ddpkit.cluster.envvars import to_float
+from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.contract import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_VAR
 
 THREAD_NAME = "ddpkit-watchdog"
 KEY_PREFIX = "ddpkit/watchdog/"
 ABORT_EXIT_CODE = 1
-HOOK_POLL_S = 0.05
-MAX_OP_TIMEOUT_S = 10.0  # a store operation of the watchdog's is bounded by this, at most
 # In the RuntimeErrors a collective raises when a peer is gone (NCCL's are DistErrors).
 PEER_FAILURE_TEXTS = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl")
 BEATS_PER_S = 512.0  # heartbeats a second all ranks together send rank 0's store, at most
-# Beat intervals a counter stands still before a failed collective's survivor takes its rank
-# for silent: a live rank beats at least twice in it.
-STALE_BEATS = 2.2
+STALE_BEATS = 2.2  # beat intervals a counter stands still before a survivor takes it for silent
 
 
 def peer_timeout(env: Mapping[str, str], explicit_s: float | None) -> float | None:
-    """The watchdog's bound in seconds, or None when it is off: ``init(peer_timeout_s=)``,
-    else ``DDPKIT_PEER_TIMEOUT``, else 60 s; ``0`` (or ``off`` in the variable) is off."""
+    """The bound in seconds, None when off: ``init(peer_timeout_s=)``, else
+    ``DDPKIT_PEER_TIMEOUT``, else 60 s; ``0`` (or ``off`` in the variable) is off."""
     return seconds_or_off(
         env, explicit_s, PEER_TIMEOUT_VAR, "peer_timeout_s", DEFAULT_PEER_TIMEOUT_S, example="120"
     )
-
-
-def seconds_or_off(
-    env: Mapping[str, str],
-    explicit_s: float | None,
-    variable: str,
-    keyword: str,
-    default_s: float,
-    *,
-    example: str,
-    can_be_off: bool = True,
-) -> float | None:
-    """Seconds from a keyword (wins) or ``variable``, else ``default_s``; None for ``0`` (or
-    ``off`` in the variable) when it ``can_be_off``. A bad value is a ConfigError naming it."""
-    off = ", or 0 for off" if can_be_off else ""
-    if explicit_s is not None:
-        if can_be_off and explicit_s == 0 and not isinstance(explicit_s, bool):
-            return None
-        return positive_seconds(explicit_s, keyword, hint=f"e.g. {keyword}={example}{off}")
-    raw = env.get(variable, "").strip().lower()
-    if can_be_off and (raw == "off" or to_float(raw) == 0):
-        return None
-    hint = f"e.g. {variable}={example}" + (f", or {variable}=off" if can_be_off else "")
-    value = seconds_from_env(env, variable, example=example, hint=hint)
-    return default_s if value is None else value
 
 
 def interval_for(bound_s: float) -> float:
@@ -65,21 +33,14 @@ def interval_for(bound_s: float) -> float:
 
 
 def op_timeout_for(bound_s: float) -> float:
-    """``T``, the bound on each store operation of the watchdog's: ``min(10 s, bound / 2)``.
-    The exit waits ``2 x T`` at most for the watchdog (:mod:`.watcher`), within the bound."""
-    return min(MAX_OP_TIMEOUT_S, bound_s / 2)
+    """``T``, the bound on each store operation: ``min(10 s, bound / 2)``."""
+    return min(10.0, bound_s / 2)
 
 
 def beat_interval_for(bound_s: float, world_size: int) -> float:
     """How often a rank other than 0 beats and polls: :func:`interval_for`, stretched so that
-    all ranks together beat at most :data:`BEATS_PER_S` times a second, never over a quarter
-    of the bound. Rank 0 judges every :func:`interval_for`."""
+    all ranks together beat :data:`BEATS_PER_S` times a second at most, never over bound / 4."""
     return min(bound_s / 4, max(interval_for(bound_s), world_size / BEATS_PER_S))
-
-
-def hook_wait_for(interval_s: float) -> float:
-    """How long an uncaught peer failure waits for the culprit's marker (>= 2 heartbeats)."""
-    return min(2.5, max(2.0, 2.5 * interval_s))
 
 
 @dataclass(frozen=True)
@@ -105,8 +66,8 @@ def describe_rank(rank: int, host: str | None, pid: int | None) -> str:
 
 
 def read_marker(rank: int, raw: bytes, now: float) -> Departure:
-    """The departure a rank's ``exit/<rank>`` marker tells. Anyone who reaches the store can
-    write one: what does not parse is a rank that left, no more."""
+    """The departure an ``exit/<rank>`` marker tells. Anyone who reaches the store can write
+    one: what does not parse is a rank that left, no more."""
     try:
         marker = json.loads(raw.decode())
         return Departure(

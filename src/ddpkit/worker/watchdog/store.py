@@ -1,11 +1,5 @@
-"""The watchdog's store operations: markers, heartbeats, their judging, and the hang keys.
-
-Called by the watchdog's thread (:meth:`StoreLink.step`), and for a leaving rank's marker by
-the thread that leaves, once that one stopped. Each operation goes over the watchdog's own
-connection (:func:`~ddpkit.worker.watchdog.hooks.own_connection`), bounded by ``op_timeout_s``:
-one that fails or times out means the store's host is gone, and no further one is made. A
-leaving rank writes ``exit/<rank>``, then appends to ``order``, then bumps ``events`` (polled).
-"""
+"""The watchdog's store operations, on its own connection, each bounded by ``op_timeout_s``: one
+that fails or times out means the store's host is gone."""
 
 from __future__ import annotations
 
@@ -21,19 +15,12 @@ from itertools import compress
 from typing import Any
 
 from ddpkit.worker.rendezvous import batched
-from ddpkit.worker.watchdog.policy import (
-    HOOK_POLL_S,
-    MAX_OP_TIMEOUT_S,
-    Departure,
-    describe_rank,
-    read_marker,
-    read_who,
-)
+from ddpkit.worker.watchdog.policy import Departure, describe_rank, read_marker, read_who
 
 
 class BeatJudge:
-    """Rank 0's reading of the beat counters: when each last moved (``own`` is never judged).
-    It runs on the training process's GIL every interval, so in C's loops where it can."""
+    """When each beat counter last moved (``own`` is never judged), in C's loops where it can:
+    rank 0 runs it on the training process's GIL."""
 
     def __init__(self, own: int, bound_s: float) -> None:
         self._own, self._bound_s = own, bound_s
@@ -41,8 +28,7 @@ class BeatJudge:
         self._moved: list[float] = []
 
     def still(self, values: list[bytes], now: float) -> list[tuple[int, float]]:
-        """The ranks whose counter has not moved for the bound, with how long, each once (a
-        counter that moves again does not bring a rank judged gone back)."""
+        """The ranks whose counter has not moved for the bound, with how long, each once."""
         if self._seen is None:  # the first round: every counter counts from now
             self._seen, self._moved = list(values), [now] * len(values)
             self._moved[self._own] = math.inf
@@ -53,21 +39,19 @@ class BeatJudge:
                 moved[rank] = now
         self._seen = list(values)
         since = now - self._bound_s
-        found = [
-            (rank, now - moved[rank])
-            for rank in compress(range(len(moved)), map(since.__ge__, moved))
-        ]
+        found = [(r, now - moved[r]) for r in compress(range(len(moved)), map(since.__ge__, moved))]
         for rank, _ in found:
             moved[rank] = math.inf
         return found
 
 
 class Stopping(Exception):
-    """Raised by :meth:`StoreLink.call` once the watchdog stops: its work is not done."""
+    """Raised by :meth:`StoreLink.call` once the watchdog stops."""
 
 
 class StoreLink:
-    """The store operations of one rank's watchdog; what they learn is read under ``_lock``."""
+    """One rank's watchdog store operations; what they learn is read under ``_lock``. A leaving
+    rank writes ``exit/<rank>``, then appends to ``order``, then bumps ``events`` (polled)."""
 
     def __init__(
         self,
@@ -80,18 +64,16 @@ class StoreLink:
         host_rank: int | None,
         address: str,
         clock: Callable[[], float],
-        op_timeout_s: float = MAX_OP_TIMEOUT_S,
+        op_timeout_s: float = 10.0,
         beat_interval_s: float | None = None,
         cut: Callable[[], None] | None = None,
         closed: Callable[[], bool] | None = None,
     ) -> None:
-        self._store = store
-        self._cut = cut  # ends an operation in flight at once (shuts its socket down)
-        # whether the host closed the connection, looked at before each round: a host that
-        # left is learned of without a failed operation (torch logs those with a stack trace)
-        self._closed = closed
-        self.op_timeout_s = op_timeout_s
-        self.rank, self.world_size, self._interval_s = rank, world_size, interval_s
+        # cut: ends an operation in flight at once; closed: whether the host closed the
+        # connection, learned without a failed operation (torch logs those with a stack trace)
+        self._store, self._cut, self._closed, self.op_timeout_s = store, cut, closed, op_timeout_s
+        self.rank, self.world_size = rank, world_size
+        self._beats = [f"beat/{rank}" for rank in range(world_size)]
         self.beat_interval_s = beat_interval_s or interval_s
         self._cadence_s = interval_s if rank == 0 else self.beat_interval_s  # rank 0 judges
         self.host_rank, self.address, self._clock = host_rank, address, clock
@@ -105,26 +87,16 @@ class StoreLink:
         self.host_left = False  # the store's host left on its own: its store goes next
         self._started, self._next_beat = False, -math.inf
         self._judge = BeatJudge(rank, bound_s)  # rank 0's
-        # the hang watchdog's: what this rank answers when asked, what it learned
-        self.piece: Callable[[], Mapping[str, Any]] | None = None
+        self.piece: Callable[[], Mapping[str, Any]] | None = None  # the hang watchdog's answer
         self.hang_asked = False
         self.hang_report: str | None = None
-
-    @property
-    def kv(self) -> Any:
-        """The store, for work handed to :meth:`call`."""
-        return self._store
-
-    def alive(self) -> bool:
-        return self.failure is None and not self.host_left
 
     def departures(self) -> list[Departure]:
         with self._lock:
             return list(self._departures)
 
     def call(self, work: Callable[[], Any]) -> Any:
-        """``work()``'s result (store operations), or None when the store is gone or ``work``
-        failed (the store is then taken as gone); raises :class:`Stopping` once stopping."""
+        """``work()``'s result, None once the store is gone; :class:`Stopping` once stopping."""
         if self.stopping:
             raise Stopping
         return self._guarded(work)
@@ -135,37 +107,24 @@ class StoreLink:
             self._cut()
 
     def named(self, cause: Departure | None, wait_s: float) -> None:
-        """After a failed collective's excepthook named ``cause``: count this rank in
-        ``named``; the store's host keeps its store up until every other survivor counted
-        itself, ``wait_s`` at most (else a survivor still waiting for the culprit's marker
-        found the store gone and named the host, a victim, instead)."""
+        """After the excepthook named ``cause``: count this rank in ``named``."""
         culprits = 0 if cause is None or cause.rank in (None, self.rank) else 1
-        seen = self._guarded(lambda: int(self._store.add("named", 1)))
-        if seen is not None and self.rank == self.host_rank:
-            self._host_waits("named", self.world_size - culprits, wait_s, seen)
+        self._guarded(lambda: self._store.add("named", 1))
+        self.host_waits("named", self.world_size - culprits, wait_s)
 
-    def report_read(self, wait_s: float) -> None:
-        """The store's host, about to end at a hang report: keep the store up until every
-        other rank has read the report, ``wait_s`` at most (else a rank still to poll found
-        the store gone, and its watchdog ended it for a departed host)."""
-        if self.rank == self.host_rank:
-            self._host_waits("hang/read", self.world_size - 1, wait_s)
-
-    def _host_waits(self, key: str, count: int, wait_s: float, seen: int | None = None) -> None:
-        """Keep the store up until counter ``key`` reaches ``count``, ``wait_s`` at most."""
-
-        def read() -> int | None:
-            value: int | None = self._guarded(lambda: int(self._store.add(key, 0)))
-            return value
-
+    def host_waits(self, key: str, count: int, wait_s: float) -> None:
+        """On the store's host, about to end: keep the store up until counter ``key`` reaches
+        ``count``, ``wait_s`` at most (the survivors still naming the culprit, the ranks still
+        to read a hang report: else they found the store gone, and blamed its host)."""
         deadline = self._clock() + wait_s
-        seen = read() if seen is None else seen
-        while seen is not None and seen < count and self._clock() < deadline:
-            time.sleep(HOOK_POLL_S)
-            seen = read()
+        while self.rank == self.host_rank and self._clock() < deadline:
+            seen = self._guarded(lambda: int(self._store.add(key, 0)))
+            if seen is None or seen >= count:
+                return
+            time.sleep(0.05)
 
     def _guarded(self, work: Callable[[], Any]) -> Any:
-        """``work()``'s result, or None once the store is gone (or when it fails)."""
+        """``work()``'s result, None once the store is gone (or when it fails)."""
         if not self._answers():
             return None
         try:
@@ -174,11 +133,8 @@ class StoreLink:
             self._fail(error)
             return None
 
-    # the watchdog's thread
-
     def step(self, now: float) -> float:
-        """Do the store work due at ``now`` (beat, judge, poll); when the next is due. Every
-        beat key exists once rank 0's first step ran."""
+        """Do the store work due at ``now`` (beat, judge, poll); when the next is due."""
         if not self._answers():
             return now + self._cadence_s
         try:
@@ -186,8 +142,7 @@ class StoreLink:
                 self._started = True
                 self._introduce()
                 if self.rank == 0:  # every beat key exists from now on: multi_get never blocks
-                    keys = [f"beat/{rank}" for rank in range(self.world_size)]
-                    batched.multi_set(self._store, keys, ["0"] * self.world_size)
+                    batched.multi_set(self._store, self._beats, ["0"] * self.world_size)
             if now >= self._next_beat:
                 self._store.add(f"beat/{self.rank}", 1)
                 if self.rank == 0:
@@ -203,32 +158,24 @@ class StoreLink:
         return self._next_beat
 
     def _answers(self) -> bool:
-        """False once the store is gone (its host closed the connection: now a failure) or
-        its host left (no operation then: one in flight as the store vanishes is logged)."""
+        """False once the store is gone or its host left (an operation in flight as the store
+        vanishes is logged)."""
         if self.failure is None and self._closed is not None and self._closed():
             self._fail(ConnectionError("the connection was closed by the store's host"))
-        return self.alive()
+        return self.failure is None and not self.host_left
 
     def _fail(self, error: BaseException) -> None:
         text = " ".join(str(error).split())[:200] or type(error).__name__
         what = f"stopped answering ({type(error).__name__}: {text})"
-        if self.host_rank is None:
-            gone = Departure(
-                None,
-                f"the job's store at {self.address}, hosted by the launcher,",
-                f"{what}; the launcher probably exited",
-                left_at=self.last_ok,
-            )
+        rank = self.host_rank
+        if rank is None:
+            who = f"the job's store at {self.address}, hosted by the launcher,"
+            how = f"{what}; the launcher probably exited"
         else:
-            gone = Departure(
-                self.host_rank,
-                f"rank {self.host_rank} (host of the job's store at {self.address})",
-                f"is gone: the store {what}; rank {self.host_rank} probably exited, froze or "
-                "lost its node",
-                left_at=self.last_ok,
-            )
+            who = f"rank {rank} (host of the job's store at {self.address})"
+            how = f"is gone: the store {what}; rank {rank} probably exited, froze or lost its node"
         with self._lock:
-            self.failure = self.failure or gone
+            self.failure = self.failure or Departure(rank, who, how, left_at=self.last_ok)
 
     def _introduce(self) -> None:
         """``who/<rank>``: the host, pid and node a heartbeat marker names."""
@@ -237,14 +184,13 @@ class StoreLink:
         self._store.set(f"who/{self.rank}", json.dumps(me))
 
     def write_marker(self, rank: int, marker: Mapping[str, Any]) -> None:
-        """``exit/<rank>``, then ``order``, then ``events``: readers rely on that order."""
         if self.failure is None:
             self._store.set(f"exit/{rank}", json.dumps(dict(marker)))
             self._store.append("order", f"{rank},")
             self._store.add("events", 1)
 
     def leave(self, marker: Mapping[str, Any]) -> None:
-        """This rank's own marker, from the thread that leaves (the watchdog's has stopped)."""
+        """This rank's own marker, from the thread that leaves once the watchdog's stopped."""
         self._guarded(lambda: self.write_marker(self.rank, marker))
 
     def _poll(self) -> None:
@@ -267,21 +213,17 @@ class StoreLink:
                 self._departed.add(rank)
                 if rank != self.rank:
                     self._departures.append(departure)
-            # a host that left on its own goes with its store; a victim first waits in its
-            # excepthook (its store still up) for the culprit's marker
+            # a host that left on its own goes with its store (a victim's stays up a while)
             if rank == self.host_rank != self.rank and not departure.victim:
                 self.host_left = True
 
     def _who(self, rank: int) -> tuple[str | None, int | None, str | None]:
-        """Host, pid and SLURM node name a rank introduced itself with."""
         key = f"who/{rank}"
         return read_who(self._store.get(key)) if self._store.check([key]) else (None, None, None)
 
     def _check_beats(self, now: float) -> None:
-        """Rank 0: mark the ranks whose counter has not moved for the bound (the counters
-        read a slice of keys a call: see ``batched``)."""
-        keys = [f"beat/{rank}" for rank in range(self.world_size)]
-        for rank, age_s in self._judge.still(batched.multi_get(self._store, keys), now):
+        """Rank 0: mark the ranks whose counter has not moved for the bound."""
+        for rank, age_s in self._judge.still(batched.multi_get(self._store, self._beats), now):
             if rank in self._departed:  # it left with a marker of its own
                 continue
             host, pid, node = self._who(rank)
@@ -290,14 +232,13 @@ class StoreLink:
             self.write_marker(rank, marker)
 
     def silent(self, judge: BeatJudge, now: float) -> Departure | None:
-        """A rank without a marker whose counter ``judge`` saw stand still: a failed
-        collective's survivor reads every counter while it waits for a name."""
-        keys = [f"beat/{rank}" for rank in range(self.world_size)]
+        """A rank without a marker whose counter ``judge`` saw stand still (a failed
+        collective's survivor, waiting for a name)."""
 
         def read() -> Departure | None:
-            if not batched.check(self._store, keys):  # before rank 0's first round
+            if not batched.check(self._store, self._beats):  # before rank 0's first round
                 return None
-            for rank, _ in judge.still(batched.multi_get(self._store, keys), now):
+            for rank, _ in judge.still(batched.multi_get(self._store, self._beats), now):
                 if rank not in self._departed:
                     host, pid, node = self._who(rank)
                     who = describe_rank(rank, host, pid)
@@ -305,11 +246,10 @@ class StoreLink:
                     return Departure(rank, who, how, left_at=now, node=node)
             return None
 
-        found: Departure | None = self._guarded(read)
-        return found
+        return self._guarded(read)  # type: ignore[no-any-return]
 
-    # the hang watchdog's keys: hang/claim, hang/ask, hang/piece/<rank>, hang/answered,
-    # hang/report, hang/read; the ask and the report bump ``events``: no poll of their own
+    # the hang watchdog's keys: hang/claim, ask, piece/<rank>, answered, report, read; the ask
+    # and the report bump ``events``: no poll of their own
 
     def _hang_poll(self) -> None:
         if not self.hang_asked and self._store.check(["hang/ask"]):
@@ -318,7 +258,7 @@ class StoreLink:
             text = self._store.get("hang/report").decode(errors="replace")
             with self._lock:
                 self.hang_report = text
-            self._store.add("hang/read", 1)  # the host may end once every rank has it
+            self._store.add("hang/read", 1)
 
     def _answer(self) -> None:
         self.hang_asked = True
@@ -327,7 +267,7 @@ class StoreLink:
             self._store.add("hang/answered", 1)
 
     def claim_hang(self) -> bool:
-        """The first rank to claim gathers: it asks every rank for its piece (its own first)."""
+        """The first rank to claim gathers: it asks every rank for its piece."""
         if int(self._store.add("hang/claim", 1)) != 1:
             return False
         self._store.set("hang/ask", json.dumps({"by": self.rank}))
@@ -339,8 +279,7 @@ class StoreLink:
         return int(self._store.add("hang/answered", 0))
 
     def pieces(self) -> dict[int, dict[str, Any]]:
-        """Every piece written so far (a rank that never answered is missing), read a slice
-        of ranks a call."""
+        """Every piece written so far (a rank that never answered is missing)."""
         keys = [f"hang/piece/{rank}" for rank in range(self.world_size)]
         ranks = batched.present(self._store, keys)
         values = batched.multi_get(self._store, [keys[rank] for rank in ranks])

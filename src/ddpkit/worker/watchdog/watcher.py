@@ -1,15 +1,7 @@
-"""The watchdog's one thread: beats, judges departures against the bound, ends a blocked survivor.
-
-Each time it wakes it does the store work due (:meth:`StoreLink.step`) and, every interval,
-samples the training thread (:class:`Progress`) and judges. Ending a rank prints where it was
-blocked and names the peer, reaps this rank's child processes (data loader workers), flushes
-stdout and stderr and exits with :data:`ABORT_EXIT_CODE`.
-
-Exit bound (:meth:`Watchdog.stop`, at exit and in ``shutdown()``), with ``T`` the store
-operation's timeout (:func:`~ddpkit.worker.watchdog.policy.op_timeout_for`): the thread is
-waited for at most ``T``; still inside a store call, its connection is cut (the call returns
-at once) and it is waited for ``min(1 s, T)``, no marker written; else the marker takes one
-store reply, ``T`` at most: ``2 x T`` in all, within the bound.
+"""The watchdog's one thread and its process-wide wiring (``start``, ``stop``, ``active``, the
+chained ``sys.excepthook``, its exit step). Exit bound (:meth:`Watchdog.stop`): the thread is
+waited for ``T`` at most; still inside a store call, its connection is cut and it is waited for
+``min(1 s, T)``, no marker written; else the marker takes one store reply: ``2 x T`` in all.
 """
 
 from __future__ import annotations
@@ -24,36 +16,32 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.cluster.stop.blamed import record_blame
 from ddpkit.contract import HANG_ACTION_VAR
 from ddpkit.worker import exit as process_exit
-from ddpkit.worker.watchdog.hangwatch import HangWatch
-from ddpkit.worker.watchdog.policy import (
-    ABORT_EXIT_CODE,
-    STALE_BEATS,
-    THREAD_NAME,
-    Departure,
-    abort_message,
-    hook_wait_for,
-    how_it_raised,
-    interval_for,
-    looks_like_peer_failure,
-    pick_cause,
-    raised_message,
-)
+from ddpkit.worker.rendezvous.store import own_connection, store_address
+from ddpkit.worker.watchdog import policy
+from ddpkit.worker.watchdog.flight import Flight
+from ddpkit.worker.watchdog.hang import HangBounds
+from ddpkit.worker.watchdog.hangwatch import HangWatch, stacks_off, stacks_on_signal
+from ddpkit.worker.watchdog.policy import Departure
 from ddpkit.worker.watchdog.store import BeatJudge, StoreLink
-from ddpkit.worker.watchdog.straggler import StragglerWatch
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
 
 CUT_WAIT_S = 1.0  # how long the exit waits for the thread once its connection is cut
 _SWITCHES = re.compile(rb"^voluntary_ctxt_switches:\s*(\d+)", re.MULTILINE)
+_Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 
 class Progress:
-    """Samples a thread; ``blocked_since`` is when its signature last changed: its innermost
-    frame, code and instruction, and on Linux its voluntary context switches (a loop of short
-    sleeps keeps switching; a thread blocked in a collective does not). No reference to the
-    frame is kept (its locals may be large)."""
+    """``blocked_since``: when a thread's innermost frame, instruction or (Linux) voluntary
+    context switches last changed (a loop of short sleeps keeps switching; a wait does not)."""
 
     def __init__(self, thread: threading.Thread, clock: Callable[[], float]) -> None:
         self._thread = thread
@@ -82,48 +70,33 @@ class Progress:
 
 
 class Watchdog:
-    """One rank's watchdog; :func:`start` makes it, ``stop`` ends it (writing the exit marker)."""
+    """One rank's watchdog; :func:`start` makes it."""
 
-    def __init__(self, link: StoreLink, *, bound_s: float, clock: Callable[[], float]) -> None:
-        self._link = link
-        self.rank, self.world_size = link.rank, link.world_size
-        self.bound_s, self.interval_s = bound_s, interval_for(bound_s)
-        self._clock = clock
+    def __init__(self, link: StoreLink, bound_s: float) -> None:
+        self._link, self.rank, self._clock = link, link.rank, link._clock
+        self.bound_s, self.interval_s = bound_s, policy.interval_for(bound_s)
         self._pid = os.getpid()
         self._main = threading.current_thread()  # the thread that joined: it runs collectives
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._said = self._stopped = False
         self._handled: int | None = None
         self.hangs: HangWatch | None = None  # the hang watchdog, when on
-        self.stragglers: StragglerWatch | None = None  # the straggler report, when on
-        self.ending = False  # a hang report is out: this rank ends, quietly
-        self._thread = threading.Thread(target=self._watch, name=THREAD_NAME, daemon=True)
-
-    @property
-    def owned(self) -> bool:
-        """False in a forked child (a data loader worker): it must not touch the parent's link."""
-        return os.getpid() == self._pid
-
-    def start(self) -> None:
-        self._thread.start()
+        self.stragglers: Callable[[float], None] | None = None  # ddpkit.worker.straggler's hook
+        self._thread = threading.Thread(target=self._watch, name=policy.THREAD_NAME, daemon=True)
 
     def stop(self, how: str = "exited") -> None:
-        """Stop the thread within the exit bound, then write this rank's marker (unless
-        written already). Idempotent. No thread of the watchdog's is left inside a store call:
-        one that returned from torch's C++ code while the interpreter finalizes would abort
-        the process (``terminate called without an active exception``)."""
-        if self._stopped or not self.owned:
+        """Stop the thread within the exit bound, then write this rank's marker, once: no thread
+        of ours may return from torch's C++ code while the interpreter finalizes (an abort)."""
+        if self._stopped or os.getpid() != self._pid:  # a forked child: not its link
             return
         self._stopped = True
         link = self._link
         link.stopping = True
         self._stop.set()
-        self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(link.op_timeout_s)
-            if self._thread.is_alive():  # inside a store call still: end it, and no marker
-                link.cut()  # (the host did not answer for T: the peers judge the heartbeats)
+            if self._thread.is_alive():  # inside a store call still: cut it; no marker
+                link.cut()
                 self._thread.join(min(CUT_WAIT_S, link.op_timeout_s))
                 return
         self._say(how)
@@ -137,8 +110,7 @@ class Watchdog:
             if now >= next_judge:
                 next_judge = now + self.interval_s
                 self._judge(progress, now)
-            self._wake.wait(max(0.0, min(next_store, next_judge) - self._clock()))
-            self._wake.clear()
+            self._stop.wait(max(0.0, min(next_store, next_judge) - self._clock()))
 
     def _judge(self, progress: Progress, now: float) -> None:
         try:
@@ -146,31 +118,25 @@ class Watchdog:
             text = self.hangs.check(now) if self.hangs is not None else None
             if text is not None and not self._stop.is_set():
                 self._act_on_hang(text)
-            line = self.stragglers.check(now) if self.stragglers is not None else None
-            if line is not None:
-                write_stderr(line + "\n")
+            if self.stragglers is not None:
+                self.stragglers(now)
             cause = self._cause()
             if cause is None:
                 return
             blocked_s = now - max(progress.blocked_since, cause.left_at)
-            if blocked_s >= self.bound_s and self._waits() and not self._stop.is_set():
+            # in a collective (the recorder's word; with the hang watchdog off, blocked is
+            # waiting): it cannot complete once a peer has left; one long call of its own may
+            blocked = blocked_s >= self.bound_s and not self._stop.is_set()
+            if blocked and (self.hangs is None or self.hangs.flight.in_collective()):
                 self._abort(cause, blocked_s)
         except Exception:  # never into the program; try again next interval
             return
 
-    def _waits(self) -> bool:
-        """Whether the blocked rank waits in a collective of its own (DDP's inside
-        ``backward()`` too), as torch's flight recorder shows: that call cannot complete once a
-        peer has left; a rank blocked in one long call of its own is left alone. With the hang
-        watchdog off the recorder is not read, and blocked is taken as waiting."""
-        return self.hangs is None or self.hangs.flight.in_collective()
-
     def _cause(self) -> Departure | None:
         store = self._link.failure
-        return pick_cause([*self._link.departures(), *([store] if store else [])], self.rank)
+        return policy.pick_cause([*self._link.departures(), *([store] if store else [])], self.rank)
 
     def _abort(self, cause: Departure, blocked_s: float) -> None:
-        """Say where this rank is blocked and who left, leave a marker, reap, exit."""
         frame = sys._current_frames().get(self._main.ident or -1)
         lines = []
         if frame is not None:
@@ -178,31 +144,39 @@ class Watchdog:
             del frame
             head = f"ddpkit: rank {self.rank} is blocked here:"
             lines += [head, "Traceback (most recent call last):", stack]
-        lines.append(abort_message(cause, self.rank, blocked_s, self.bound_s))
+        lines.append(policy.abort_message(cause, self.rank, blocked_s, self.bound_s))
         write_stderr("\n".join(lines) + "\n")
         _blame_node(cause)
         self._end("was ended by the ddpkit watchdog")
 
     def _end(self, how: str) -> None:
+        """Leave a marker, reap the children (data loader workers), flush and exit."""
         self._stopped = True
-        self._say(how, victim=True)  # none once the store is gone
-        _reap_children()
-        process_exit.hard_exit(ABORT_EXIT_CODE)
+        self._say(how, victim=True)
+        with contextlib.suppress(Exception):
+            children = multiprocessing.active_children()
+            for child in children:
+                child.terminate()
+            deadline = time.monotonic() + 1.0
+            for child in children:
+                child.join(max(0.0, deadline - time.monotonic()))
+                if child.is_alive():
+                    child.kill()
+        process_exit.hard_exit(policy.ABORT_EXIT_CODE)
 
     def _act_on_hang(self, text: str) -> None:
-        """Every rank keeps the report in its log folders and rank 0 prints it (or the rank
-        that gathered it, when rank 0 sent nothing). ``DDPKIT_HANG_ACTION=report`` (the
-        default) lets the job go on, with no other report this run; ``end`` has the other
-        ranks print one line pointing to it, and every rank leave and exit."""
+        """Every rank keeps the report in its log folders; rank 0 prints it (or the gatherer,
+        when rank 0 sent nothing). ``report`` (the default) lets the job go on, with no other
+        report this run; ``end`` has the others print one line, and every rank exit."""
         hangs = self.hangs
         if hangs is None:
             return
-        end = self.ending = hangs.bounds.end
+        end = hangs.bounds.end
         hangs.done = True
         paths = hangs.write(text)
         also = f" and in {' and '.join(paths)}" if paths else ""
         if self.rank == 0 or hangs.without_rank0:
-            where = f"\nddpkit: this report is also in {' and '.join(paths)}" if paths else ""
+            where = f"\nddpkit: this report is also{also[4:]}" if paths else ""
             goes_on = (
                 f"\nddpkit: the job goes on ({HANG_ACTION_VAR}=report): a rank may be slow, "
                 "not stuck; torch's collective timeout ends it if it never resumes, "
@@ -215,38 +189,30 @@ class Watchdog:
                 f"stderr{also}; its first line: {text.splitlines()[0]}\n"
             )
         if end:
-            self._link.report_read(hangs.gather_s())
+            self._link.host_waits("hang/read", self._link.world_size - 1, hangs.gather_s())
             self._end("was ended by the ddpkit hang watchdog")
 
-    def hang_pending(self) -> bool:
-        """Whether a hang report that ends the job is being gathered or is out (a collective
-        of the main thread failing then is the report's doing)."""
-        ends = self.hangs is not None and self.hangs.bounds.end
-        return self.ending or (ends and self._link.hang_asked)
-
     def _say(self, how: str, *, victim: bool = False) -> None:
-        """Write this rank's exit marker, once."""
         if not self._said:
             self._said = True
             host, pid = socket.gethostname(), os.getpid()
             self._link.leave({"host": host, "pid": pid, "how": how, "victim": victim})
 
     def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:
-        """Excepthook, before the traceback: write this rank's marker. True when the error
-        looks like a failed collective: then :meth:`name_culprit` after the traceback."""
-        if self._stopped or not self.owned or self._handled == id(error):
+        """Before the traceback: write this rank's marker; whether the error looks like a
+        failed collective (then :meth:`name_culprit` after the traceback)."""
+        if self._stopped or os.getpid() != self._pid or self._handled == id(error):
             return False
         self._handled = id(error)
-        victim = looks_like_peer_failure(error)
-        self._say(how_it_raised(kind, error), victim=victim)
+        victim = policy.looks_like_peer_failure(error)
+        self._say(policy.how_it_raised(kind, error), victim=victim)
         return victim
 
     def name_culprit(self, kind: type[BaseException]) -> str:
-        """The line naming the rank that left first. Waits for its marker, or (a rank killed
-        writes none) for a rank whose heartbeat counter stood still for
-        :data:`STALE_BEATS` beat intervals, read here; twice as long while that may come."""
-        wait_s = hook_wait_for(self.interval_s)
-        gap_s = STALE_BEATS * self._link.beat_interval_s
+        """The line naming the rank that left first: waits for its marker, or (a rank killed
+        writes none) for a counter that stood still for :data:`STALE_BEATS` beat intervals."""
+        wait_s = min(2.5, max(2.0, 2.5 * self.interval_s))  # >= 2 heartbeats
+        gap_s = policy.STALE_BEATS * self._link.beat_interval_s
         deadline = self._clock() + (2 * wait_s if gap_s <= 2 * wait_s else wait_s)
         judge = BeatJudge(self.rank, gap_s)
         cause = self._cause()
@@ -257,7 +223,7 @@ class Watchdog:
                 cause = self._link.silent(judge, self._clock()) or cause
         _blame_node(cause)
         self._link.named(cause, wait_s)
-        return raised_message(cause, self.rank, kind.__name__, wait_s)
+        return policy.raised_message(cause, self.rank, kind.__name__, wait_s)
 
 
 def _blame_node(cause: Departure | None) -> None:
@@ -273,16 +239,93 @@ def write_stderr(text: str) -> None:
             sys.stderr.flush()
 
 
-def _reap_children(grace_s: float = 1.0) -> None:
-    """Terminate this process's multiprocessing children (data loader workers), then kill."""
-    with contextlib.suppress(Exception):
-        children = multiprocessing.active_children()
-        for child in children:
-            child.terminate()
-        deadline = time.monotonic() + grace_s
-        for child in children:
-            child.join(max(0.0, deadline - time.monotonic()))
-        for child in children:
-            if child.is_alive():
-                child.kill()
-                child.join(grace_s)
+@dataclass
+class _Process:
+    active: Watchdog | None = None
+    generation: int = 0  # watchdogs started by this process: a fresh key namespace each
+    previous_hook: _Hook | None = None
+
+
+_PROCESS = _Process()
+
+
+def active() -> Watchdog | None:
+    """The running watchdog of this process, if any."""
+    return _PROCESS.active
+
+
+def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    """The marker, the usual traceback, then the culprit's name (last, where launchers look)."""
+    watchdog, culprit = _PROCESS.active, False
+    hangs = watchdog.hangs if watchdog is not None else None
+    if watchdog and hangs and hangs.bounds.end and (hangs.done or watchdog._link.hang_asked):
+        # a report that ends the job: the watchdog's thread ends this process; wait, bounded
+        time.sleep(hangs.gather_s() + 4 * watchdog.interval_s + 5.0)
+    if watchdog is not None:
+        with contextlib.suppress(Exception):
+            culprit = watchdog.on_uncaught(kind, error)
+    (_PROCESS.previous_hook or sys.__excepthook__)(kind, error, tb)
+    if culprit and watchdog is not None:
+        with contextlib.suppress(Exception):
+            write_stderr(watchdog.name_culprit(kind) + "\n")
+
+
+def start(
+    *,
+    rank: int,
+    world_size: int,
+    bound_s: float,
+    store: Store | None = None,
+    hangs: HangBounds | None = None,
+) -> Watchdog:
+    """Start this rank's watchdog on the default group's store (or ``store``), stopping one
+    still running. Rank 0 hosts the store unless the workers use torchrun's agent store."""
+    from ddpkit.compat import default_store
+
+    stop("left the job")
+    base = store if store is not None else default_store()
+    op_timeout_s = policy.op_timeout_for(bound_s)
+    # Restarts of a torchrun job may share one store; so may several init()s of one process.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    _PROCESS.generation += 1
+    own = own_connection(base, f"{policy.KEY_PREFIX}{attempt}/{_PROCESS.generation}/", op_timeout_s)
+    if own is None:  # no bounded operations, no exit bound: no watchdog (init() warns)
+        raise RuntimeError(
+            f"no connection of its own to the job's store at {store_address(base)} within "
+            f"{op_timeout_s:g} s"
+        )
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    link = StoreLink(
+        own.store,
+        rank=rank,
+        world_size=world_size,
+        interval_s=policy.interval_for(bound_s),
+        bound_s=bound_s,
+        host_rank=None if agent else 0,
+        address=store_address(base),
+        clock=time.monotonic,
+        op_timeout_s=op_timeout_s,
+        beat_interval_s=policy.beat_interval_for(bound_s, world_size),
+        cut=own.cut,
+        closed=own.closed,
+    )
+    watchdog = Watchdog(link, bound_s)
+    if hangs is not None:
+        watchdog.hangs = HangWatch(link, Flight(), hangs)
+        stacks_on_signal()
+    if sys.excepthook is not _excepthook:  # again if someone replaced it (torch's init)
+        _PROCESS.previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+    process_exit.add(process_exit.MARKER, "the peer watchdog's exit marker", stop)
+    watchdog._thread.start()
+    _PROCESS.active = watchdog
+    return watchdog
+
+
+def stop(how: str = "exited") -> None:
+    """Stop this process's watchdog, if one runs (its exit marker says ``how``): the exit
+    path's first step, before the group's sockets close (which wakes the peers)."""
+    watchdog, _PROCESS.active = _PROCESS.active, None
+    if watchdog is not None:
+        stacks_off()
+        watchdog.stop(how)

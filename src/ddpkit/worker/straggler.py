@@ -1,12 +1,15 @@
 """The straggler report: which rank the others keep waiting for, and on what.
 
 In a DDP job every rank waits for the slowest at each gradient all-reduce, so a slow rank shows
-up nowhere: the step is slow everywhere. Each rank posts the running totals of its own times
-(:mod:`ddpkit.worker.steptimes`: data wait, DDP's sampled compute) to the store every period
-(``DDPKIT_STRAGGLER_INTERVAL``, 300 s; ``0``/``off``: off); rank 0 compares each rank's own work
-per step with the fastest rank's, and when the same rank is the slowest by more than a quarter
-of the step (and 2 ms) for two periods in a row, prints ``ddpkit: straggler: rank 1 (host n2)
-was the slowest ...``, with the likely cause. Store operations only, on the watchdog's thread.
+up nowhere: the step is slow everywhere. Each rank keeps its own step times (:data:`TIMES`):
+``ddpkit.loader``'s iterator times each fetch (the data wait; two clock reads a batch), and every
+:data:`COMPUTE_EVERY` batches reads DDP's own sampled forward + backward compute from the model
+``ddpkit.wrap`` made. Every period (``DDPKIT_STRAGGLER_INTERVAL``, 300 s; ``0``/``off``: off)
+each rank posts those totals to the store; rank 0 compares each rank's own work per step with
+the fastest rank's, and when the same rank is the slowest by more than a quarter of the step
+(and 2 ms) for two periods in a row, prints ``ddpkit: straggler: rank 1 (host n2) was the
+slowest ...`` with the likely cause. It runs on the watchdog's thread and bounded store link,
+called once an interval (``Watchdog.stragglers``): store operations only, never a collective.
 """
 
 from __future__ import annotations
@@ -14,19 +17,74 @@ from __future__ import annotations
 import json
 import socket
 import statistics
+import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.contract import DEFAULT_STRAGGLER_INTERVAL_S, STRAGGLER_INTERVAL_VAR
 from ddpkit.worker.rendezvous import batched
-from ddpkit.worker.watchdog.policy import seconds_or_off
 from ddpkit.worker.watchdog.store import StoreLink
+from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
 RELATIVE = 0.25  # the slowest rank's extra own work, as a share of the step, to count
 FLOOR_S = 0.002  # ... and at least this much a step
 PERIODS = 2  # periods in a row with the same slowest rank before the report
 MIN_STEPS = 5  # a rank with fewer steps in a period is not compared in it
+COMPUTE_EVERY = 100  # batches between reads of DDP's compute figures
+
+
+class StepTimes:
+    """This rank's running totals, written by the training thread (the loader's iterator, where
+    DDP writes its figures too) and read by the watchdog's, under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.steps = 0  # batches fetched
+        self.data_s = 0.0  # time inside the fetches
+        self.step_s = 0.0  # time from one fetch's end to the next one's end
+        self.compute_s: float | None = None  # DDP's forward + backward compute per step
+        self._last_end: float | None = None
+        self._model: weakref.ReferenceType[Any] | None = None
+
+    def batch(self, started: float, ended: float) -> None:
+        """One batch fetched between ``started`` and ``ended`` (``time.perf_counter``)."""
+        with self._lock:
+            self.steps += 1
+            self.data_s += ended - started
+            if self._last_end is not None:
+                self.step_s += ended - self._last_end
+            self._last_end = ended
+        if self.steps % COMPUTE_EVERY == 0:
+            self._read_compute()
+
+    def pass_ended(self) -> None:
+        """The pass ended: the time until the next pass's first batch is not a step."""
+        with self._lock:
+            self._last_end = None
+
+    def watch_model(self, model: Any) -> None:
+        self._model = weakref.ref(model)
+
+    def totals(self) -> dict[str, Any]:
+        with self._lock:
+            return {"steps": self.steps, "data_s": self.data_s, "step_s": self.step_s,
+                    "compute_s": self.compute_s}  # fmt: skip
+
+    def _read_compute(self) -> None:
+        model = self._model() if self._model is not None else None
+        if model is not None:
+            from ddpkit.compat import ddp_compute_s
+
+            value = ddp_compute_s(model)
+            with self._lock:
+                self.compute_s = value
+
+
+TIMES = StepTimes()
 
 
 def straggler_interval(env: Mapping[str, str]) -> float | None:
@@ -48,8 +106,8 @@ class PerStep:
 
 def slowest(period: Mapping[int, PerStep]) -> tuple[int, int, float, str] | None:
     """(the slowest rank, the fastest, the gap a step, the likely cause) when the slowest
-    rank's own work (data wait, and compute when every rank knows it) exceeds the fastest
-    rank's by the threshold; else None."""
+    rank's own work (data wait, and compute when every rank knows it: DDP samples late on some
+    ranks) exceeds the fastest rank's by the threshold; else None."""
     if len(period) < 2:
         return None
     known = all(entry.compute_s is not None for entry in period.values())
@@ -62,6 +120,10 @@ def slowest(period: Mapping[int, PerStep]) -> tuple[int, int, float, str] | None
     if data_gap < gap / 2:
         return worst, fastest, gap, "its compute (forward and backward, as DDP measures them)"
     return worst, fastest, gap, "its data loading (time inside ddpkit.loader's fetches)"
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value * 1000:.1f}"
 
 
 class Judge:
@@ -95,38 +157,40 @@ class Judge:
             return None
         rank, fastest, gap, cause = found
         slow, fast = period[rank], period[fastest]
-
-        def ms(value: float | None) -> str:
-            return "?" if value is None else f"{value * 1000:.1f}"
-
         step = statistics.median(entry.step_s for entry in period.values())
         return (
             f"ddpkit: straggler: rank {rank} (host {slow.host}) was the slowest for "
-            f"{self._row} periods of {self.period_s:g} s: per step, data {ms(slow.data_s)} ms + "
-            f"compute {ms(slow.compute_s)} ms, against {ms(fast.data_s)} + {ms(fast.compute_s)} "
-            f"ms on the fastest rank (rank {fastest}); the job's step is {ms(step)} ms, so every "
-            f"rank waits about {ms(gap)} ms a step for it; likely cause: {cause}"
+            f"{self._row} periods of {self.period_s:g} s: per step, data {_ms(slow.data_s)} ms + "
+            f"compute {_ms(slow.compute_s)} ms, against {_ms(fast.data_s)} + "
+            f"{_ms(fast.compute_s)} ms on the fastest rank (rank {fastest}); the job's step is "
+            f"{_ms(step)} ms, so every rank waits about {_ms(gap)} ms a step for it; likely "
+            f"cause: {cause}"
         )
 
 
 class StragglerWatch:
-    """Posts this rank's totals every period and, on rank 0, judges them (watchdog thread)."""
+    """The watchdog thread's hook: every period, post this rank's totals and, on rank 0, judge
+    every rank's; store operations through the watchdog's link, so each is bounded and the
+    watchdog's exit bound holds."""
 
     def __init__(
         self,
         link: StoreLink,
         *,
-        rank: int,
-        world_size: int,
         period_s: float,
-        totals: Callable[[], Mapping[str, Any]],
-        clock: Callable[[], float],
+        totals: Callable[[], Mapping[str, Any]] = TIMES.totals,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._link, self.rank, self.period_s = link, rank, period_s
-        self._keys = [f"straggler/{rank}" for rank in range(world_size)]
+        self._link, self.rank, self.period_s = link, link.rank, period_s
+        self._keys = [f"straggler/{rank}" for rank in range(link.world_size)]
         self._totals, self._next = totals, clock() + period_s
         self._host = socket.gethostname()
-        self.judge = Judge(period_s) if rank == 0 else None
+        self.judge = Judge(period_s) if link.rank == 0 else None
+
+    def __call__(self, now: float) -> None:
+        line = self.check(now)
+        if line is not None:
+            write_stderr(line + "\n")
 
     def check(self, now: float) -> str | None:
         """Every period: post, and on rank 0 read and judge; the report line or None."""
@@ -134,7 +198,7 @@ class StragglerWatch:
             return None
         self._next = now + self.period_s
         mine = json.dumps({**self._totals(), "host": self._host})
-        store = self._link.kv
+        store = self._link._store  # its own connection: bounded through link.call
         self._link.call(lambda: store.set(self._keys[self.rank], mine))
         if self.judge is None:
             return None
@@ -145,3 +209,8 @@ class StragglerWatch:
         if not read:
             return None
         return self.judge.feed({rank: json.loads(bytes(raw)) for rank, raw in enumerate(read)})
+
+
+def attach(watchdog: Watchdog, period_s: float) -> None:
+    """Run the report on ``watchdog``'s thread, once an interval (``init()``, after it started)."""
+    watchdog.stragglers = StragglerWatch(watchdog._link, period_s=period_s)
