@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "load_state_dict": "ddpkit.worker.state_dict",
     "loader": "ddpkit.worker.loader",
     "gather": "ddpkit.worker.gather",
+    "accumulate": "ddpkit.worker.accumulate",
+    "MicroStep": "ddpkit.worker.accumulate",
     "save_checkpoint": "ddpkit.worker.checkpoint",
     "load_checkpoint": "ddpkit.worker.checkpoint",
     "async_save_checkpoint": "ddpkit.worker.asyncsave",
@@ -58,10 +60,12 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "Args",
     "Context",
+    "MicroStep",
     "PendingCheckpoint",
     "PreemptionGuard",
     "RankInfo",
     "__version__",
+    "accumulate",
     "async_save_checkpoint",
     "balanced_loss",
     "checkpoint_origin",
@@ -90,6 +94,7 @@ if TYPE_CHECKING:
     from ddpkit.cluster.detect import detect
     from ddpkit.cluster.nodelist import expand_nodelist
     from ddpkit.cluster.rankinfo import RankInfo
+    from ddpkit.worker.accumulate import MicroStep, accumulate
     from ddpkit.worker.asyncsave import (
         PendingCheckpoint,
         async_save_checkpoint,
