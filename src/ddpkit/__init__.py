@@ -43,6 +43,8 @@ _EXPORTS: dict[str, str] = {
     "gather": "ddpkit.worker.gather",
     "accumulate": "ddpkit.worker.accumulate",
     "MicroStep": "ddpkit.worker.accumulate",
+    "reduce": "ddpkit.worker.metrics",
+    "Mean": "ddpkit.worker.metrics",
     "save_checkpoint": "ddpkit.worker.checkpoint",
     "load_checkpoint": "ddpkit.worker.checkpoint",
     "async_save_checkpoint": "ddpkit.worker.asyncsave",
@@ -60,6 +62,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "Args",
     "Context",
+    "Mean",
     "MicroStep",
     "PendingCheckpoint",
     "PreemptionGuard",
@@ -82,6 +85,7 @@ __all__ = [
     "preemption_guard",
     "print",
     "progress",
+    "reduce",
     "save_checkpoint",
     "seed_everything",
     "shutdown",
@@ -106,6 +110,7 @@ if TYPE_CHECKING:
     from ddpkit.worker.context import Context, current, init, shutdown
     from ddpkit.worker.gather import gather
     from ddpkit.worker.loader import loader
+    from ddpkit.worker.metrics import Mean, reduce
     from ddpkit.worker.preempt import PreemptionGuard, preemption_guard
     from ddpkit.worker.progress import progress
     from ddpkit.worker.rankzero import get_logger, print, seed_everything
