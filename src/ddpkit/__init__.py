@@ -9,6 +9,10 @@ Four calls make a training script distributed, and the same script runs as one p
     train = ddpkit.loader(dataset, 32)     # per-rank shards; the epoch advances by itself
     preds = ddpkit.gather(preds)           # in an eval loop: every sample exactly once
 
+In the loop itself: ``accumulate`` (gradient accumulation that skips DDP's sync between
+micro-steps), ``clip_grad_norm_`` (the global norm) and ``reduce`` / ``Mean`` (metrics across
+ranks, the sampler's padding left out).
+
 ``save_checkpoint`` / ``load_checkpoint`` (``async_save_checkpoint`` writes in the
 background) and ``preemption_guard`` make it resumable.
 
@@ -43,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "gather": "ddpkit.worker.gather",
     "accumulate": "ddpkit.worker.accumulate",
     "MicroStep": "ddpkit.worker.accumulate",
+    "clip_grad_norm_": "ddpkit.worker.clip",
     "reduce": "ddpkit.worker.metrics",
     "Mean": "ddpkit.worker.metrics",
     "save_checkpoint": "ddpkit.worker.checkpoint",
@@ -73,6 +78,7 @@ __all__ = [
     "balanced_loss",
     "checkpoint_origin",
     "clean_state_dict",
+    "clip_grad_norm_",
     "current",
     "detect",
     "expand_nodelist",
@@ -107,6 +113,7 @@ if TYPE_CHECKING:
     from ddpkit.worker.balanced import Args, balanced_loss
     from ddpkit.worker.checkpoint import load_checkpoint, save_checkpoint
     from ddpkit.worker.ckptfiles import checkpoint_origin
+    from ddpkit.worker.clip import clip_grad_norm_
     from ddpkit.worker.context import Context, current, init, shutdown
     from ddpkit.worker.gather import gather
     from ddpkit.worker.loader import loader
