@@ -19,6 +19,10 @@ The loop also asks `ddpkit.preemption_guard()` after every step whether a stop s
 one did, every rank stops after the same step, saves a checkpoint and the job requeues itself
 (SLURM) or exits with code 75 (elsewhere); the next run resumes. `--step-delay` slows each step
 down, to leave time for sending a signal by hand.
+
+`--accumulate K` steps the optimizer once per K batches (`ddpkit.accumulate`: DDP syncs the
+gradients once per window instead of every batch; an epoch's last, shorter window is synced at
+its last batch). A step is then a window: checkpoints and stops happen at a window's end.
 """
 
 from __future__ import annotations
@@ -131,6 +135,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between saves")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="K",
+        help="batches per optimizer step (gradient accumulation; DDP syncs once per K)",
+    )
+    parser.add_argument(
         "--exact-resume",
         action="store_true",
         help="keep DDP's gradient buckets in their first layout (find_unused_parameters=True), "
@@ -141,6 +152,8 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"--checkpoint-every={args.checkpoint_every} must be at least 1")
     if args.step_delay < 0:
         parser.error(f"--step-delay={args.step_delay} must not be negative")
+    if args.accumulate < 1:
+        parser.error(f"--accumulate={args.accumulate} must be at least 1")
     return args
 
 
@@ -184,14 +197,20 @@ def main() -> None:
         # rank when stderr is a terminal (silent in logs, or with DDPKIT_PROGRESS=0).
         for features, labels in ddpkit.progress(train, f"epoch {epoch}"):
             features, labels = features.to(ctx.device), labels.to(ctx.device)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(features), labels)
-            loss.backward()
-            optimizer.step()
+            # forward and backward of one micro-step; DDP syncs only on a window's last one,
+            # and ddpkit scales the gradients then (the loss is not divided by K)
+            with ddpkit.accumulate(model, every=args.accumulate) as micro:
+                loss = loss_fn(model(features), labels)
+                loss.backward()
             state["loss"] += torch.tensor([loss.item() * len(labels), len(labels)])
-            state["step"] += 1
-            maybe_checkpoint(args.checkpoint_dir, state, args.checkpoint_every)
             time.sleep(args.step_delay)
+            if not micro.sync:
+                continue  # the optimizer steps once per window of K batches
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+            # at a window's end only: a checkpoint holds no half-accumulated gradients
+            maybe_checkpoint(args.checkpoint_dir, state, args.checkpoint_every)
             if guard.should_stop():  # a collective: every rank stops after the same step
                 stop(args.checkpoint_dir, state, guard)
         total = state["loss"].clone()

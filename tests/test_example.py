@@ -46,3 +46,17 @@ def test_example_trains_and_evaluates_every_sample_once() -> None:
     seen, size, accuracy = int(found[1]), int(found[2]), float(found[3])
     assert seen == size == 2001  # odd, and no multiple of 2 x 64: padding is removed
     assert accuracy >= STATED_ACCURACY
+
+
+def test_accumulate_below_one_is_refused_before_anything_starts() -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/train.py", "--accumulate", "0"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--accumulate=0 must be at least 1" in done.stderr
