@@ -168,6 +168,32 @@ def test_a_plain_iterable_counts_micro_steps(world_of_one: ddpkit.Context) -> No
     )
 
 
+def test_a_loader_batch_split_into_micro_steps(world_of_one: ddpkit.Context) -> None:
+    """Two micro-steps per batch of 4: each weighs the same (the loader's rows no longer
+    apply), and the end of the data is the caller's `last=`."""
+    model, reference = make_model(), make_model()
+    data = TensorDataset(*(t[:12] for t in make_data().tensors))
+    train = ddpkit.loader(data, 4, shuffle=False)
+    flags, chunks = [], []
+    for step, (x, y) in enumerate(train):
+        for half in (0, 1):
+            chunk = (x[2 * half : 2 * half + 2], y[2 * half : 2 * half + 2])
+            last = step == len(train) - 1 and half == 1
+            with ddpkit.accumulate(model, every=4, last=last) as micro:
+                F.mse_loss(model(chunk[0]), chunk[1]).backward()
+            flags.append(micro.sync)
+            chunks.append(chunk)
+            if micro.sync:
+                expected = window_grads(reference, chunks)
+                assert all(
+                    torch.allclose(p.grad, e, atol=1e-6)  # type: ignore[arg-type]
+                    for p, e in zip(model.parameters(), expected, strict=True)
+                ), len(flags)
+                model.zero_grad(set_to_none=True)
+                chunks = []
+    assert flags == [False, False, False, True, False, True]
+
+
 def test_every_one_leaves_the_gradients_alone(world_of_one: ddpkit.Context) -> None:
     model, reference = make_model(), make_model()
     x, y = make_data().tensors

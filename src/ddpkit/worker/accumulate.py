@@ -17,8 +17,9 @@ relative to the latest micro-batch's size); only the window's last micro-step le
 
 The epoch's end: inside a ``ddpkit.loader`` loop, the pass's last batch ends the window (synced
 at that micro-step, however many micro-steps it held), and the loader's rows weigh each
-micro-step (the last batch is often shorter). With another iterable every micro-step weighs the
-same and ``last=True`` ends a window early.
+micro-step (the last batch is often shorter). With another iterable, or a loop that splits each
+loader batch into several micro-steps (seen at the second micro-step on one batch), every
+micro-step weighs the same and ``last=True`` ends a window early.
 
 How a wrapper skips its sync is one table, :data:`SKIP_SYNC`: DDP's ``no_sync()``. FSDP2 joins
 it with a switch around ``set_requires_gradient_sync(False)`` / ``(True)``; the window logic,
@@ -79,6 +80,7 @@ class _Window:
     rows: float = 0.0  # their weights (a loader's rows, else 1 each) added up
     latest: float = 1.0  # the latest micro-step's weight: .grad holds sum(w_i g_i) / latest
     batch: tuple[weakref.ref[Any], int] | None = None  # (loader pass, step) of the latest one
+    follows_loader: bool = True  # False once two micro-steps shared a loader batch
     checked: bool = False  # a backward was seen inside the block (checked once per model)
     inside: bool = False  # a micro-step's block is running
 
@@ -169,13 +171,21 @@ def _loader_batch(window: _Window) -> tuple[float, bool]:
     """(this micro-step's weight, whether its batch is its pass's last): a ``ddpkit.loader``'s
     rows and end when one yielded a batch since the previous micro-step, else (1.0, False)."""
     iterator = ACTIVE.get()
-    if iterator is None:
+    if iterator is None or not window.follows_loader:
         window.batch = None
         return 1.0, False
-    step, layout = iterator.step, iterator.loader.layout
+    step = iterator.step
     previous, window.batch = window.batch, (weakref.ref(iterator), step)
     if previous is not None and previous[1] == step and previous[0]() is iterator:
-        return 1.0, False  # the same batch again: the micro-steps do not follow this loader
+        # The same batch again: the loop splits a batch into micro-steps (or iterates
+        # something else inside a loader pass). From now on every micro-step weighs the same;
+        # the one before, weighed by the batch's rows, becomes one of them (.grad holds
+        # sum(w_i g_i) / latest, which for a single micro-step is its gradient either way).
+        window.follows_loader = False
+        if window.micro_steps == 1:
+            window.rows, window.latest = 1.0, 1.0
+        return 1.0, False
+    layout = iterator.loader.layout
     return float(layout.rows(step)), step == layout.steps - 1
 
 
