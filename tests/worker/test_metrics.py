@@ -123,6 +123,8 @@ def test_mean_checks_the_rows_of_a_loader_step(world_of_one: ddpkit.Context) -> 
         assert caught.value.hint is not None and "reduction='none'" in caught.value.hint
         with pytest.raises(ConfigError, match="a single number without weight="):
             mean.update(torch.tensor(1.0))
+        with pytest.raises(ConfigError, match=r"Mean\.update\(weight=-2\) must be a number"):
+            mean.update(1.0, weight=-2)
         break
 
 

@@ -106,9 +106,13 @@ def _check(value: object, op: object, weight: object) -> None:
             f"reduce(op={op!r}, weight={weight!r}): a weight only applies to op='mean'",
             hint="drop weight=, or use op='mean'",
         )
+    _check_weight(weight, "reduce")
+
+
+def _check_weight(weight: object, caller: str) -> None:
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
         raise ConfigError(
-            f"reduce(weight={weight!r}) must be a number >= 0",
+            f"{caller}(weight={weight!r}) must be a number >= 0",
             hint="the number of samples behind this rank's value, e.g. weight=len(batch)",
         )
 
@@ -132,7 +136,7 @@ class Mean:
         self, values: torch.Tensor | Sequence[float] | float, *, weight: float | None = None
     ) -> None:
         if weight is not None:
-            _check(1.0, "mean", weight)
+            _check_weight(weight, "Mean.update")
             one = float(values.item() if isinstance(values, torch.Tensor) else values)  # type: ignore[arg-type]
             self._warn_if_padded()
             self.total += one * float(weight)
