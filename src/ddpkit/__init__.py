@@ -10,8 +10,9 @@ Four calls make a training script distributed, and the same script runs as one p
     preds = ddpkit.gather(preds)           # in an eval loop: every sample exactly once
 
 In the loop itself: ``accumulate`` (gradient accumulation that skips DDP's sync between
-micro-steps), ``clip_grad_norm_`` (the global norm) and ``reduce`` / ``Mean`` (metrics across
-ranks, the sampler's padding left out).
+micro-steps), ``clip_grad_norm_`` (the global norm), ``reduce`` / ``Mean`` (metrics across
+ranks, the sampler's padding left out) and ``grad_scaler`` (fp16's loss scaler, after
+``wrap(model, precision="fp16")``).
 
 ``save_checkpoint`` / ``load_checkpoint`` (``async_save_checkpoint`` writes in the
 background) and ``preemption_guard`` make it resumable.
@@ -48,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "accumulate": "ddpkit.worker.accumulate",
     "MicroStep": "ddpkit.worker.accumulate",
     "clip_grad_norm_": "ddpkit.worker.clip",
+    "grad_scaler": "ddpkit.worker.precision",
     "reduce": "ddpkit.worker.metrics",
     "Mean": "ddpkit.worker.metrics",
     "save_checkpoint": "ddpkit.worker.checkpoint",
@@ -84,6 +86,7 @@ __all__ = [
     "expand_nodelist",
     "gather",
     "get_logger",
+    "grad_scaler",
     "init",
     "load_checkpoint",
     "load_state_dict",
@@ -118,6 +121,7 @@ if TYPE_CHECKING:
     from ddpkit.worker.gather import gather
     from ddpkit.worker.loader import loader
     from ddpkit.worker.metrics import Mean, reduce
+    from ddpkit.worker.precision import grad_scaler
     from ddpkit.worker.preempt import PreemptionGuard, preemption_guard
     from ddpkit.worker.progress import progress
     from ddpkit.worker.rankzero import get_logger, print, seed_everything

@@ -79,6 +79,7 @@ from ddpkit.errors import CheckpointError, ConfigError, DdpkitError
 from ddpkit.worker import ckptfiles, inflight
 from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
+from ddpkit.worker.precision import restore_scalers, scalers
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
 from ddpkit.worker.state_dict import load_state_dict, unwrap
 from ddpkit.worker.watchdog.flight import patient
@@ -165,6 +166,7 @@ def collect(
     if rank != 0:
         return {}
     payload = {"step": step, "world_size": world_size, **_run_stamp(), "state": saved}
+    payload["scalers"] = scalers(state)  # fp16 loss scales of the models, by state key
     payload["rng"] = [rng for rng, _ in gathered]
     return payload
 
@@ -227,6 +229,7 @@ def load_checkpoint(
     step: int = payload["step"]
     try:
         _restore(payload["state"], state)
+        restore_scalers(payload.get("scalers", {}), state)
     except Exception as error:  # shared below: no rank may train on from a partial restore
         failure = error
     _raise_failures(

@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddpkit.errors import ConfigError
+from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.accumulate import window_progress
+from ddpkit.worker.precision import scaled_gradients
 
 __all__ = ["clip_grad_norm_"]
 
@@ -47,6 +48,12 @@ def clip_grad_norm_(
             f"clip_grad_norm_(model) got {type(model).__name__}, not an nn.Module",
             hint="pass the model ddpkit.wrap returned; for a list of parameters use "
             "torch.nn.utils.clip_grad_norm_",
+        )
+    if scaled_gradients(model):
+        raise UsageError(
+            "clip_grad_norm_ on gradients still multiplied by the fp16 loss scale",
+            hint="call ddpkit.grad_scaler(model).unscale_(optimizer) first, at the window's "
+            "end (torch's order: unscale_, clip, step, update)",
         )
     parameters = [p for p in model.parameters() if p.grad is not None]
     grads = [p.grad for p in parameters if p.grad is not None]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -23,9 +24,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
+from ddpkit.worker.compiling import check_compile, compiled
 from ddpkit.worker.context import Context, current
 from ddpkit.worker.dataparallel import DataParallel
 from ddpkit.worker.placement import Placement, plan_placement
+from ddpkit.worker.precision import apply_precision, check_precision
 from ddpkit.worker.steptimes import TIMES
 from ddpkit.worker.structure import split_sizes
 
@@ -79,6 +82,8 @@ def wrap(
     *,
     sync_batchnorm: bool = False,
     first_device_batch: int | None = None,
+    precision: str | None = None,
+    compile: bool | Mapping[str, Any] = False,
     **ddp_kwargs: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for ``strategy``; needs ``ddpkit.init()``.
@@ -93,6 +98,12 @@ def wrap(
     first GPU (the output device); ignored by the other strategies.
     A model with parts on several devices keeps its placement (see
     :mod:`ddpkit.worker.placement`).
+
+    ``precision``: ``"bf16"``, ``"fp16"`` or None (float32): the forward runs under autocast
+    and returns float32 outputs; under ``"fp16"`` step through :func:`ddpkit.grad_scaler`
+    (see :mod:`ddpkit.worker.precision`). ``compile``: True, or a dict of ``torch.compile``
+    keyword arguments: the bare module is compiled, then wrapped, so that under DDP torch's
+    DDPOptimizer splits the graph at DDP's buckets (see :mod:`ddpkit.worker.compiling`).
     """
     context = current()
     if isinstance(model, DistributedDataParallel | nn.DataParallel):
@@ -108,6 +119,8 @@ def wrap(
         device_count=visible,
     )
     _check_ddp_kwargs(ddp_kwargs, strategy, chosen)
+    check_precision(precision, context.device.type)
+    compile_options = check_compile(compile)
     split_sizes(1, 1, first=first_device_batch)  # a bad value fails in every mode, not on GPUs only
     if strategy == "dp" and chosen == "single":
         warnings.warn(
@@ -124,7 +137,12 @@ def wrap(
     if placement.move:
         model = model.to(context.device)
     if chosen == "ddp":
-        return _wrap_ddp(model, context, sync_batchnorm, ddp_kwargs, placement)
+        model = _sync_batchnorm(model, context, sync_batchnorm)
+    model = apply_precision(model, precision, context.device.type)
+    if compile_options is not None:
+        model = compiled(model, compile_options, chosen)
+    if chosen == "ddp":
+        return _wrap_ddp(model, context, ddp_kwargs, placement)
     if sync_batchnorm:
         warnings.warn(
             f"sync_batchnorm=True ignored: strategy resolved to {chosen!r}, and SyncBatchNorm "
@@ -151,13 +169,7 @@ def _check_ddp_kwargs(ddp_kwargs: dict[str, Any], strategy: str, chosen: str) ->
         )
 
 
-def _wrap_ddp(
-    model: nn.Module,
-    context: Context,
-    sync_batchnorm: bool,
-    ddp_kwargs: dict[str, Any],
-    placement: Placement,
-) -> nn.Module:
+def _sync_batchnorm(model: nn.Module, context: Context, sync_batchnorm: bool) -> nn.Module:
     if sync_batchnorm and context.device.type == "cpu":
         # DDP raises for SyncBatchNorm in CPU modules; keep the same script usable on a laptop.
         warnings.warn(
@@ -168,6 +180,12 @@ def _wrap_ddp(
         )
     elif sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+    return model
+
+
+def _wrap_ddp(
+    model: nn.Module, context: Context, ddp_kwargs: dict[str, Any], placement: Placement
+) -> nn.Module:
     options = dict(ddp_kwargs)
     if placement.ddp_device_ids is None:
         options["device_ids"] = None  # a module on several GPUs (torch's rule)
