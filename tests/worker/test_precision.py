@@ -185,7 +185,7 @@ def test_a_bad_precision_is_named_with_a_hint(
     assert fragment in str(raised.value.hint)
 
 
-def test_the_autocast_forward_survives_a_deepcopy_and_keeps_the_state_dict(
+def test_the_autocast_forward_survives_copies_and_replicas_and_keeps_the_state_dict(
     world_of_one: ddpkit.Context,
 ) -> None:
     model = ddpkit.wrap(_model(), precision="bf16")
@@ -193,6 +193,11 @@ def test_the_autocast_forward_survives_a_deepcopy_and_keeps_the_state_dict(
     with torch.no_grad():
         copied[0].weight.zero_()  # the copy runs its own weights, not the original's
         assert not torch.equal(copied(torch.ones(2, 4)), model(torch.ones(2, 4)))
+    # a DataParallel replica (torch's replicate copies the module's __dict__) runs itself too
+    linear = ddpkit.wrap(nn.Linear(4, 1), precision="bf16")
+    replica = linear._replicate_for_data_parallel()
+    replica._parameters = {"weight": torch.zeros(1, 4), "bias": torch.zeros(1)}
+    assert torch.equal(replica(torch.ones(2, 4)), torch.zeros(2, 1))
     assert isinstance(model, nn.Sequential)
     assert list(model.state_dict()) == list(_model().state_dict())
     assert model(torch.ones(2, 4)).dtype == torch.float32
