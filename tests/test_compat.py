@@ -361,6 +361,22 @@ def test_compiled_inner_finds_the_module_torch_compile_wraps() -> None:
     ]
 
 
+@reach
+def test_ddp_static_graph_reads_ddps_flag() -> None:
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        plain = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        static = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), static_graph=True)
+        assert not compat.ddp_static_graph(plain), f"torch {torch.__version__}"
+        assert compat.ddp_static_graph(static), f"torch {torch.__version__}"
+        assert not compat.ddp_static_graph(torch.nn.Linear(2, 2))
+    finally:
+        dist.destroy_process_group()
+
+
 class _Refused:
     def __reduce__(self) -> tuple[Any, ...]:
         return (exec, ("0",))

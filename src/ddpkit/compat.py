@@ -31,6 +31,8 @@ against the installed version and names that version when one has moved.
     DynamicRendezvousHandler.      torch       a one-node ``ddpkit run`` of one round hosts
       _create_tcp_store_server                 its workers' shared store on loopback only
       (self, master_addr, port)
+    DDP.static_graph (attribute)   torch       ``accumulate`` syncs a static-graph DDP's first
+                                               micro-step (torch records the graph there)
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
     weights_only's refusal text    torch       a checkpoint holding a type torch refuses
@@ -74,6 +76,7 @@ __all__ = [
     "COMPILED_ATTRIBUTE",
     "compiled_inner",
     "ddp_compute_s",
+    "ddp_static_graph",
     "default_store",
     "flight_recorder",
     "launch_config_from_args",
@@ -216,6 +219,13 @@ def ddp_compute_s(model: Any) -> float | None:
     except Exception:
         return None
     return total_ns / 1e9 if total_ns > 0 else None
+
+
+def ddp_static_graph(model: Any) -> bool:
+    """Whether a DDP module was made with ``static_graph=True`` (an attribute DDP sets, not a
+    documented one). Such a DDP raises an internal assert when its first backward runs inside
+    ``no_sync``: it records the graph at a synced first iteration."""
+    return getattr(model, "static_graph", False) is True
 
 
 def flight_recorder(collectives: bool) -> dict[str, Any] | None:

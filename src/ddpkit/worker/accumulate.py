@@ -21,6 +21,11 @@ micro-step (the last batch is often shorter). With another iterable, or a loop t
 loader batch into several micro-steps (seen at the second micro-step on one batch), every
 micro-step weighs the same and ``last=True`` ends a window early.
 
+A DDP made with ``static_graph=True`` records its graph at its first backward, which must
+sync (torch asserts otherwise): the model's first micro-step syncs, whatever its place in the
+window. The window's gradients are the same (the all-reduce's mean of a synced part adds up
+with the others to the same mean), one all-reduce more.
+
 How a wrapper skips its sync is one table, :data:`SKIP_SYNC`: DDP's ``no_sync()``. FSDP2 joins
 it with a switch around ``set_requires_gradient_sync(False)`` / ``(True)``; the window logic,
 the scaling (``torch._foreach_mul_`` also takes DTensor gradients) and the ``sync`` flag do not
@@ -39,6 +44,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddpkit import compat
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.loader import ACTIVE
 from ddpkit.worker.state_dict import unwrap
@@ -82,6 +88,7 @@ class _Window:
     batch: tuple[weakref.ref[Any], int] | None = None  # (loader pass, step) of the latest one
     follows_loader: bool = True  # False once two micro-steps shared a loader batch
     checked: bool = False  # a backward was seen inside the block (checked once per model)
+    synced: bool = False  # a micro-step synced (a static-graph DDP must sync its first one)
     inside: bool = False  # a micro-step's block is running
 
 
@@ -110,7 +117,10 @@ def accumulate(model: nn.Module, every: int, *, last: bool = False) -> Iterator[
     step = MicroStep(sync=sync, index=window.micro_steps, every=every)
     window.inside = True
     try:
-        with nullcontext() if sync else _skip_sync(model):
+        # DDP(static_graph=True) records its graph at its first backward, which must sync;
+        # an extra sync inside a window changes no gradient (a mean of means is the mean)
+        skip = not sync and (window.synced or not compat.ddp_static_graph(model))
+        with _skip_sync(model) if skip else nullcontext():
             yield step
     finally:
         window.inside = False
@@ -124,6 +134,7 @@ def accumulate(model: nn.Module, every: int, *, last: bool = False) -> Iterator[
         window.checked = True
     window.micro_steps += 1
     window.rows += weight
+    window.synced = window.synced or not skip
     if sync:
         if window.rows != weight:
             _scale(model, weight / window.rows)  # the window's mean over its rows

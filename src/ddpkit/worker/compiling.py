@@ -17,7 +17,9 @@ The pitfalls (pytorch #108966, #109774), and what ddpkit does about each:
   ``fullgraph=True`` still holds for the model's own code; the number of graphs follows
   ``bucket_cap_mb`` (#108966: they cannot be tuned apart). A ``bucket_cap_mb`` under torch's
   first bucket (1 MB) fails in DDPOptimizer at the first forward.
-- ``static_graph=True`` (a DDP option) works with it; the tests compare its losses too.
+- ``static_graph=True`` (a DDP option) works with it; the tests compare its losses too. Such a
+  DDP fails when its first backward skips the sync, compiled or not: ``ddpkit.accumulate``
+  syncs that first micro-step.
 - BatchNorm's running statistics are buffers: DDP's ``broadcast_buffers`` (on by default)
   copies rank 0's before each forward, outside the compiled graph, as in eager.
   ``SyncBatchNorm`` (``sync_batchnorm=True``, GPUs) breaks the graph (pytorch #161302): it runs
