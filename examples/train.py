@@ -23,6 +23,13 @@ down, to leave time for sending a signal by hand.
 `--accumulate K` steps the optimizer once per K batches (`ddpkit.accumulate`: DDP syncs the
 gradients once per window instead of every batch; an epoch's last, shorter window is synced at
 its last batch). A step is then a window: checkpoints and stops happen at a window's end.
+
+`--precision bf16` runs the forward under bfloat16 autocast (`ddpkit.wrap(..., precision=...)`);
+`--precision fp16` under float16, with the loss scaler `ddpkit.grad_scaler` returns (which passes
+through otherwise, so the loop is the same for every precision; checkpoints carry its scale).
+`--compile` compiles the model before DDP wraps it (`torch.compile`'s default backend,
+inductor: its first step takes a while; `--compile aot_eager` skips the code generation).
+Without these flags the run is the float32 eager one, with the same `weights sha256`.
 """
 
 from __future__ import annotations
@@ -147,6 +154,20 @@ def parse_args() -> argparse.Namespace:
         help="keep DDP's gradient buckets in their first layout (find_unused_parameters=True), "
         "so that a resumed run is bitwise exact at any world size, not only 2",
     )
+    parser.add_argument(
+        "--precision",
+        choices=["bf16", "fp16"],
+        default=None,
+        help="mixed precision: the forward under autocast (default: float32)",
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="torch.compile the model (default backend: inductor)",
+    )
     args = parser.parse_args()
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint-every={args.checkpoint_every} must be at least 1")
@@ -174,7 +195,11 @@ def main() -> None:
     # DDP regroups its gradient buckets after the first backward; a resumed run's first step
     # then sums in the old layout, and with 3+ gloo ranks that rounds differently.
     ddp = {"find_unused_parameters": True} if args.exact_resume else {}
-    model = ddpkit.wrap(make_model(dim, classes), **ddp)
+    compile_options = {"backend": args.compile} if args.compile else False
+    model = ddpkit.wrap(
+        make_model(dim, classes), precision=args.precision, compile=compile_options, **ddp
+    )
+    scaler = ddpkit.grad_scaler(model)  # fp16's loss scaler; its calls pass through otherwise
     train = ddpkit.loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
     test = ddpkit.loader(test_set, args.batch_size, shuffle=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -201,12 +226,13 @@ def main() -> None:
             # and ddpkit scales the gradients then (the loss is not divided by K)
             with ddpkit.accumulate(model, every=args.accumulate) as micro:
                 loss = loss_fn(model(features), labels)
-                loss.backward()
+                scaler.scale(loss).backward()
             state["loss"] += torch.tensor([loss.item() * len(labels), len(labels)])
             time.sleep(args.step_delay)
             if not micro.sync:
                 continue  # the optimizer steps once per window of K batches
-            optimizer.step()
+            scaler.step(optimizer)  # optimizer.step(), skipped by fp16 on inf/nan gradients
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             # at a window's end only: a checkpoint holds no half-accumulated gradients

@@ -60,3 +60,15 @@ def test_accumulate_below_one_is_refused_before_anything_starts() -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "--accumulate=0 must be at least 1" in done.stderr
+
+
+@pytest.mark.multiproc
+def test_example_in_bf16_compiled_with_accumulation() -> None:
+    # aot_eager: dynamo and AOTAutograd without inductor's code generation (minutes on CPU)
+    flags = ["--precision", "bf16", "--compile", "aot_eager", "--accumulate", "2", "--epochs", "2"]
+    out = _run(["--nproc-per-node", "2", "examples/train.py", *flags])
+    found = re.search(r"eval: (\d+) samples \(test set has (\d+)\), accuracy ([0-9.]+)", out)
+    assert found, out
+    assert int(found[1]) == int(found[2]) == 2001
+    assert float(found[3]) >= STATED_ACCURACY  # bf16 trains as well as float32 here
+    assert re.search(r"weights sha256: [0-9a-f]{64}", out), out
