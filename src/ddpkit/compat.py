@@ -33,6 +33,10 @@ against the installed version and names that version when one has moved.
       (self, master_addr, port)
     DDP.static_graph (attribute)   torch       ``accumulate`` syncs a static-graph DDP's first
                                                micro-step (torch records the graph there)
+    torch._foreach_mul_            torch       ``accumulate`` scales a window's gradients in one
+                                               call (DTensor gradients too)
+    distributed._DEFAULT_FIRST_    torch       ``wrap(compile=...)`` refuses a DDP bucket_cap_mb
+      BUCKET_BYTES                             below it (DDPOptimizer asserts at the forward)
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
     weights_only's refusal text    torch       a checkpoint holding a type torch refuses
@@ -78,7 +82,9 @@ __all__ = [
     "ddp_compute_s",
     "ddp_static_graph",
     "default_store",
+    "first_bucket_bytes",
     "flight_recorder",
+    "foreach_mul_",
     "launch_config_from_args",
     "matches_machine_hostname",
     "recorded_traceback",
@@ -226,6 +232,27 @@ def ddp_static_graph(model: Any) -> bool:
     documented one). Such a DDP raises an internal assert when its first backward runs inside
     ``no_sync``: it records the graph at a synced first iteration."""
     return getattr(model, "static_graph", False) is True
+
+
+def foreach_mul_(tensors: list[Any], factor: float) -> None:
+    """Multiply every tensor of ``tensors`` by ``factor`` in place: torch's ``_foreach_mul_``
+    (one kernel a device and dtype, and DTensors too), else one ``mul_`` each."""
+    import torch
+
+    multiply = getattr(torch, "_foreach_mul_", None)
+    if multiply is None:
+        for tensor in tensors:
+            tensor.mul_(factor)
+        return
+    multiply(tensors, factor)
+
+
+def first_bucket_bytes() -> int:
+    """The size of DDP's first gradient bucket in bytes (1 MiB in torch 2.4 to 2.13), which
+    torch's DDPOptimizer requires every bucket to reach under torch.compile."""
+    import torch.distributed as dist
+
+    return int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024))
 
 
 def flight_recorder(collectives: bool) -> dict[str, Any] | None:

@@ -151,6 +151,23 @@ def test_a_bad_compile_option_is_named(
     assert fragment in f"{raised.value.message} {raised.value.hint}"
 
 
+def _small_buckets_worker(rank: int, world_size: int, port: int) -> str:
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    try:
+        ddpkit.wrap(_model(), "ddp", compile=True, bucket_cap_mb=0.5)
+    except ConfigError as error:
+        return error.message
+    finally:
+        ddpkit.shutdown()
+    return "no error"
+
+
+@pytest.mark.multiproc
+def test_buckets_under_the_first_are_refused_with_compile() -> None:
+    for message in run_workers(_small_buckets_worker, 2):
+        assert "bucket_cap_mb=0.5 with compile" in message
+
+
 def test_compile_single_keeps_the_state_dict_keys(world_of_one: ddpkit.Context) -> None:
     model = ddpkit.wrap(_model(), compile={"backend": "eager"})
     assert ddpkit.unwrap(model) is not model  # torch's wrapper around it

@@ -28,8 +28,8 @@ with the others to the same mean), one all-reduce more.
 
 How a wrapper skips its sync is one table, :data:`SKIP_SYNC`: DDP's ``no_sync()``. FSDP2 joins
 it with a switch around ``set_requires_gradient_sync(False)`` / ``(True)``; the window logic,
-the scaling (``torch._foreach_mul_`` also takes DTensor gradients) and the ``sync`` flag do not
-change.
+the scaling (``compat.foreach_mul_``: torch's ``_foreach_mul_`` also takes DTensor gradients)
+and the ``sync`` flag do not change.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 def _scale(model: nn.Module, factor: float) -> None:
     grads = _grads(model)
     if grads:
-        torch._foreach_mul_(grads, factor)
+        compat.foreach_mul_(grads, factor)
 
 
 def _grad_marks(model: nn.Module) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ The pitfalls (pytorch #108966, #109774), and what ddpkit does about each:
 - Graph breaks at DDP's buckets are DDPOptimizer's splits, not dynamo's graph breaks, so
   ``fullgraph=True`` still holds for the model's own code; the number of graphs follows
   ``bucket_cap_mb`` (#108966: they cannot be tuned apart). A ``bucket_cap_mb`` under torch's
-  first bucket (1 MB) fails in DDPOptimizer at the first forward.
+  first bucket (1 MB) fails in DDPOptimizer at the first forward: ``wrap`` refuses it.
 - ``static_graph=True`` (a DDP option) works with it; the tests compare its losses too. Such a
   DDP fails when its first backward skips the sync, compiled or not: ``ddpkit.accumulate``
   syncs that first micro-step.
@@ -40,10 +40,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddpkit import compat
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
 
-__all__ = ["check_compile", "compiled"]
+__all__ = ["check_buckets", "check_compile", "compiled"]
 
 
 def _compile_options() -> list[str]:
@@ -70,6 +71,19 @@ def check_compile(value: object) -> dict[str, Any] | None:
                 hint=f"did you mean {match!r}?" if match else f"choose among {', '.join(known)}",
             )
     return dict(value)
+
+
+def check_buckets(ddp_kwargs: Mapping[str, Any]) -> None:
+    """Refuse a DDP ``bucket_cap_mb`` that torch's DDPOptimizer fails on (at the first forward,
+    with an assert): one under DDP's first bucket."""
+    cap = ddp_kwargs.get("bucket_cap_mb")
+    first = compat.first_bucket_bytes()
+    if isinstance(cap, int | float) and cap * 1024 * 1024 < first:
+        raise ConfigError(
+            f"bucket_cap_mb={cap!r} with compile: torch's DDPOptimizer needs buckets of at "
+            f"least DDP's first bucket ({first / 2**20:g} MB)",
+            hint=f"pass bucket_cap_mb >= {first / 2**20:g}, or compile=False",
+        )
 
 
 def compiled(model: nn.Module, options: Mapping[str, Any], strategy: str) -> nn.Module:

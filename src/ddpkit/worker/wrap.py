@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
-from ddpkit.worker.compiling import check_compile, compiled
+from ddpkit.worker.compiling import check_buckets, check_compile, compiled
 from ddpkit.worker.context import Context, current
 from ddpkit.worker.dataparallel import DataParallel
 from ddpkit.worker.placement import Placement, plan_placement
@@ -121,6 +121,8 @@ def wrap(
     _check_ddp_kwargs(ddp_kwargs, strategy, chosen)
     check_precision(precision, context.device.type)
     compile_options = check_compile(compile)
+    if compile_options is not None and chosen == "ddp":
+        check_buckets(ddp_kwargs)
     split_sizes(1, 1, first=first_device_batch)  # a bad value fails in every mode, not on GPUs only
     if strategy == "dp" and chosen == "single":
         warnings.warn(
