@@ -24,6 +24,17 @@ down, to leave time for sending a signal by hand.
 DataParallel on one machine's several GPUs, the plain model otherwise), `dp`, `ddp`, or `fsdp`
 (FSDP2: parameters, gradients and optimizer state sharded across the ranks; its checkpoints
 are saved by every rank and resume at any world size).
+
+`--accumulate K` steps the optimizer once per K batches (`ddpkit.accumulate`: DDP syncs the
+gradients once per window instead of every batch; an epoch's last, shorter window is synced at
+its last batch). A step is then a window: checkpoints and stops happen at a window's end.
+
+`--precision bf16` runs the forward under bfloat16 autocast (`ddpkit.wrap(..., precision=...)`);
+`--precision fp16` under float16, with the loss scaler `ddpkit.grad_scaler` returns (which passes
+through otherwise, so the loop is the same for every precision; checkpoints carry its scale).
+`--compile` compiles the model before DDP wraps it (`torch.compile`'s default backend,
+inductor: its first step takes a while; `--compile aot_eager` skips the code generation).
+Without these flags the run is the float32 eager one, with the same `weights sha256`.
 """
 
 from __future__ import annotations
@@ -146,16 +157,39 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between saves")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="K",
+        help="batches per optimizer step (gradient accumulation; DDP syncs once per K)",
+    )
+    parser.add_argument(
         "--exact-resume",
         action="store_true",
         help="keep DDP's gradient buckets in their first layout (find_unused_parameters=True), "
         "so that a resumed run is bitwise exact at any world size, not only 2",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["bf16", "fp16"],
+        default=None,
+        help="mixed precision: the forward under autocast (default: float32)",
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="torch.compile the model (default backend: inductor)",
     )
     args = parser.parse_args()
     if args.checkpoint_every < 1:
         parser.error(f"--checkpoint-every={args.checkpoint_every} must be at least 1")
     if args.step_delay < 0:
         parser.error(f"--step-delay={args.step_delay} must not be negative")
+    if args.accumulate < 1:
+        parser.error(f"--accumulate={args.accumulate} must be at least 1")
     return args
 
 
@@ -177,7 +211,15 @@ def main() -> None:
     # then sums in the old layout, and with 3+ gloo ranks that rounds differently.
     exact = args.exact_resume and args.strategy in ("auto", "ddp")  # a DDP option only
     ddp = {"find_unused_parameters": True} if exact else {}
-    model = ddpkit.wrap(make_model(dim, classes), args.strategy, **ddp)
+    compile_options = {"backend": args.compile} if args.compile else False
+    model = ddpkit.wrap(
+        make_model(dim, classes),
+        args.strategy,
+        precision=args.precision,
+        compile=compile_options,
+        **ddp,
+    )
+    scaler = ddpkit.grad_scaler(model)  # fp16's loss scaler; its calls pass through otherwise
     train = ddpkit.loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
     test = ddpkit.loader(test_set, args.batch_size, shuffle=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -200,14 +242,21 @@ def main() -> None:
         # rank when stderr is a terminal (silent in logs, or with DDPKIT_PROGRESS=0).
         for features, labels in ddpkit.progress(train, f"epoch {epoch}"):
             features, labels = features.to(ctx.device), labels.to(ctx.device)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(features), labels)
-            loss.backward()
-            optimizer.step()
+            # forward and backward of one micro-step; DDP syncs only on a window's last one,
+            # and ddpkit scales the gradients then (the loss is not divided by K)
+            with ddpkit.accumulate(model, every=args.accumulate) as micro:
+                loss = loss_fn(model(features), labels)
+                scaler.scale(loss).backward()
             state["loss"] += torch.tensor([loss.item() * len(labels), len(labels)])
-            state["step"] += 1
-            maybe_checkpoint(args.checkpoint_dir, state, args.checkpoint_every)
             time.sleep(args.step_delay)
+            if not micro.sync:
+                continue  # the optimizer steps once per window of K batches
+            scaler.step(optimizer)  # optimizer.step(), skipped by fp16 on inf/nan gradients
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+            # at a window's end only: a checkpoint holds no half-accumulated gradients
+            maybe_checkpoint(args.checkpoint_dir, state, args.checkpoint_every)
             if guard.should_stop():  # a collective: every rank stops after the same step
                 stop(args.checkpoint_dir, state, guard)
         total = state["loss"].clone()

@@ -362,6 +362,38 @@ def test_compiled_inner_finds_the_module_torch_compile_wraps() -> None:
     ]
 
 
+@reach
+@pytest.mark.usefixtures("one_rank_group")
+def test_ddp_static_graph_reads_ddps_flag() -> None:
+    plain = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    static = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), static_graph=True)
+    assert not compat.ddp_static_graph(plain), f"torch {torch.__version__}"
+    assert compat.ddp_static_graph(static), f"torch {torch.__version__}"
+    assert not compat.ddp_static_graph(torch.nn.Linear(2, 2))
+
+
+@reach
+def test_foreach_mul_scales_every_tensor_in_place() -> None:
+    assert hasattr(torch, "_foreach_mul_"), f"torch {torch.__version__}"
+    tensors = [torch.ones(3), torch.full((2, 2), 2.0, dtype=torch.float64)]
+    kept = [id(tensor) for tensor in tensors]
+    compat.foreach_mul_(tensors, 0.5)
+    assert [id(tensor) for tensor in tensors] == kept
+    assert torch.equal(tensors[0], torch.full((3,), 0.5))
+    assert torch.equal(tensors[1], torch.ones(2, 2, dtype=torch.float64))
+
+
+@reach
+def test_first_bucket_bytes_is_what_ddp_optimizer_checks() -> None:
+    from torch._dynamo.backends.distributed import DDPOptimizer
+
+    first = compat.first_bucket_bytes()
+    assert first == 1024 * 1024, f"torch {torch.__version__}"
+    DDPOptimizer(bucket_bytes_cap=first, backend_compile_fn=None)  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="First bucket"):
+        DDPOptimizer(bucket_bytes_cap=first - 1, backend_compile_fn=None)  # type: ignore[arg-type]
+
+
 class _Refused:
     def __reduce__(self) -> tuple[Any, ...]:
         return (exec, ("0",))

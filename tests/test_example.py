@@ -59,3 +59,29 @@ def test_example_trains_sharded_with_strategy_fsdp(tmp_path: Path) -> None:
     assert re.search(r"^\[rank0\]:? ?weights sha256: [0-9a-f]{64}$", out, re.MULTILINE), out
     # steps 4, 6 and 8 kept (keep_last=3), each a file and its folder: step 2's folder is pruned
     assert sorted(path.suffix for path in ckpt.iterdir()) == [".dcp"] * 3 + [".pt"] * 3
+
+
+def test_accumulate_below_one_is_refused_before_anything_starts() -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/train.py", "--accumulate", "0"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--accumulate=0 must be at least 1" in done.stderr
+
+
+@pytest.mark.multiproc
+def test_example_in_bf16_compiled_with_accumulation() -> None:
+    # aot_eager: dynamo and AOTAutograd without inductor's code generation (minutes on CPU)
+    flags = ["--precision", "bf16", "--compile", "aot_eager", "--accumulate", "2", "--epochs", "2"]
+    out = _run(["--nproc-per-node", "2", "examples/train.py", *flags])
+    found = re.search(r"eval: (\d+) samples \(test set has (\d+)\), accuracy ([0-9.]+)", out)
+    assert found, out
+    assert int(found[1]) == int(found[2]) == 2001
+    assert float(found[3]) >= STATED_ACCURACY  # bf16 trains as well as float32 here
+    assert re.search(r"weights sha256: [0-9a-f]{64}", out), out

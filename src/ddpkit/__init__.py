@@ -9,6 +9,11 @@ Four calls make a training script distributed, and the same script runs as one p
     train = ddpkit.loader(dataset, 32)     # per-rank shards; the epoch advances by itself
     preds = ddpkit.gather(preds)           # in an eval loop: every sample exactly once
 
+In the loop itself: ``accumulate`` (gradient accumulation that skips DDP's sync between
+micro-steps), ``clip_grad_norm_`` (the global norm), ``reduce`` / ``Mean`` (metrics across
+ranks, the sampler's padding left out) and ``grad_scaler`` (fp16's loss scaler, after
+``wrap(model, precision="fp16")``).
+
 ``save_checkpoint`` / ``load_checkpoint`` (``async_save_checkpoint`` writes in the
 background) and ``preemption_guard`` make it resumable.
 
@@ -41,6 +46,12 @@ _EXPORTS: dict[str, str] = {
     "load_state_dict": "ddpkit.worker.state_dict",
     "loader": "ddpkit.worker.loader",
     "gather": "ddpkit.worker.gather",
+    "accumulate": "ddpkit.worker.accumulate",
+    "MicroStep": "ddpkit.worker.accumulate",
+    "clip_grad_norm_": "ddpkit.worker.clip",
+    "grad_scaler": "ddpkit.worker.precision",
+    "reduce": "ddpkit.worker.metrics",
+    "Mean": "ddpkit.worker.metrics",
     "save_checkpoint": "ddpkit.worker.checkpoint",
     "load_checkpoint": "ddpkit.worker.checkpoint",
     "async_save_checkpoint": "ddpkit.worker.asyncsave",
@@ -58,19 +69,24 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "Args",
     "Context",
+    "Mean",
+    "MicroStep",
     "PendingCheckpoint",
     "PreemptionGuard",
     "RankInfo",
     "__version__",
+    "accumulate",
     "async_save_checkpoint",
     "balanced_loss",
     "checkpoint_origin",
     "clean_state_dict",
+    "clip_grad_norm_",
     "current",
     "detect",
     "expand_nodelist",
     "gather",
     "get_logger",
+    "grad_scaler",
     "init",
     "load_checkpoint",
     "load_state_dict",
@@ -78,6 +94,7 @@ __all__ = [
     "preemption_guard",
     "print",
     "progress",
+    "reduce",
     "save_checkpoint",
     "seed_everything",
     "shutdown",
@@ -90,6 +107,7 @@ if TYPE_CHECKING:
     from ddpkit.cluster.detect import detect
     from ddpkit.cluster.nodelist import expand_nodelist
     from ddpkit.cluster.rankinfo import RankInfo
+    from ddpkit.worker.accumulate import MicroStep, accumulate
     from ddpkit.worker.asyncsave import (
         PendingCheckpoint,
         async_save_checkpoint,
@@ -98,9 +116,12 @@ if TYPE_CHECKING:
     from ddpkit.worker.balanced import Args, balanced_loss
     from ddpkit.worker.checkpoint import load_checkpoint, save_checkpoint
     from ddpkit.worker.ckptfiles import checkpoint_origin
+    from ddpkit.worker.clip import clip_grad_norm_
     from ddpkit.worker.context import Context, current, init, shutdown
     from ddpkit.worker.gather import gather
     from ddpkit.worker.loader import loader
+    from ddpkit.worker.metrics import Mean, reduce
+    from ddpkit.worker.precision import grad_scaler
     from ddpkit.worker.preempt import PreemptionGuard, preemption_guard
     from ddpkit.worker.progress import progress
     from ddpkit.worker.rankzero import get_logger, print, seed_everything

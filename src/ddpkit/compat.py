@@ -31,10 +31,12 @@ against the installed version and names that version when one has moved.
     DynamicRendezvousHandler.      torch       a one-node ``ddpkit run`` of one round hosts
       _create_tcp_store_server                 its workers' shared store on loopback only
       (self, master_addr, port)
-    DCP's .metadata pickle: the    torch       a sharded (FSDP2) checkpoint's metadata is
-      globals it names (its                    read by a restricted unpickler that allows
-      dataclasses, _StorageInfo,               these and nothing else
-      _get_layout)                             (:mod:`ddpkit.worker.sharded`)
+    DCP's .metadata globals (its   torch       a sharded checkpoint's metadata is unpickled
+      dataclasses, _get_layout)                allowing these only (:mod:`.worker.sharded`)
+    DDP.static_graph (attribute)   torch       ``accumulate`` syncs its first micro-step
+    torch._foreach_mul_            torch       ``accumulate`` scales a window's gradients
+    distributed._DEFAULT_FIRST_    torch       ``wrap(compile=...)`` refuses a DDP bucket_cap_mb
+      BUCKET_BYTES                             below it (DDPOptimizer asserts at the forward)
     OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
       and the "_orig_mod." prefix             wraps; state dicts drop the prefix
     weights_only's refusal text    torch       a checkpoint holding a type torch refuses
@@ -79,8 +81,11 @@ __all__ = [
     "DCP_METADATA_GLOBALS",
     "compiled_inner",
     "ddp_compute_s",
+    "ddp_static_graph",
     "default_store",
+    "first_bucket_bytes",
     "flight_recorder",
+    "foreach_mul_",
     "launch_config_from_args",
     "matches_machine_hostname",
     "recorded_traceback",
@@ -221,6 +226,27 @@ def ddp_compute_s(model: Any) -> float | None:
     except Exception:
         return None
     return total_ns / 1e9 if total_ns > 0 else None
+
+
+def ddp_static_graph(model: Any) -> bool:
+    """Whether a DDP module was made with ``static_graph=True`` (an undocumented attribute):
+    its first backward must sync (torch asserts inside ``no_sync`` there)."""
+    return getattr(model, "static_graph", False) is True
+
+
+def foreach_mul_(tensors: list[Any], factor: float) -> None:
+    """``tensors`` times ``factor`` in place, one kernel a device and dtype (DTensors too)."""
+    import torch
+
+    torch._foreach_mul_(tensors, factor)
+
+
+def first_bucket_bytes() -> int:
+    """DDP's first gradient bucket in bytes (1 MiB in torch 2.4 to 2.13): DDPOptimizer needs
+    every bucket to reach it under torch.compile."""
+    import torch.distributed as dist
+
+    return int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024))
 
 
 def flight_recorder(collectives: bool) -> dict[str, Any] | None:

@@ -62,8 +62,10 @@ def test_the_size_rule_takes_modules_of_an_eighth_bottom_up() -> None:
         ({"fsdp_blocks": (nn.Linear(2, 2),)}, "is not an nn.Module class", "the class itself"),
         ({"fsdp_blocks": ()}, "fsdp_blocks=() names no class", "None for the size rule"),
         ({"fsdp_blocks": (nn.Conv1d,)}, "(Conv1d,) matches no submodule", "print(model)"),
-        ({"fsdp_precision": "bf61"}, "fsdp_precision='bf61'", "did you mean 'bf16'?"),
-        ({"fsdp_precision": "fp8"}, "fsdp_precision='fp8'", "(choices: 'bf16', None)"),
+        ({"precision": "bf61"}, "precision='bf61'", "did you mean 'bf16'?"),
+        ({"precision": "fp8"}, "precision='fp8'", "(choices: 'bf16', None)"),
+        ({"precision": "fp16"}, "precision='fp16' with strategy='fsdp'", "precision='bf16'"),
+        ({"compile": True}, "compile=True with strategy='fsdp'", "per block"),
     ],
 )
 def test_bad_fsdp_options_name_the_value_and_a_hint(
@@ -79,8 +81,8 @@ def test_bad_fsdp_options_name_the_value_and_a_hint(
 
 def test_fsdp_options_with_another_strategy_are_an_error(world_of_one: ddpkit.Context) -> None:
     for strategy in ("auto", "single", "ddp"):
-        with pytest.raises(ConfigError, match="fsdp_precision='bf16' given, but") as caught:
-            ddpkit.wrap(nn.Linear(2, 2), strategy, fsdp_precision="bf16")
+        with pytest.raises(ConfigError, match=r"fsdp_blocks=.* given, but") as caught:
+            ddpkit.wrap(nn.Linear(2, 2), strategy, fsdp_blocks=(nn.Linear,))
         assert caught.value.hint is not None and "strategy='fsdp'" in caught.value.hint
     with pytest.raises(ConfigError, match="static_graph"):
         ddpkit.wrap(nn.Linear(2, 2), "fsdp", static_graph=True)
@@ -100,7 +102,7 @@ def _fsdp_worker(rank: int, world_size: int, port: int, steps: int) -> dict[str,
             type(module).__name__ for module in model.modules() if isinstance(module, FSDPModule)
         ]
         local = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
-        bf16 = ddpkit.wrap(tinymlp.make_model(), "fsdp", fsdp_precision="bf16")
+        bf16 = ddpkit.wrap(tinymlp.make_model(), "fsdp", precision="bf16")
         kept = {p.dtype for p in bf16.parameters()}
         out = bf16(torch.randn(3, 4))
         return {

@@ -13,6 +13,9 @@
     loader         per-rank shards whose epoch advances by itself; resumable position
     active         which loader pass yielded the latest batch (what gather reads)
     gather         every rank's rows of an evaluation step, padding duplicates removed
+    accumulate     gradient accumulation windows: the sync skipped but on the last micro-step
+    clip           clip_grad_norm_: the norm of the gradient the optimizer takes, global
+    metrics        reduce and Mean: metrics across ranks, the sampler's padding left out
     checkpoint     atomic, collective save / load with every rank's RNG state
     asyncsave      async_save_checkpoint: the state copied, written by a thread
     inflight       the one background write: bounded waits, its failure on every rank

@@ -84,6 +84,7 @@ from ddpkit.worker import ckptfiles, inflight, sharded
 from ddpkit.worker.agree import _Failure, all_gather, broadcast, describe, raise_failures, world
 from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
+from ddpkit.worker.precision import restore_scalers, scalers
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
 from ddpkit.worker.shardio import read_shards, sharded_keys, write_shards
 from ddpkit.worker.state_dict import load_state_dict, unwrap
@@ -182,6 +183,7 @@ def collect(
     if rank != 0:
         return {}
     payload = {"step": step, "world_size": world_size, **_run_stamp(), "state": saved}
+    payload["scalers"] = scalers(state)  # fp16 loss scales of the models, by state key
     payload["rng"] = [rng for rng, _ in gathered]
     return payload
 
@@ -246,6 +248,7 @@ def load_checkpoint(
         read_shards(read[0] if read is not None else Path(directory), payload, state)
     try:
         _restore(payload["state"], state)
+        restore_scalers(payload.get("scalers", {}), state)
     except Exception as error:  # shared below: no rank may train on from a partial restore
         failure = error
     raise_failures(

@@ -22,10 +22,11 @@ Which modules are blocks:
 The argument is named for the strategy (``fsdp_``) because ``wrap``'s other keywords go to
 DDP, and a name that says which strategy reads it cannot be mistaken for a DDP option.
 
-``fsdp_precision``: ``None`` keeps every dtype as it is; ``"bf16"`` is torch's
+``wrap``'s ``precision`` switch, under ``"fsdp"``: ``None`` keeps every dtype as it is;
+``"bf16"`` is torch's
 ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``: forward and backward in
 bf16 on the all-gathered copy, gradients reduced in fp32, and the sharded parameters the
-optimizer steps stay fp32.
+optimizer steps stay fp32. ``"fp16"`` would need a sharded gradient scaler: refused.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from torch.distributed.tensor import DTensor
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
 
-__all__ = ["FSDP_PRECISIONS", "choose_blocks", "is_sharded", "shard_model"]
+__all__ = ["FSDP_PRECISIONS", "choose_blocks", "fsdp_policy", "is_sharded", "shard_model"]
 
 FSDP_PRECISIONS: tuple[str, ...] = ("bf16",)
 _SIZE_SHARE = 8  # the size rule: a block holds at least 1/_SIZE_SHARE of the parameters
@@ -80,16 +81,23 @@ def check_blocks(blocks: object) -> tuple[type[nn.Module], ...] | None:
     return found
 
 
-def check_precision(precision: object) -> MixedPrecisionPolicy:
-    """The FSDP2 policy for ``fsdp_precision``; ConfigError for an unknown value."""
+def fsdp_policy(precision: object) -> MixedPrecisionPolicy:
+    """The FSDP2 policy for ``wrap(..., "fsdp", precision=...)``; ConfigError for a value it
+    cannot serve."""
     if precision is None:
         return MixedPrecisionPolicy()  # torch's default: every dtype as it is
     if precision == "bf16":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if precision == "fp16":
+        raise ConfigError(
+            "precision='fp16' with strategy='fsdp': float16 needs a sharded gradient scaler, "
+            "which ddpkit does not provide",
+            hint="use precision='bf16' (no scaler needed), or strategy='ddp' for fp16",
+        )
     listed = ", ".join(repr(choice) for choice in (*FSDP_PRECISIONS, None))
     match = closest(str(precision), FSDP_PRECISIONS, cutoff=0.5)
     raise ConfigError(
-        f"fsdp_precision={precision!r} is not a known precision",
+        f"precision={precision!r} is not a known precision for strategy='fsdp'",
         hint=(f"did you mean {match!r}? " if match else "") + f"(choices: {listed})",
     )
 

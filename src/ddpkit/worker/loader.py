@@ -89,6 +89,12 @@ class ShardLayout:
         first = step * self.batch_size * self.world_size
         return max(0, min(self.rows(step) * self.world_size, self.dataset_len - first))
 
+    def rank_real_rows(self, step: int, rank: int) -> int:
+        """Rows of ``step`` on ``rank`` that are not padding: a prefix of its batch (rank r's
+        row j sits at position ``(step * batch_size + j) * W + r``; padding is the tail)."""
+        before = -(-(self.dataset_len - rank) // self.world_size)  # rank's real samples
+        return max(0, min(self.rows(step), before - step * self.batch_size))
+
 
 class EpochSampler(DistributedSampler[Any]):
     """A ``DistributedSampler`` whose passes :class:`DistributedLoader` starts and counts.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,10 +28,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
+from ddpkit.worker.compiling import check_buckets, check_compile, compiled
 from ddpkit.worker.context import Context, current
 from ddpkit.worker.dataparallel import DataParallel
-from ddpkit.worker.fsdp import check_blocks, check_precision, is_sharded, shard_model
+from ddpkit.worker.fsdp import check_blocks, fsdp_policy, is_sharded, shard_model
 from ddpkit.worker.placement import Placement, plan_placement
+from ddpkit.worker.precision import apply_precision, check_precision
 from ddpkit.worker.straggler import TIMES
 from ddpkit.worker.structure import split_sizes
 
@@ -52,7 +55,7 @@ def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
 
 
 def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device_count: int) -> str:
-    """The concrete strategy (``ddp``, ``dp``, ``fsdp`` or ``single``) for ``strategy`` here.
+    """The concrete strategy (``ddp``, ``dp`` or ``single``) for ``strategy`` in this job.
 
     ``device_count`` is the number of GPUs this process sees (0 without CUDA).
     """
@@ -85,7 +88,8 @@ def wrap(
     sync_batchnorm: bool = False,
     first_device_batch: int | None = None,
     fsdp_blocks: Any = None,
-    fsdp_precision: str | None = None,
+    precision: str | None = None,
+    compile: bool | Mapping[str, Any] = False,
     **ddp_kwargs: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for ``strategy``; needs ``ddpkit.init()``.
@@ -98,11 +102,19 @@ def wrap(
     strategies, and DDP on CPU (which torch refuses), ignore it with a warning.
     ``first_device_batch``: under ``dp``, at most that many samples of each batch on the
     first GPU (the output device); ignored by the other strategies.
-    ``fsdp_blocks`` (module classes, or None for a size rule) and ``fsdp_precision`` (None or
-    ``"bf16"``) configure ``strategy="fsdp"`` (:mod:`ddpkit.worker.fsdp`) and are an error with
-    any other strategy.
+    ``fsdp_blocks`` (module classes, or None for a size rule) configures ``strategy="fsdp"``
+    (:mod:`ddpkit.worker.fsdp`) and is an error with any other strategy.
     A model with parts on several devices keeps its placement (see
     :mod:`ddpkit.worker.placement`).
+
+    ``precision``: ``"bf16"``, ``"fp16"`` or None (float32): the forward runs under autocast
+    and returns float32 outputs; under ``"fp16"`` step through :func:`ddpkit.grad_scaler`
+    (see :mod:`ddpkit.worker.precision`). Under ``"fsdp"`` the same switch is FSDP2's own
+    ``MixedPrecisionPolicy`` instead (``"bf16"``: bfloat16 parameters in compute, float32
+    gradient reduction; ``"fp16"`` needs a sharded scaler ddpkit does not have: an error).
+    ``compile``: True, or a dict of ``torch.compile`` keyword arguments: the bare module is
+    compiled, then wrapped, so that under DDP torch's DDPOptimizer splits the graph at DDP's
+    buckets (see :mod:`ddpkit.worker.compiling`).
     """
     context = current()
     if isinstance(model, DistributedDataParallel | nn.DataParallel) or is_sharded(model):
@@ -118,8 +130,21 @@ def wrap(
         device_count=visible,
     )
     _check_ddp_kwargs(ddp_kwargs, strategy, chosen)
-    blocks, policy = check_blocks(fsdp_blocks), check_precision(fsdp_precision)
-    _check_fsdp_options(fsdp_blocks, fsdp_precision, chosen)
+    blocks = check_blocks(fsdp_blocks)
+    _check_fsdp_options(fsdp_blocks, chosen)
+    if chosen == "fsdp":
+        policy = fsdp_policy(precision)
+        if compile is not False:
+            raise ConfigError(
+                f"compile={compile!r} with strategy='fsdp'",
+                hint="compile the blocks yourself before wrap (torch.compile per block, as "
+                "torch's FSDP2 examples do), or drop compile",
+            )
+    else:
+        check_precision(precision, context.device.type)
+    compile_options = check_compile(compile)
+    if compile_options is not None and chosen == "ddp":
+        check_buckets(ddp_kwargs)
     split_sizes(1, 1, first=first_device_batch)  # a bad value fails in every mode, not on GPUs only
     if strategy == "dp" and chosen == "single":
         warnings.warn(
@@ -135,8 +160,6 @@ def wrap(
     chosen = placement.strategy
     if placement.move:
         model = model.to(context.device)
-    if chosen == "ddp":
-        return _wrap_ddp(model, context, sync_batchnorm, ddp_kwargs, placement)
     if chosen == "fsdp":
         if sync_batchnorm:
             raise ConfigError(
@@ -145,6 +168,13 @@ def wrap(
                 "before wrap, or drop sync_batchnorm",
             )
         return shard_model(model, blocks, policy)
+    if chosen == "ddp":
+        model = _sync_batchnorm(model, context, sync_batchnorm)
+    model = apply_precision(model, precision, context.device.type)
+    if compile_options is not None:
+        model = compiled(model, compile_options, chosen)
+    if chosen == "ddp":
+        return _wrap_ddp(model, context, ddp_kwargs, placement)
     if sync_batchnorm:
         warnings.warn(
             f"sync_batchnorm=True ignored: strategy resolved to {chosen!r}, and SyncBatchNorm "
@@ -172,27 +202,16 @@ def _check_ddp_kwargs(ddp_kwargs: dict[str, Any], strategy: str, chosen: str) ->
         )
 
 
-def _check_fsdp_options(blocks: object, precision: object, chosen: str) -> None:
-    given = [
-        f"{name}={value!r}"
-        for name, value in (("fsdp_blocks", blocks), ("fsdp_precision", precision))
-        if value is not None
-    ]
-    if given and chosen != "fsdp":
+def _check_fsdp_options(blocks: object, chosen: str) -> None:
+    if blocks is not None and chosen != "fsdp":
         raise ConfigError(
-            f"{', '.join(given)} given, but the strategy resolved to {chosen!r}",
-            hint="they only apply to strategy='fsdp' (which 'auto' never picks): pass "
-            "strategy='fsdp', or drop them",
+            f"fsdp_blocks={blocks!r} given, but the strategy resolved to {chosen!r}",
+            hint="it only applies to strategy='fsdp' (which 'auto' never picks): pass "
+            "strategy='fsdp', or drop it",
         )
 
 
-def _wrap_ddp(
-    model: nn.Module,
-    context: Context,
-    sync_batchnorm: bool,
-    ddp_kwargs: dict[str, Any],
-    placement: Placement,
-) -> nn.Module:
+def _sync_batchnorm(model: nn.Module, context: Context, sync_batchnorm: bool) -> nn.Module:
     if sync_batchnorm and context.device.type == "cpu":
         # DDP raises for SyncBatchNorm in CPU modules; keep the same script usable on a laptop.
         warnings.warn(
@@ -203,6 +222,12 @@ def _wrap_ddp(
         )
     elif sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+    return model
+
+
+def _wrap_ddp(
+    model: nn.Module, context: Context, ddp_kwargs: dict[str, Any], placement: Placement
+) -> nn.Module:
     options = dict(ddp_kwargs)
     if placement.ddp_device_ids is None:
         options["device_ids"] = None  # a module on several GPUs (torch's rule)

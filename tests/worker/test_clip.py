@@ -1,0 +1,104 @@
+"""ddpkit.clip_grad_norm_: the norm one process computes over the same samples.
+
+On real gloo groups of 1, 2 and 3 ranks, for DDP, ddpkit's DataParallel and a plain model, over
+the first window of 3 micro-steps (a short last batch at 3 ranks): before the window's end the
+norm is that of this rank's samples so far; after it, that of the window's samples (every
+rank's under DDP), and the clipped gradients are those torch clips on one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+import ddpkit
+from ddpkit.errors import ConfigError, UsageError
+from tests.support.distutil import run_workers, torchrun_env
+from tests.worker.test_accumulate import everyone, make_data, make_model, window_grads, wrapped
+
+BATCH, EVERY = 3, 3
+
+
+def _norm(grads: list[torch.Tensor]) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+
+def _clip_worker(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    reference = make_model()
+    model = wrapped(kind, make_model(), [])
+    seen: dict[str, Any] = {"partial": []}
+    mine: list[tuple[torch.Tensor, torch.Tensor]] = []
+    window: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for x, y in ddpkit.loader(make_data(), BATCH, shuffle=True, seed=3):
+        with ddpkit.accumulate(model, every=EVERY) as micro:
+            F.mse_loss(model(x), y).backward()
+        mine.append((x, y))
+        window.append((everyone(x, world_size), everyone(y, world_size)) if kind == "ddp"
+                      else (x, y))  # fmt: skip
+        if not micro.sync:  # this rank's samples so far (max_norm too large to clip)
+            got = ddpkit.clip_grad_norm_(model, 1e9)
+            seen["partial"].append((float(got), _norm(window_grads(reference, mine))))
+            continue
+        expected = window_grads(reference, window)
+        for grad, p in zip(expected, reference.parameters(), strict=True):
+            p.grad = grad
+        full = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05))
+        got = ddpkit.clip_grad_norm_(model, 0.05)
+        seen["norm"] = (float(got), full, type(got).__name__)
+        clipped = [p.grad for p in model.parameters() if p.grad is not None]
+        seen["clipped_match"] = all(
+            torch.allclose(c, p.grad, rtol=1e-5, atol=1e-7)  # type: ignore[arg-type]
+            for c, p in zip(clipped, reference.parameters(), strict=True)
+        )
+        seen["clipped_norm"] = _norm(clipped)
+        break
+    dist.barrier()
+    ddpkit.shutdown()
+    return seen
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["ddp", "dp", "plain"])
+def test_the_norm_of_one_process_over_the_same_samples(world_size: int, kind: str) -> None:
+    for seen in run_workers(_clip_worker, world_size, kind):
+        assert len(seen["partial"]) == EVERY - 1
+        for got, expected in seen["partial"]:
+            assert got == pytest.approx(expected, rel=1e-5)
+        got, full, typename = seen["norm"]
+        assert typename == "Tensor"
+        assert got == pytest.approx(full, rel=1e-5)
+        assert full > 0.05  # it did clip
+        assert seen["clipped_match"]
+        assert seen["clipped_norm"] == pytest.approx(0.05, rel=1e-4)
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[ddpkit.Context]:
+    yield ddpkit.init(env={})
+    ddpkit.shutdown()
+
+
+def test_inside_the_block_is_a_usage_error(world_of_one: ddpkit.Context) -> None:
+    model = make_model()
+    x, y = make_data().tensors
+    with (
+        pytest.raises(UsageError, match="read inside") as caught,
+        ddpkit.accumulate(model, every=2),
+    ):
+        F.mse_loss(model(x), y).backward()
+        ddpkit.clip_grad_norm_(model, 1.0)
+    assert caught.value.hint is not None and "after the block" in caught.value.hint
+
+
+def test_no_gradient_and_a_bad_model(world_of_one: ddpkit.Context) -> None:
+    assert float(ddpkit.clip_grad_norm_(nn.Linear(2, 2), 1.0)) == 0.0
+    with pytest.raises(ConfigError, match=r"got list, not an nn\.Module"):
+        ddpkit.clip_grad_norm_([torch.zeros(1)], 1.0)  # type: ignore[arg-type]

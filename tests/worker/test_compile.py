@@ -1,0 +1,175 @@
+"""``wrap(model, compile=...)``: compiled, then wrapped in DDP, on real gloo groups of 2 ranks.
+
+Compiling is the point here, not the kernels: the tests use torch.compile's ``aot_eager``
+backend (dynamo's graphs and AOTAutograd's forward/backward split, without inductor's C++
+compiles, which cost minutes of CPU). A model with BatchNorm, trained through
+``ddpkit.accumulate`` windows (DDP's ``no_sync`` under the compiled module), gives the losses
+and running statistics of eager DDP, with and without ``static_graph``; its checkpoint holds
+the keys of the uncompiled model. A backend that counts graphs shows DDPOptimizer splitting the
+model at DDP's buckets (the reason for the order) under ``fullgraph=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import ddpkit
+from ddpkit.errors import ConfigError
+from tests.support.distutil import run_workers, torchrun_env
+
+MICRO_STEPS, EVERY = 6, 2
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _train(model: nn.Module, rank: int, every: int) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(MICRO_STEPS):
+        generator = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(5, 4, generator=generator), torch.randn(5, 1, generator=generator)
+        with ddpkit.accumulate(model, every=every) as micro:
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+        losses.append(float(loss))
+        if micro.sync:
+            optimizer.step()
+            optimizer.zero_grad()
+    return losses
+
+
+def _trajectory_worker(
+    rank: int, world_size: int, port: int, case: tuple[dict[str, Any], int], folder: str
+) -> dict[str, Any]:
+    ddp_kwargs, every = case
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    eager = ddpkit.wrap(_model(), "ddp", **ddp_kwargs)
+    compiled = ddpkit.wrap(_model(), "ddp", compile={"backend": "aot_eager"}, **ddp_kwargs)
+    seen: dict[str, Any] = {"eager": _train(eager, rank, every)}
+    seen["compiled"] = _train(compiled, rank, every)
+    for name, model in (("eager_bn", eager), ("compiled_bn", compiled)):
+        seen[name] = ddpkit.unwrap(model)[1].running_mean.tolist()
+    seen["compiled_type"] = f"{type(compiled).__name__}({type(compiled.module).__name__})"
+    ddpkit.save_checkpoint(folder, {"model": compiled}, step=MICRO_STEPS)
+    raw: dict[str, Any] = {"model": None}  # no module to load into: the saved state dict
+    ddpkit.load_checkpoint(folder, raw)
+    seen["saved_keys"] = list(raw["model"])
+    seen["eager_keys"] = list(ddpkit.unwrap(eager).state_dict())
+    fresh = _model()
+    ddpkit.load_checkpoint(folder, {"model": fresh})
+    seen["loaded"] = [
+        key
+        for (key, a), b in zip(
+            fresh.state_dict().items(), compiled.state_dict().values(), strict=True
+        )
+        if not torch.equal(a, b)
+    ]
+    ddpkit.shutdown()
+    return seen
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
+    ("ddp_kwargs", "every"),
+    # static_graph: torch asserts when DDP's first backward skips the sync (in eager too);
+    # ddpkit.accumulate syncs that one micro-step
+    [({}, EVERY), ({"static_graph": True}, EVERY)],
+    ids=["accumulated", "static_graph"],
+)
+def test_compiled_ddp_trains_as_eager_and_saves_its_keys(
+    ddp_kwargs: dict[str, Any], every: int, tmp_path: Path
+) -> None:
+    for rank, seen in enumerate(
+        run_workers(_trajectory_worker, 2, (ddp_kwargs, every), str(tmp_path))
+    ):
+        assert seen["compiled_type"] == "DistributedDataParallel(OptimizedModule)"
+        assert seen["compiled"] == pytest.approx(seen["eager"], rel=1e-5, abs=1e-6)
+        assert seen["compiled_bn"] == pytest.approx(seen["eager_bn"], rel=1e-5, abs=1e-6)
+        # rank 0's state is saved; BatchNorm's statistics are each rank's own until DDP's
+        # next forward broadcasts rank 0's (broadcast_buffers), in eager as compiled
+        assert seen["loaded"] == ([] if rank == 0 else ["1.running_mean", "1.running_var"])
+        assert seen["saved_keys"] == seen["eager_keys"]  # no module. / _orig_mod.
+        assert not any("_orig_mod" in key for key in seen["saved_keys"])
+
+
+def _graphs_worker(rank: int, world_size: int, port: int) -> dict[str, int]:
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    counts = {"ddp": 0, "alone": 0}
+
+    def counting(where: str) -> Any:
+        def backend(graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+            counts[where] += 1
+            return graph.forward
+
+        return backend
+
+    def big() -> nn.Module:  # 1 MiB a layer: DDP buckets of 1 MB hold one layer each
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh())
+
+    options = {"backend": counting("ddp"), "fullgraph": True}
+    model = ddpkit.wrap(big(), "ddp", compile=options, bucket_cap_mb=1)
+    alone = torch.compile(big(), backend=counting("alone"), fullgraph=True)
+    for net in (model, alone):
+        net(torch.randn(3, 512)).sum().backward()
+    ddpkit.shutdown()
+    return counts
+
+
+@pytest.mark.multiproc
+def test_ddp_optimizer_splits_the_compiled_graph_at_the_buckets() -> None:
+    for counts in run_workers(_graphs_worker, 2):
+        assert counts["alone"] == 1  # one graph for the model alone (fullgraph holds)
+        assert counts["ddp"] >= 2  # DDPOptimizer split it at DDP's bucket boundaries
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[ddpkit.Context]:
+    yield ddpkit.init(env={})
+    ddpkit.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [({"fullgrap": True}, "did you mean 'fullgraph'"), ("yes", "must be True, False or a dict")],
+)
+def test_a_bad_compile_option_is_named(
+    world_of_one: ddpkit.Context, value: object, fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        ddpkit.wrap(_model(), compile=value)  # type: ignore[arg-type]
+    assert fragment in f"{raised.value.message} {raised.value.hint}"
+
+
+def _small_buckets_worker(rank: int, world_size: int, port: int) -> str:
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    try:
+        ddpkit.wrap(_model(), "ddp", compile=True, bucket_cap_mb=0.5)
+    except ConfigError as error:
+        return error.message
+    finally:
+        ddpkit.shutdown()
+    return "no error"
+
+
+@pytest.mark.multiproc
+def test_buckets_under_the_first_are_refused_with_compile() -> None:
+    for message in run_workers(_small_buckets_worker, 2):
+        assert "bucket_cap_mb=0.5 with compile" in message
+
+
+def test_compile_single_keeps_the_state_dict_keys(world_of_one: ddpkit.Context) -> None:
+    model = ddpkit.wrap(_model(), compile={"backend": "eager"})
+    assert ddpkit.unwrap(model) is not model  # torch's wrapper around it
+    keys = list(ddpkit.clean_state_dict(model.state_dict()))
+    assert keys == list(_model().state_dict())
