@@ -109,7 +109,7 @@ if opts.case == "ddp":  # DDP all-reduces from C++ inside backward(): no Python 
 if opts.case == "busy":  # then rank 0 writes slowly (a slow filesystem); the others wait
     from ddpkit.worker import checkpoint
     write = checkpoint.save_payload
-    checkpoint.save_payload = lambda *args: (time.sleep(7), write(*args))[1]
+    checkpoint.save_payload = lambda *args, **kwargs: (time.sleep(7), write(*args, **kwargs))[1]
     ddpkit.save_checkpoint(opts.dir, {"value": value}, step=3)
     dist.all_reduce(value)
     print("saved", flush=True)
