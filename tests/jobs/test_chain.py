@@ -158,6 +158,8 @@ def test_a_name_is_its_newest_recorded_job(tmp_path: Path) -> None:
     record("10", "prep", tmp_path, age_s=60)
     record("12", "prep", tmp_path)
     record("11", "other", tmp_path)
+    local = JobRecord("x", "torchx", "prep", "/l", "srun", 1, 1, "/w", handle="local_cwd://t/x")
+    save_record(replace(local, submitted_at=time.time() + 60), home=tmp_path)  # not on SLURM
     resolved = chain.resolve_after(spec(after=["prep", "5"]), runner=NO_SLURM, home=tmp_path)
     assert resolved.after == ["12", "5"]
     plain = spec(after=["5"])

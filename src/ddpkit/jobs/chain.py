@@ -36,7 +36,10 @@ def recorded_jobs_named(name: str, *, home: Path | None = None) -> list[str]:
                 continue  # cheap pre-check: most records are of other names
         except (OSError, ValueError, AttributeError):
             continue
-        record = load_record(path.stem, home=home)
+        try:
+            record = load_record(path.stem, home=home)
+        except ConfigError:  # a local torchx app's record (not a job id) or a damaged file
+            continue
         if record is not None and is_dependency_id(record.job_id):
             found.append((record.submitted_at, record.job_id))
     return [job for _, job in sorted(found, reverse=True)]
