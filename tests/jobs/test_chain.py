@@ -282,3 +282,17 @@ def test_torchx_replicas_get_the_filter_too() -> None:
     app = spec_to_appdef(spec(launch="torchrun", procs_per_node=2, log_ranks=[1]))
     words: Sequence[str] = app.roles[0].args
     assert "--local-ranks-filter 1 t.py" in words[1]
+
+
+def test_after_and_singleton_flags_stand_for_the_fields(
+    tools: FakeTools, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_spec(tmp_path, "after: [5]\n")
+    # --after replaces the spec's list (it comes after any --set); values checked as any
+    assert main(["submit", "--dry-run", str(path), "--after", "7", "--after", "8_1"]) == 0
+    assert "--dependency=afterok:7:8_1" in directive_arguments(capsys.readouterr().out)
+    assert main(["submit", "--dry-run", str(path), "--singleton"]) == 0
+    assert "--dependency=afterok:5,singleton" in directive_arguments(capsys.readouterr().out)
+    assert main(["submit", str(path), "--after", "7;x"]) == 2
+    assert "after=['7;x']: has '7;x', neither" in capsys.readouterr().err
+    assert not tools.submitted()
