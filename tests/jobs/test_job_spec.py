@@ -94,6 +94,10 @@ def test_defaults(tmp_path: Path) -> None:
         "health_check": None,
         "health_check_timeout_s": 60,
         "max_excluded_nodes": 2,
+        "after": [],
+        "after_type": "afterok",
+        "singleton": False,
+        "log_ranks": None,
     }
     assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)

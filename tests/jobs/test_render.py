@@ -109,6 +109,16 @@ GOLDEN_SPECS = {
         max_excluded_nodes=1,
         sbatch={"exclude": "n4"},
     ),
+    # a chain (job ids: names are resolved at submission) and one rank's lines per node
+    "torchrun-chain": lambda: spec(
+        nodes=2,
+        procs_per_node=4,
+        launch="torchrun",
+        after=["1234", "1230_7"],
+        after_type="afterany",
+        singleton=True,
+        log_ranks=[0],
+    ),
 }
 
 

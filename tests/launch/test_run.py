@@ -468,3 +468,25 @@ def test_a_sigterm_root_cause_beats_a_peer_sigtermed_while_it_started(
     logs = LogsDest(stderrs={0: str(quiet), 1: str(noisy)})
     outcome = failed_outcome(ChildFailedError("train.py", failures), logs)
     assert outcome.root_cause.rank == 1
+
+
+def test_local_ranks_filter_keeps_the_other_ranks_off_the_console_not_out_of_their_logs(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # torch's own filter (a spec's log_ranks renders it): 1,000 ranks need not print 1,000 copies
+    argv = ["run", "--nproc-per-node", "2", "--local-ranks-filter", "1", "--log-dir", str(tmp_path)]
+    assert main([*argv, ENV_WORKER]) == 0
+    shown = by_rank(capfd.readouterr().out)
+    assert list(shown) == [1] and any("RANK=1" in line for line in shown[1]), shown
+    (log,) = tmp_path.glob("*/attempt_0/0/stdout.log")
+    assert "RANK=0" in log.read_text()  # rank 0 still wrote its own log file
+
+
+def test_the_prefix_template_may_name_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "node7.cluster.example")
+    env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${host} rank${rank}]: "}
+    plan = build_launch_config(config_from_argv(["--nproc-per-node", "1", WORKER], env))
+    # ${rank} is torch's to fill in per worker; ${host} ddpkit's, once per launch
+    assert plan.launch_config.log_line_prefix_template == "[node7 rank${rank}]: "
+    plain = build_launch_config(config_from_argv(["--nproc-per-node", "1", WORKER], {}))
+    assert plain.launch_config.log_line_prefix_template == "[rank${rank}]: "

@@ -9,6 +9,7 @@ stdout carries only the result (``JOB=$(ddpkit submit spec.yaml)`` works); notes
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,7 @@ examples:
   ddpkit submit job.yaml --via submitit --dry-run
   ddpkit submit job.yaml --via torchx --scheduler slurm --dry-run   # torchx's sbatch script
   ddpkit submit job.yaml --sweep lr=0.1,0.01 --sweep seed=1,2   # one array of 4 runs
+  ddpkit submit eval.yaml --after train      # starts once the newest job "train" COMPLETED
 a sweep prints the array's job id JOB; `ddpkit status JOB` shows every run, JOB_3 one run.
 via torchx (pip install ddpkit[torchx]) the job id is torchx's app handle, e.g.
 slurm://torchx/1234 (the SLURM job id 1234 names it too) or local_cwd://torchx/demo-x7k2.
@@ -96,7 +98,7 @@ def request_from_args(args: argparse.Namespace) -> JobsRequest:
     return JobsRequest(
         command=args.command,
         spec_path=getattr(args, "spec", None),
-        overrides=tuple(getattr(args, "overrides", None) or ()),
+        overrides=tuple(getattr(args, "overrides", None) or ()) + _chain_overrides(args),
         sweeps=tuple(getattr(args, "sweeps", None) or ()),
         via=via,
         scheduler=scheduler,
@@ -105,6 +107,14 @@ def request_from_args(args: argparse.Namespace) -> JobsRequest:
         rank=rank,
         follow=bool(getattr(args, "follow", False)),
     )
+
+
+def _chain_overrides(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--after``/``--singleton`` as the ``--set`` overrides they stand for (after the user's
+    own, so the flags win); the spec checks the values as it checks any."""
+    after: list[str] = getattr(args, "after", None) or []
+    chain = (f"after={json.dumps(after)}",) if after else ()
+    return chain + (("singleton=true",) if getattr(args, "singleton", False) else ())
 
 
 def _rank(raw: str | None) -> int | None:
@@ -189,6 +199,19 @@ def _spec_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=V1,V2",
         help=_SWEEP_HELP,
+    )
+    parser.add_argument(
+        "--after",
+        action="append",
+        default=[],
+        metavar="JOB",
+        help="wait for this job (a name or job id; repeatable): the spec's after: list, which "
+        "it replaces; --set after_type=afterany to start once they ended, whatever their state",
+    )
+    parser.add_argument(
+        "--singleton",
+        action="store_true",
+        help="one job of this name of yours at a time (--set singleton=true)",
     )
 
 

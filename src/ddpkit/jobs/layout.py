@@ -115,6 +115,26 @@ def profile_line(spec: JobSpec, profile_path: Path) -> str:
     return f"profile {shown(spec.profile)} read from {profile_path}"
 
 
+_AFTER_MEANS = {"afterok": "once every one has COMPLETED", "afterany": "once every one has ended"}
+
+
+def _chain_lines(spec: JobSpec) -> str:
+    """What ``after``/``singleton``/``log_ranks`` do, in words (names are resolved to job ids
+    at submission; ``--dry-run`` shows the ids)."""
+    lines = []
+    if spec.after:
+        jobs = ", ".join(spec.after)
+        lines.append(
+            f"# chain: starts after {jobs} ({spec.after_type}: {_AFTER_MEANS[spec.after_type]})"
+        )
+    if spec.singleton:
+        lines.append(f"# singleton: one job named {spec.name} of yours runs at a time")
+    if spec.log_ranks is not None:
+        shown = ",".join(map(str, spec.log_ranks))
+        lines.append(f"# console: each node's output shows local rank(s) {shown} only")
+    return "".join(f"\n{line}" for line in lines) + ("\n" if lines else "")
+
+
 def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
     """The resolved spec as YAML (every field, defaults filled in, credentials masked) and its
     rank layout; with ``profile_path``, a comment line naming the profile file first."""
@@ -139,6 +159,7 @@ def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
             f"SLURM gives it; on k nodes the ranks are the first k x {spec.procs} rows below"
         )
     text = f"# resolved job spec\n{resolved}\n{summary}\n{_plan_table(spec)}\n"
+    text += _chain_lines(spec)
     if spec.sweep is not None:
         sweep = spec.sweep
         limit = f", at most {sweep.max_parallel} at once" if sweep.max_parallel else ""

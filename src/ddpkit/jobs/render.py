@@ -48,6 +48,7 @@ from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
+from ddpkit.jobs.spec_chain import dependency, ranks_filter
 from ddpkit.jobs.spec_checks import shown
 from ddpkit.jobs.user_template import LAUNCH_TEMPLATE_NAME, check_user_template
 
@@ -283,6 +284,9 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
     if spec.sweep is not None:
         limit = spec.sweep.max_parallel
         options.append(("array", f"0-{spec.sweep.count - 1}" + (f"%{limit}" if limit else "")))
+    after = dependency(spec.after, spec.after_type, spec.singleton)  # job ids by now
+    if after is not None:
+        options.append(("dependency", after))
     return options + extras
 
 
@@ -345,6 +349,7 @@ def torchrun_command(
         endpoint,
         "--rdzv-id",
         rdzv_id,
+        *ranks_filter(spec.log_ranks),
         *command_words(spec),
     ]
 

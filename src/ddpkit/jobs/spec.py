@@ -37,6 +37,7 @@ from ddpkit.contract import (
     reserved_env_hint,
 )
 from ddpkit.jobs import spec_checks
+from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.sweep_spec import (
     SHARED_RUN_ID,
@@ -90,6 +91,7 @@ RESERVED_SBATCH: dict[str, str] = {
     "requeue": "set max_requeues instead (0: never requeue)",
     "no-requeue": "set max_requeues: 0 instead",
     "array": "declare a sweep: instead (one array task per run)",
+    "dependency": "set after (and after_type) or singleton: true instead",
 }
 
 
@@ -351,6 +353,10 @@ class JobSpec(Model):
     max_excluded_nodes: int = Field(
         DEFAULT_MAX_EXCLUDED_NODES, ge=0, le=spec_checks.MAX_NODES, description=_D_EXCLUDED
     )
+    after: AfterList = Field(default_factory=list, description=CHAIN_DOCS["after"])
+    after_type: AfterType = Field("afterok", description=CHAIN_DOCS["after_type"])
+    singleton: bool = Field(False, description=CHAIN_DOCS["singleton"])
+    log_ranks: LogRanks | None = Field(None, description=CHAIN_DOCS["log_ranks"])
 
     @model_validator(mode="before")
     @classmethod
@@ -389,6 +395,8 @@ class JobSpec(Model):
                 field="procs_per_node",
                 value=self.procs,
             )
+        if self.log_ranks is not None:
+            check_log_ranks(self.log_ranks, self.launch, self.procs)
         delay = self.signal_delay_s
         if self.signal is not None and delay is not None and delay >= self.time_min * 60:
             raise invalid(

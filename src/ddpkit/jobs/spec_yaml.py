@@ -11,6 +11,9 @@ builds no arbitrary objects but is unbounded otherwise; the loader here, on top 
 - nesting deeper than :data:`MAX_YAML_DEPTH` (``[[[[...`` would exhaust Python's stack), and an
   alias inside the node it names;
 - a key given twice (plain YAML keeps the last one), and a list or mapping as a mapping key;
+- nothing: a number written with ``_`` (``12_3``) stays the text it is, where YAML 1.1 reads
+  123, which would turn an array task in ``after: [12_3]`` into another job (a numeric field
+  then refuses the text, naming the field);
 - values its own constructors fail on with Python errors (``2024-13-45``, a number of more
   than 4300 digits, ``!!float abc``): a YAML error at the value's line.
 
@@ -141,6 +144,16 @@ def _construct_mapping(loader: SpecLoader, node: yaml.MappingNode) -> dict[Any, 
 
 
 SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _construct_int(loader: SpecLoader, node: yaml.ScalarNode) -> object:
+    text = loader.construct_scalar(node)
+    if isinstance(text, str) and "_" in text:
+        return text  # 12_3: an array task's id, not YAML 1.1's 123
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+SpecLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def _load(text: str) -> object:

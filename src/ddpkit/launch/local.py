@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
@@ -85,6 +86,19 @@ class LaunchPlan:
     shared_store_bind: str | None = None
 
 
+HOST_MACRO = "${host}"
+
+
+def with_host(template: str) -> str:
+    """The prefix template with ``${host}`` (ddpkit's macro beside torch's ``${rank}``,
+    ``${local_rank}``, ``${role_name}``) replaced by this node's short host name: with many
+    nodes, which node a line came from. torch's own substitution leaves unknown macros alone,
+    so it is done here, once per launch."""
+    if HOST_MACRO not in template:
+        return template
+    return template.replace(HOST_MACRO, socket.gethostname().split(".")[0])
+
+
 def build_launch_config(config: RunConfig) -> LaunchPlan:
     """Build torch's ``LaunchConfig`` with torch's own parser and ``config_from_args``.
 
@@ -114,7 +128,7 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     run_id = launch_run_id(os.environ, args.rdzv_id, one_node=config.max_nodes == 1)
     if run_id is not None:
         worker_env[RUN_ID_VAR] = run_id
-    launch_config.log_line_prefix_template = config.log_line_prefix_template
+    launch_config.log_line_prefix_template = with_host(config.log_line_prefix_template)
     _scale_read_timeout(launch_config, config)
     bind = rdzv_port.shared_store_bind(launch_config)
     if bind is not None and not launch_config.local_addr:

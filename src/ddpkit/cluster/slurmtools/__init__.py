@@ -7,6 +7,7 @@
     arrays.py    every task of a job array at once
     commands.py  submit (sbatch), cancel (scancel), requeue (scontrol), wait
     config.py    ``scontrol show config``, asked and parsed in one place
+    chains.py    job chains: the ids a job name stands for, why a job waits (its reason)
 
 Nothing here imports torch or writes ``os.environ``; ``env=None`` means the caller's
 environment. The names below are the ones the rest of ddpkit uses.
@@ -21,6 +22,9 @@ from ddpkit._lazy import lazy_exports
 # Lazy: ``python -m ddpkit.cluster.rendezvous.resv_ports`` (on every job's srun line) reads
 # config.py alone, and the commands import only the tools they use.
 _EXPORTS = {
+    "jobs_named": "ddpkit.cluster.slurmtools.chains",
+    "pending_reason": "ddpkit.cluster.slurmtools.chains",
+    "reason_hint": "ddpkit.cluster.slurmtools.chains",
     "cancel": "ddpkit.cluster.slurmtools.commands",
     "poll_until_finished": "ddpkit.cluster.slurmtools.commands",
     "requeue": "ddpkit.cluster.slurmtools.commands",
@@ -59,9 +63,12 @@ __all__ = [
     "covers",
     "job_fields",
     "job_restarts",
+    "jobs_named",
     "parse_job_id",
+    "pending_reason",
     "poll_until_finished",
     "query_state",
+    "reason_hint",
     "requeue",
     "row_status",
     "scontrol_fields",
@@ -73,6 +80,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from ddpkit.cluster.slurmtools.chains import jobs_named, pending_reason, reason_hint
     from ddpkit.cluster.slurmtools.commands import (
         cancel,
         poll_until_finished,

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpkit.cluster import slurmtools as slurm
 from ddpkit.cluster.slurmtools.arrays import query_array
 from ddpkit.cluster.slurmtools.config import max_array_size, show_config
+from ddpkit.cluster.slurmtools.states import JobState
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backends import Request, SweepTask, get_backend
+from ddpkit.jobs.chain import resolve_after
 from ddpkit.jobs.logs import LogFile, numbered, pick, slurm_stdout, sweep_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record, record_path, recorded_run_id
 from ddpkit.jobs.render import render_sbatch
@@ -37,7 +40,7 @@ class SlurmJobs:
     via: Via = "sbatch"
 
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
-        return slurm.query_state(slurm.parse_job_id(job_id))
+        return waiting_explained(slurm.query_state(slurm.parse_job_id(job_id)), job_id)
 
     def cancel(self, job_id: str, record: JobRecord | None) -> None:
         slurm.cancel(slurm.parse_job_id(job_id))
@@ -100,6 +103,18 @@ class SlurmJobs:
         return sweep_log_files(job, record, rank, task_files, pattern)
 
 
+def waiting_explained(
+    status: JobStatus, job_id: str, *, runner: slurm.Runner = slurm.subprocess_runner
+) -> JobStatus:
+    """``status`` with a hint when the job waits on a dependency (an ``after:`` job), above all
+    one that can never be satisfied: SLURM keeps such a job PENDING (or, with
+    ``kill_invalid_depend``, cancels it) and only its reason says why it never runs."""
+    if status.hint is not None or status.state not in (JobState.PENDING, JobState.CANCELLED):
+        return status
+    hint = slurm.reason_hint(job_id, slurm.pending_reason(job_id, runner=runner))
+    return status if hint is None else replace(status, hint=hint)
+
+
 def template_files(
     batch_dir: Path, rank_dirs: list[Path], stem: str, rank: int | None
 ) -> list[LogFile]:
@@ -139,6 +154,7 @@ class SbatchBackend(SlurmJobs):
     via: Via = "sbatch"
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        spec = resolve_after(spec)  # after: names -> job ids, before anything is shown
         script = render_sbatch(spec)
         return Request(self.via, spec, script, payload=script)
 

@@ -59,12 +59,14 @@ from ddpkit.contract import SUBMITIT_SIGNAL_VAR, SUBMITIT_TASK_MODULE
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.backends import Request
 from ddpkit.jobs.backends.sbatch import SlurmJobs, check_array_size, log_dir_made
+from ddpkit.jobs.chain import resolve_after
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
 from ddpkit.jobs.keyword_call import KeywordCall
 from ddpkit.jobs.logs import LogFile, numbered, pick, sweep_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record, submitted_run_id
 from ddpkit.jobs.render import batch_output_path
+from ddpkit.jobs.spec_chain import dependency
 from ddpkit.jobs.sweep import substitute
 
 if TYPE_CHECKING:
@@ -155,6 +157,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         extras["signal"] = f"{spec.signal}@{spec.warning_s}"
     if spec.max_requeues == 0:
         extras["no-requeue"] = True
+    after = dependency(spec.after, spec.after_type, spec.singleton)  # names resolved by now
+    if after is not None:
+        extras["dependency"] = after
     params: dict[str, Any] = {
         "name": spec.name,
         "nodes": spec.nodes,
@@ -204,6 +209,7 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
             f"via 'submitit' cannot reach SLURM: {exc}",
             hint="run on a host with the SLURM client commands (srun, sbatch) on PATH",
         ) from exc
+    spec = resolve_after(spec)  # submit_function / map_function come here without a dry run
     executor.update_parameters(**_sbatch_read_back(executor_parameters(spec)))
     submitit_sbatch_in_own_session(executor)  # Ctrl-C: ddpkit holds it until the job's record
     return executor
@@ -332,6 +338,7 @@ class SubmititBackend(SlurmJobs):
     via: Via = "submitit"
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        spec = resolve_after(spec)  # after: names -> job ids, before anything is shown
         return Request(self.via, spec, dry_run(spec))
 
     def schedule(self, request: Request) -> JobRecord:

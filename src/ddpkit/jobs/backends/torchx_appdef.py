@@ -63,6 +63,7 @@ from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.render import sbatch_quote
+from ddpkit.jobs.spec_chain import ranks_filter
 
 if TYPE_CHECKING:
     from torchx.specs import AppDef  # type: ignore[import-untyped]
@@ -169,8 +170,10 @@ def replica_script(
     setup: Sequence[str] = (),
     exports: Mapping[str, str] | None = None,
     workdir: str | None = None,
+    log_ranks: Sequence[int] | None = None,
 ) -> str:
-    """The ``bash -c`` text each replica runs (torchx macros still in it; see the module doc)."""
+    """The ``bash -c`` text each replica runs (torchx macros still in it; see the module doc);
+    ``log_ranks``: the local ranks whose lines the replica prints (torchrun's filter)."""
     specs = require_torchx()
     argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
     argv += ["--nproc-per-node", str(procs)]
@@ -180,6 +183,7 @@ def replica_script(
         endpoint = _endpoint(specs, rdzv_port, python)
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
         argv += ["--rdzv-id", _Shell(specs.macros.app_id)]
+    argv += ranks_filter(log_ranks)
     lines = [f"cd -- {_word(workdir)}"] if workdir is not None else []
     lines += [_template_literal(line) for line in setup]  # verbatim shell, by design
     lines += [f"export {key}={_word(value)}" for key, value in (exports or {}).items()]
@@ -205,6 +209,7 @@ def ddp_appdef(
     setup: Sequence[str] = (),
     workdir: str | None = None,
     sbatch: Mapping[str, str | None] | None = None,
+    log_ranks: Sequence[int] | None = None,
 ) -> AppDef:
     """One role of ``nodes`` replicas, each running ``ddpkit run`` for ``procs`` processes.
 
@@ -229,6 +234,7 @@ def ddp_appdef(
         setup=setup,
         exports=exports,
         workdir=workdir,
+        log_ranks=log_ranks,
     )
     role = slurm_role_type()(
         sbatch=dict(sbatch or {}),
@@ -342,6 +348,12 @@ def refuse_sweep(spec: JobSpec) -> None:
         )
     refuse_health_check(spec, "torchx")
     refuse_node_range(spec)
+    if spec.after or spec.singleton:  # torchx's Scheduler has no dependency between apps
+        chain = f"after={spec.after!r}" if spec.after else "singleton=true"
+        raise ConfigError(
+            f"{chain} cannot go through torchx, which has no job dependencies",
+            hint="submit with --via sbatch or --via submitit (both write sbatch --dependency)",
+        )
 
 
 def refuse_node_range(spec: JobSpec) -> None:
@@ -400,6 +412,7 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
         setup=spec.setup,
         workdir=spec.workdir,
         sbatch=_sbatch_options(spec),
+        log_ranks=spec.log_ranks,
     )
 
 
