@@ -175,19 +175,19 @@ def _counted_tcpstore(*args: Any, **kwargs: Any) -> TCPStore:
     return TCPStore(*args, **kwargs)
 
 
-def _counted_try_connect(*args: Any, **kwargs: Any) -> OSError | None:
+def _counted_store_answers(*args: Any, **kwargs: Any) -> None:
     with TALLY.lock:
         TALLY.connections += 1
-    return _TRY_CONNECT(*args, **kwargs)
+    _STORE_ANSWERS(*args, **kwargs)
 
 
-_TRY_CONNECT = store_module.try_connect
+_STORE_ANSWERS = store_module.store_answers
 
 
 def instrument() -> None:
-    """Count the connections ddpkit's rendezvous code opens (its clients, and a probe if any)."""
+    """Count the connections ddpkit's rendezvous code opens (its clients, and each ask)."""
     store_module.TCPStore = _counted_tcpstore  # type: ignore[misc]
-    store_module.try_connect = _counted_try_connect
+    store_module.store_answers = _counted_store_answers
 
 
 def rank_info(rank: int, world: int, port: int) -> RankInfo:
