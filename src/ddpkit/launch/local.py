@@ -1,23 +1,13 @@
 """The local launcher behind ``ddpkit run``: a ``RunConfig`` run by torch's elastic agent.
 
-This module owns two things (no process management of its own beyond what it delegates):
-
-* ``build_launch_config``: RunConfig -> torchrun argv -> ``torch.distributed.run.parse_args`` ->
-  ``config_from_args``, so every flag means exactly what it means under torchrun; then the
-  ddpkit defaults on top (rank prefix on every output line; in a SLURM job whose endpoint is its
-  first node, that node hosts the c10d store: ``is_host``, see
-  ``ddpkit.cluster.rendezvous.endpoint``).
-* ``launch``: ``elastic_launch`` with torch's process-wide side effects undone afterwards
-  (``os.environ`` writes, signal handlers), so an in-process launch leaves its caller as it was.
-  While it runs, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the workers (torch's
-  agent would otherwise die of them, or with ``--signals-to-handle`` shut the workers down):
-  that is how SLURM's warning before the time limit reaches ``ddpkit.preemption_guard()``
-  (the ``ddpkit`` process itself holds them from its first line: :mod:`.relay`). The workers
-  are tied to the launcher (:mod:`.deathsig`): they die with it, whatever kills it.
-
-It returns a ``LaunchOutcome`` (:mod:`.report`): the root cause of a failure (rank, host, exit
-code or signal, traceback, stderr log) instead of torch's ``ChildFailedError`` box. Torch's
-one-line agent logs stay.
+* ``build_launch_config``: RunConfig -> torchrun argv -> torch's own parser and
+  ``config_from_args``, so every flag means what it means under torchrun; then ddpkit's
+  defaults on top (a rank prefix on every output line; in a SLURM job, which node hosts the
+  c10d store).
+* ``launch``: ``elastic_launch`` with torch's process-wide side effects (``os.environ``, signal
+  handlers) undone afterwards; SIGUSR1/SIGUSR2 passed on to the workers (:mod:`.relay`); the
+  workers tied to the launcher (:mod:`.deathsig`). It returns a ``LaunchOutcome``
+  (:mod:`.report`): the root cause of a failure instead of torch's ``ChildFailedError`` box.
 """
 
 from __future__ import annotations

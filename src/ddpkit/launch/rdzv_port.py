@@ -1,30 +1,16 @@
-"""The c10d rendezvous port of ``ddpkit run`` in a SLURM job: searched, not bet on.
+"""The c10d rendezvous port of ``ddpkit run``: searched in a SLURM job, loopback-only stores.
 
-The job scripts and the torchx component give every node's ``ddpkit run`` the port derived from
-the job id (``rdzv_port: auto``; :mod:`ddpkit.cluster.rendezvous.endpoint`). torch's agent on
-the first node binds it, and when something else holds it, the agent quietly becomes a client of
-that listener instead (``_create_tcp_store`` retries as a client): it waits forever on a
-listener that is not a store, or runs in another job's store until that job ends. So before the
-agent starts, inside a SLURM step and for that derived port only (a port the user chose stays as
-is):
+torch's agent on the first node binds the c10d port, and when something else holds it
+becomes a client of that listener instead: it waits forever on one that is no store, or runs
+in another job's store. So inside a SLURM step, for the port derived from the job id only
+(``rdzv_port: auto``), the hosting node hosts the store itself on the first candidate it can
+bind (:func:`ddpkit.cluster.rendezvous.ports.step_search`), multi-tenant so the agent shares
+its server, and the other nodes take the first candidate whose store answers with the job's
+identity (:mod:`ddpkit.worker.rendezvous.portsearch`); every agent is pointed at that port.
 
-* the node torch would make the host hosts the store itself, on the first candidate it can
-  bind (the step's reserved port, then ``candidate_ports(job, "rdzv")``: ``step_search``; see
-  :mod:`ddpkit.cluster.rendezvous.ports`), as a multi-tenant store, whose server the agent then
-  shares instead of binding the port a second time;
-* the other nodes take the first candidate whose store answers with the job's identity;
-
-and every agent is pointed at that port. The candidates are
-:func:`ddpkit.cluster.rendezvous.ports.step_search`'s, the search itself is
-:func:`ddpkit.worker.rendezvous.portsearch.host_store` /
-:func:`~ddpkit.worker.rendezvous.portsearch.find_store`: this module is only the launcher's
-glue (torch's ``LaunchConfig`` in, the endpoint the agent uses out).
-
-Outside that search, a rendezvous endpoint on loopback (``--standalone`` is ``localhost:0``; a
-static one defaults to ``127.0.0.1``) is hosted here on loopback only, as a multi-tenant store
-the agent shares: torch's agent would listen on every interface for a job that never leaves
-this host (see :mod:`ddpkit.worker.rendezvous.store`). So is the store the workers of a
-one-node run of one round share with the agent (:func:`shared_store_bind`).
+Outside that search, a loopback endpoint (``--standalone`` is ``localhost:0``) and the store
+the workers of a one-node run of one round share (:func:`shared_store_bind`) are hosted on
+loopback only: torch's agent would listen on every interface.
 """
 
 from __future__ import annotations
