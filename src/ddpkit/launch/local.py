@@ -48,7 +48,6 @@ from ddpkit.launch.config import RunConfig
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
 
 __all__ = [
-    "FORWARDED_SIGNALS",
     "LaunchOutcome",
     "LaunchPlan",
     "WorkerFailure",
@@ -59,7 +58,6 @@ __all__ = [
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-FORWARDED_SIGNALS = relay.FORWARDED
 
 
 @dataclass(frozen=True)
@@ -161,21 +159,17 @@ def launch(config: RunConfig) -> LaunchOutcome:
         _signal_handlers_restored(handled),
         tee_read_by(tee.tail_whole_lines),
         _shared_store_on(plan.shared_store_bind),
-        _signals_forwarded(FORWARDED_SIGNALS),
+        _signals_forwarded(relay.FORWARDED),
         deathsig.tied() as token,
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
         if token is not None:  # marks the workers and what they start: see deathsig
             os.environ[deathsig.TOKEN_VAR] = token
-        # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
-        # workers' keys in it carry no attempt prefix: a group restarted by --max-restarts could
-        # read the previous attempt's gloo addresses and hang. With sharing
-        # off, each round bootstraps a fresh store. A one-node run of one round (no restarts)
-        # on a loopback rendezvous keeps torch's sharing (plan.shared_store_bind): its workers
-        # use the agent's store, up before them, hosted on loopback; a store of their own,
-        # hosted by their rank 0, was joined late whenever rank 1 asked before it listened
-        # (torch's client backs off; figures: benchmarks/why.yaml, launch). An explicit
-        # setting by the user wins.
+        # A store shared across restart rounds carries no attempt prefix: a restarted group
+        # could read the previous attempt's gloo addresses and hang. So each round gets its
+        # own, except in a one-node run of one round (plan.shared_store_bind), whose workers
+        # use the agent's store, up before them (benchmarks/why.yaml, launch). The user's
+        # setting wins.
         if plan.shared_store_bind is None:
             os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
         # A taken rendezvous port is not the end of a SLURM job; `held` (the store this node
@@ -268,21 +262,15 @@ def _signal_handlers_restored(names: str) -> Iterator[None]:
 
 @contextmanager
 def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """While the block runs, a signal in ``signals`` sent to this process goes to its children;
-    not the stop signal the ``ddpkit`` process holds: the relay thread passes that one on
-    (:mod:`.relay`), kept until the workers can take it, and its handler stays."""
-
-    def forward(signum: int, frame: Any) -> None:
-        for pid in stop_forward.workers():
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-
+    """While the block runs, a signal in ``signals`` sent to this process goes to its children
+    (:func:`~ddpkit.cluster.stop.forward.forward_now`); not the stop signal the ``ddpkit``
+    process holds: the relay thread passes that one on (:mod:`.relay`)."""
     saved: dict[signal.Signals, Any] = {}
     for sig in signals:
         if sig == stop_forward.held():  # sent at once, it would kill a worker that has no handler
             continue
         with suppress(ValueError):  # not the main thread: nothing installed, nothing forwarded
-            saved[sig] = signal.signal(sig, forward)
+            saved[sig] = signal.signal(sig, stop_forward.forward_now)
     try:
         yield
     finally:
