@@ -1,25 +1,14 @@
 """Rendezvous ports: a deterministic port per SLURM job/step, and a free port for one process.
 
-``port_for_job`` must give every rank of a job the same port without talking to anyone, and
-give different jobs sharing a node different ports. Schemes seen in the wild (``job_id % 1000``,
-the last four digits) alias jobs whose ids share their last digits (pytorch#126510,
-Lightning#18466); here the ids go through a cryptographic hash, so neighbouring or
-digit-sharing ids land on unrelated ports and collisions follow the birthday bound.
+``port_for_job`` gives every rank of a job the same port without talking to anyone, and jobs
+sharing a node different ones: the ids go through a cryptographic hash (``job_id % 1000``
+schemes alias neighbouring ids: pytorch#126510, Lightning#18466), into 10000-32767: above most
+registered service ports, below Linux's default ephemeral range.
 
-The range is 10000–32767: wide (22768 ports, so two random jobs on a node collide with
-probability ~1/22768), above the well-known and most registered service ports, and below
-Linux's default ephemeral range (``net.ipv4.ip_local_port_range`` = 32768–60999), where the
-kernel hands out ports for outgoing connections that could otherwise already occupy ours.
-
-A derived port can still be taken (k jobs on a node collide with probability about
-k²/45,000, and any other program may hold it), so a SLURM step does not bet on one port: its
-:class:`PortSearch` lists where rank 0 may host the store, in order. First the port SLURM
-reserved for the step (``SLURM_STEP_RESV_PORTS``, from ``srun --resv-ports`` on a cluster with
-``MpiParams=ports=``), which no other step on the node holds; then a short deterministic
-sequence derived from the job and step ids. Rank 0 takes the first one it can bind; the other
-ranks accept the first one whose store answers with the search's ``identity``
-(:mod:`ddpkit.worker.rendezvous.portsearch` does both, as it needs torch). :func:`step_search`
-builds that list, for ``ddpkit.init``'s master port and ``ddpkit run``'s c10d port alike.
+A derived port can still be taken, so a SLURM step searches a :class:`PortSearch`: the port
+SLURM reserved for the step (``SLURM_STEP_RESV_PORTS``), then a short deterministic sequence;
+rank 0 hosts on the first that binds, the others accept the first whose store answers with
+the search's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
 """
 
 from __future__ import annotations
