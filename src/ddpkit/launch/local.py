@@ -74,13 +74,9 @@ class LaunchPlan:
 
 
 def build_launch_config(config: RunConfig) -> LaunchPlan:
-    """Build torch's ``LaunchConfig`` with torch's own parser and ``config_from_args``.
-
-    Reproduces the first lines of ``torch.distributed.run.run`` (which is not called, to keep
-    its ``@record`` box): ``--standalone`` -> c10d on ``localhost:0`` with a fresh run id; the
-    static master port defaults to 29500. Leaves ``os.environ`` as it found it: the
-    ``OMP_NUM_THREADS=1`` torch wants for several workers per node lands in ``worker_env``.
-    """
+    """Build torch's ``LaunchConfig`` with torch's own parser and ``config_from_args``, as the
+    first lines of ``torch.distributed.run.run`` do (not called: it would add its ``@record``
+    box). ``os.environ`` is left as it was: what torch sets for the workers is in ``worker_env``."""
     config = _store_host_decided(config, os.environ)
     args = torch_run.get_args_parser().parse_args(config.torchrun_argv())  # = parse_args
     if args.standalone:
@@ -228,11 +224,8 @@ class _RecordingLogsSpecs(LogsSpecs):
 
 @contextmanager
 def _environ_restored() -> Iterator[dict[str, str]]:
-    """Undo every ``os.environ`` write made inside the block; yields the snapshot.
-
-    Torch writes OMP_NUM_THREADS (run.py), TORCHELASTIC_SIGNALS_TO_HANDLE (launcher/api.py) and,
-    when its log formatter first imports torch._dynamo, TORCHINDUCTOR_CACHE_DIR.
-    """
+    """Undo every ``os.environ`` write made inside the block (torch's OMP_NUM_THREADS,
+    TORCHELASTIC_SIGNALS_TO_HANDLE, TORCHINDUCTOR_CACHE_DIR); yields the snapshot."""
     before = dict(os.environ)
     try:
         yield before

@@ -53,11 +53,8 @@ def port_search(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, Port
 
 
 def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
-    """Search the port (see the module docstring) and point ``config`` at it.
-
-    Returns the store this node hosts (keep it until the agent is done: it owns the server the
-    agent shares), or None.
-    """
+    """Search the port (see the module docstring) and point ``config`` at it; the store this node
+    hosts (keep it until the agent is done: the agent shares its server), or None."""
     found = port_search(config, env)
     if found is None:
         return _host_on_loopback(config)
@@ -83,12 +80,8 @@ def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
 
 
 def _host_on_loopback(config: LaunchConfig) -> Any:
-    """The store of a loopback endpoint, hosted on loopback only (see the module docstring),
-    with ``config`` pointed at it; None when this agent does not host one.
-
-    A taken port is left to torch, which then joins whatever holds it as a client, as it does
-    when several agents of one rendezvous run on this host.
-    """
+    """The store of a loopback endpoint, hosted on loopback only, with ``config`` pointed at
+    it; None when this agent hosts none. A taken port is left to torch (which joins it)."""
     if config.rdzv_backend not in ("c10d", "static"):
         return None
     bind, port = _loopback_endpoint(config)
@@ -108,10 +101,8 @@ def _host_on_loopback(config: LaunchConfig) -> Any:
 
 
 def shared_store_bind(config: LaunchConfig) -> str | None:
-    """The loopback address of a c10d rendezvous with one round on one node (no restarts, one
-    node; ``--standalone`` is ``localhost:0``), else None: its workers may share the agent's
-    store, hosted there (:func:`host_shared_store`), instead of a store of their own per round.
-    """
+    """The loopback address of a c10d rendezvous of one round on one node, else None: its
+    workers share the agent's store, hosted there (:func:`host_shared_store`)."""
     one_round = config.max_restarts == 0 and config.max_nodes == 1
     if config.rdzv_backend != "c10d" or not one_round:
         return None

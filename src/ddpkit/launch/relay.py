@@ -49,16 +49,9 @@ def hold(argv: Sequence[str], env: Mapping[str, str]) -> signal.Signals | None:
 
 def relay_stop_signal(env: Mapping[str, str]) -> None:
     """Pass the stop signal on to the workers from now on; call it in the thread that will start
-    them (``ddpkit run``: the main thread).
-
-    The ``ddpkit`` process blocked it first thing (:func:`hold`); called in-process, only a
-    ddpkit job's ``DDPKIT_SIGNAL`` is held, from here. In a ddpkit job the agent is a task too
-    (SLURM signals every process of the step): its marker in ``DDPKIT_LATCH_DIR`` then tells the
-    batch shell that the agent holds it, and the signal stays blocked, so the workers start with
-    it blocked. Outside one, it is unblocked again here, once the relay thread runs (which
-    sends it only to workers that catch it): the workers start with the signal mask the user
-    started ``ddpkit run`` with.
-    """
+    them. In a ddpkit job the signal stays blocked (the workers start with it blocked) and the
+    batch shell is told that the agent holds it; outside one it is unblocked once the relay
+    thread runs, so the workers start with the user's signal mask."""
     in_job = signal_from_env(env)  # strict: a bad DDPKIT_SIGNAL is a ConfigError here
     stop = in_job or forward.held()
     if stop is None:

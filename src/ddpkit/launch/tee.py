@@ -55,12 +55,9 @@ def tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start c
     interval_sec: float,
     log_line_filter: Any = None,
 ) -> None:
-    """torch's ``tail_log.tail_logfile``, printing whole lines and redraws (module docstring).
-
-    The rest is torch's: wait for the file, poll every ``interval_sec``, read to the end once
-    ``finished`` is set; ``log_line_filter`` as torch applies it. The file is read by the
-    launch's one reading thread; this call returns once it has read it to the end.
-    """
+    """torch's ``tail_log.tail_logfile``, printing whole lines and redraws (module docstring);
+    the file is read by the launch's one reading thread, and this returns once it is read to
+    the end after ``finished``."""
     follow = _Follow(header, file, dst, finished, log_line_filter)
     _READER.add(follow, interval_sec)
     finished.wait()  # no polling here: torch sets it when the tee stops

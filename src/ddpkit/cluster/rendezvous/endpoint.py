@@ -69,10 +69,7 @@ def _endpoint_host(rdzv_endpoint: str) -> str:
 
 def hosts_store(env: Mapping[str, str], rdzv_endpoint: str) -> bool | None:
     """Whether this node hosts the c10d store of ``rdzv_endpoint``: True on the job's first
-    node, False on the others, when ``rdzv_endpoint`` is the one :func:`endpoint` gives (the
-    first node under DDPKIT_HOST_TEMPLATE); None (torch decides) for any other endpoint or
-    outside a SLURM job step. Pure: ``env`` holds SLURMD_NODENAME and the job's nodelist.
-    """
+    node, False on the others, when it is :func:`endpoint`'s; None (torch decides) otherwise."""
     node = env.get("SLURMD_NODENAME")
     if node is None or not any(name in env for name in _NODELIST_VARS):
         return None

@@ -43,22 +43,16 @@ CANDIDATE_COUNT = 8
 
 @dataclass(frozen=True)
 class PortSearch:
-    """Where rank 0 may host the rendezvous store, in order, and the identity it publishes.
-
-    ``identity`` names one run of one step (job, step, restart count), so the other ranks
-    tell this job's store from another job's or from a stale one left by an earlier run.
-    """
+    """Where rank 0 may host the rendezvous store, in order, and the identity it publishes:
+    one run of one step (job, step, restart count), told apart from another job's or a stale one."""
 
     identity: str
     ports: tuple[int, ...]
 
 
 def port_for_job(job_id: str, step_id: str | None = None) -> int:
-    """A port in [PORT_RANGE_START, PORT_RANGE_END] derived from the job (and step) id.
-
-    Deterministic across processes, machines and Python versions (never ``hash()``, which is
-    salted per process). Passing the step id gives concurrent steps of one job different ports.
-    """
+    """A port in [PORT_RANGE_START, PORT_RANGE_END] derived from the job (and step) id, the same
+    in every process and Python version (never the salted ``hash()``)."""
     job = str(job_id).strip()
     if not job:
         raise ConfigError(
@@ -95,12 +89,8 @@ def candidate_ports(
 
 
 def reserved_port(env: Mapping[str, str]) -> int | None:
-    """The first port SLURM reserved for this step (``SLURM_STEP_RESV_PORTS``), else None.
-
-    SLURM writes one port (``12001``), a range (``12003-12004``) or a list of them; every
-    task of the step gets the same value. Not used in a heterogeneous job, whose components'
-    tasks need not share one reservation: every rank must search the same list.
-    """
+    """The first port SLURM reserved for this step (``12001``, ``12003-12004`` or a list), else
+    None; None in a heterogeneous job, whose components need not share one reservation."""
     if "SLURM_HET_SIZE" in env:
         return None
     raw = env.get(RESV_PORTS_VAR)
@@ -117,11 +107,7 @@ def reserved_port(env: Mapping[str, str]) -> int | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (the kernel picks it by binding port 0).
-
-    Another process may take it before it is used; fine for a single process or a launcher
-    that hands it to its children at once.
-    """
+    """A TCP port on ``host`` that was free a moment ago (the kernel picks it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -133,11 +119,8 @@ def step_search(
     identity: str, job_id: str, step_id: str | None, env: Mapping[str, str]
 ) -> PortSearch:
     """The search of a SLURM step: its reserved port (if any), then the candidates of
-    (``job_id``, ``step_id``), without repeats.
-
-    Even a reserved port stays backed by the candidates: SLURM keeps it from other steps, not
-    from a program started outside srun.
-    """
+    (``job_id``, ``step_id``). SLURM keeps a reserved port from other steps only, not from a
+    program started outside srun: the candidates stay behind it."""
     derived = candidate_ports(job_id, step_id)
     reserved = reserved_port(env)
     ports = derived if reserved is None else (reserved, *(p for p in derived if p != reserved))

@@ -45,13 +45,8 @@ def host_store(
     bind: str | None = None,
 ) -> tuple[TCPStore, int]:
     """Host the store on the first candidate port that binds; publish the search's identity.
-
-    ``multi_tenant``: a store torch later opens on the same port in this process (the c10d
-    rendezvous of ``ddpkit run``) shares this one's server instead of binding again.
-    ``share``: a taken port whose store answers with the identity (another process of the
-    same job on this node got there first) is joined as a client instead of skipped.
-    ``bind``: the one address to listen on (see :func:`store_endpoint`); None: every interface.
-    """
+    ``multi_tenant``: a store torch opens later on that port in this process shares its server;
+    ``share``: a taken port whose store answers with the identity is joined as a client."""
     taken: list[str] = []
     for port in search.ports:
         try:
@@ -94,12 +89,9 @@ def find_store(
     *,
     who: str,
 ) -> tuple[TCPStore, int]:
-    """The first candidate on ``addr`` whose store answers with the search's identity.
-
-    Passes over the candidates until ``timeout_s`` runs out (the host may start later): a port
-    nobody listens on, another job's store, or a listener that is no store is skipped for this
-    pass. ``who`` names the caller in the error.
-    """
+    """The first candidate on ``addr`` whose store answers with the search's identity, passing
+    over the candidates until ``timeout_s`` runs out (the host may start later); ``who`` names
+    the caller in the error."""
     deadline = time.monotonic() + timeout_s
     seen: dict[int, str] = {}
     delay_s = 0.1

@@ -106,12 +106,9 @@ def host_tcp_store(
     multi_tenant: bool = False,
     use_libuv: bool = True,
 ) -> TCPStore:
-    """A store server on ``port`` (0: any free one), listening on ``bind`` only (None: on every
-    interface). ``addr`` is the address its own client and ``clone()`` connect to.
-
-    Raises ``OSError`` (``EADDRINUSE``) or torch's ``DistNetworkError`` when the port is taken.
-    Does not wait for the other ranks: they find the server when they connect.
-    """
+    """A store server on ``port`` (0: any free one), listening on ``bind`` only (None: every
+    interface); ``addr`` is where its own client connects. Raises ``OSError`` or
+    ``DistNetworkError`` when the port is taken; waits for no other rank."""
     sock = None if bind is None else _listen_socket(bind, port)
     try:
         store = TCPStore(
