@@ -39,6 +39,7 @@ import multiprocessing as mp
 import os
 import resource
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -459,9 +460,14 @@ def wait_listening(port: int, timeout_s: float = 60.0) -> None:
     """Until the store on ``port`` accepts connections (the host is up before ranks are let go,
     so that the clients' connect retries and back-off are not what is timed)."""
     deadline = time.monotonic() + timeout_s
-    while _TRY_CONNECT("127.0.0.1", port, 1.0) is not None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:g} s")
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                what = f"nothing listens on 127.0.0.1:{port} after {timeout_s:g} s"
+                raise TimeoutError(what) from exc
         time.sleep(0.01)
 
 

@@ -242,9 +242,8 @@ def parse_nnodes(text: str, label: str = "--nnodes") -> tuple[int, int]:
 
 def parse_nproc(text: str, label: str = "--nproc-per-node") -> int | NprocKeyword:
     """A positive process count or one of ``auto``, ``cpu``, ``gpu``, ``xpu``."""
-    for keyword in NPROC_KEYWORDS:
-        if text == keyword:
-            return keyword
+    if text in NPROC_KEYWORDS:
+        return text
     hint = f"use a positive integer or one of {', '.join(NPROC_KEYWORDS)}"
     hint = number_hint(text, did_you_mean(text, NPROC_KEYWORDS, hint=hint))
     count = to_int(text.strip())

@@ -135,18 +135,13 @@ def tie_to(launcher: int) -> None:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     zero = ctypes.c_ulong(0)
     prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), zero, zero, zero)
-    if os.getppid() != launcher and not _exists(launcher):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    if os.getppid() != launcher:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGKILL)
+        except PermissionError:
+            pass
 
 
 @contextmanager

@@ -106,14 +106,6 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env, bind)
 
 
-def _shared_store_on(bind: str | None) -> AbstractContextManager[None]:
-    """While the block runs, the workers' shared store is hosted on ``bind`` (None: nothing
-    changed, as sharing is off for that run)."""
-    if bind is None:
-        return nullcontext()
-    return rdzv_shared_store_made_by(lambda _addr, port: rdzv_port.host_shared_store(bind, port))
-
-
 def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
     """c10d's store read timeout (torch: 60 s, which published runs outgrew at many nodes),
     grown with the job by ddpkit's rule for start-up bounds
@@ -150,11 +142,15 @@ def launch(config: RunConfig) -> LaunchOutcome:
     plan.launch_config.logs_specs = logs
     _leave_the_stop_signal_to_the_relay(plan.launch_config)
     handled = plan.launch_config.signals_to_handle
+    bind = plan.shared_store_bind  # None: the workers share no store with the agent
+    shared: AbstractContextManager[Any] = nullcontext()
+    if bind is not None:
+        shared = rdzv_shared_store_made_by(lambda _a, port: rdzv_port.host_shared_store(bind, port))
     with (
         _environ_restored(),
         _signal_handlers_restored(handled),
         tee_read_by(tee.tail_whole_lines),
-        _shared_store_on(plan.shared_store_bind),
+        shared,
         _signals_forwarded(relay.FORWARDED),
         deathsig.tied() as token,
     ):

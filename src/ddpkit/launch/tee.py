@@ -73,13 +73,8 @@ class _Follow:
     def __init__(
         self, header: str, file: str, dst: Any, finished: threading.Event, keep: Any
     ) -> None:
-        self.header, self.file, self.dst, self.finished, self.keep = (
-            header,
-            file,
-            dst,
-            finished,
-            keep,
-        )
+        self.header, self.file, self.dst, self.finished = header, file, dst, finished
+        self.keep = keep
         self.drained = threading.Event()
         self.error: BaseException | None = None
         self._fp: Any = None
