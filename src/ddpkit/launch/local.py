@@ -141,17 +141,15 @@ def launch(config: RunConfig) -> LaunchOutcome:
     logs = _RecordingLogsSpecs(plan.launch_config.logs_specs)
     plan.launch_config.logs_specs = logs
     _leave_the_stop_signal_to_the_relay(plan.launch_config)
-    handled = plan.launch_config.signals_to_handle
     bind = plan.shared_store_bind  # None: the workers share no store with the agent
     shared: AbstractContextManager[Any] = nullcontext()
     if bind is not None:
         shared = rdzv_shared_store_made_by(lambda _a, port: rdzv_port.host_shared_store(bind, port))
     with (
         _environ_restored(),
-        _signal_handlers_restored(handled),
+        _signal_handlers(plan.launch_config.signals_to_handle),
         tee_read_by(tee.tail_whole_lines),
         shared,
-        _signals_forwarded(relay.FORWARDED),
         deathsig.tied() as token,
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
@@ -234,34 +232,22 @@ def _environ_restored() -> Iterator[dict[str, str]]:
 
 
 @contextmanager
-def _signal_handlers_restored(names: str) -> Iterator[None]:
-    """Torch's process context installs handlers for ``names`` and never puts ours back."""
-    saved: dict[signal.Signals, Any] = {}
-    for name in names.split(","):
-        sig = getattr(signal, name.strip(), None)
-        if isinstance(sig, signal.Signals):
-            saved[sig] = signal.getsignal(sig)
+def _signal_handlers(handled: str) -> Iterator[None]:
+    """While the block runs, SIGUSR1/SIGUSR2 sent to this process go to its children
+    (:func:`~ddpkit.cluster.stop.forward.forward_now`), but not the stop signal the ``ddpkit``
+    process holds: the relay thread passes that one on (:mod:`.relay`). Afterwards the handlers
+    of those and of torch's ``handled`` signals are put back (torch never puts ours back)."""
+    stop = stop_forward.held()
+    forwarded = [sig for sig in relay.FORWARDED if sig != stop]
+    named = (getattr(signal, name.strip(), None) for name in handled.split(","))
+    saved = {sig: signal.getsignal(sig) for sig in named if isinstance(sig, signal.Signals)}
+    for sig in forwarded:
+        saved[sig] = signal.getsignal(sig)
+        with suppress(ValueError):  # not the main thread: nothing installed, nothing forwarded
+            signal.signal(sig, stop_forward.forward_now)
     try:
         yield
     finally:
         for sig, handler in saved.items():
             with suppress(ValueError, TypeError):  # not the main thread / not a Python handler
                 signal.signal(sig, handler)
-
-
-@contextmanager
-def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """While the block runs, a signal in ``signals`` sent to this process goes to its children
-    (:func:`~ddpkit.cluster.stop.forward.forward_now`); not the stop signal the ``ddpkit``
-    process holds: the relay thread passes that one on (:mod:`.relay`)."""
-    saved: dict[signal.Signals, Any] = {}
-    for sig in signals:
-        if sig == stop_forward.held():  # sent at once, it would kill a worker that has no handler
-            continue
-        with suppress(ValueError):  # not the main thread: nothing installed, nothing forwarded
-            saved[sig] = signal.signal(sig, stop_forward.forward_now)
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
