@@ -176,19 +176,9 @@ def _counted_tcpstore(*args: Any, **kwargs: Any) -> TCPStore:
     return TCPStore(*args, **kwargs)
 
 
-def _counted_store_answers(*args: Any, **kwargs: Any) -> None:
-    with TALLY.lock:
-        TALLY.connections += 1
-    _STORE_ANSWERS(*args, **kwargs)
-
-
-_STORE_ANSWERS = store_module.store_answers
-
-
 def instrument() -> None:
-    """Count the connections ddpkit's rendezvous code opens (its clients, and each ask)."""
+    """Count the store clients ddpkit's rendezvous code makes."""
     store_module.TCPStore = _counted_tcpstore  # type: ignore[misc]
-    store_module.store_answers = _counted_store_answers
 
 
 def rank_info(rank: int, world: int, port: int) -> RankInfo:
