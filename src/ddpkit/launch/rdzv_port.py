@@ -31,7 +31,7 @@ from ddpkit.compat import matches_machine_hostname
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import host_tcp_store, is_taken, loopback_address
 
-__all__ = ["READ_TIMEOUT_S", "claim", "host_shared_store", "port_search", "shared_store_bind"]
+__all__ = ["READ_TIMEOUT_S", "claim", "host_shared_store", "shared_store_bind"]
 
 _C10D_DEFAULT_PORT = 29400  # torch's c10d rendezvous default, when the endpoint has no port
 _JOIN_TIMEOUT_S = 900.0  # torch's default rdzv join timeout (rdzv_configs["timeout"])
@@ -39,26 +39,18 @@ READ_TIMEOUT_S = 60.0  # torch's default c10d store read timeout (rdzv_configs["
 _SHARED_STORE_TIMEOUT_S = 300.0  # torch's TCPStore default, which its shared store keeps
 
 
-def port_search(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, PortSearch] | None:
-    """(host, search) when this launch's c10d port is the job-derived one, else None."""
-    job = env.get("SLURM_JOB_ID")
-    if config.rdzv_backend != "c10d" or not job or not in_slurm_step(env):
-        return None
-    host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
-    if port != port_for_job(job, RDZV_STEP):
-        return None
-    restarts = env.get("SLURM_RESTART_COUNT", "0")
-    identity = f"c10d rendezvous {config.run_id} of slurm job {job} restart {restarts}"
-    return host, step_search(identity, job, RDZV_STEP, env)
-
-
 def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
     """Search the port (see the module docstring) and point ``config`` at it; the store this node
     hosts (keep it until the agent is done: the agent shares its server), or None."""
-    found = port_search(config, env)
-    if found is None:
+    job = env.get("SLURM_JOB_ID")
+    if config.rdzv_backend != "c10d" or not job or not in_slurm_step(env):
         return _host_on_loopback(config)
-    host, search = found
+    host, derived = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
+    if derived != port_for_job(job, RDZV_STEP):
+        return _host_on_loopback(config)
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    identity = f"c10d rendezvous {config.run_id} of slurm job {job} restart {restarts}"
+    search = step_search(identity, job, RDZV_STEP, env)
     configs = config.rdzv_configs
     read_s = float(configs.get("read_timeout", READ_TIMEOUT_S))
     is_host = configs.get("is_host")
@@ -73,7 +65,7 @@ def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
         join_s = float(configs.get("timeout", _JOIN_TIMEOUT_S))
         store, port = find_store(host, search, join_s, timedelta(seconds=read_s), who="ddpkit run")
         store = None  # only the answer was needed; the agent opens its own connection
-    if port != port_for_job(env["SLURM_JOB_ID"], RDZV_STEP):
+    if port != derived:
         _tell(host, search, port)
     config.rdzv_endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return store

@@ -17,9 +17,9 @@ import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
 
 from ddpkit.cluster.rendezvous.ports import PortSearch
+from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.store import (
-    CONNECT_TIMEOUT_VAR,
     NotAStore,
     host_tcp_store,
     is_taken,

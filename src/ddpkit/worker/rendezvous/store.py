@@ -35,7 +35,6 @@ from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
 
 __all__ = [
-    "CONNECT_TIMEOUT_VAR",
     "HANDSHAKE_MIN_S",
     "Connection",
     "NotAStore",
@@ -82,20 +81,6 @@ def store_endpoint(info: RankInfo) -> tuple[str, str | None]:
     return info.master_addr, None
 
 
-def _listen_socket(bind: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        # As torch's own listener: a port left in TIME_WAIT by an earlier run is reusable.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind, port))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def host_tcp_store(
     addr: str,
     port: int,
@@ -109,8 +94,14 @@ def host_tcp_store(
     """A store server on ``port`` (0: any free one), listening on ``bind`` only (None: every
     interface); ``addr`` is where its own client connects. Raises ``OSError`` or
     ``DistNetworkError`` when the port is taken; waits for no other rank."""
-    sock = None if bind is None else _listen_socket(bind, port)
+    family = socket.AF_INET6 if bind is not None and ":" in bind else socket.AF_INET
+    sock = None if bind is None else socket.socket(family, socket.SOCK_STREAM)
     try:
+        if sock is not None:
+            # As torch's own listener: a port left in TIME_WAIT by an earlier run is reusable.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((bind, port))
+            sock.listen(socket.SOMAXCONN)
         store = TCPStore(
             addr,
             port if sock is None else sock.getsockname()[1],
@@ -136,11 +127,6 @@ def is_taken(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
         return True
     return isinstance(exc, dist.DistNetworkError) and "EADDRINUSE" in str(exc)
-
-
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _retry(attempt: Callable[[float], None], timeout_s: float) -> None:
@@ -234,7 +220,7 @@ def _not_a_store(info: RankInfo, error: NotAStore) -> RendezvousError:
     return RendezvousError(
         f"rank {info.rank} (launcher {info.launcher}): something on {addr}:{port} accepts "
         "connections but does not speak the TCPStore protocol "
-        f"({_one_line(error)})",
+        f"({' '.join(str(error).split())[:200]})",
         hint=(
             f"another service holds port {port} on {addr}? (`ss -ltnp 'sport = :{port}'` "
             "there names it); give the job a free MASTER_PORT, or check rank 0's log in case it "
