@@ -39,6 +39,7 @@ import multiprocessing as mp
 import os
 import resource
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -175,19 +176,9 @@ def _counted_tcpstore(*args: Any, **kwargs: Any) -> TCPStore:
     return TCPStore(*args, **kwargs)
 
 
-def _counted_try_connect(*args: Any, **kwargs: Any) -> OSError | None:
-    with TALLY.lock:
-        TALLY.connections += 1
-    return _TRY_CONNECT(*args, **kwargs)
-
-
-_TRY_CONNECT = store_module.try_connect
-
-
 def instrument() -> None:
-    """Count the connections ddpkit's rendezvous code opens (its clients, and a probe if any)."""
+    """Count the store clients ddpkit's rendezvous code makes."""
     store_module.TCPStore = _counted_tcpstore  # type: ignore[misc]
-    store_module.try_connect = _counted_try_connect
 
 
 def rank_info(rank: int, world: int, port: int) -> RankInfo:
@@ -459,9 +450,14 @@ def wait_listening(port: int, timeout_s: float = 60.0) -> None:
     """Until the store on ``port`` accepts connections (the host is up before ranks are let go,
     so that the clients' connect retries and back-off are not what is timed)."""
     deadline = time.monotonic() + timeout_s
-    while _TRY_CONNECT("127.0.0.1", port, 1.0) is not None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:g} s")
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                what = f"nothing listens on 127.0.0.1:{port} after {timeout_s:g} s"
+                raise TimeoutError(what) from exc
         time.sleep(0.01)
 
 

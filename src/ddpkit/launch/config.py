@@ -1,10 +1,7 @@
-"""``RunConfig``: the typed, frozen description of one ``ddpkit run``, and the one function that
-turns command-line flags into it.
-
-This module owns flag names, defaults, validation and the translation back into a torchrun
-command line (``RunConfig.torchrun_argv``), which ``ddpkit.launch.local`` hands to torch's own
-parser so that every semantic matches torchrun exactly. It never imports torch: ``ddpkit --help``
-and ``ddpkit run --dry-run`` stay fast.
+"""``RunConfig``: the validated description of one ``ddpkit run``, and the one function that
+turns flags into it. Torch-free (``ddpkit --help`` and ``--dry-run`` stay fast);
+``RunConfig.torchrun_argv`` goes back to a torchrun command line, which
+``ddpkit.launch.local`` hands to torch's own parser so every flag means what it means there.
 """
 
 from __future__ import annotations
@@ -70,14 +67,9 @@ _RDZV_INT_KEYS = ("keep_alive_interval", "keep_alive_max_attempt")
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything ``ddpkit run`` needs, validated. Field names follow torchrun's flags.
-
-    ``standalone`` is the effective value: true when ``--standalone`` was given *or* implied (one
-    node, static rendezvous, no ``--master-port`` and no ``--rdzv-endpoint``: a free port, so two
-    runs on one machine never collide, exactly like torch's ``run()``). ``redirects``/``tee`` are
-    torchrun ``Std`` specs ("0".."3" or "0:1,1:2"). ``log_line_prefix_template`` prefixes every
-    worker output line (it only applies to tee'd or redirected streams).
-    """
+    """Everything ``ddpkit run`` needs, validated; field names follow torchrun's flags.
+    ``standalone`` is true when given or implied (one node, static rendezvous, no master port
+    nor endpoint: a free port, as torch's ``run()`` does)."""
 
     script: str
     script_args: tuple[str, ...] = ()
@@ -175,13 +167,9 @@ class _Lookup:
 
 
 def resolve_run_config(flags: Mapping[str, object], env: Mapping[str, str]) -> RunConfig:
-    """Turn parsed flags into a validated ``RunConfig``: the only place this happens.
-
-    Precedence, for every flag: the command-line flag, else its ``PET_<FLAG>`` environment
-    variable (torchrun's convention, e.g. ``PET_NPROC_PER_NODE``), else the default in
-    ``DEFAULTS``. ``flags`` maps argparse dests to values (None when not given); ``env`` is read,
-    never written. Raises ``ConfigError`` naming the flag (or variable), its value and a hint.
-    """
+    """Turn parsed flags (argparse dests, None when not given) into a validated ``RunConfig``.
+    Each flag: the flag, else ``PET_<FLAG>`` in ``env`` (torchrun's convention), else
+    ``DEFAULTS``. Raises ``ConfigError`` naming the flag (or variable), its value and a hint."""
     _reject_unknown(flags)
     get = _Lookup(flags, env)
     min_nodes, max_nodes = parse_nnodes(*get("nnodes"))
@@ -254,9 +242,8 @@ def parse_nnodes(text: str, label: str = "--nnodes") -> tuple[int, int]:
 
 def parse_nproc(text: str, label: str = "--nproc-per-node") -> int | NprocKeyword:
     """A positive process count or one of ``auto``, ``cpu``, ``gpu``, ``xpu``."""
-    for keyword in NPROC_KEYWORDS:
-        if text == keyword:
-            return keyword
+    if text in NPROC_KEYWORDS:
+        return text
     hint = f"use a positive integer or one of {', '.join(NPROC_KEYWORDS)}"
     hint = number_hint(text, did_you_mean(text, NPROC_KEYWORDS, hint=hint))
     count = to_int(text.strip())

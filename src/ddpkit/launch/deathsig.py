@@ -1,34 +1,21 @@
 """Workers die with their launcher, whatever kills it (Linux): a parent-death signal, a sweeper.
 
-torch's agent (2.x, ``torch.distributed.elastic.multiprocessing``) starts a script, ``-m`` or
-``--no-python`` worker with ``subprocess.Popen(start_new_session=True)`` in the thread that runs
-the agent: the thread that called :func:`ddpkit.launch.local.launch`, which lives until every
-worker has ended (``ddpkit run``: the launcher's main thread). A ``--run-path`` worker is a
-``multiprocessing`` child of that thread (``spawn``, ``fork``), or of the forkserver, which exits
-when the launcher is gone. torch stops the workers when a signal it handles stops the agent
-(SIGTERM, SIGINT, SIGHUP, SIGQUIT); a SIGKILL (or an OOM kill) of the launcher left them
-training in their own sessions to the end, writing checkpoints that raced a restarted run.
-
+torch's agent starts workers in sessions of their own; a SIGKILL (or OOM kill) of the
+launcher left them training to the end, writing checkpoints that raced a restarted run.
 :func:`tied` sets up two things around one launch:
 
 * Each worker asks for SIGKILL when the thread that started it exits
   (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``): a script, ``-m`` or ``--no-python``
-  worker starts as ``python -I -S -c STUB <launcher pid> <command...>``, a few lines of the
-  standard library that set it, check that the launcher is still the parent (it may have died
-  between the fork and the ``prctl``: then no signal would ever come) and ``exec`` the command,
-  which keeps the worker's pid. A ``--run-path`` worker does the same in its entry function
-  (torch's own SIGINT there can be caught, and a ``finally:`` that saves would race).
-* A sweeper (``python -I -S -c SWEEPER``, in a session of its own, deaf to the usual signals)
-  waits for the launcher to close a pipe. The launcher says ``done`` first once its workers
-  have ended; an end of file without it means that the launcher died, and the sweeper then
-  SIGKILLs every process whose environment holds this launch's :data:`TOKEN_VAR`: the
-  processes the workers started themselves, which no parent-death signal reaches (the
-  training process under a ``--no-python`` wrapper that does not ``exec``, helpers a script
-  started). torch's DataLoader workers already exit when their worker is gone.
+  worker starts as ``python -I -S -c STUB <launcher pid> <command...>``, which sets it,
+  checks that the launcher is still its parent, and ``exec``s the command (same pid); a
+  ``--run-path`` worker does the same in its entry function.
+* A sweeper (``python -I -S -c SWEEPER``, its own session, deaf to the usual signals) waits
+  for the launcher to close a pipe; an end of file without ``done`` means the launcher died,
+  and it SIGKILLs every process whose environment holds this launch's :data:`TOKEN_VAR`: what
+  the workers started themselves, which no parent-death signal reaches.
 
-SIGKILL, not SIGTERM: a worker may ignore or handle SIGTERM (``requeue_and_exit()`` ignores it,
-a script may save on it), and with the launcher gone nobody restarts or waits for anything.
-Elsewhere than on Linux neither exists: a SIGKILLed launcher leaves its workers running there.
+SIGKILL, not SIGTERM: a worker may ignore or handle SIGTERM, and with the launcher gone nobody
+waits for anything. Elsewhere than on Linux neither exists.
 """
 
 from __future__ import annotations
@@ -148,18 +135,13 @@ def tie_to(launcher: int) -> None:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     zero = ctypes.c_ulong(0)
     prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), zero, zero, zero)
-    if os.getppid() != launcher and not _exists(launcher):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    if os.getppid() != launcher:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGKILL)
+        except PermissionError:
+            pass
 
 
 @contextmanager

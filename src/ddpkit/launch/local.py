@@ -1,23 +1,13 @@
 """The local launcher behind ``ddpkit run``: a ``RunConfig`` run by torch's elastic agent.
 
-This module owns two things (no process management of its own beyond what it delegates):
-
-* ``build_launch_config``: RunConfig -> torchrun argv -> ``torch.distributed.run.parse_args`` ->
-  ``config_from_args``, so every flag means exactly what it means under torchrun; then the
-  ddpkit defaults on top (rank prefix on every output line; in a SLURM job whose endpoint is its
-  first node, that node hosts the c10d store: ``is_host``, see
-  ``ddpkit.cluster.rendezvous.endpoint``).
-* ``launch``: ``elastic_launch`` with torch's process-wide side effects undone afterwards
-  (``os.environ`` writes, signal handlers), so an in-process launch leaves its caller as it was.
-  While it runs, SIGUSR1 and SIGUSR2 sent to the launcher are passed on to the workers (torch's
-  agent would otherwise die of them, or with ``--signals-to-handle`` shut the workers down):
-  that is how SLURM's warning before the time limit reaches ``ddpkit.preemption_guard()``
-  (the ``ddpkit`` process itself holds them from its first line: :mod:`.relay`). The workers
-  are tied to the launcher (:mod:`.deathsig`): they die with it, whatever kills it.
-
-It returns a ``LaunchOutcome`` (:mod:`.report`): the root cause of a failure (rank, host, exit
-code or signal, traceback, stderr log) instead of torch's ``ChildFailedError`` box. Torch's
-one-line agent logs stay.
+* ``build_launch_config``: RunConfig -> torchrun argv -> torch's own parser and
+  ``config_from_args``, so every flag means what it means under torchrun; then ddpkit's
+  defaults on top (a rank prefix on every output line; in a SLURM job, which node hosts the
+  c10d store).
+* ``launch``: ``elastic_launch`` with torch's process-wide side effects (``os.environ``, signal
+  handlers) undone afterwards; SIGUSR1/SIGUSR2 passed on to the workers (:mod:`.relay`); the
+  workers tied to the launcher (:mod:`.deathsig`). It returns a ``LaunchOutcome``
+  (:mod:`.report`): the root cause of a failure instead of torch's ``ChildFailedError`` box.
 """
 
 from __future__ import annotations
@@ -59,7 +49,6 @@ from ddpkit.launch.config import RunConfig
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
 
 __all__ = [
-    "FORWARDED_SIGNALS",
     "LaunchOutcome",
     "LaunchPlan",
     "WorkerFailure",
@@ -70,7 +59,6 @@ __all__ = [
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-FORWARDED_SIGNALS = relay.FORWARDED
 
 
 @dataclass(frozen=True)
@@ -100,13 +88,9 @@ def with_host(template: str) -> str:
 
 
 def build_launch_config(config: RunConfig) -> LaunchPlan:
-    """Build torch's ``LaunchConfig`` with torch's own parser and ``config_from_args``.
-
-    Reproduces the first lines of ``torch.distributed.run.run`` (which is not called, to keep
-    its ``@record`` box): ``--standalone`` -> c10d on ``localhost:0`` with a fresh run id; the
-    static master port defaults to 29500. Leaves ``os.environ`` as it found it: the
-    ``OMP_NUM_THREADS=1`` torch wants for several workers per node lands in ``worker_env``.
-    """
+    """Build torch's ``LaunchConfig`` with torch's own parser and ``config_from_args``, as the
+    first lines of ``torch.distributed.run.run`` do (not called: it would add its ``@record``
+    box). ``os.environ`` is left as it was: what torch sets for the workers is in ``worker_env``."""
     config = _store_host_decided(config, os.environ)
     args = torch_run.get_args_parser().parse_args(config.torchrun_argv())  # = parse_args
     if args.standalone:
@@ -134,14 +118,6 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     if bind is not None and not launch_config.local_addr:
         launch_config.local_addr = bind  # the workers' MASTER_ADDR: where the store listens
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env, bind)
-
-
-def _shared_store_on(bind: str | None) -> AbstractContextManager[None]:
-    """While the block runs, the workers' shared store is hosted on ``bind`` (None: nothing
-    changed, as sharing is off for that run)."""
-    if bind is None:
-        return nullcontext()
-    return rdzv_shared_store_made_by(lambda _addr, port: rdzv_port.host_shared_store(bind, port))
 
 
 def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
@@ -179,27 +155,25 @@ def launch(config: RunConfig) -> LaunchOutcome:
     logs = _RecordingLogsSpecs(plan.launch_config.logs_specs)
     plan.launch_config.logs_specs = logs
     _leave_the_stop_signal_to_the_relay(plan.launch_config)
-    handled = plan.launch_config.signals_to_handle
+    bind = plan.shared_store_bind  # None: the workers share no store with the agent
+    shared: AbstractContextManager[Any] = nullcontext()
+    if bind is not None:
+        shared = rdzv_shared_store_made_by(lambda _a, port: rdzv_port.host_shared_store(bind, port))
     with (
         _environ_restored(),
-        _signal_handlers_restored(handled),
+        _signal_handlers(plan.launch_config.signals_to_handle),
         tee_read_by(tee.tail_whole_lines),
-        _shared_store_on(plan.shared_store_bind),
-        _signals_forwarded(FORWARDED_SIGNALS),
+        shared,
         deathsig.tied() as token,
     ):
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
         if token is not None:  # marks the workers and what they start: see deathsig
             os.environ[deathsig.TOKEN_VAR] = token
-        # torch's c10d rendezvous otherwise keeps ONE TCPStore for every restart round, and the
-        # workers' keys in it carry no attempt prefix: a group restarted by --max-restarts could
-        # read the previous attempt's gloo addresses and hang. With sharing
-        # off, each round bootstraps a fresh store. A one-node run of one round (no restarts)
-        # on a loopback rendezvous keeps torch's sharing (plan.shared_store_bind): its workers
-        # use the agent's store, up before them, hosted on loopback; a store of their own,
-        # hosted by their rank 0, was joined late whenever rank 1 asked before it listened
-        # (torch's client backs off; figures: benchmarks/why.yaml, launch). An explicit
-        # setting by the user wins.
+        # A store shared across restart rounds carries no attempt prefix: a restarted group
+        # could read the previous attempt's gloo addresses and hang. So each round gets its
+        # own, except in a one-node run of one round (plan.shared_store_bind), whose workers
+        # use the agent's store, up before them (benchmarks/why.yaml, launch). The user's
+        # setting wins.
         if plan.shared_store_bind is None:
             os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
         # A taken rendezvous port is not the end of a SLURM job; `held` (the store this node
@@ -258,11 +232,8 @@ class _RecordingLogsSpecs(LogsSpecs):
 
 @contextmanager
 def _environ_restored() -> Iterator[dict[str, str]]:
-    """Undo every ``os.environ`` write made inside the block; yields the snapshot.
-
-    Torch writes OMP_NUM_THREADS (run.py), TORCHELASTIC_SIGNALS_TO_HANDLE (launcher/api.py) and,
-    when its log formatter first imports torch._dynamo, TORCHINDUCTOR_CACHE_DIR.
-    """
+    """Undo every ``os.environ`` write made inside the block (torch's OMP_NUM_THREADS,
+    TORCHELASTIC_SIGNALS_TO_HANDLE, TORCHINDUCTOR_CACHE_DIR); yields the snapshot."""
     before = dict(os.environ)
     try:
         yield before
@@ -275,40 +246,22 @@ def _environ_restored() -> Iterator[dict[str, str]]:
 
 
 @contextmanager
-def _signal_handlers_restored(names: str) -> Iterator[None]:
-    """Torch's process context installs handlers for ``names`` and never puts ours back."""
-    saved: dict[signal.Signals, Any] = {}
-    for name in names.split(","):
-        sig = getattr(signal, name.strip(), None)
-        if isinstance(sig, signal.Signals):
-            saved[sig] = signal.getsignal(sig)
+def _signal_handlers(handled: str) -> Iterator[None]:
+    """While the block runs, SIGUSR1/SIGUSR2 sent to this process go to its children
+    (:func:`~ddpkit.cluster.stop.forward.forward_now`), but not the stop signal the ``ddpkit``
+    process holds: the relay thread passes that one on (:mod:`.relay`). Afterwards the handlers
+    of those and of torch's ``handled`` signals are put back (torch never puts ours back)."""
+    stop = stop_forward.held()
+    forwarded = [sig for sig in relay.FORWARDED if sig != stop]
+    named = (getattr(signal, name.strip(), None) for name in handled.split(","))
+    saved = {sig: signal.getsignal(sig) for sig in named if isinstance(sig, signal.Signals)}
+    for sig in forwarded:
+        saved[sig] = signal.getsignal(sig)
+        with suppress(ValueError):  # not the main thread: nothing installed, nothing forwarded
+            signal.signal(sig, stop_forward.forward_now)
     try:
         yield
     finally:
         for sig, handler in saved.items():
             with suppress(ValueError, TypeError):  # not the main thread / not a Python handler
                 signal.signal(sig, handler)
-
-
-@contextmanager
-def _signals_forwarded(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """While the block runs, a signal in ``signals`` sent to this process goes to its children;
-    not the stop signal the ``ddpkit`` process holds: the relay thread passes that one on
-    (:mod:`.relay`), kept until the workers can take it, and its handler stays."""
-
-    def forward(signum: int, frame: Any) -> None:
-        for pid in stop_forward.workers():
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-
-    saved: dict[signal.Signals, Any] = {}
-    for sig in signals:
-        if sig == stop_forward.held():  # sent at once, it would kill a worker that has no handler
-            continue
-        with suppress(ValueError):  # not the main thread: nothing installed, nothing forwarded
-            saved[sig] = signal.signal(sig, forward)
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)

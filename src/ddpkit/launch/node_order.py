@@ -1,25 +1,12 @@
 """Group ranks in SLURM's node order for ``ddpkit run``'s c10d rendezvous in a SLURM step.
 
-torch's c10d rendezvous (``DynamicRendezvousHandler``) numbers the agents of a round by
-sorting their node descriptors: the address (``--local-addr``, else the FQDN), then the process
-id. That is not SLURM's node order: ``node10`` sorts before ``node9``, an IP before a name,
-and nodes that report one name are ordered by pid, i.e. by start time. Global ranks follow
-the agents' order, so rank 0 (its logs, its checkpoint writes) could sit on any node of the
-job, while under ``launch: srun`` it is on the first (SLURM_PROCID, block distribution).
-
-So inside a SLURM step ``ddpkit run`` uses its own rendezvous backend, ``ddpkit-c10d``: torch's
-c10d handler itself (same endpoint, store, membership, heartbeats and restarts), wrapped. After
-each round every agent writes its hint, SLURM_NODEID, into the round's store; the round's rank 0
-checks that the hints are exactly 0..N-1 (one agent on each node of the step, all of them in the
-round) and writes its verdict; then every agent takes its hint as its group rank, or, when the
-verdict is no, keeps torch's (and rank 0 says why on stderr). All agents read one verdict, so
-they all remap or none does. Each round decides anew: a restart under ``--max-restarts``, or a
-node rejoining, gets the same order. When the workers' store is not the agent's (ddpkit's
-default, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), the workers' rank 0 hosts it: MASTER_ADDR
-and MASTER_PORT are then published again by the new rank 0 (torch's own
-``RendezvousStoreInfo.build``). A static rendezvous with ``--node-rank=$SLURM_NODEID`` would give
-the same order, but it has no membership: an agent restarting its workers would not make the
-other nodes restart theirs.
+torch's c10d rendezvous numbers agents by sorting their addresses, then pids: not SLURM's
+node order (``node10`` before ``node9``), so rank 0 could sit on any node. Inside a SLURM step
+``ddpkit run`` uses ``ddpkit-c10d``: torch's c10d handler wrapped. After each round every agent
+writes its SLURM_NODEID into the round's store; rank 0 checks they are exactly 0..N-1 and
+writes one verdict, which every agent reads: all take their node id as group rank, or none
+does (and rank 0 says why). When the workers' rank 0 hosts their store, its address is
+published again for the new rank 0 (torch's ``RendezvousStoreInfo.build``).
 """
 
 from __future__ import annotations

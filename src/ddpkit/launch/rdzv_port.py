@@ -1,30 +1,16 @@
-"""The c10d rendezvous port of ``ddpkit run`` in a SLURM job: searched, not bet on.
+"""The c10d rendezvous port of ``ddpkit run``: searched in a SLURM job, loopback-only stores.
 
-The job scripts and the torchx component give every node's ``ddpkit run`` the port derived from
-the job id (``rdzv_port: auto``; :mod:`ddpkit.cluster.rendezvous.endpoint`). torch's agent on
-the first node binds it, and when something else holds it, the agent quietly becomes a client of
-that listener instead (``_create_tcp_store`` retries as a client): it waits forever on a
-listener that is not a store, or runs in another job's store until that job ends. So before the
-agent starts, inside a SLURM step and for that derived port only (a port the user chose stays as
-is):
+torch's agent on the first node binds the c10d port, and when something else holds it
+becomes a client of that listener instead: it waits forever on one that is no store, or runs
+in another job's store. So inside a SLURM step, for the port derived from the job id only
+(``rdzv_port: auto``), the hosting node hosts the store itself on the first candidate it can
+bind (:func:`ddpkit.cluster.rendezvous.ports.step_search`), multi-tenant so the agent shares
+its server, and the other nodes take the first candidate whose store answers with the job's
+identity (:mod:`ddpkit.worker.rendezvous.portsearch`); every agent is pointed at that port.
 
-* the node torch would make the host hosts the store itself, on the first candidate it can
-  bind (the step's reserved port, then ``candidate_ports(job, "rdzv")``: ``step_search``; see
-  :mod:`ddpkit.cluster.rendezvous.ports`), as a multi-tenant store, whose server the agent then
-  shares instead of binding the port a second time;
-* the other nodes take the first candidate whose store answers with the job's identity;
-
-and every agent is pointed at that port. The candidates are
-:func:`ddpkit.cluster.rendezvous.ports.step_search`'s, the search itself is
-:func:`ddpkit.worker.rendezvous.portsearch.host_store` /
-:func:`~ddpkit.worker.rendezvous.portsearch.find_store`: this module is only the launcher's
-glue (torch's ``LaunchConfig`` in, the endpoint the agent uses out).
-
-Outside that search, a rendezvous endpoint on loopback (``--standalone`` is ``localhost:0``; a
-static one defaults to ``127.0.0.1``) is hosted here on loopback only, as a multi-tenant store
-the agent shares: torch's agent would listen on every interface for a job that never leaves
-this host (see :mod:`ddpkit.worker.rendezvous.store`). So is the store the workers of a
-one-node run of one round share with the agent (:func:`shared_store_bind`).
+Outside that search, a loopback endpoint (``--standalone`` is ``localhost:0``) and the store
+the workers of a one-node run of one round share (:func:`shared_store_bind`) are hosted on
+loopback only: torch's agent would listen on every interface.
 """
 
 from __future__ import annotations
@@ -45,7 +31,7 @@ from ddpkit.compat import matches_machine_hostname
 from ddpkit.worker.rendezvous.portsearch import find_store, host_store
 from ddpkit.worker.rendezvous.store import host_tcp_store, is_taken, loopback_address
 
-__all__ = ["READ_TIMEOUT_S", "claim", "host_shared_store", "port_search", "shared_store_bind"]
+__all__ = ["READ_TIMEOUT_S", "claim", "host_shared_store", "shared_store_bind"]
 
 _C10D_DEFAULT_PORT = 29400  # torch's c10d rendezvous default, when the endpoint has no port
 _JOIN_TIMEOUT_S = 900.0  # torch's default rdzv join timeout (rdzv_configs["timeout"])
@@ -53,29 +39,18 @@ READ_TIMEOUT_S = 60.0  # torch's default c10d store read timeout (rdzv_configs["
 _SHARED_STORE_TIMEOUT_S = 300.0  # torch's TCPStore default, which its shared store keeps
 
 
-def port_search(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, PortSearch] | None:
-    """(host, search) when this launch's c10d port is the job-derived one, else None."""
+def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
+    """Search the port (see the module docstring) and point ``config`` at it; the store this node
+    hosts (keep it until the agent is done: the agent shares its server), or None."""
     job = env.get("SLURM_JOB_ID")
     if config.rdzv_backend != "c10d" or not job or not in_slurm_step(env):
-        return None
-    host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
-    if port != port_for_job(job, RDZV_STEP):
-        return None
+        return _host_on_loopback(config)
+    host, derived = parse_rendezvous_endpoint(config.rdzv_endpoint, _C10D_DEFAULT_PORT)
+    if derived != port_for_job(job, RDZV_STEP):
+        return _host_on_loopback(config)
     restarts = env.get("SLURM_RESTART_COUNT", "0")
     identity = f"c10d rendezvous {config.run_id} of slurm job {job} restart {restarts}"
-    return host, step_search(identity, job, RDZV_STEP, env)
-
-
-def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
-    """Search the port (see the module docstring) and point ``config`` at it.
-
-    Returns the store this node hosts (keep it until the agent is done: it owns the server the
-    agent shares), or None.
-    """
-    found = port_search(config, env)
-    if found is None:
-        return _host_on_loopback(config)
-    host, search = found
+    search = step_search(identity, job, RDZV_STEP, env)
     configs = config.rdzv_configs
     read_s = float(configs.get("read_timeout", READ_TIMEOUT_S))
     is_host = configs.get("is_host")
@@ -90,19 +65,15 @@ def claim(config: LaunchConfig, env: Mapping[str, str]) -> Any:
         join_s = float(configs.get("timeout", _JOIN_TIMEOUT_S))
         store, port = find_store(host, search, join_s, timedelta(seconds=read_s), who="ddpkit run")
         store = None  # only the answer was needed; the agent opens its own connection
-    if port != port_for_job(env["SLURM_JOB_ID"], RDZV_STEP):
+    if port != derived:
         _tell(host, search, port)
     config.rdzv_endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return store
 
 
 def _host_on_loopback(config: LaunchConfig) -> Any:
-    """The store of a loopback endpoint, hosted on loopback only (see the module docstring),
-    with ``config`` pointed at it; None when this agent does not host one.
-
-    A taken port is left to torch, which then joins whatever holds it as a client, as it does
-    when several agents of one rendezvous run on this host.
-    """
+    """The store of a loopback endpoint, hosted on loopback only, with ``config`` pointed at
+    it; None when this agent hosts none. A taken port is left to torch (which joins it)."""
     if config.rdzv_backend not in ("c10d", "static"):
         return None
     bind, port = _loopback_endpoint(config)
@@ -122,10 +93,8 @@ def _host_on_loopback(config: LaunchConfig) -> Any:
 
 
 def shared_store_bind(config: LaunchConfig) -> str | None:
-    """The loopback address of a c10d rendezvous with one round on one node (no restarts, one
-    node; ``--standalone`` is ``localhost:0``), else None: its workers may share the agent's
-    store, hosted there (:func:`host_shared_store`), instead of a store of their own per round.
-    """
+    """The loopback address of a c10d rendezvous of one round on one node, else None: its
+    workers share the agent's store, hosted there (:func:`host_shared_store`)."""
     one_round = config.max_restarts == 0 and config.max_nodes == 1
     if config.rdzv_backend != "c10d" or not one_round:
         return None

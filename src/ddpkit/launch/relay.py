@@ -1,36 +1,17 @@
 """The launcher's SIGUSR1/SIGUSR2, from its first line to its exit: passed on, never deadly.
 
-``ddpkit run`` passes SIGUSR1 and SIGUSR2 on to its workers (torch's agent would die of them).
-Their default action ends a process, so a launcher that handled them only while torch's agent
-ran died of one (exit 140) while Python and torch started (seconds), between two worker groups
-and while it tore down. The ``ddpkit`` entry point calls :func:`hold` first thing, before
-anything heavy is imported; for ``ddpkit run``:
+``ddpkit run`` passes SIGUSR1 and SIGUSR2 on to its workers; their default action would end
+the launcher while Python and torch start, between worker groups and while it tears down. So
+the ``ddpkit`` entry point calls :func:`hold` first thing, before anything heavy is imported:
 
-* The stop signal (``DDPKIT_SIGNAL``, else SIGUSR2) is held and forwarded to the workers by
-  :mod:`ddpkit.cluster.stop.forward` (the one implementation the srun task holder and
-  submitit's task runner use too): blocked from the first line, started relaying by
-  :func:`relay_stop_signal` once the command line is parsed. After the last workers, a signal
-  is kept and dropped at exit: the run ends as its workers did.
-* In a ddpkit job (``DDPKIT_SIGNAL`` set in the launcher's environment) SLURM signals every
-  process of the step, the workers too, before they latch it: they start with it blocked, so
-  it stays pending in each until ``ddpkit.init()`` or ``preemption_guard()`` latches it.
-* Outside one, ``ddpkit run`` must do no harm: its workers get the signals they would get
-  under torchrun (a ``kill`` of a worker, a hand-written sbatch's ``--signal``). Once the relay
-  thread runs, the launcher's main thread, which starts the workers, unblocks the stop signal
-  again (unless the user started ``ddpkit run`` with it blocked): the workers start with the
-  user's signal mask, and a script's own handler runs. An arrival the main thread takes goes
-  to the relay thread at once, which sends it only to the workers that catch it (a latch or
-  the script's own handler) and keeps it for each of the others until it does: a worker that
-  never catches it is never killed by a signal sent to the launcher (see
-  :mod:`ddpkit.cluster.stop.forward`, with the cost of that wait). From the atexit handlers
-  on it is ignored, as the other one is.
-* The other of SIGUSR1/SIGUSR2 gets a handler that sends it to the running workers (none:
-  dropped), ignored from the atexit handlers on: Python's finalization would restore the
-  default action while torch tears down.
+* The stop signal (``DDPKIT_SIGNAL``, else SIGUSR2) is blocked, and relayed to the workers by
+  :mod:`ddpkit.cluster.stop.forward` once the command line is parsed
+  (:func:`relay_stop_signal`). In a ddpkit job it stays blocked, so the workers start with it
+  pending until they latch it; outside one it is unblocked again once the relay runs, and sent
+  only to workers that catch it: a worker is never killed by a signal sent to the launcher.
+* The other one is sent to the running workers (none: dropped).
 
-Out of reach: the interpreter's own start, until the entry point's first line, and this
-module's imports (:mod:`ddpkit.cluster.stop` and the ``ddpkit.cluster`` package,
-which imports detection; nothing heavier). On Windows the launcher holds nothing.
+Both are ignored from the atexit handlers on. On Windows the launcher holds nothing.
 """
 
 from __future__ import annotations
@@ -68,16 +49,9 @@ def hold(argv: Sequence[str], env: Mapping[str, str]) -> signal.Signals | None:
 
 def relay_stop_signal(env: Mapping[str, str]) -> None:
     """Pass the stop signal on to the workers from now on; call it in the thread that will start
-    them (``ddpkit run``: the main thread).
-
-    The ``ddpkit`` process blocked it first thing (:func:`hold`); called in-process, only a
-    ddpkit job's ``DDPKIT_SIGNAL`` is held, from here. In a ddpkit job the agent is a task too
-    (SLURM signals every process of the step): its marker in ``DDPKIT_LATCH_DIR`` then tells the
-    batch shell that the agent holds it, and the signal stays blocked, so the workers start with
-    it blocked. Outside one, it is unblocked again here, once the relay thread runs (which
-    sends it only to workers that catch it): the workers start with the signal mask the user
-    started ``ddpkit run`` with.
-    """
+    them. In a ddpkit job the signal stays blocked (the workers start with it blocked) and the
+    batch shell is told that the agent holds it; outside one it is unblocked once the relay
+    thread runs, so the workers start with the user's signal mask."""
     in_job = signal_from_env(env)  # strict: a bad DDPKIT_SIGNAL is a ConfigError here
     stop = in_job or forward.held()
     if stop is None:

@@ -1,11 +1,7 @@
 """The report of a finished launch: how it ended and, for a failure, its root cause.
 
-Torch's ``ChildFailedError`` box shows, without ``@record``, a documentation link where the
-traceback should be, and orders failures by whole-second timestamps. This module owns the
-replacement: :class:`LaunchOutcome` (exit code, root cause, the other failures, the logs) and
-:class:`WorkerFailure` (one worker: rank, host, exit code or signal, its traceback from the
-``@record`` error file or its stderr log, and that log's path), built from torch's
-``ProcessFailure`` records and the logs torch's ``LogsSpecs`` wrote.
+It replaces torch's ``ChildFailedError`` box, which shows a documentation link where the
+traceback should be (without ``@record``) and orders failures by whole-second timestamps.
 """
 
 from __future__ import annotations
@@ -176,15 +172,19 @@ def _hang_report(log_dir: str | None) -> tuple[str, str] | None:
     return (path, text) if text else None
 
 
-def _log_tail(path: str, count: int) -> list[str]:
-    """The last ``count`` non-blank lines of a log (its last 256 KiB), or [] when unreadable."""
+def _last_lines(path: str) -> list[str]:
+    """The lines of a log's last 256 KiB, or [] when unreadable."""
     try:
         with open(path, "rb") as log:
             log.seek(max(0, os.path.getsize(path) - _LOG_TAIL_BYTES))
-            lines = log.read().decode(errors="replace").splitlines()
+            return log.read().decode(errors="replace").splitlines()
     except OSError:
         return []
-    return [line.rstrip() for line in lines if line.strip()][-count:]
+
+
+def _log_tail(path: str, count: int) -> list[str]:
+    """The last ``count`` non-blank lines of a log."""
+    return [line.rstrip() for line in _last_lines(path) if line.strip()][-count:]
 
 
 def _why_no_traceback(failure: WorkerFailure) -> str:
@@ -207,16 +207,11 @@ def failed_outcome(exc: ChildFailedError, logs: LogsDest | None) -> LaunchOutcom
 def _root_cause_key(
     rank: int, failure: ProcessFailure, logs: LogsDest | None
 ) -> tuple[int, float, int]:
-    """Sort key: the first worker to fail is the root cause.
-
-    Torch orders by ``timestamp``, whole seconds that tie whenever a peer dies with it, and it
-    counts workers its own shutdown killed (SIGTERM). So: workers not killed by SIGTERM first,
-    then by when they last wrote their error file or stderr log (sub-second mtimes), then rank.
-    An empty stderr log tells nothing of when its worker failed (its mtime is its creation, at
-    the attempt's start): such a worker sorts at the end of the second torch saw it fail in,
-    after one whose log shows it failing within that second (a worker SIGTERMed by the
-    shutdown while still starting, beside a root cause that died of SIGTERM itself).
-    """
+    """Sort key: the first worker to fail is the root cause. Workers not killed by SIGTERM
+    (torch's shutdown) first, then by when they last wrote their error file or stderr log
+    (sub-second, where torch's timestamps are whole seconds), then rank. An empty log tells
+    nothing (its mtime is the attempt's start): its worker sorts at the end of the second
+    torch saw it fail in."""
     killed_by_shutdown = int(failure.exitcode == -signal.SIGTERM)
     for path in (failure.error_file, _stderr_log(failure.local_rank, logs)):
         if path and os.path.isfile(path) and os.path.getsize(path) > 0:
@@ -258,12 +253,7 @@ def _traceback_from_log(path: str) -> str | None:
     Lines carry whatever prefix the worker printed before the header (torch's excepthook writes
     ``[rankN]: `` after ``init_process_group``); it is stripped.
     """
-    try:
-        with open(path, "rb") as log:
-            log.seek(max(0, os.path.getsize(path) - _LOG_TAIL_BYTES))
-            lines = log.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
+    lines = _last_lines(path)
     starts = [i for i, line in enumerate(lines) if _TRACEBACK_HEAD in line]
     if not starts:
         return None

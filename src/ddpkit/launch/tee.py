@@ -1,31 +1,16 @@
 """How ``ddpkit run`` prints its workers' output: one rank prefix a line, whole lines, and
 progress bars redrawn in place.
 
-torch's agent tees each worker's log file to the terminal (``TailLog``, one thread a stream):
-it reads a line and writes ``f"{header}{line}"``. Three things a user sees differently from the
-same program under plain ``torchrun`` come from that, and are mended here by
-:func:`tail_whole_lines`, which torch's ``TailLog`` calls in place of its own reader (the reach
-into torch that installs it is :func:`ddpkit.compat.tee_read_by`):
+torch's ``TailLog`` calls :func:`tail_whole_lines` in place of its own reader (installed by
+:func:`ddpkit.compat.tee_read_by`), which mends what differs from plain ``torchrun``:
 
-* torch prefixes lines itself once a process group exists: its excepthook writes
-  ``[rank0]: `` before each traceback line, and its C++ log lines read ``[rank0]:[W1201 ...]``.
-  Under the default header that gave ``[rank0]: [rank0]: ...``: :func:`once_prefixed` drops
-  torch's copy when it repeats the header's rank.
-* A worker's ``print`` can reach the file in two writes (its text, then its newline, under
-  ``PYTHONUNBUFFERED=1``); torch printed each piece with its own header. A piece is held until
-  its line ends (at most :data:`HOLD_PARTIAL_LINE_S`, then printed as it is).
-* torch opens the log in text mode, where a lone carriage return ends a line: each redraw of a
-  progress bar (``\\r 40%|####``) became a line of its own. Here the file is read with only
-  ``\\n`` ending a line; a piece holding a carriage return (a redraw) is printed at once, with
-  the header after each carriage return, so the bar is redrawn in place, prefixed. A piece
-  printed before its line ended (a redraw, a piece held too long) is continued without a
-  second header.
+* torch's own ``[rank0]:`` prefix after the header's is dropped (:func:`once_prefixed`);
+* a line written in two pieces is held until it ends (at most :data:`HOLD_PARTIAL_LINE_S`);
+* only ``\\n`` ends a line: a redraw (``\\r``) is printed at once, the header after each
+  carriage return, so a progress bar is redrawn in place, prefixed.
 
-One thread reads every tee'd file of the launch, at torch's pace (``TailLog``'s 0.1 s);
-torch's thread for each file only waits for the tee's stop, and the files are read to their end
-at once when it comes. torch's reader polls each file from a thread of its own: at 8 ranks a
-node, 16 threads waking 10 times a second, what most of an idle launcher's CPU went to
-(``benchmarks/bench_idle.py``).
+One thread reads every tee'd file of the launch, at torch's pace, instead of one polling
+thread a file (``benchmarks/bench_idle.py``).
 """
 
 from __future__ import annotations
@@ -70,12 +55,9 @@ def tail_whole_lines(  # noqa: PLR0917 (torch's signature, which TailLog.start c
     interval_sec: float,
     log_line_filter: Any = None,
 ) -> None:
-    """torch's ``tail_log.tail_logfile``, printing whole lines and redraws (module docstring).
-
-    The rest is torch's: wait for the file, poll every ``interval_sec``, read to the end once
-    ``finished`` is set; ``log_line_filter`` as torch applies it. The file is read by the
-    launch's one reading thread; this call returns once it has read it to the end.
-    """
+    """torch's ``tail_log.tail_logfile``, printing whole lines and redraws (module docstring);
+    the file is read by the launch's one reading thread, and this returns once it is read to
+    the end after ``finished``."""
     follow = _Follow(header, file, dst, finished, log_line_filter)
     _READER.add(follow, interval_sec)
     finished.wait()  # no polling here: torch sets it when the tee stops
@@ -91,13 +73,8 @@ class _Follow:
     def __init__(
         self, header: str, file: str, dst: Any, finished: threading.Event, keep: Any
     ) -> None:
-        self.header, self.file, self.dst, self.finished, self.keep = (
-            header,
-            file,
-            dst,
-            finished,
-            keep,
-        )
+        self.header, self.file, self.dst, self.finished = header, file, dst, finished
+        self.keep = keep
         self.drained = threading.Event()
         self.error: BaseException | None = None
         self._fp: Any = None

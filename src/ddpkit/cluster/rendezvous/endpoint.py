@@ -1,18 +1,11 @@
 """``python -m ddpkit.cluster.rendezvous.endpoint``: the c10d ``host:port`` of a SLURM job.
 
-The torchrun-mode job script runs it once, in the batch script, and hands the result to every
-node's ``ddpkit run --rdzv-endpoint``. The host is the job's first node
-(``SLURM_JOB_NODELIST`` through ddpkit's hostlist parser) renamed by ``DDPKIT_HOST_TEMPLATE``
-when set; the port is ``--port N``, or with ``--port auto`` (the default) derived from the job
-id, so two jobs sharing a node get different ports. Imports neither torch nor pydantic: it
-runs on the critical path of every job start.
+The torchrun-mode job script runs it once and hands the result to every node's ``ddpkit run
+--rdzv-endpoint``: the job's first node (renamed by ``DDPKIT_HOST_TEMPLATE``), and a port
+derived from the job id unless ``--port N``. Torch-free: it runs at every job start.
 
-Which node hosts the c10d store is decided here too (:func:`hosts_store`, used by ``ddpkit
-run``): torch guesses it by comparing the endpoint host with this machine's hostname and
-addresses, and a host template defeats the guess (``n1-ib`` is a second interface of ``n1``,
-neither its name nor an address ``hostname`` resolves to), so no node hosted it and every node
-waited as a client until the join timed out. For the endpoint this module prints, the first
-node of the job hosts it, explicitly.
+:func:`hosts_store` says which node hosts the c10d store: torch guesses it from this host's
+names and addresses, which a host template defeats (then no node hosted it).
 """
 
 from __future__ import annotations
@@ -76,10 +69,7 @@ def _endpoint_host(rdzv_endpoint: str) -> str:
 
 def hosts_store(env: Mapping[str, str], rdzv_endpoint: str) -> bool | None:
     """Whether this node hosts the c10d store of ``rdzv_endpoint``: True on the job's first
-    node, False on the others, when ``rdzv_endpoint`` is the one :func:`endpoint` gives (the
-    first node under DDPKIT_HOST_TEMPLATE); None (torch decides) for any other endpoint or
-    outside a SLURM job step. Pure: ``env`` holds SLURMD_NODENAME and the job's nodelist.
-    """
+    node, False on the others, when it is :func:`endpoint`'s; None (torch decides) otherwise."""
     node = env.get("SLURMD_NODENAME")
     if node is None or not any(name in env for name in _NODELIST_VARS):
         return None

@@ -1,16 +1,10 @@
 """How long the resolver takes to name this host's address, as torch's store client asks.
 
-torch's client (``TCPStore``) looks up the name of its socket's address (``getnameinfo``) when
-it connects, once a process: rank 0's store host too, whose constructor connects a client to
-itself. It connects over an IPv6 socket, so an IPv4 address is named in its mapped form
-(``::ffff:127.0.0.1``), which a hosts file's ``127.0.0.1`` line does not match: the lookup goes
-to DNS. Where DNS does not answer (an air-gapped cluster, a container's resolver), that first
-connect waits for the resolver's timeout (5 s, twice, by default: 10 s), and torch only warns
-"The hostname of the client socket cannot be retrieved. err=-3"; where DNS drops queries
-when many come at once, ranks wait seconds in turn (measured: 32 clients made at once in one
-process waited a median 5 s, 64 a median 10 s; 2-7 ms with a hosts line for the mapped
-address). ``ddpkit doctor`` checks it ("name lookup"); ``ddpkit.init`` names it when a rank's
-start was slow. Torch-free, stdlib only.
+torch's client looks up the name of its socket's address (``getnameinfo``) when it connects,
+once a process, in its IPv4-mapped form (``::ffff:127.0.0.1``), which a hosts file's
+``127.0.0.1`` line does not match: where DNS does not answer, that first connect waits for the
+resolver's timeout (10 s by default). ``ddpkit doctor`` checks it; ``ddpkit.init`` names it
+when a rank's start was slow. Torch-free.
 """
 
 from __future__ import annotations

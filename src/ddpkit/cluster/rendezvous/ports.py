@@ -1,25 +1,14 @@
 """Rendezvous ports: a deterministic port per SLURM job/step, and a free port for one process.
 
-``port_for_job`` must give every rank of a job the same port without talking to anyone, and
-give different jobs sharing a node different ports. Schemes seen in the wild (``job_id % 1000``,
-the last four digits) alias jobs whose ids share their last digits (pytorch#126510,
-Lightning#18466); here the ids go through a cryptographic hash, so neighbouring or
-digit-sharing ids land on unrelated ports and collisions follow the birthday bound.
+``port_for_job`` gives every rank of a job the same port without talking to anyone, and jobs
+sharing a node different ones: the ids go through a cryptographic hash (``job_id % 1000``
+schemes alias neighbouring ids: pytorch#126510, Lightning#18466), into 10000-32767: above most
+registered service ports, below Linux's default ephemeral range.
 
-The range is 10000–32767: wide (22768 ports, so two random jobs on a node collide with
-probability ~1/22768), above the well-known and most registered service ports, and below
-Linux's default ephemeral range (``net.ipv4.ip_local_port_range`` = 32768–60999), where the
-kernel hands out ports for outgoing connections that could otherwise already occupy ours.
-
-A derived port can still be taken (k jobs on a node collide with probability about
-k²/45,000, and any other program may hold it), so a SLURM step does not bet on one port: its
-:class:`PortSearch` lists where rank 0 may host the store, in order. First the port SLURM
-reserved for the step (``SLURM_STEP_RESV_PORTS``, from ``srun --resv-ports`` on a cluster with
-``MpiParams=ports=``), which no other step on the node holds; then a short deterministic
-sequence derived from the job and step ids. Rank 0 takes the first one it can bind; the other
-ranks accept the first one whose store answers with the search's ``identity``
-(:mod:`ddpkit.worker.rendezvous.portsearch` does both, as it needs torch). :func:`step_search`
-builds that list, for ``ddpkit.init``'s master port and ``ddpkit run``'s c10d port alike.
+A derived port can still be taken, so a SLURM step searches a :class:`PortSearch`: the port
+SLURM reserved for the step (``SLURM_STEP_RESV_PORTS``), then a short deterministic sequence;
+rank 0 hosts on the first that binds, the others accept the first whose store answers with
+the search's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
 """
 
 from __future__ import annotations
@@ -54,22 +43,16 @@ CANDIDATE_COUNT = 8
 
 @dataclass(frozen=True)
 class PortSearch:
-    """Where rank 0 may host the rendezvous store, in order, and the identity it publishes.
-
-    ``identity`` names one run of one step (job, step, restart count), so the other ranks
-    tell this job's store from another job's or from a stale one left by an earlier run.
-    """
+    """Where rank 0 may host the rendezvous store, in order, and the identity it publishes:
+    one run of one step (job, step, restart count), told apart from another job's or a stale one."""
 
     identity: str
     ports: tuple[int, ...]
 
 
 def port_for_job(job_id: str, step_id: str | None = None) -> int:
-    """A port in [PORT_RANGE_START, PORT_RANGE_END] derived from the job (and step) id.
-
-    Deterministic across processes, machines and Python versions (never ``hash()``, which is
-    salted per process). Passing the step id gives concurrent steps of one job different ports.
-    """
+    """A port in [PORT_RANGE_START, PORT_RANGE_END] derived from the job (and step) id, the same
+    in every process and Python version (never the salted ``hash()``)."""
     job = str(job_id).strip()
     if not job:
         raise ConfigError(
@@ -106,12 +89,8 @@ def candidate_ports(
 
 
 def reserved_port(env: Mapping[str, str]) -> int | None:
-    """The first port SLURM reserved for this step (``SLURM_STEP_RESV_PORTS``), else None.
-
-    SLURM writes one port (``12001``), a range (``12003-12004``) or a list of them; every
-    task of the step gets the same value. Not used in a heterogeneous job, whose components'
-    tasks need not share one reservation: every rank must search the same list.
-    """
+    """The first port SLURM reserved for this step (``12001``, ``12003-12004`` or a list), else
+    None; None in a heterogeneous job, whose components need not share one reservation."""
     if "SLURM_HET_SIZE" in env:
         return None
     raw = env.get(RESV_PORTS_VAR)
@@ -128,11 +107,7 @@ def reserved_port(env: Mapping[str, str]) -> int | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (the kernel picks it by binding port 0).
-
-    Another process may take it before it is used; fine for a single process or a launcher
-    that hands it to its children at once.
-    """
+    """A TCP port on ``host`` that was free a moment ago (the kernel picks it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -144,11 +119,8 @@ def step_search(
     identity: str, job_id: str, step_id: str | None, env: Mapping[str, str]
 ) -> PortSearch:
     """The search of a SLURM step: its reserved port (if any), then the candidates of
-    (``job_id``, ``step_id``), without repeats.
-
-    Even a reserved port stays backed by the candidates: SLURM keeps it from other steps, not
-    from a program started outside srun.
-    """
+    (``job_id``, ``step_id``). SLURM keeps a reserved port from other steps only, not from a
+    program started outside srun: the candidates stay behind it."""
     derived = candidate_ports(job_id, step_id)
     reserved = reserved_port(env)
     ports = derived if reserved is None else (reserved, *(p for p in derived if p != reserved))

@@ -1,16 +1,10 @@
 """``python -m ddpkit.cluster.rendezvous.resv_ports``: the srun flag reserving a step's port.
 
-Job scripts rendered before 2026-11-27 put its output on their ``srun`` line (a requeued job
-runs its script as submitted, so it stays); newer ones ask ``scontrol`` in the shell by the same
-rule (:func:`ddpkit.cluster.slurmtools.config.has_port_range`; the tests hold the two to the same
-answers), without a Python start before the step. Where the cluster has a port range for
-reservations (``MpiParams=ports=`` in slurm.conf), it prints ``--resv-ports=1``: SLURM then
-gives the step a port that no other step on its nodes holds (``SLURM_STEP_RESV_PORTS``), and
-ddpkit hosts the rendezvous there (:mod:`ddpkit.cluster.rendezvous.ports`). Elsewhere it prints
-nothing, because srun refuses the flag without that range ("Requires more ports than can be
-reserved", SLURM 22.05), and the job falls back on the derived candidate ports. A failing
-``scontrol`` also prints nothing: the probe must never stop a job. Imports neither torch nor
-pydantic.
+Kept for job scripts rendered before 2026-11-27, which put its output on their ``srun`` line
+(a requeued job runs its script as submitted); newer ones ask ``scontrol`` in the shell by the
+same rule (:func:`ddpkit.cluster.slurmtools.config.has_port_range`). It prints
+``--resv-ports=1`` where the cluster has a port range for reservations (``MpiParams=ports=``),
+else nothing: srun refuses the flag without one, and the probe must never stop a job.
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """The store of a process group: which one each rank makes or reaches, every wait bounded.
 
-:mod:`ddpkit.worker.process_group` hands the store made here to
-``init_process_group(store=...)``, so ddpkit, not torch, decides where it listens
-(:func:`~ddpkit.worker.rendezvous.store.store_endpoint`) and bounds every wait of joining it:
+:mod:`ddpkit.worker.process_group` hands it to ``init_process_group(store=...)``, so ddpkit
+decides where it listens and bounds every wait of joining it: a world of one gets an
+in-process ``HashStore`` (nothing listens on the network); rank 0 hosts a ``TCPStore`` where
+:func:`~ddpkit.worker.rendezvous.store.store_endpoint` says (under torchrun's agent store the
+agent hosts it); a client connects with
+:func:`~ddpkit.worker.rendezvous.store.connect_client`. A SLURM step without MASTER_PORT
+searches its port (:mod:`ddpkit.worker.rendezvous.portsearch`).
 
-* a world of one gets an in-process ``HashStore``: nobody else has to meet it, so nothing
-  listens on the network for it (torch's ``tcp://``/``env://`` would host an unauthenticated
-  ``TCPStore`` on every interface);
-* rank 0 hosts a ``TCPStore`` on loopback when the job allows it, else on every interface;
-  under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) the agent hosts it and every rank is
-  a client, as torch's own ``env://`` would do;
-* a client first asks the store for torch's handshake with a socket of its own, bounded
-  (:func:`~ddpkit.worker.rendezvous.store.connect_client`), and makes torch's client only once
-  it answered: a late master is waited for, and a port held by something that is no store
-  ends as a one-line :class:`RendezvousError` naming address, port and launcher, never as a
-  wait past the connect timeout nor as pages of torch's retry traces.
-
-Before either, a rank whose open-files limit is below what the job's size needs raises it as far
-as the hard limit allows (:func:`fit_open_files`, :mod:`ddpkit.cluster.limits`): the store's host
-accepts two connections a rank, and gloo opens a socket per peer.
-
-A node's first rank whose store took :data:`SLOW_STORE_S` or more looks at the resolver once:
-torch's client names its socket's address when it connects, and where DNS does not answer
-that is 10 s at the first connect of every process; the warning names the hosts line to add
-(:mod:`ddpkit.cluster.rendezvous.lookup`).
-
-When the rank record carries a :class:`~ddpkit.cluster.rendezvous.ports.PortSearch` (a SLURM
-step without MASTER_PORT), rank 0 hosts on the first candidate it can bind and the others find
-it by the job's identity (:mod:`ddpkit.worker.rendezvous.portsearch`).
+Before that a rank raises its open-files limit to what the job's size needs
+(:mod:`ddpkit.cluster.limits`). A node's first rank whose store took :data:`SLOW_STORE_S` or
+more looks at the resolver once (:mod:`ddpkit.cluster.rendezvous.lookup`).
 """
 
 from __future__ import annotations
@@ -97,8 +80,7 @@ def make_store(
 
 
 def _warn_slow_lookup(info: RankInfo, took_s: float) -> None:
-    """One warning a node when a rank's store took long and the resolver is why: torch's client
-    names its socket's address when it connects (:mod:`ddpkit.cluster.rendezvous.lookup`)."""
+    """One warning a node when a rank's store took long and the resolver is why."""
     hint = slow_lookup_hint(info.master_addr)
     if hint is not None:
         text = f"ddpkit: rank {info.rank}'s rendezvous store took {took_s:.1f} s: {hint}"
@@ -123,7 +105,7 @@ def _make_store(
         return hosted, dataclasses.replace(info, master_port=port)
     if hosts:
         return _host(info, bind, timeout, env), info
-    return _connect(info, connect_timeout_s, timeout), info
+    return connect_client(info, connect_timeout_s, timeout), info
 
 
 def fit_open_files(info: RankInfo, *, hosts_store: bool) -> None:
@@ -175,8 +157,3 @@ def _host(info: RankInfo, bind: str | None, timeout: timedelta, env: Mapping[str
                 else "check that MASTER_ADDR names this host"
             ),
         ) from exc
-
-
-def _connect(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> Store:
-    """A client of the store (once it answered a bounded handshake)."""
-    return connect_client(info, connect_timeout_s, timeout)

@@ -1,28 +1,25 @@
 """The port search of a SLURM step without MASTER_PORT (and of ``ddpkit run``'s c10d port).
 
-A taken port does not end the job: :func:`host_store` hosts on the first candidate it can
-bind (listening where :func:`~ddpkit.worker.rendezvous.store.store_endpoint` says) and publishes the
-search's identity under :data:`IDENTITY_KEY`; :func:`find_store` tries the candidates in order
-and joins the first store that answers with that identity, skipping a port held by another
-job's store, by a stale store, or by a listener that is not a store at all (each asked with
-:func:`~ddpkit.worker.rendezvous.store.store_answers` first, bounded: torch's client would wait
-forever for a reply such a listener never sends). The candidates are
-:mod:`ddpkit.cluster.rendezvous.ports`'s.
+:func:`host_store` hosts on the first candidate that binds and publishes the search's identity
+under :data:`IDENTITY_KEY`; :func:`find_store` joins the first candidate whose store answers
+with it, skipping a port held by another job's store, a stale one, or a listener that is no
+store (asked with :func:`~ddpkit.worker.rendezvous.store.store_answers` first, bounded). The
+candidates are :mod:`ddpkit.cluster.rendezvous.ports`'s.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in __all__
 
 from ddpkit.cluster.rendezvous.ports import PortSearch
+from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
 from ddpkit.worker.rendezvous.store import (
-    CONNECT_TIMEOUT_VAR,
     NotAStore,
     host_tcp_store,
     is_taken,
@@ -48,13 +45,8 @@ def host_store(
     bind: str | None = None,
 ) -> tuple[TCPStore, int]:
     """Host the store on the first candidate port that binds; publish the search's identity.
-
-    ``multi_tenant``: a store torch later opens on the same port in this process (the c10d
-    rendezvous of ``ddpkit run``) shares this one's server instead of binding again.
-    ``share``: a taken port whose store answers with the identity (another process of the
-    same job on this node got there first) is joined as a client instead of skipped.
-    ``bind``: the one address to listen on (see :func:`store_endpoint`); None: every interface.
-    """
+    ``multi_tenant``: a store torch opens later on that port in this process shares its server;
+    ``share``: a taken port whose store answers with the identity is joined as a client."""
     taken: list[str] = []
     for port in search.ports:
         try:
@@ -96,30 +88,25 @@ def find_store(
     timeout: timedelta,
     *,
     who: str,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[TCPStore, int]:
-    """The first candidate on ``addr`` whose store answers with the search's identity.
-
-    Passes over the candidates until ``timeout_s`` runs out (the host may start later): a port
-    nobody listens on, another job's store, or a listener that is no store is skipped for this
-    pass. ``who`` names the caller in the error.
-    """
-    deadline = clock() + timeout_s
+    """The first candidate on ``addr`` whose store answers with the search's identity, passing
+    over the candidates until ``timeout_s`` runs out (the host may start later); ``who`` names
+    the caller in the error."""
+    deadline = time.monotonic() + timeout_s
     seen: dict[int, str] = {}
     delay_s = 0.1
     while True:
         for port in search.ports:
-            bound_s = min(_IDENTITY_BOUND_S, max(0.1, deadline - clock()))
+            bound_s = min(_IDENTITY_BOUND_S, max(0.1, deadline - time.monotonic()))
             store, answer = _ask_identity(addr, port, bound_s)
             if store is not None and answer == search.identity:
                 store.set_timeout(timeout)
                 return store, port
             seen[port] = f"the store of {answer}" if store is not None else answer
-        remaining = deadline - clock()
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _not_found(who, addr, search, timeout_s, seen)
-        sleep(min(delay_s, remaining))
+        time.sleep(min(delay_s, remaining))
         delay_s = min(2 * delay_s, 1.0)
 
 

@@ -1,32 +1,15 @@
 """Where a job's rendezvous store listens, and how each rank reaches it, every wait bounded.
 
-torch's ``TCPStore`` has no authentication: whoever reaches its port can read and write every
-key of the job (and so disturb or impersonate its ranks). ``ddpkit.init`` therefore gives a
-world of one no network store at all (an in-process ``HashStore``, see
-:mod:`ddpkit.worker.rendezvous.group`), and a larger world's store listens as narrowly as the job
-allows (:func:`store_endpoint`):
+torch's ``TCPStore`` has no authentication, so a store listens as narrowly as the job allows
+(:func:`store_endpoint`): on a loopback MASTER_ADDR, or when every rank is on one node, on
+loopback only; otherwise on every interface, as torch does. torch takes no bind address but a
+listening socket (``master_listen_fd``): made here.
 
-* MASTER_ADDR a loopback address (``127.0.0.1``, any ``127.x.y.z``, ``::1``, ``localhost``):
-  the store listens on that address only, and every rank connects there;
-* every rank on one node (the launcher's node count is 1): it listens on ``127.0.0.1`` and
-  every rank connects there, whatever MASTER_ADDR names;
-* otherwise on every interface, as torch does: the other nodes must reach it, and a host name
-  may resolve to a different address on each node.
-
-torch's ``TCPStore`` takes no bind address but a listening socket (``master_listen_fd``): made here.
-
-Connecting is bounded (:func:`connect_client`), with no thread: torch's client, against a
-listener that accepts and never answers, waits for the reply to its handshake with no bound at
-all, and against one that closes it retries and prints pages of C++ traces before its error.
-So a rank first asks the store itself, with a socket of its own and a timeout, for torch's
-handshake, which a TCPStore server answers (:func:`store_answers`,
-:func:`ddpkit.compat.store_ping`). Only a store that answered gets torch's client, in the
-rank's own thread; anything else ends, at the connect timeout, in a one-line
-:class:`RendezvousError` naming the address: nothing listens (a missing or crashed rank 0), or
-something that is no store holds the port.
-
-The peer watchdog's own client (:func:`own_connection`) is made here too. The port search of a
-SLURM step without MASTER_PORT is in :mod:`ddpkit.worker.rendezvous.portsearch`.
+Connecting is bounded (:func:`connect_client`), with no thread: torch's client waits forever
+for a listener that accepts and never answers, and prints pages of C++ retry traces against
+one that closes. So a rank first asks for torch's handshake with a socket of its own and a
+timeout (:func:`store_answers`); only a store that answered gets torch's client. Anything else
+ends, at the connect timeout, in a one-line :class:`RendezvousError` naming the address.
 """
 
 from __future__ import annotations
@@ -52,9 +35,7 @@ from ddpkit.contract import CONNECT_TIMEOUT_VAR
 from ddpkit.errors import RendezvousError
 
 __all__ = [
-    "CONNECT_TIMEOUT_VAR",
     "HANDSHAKE_MIN_S",
-    "NOT_A_STORE",
     "Connection",
     "NotAStore",
     "connect_client",
@@ -66,13 +47,11 @@ __all__ = [
     "store_address",
     "store_answers",
     "store_endpoint",
-    "try_connect",
 ]
 
 # The least time torch's client gets once the store answered: it answers in milliseconds (its
 # server thread needs no GIL), even when the wait for it used up the whole connect timeout.
 HANDSHAKE_MIN_S = 5.0
-NOT_A_STORE = "accepts connections but does not speak the TCPStore protocol"
 _LOOPBACK = "127.0.0.1"
 
 
@@ -80,11 +59,8 @@ _LOOPBACK = "127.0.0.1"
 
 
 def loopback_address(addr: str) -> str | None:
-    """The loopback address ``addr`` names (``localhost`` → ``127.0.0.1``), else None.
-
-    Host names other than ``localhost`` are not resolved: a name that resolves to loopback
-    here (a Debian ``127.0.1.1`` line) may resolve to the real address on the other nodes.
-    """
+    """The loopback address ``addr`` names (``localhost`` → ``127.0.0.1``), else None. Other
+    names are not resolved: one that is loopback here may not be on the other nodes."""
     text = addr.strip().strip("[]")
     if text.lower() == "localhost":
         return _LOOPBACK
@@ -96,30 +72,13 @@ def loopback_address(addr: str) -> str | None:
 
 def store_endpoint(info: RankInfo) -> tuple[str, str | None]:
     """(the address every rank connects to, the address rank 0 binds: None = every interface).
-
-    See the module docstring. ``num_nodes`` is the launcher's count, the same on every rank,
-    so every rank takes the same decision.
-    """
+    ``num_nodes`` is the launcher's count, the same on every rank: all decide alike."""
     loopback = loopback_address(info.master_addr)
     if loopback is not None:
         return loopback, loopback
     if info.num_nodes == 1:
         return _LOOPBACK, _LOOPBACK
     return info.master_addr, None
-
-
-def _listen_socket(bind: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        # As torch's own listener: a port left in TIME_WAIT by an earlier run is reusable.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind, port))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def host_tcp_store(
@@ -132,40 +91,34 @@ def host_tcp_store(
     multi_tenant: bool = False,
     use_libuv: bool = True,
 ) -> TCPStore:
-    """A store server on ``port`` (0: any free one), listening on ``bind`` only (None: on every
-    interface). ``addr`` is the address its own client and ``clone()`` connect to.
-
-    Raises ``OSError`` (``EADDRINUSE``) or torch's ``DistNetworkError`` when the port is taken.
-    Does not wait for the other ranks: they find the server when they connect.
-    """
-    if bind is None:
-        return TCPStore(
-            addr,
-            port,
-            world_size,
-            True,
-            timeout,
-            wait_for_workers=False,
-            multi_tenant=multi_tenant,
-            use_libuv=use_libuv,
-        )
-    sock = _listen_socket(bind, port)
+    """A store server on ``port`` (0: any free one), listening on ``bind`` only (None: every
+    interface); ``addr`` is where its own client connects. Raises ``OSError`` or
+    ``DistNetworkError`` when the port is taken; waits for no other rank."""
+    family = socket.AF_INET6 if bind is not None and ":" in bind else socket.AF_INET
+    sock = None if bind is None else socket.socket(family, socket.SOCK_STREAM)
     try:
+        if sock is not None:
+            # As torch's own listener: a port left in TIME_WAIT by an earlier run is reusable.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((bind, port))
+            sock.listen(socket.SOMAXCONN)
         store = TCPStore(
             addr,
-            sock.getsockname()[1],
+            port if sock is None else sock.getsockname()[1],
             world_size,
             True,
             timeout,
             wait_for_workers=False,
             multi_tenant=multi_tenant,
-            master_listen_fd=sock.fileno(),
+            master_listen_fd=None if sock is None else sock.fileno(),
             use_libuv=use_libuv,
         )
     except BaseException:
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise
-    sock.detach()  # the store's server owns the descriptor now and closes it
+    if sock is not None:
+        sock.detach()  # the store's server owns the descriptor now and closes it
     return store
 
 
@@ -176,49 +129,36 @@ def is_taken(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistNetworkError) and "EADDRINUSE" in str(exc)
 
 
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def try_connect(addr: str, port: int, timeout_s: float) -> OSError | None:
-    try:
-        # Leaving the block closes normally (FIN): torch's stores, libuv or classic, log nothing
-        # for that, whereas an abortive close (RST) makes the libuv store print a warning.
-        with socket.create_connection((addr, port), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        return exc
-    return None
-
-
-def probe_master(
-    info: RankInfo,
-    timeout_s: float,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    deadline: float | None = None,
-) -> None:
-    """Wait until ``info.master_addr:master_port`` accepts a TCP connection, or raise.
-
-    A missing or crashed rank 0 becomes a :class:`RendezvousError` naming the address instead
-    of a long silent wait inside torch (pytorch#118369, #116974). ``deadline`` (on ``clock``)
-    ends the wait sooner, when part of ``timeout_s`` (the one the error names) went before.
-    """
-    deadline = clock() + timeout_s if deadline is None else deadline
+def _retry(attempt: Callable[[float], None], timeout_s: float) -> None:
+    """Call ``attempt(bound_s)`` until it returns or ``timeout_s`` ran out (then re-raise its
+    last error), backing off from 0.1 s to 1 s between tries."""
+    deadline = time.monotonic() + timeout_s
     delay_s = 0.1
     while True:
-        error = try_connect(
-            info.master_addr, info.master_port, min(5.0, max(0.1, deadline - clock()))
-        )
-        if error is None:
-            return
-        remaining = deadline - clock()
-        if remaining <= 0:
-            raise _unreachable(info, timeout_s, error)
-        sleep(min(delay_s, remaining))
+        try:
+            return attempt(max(0.1, deadline - time.monotonic()))
+        except (OSError, NotAStore):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+        time.sleep(min(delay_s, remaining))
         delay_s = min(2 * delay_s, 1.0)
+
+
+def _accepts(addr: str, port: int, bound_s: float) -> None:
+    # Leaving the block closes normally (FIN): torch's stores log nothing for that, whereas an
+    # abortive close (RST) makes the libuv store print a warning.
+    with socket.create_connection((addr, port), timeout=min(5.0, bound_s)):
+        pass
+
+
+def probe_master(info: RankInfo, timeout_s: float) -> None:
+    """Wait until ``info.master_addr:master_port`` accepts a TCP connection, or raise a
+    :class:`RendezvousError` naming the address (a missing or crashed rank 0)."""
+    try:
+        _retry(lambda s: _accepts(info.master_addr, info.master_port, s), timeout_s)
+    except OSError as exc:
+        raise _unreachable(info, timeout_s, exc) from None
 
 
 def _unreachable(info: RankInfo, timeout_s: float, error: OSError) -> RendezvousError:
@@ -243,8 +183,7 @@ class NotAStore(Exception):
 def store_answers(addr: str, port: int, timeout_s: float) -> None:
     """Return once a TCPStore on ``addr:port`` has answered torch's handshake; raise the
     ``OSError`` of a connect that failed, or :class:`NotAStore` (a listener that closed, sent
-    something else, or said nothing within ``timeout_s``). Closed normally (FIN) afterwards:
-    torch's stores, libuv or classic, log nothing for that."""
+    something else, or said nothing within ``timeout_s``)."""
     hello, answer = compat.store_ping(os.getpid())
     with socket.create_connection((addr, port), timeout=timeout_s) as sock:
         got = b""
@@ -262,38 +201,26 @@ def store_answers(addr: str, port: int, timeout_s: float) -> None:
 
 def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> TCPStore:
     """This rank's client of the store at ``info.master_addr:master_port``, or a one-line
-    :class:`RendezvousError` naming the cause within ``connect_timeout_s`` (and the store's
-    answer to one more handshake, a few ms; see the module docstring).
-
-    The store is asked (:func:`store_answers`) until it answers, again and again while nothing
-    listens (a late rank 0: at least every second) or something else does; torch's client
-    connects afterwards, to a store that is up: it neither retries nor prints.
-    """
+    :class:`RendezvousError` naming the cause within ``connect_timeout_s`` (see the module
+    docstring): the store is asked until it answers; torch's client then neither retries
+    nor prints."""
     addr, port = info.master_addr, info.master_port
     deadline = time.monotonic() + connect_timeout_s
-    delay_s = 0.1
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            store_answers(addr, port, max(0.1, remaining))
-            break
-        except (OSError, NotAStore) as exc:
-            error = exc
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            if isinstance(error, NotAStore):
-                raise _not_a_store(info, error)
-            raise _unreachable(info, connect_timeout_s, error)
-        time.sleep(min(delay_s, remaining))
-        delay_s = min(2 * delay_s, 1.0)
+    try:
+        _retry(lambda s: store_answers(addr, port, s), connect_timeout_s)
+    except NotAStore as exc:
+        raise _not_a_store(info, exc) from None
+    except OSError as exc:
+        raise _unreachable(info, connect_timeout_s, exc) from None
     return _client(addr, port, max(HANDSHAKE_MIN_S, deadline - time.monotonic()), timeout)
 
 
 def _not_a_store(info: RankInfo, error: NotAStore) -> RendezvousError:
     addr, port = info.master_addr, info.master_port
     return RendezvousError(
-        f"rank {info.rank} (launcher {info.launcher}): something on {addr}:{port} {NOT_A_STORE} "
-        f"({_one_line(error)})",
+        f"rank {info.rank} (launcher {info.launcher}): something on {addr}:{port} accepts "
+        "connections but does not speak the TCPStore protocol "
+        f"({' '.join(str(error).split())[:200]})",
         hint=(
             f"another service holds port {port} on {addr}? (`ss -ltnp 'sport = :{port}'` "
             "there names it); give the job a free MASTER_PORT, or check rank 0's log in case it "
@@ -303,13 +230,8 @@ def _not_a_store(info: RankInfo, error: NotAStore) -> RendezvousError:
 
 
 def _client(addr: str, port: int, connect_s: float, timeout: timedelta) -> TCPStore:
-    """torch's client, retrying for ``connect_s``; ``timeout`` then for its operations.
-
-    Not given the world size: torch's client would then add to a check-in key (``init/``) that
-    only a host made with ``wait_for_workers=True`` reads. ddpkit's host waits on no key (the
-    group's forming is the barrier) and torchrun's agent store is past its own wait before any
-    worker starts: one round trip a rank at the store every rank shares, for nothing.
-    """
+    """torch's client, retrying for ``connect_s``; ``timeout`` then for its operations. No
+    world size: that adds a check-in key only a host with ``wait_for_workers=True`` reads."""
     client = TCPStore(addr, port, None, False, timedelta(seconds=connect_s))
     client.set_timeout(timeout)
     return client
