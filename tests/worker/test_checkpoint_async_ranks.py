@@ -358,6 +358,14 @@ def _guard_worker(
         raise AssertionError("never stopped")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # requeue_and_exit ignores it
+        # The DDP model goes before the group: torch's Reducer, freed after
+        # destroy_process_group(), holds the group's last reference and destroys it with the
+        # GIL held, joining gloo's worker threads, one of which may still be releasing the
+        # last collective's tensors and waits for the GIL: a deadlock (rank 1 hung here at
+        # the function's return, 1 run in ~40 under load; py-spy --native: ~Reducer ->
+        # ~ProcessGroupGloo -> thread::join against ~AsyncBroadcastWork -> decref_pyobject).
+        state.clear()
+        del model, optimizer
         ddpkit.shutdown()
 
 
