@@ -206,7 +206,9 @@ def _connect() -> tuple[SlurmCluster | None, str]:
     return cluster, ""
 
 
-_USABLE = {"idle", "mixed", "allocated", "completing"}
+# "planned": idle nodes the backfill scheduler has set aside for a pending job (Slurm 23.02+); a
+# worker that connects while another worker's job waits for them sees it (CI, stop 53).
+_USABLE = {"idle", "mixed", "allocated", "completing", "planned"}
 
 
 @pytest.fixture(scope="session")
