@@ -39,6 +39,7 @@ from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker import inflight
 from ddpkit.worker.agree import broadcast, describe, world
 from ddpkit.worker.checkpoint import collect, save_payload
+from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["PendingCheckpoint", "async_save_checkpoint", "snapshot", "wait_for_checkpoint"]
 
@@ -79,6 +80,7 @@ class PendingCheckpoint:
         return path
 
 
+@patient()  # the others wait while rank 0 copies the state, maybe minutes: not a hang
 def async_save_checkpoint(
     directory: str | os.PathLike[str],
     state: Mapping[str, Any],

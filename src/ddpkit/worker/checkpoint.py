@@ -96,6 +96,7 @@ _FORMAT = 3  # 3: the write order and the origin are in the file's name (2: in t
 _SHARDED_FORMAT = 4  # 3 with a sharded folder next to the file (older ddpkits refuse it)
 
 
+@patient()  # its waits are for disk writes and copies, maybe minutes: not hangs
 def save_checkpoint(
     directory: str | os.PathLike[str],
     state: Mapping[str, Any],
@@ -130,8 +131,7 @@ def save_checkpoint(
                 sharded.discard(shards)
     # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
     # everybody learns whether it is.
-    with patient():  # the others wait while rank 0 writes: maybe minutes, not a hang
-        outcome: _Failure = broadcast(world_size, describe(failure))
+    outcome: _Failure = broadcast(world_size, describe(failure))
     if outcome is not None:
         text, hint = outcome
         raise CheckpointError(
@@ -188,6 +188,7 @@ def collect(
     return payload
 
 
+@patient()  # its waits are for disk reads, maybe minutes: not hangs
 def load_checkpoint(
     directory: str | os.PathLike[str],
     state: MutableMapping[str, Any],

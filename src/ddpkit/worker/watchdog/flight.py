@@ -45,8 +45,8 @@ def recording(env: MutableMapping[str, str] | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def patient() -> Iterator[None]:
-    """Collectives inside wait for another rank's long solo work (rank 0 writing a checkpoint):
-    the hang watchdog uses the first bound meanwhile."""
+    """Collectives inside wait for another rank's long solo work (a checkpoint's copy, write or
+    read): the hang watchdog judges them by the first bound. Also a decorator."""
     with _PATIENT_LOCK:
         _PATIENT[0] += 1
     try:
@@ -70,6 +70,7 @@ class Flight:
         self._first_seen: dict[Key, float] = {}
         self._stale = self._opened()  # open before: a former group's, destroyed in flight
         self._retired: set[Key] = set()  # open by the status, retired by the entries
+        self._patient: set[Key] = set()  # seen open inside patient(): it keeps the first bound
         self._looked: Key | None = None
         self.past_first_step = False
 
@@ -93,22 +94,29 @@ class Flight:
         return entries is None or any(_in_flight(entry, status) for entry in entries)
 
     def waiting(self, now: float) -> tuple[float, bool] | None:
-        """(seconds, patient) of the collective open longest, or None when none is."""
+        """(seconds, patient) of the collective open longest, or None when none is. Patient:
+        inside :func:`patient` now, or that collective was seen open inside it (gloo records a
+        completion after the call returned: a wait that just ended can still look open)."""
         opened = self._opened() - self._stale
         self._retired &= opened
         seen = self._first_seen
         self._first_seen = {key: seen.get(key, now) for key in opened - self._retired}
+        if _PATIENT[0] > 0:
+            self._patient |= self._first_seen.keys()
+        self._patient &= self._first_seen.keys()
         if not self._first_seen:
             return None
-        return now - min(self._first_seen.values()), _PATIENT[0] > 0
+        oldest = min(self._first_seen, key=self._first_seen.__getitem__)
+        return now - self._first_seen[oldest], _PATIENT[0] > 0 or oldest in self._patient
 
-    def look(self, now: float) -> None:
-        """Read the entries once for the collective open longest: its age from its creation
-        time, whether it is retired after all, and the phase."""
+    def look(self, now: float, *, again: bool = False) -> None:
+        """Read the entries for the collective open longest: its age from its creation time,
+        whether it is retired after all, and the phase. Once per collective, unless ``again``
+        (before a report: it may have been retired since)."""
         if not self._first_seen:
             return
         key = min(self._first_seen, key=self._first_seen.__getitem__)
-        if key == self._looked:
+        if key == self._looked and not again:
             return
         self._looked = key
         entries, status = self._entries()

@@ -87,14 +87,17 @@ class HangWatch:
         waiting = self.flight.waiting(now)
         if waiting is None or waiting[0] < self.bounds.step_s:
             return None
-        self.flight.look(now)  # once per open collective: its age, the phase
-        waiting = self.flight.waiting(now)
-        if waiting is None:
-            return None
-        waited_s, patient = waiting
-        past = self.flight.past_first_step and not patient
-        if waited_s < self.bounds.bound(past):
-            return None
+        # once per open collective (its age, the phase); again before a report: its entry may
+        # be retired by now while the group's status still holds it open
+        for again in (False, True):
+            self.flight.look(now, again=again)
+            waiting = self.flight.waiting(now)
+            if waiting is None:
+                return None
+            waited_s, patient = waiting
+            past = self.flight.past_first_step and not patient
+            if waited_s < self.bounds.bound(past):
+                return None
         self._claimed = True
         if not self._link.call(self._link.claim_hang):
             return None  # another rank gathers; its report comes through the store
