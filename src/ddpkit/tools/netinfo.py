@@ -27,8 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpkit.cluster.rendezvous.lookup import name_lookups_s, route_to, torch_socket_address
-
 __all__ = [
     "Choice",
     "Interface",
@@ -36,11 +34,8 @@ __all__ = [
     "interface_of",
     "interfaces",
     "is_loopback",
-    "name_lookups_s",
     "nccl_choice",
     "resolve",
-    "route_to",
-    "torch_socket_address",
 ]
 
 _SIOCGIFADDR = 0x8915
