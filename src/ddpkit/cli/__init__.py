@@ -34,10 +34,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``ddpkit`` parser; each subcommand stores its handler as ``args.handler``.
-
-    ``command="run"`` builds ``ddpkit run``'s alone: the job commands' modules (records,
-    backends, the SLURM tools) cost every launch ~20 ms that torchrun does not pay. Any other
-    value, or None, builds every subcommand."""
+    ``command="run"`` builds ``ddpkit run``'s alone: a launch does not import the job
+    commands' modules, which torchrun does not pay for."""
     parser = argparse.ArgumentParser(
         prog="ddpkit",
         description="Distributed PyTorch training without the boilerplate.",
