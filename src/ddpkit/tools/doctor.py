@@ -2,11 +2,9 @@
 
 The steps, each within ``timeout_s``:
 
-1. Local, on every rank: the launcher's rank record (:func:`ddpkit.cluster.detect`, the
-   runtime's own checks: torchrun inside a multi-task srun step, a batch script without srun,
-   DDPKIT_EXPECTED_WORLD_SIZE), the master address, the interface gloo (and NCCL) would use,
-   the device choice, how fast the resolver names this host's address (torch's store client
-   asks when a process first connects), free space in the folders.
+1. Local, on every rank: the launcher's rank record (the runtime's own checks), the master
+   address, the interface gloo (and NCCL) would use, the device choice, how fast the resolver
+   names this host's address, free space in the folders, the limits that grow with the job.
 2. Meeting, through a TCP store as the runtime forms it (:mod:`.meeting`), where an
    unreachable master or a taken MASTER_PORT is a FAIL naming it. Each rank writes its facts;
    rank 0 polls until all arrived or the time is up, and names the ranks that never showed up.

@@ -1,7 +1,4 @@
-"""Network facts without torch: interfaces, the route to an address, the backends' choice.
-
-Interfaces come from ``socket.if_nameindex`` and ``/sys/class/net`` (flags, state), IPv4
-addresses from the ``SIOCGIFADDR`` ioctl and IPv6 ones from ``/proc/net/if_inet6`` (Linux).
+"""Network facts without torch (Linux): interfaces, addresses, the backends' choice.
 
 Which interface a backend would use, as the backends decide it:
 
