@@ -8,6 +8,7 @@ import pytest
 
 from ddpkit.cluster.limits import open_files_needed
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.rendezvous.lookup import route_to
 from ddpkit.tools import commtest, netinfo
 from ddpkit.tools.doctor_checks import (
     RankFacts,
@@ -173,7 +174,7 @@ def test_loopback_addresses() -> None:
 def test_this_hosts_interfaces_include_loopback() -> None:
     found = netinfo.interfaces()
     assert any(i.loopback and "127.0.0.1" in i.addresses for i in found)
-    assert netinfo.interface_of(netinfo.route_to("127.0.0.1") or "", found) == "lo"
+    assert netinfo.interface_of(route_to("127.0.0.1") or "", found) == "lo"
 
 
 @pytest.mark.parametrize(

@@ -5,18 +5,10 @@ This module owns the process-level contract of the CLI: exit codes and how error
 value), so tests can call it in-process. Importing it never imports torch: subcommands import
 their heavy parts only when they run, so ``ddpkit --help`` answers at once.
 
-Exit codes (a ``DdpkitError`` is printed as one line ``ddpkit: error: <message>``, without a
-traceback, and exits with its class's ``exit_code``, see :mod:`ddpkit.errors`):
-
-    0  success
-    1  another DdpkitError (CheckpointError, UsageError)
-    2  bad input only: argparse usage errors, ConfigError (NodelistError too), TopologyError
-    3  the rendezvous failed (RendezvousError)
-    4  the scheduler failed (SchedulerError: sbatch refused the job, squeue/sacct/scancel down)
-  130  interrupted (Ctrl-C), printed as one line ``ddpkit: interrupted``
-    *  otherwise what the subcommand returns (``ddpkit run``: the failed worker's exit code,
-       128 + N when it died of signal N, 75 when it stopped early with a checkpoint;
-       ``ddpkit doctor``: 1 when a check fails)
+A ``DdpkitError`` is printed as one line ``ddpkit: error: <message>``, without a traceback,
+and exits with its class's ``exit_code`` (:mod:`ddpkit.errors`); Ctrl-C prints
+``ddpkit: interrupted`` and exits 130; otherwise the code is the subcommand's. The table of
+exit codes is in docs/reference/cli.md.
 """
 
 from __future__ import annotations
@@ -34,10 +26,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``ddpkit`` parser; each subcommand stores its handler as ``args.handler``.
-
-    ``command="run"`` builds ``ddpkit run``'s alone: the job commands' modules (records,
-    backends, the SLURM tools) cost every launch ~20 ms that torchrun does not pay. Any other
-    value, or None, builds every subcommand."""
+    ``command="run"`` builds ``ddpkit run``'s alone: a launch does not import the job
+    commands' modules, which torchrun does not pay for."""
     parser = argparse.ArgumentParser(
         prog="ddpkit",
         description="Distributed PyTorch training without the boilerplate.",

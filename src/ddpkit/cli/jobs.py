@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -335,9 +336,7 @@ def describe_sweep(tasks: list[SweepTask]) -> str:
         ]
         for task in tasks
     ]
-    counts: dict[str, int] = {}
-    for task in tasks:
-        counts[task.status.state.name] = counts.get(task.status.state.name, 0) + 1
+    counts = Counter(task.status.state.name for task in tasks)
     summary = ", ".join(f"{count} {state}" for state, count in counts.items())
     table = format_table(["task", "state", "attempt", "run id", "run"], rows)
     return f"{table}\n# {len(tasks)} runs: {summary}"

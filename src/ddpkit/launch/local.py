@@ -1,13 +1,10 @@
 """The local launcher behind ``ddpkit run``: a ``RunConfig`` run by torch's elastic agent.
 
-* ``build_launch_config``: RunConfig -> torchrun argv -> torch's own parser and
-  ``config_from_args``, so every flag means what it means under torchrun; then ddpkit's
-  defaults on top (a rank prefix on every output line; in a SLURM job, which node hosts the
-  c10d store).
-* ``launch``: ``elastic_launch`` with torch's process-wide side effects (``os.environ``, signal
-  handlers) undone afterwards; SIGUSR1/SIGUSR2 passed on to the workers (:mod:`.relay`); the
-  workers tied to the launcher (:mod:`.deathsig`). It returns a ``LaunchOutcome``
-  (:mod:`.report`): the root cause of a failure instead of torch's ``ChildFailedError`` box.
+``build_launch_config`` goes through torch's own parser, so every flag means what it means
+under torchrun, then sets ddpkit's defaults. ``launch`` runs ``elastic_launch`` with torch's
+process-wide side effects (``os.environ``, signal handlers) undone afterwards, the signals
+passed on (:mod:`.relay`), the workers tied to the launcher (:mod:`.deathsig`), and returns a
+``LaunchOutcome`` (:mod:`.report`) instead of torch's ``ChildFailedError`` box.
 """
 
 from __future__ import annotations
@@ -78,10 +75,8 @@ HOST_MACRO = "${host}"
 
 
 def with_host(template: str) -> str:
-    """The prefix template with ``${host}`` (ddpkit's macro beside torch's ``${rank}``,
-    ``${local_rank}``, ``${role_name}``) replaced by this node's short host name: with many
-    nodes, which node a line came from. torch's own substitution leaves unknown macros alone,
-    so it is done here, once per launch."""
+    """The prefix template with ddpkit's ``${host}`` macro replaced by this node's short host
+    name (which node a line came from); torch's substitution leaves unknown macros alone."""
     if HOST_MACRO not in template:
         return template
     return template.replace(HOST_MACRO, socket.gethostname().split(".")[0])
@@ -121,8 +116,7 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
 
 
 def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
-    """c10d's store read timeout (torch: 60 s, which published runs outgrew at many nodes),
-    grown with the job by ddpkit's rule for start-up bounds
+    """c10d's store read timeout (torch: 60 s, too short at many nodes) grown with the job
     (:func:`~ddpkit.cluster.durations.scaled_bound`); a ``read_timeout`` given is kept."""
     if launch_config.rdzv_backend != "c10d" or "read_timeout" in dict(config.rdzv_conf):
         return
@@ -133,8 +127,7 @@ def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
 
 def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
     """``config`` with ``is_host`` in its rendezvous settings when the SLURM job's endpoint
-    says which node hosts the c10d store (see
-    ``ddpkit.cluster.rendezvous.endpoint.hosts_store``); an ``is_host`` the user gave wins."""
+    says which node hosts the c10d store (``hosts_store``); an ``is_host`` given wins."""
     if config.rdzv_backend != "c10d" or any(key == "is_host" for key, _ in config.rdzv_conf):
         return config
     hosts = hosts_store(env, config.rdzv_endpoint)
@@ -169,11 +162,9 @@ def launch(config: RunConfig) -> LaunchOutcome:
         os.environ.update(plan.worker_env)  # torch's agent hands os.environ to the workers
         if token is not None:  # marks the workers and what they start: see deathsig
             os.environ[deathsig.TOKEN_VAR] = token
-        # A store shared across restart rounds carries no attempt prefix: a restarted group
-        # could read the previous attempt's gloo addresses and hang. So each round gets its
-        # own, except in a one-node run of one round (plan.shared_store_bind), whose workers
-        # use the agent's store, up before them (benchmarks/why.yaml, launch). The user's
-        # setting wins.
+        # A store shared across restart rounds carries no attempt prefix (a restarted group
+        # could read the previous attempt's gloo addresses and hang): each round gets its own
+        # but in a one-node run of one round. The user's setting wins.
         if plan.shared_store_bind is None:
             os.environ.setdefault(_SHARED_RDZV_STORE_OPT_OUT, "1")
         # A taken rendezvous port is not the end of a SLURM job; `held` (the store this node
@@ -202,9 +193,8 @@ def launch(config: RunConfig) -> LaunchOutcome:
 
 def _leave_the_stop_signal_to_the_relay(launch_config: LaunchConfig) -> None:
     """Take the stop signal the ``ddpkit`` process holds out of torch's signals to handle
-    (``PET_SIGNALS_TO_HANDLE``): the relay passes it on, kept until the workers can take it
-    (:mod:`.relay`). Where the launcher's main thread does not block it (outside a ddpkit
-    job), torch's handler would otherwise shut the workers down on the arrivals it took."""
+    (``PET_SIGNALS_TO_HANDLE``): the relay passes it on (:mod:`.relay`), where torch's
+    handler would shut the workers down."""
     stop = stop_forward.held()
     if stop is None:
         return
@@ -247,10 +237,9 @@ def _environ_restored() -> Iterator[dict[str, str]]:
 
 @contextmanager
 def _signal_handlers(handled: str) -> Iterator[None]:
-    """While the block runs, SIGUSR1/SIGUSR2 sent to this process go to its children
-    (:func:`~ddpkit.cluster.stop.forward.forward_now`), but not the stop signal the ``ddpkit``
-    process holds: the relay thread passes that one on (:mod:`.relay`). Afterwards the handlers
-    of those and of torch's ``handled`` signals are put back (torch never puts ours back)."""
+    """While the block runs, SIGUSR1/SIGUSR2 (but the stop signal, which the relay passes on)
+    go to this process's children; afterwards the handlers of those and of torch's ``handled``
+    signals are put back (torch never puts ours back)."""
     stop = stop_forward.held()
     forwarded = [sig for sig in relay.FORWARDED if sig != stop]
     named = (getattr(signal, name.strip(), None) for name in handled.split(","))

@@ -1,14 +1,12 @@
 """The launcher's SIGUSR1/SIGUSR2, from its first line to its exit: passed on, never deadly.
 
-``ddpkit run`` passes SIGUSR1 and SIGUSR2 on to its workers; their default action would end
-the launcher while Python and torch start, between worker groups and while it tears down. So
-the ``ddpkit`` entry point calls :func:`hold` first thing, before anything heavy is imported:
+Their default action would end the launcher while Python and torch start, between worker
+groups and while it tears down, so the ``ddpkit`` entry point calls :func:`hold` first thing:
 
-* The stop signal (``DDPKIT_SIGNAL``, else SIGUSR2) is blocked, and relayed to the workers by
-  :mod:`ddpkit.cluster.stop.forward` once the command line is parsed
-  (:func:`relay_stop_signal`). In a ddpkit job it stays blocked, so the workers start with it
-  pending until they latch it; outside one it is unblocked again once the relay runs, and sent
-  only to workers that catch it: a worker is never killed by a signal sent to the launcher.
+* The stop signal (``DDPKIT_SIGNAL``, else SIGUSR2) is blocked, and relayed to the workers
+  once the command line is parsed (:func:`relay_stop_signal`): in a ddpkit job the workers
+  start with it pending until they latch it; outside one it is unblocked and sent only to
+  workers that catch it: a worker is never killed by a signal sent to the launcher.
 * The other one is sent to the running workers (none: dropped).
 
 Both are ignored from the atexit handlers on. On Windows the launcher holds nothing.
@@ -48,10 +46,8 @@ def hold(argv: Sequence[str], env: Mapping[str, str]) -> signal.Signals | None:
 
 
 def relay_stop_signal(env: Mapping[str, str]) -> None:
-    """Pass the stop signal on to the workers from now on; call it in the thread that will start
-    them. In a ddpkit job the signal stays blocked (the workers start with it blocked) and the
-    batch shell is told that the agent holds it; outside one it is unblocked once the relay
-    thread runs, so the workers start with the user's signal mask."""
+    """Pass the stop signal on to the workers from now on, from the thread that will start them
+    (see the module docstring); in a ddpkit job the batch shell is told the agent holds it."""
     in_job = signal_from_env(env)  # strict: a bad DDPKIT_SIGNAL is a ConfigError here
     stop = in_job or forward.held()
     if stop is None:

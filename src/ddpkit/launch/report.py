@@ -144,11 +144,11 @@ def _killed(failure: WorkerFailure) -> list[str]:
             "--tee/--redirects leave stderr out)"
         )
         return lines
-    tail = _log_tail(failure.stderr_log, _STDERR_TAIL_LINES)
+    tail = [line.rstrip() for line in _last_lines(failure.stderr_log) if line.strip()]
     if not tail:
         return [*lines, f"ddpkit: its stderr ({failure.stderr_log}) is empty"]
     lines.append(f"ddpkit: last lines of its stderr ({failure.stderr_log}):")
-    return lines + ["  " + line for line in tail]
+    return lines + ["  " + line for line in tail[-_STDERR_TAIL_LINES:]]
 
 
 def _signal_name(number: int) -> str | None:
@@ -180,11 +180,6 @@ def _last_lines(path: str) -> list[str]:
             return log.read().decode(errors="replace").splitlines()
     except OSError:
         return []
-
-
-def _log_tail(path: str, count: int) -> list[str]:
-    """The last ``count`` non-blank lines of a log."""
-    return [line.rstrip() for line in _last_lines(path) if line.strip()][-count:]
 
 
 def _why_no_traceback(failure: WorkerFailure) -> str:

@@ -1,25 +1,20 @@
 """The submitit task runner: the spec's command, run in each submitit task, with the stop
 signal held and passed on (:mod:`ddpkit.cluster.stop.hold`, as each srun task of an sbatch job).
 
-submitit's job side binds the stop signal to a handler that on rank 0 requeues the job at once,
-behind the command's back; :class:`RunCommand` replaces it by hold-and-forward, so the command's
-guard agrees, saves and requeues, and a command that ended with code 0 after the signal is not
-reported to submitit as a finished job (the requeued run will be). The command starts with the
-signal blocked (it stays pending until ``ddpkit.init()`` latches it), so neither SLURM's signal
-nor the forwarded one can kill it while Python and torch start; a command that does not call
-``ddpkit.init()`` but handles the signal itself must unblock it
-(``signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])``).
+submitit's own handler would requeue the job from rank 0 behind the command's back; here the
+command's guard agrees, saves and requeues, and a command that ended with code 0 after the
+signal is not reported to submitit as finished (the requeued run will be). The command starts
+with the signal blocked until ``ddpkit.init()`` latches it; one that handles the signal itself
+must unblock it (``signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])``).
 
-The submitit backend (:mod:`ddpkit.jobs.backends.submitit`) pickles a :class:`RunCommand` per task;
-it names this module by ``ddpkit.contract.SUBMITIT_TASK_MODULE`` (jobs/ imports nothing from
-launch/).
+The submitit backend pickles a :class:`RunCommand` per task and names this module by
+``ddpkit.contract.SUBMITIT_TASK_MODULE`` (jobs/ imports nothing from launch/).
 """
 
 from __future__ import annotations
 
 import shlex
 import subprocess
-import sys
 
 from ddpkit.cluster.stop.hold import run_holding
 
@@ -46,9 +41,8 @@ class RunCommand:
         if code != 0:
             raise subprocess.CalledProcessError(code, self.command)
         if signalled:
-            # The child's guard exits 0 once it has requeued the job: no result for submitit
-            # now (SystemExit is not an Exception there); the requeued run writes it.
+            # The guard requeued the job: no result for submitit now (SystemExit is not an
+            # Exception there); the requeued run writes it.
             print("ddpkit: stopped after the stop signal; the requeued job continues", flush=True)
-            sys.stdout.flush()
             raise SystemExit(0)
         return code

@@ -81,12 +81,9 @@ def _summary(
 ) -> Check:
     check = f"all_reduce {name}"
     if not correct:
-        return Check(
-            "FAIL",
-            check,
-            f"all_reduce over {info.world_size} ranks gave a wrong sum",
-            "a broken backend or mixed versions; run `ddpkit env` on each node",
-        )
+        wrong = f"all_reduce over {info.world_size} ranks gave a wrong sum"
+        hint = "a broken backend or mixed versions; run `ddpkit env` on each node"
+        return Check("FAIL", check, wrong, hint)
     socket_ref = references.get("socket_gbps")
     memcpy = references.get("memcpy_gbps") or 0
     head = (

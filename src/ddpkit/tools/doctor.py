@@ -2,17 +2,12 @@
 
 The steps, each within ``timeout_s``:
 
-1. Local, on every rank: the launcher's rank record (:func:`ddpkit.cluster.detect`, the
-   runtime's own checks: torchrun inside a multi-task srun step, a batch script without srun,
-   DDPKIT_EXPECTED_WORLD_SIZE), the master address, the interface gloo (and NCCL) would use,
-   the device choice, how fast the resolver names this host's address (torch's store client
-   asks when a process first connects), free space in the folders.
-2. Meeting, through a TCP store as the runtime forms it: rank 0 hosts it on MASTER_PORT (a
-   port already in use is a FAIL) or on the first free candidate of a SLURM step's port search;
-   the others probe the master first (:func:`~ddpkit.worker.rendezvous.store.probe_master`), so an
-   unreachable master is a FAIL naming it. Under ``ddpkit run`` / torchrun every rank uses the
-   agent's store instead. Each rank writes its facts; rank 0 polls until all arrived or the
-   time is up, and names the ranks that never showed up.
+1. Local, on every rank: the launcher's rank record (the runtime's own checks), the master
+   address, the interface gloo (and NCCL) would use, the device choice, how fast the resolver
+   names this host's address, free space in the folders, the limits that grow with the job.
+2. Meeting, through a TCP store as the runtime forms it (:mod:`.meeting`), where an
+   unreachable master or a taken MASTER_PORT is a FAIL naming it. Each rank writes its facts;
+   rank 0 polls until all arrived or the time is up, and names the ranks that never showed up.
 3. Across ranks, on rank 0: layout, versions, one GPU per rank, CUDA_VISIBLE_DEVICES. Rank 0
    publishes the verdict; every rank exits 1 when a check failed (its own, or rank 0's).
 4. Unless a check failed or ``comm=False``: the all_reduce sweep (:mod:`.commtest`) on gloo,
@@ -29,8 +24,7 @@ import json
 import os
 import shutil
 import socket
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,26 +32,12 @@ from typing import TYPE_CHECKING
 from ddpkit.cluster.detect import detect
 from ddpkit.cluster.limits import open_files, open_files_of
 from ddpkit.cluster.rankinfo import ANY_PORT, RankInfo
+from ddpkit.cluster.rendezvous.lookup import name_lookups_s, route_to, torch_socket_address
 from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.errors import DdpkitError
+from ddpkit.tools import doctor_checks as verdicts
 from ddpkit.tools import netinfo
-from ddpkit.tools.doctor_checks import (
-    Check,
-    RankFacts,
-    check_arrivals,
-    check_free_space,
-    check_gpus,
-    check_interface,
-    check_launcher_open_files,
-    check_layout,
-    check_listen_backlog,
-    check_master_address,
-    check_name_lookup,
-    check_open_files,
-    check_versions,
-    check_visible_devices,
-    from_error,
-)
+from ddpkit.tools.doctor_checks import Check, RankFacts, from_error
 from ddpkit.tools.doctor_report import DEFAULT_TIMEOUT_S, DoctorOptions, Report
 from ddpkit.worker.rendezvous import batched
 
@@ -66,7 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DoctorOptions", "Report", "run_doctor"]
 
-_POLL_S = 0.1
 _NAME_LOOKUPS = 4  # at once on every rank, as a node's ranks connect
 
 
@@ -97,39 +76,34 @@ def _launcher_checks(info: RankInfo) -> list[Check]:
         f"of {info.num_nodes}, master {info.master_addr}:{info.master_port or 'any'}"
     )
     if info.notes:
-        return [
-            Check(
-                "FAIL",
-                "launcher",
-                f"{detail}; {' '.join(info.notes)}",
-                "run the tasks with `srun ddpkit doctor`",
-            )
-        ]
+        noted = f"{detail}; {' '.join(info.notes)}"
+        return [Check("FAIL", "launcher", noted, "run the tasks with `srun ddpkit doctor`")]
     return [Check("PASS", "launcher", detail)]
 
 
 def _local_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions) -> list[Check]:
+    import torch
+
     found = netinfo.interfaces()
     resolved = netinfo.resolve(info.master_addr, min(5.0, options.timeout_s))
-    route = netinfo.route_to(resolved[0]) if resolved else None
+    route = route_to(resolved[0]) if resolved else None
     route_if = netinfo.interface_of(route, found) if route else None
     gloo = netinfo.gloo_choice(env, found, socket.gethostname())
     checks = [
-        check_master_address(info, resolved),
-        check_interface("gloo", gloo, info.num_nodes, route_if),
+        verdicts.check_master_address(info, resolved),
+        verdicts.check_interface("gloo", gloo, info.num_nodes, route_if),
         _device_check(info, env),
     ]
     if route is not None:
-        named = netinfo.torch_socket_address(route)
-        took = netinfo.name_lookups_s(named, _NAME_LOOKUPS, min(3.0, options.timeout_s))
-        checks.append(check_name_lookup(named, _NAME_LOOKUPS, took))
-    if _cuda():
-        checks.append(
-            check_interface("nccl", netinfo.nccl_choice(env, found), info.num_nodes, route_if)
-        )
+        named = torch_socket_address(route)
+        took = name_lookups_s(named, _NAME_LOOKUPS, min(3.0, options.timeout_s))
+        checks.append(verdicts.check_name_lookup(named, _NAME_LOOKUPS, took))
+    if torch.cuda.is_available():
+        nccl = netinfo.nccl_choice(env, found)
+        checks.append(verdicts.check_interface("nccl", nccl, info.num_nodes, route_if))
     folders = options.folders or (os.getcwd(),)
     free = {folder: _free_bytes(folder) for folder in folders}
-    checks.append(check_free_space(free, int(options.min_free_gb * 2**30)))
+    checks.append(verdicts.check_free_space(free, int(options.min_free_gb * 2**30)))
     return checks + _limit_checks(info, env, options)
 
 
@@ -142,12 +116,12 @@ def _limit_checks(info: RankInfo, env: Mapping[str, str], options: DoctorOptions
     world = options.world_size or info.world_size
     store_rank = info.rank == 0 and world > 1
     agent = store_rank and uses_agent_store(info, env)
-    checks = [check_open_files(world, *open_files(), hosts_store=store_rank and not agent)]
+    checks = [verdicts.check_open_files(world, *open_files(), hosts_store=store_rank and not agent)]
     launcher = os.getppid()
     if agent and (found := open_files_of(launcher)) is not None:
-        checks.append(check_launcher_open_files(world, launcher, *found))
+        checks.append(verdicts.check_launcher_open_files(world, launcher, *found))
     if store_rank:
-        checks.append(check_listen_backlog(world, _somaxconn()))
+        checks.append(verdicts.check_listen_backlog(world, _somaxconn()))
     return checks
 
 
@@ -169,26 +143,15 @@ def _free_bytes(folder: str) -> int | None:
         return None
 
 
-def _cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
 def _device_check(info: RankInfo, env: Mapping[str, str]) -> Check:
     import torch
 
     from ddpkit.cluster.devices import choose_device
 
     cuda = torch.cuda.is_available()
+    count, visible = torch.cuda.device_count() if cuda else 0, env.get("CUDA_VISIBLE_DEVICES")
     try:
-        device = choose_device(
-            info.local_rank,
-            info.local_world_size,
-            cuda,
-            torch.cuda.device_count() if cuda else 0,
-            env.get("CUDA_VISIBLE_DEVICES"),
-        )
+        device = choose_device(info.local_rank, info.local_world_size, cuda, count, visible)
     except DdpkitError as exc:
         return from_error("device", exc)
     return Check("PASS", "device", f"rank {info.rank} would compute on {device}")
@@ -229,16 +192,11 @@ def _together(
         ok = not any(c.status == "FAIL" for c in checks)
         met.store.set("verdict", "ok" if ok else "fail")
     else:
-        verdict = met.wait_for("verdict", 2 * options.timeout_s + 5)
+        bound_s = 2 * options.timeout_s + 5
+        verdict = met.wait_for("verdict", bound_s)
         if verdict is None:
-            checks.append(
-                Check(
-                    "FAIL",
-                    "verdict",
-                    f"rank 0 gave no verdict within {2 * options.timeout_s + 5:g} s",
-                    "see rank 0's output",
-                )
-            )
+            late = f"rank 0 gave no verdict within {bound_s:g} s"
+            checks.append(Check("FAIL", "verdict", late, "see rank 0's output"))
             return Report(info.rank, checks, [], {})
         ok = verdict == "ok"
         checks = [*checks, met.check] + (
@@ -255,17 +213,16 @@ def _together(
 def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check]:
     store = met.store
     keys = [f"facts/{r}" for r in range(info.world_size)]
-    # One store call per poll whatever the world size (a check per rank made rank 0's wait
-    # O(N) calls every 0.1 s), then a multi_get a slice of keys (batched); only a late rank
-    # costs a look at each key.
-    if _poll(lambda: int(store.add("arrivals", 0)), info.world_size, timeout_s):
+    # One counter polled, then a multi_get a slice of keys (batched): only a late rank costs
+    # a look at each key.
+    if met.count_reaches("arrivals", info.world_size, timeout_s):
         arrived = list(range(info.world_size))
     else:
         arrived = batched.present(store, keys)
     values = batched.multi_get(store, [keys[r] for r in arrived])
     facts = [RankFacts(**json.loads(value.decode())) for value in values]
     met.present = tuple(arrived)
-    checks = [check_arrivals(info.world_size, arrived, timeout_s)]
+    checks = [verdicts.check_arrivals(info.world_size, arrived, timeout_s)]
     for fact in facts[1:]:  # other ranks' own WARN/FAIL lines, named by rank
         checks += [
             Check(c["status"], f"rank {fact.rank} {c['name']}", c["detail"], c["hint"])
@@ -273,19 +230,9 @@ def _gather_checks(info: RankInfo, met: Meeting, timeout_s: float) -> list[Check
         ]
     if len(arrived) == info.world_size:
         checks += [
-            check_layout(info, facts),
-            check_versions(facts),
-            check_gpus(facts),
-            check_visible_devices(facts),
+            verdicts.check_layout(info, facts),
+            verdicts.check_versions(facts),
+            verdicts.check_gpus(facts),
+            verdicts.check_visible_devices(facts),
         ]
     return checks
-
-
-def _poll(count: Callable[[], int], world_size: int, timeout_s: float) -> bool:
-    """Whether ``count()`` reached ``world_size`` within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while count() < world_size:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_POLL_S)
-    return True

@@ -83,12 +83,8 @@ def check_master_address(info: RankInfo, resolved: Sequence[str]) -> Check:
     """MASTER_ADDR resolves, and is not loopback when the job spans several nodes."""
     addr = info.master_addr
     if not resolved:
-        return Check(
-            "FAIL",
-            "master address",
-            f"MASTER_ADDR={addr} does not resolve",
-            "check the spelling, or use rank 0's IP address",
-        )
+        hint = "check the spelling, or use rank 0's IP address"
+        return Check("FAIL", "master address", f"MASTER_ADDR={addr} does not resolve", hint)
     if info.num_nodes > 1 and (is_loopback(addr) or all(is_loopback(a) for a in resolved)):
         return Check(
             "FAIL",
@@ -144,25 +140,15 @@ def check_layout(info: RankInfo, facts: Sequence[RankFacts]) -> Check:
         "task per process, never both"
     )
     if len(per_node) != info.num_nodes:
-        return Check(
-            "FAIL",
-            "layout",
-            f"{len(per_node)} nodes host ranks ({counts}) but the launcher says {info.num_nodes}",
-            hint,
-        )
+        nodes = len(per_node)
+        wrong = f"{nodes} nodes host ranks ({counts}) but the launcher says {info.num_nodes}"
+        return Check("FAIL", "layout", wrong, hint)
     for node, ranks in per_node.items():
         if len(ranks) != ranks[0].local_world_size:
-            return Check(
-                "FAIL",
-                "layout",
-                f"{len(ranks)} ranks on {node} but LOCAL_WORLD_SIZE={ranks[0].local_world_size}",
-                hint,
-            )
-    return Check(
-        "PASS",
-        "layout",
-        f"{info.world_size} ranks on {info.num_nodes} node(s) ({counts}), launcher {info.launcher}",
-    )
+            wrong = f"{len(ranks)} ranks on {node} but LOCAL_WORLD_SIZE={ranks[0].local_world_size}"
+            return Check("FAIL", "layout", wrong, hint)
+    where = f"{info.num_nodes} node(s) ({counts}), launcher {info.launcher}"
+    return Check("PASS", "layout", f"{info.world_size} ranks on {where}")
 
 
 def check_versions(facts: Sequence[RankFacts]) -> Check:
@@ -173,12 +159,8 @@ def check_versions(facts: Sequence[RankFacts]) -> Check:
             seen.setdefault(value, []).append(fact.rank)
         if len(seen) > 1:
             shown = "; ".join(f"{v}: ranks {_ranks(r)}" for v, r in seen.items())
-            return Check(
-                "FAIL",
-                "versions",
-                f"{what} differs between ranks ({shown})",
-                "use one environment (venv / module) on every node",
-            )
+            hint = "use one environment (venv / module) on every node"
+            return Check("FAIL", "versions", f"{what} differs between ranks ({shown})", hint)
     nccl = facts[0].nccl if facts else None
     torch = facts[0].torch if facts else "?"
     return Check(
@@ -231,20 +213,13 @@ def check_free_space(folders: Mapping[str, int | None], min_free_bytes: int) -> 
     shown = []
     for folder, free in folders.items():
         if free is None:
-            return Check(
-                "WARN",
-                "free space",
-                f"{folder}: cannot be examined",
-                "create it, or pass the folder your job writes to with --dir",
-            )
+            hint = "create it, or pass the folder your job writes to with --dir"
+            return Check("WARN", "free space", f"{folder}: cannot be examined", hint)
         shown.append(f"{folder} {free / 2**30:.1f} GiB")
         if free < min_free_bytes:
-            return Check(
-                "FAIL",
-                "free space",
-                f"{folder} has {free / 2**30:.2f} GiB free, under {min_free_bytes / 2**30:g} GiB",
-                "free space, or write logs and checkpoints elsewhere",
-            )
+            low = f"{folder} has {free / 2**30:.2f} GiB free, under {min_free_bytes / 2**30:g} GiB"
+            hint = "free space, or write logs and checkpoints elsewhere"
+            return Check("FAIL", "free space", low, hint)
     return Check("PASS", "free space", ", ".join(shown))
 
 
@@ -287,12 +262,9 @@ def check_listen_backlog(world_size: int, somaxconn: int | None) -> Check:
     below the world size, the connects of a job's start overflow it and the dropped ones are
     retried only after the kernel's SYN back-off (1 s, 3 s, 7 s ...)."""
     if somaxconn is None:
-        return Check(
-            "WARN",
-            "listen backlog",
-            "net.core.somaxconn cannot be read: the store's listen queue is unknown",
-            "check /proc/sys/net/core/somaxconn on the node of rank 0",
-        )
+        unknown = "net.core.somaxconn cannot be read: the store's listen queue is unknown"
+        hint = "check /proc/sys/net/core/somaxconn on the node of rank 0"
+        return Check("WARN", "listen backlog", unknown, hint)
     if somaxconn >= world_size:
         return Check(
             "PASS", "listen backlog", f"net.core.somaxconn {somaxconn} >= {world_size} ranks"
@@ -307,11 +279,10 @@ def check_listen_backlog(world_size: int, somaxconn: int | None) -> Check:
 
 
 def check_name_lookup(address: str, count: int, took_s: float) -> Check:
-    """torch's store client names its socket's address (a reverse lookup) when a process first
-    connects, and keeps the answer: every rank's first connect (rank 0's store host too) waits
-    for the resolver. Where DNS does not answer (an air-gapped cluster, a container's resolver),
-    that is its timeout (5 s, twice, by default), and torch only warns "The hostname of the
-    client socket cannot be retrieved"; where it drops queries under load, ranks wait in turn."""
+    """torch's store client names its socket's address (a reverse lookup) on a process's first
+    connect: where DNS does not answer (air-gapped, a container's resolver) every rank waits
+    for its timeout, and torch only warns "The hostname of the client socket cannot be
+    retrieved"."""
     what = f"{count} reverse lookups of {address} at once (torch's store client makes one)"
     if took_s < SLOW_LOOKUP_S:
         return Check("PASS", "name lookup", f"{what}: answered in {1e3 * took_s:.0f} ms")

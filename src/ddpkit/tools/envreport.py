@@ -1,14 +1,9 @@
 """``ddpkit env``: one report of the distributed setup, to paste into a bug.
 
-Sections: versions (``importlib.metadata``, no import), GPUs (``nvidia-smi`` or
-``/proc/driver/nvidia``, no torch), the launcher ddpkit detects and its rank record, the
-relevant variables masked by :mod:`ddpkit.masking`'s rule, the network (interfaces,
-the route to MASTER_ADDR, what gloo and NCCL would use) and, only unless ``torch=False``, the
-backends as torch sees them (CUDA build, devices, NCCL version, gloo/NCCL/MPI availability):
-the one section that needs ``import torch`` (about a second). Every string of the report goes
-through :func:`~ddpkit.masking.mask_text` too (a MASTER_ADDR or an error message may
-quote a URL with its password), and the text form escapes control characters, so one value is
-one line.
+Versions, GPUs, the launcher's rank record, the relevant variables, the network and (unless
+``torch=False``) the backends: the one section that imports torch. Every string goes through
+:mod:`ddpkit.masking` (a MASTER_ADDR or an error message may quote a URL with its password),
+and the text form escapes control characters, so one value is one line.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.cluster.detect import detect
+from ddpkit.cluster.rendezvous.lookup import route_to
 from ddpkit.errors import DdpkitError
 from ddpkit.masking import MASKED, mask, mask_tree, printable
 from ddpkit.tools import netinfo
@@ -124,7 +120,7 @@ def _network(env: Mapping[str, str], hostname: str) -> dict[str, Any]:
     route: dict[str, Any] | None = None
     if master:
         addresses = netinfo.resolve(master)
-        local = netinfo.route_to(addresses[0]) if addresses else None
+        local = route_to(addresses[0]) if addresses else None
         route = {
             "master_addr": master,
             "resolves_to": addresses,

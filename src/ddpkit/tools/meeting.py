@@ -31,6 +31,7 @@ from ddpkit.worker.rendezvous.store import probe_master
 __all__ = ["Meeting", "meet"]
 
 _PREFIX = "ddpkit-doctor"
+_POLL_S = 0.1
 
 
 @dataclass
@@ -49,13 +50,9 @@ class Meeting:
         """The value of ``key`` once set, or None when it is not set within ``timeout_s``.
 
         One wait the store answers when ``key`` is set, as torch's own store barrier waits:
-        every rank but 0 waits here for the verdict, and a check of each every 0.1 s was 10
-        store calls a second a rank on rank 0's one store thread (40,950 at 4,096 ranks, more
-        than it serves), for as long as rank 0 waited for the last rank to arrive. The wait is
-        in torch's C++ code: a Ctrl-C reaches this rank when it ends, at the bound or at once
-        when rank 0 leaves (its store closes; an interrupted rank 0 does not wait for the
-        others, see :meth:`store_closing`). Launchers end it sooner: torchrun's agent and
-        ``ddpkit run`` SIGTERM their workers, srun kills on a second Ctrl-C.
+        polling each rank's verdict would flood rank 0's one store thread at many ranks. The
+        wait is in torch's C++ code: a Ctrl-C reaches this rank when it ends, at the bound or
+        at once when rank 0 leaves (its store closes, see :meth:`store_closing`).
         """
         try:
             self.store.wait([key], timedelta(seconds=max(timeout_s, 0.001)))
@@ -63,6 +60,16 @@ class Meeting:
             if not self.store.check([key]):  # (or set just as it ran out)
                 return None
         return self.store.get(key).decode()
+
+    def count_reaches(self, key: str, target: int, timeout_s: float) -> bool:
+        """Whether the counter ``key`` reaches ``target`` within ``timeout_s``: one store call
+        a poll, whatever the world size."""
+        deadline = time.monotonic() + timeout_s
+        while int(self.store.add(key, 0)) < target:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+        return True
 
     @contextmanager
     def store_closing(self) -> Iterator[None]:
@@ -74,15 +81,10 @@ class Meeting:
             finished = True
         finally:
             try:
-                done = int(self.store.add("done", 1))  # one call a poll, whatever the size
+                self.store.add("done", 1)
                 if self.rank == 0 and finished:
-                    deadline = time.monotonic() + self.timeout_s
                     present = self.world_size if self.present is None else len(self.present)
-                    while done < present:
-                        if time.monotonic() >= deadline:
-                            break
-                        time.sleep(0.1)
-                        done = int(self.store.add("done", 0))
+                    self.count_reaches("done", present, self.timeout_s)
             except (RuntimeError, dist.DistError):  # the host went away: nothing left to wait for
                 pass
 

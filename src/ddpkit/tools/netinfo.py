@@ -1,7 +1,4 @@
-"""Network facts without torch: interfaces, the route to an address, the backends' choice.
-
-Interfaces come from ``socket.if_nameindex`` and ``/sys/class/net`` (flags, state), IPv4
-addresses from the ``SIOCGIFADDR`` ioctl and IPv6 ones from ``/proc/net/if_inet6`` (Linux).
+"""Network facts without torch (Linux): interfaces, addresses, the backends' choice.
 
 Which interface a backend would use, as the backends decide it:
 
@@ -27,8 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpkit.cluster.rendezvous.lookup import name_lookups_s, route_to, torch_socket_address
-
 __all__ = [
     "Choice",
     "Interface",
@@ -36,11 +31,8 @@ __all__ = [
     "interface_of",
     "interfaces",
     "is_loopback",
-    "name_lookups_s",
     "nccl_choice",
     "resolve",
-    "route_to",
-    "torch_socket_address",
 ]
 
 _SIOCGIFADDR = 0x8915
