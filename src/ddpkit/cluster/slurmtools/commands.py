@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ddpkit.cluster.slurmtools.query import NOT_FOUND, is_job_id, parse_job_id, query_state
+from ddpkit.cluster.slurmtools.query import NOT_FOUND, is_job_id, parse_job_id
 from ddpkit.cluster.slurmtools.runner import (
     Runner,
     SlurmError,
@@ -22,7 +22,7 @@ from ddpkit.cluster.slurmtools.runner import (
 from ddpkit.cluster.slurmtools.states import JobStatus
 from ddpkit.errors import ConfigError
 
-__all__ = ["cancel", "poll_until_finished", "requeue", "submit_script", "wait"]
+__all__ = ["cancel", "poll_until_finished", "requeue", "submit_script"]
 
 
 def submit_script(
@@ -98,27 +98,6 @@ def requeue(
         output = " ".join((done.stderr or done.stdout).split())[:300]
         return f"{shlex.join(argv)} failed with exit code {done.returncode}: {output}"
     return None
-
-
-def wait(
-    job_id: str | int,
-    timeout_s: float,
-    poll_s: float = 1.0,
-    *,
-    runner: Runner = subprocess_runner,
-    env: Mapping[str, str] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> JobStatus:
-    """Poll :func:`query_state` every ``poll_s`` until the job is finished; its final status."""
-    return poll_until_finished(
-        lambda: query_state(job_id, runner=runner, env=env),
-        str(job_id),
-        timeout_s,
-        poll_s,
-        clock=clock,
-        sleep=sleep,
-    )
 
 
 def poll_until_finished(
