@@ -29,6 +29,7 @@ __all__ = [
     "parse_int",
     "parse_port",
     "require_int",
+    "require_set",
     "to_float",
     "to_int",
 ]
@@ -40,6 +41,14 @@ def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] |
         if name in env:
             return name, env[name]
     return None
+
+
+def require_set(env: Mapping[str, str], names: Sequence[str], *, hint: str) -> tuple[str, str]:
+    """:func:`first_set`, or a ConfigError naming every one of ``names`` when none is set."""
+    found = first_set(env, names)
+    if found is None:
+        raise ConfigError(f"{' / '.join(names)} is not set", hint=hint)
+    return found
 
 
 # ASCII digits only: int() would also accept "1_000", "٣" or surrounding whitespace.
@@ -98,13 +107,8 @@ def env_bool(env: Mapping[str, str], name: str, *, hint: str) -> bool | None:
 
 def require_int(env: Mapping[str, str], names: str | Sequence[str], *, hint: str) -> int:
     """The integer in the first of ``names`` that is set; ConfigError naming them all if none."""
-    candidates = [names] if isinstance(names, str) else list(names)
-    for name in candidates:
-        value = env_int(env, name, hint=hint)
-        if value is not None:
-            return value
-    shown = " / ".join(candidates)
-    raise ConfigError(f"{shown} is not set", hint=hint)
+    name, value = require_set(env, [names] if isinstance(names, str) else names, hint=hint)
+    return parse_int(name, value, hint=hint)
 
 
 def parse_port(name: str, value: str) -> int:

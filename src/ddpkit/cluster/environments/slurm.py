@@ -21,7 +21,14 @@ from ddpkit.cluster import validate
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.single import single_rank_info
 from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
-from ddpkit.cluster.envvars import env_int, first_set, master_from_env, parse_int, require_int
+from ddpkit.cluster.envvars import (
+    env_int,
+    first_set,
+    master_from_env,
+    parse_int,
+    require_int,
+    require_set,
+)
 from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_host
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
 from ddpkit.cluster.rendezvous.ports import PortSearch, step_search
@@ -76,10 +83,7 @@ def _first_set(env: Mapping[str, str], field: str) -> tuple[str, str] | None:
 
 
 def _require(env: Mapping[str, str], field: str) -> tuple[str, str]:
-    found = _first_set(env, field)
-    if found is None:
-        raise ConfigError(f"{' / '.join(_VARS[field])} is not set", hint=_HINT)
-    return found
+    return require_set(env, _VARS[field], hint=_HINT)
 
 
 def in_slurm_step(env: Mapping[str, str]) -> bool:
