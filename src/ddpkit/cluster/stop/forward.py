@@ -1,38 +1,26 @@
 """Hold-and-forward: a process that blocks the stop signal and passes it on to its children.
 
-The one implementation behind the three processes that stand between SLURM and a worker: each
-srun task's holder (:mod:`.hold`, in sbatch jobs), submitit's task runner
-(:mod:`ddpkit.launch.submitit_task`) and the ``ddpkit run`` launcher (:mod:`ddpkit.launch.relay`).
+The one implementation behind the three processes between SLURM and a worker: each srun task's
+holder (:mod:`.hold`, in sbatch jobs), submitit's task runner (:mod:`ddpkit.launch.submitit_task`)
+and the ``ddpkit run`` launcher (:mod:`ddpkit.launch.relay`).
 
-* :func:`block` blocks the stop signal in the calling thread and so in every thread and process
-  it starts from then on: one that comes waits, pending, and nothing dies of it. A child started
-  while it is blocked starts with it blocked, so it stays pending there until ``ddpkit.init()``
-  or ``preemption_guard()`` latches it (a command that handles it itself must unblock it).
-* The relay thread (:func:`start`) takes each arrival and sends it to the children (this
-  process's, less the zombies and the helpers it names with :func:`not_a_worker`); one that
-  finds no child running (before it starts, between two groups of ``--max-restarts``) is kept,
-  and sent to the next children as soon as they exist. :func:`arrivals` counts them.
-* ``catching_only`` (:func:`start`; ``ddpkit run`` outside a ddpkit job, whose workers must get
-  what they would get under torchrun): :func:`release` then unblocks the signal again in the
-  thread that starts the children (unless :func:`block` found it blocked), so they start with
-  the signal mask the process was started with, and a script's own handler runs when the signal
-  is sent to it. The handler hands an arrival a thread other than the relay's takes to the relay
-  thread (``pthread_kill``) as soon as the main thread runs Python again: at once, or once the
-  call it is in returns (a rendezvous wait); nothing is lost meanwhile. The relay sends an
-  arrival only to the children that catch the signal (its bit in ``SigCgt`` of
-  ``/proc/<pid>/status``: a latch, or the script's own handler), for the others would die of it:
-  it is owed to each child running when it came (none: to the next ones, once two looks in a row
-  find the same children, a whole group), and each gets it as soon as it catches it; a child
-  that ends owing it drops it. Cost: while an arrival is owed, the relay reads each owing
-  child's status file (tens of microseconds) every 50 ms at first, backing off to every 0.5 s
-  within a second of nothing changing: a child that never catches it (a script without a guard)
-  costs two such reads a second for the rest of its life. While an arrival waits for children to
-  exist, the relay scans ``/proc`` (every process's ``stat``: a few ms on a busy node) as often,
-  backing off the same way.
+* :func:`block` blocks the stop signal in the calling thread, and so in every thread and process
+  it starts from then on: an arrival waits, pending, and nothing dies of it; a child keeps it
+  pending until ``ddpkit.init()`` or ``preemption_guard()`` latches it.
+* The relay thread (:func:`start`) sends each arrival to the workers (this process's children,
+  less zombies and the helpers named with :func:`not_a_worker`); with none running (before they
+  start, between two groups of ``--max-restarts``) it keeps it for the next ones.
+* ``catching_only`` (``ddpkit run`` outside a ddpkit job, whose workers must get what they would
+  get under torchrun): :func:`release` gives the thread that starts the children its original
+  mask back, and an arrival goes only to the children that catch the signal (its bit in
+  ``SigCgt`` of ``/proc/<pid>/status``), for the others would die of it. It is owed to each
+  child running when it came (none: to the next group, once two looks in a row find the same
+  children) and sent as soon as the child catches it. An arrival another thread takes reaches
+  the relay through :func:`block`'s handler. While an arrival is kept or owed the relay looks
+  every 50 ms, backing off to every 0.5 s while nothing changes.
 
-This module imports nothing but the standard library and :mod:`.signals`: the launcher runs it
-from its first line. Children are found in ``/proc``: elsewhere than on Linux a holder holds
-the signal (it does not die of it) but passes nothing on.
+Standard library only: the launcher runs it from its first line. Children are found in
+``/proc``: elsewhere than on Linux a holder holds the signal but passes nothing on.
 """
 
 from __future__ import annotations
@@ -264,7 +252,7 @@ def _send(signum: int, pids: Iterable[int]) -> bool:
     return sent
 
 
-def ignore_at_exit(signals: list[signal.Signals]) -> None:
+def ignore_at_exit(signals: Iterable[int]) -> None:
     """Ignore ``signals`` (an atexit handler: finalization would restore their default action
     while torch tears down)."""
     for sig in signals:
