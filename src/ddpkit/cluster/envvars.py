@@ -2,14 +2,11 @@
 the one reading of a number a user typed (a variable or a flag).
 
 Numbers are ASCII: :func:`to_int` and :func:`to_float` accept the digits 0-9 only, where
-``int()`` and ``float()`` also take ``"３"`` (full-width), ``"٣"`` (Arabic-Indic), ``"1_000"``
-and surrounding blanks, and ``str.isdigit()`` takes ``"²"``, which ``int()`` then rejects with
-a traceback. A port or a rank written in another script's digits is a typo to report, not a
-value to guess. Every integer variable goes through :func:`parse_int`, so a bad value always
-produces the same one-line ``ConfigError`` naming the variable and its value (with
-:func:`number_hint`'s note when it holds a non-ASCII digit); :func:`first_set` is the one
-lookup of "the first of these variables that is set" (step-level before job-level SLURM
-variables, say).
+``int()`` also takes ``"３"``, ``"٣"``, ``"1_000"`` and surrounding blanks (and
+``str.isdigit()`` takes ``"²"``, which ``int()`` then rejects with a traceback): a number in
+another script's digits is a typo to report, not a value to guess. Every integer variable goes
+through :func:`parse_int`, so a bad value is always the same one-line ``ConfigError`` naming
+the variable and its value.
 """
 
 from __future__ import annotations

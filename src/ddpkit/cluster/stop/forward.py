@@ -101,12 +101,8 @@ def arrivals() -> int:
 def start(stop: signal.Signals, *, catching_only: bool = False) -> bool:
     """Start the relay thread for ``stop`` (once per process); ``stop`` must be blocked in
     this thread already, so that the relay thread inherits the block, as sigwait needs.
-
-    ``catching_only``: send an arrival only to the workers that catch ``stop``, keeping it for
-    each of the others until it does (see the module docstring); for a process whose children
-    must start with the signal as it was given (``ddpkit run`` outside a ddpkit job), which
-    then calls :func:`release`. Returns whether the relay thread (this one, or one started
-    before) sends only to workers that catch it."""
+    ``catching_only``: see the module docstring; the caller then calls :func:`release`.
+    Whether the relay thread (this one, or one started before) sends only to those."""
     if _STATE.relay is None:
         _STATE.catching_only = catching_only
         _STATE.relay = threading.Thread(
@@ -117,11 +113,9 @@ def start(stop: signal.Signals, *, catching_only: bool = False) -> bool:
 
 
 def release(stop: signal.Signals) -> None:
-    """Once the relay thread runs, sending only to workers that catch ``stop``: put ``stop``
-    in this thread's mask back as :func:`block` found it, so the children this thread starts
-    from now on start with the mask this process started with. An arrival this thread takes
-    goes to the relay thread at once (:func:`block`'s handler); from the atexit handlers on it
-    is ignored, since Python's finalization would restore its default action."""
+    """With a ``catching_only`` relay: put ``stop`` in this thread's mask back as :func:`block`
+    found it, so the children it starts get the mask this process started with; ``stop`` is
+    ignored from the atexit handlers on (finalization would restore its default action)."""
     if _STATE.relay is None or not _STATE.catching_only:
         raise RuntimeError("release() needs a relay thread started with catching_only")
     if not _STATE.blocked_before:
@@ -227,12 +221,9 @@ def _keep(signum: int, frame: FrameType | None) -> None:
 def forward_now(signum: int, frame: FrameType | None) -> None:
     """A handler passing ``signum`` on to the running children at once (none: dropped).
 
-    Not re-entered for one signal: an arrival while a forward of that signal runs (Python
-    runs a handler between any two bytecodes, this one's too) joins it, as the kernel merges a
-    standard signal already pending; another signal is still passed on. Re-entered, a storm of
-    arrivals faster than one scan of /proc nested handler in handler until a RecursionError
-    ended the launcher (a SIGUSR1 every 10-50 ms on a loaded machine:
-    tests/launch/test_run_signals.py)."""
+    Not re-entered for one signal: an arrival while a forward of that signal runs joins it, as
+    the kernel merges a pending standard signal; re-entered, a storm of arrivals faster than one
+    scan of /proc nested handlers until a RecursionError ended the launcher."""
     if signum in _STATE.forwarding:
         return
     _STATE.forwarding.add(signum)
