@@ -38,6 +38,15 @@ __all__ = ["ENV_METHOD_VARS", "TorchEnvEnvironment"]
 ENV_METHOD_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _WORLD_VARS = ("RANK", "WORLD_SIZE")
 _LOCAL_VARS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+# What each field was read from under the one-process-per-host rule.
+_ONE_PER_HOST_NAMES = {
+    "rank": "RANK",
+    "world_size": "WORLD_SIZE",
+    "local_rank": "LOCAL_RANK",
+    "local_world_size": "1 (one process per host: LOCAL_WORLD_SIZE unset)",
+    "node_rank": "RANK",
+    "num_nodes": "WORLD_SIZE",
+}
 _HINT = (
     "export RANK, WORLD_SIZE, MASTER_ADDR (host of rank 0) and MASTER_PORT (a free port) in "
     "every process, as torch's env:// needs (LOCAL_WORLD_SIZE too when several share a host), "
@@ -87,7 +96,7 @@ class TorchEnvEnvironment(ClusterEnvironment):
             master_port=port,
             launcher=self.launcher,
         )
-        names = self._VARS if "LOCAL_WORLD_SIZE" in env else _one_per_host_names()
+        names = self._VARS if "LOCAL_WORLD_SIZE" in env else _ONE_PER_HOST_NAMES
         return validate.check_rank_info(info, names)
 
 
@@ -97,18 +106,6 @@ def _not_alone(env: Mapping[str, str]) -> bool:
     return env.get("LOCAL_RANK", "0").strip() != "0" or (
         env.get("LOCAL_WORLD_SIZE", "1").strip() != "1"
     )
-
-
-def _one_per_host_names() -> dict[str, str]:
-    """What each field was read from under the one-process-per-host rule."""
-    return {
-        "rank": "RANK",
-        "world_size": "WORLD_SIZE",
-        "local_rank": "LOCAL_RANK",
-        "local_world_size": "1 (one process per host: LOCAL_WORLD_SIZE unset)",
-        "node_rank": "RANK",
-        "num_nodes": "WORLD_SIZE",
-    }
 
 
 def _placement(env: Mapping[str, str], rank: int, world_size: int) -> tuple[int, int, int, int]:
