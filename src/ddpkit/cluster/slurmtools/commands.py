@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddpkit.cluster.slurmtools.query import NOT_FOUND, is_job_id, parse_job_id
@@ -31,7 +31,6 @@ def submit_script(
     cwd: str | os.PathLike[str],
     runner: Runner = subprocess_runner,
     env: Mapping[str, str] | None = None,
-    extra_args: Sequence[str] = (),
 ) -> str:
     """Submit a batch script given as text (``sbatch --parsable``, script on stdin); its job id.
 
@@ -43,7 +42,7 @@ def submit_script(
         raise ConfigError(
             f"cwd={os.fspath(cwd)!r} is not a directory", hint="submit from an existing directory"
         )
-    argv = ["sbatch", "--parsable", f"--chdir={workdir}", *extra_args]
+    argv = ["sbatch", "--parsable", f"--chdir={workdir}"]
     done = runner(argv, stdin=text, env=env)
     if done.returncode != 0:
         message = " ".join(lines(done.stderr)) or "(no message)"
