@@ -30,8 +30,7 @@ def test_submit_script_sends_the_script_on_stdin_and_returns_the_id(tmp_path: Pa
 
 def test_submit_script_drops_the_cluster_name_and_warnings(tmp_path: Path) -> None:
     fake = FakeSlurm(sbatch=CommandResult(0, "12;lab\n", "sbatch: warning: something\n"))
-    assert sl.submit_script("#!/bin/sh\n", cwd=tmp_path, runner=fake, extra_args=["-N2"]) == "12"
-    assert fake.calls[0][0][-1] == "-N2"
+    assert sl.submit_script("#!/bin/sh\n", cwd=tmp_path, runner=fake) == "12"
 
 
 def test_submit_script_failure_names_the_command_and_sbatch_message(tmp_path: Path) -> None:
@@ -210,7 +209,7 @@ def test_scontrol_shows_array_tasks_and_het_components_by_their_ids() -> None:
     assert (failed.state, failed.exit_code) == (JobState.FAILED, 1)
 
 
-# ---------------------------------------------------------------- cancel, wait, subprocess_runner
+# ------------------------------------------------- cancel, poll_until_finished, subprocess_runner
 
 
 def test_cancel_runs_verbose_scancel() -> None:
@@ -238,19 +237,21 @@ def test_cancel_failure_is_an_error() -> None:
         sl.cancel("7", runner=FakeSlurm(scancel=CommandResult(1, "", down)))
 
 
-def test_wait_polls_until_finished() -> None:
+def test_poll_until_finished_polls_until_finished() -> None:
     states = iter(["3|PENDING", "3|RUNNING", "3|COMPLETING"])
     fake = FakeSlurm(
         squeue=lambda argv, stdin: CommandResult(0, next(states, ""), ""),  # then: gone
         sacct=CommandResult(0, "3|COMPLETED|0:0\n", ""),
     )
     naps: list[float] = []
-    status = sl.wait("3", 10, 0.5, runner=fake, clock=lambda: 0.0, sleep=naps.append)
+    status = sl.poll_until_finished(
+        lambda: sl.query_state("3", runner=fake), "3", 10, 0.5, clock=lambda: 0.0, sleep=naps.append
+    )
     assert (status.state, status.source) == (JobState.COMPLETED, "sacct")
     assert naps == [0.5, 0.5, 0.5]
 
 
-def test_wait_gives_up_after_timeout() -> None:
+def test_poll_until_finished_gives_up_after_timeout() -> None:
     now = [0.0]
     fake = FakeSlurm(squeue=CommandResult(0, "3|RUNNING\n", ""))
 
@@ -258,7 +259,9 @@ def test_wait_gives_up_after_timeout() -> None:
         now[0] += seconds
 
     with pytest.raises(SlurmError, match=r"job 3 is still RUNNING after timeout_s=5") as caught:
-        sl.wait("3", 5, 1, runner=fake, clock=lambda: now[0], sleep=sleep)
+        sl.poll_until_finished(
+            lambda: sl.query_state("3", runner=fake), "3", 5, 1, clock=lambda: now[0], sleep=sleep
+        )
     assert "ddpkit cancel 3" in (caught.value.hint or "")
     assert now[0] == 5
 

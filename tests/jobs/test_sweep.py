@@ -308,7 +308,7 @@ def test_every_task_gets_its_state_from_one_call_per_tool() -> None:
         sacct="7_0|COMPLETED|0:0\n7_1|RUNNING|0:0\n7_[2-4%2]|PENDING|0:0\n",
         scontrol="JobId=9 ArrayJobId=7 ArrayTaskId=2 JobState=CANCELLED ExitCode=0:15\n",
     )
-    states = arrays.query_tasks("7", 6, runner=runner)
+    states = arrays.query_array("7", 6, runner=runner).states
     assert {task: status.state for task, status in states.items()} == {
         0: JobState.COMPLETED,
         1: JobState.RUNNING,

@@ -1,13 +1,11 @@
 """Which launcher started this process, and who this process is: the one entry point.
 
-The detection order lives in :data:`DETECTION_ORDER` and nowhere else. torchrun comes first
-because it is often started inside a SLURM step (its workers then see both sets of
-variables, and torchrun's describe them); submitit before SLURM because submitit jobs are
-SLURM jobs too; MPI after SLURM (SLURM's own ``detect`` steps aside for processes started by
-mpirun inside an allocation); ``env`` (torch's env:// variables alone: RANK or WORLD_SIZE set
-by something that is none of the above, e.g. Kubeflow's PyTorchJob or ``mp.spawn`` in a SLURM
-batch script, where SLURM's ``detect`` steps aside too) after every launcher with variables of
-its own; ``single`` is the fallback and always matches.
+The detection order lives in :data:`DETECTION_ORDER` and nowhere else: torchrun first (it is
+often started inside a SLURM step, and its workers' own variables describe them); submitit
+before SLURM (its jobs are SLURM jobs too); MPI after SLURM (SLURM's ``detect`` steps aside for
+processes mpirun started in an allocation); ``env`` (torch's env:// variables set by none of
+those: Kubeflow's PyTorchJob, ``mp.spawn`` in a batch script) after every launcher with
+variables of its own; ``single`` last, always matching.
 
 ``detect`` also holds the launcher to the world size a ddpkit job script asked for
 (DDPKIT_EXPECTED_WORLD_SIZE), so a script that starts the wrong number of processes fails

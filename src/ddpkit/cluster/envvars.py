@@ -2,14 +2,11 @@
 the one reading of a number a user typed (a variable or a flag).
 
 Numbers are ASCII: :func:`to_int` and :func:`to_float` accept the digits 0-9 only, where
-``int()`` and ``float()`` also take ``"３"`` (full-width), ``"٣"`` (Arabic-Indic), ``"1_000"``
-and surrounding blanks, and ``str.isdigit()`` takes ``"²"``, which ``int()`` then rejects with
-a traceback. A port or a rank written in another script's digits is a typo to report, not a
-value to guess. Every integer variable goes through :func:`parse_int`, so a bad value always
-produces the same one-line ``ConfigError`` naming the variable and its value (with
-:func:`number_hint`'s note when it holds a non-ASCII digit); :func:`first_set` is the one
-lookup of "the first of these variables that is set" (step-level before job-level SLURM
-variables, say).
+``int()`` also takes ``"３"``, ``"٣"``, ``"1_000"`` and surrounding blanks (and
+``str.isdigit()`` takes ``"²"``, which ``int()`` then rejects with a traceback): a number in
+another script's digits is a typo to report, not a value to guess. Every integer variable goes
+through :func:`parse_int`, so a bad value is always the same one-line ``ConfigError`` naming
+the variable and its value.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ __all__ = [
     "parse_int",
     "parse_port",
     "require_int",
+    "require_set",
     "to_float",
     "to_int",
 ]
@@ -40,6 +38,14 @@ def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] |
         if name in env:
             return name, env[name]
     return None
+
+
+def require_set(env: Mapping[str, str], names: Sequence[str], *, hint: str) -> tuple[str, str]:
+    """:func:`first_set`, or a ConfigError naming every one of ``names`` when none is set."""
+    found = first_set(env, names)
+    if found is None:
+        raise ConfigError(f"{' / '.join(names)} is not set", hint=hint)
+    return found
 
 
 # ASCII digits only: int() would also accept "1_000", "٣" or surrounding whitespace.
@@ -98,13 +104,8 @@ def env_bool(env: Mapping[str, str], name: str, *, hint: str) -> bool | None:
 
 def require_int(env: Mapping[str, str], names: str | Sequence[str], *, hint: str) -> int:
     """The integer in the first of ``names`` that is set; ConfigError naming them all if none."""
-    candidates = [names] if isinstance(names, str) else list(names)
-    for name in candidates:
-        value = env_int(env, name, hint=hint)
-        if value is not None:
-            return value
-    shown = " / ".join(candidates)
-    raise ConfigError(f"{shown} is not set", hint=hint)
+    name, value = require_set(env, [names] if isinstance(names, str) else names, hint=hint)
+    return parse_int(name, value, hint=hint)
 
 
 def parse_port(name: str, value: str) -> int:

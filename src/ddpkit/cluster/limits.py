@@ -1,18 +1,14 @@
 """The open-files limit a rank needs for its job's size, and raising it where the system allows.
 
-A rank holds a socket per peer (gloo's full mesh), its own connections to the rendezvous store
-and, on the store's host, one accepted connection per store connection of every rank. At 512
-ranks the store's host needs ~1,800 descriptors and every gloo rank ~770: more than the soft
-limit many systems give (1,024), and the job then fails at start-up with ``EMFILE`` ("Too many
-open files"), on one rank, far from the cause. The hard limit is usually much higher (524,288
-on current Debian and systemd), and any process may raise its own soft limit up to it:
-``ddpkit.init`` does so before it makes or joins the store, only when the job needs more than
-the soft limit gives, and only as far as the job needs (a program that still uses ``select()``
-keeps descriptors under 1,024 in every job that fitted before). ``ddpkit doctor`` checks the
-same rule. ``ddpkit run`` raises its own limit the same way (its agent may host the workers'
-store); under plain torchrun, whose agent hosts the store for every worker of the job, rank 0
-(a child of that agent) reads the agent's limit (:func:`open_files_of`) and warns when it is
-short. Torch-free: stdlib only.
+A rank holds a socket per peer (gloo's full mesh) and its store connections; the store's host
+also one accepted connection per store connection of every rank. A big job needs more than the
+soft limit many systems give (1,024) and then fails at start-up with ``EMFILE`` ("Too many open
+files") on one rank, far from the cause. Any process may raise its own soft limit up to the
+hard one: ``ddpkit.init`` (before it makes or joins the store) and ``ddpkit run`` (its agent may
+host the store) do so only when and as far as the job needs, so a program that still uses
+``select()`` keeps descriptors under 1,024 in every job that fitted before. Under plain
+torchrun, whose agent hosts the store, rank 0 reads the agent's limit (:func:`open_files_of`)
+and warns when it is short. ``ddpkit doctor`` checks the same rule. Stdlib only.
 """
 
 from __future__ import annotations

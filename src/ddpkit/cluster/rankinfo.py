@@ -7,11 +7,10 @@ from typing import Literal
 
 from ddpkit.cluster.rendezvous.ports import PortSearch
 
-__all__ = ["ANY_PORT", "LAUNCHERS", "Launcher", "RankInfo"]
+__all__ = ["ANY_PORT", "Launcher", "RankInfo"]
 
 # "env": torch's env:// variables alone (RANK, WORLD_SIZE, MASTER_*), set by no known launcher.
 Launcher = Literal["torchrun", "slurm", "submitit", "mpi", "env", "single"]
-LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "slurm", "submitit", "mpi", "env", "single")
 # ``master_port`` of a world of one started without MASTER_PORT: no port is chosen yet.
 ANY_PORT = 0
 

@@ -1,36 +1,25 @@
 """The run's identity: one id shared by every rank and every attempt of a run, and the attempt.
 
-A run is what a user thinks of as one training: it may be requeued by SLURM (``scontrol
-requeue`` keeps the job id; ``SLURM_RESTART_COUNT`` counts the requeues) and restarted by torch's
-agent under ``ddpkit run --max-restarts`` (``TORCHELASTIC_RESTART_COUNT`` counts those). Every
-attempt must carry the same id, so that checkpoints, job records and a tracker (a W&B run
-resumed instead of a new one per attempt) can tie them together. Where the id comes from, first
-that applies:
+A run is what a user thinks of as one training: SLURM may requeue it (``SLURM_RESTART_COUNT``
+counts the requeues) and ``ddpkit run --max-restarts`` restart it (``TORCHELASTIC_RESTART_COUNT``).
+Every attempt carries the same id, so that checkpoints, job records and a tracker (a W&B run
+resumed instead of a new one per attempt) tie them together. The id, first that applies:
 
-1. ``DDPKIT_RUN_ID``, set by the user (a spec's ``env``, an ``export``), checked: at most
-   :data:`~ddpkit.contract.RUN_ID_MAX_CHARS` characters of ``[A-Za-z0-9._-]``, starting with a
-   letter or digit; anything else is a one-line ``ConfigError``. ``ddpkit run`` also sets it for
-   its workers, from the steps below, so its workers never need step 4.
-2. A SLURM job: ``slurm-<job id>``, or ``slurm-<array job id>_<task id>`` in a job array
-   (SLURM's own ``1234_5``); a requeue keeps both.
-3. Torch's agent (``ddpkit run``, ``torchrun``): its rendezvous id ``TORCHELASTIC_RUN_ID``
-   (fixed per launch: a fresh one for a one-node launch, ``--rdzv-id`` otherwise), unless it
-   is torch's placeholder ``none`` or not a usable id by the rule of step 1.
-4. Nothing names the run (a world of one started by hand, ``env://`` variables set by hand, an
-   MPI launch): a fresh id (``run-`` and 12 hex digits). :func:`ddpkit.init` then has rank 0's
-   agreed by every rank.
+1. ``DDPKIT_RUN_ID``, set by the user, checked by :func:`check_run_id`; ``ddpkit run`` also
+   sets it for its workers, from the steps below, so they never need step 4.
+2. A SLURM job: ``slurm-<job id>``, or ``slurm-<array job id>_<task id>`` in a job array; a
+   requeue keeps both.
+3. Torch's agent (``ddpkit run``, ``torchrun``): its rendezvous id ``TORCHELASTIC_RUN_ID``,
+   unless it is torch's placeholder ``none`` or no usable id by step 1's rule.
+4. Nothing names the run (a world of one started by hand, ``env://`` variables, MPI): a fresh
+   id (``run-`` and 12 hex digits); :func:`ddpkit.init` has every rank agree on rank 0's.
 
-The attempt counts from 0: ``requeues * (max_restarts + 1) + restarts``, from
-``SLURM_RESTART_COUNT`` and the agent's ``TORCHELASTIC_RESTART_COUNT`` and
-``TORCHELASTIC_MAX_RESTARTS`` (each 0 when unset). So it is the requeue count under ``srun``, the
-restart count under ``ddpkit run`` on its own, and under ``ddpkit run`` inside a requeued SLURM
-job it goes on increasing and never repeats: each requeue starts a block of ``max_restarts + 1``
-numbers (numbers a requeued attempt's agent did not use are skipped). Torch's agents keep their
-restart counts equal on every node (its workers' store prefix is built from it), so every rank
-reads the same attempt.
+The attempt counts from 0: ``requeues * (max_restarts + 1) + restarts`` (each counter 0 when
+unset). Under ``ddpkit run`` inside a requeued SLURM job it goes on increasing and never
+repeats: each requeue starts a block of ``max_restarts + 1`` numbers. Torch's agents keep their
+restart counts equal on every node, so every rank reads the same attempt.
 
-Pure: reads a snapshot of the environment, never writes it; the fresh id's randomness is the
-only thing not decided by the snapshot (and can be passed in).
+Pure: reads a snapshot of the environment, never writes it; only the fresh id is random.
 """
 
 from __future__ import annotations

@@ -24,9 +24,6 @@ __all__ = [
 
 _HINT = "these variables are set by the launcher; do not override them by hand"
 
-# Exported by ddpkit's generated job scripts (ddpkit.jobs.render): the world size the job spec
-# asks for (nodes * procs_per_node), and the spec's launch mode ("srun" or "torchrun").
-
 
 def check_sizes(*, names: dict[str, str], **sizes: int) -> None:
     """Every size (``world_size=4, local_world_size=2, ...``) is at least 1.
@@ -78,15 +75,8 @@ def check_rank_ranges(
 
 def check_rank_info(info: RankInfo, names: dict[str, str]) -> RankInfo:
     """:func:`check_rank_ranges` over a built record (``names`` maps fields to variables)."""
-    check_rank_ranges(
-        names=names,
-        rank=info.rank,
-        world_size=info.world_size,
-        local_rank=info.local_rank,
-        local_world_size=info.local_world_size,
-        node_rank=info.node_rank,
-        num_nodes=info.num_nodes,
-    )
+    fields = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes")
+    check_rank_ranges(names=names, **{field: getattr(info, field) for field in fields})
     return info
 
 

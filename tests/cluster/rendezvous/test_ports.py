@@ -243,8 +243,15 @@ def test_master_port_from_the_environment_is_not_searched() -> None:
         ("", ""),
     ],
 )
-def test_srun_flag_only_where_slurm_has_a_port_range(config: str, flag: str) -> None:
-    assert resv_ports.srun_flag(config) == flag
+def test_srun_flag_only_where_slurm_has_a_port_range(
+    config: str, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def runner(argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        assert list(argv) == ["scontrol", "show", "config"]
+        return CommandResult(0, config, "")
+
+    assert resv_ports.main(runner) == 0
+    assert capsys.readouterr().out == flag + "\n"
 
 
 @pytest.mark.parametrize("scontrol", [("false",), ("/nonexistent/scontrol",)])

@@ -67,14 +67,8 @@ class MpiEnvironment(ClusterEnvironment):
         return MpiEnvironment.flavour(env) is not None
 
     def rank_info(self) -> RankInfo:
-        flavour = self.flavour(self.env)
-        if flavour is None:
-            raise ConfigError(
-                "no MPI world-size variable is set (OMPI_COMM_WORLD_SIZE, MV2_COMM_WORLD_SIZE, "
-                "PMI_SIZE)",
-                hint=_HINT,
-            )
-        names = dict(self._FLAVOURS[flavour])
+        # not detected (built by hand): Open MPI's variables, named as missing
+        names = dict(self._FLAVOURS[self.flavour(self.env) or "openmpi"])
         rank, world_size, local_rank, local_world_size = (
             require_int(self.env, names[field], hint=_HINT)
             for field in ("rank", "world_size", "local_rank", "local_world_size")

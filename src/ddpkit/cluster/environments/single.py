@@ -15,13 +15,9 @@ LOCALHOST = "127.0.0.1"
 
 
 def single_rank_info(env: Mapping[str, str], notes: tuple[str, ...] = ()) -> RankInfo:
-    """Rank 0 of a world of one; MASTER_PORT when set, else ``ANY_PORT``.
-
-    No port is picked: a world of one needs none (``ddpkit.init`` gives it an in-process
-    store, and nothing listens on MASTER_PORT even when it is set). Also used by SLURM for a
-    batch script run without srun, which is one process too.
-    """
-    # MASTER_ADDR is ignored: a world of one only ever talks to itself.
+    """Rank 0 of a world of one (a SLURM batch script without srun too); MASTER_PORT when set,
+    else ``ANY_PORT``: a world of one gets an in-process store, so it needs no port, and
+    MASTER_ADDR is ignored."""
     raw_port = env.get("MASTER_PORT")
     port = None if raw_port is None else parse_port("MASTER_PORT", raw_port)
     return RankInfo(
@@ -42,7 +38,6 @@ class SingleEnvironment(ClusterEnvironment):
     """Always detected; last in the detection order."""
 
     launcher: ClassVar[Launcher] = "single"
-    _VARS: ClassVar[dict[str, str]] = {"master_port": "MASTER_PORT"}
 
     @staticmethod
     def detect(env: Mapping[str, str]) -> bool:

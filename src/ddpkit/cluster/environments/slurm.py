@@ -21,7 +21,14 @@ from ddpkit.cluster import validate
 from ddpkit.cluster.environments.base import ClusterEnvironment
 from ddpkit.cluster.environments.single import single_rank_info
 from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
-from ddpkit.cluster.envvars import env_int, first_set, master_from_env, parse_int, require_int
+from ddpkit.cluster.envvars import (
+    env_int,
+    first_set,
+    master_from_env,
+    parse_int,
+    require_int,
+    require_set,
+)
 from ddpkit.cluster.nodelist import count_hosts, expand_tasks_per_node, first_host
 from ddpkit.cluster.rankinfo import Launcher, RankInfo
 from ddpkit.cluster.rendezvous.ports import PortSearch, step_search
@@ -76,10 +83,7 @@ def _first_set(env: Mapping[str, str], field: str) -> tuple[str, str] | None:
 
 
 def _require(env: Mapping[str, str], field: str) -> tuple[str, str]:
-    found = _first_set(env, field)
-    if found is None:
-        raise ConfigError(f"{' / '.join(_VARS[field])} is not set", hint=_HINT)
-    return found
+    return require_set(env, _VARS[field], hint=_HINT)
 
 
 def in_slurm_step(env: Mapping[str, str]) -> bool:
@@ -220,19 +224,6 @@ def _batch_rank_info(env: Mapping[str, str]) -> RankInfo:
     return single_rank_info(env, notes)
 
 
-def _check_stray_vars(env: Mapping[str, str], names: dict[str, str], rank: int, world: int) -> None:
-    # Not a torchrun environment (it would have been detected first), so RANK/WORLD_SIZE
-    # were exported by hand; torch's env:// would read them instead of SLURM's values.
-    validate.check_stray_torch_vars(
-        stray_rank=env.get("RANK"),
-        stray_world_size=env.get("WORLD_SIZE"),
-        rank_var=names["rank"],
-        rank=rank,
-        world_size_var=names["world_size"],
-        world_size=world,
-    )
-
-
 def slurm_rank_info(env: Mapping[str, str], launcher: Launcher) -> RankInfo:
     """The RankInfo of a SLURM task (``launcher`` is "slurm", or "submitit" for its jobs)."""
     if not in_slurm_step(env):
@@ -246,7 +237,16 @@ def slurm_rank_info(env: Mapping[str, str], launcher: Launcher) -> RankInfo:
     validate.check_index(names["node_rank"], node_rank, names["num_nodes"], layout.num_nodes)
     local_world_size = layout.tasks_per_node[node_rank]
     names["local_world_size"] = f"{names['tasks_per_node']}[{node_rank}]"
-    _check_stray_vars(env, names, rank, layout.num_tasks)
+    # Not torchrun's (detected first), so RANK/WORLD_SIZE were exported by hand: torch's
+    # env:// would read them instead of SLURM's values.
+    validate.check_stray_torch_vars(
+        stray_rank=env.get("RANK"),
+        stray_world_size=env.get("WORLD_SIZE"),
+        rank_var=names["rank"],
+        rank=rank,
+        world_size_var=names["world_size"],
+        world_size=layout.num_tasks,
+    )
     addr, port = _master(env, layout)
     search = port if isinstance(port, PortSearch) else None
     info = RankInfo(
@@ -275,7 +275,6 @@ class SlurmEnvironment(ClusterEnvironment):
     """Detected by SLURM_PROCID and a job id, unless mpirun started the process."""
 
     launcher: ClassVar[Launcher] = "slurm"
-    _VARS: ClassVar[dict[str, tuple[str, ...]]] = _VARS
 
     @staticmethod
     def detect(env: Mapping[str, str]) -> bool:

@@ -2,25 +2,21 @@
 MASTER_PORT (Kubeflow's PyTorchJob v1 with one process per pod, ``mp.spawn`` recipes that
 export them, job scripts that export them by hand).
 
-torch's ``init_process_group(init_method="env://")`` needs those four and nothing else; torchrun
-adds LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_* and TORCHELASTIC_* (its own environment, detected
-first). This one is detected when RANK or WORLD_SIZE is set, or LOCAL_RANK / LOCAL_WORLD_SIZE
-say the process is not alone on its host (a local rank other than 0, more than one process),
-and no launcher earlier in the detection order recognised the process, so a partial set is never a
-silent world of one: it is a job of WORLD_SIZE processes, or a one-line error naming the
-variables that are set and those that are missing. MASTER_ADDR / MASTER_PORT alone, or
-LOCAL_RANK=0 / LOCAL_WORLD_SIZE=1, are what a shell may carry over to a process started on its
-own: that stays a world of one.
+Detected when RANK or WORLD_SIZE is set, or LOCAL_RANK / LOCAL_WORLD_SIZE say the process is
+not alone on its host, and no launcher earlier in the detection order recognised it: a partial
+set is never a silent world of one but a job of WORLD_SIZE processes, or a one-line error
+naming the variables set and those missing. MASTER_ADDR / MASTER_PORT alone, or LOCAL_RANK=0 /
+LOCAL_WORLD_SIZE=1, are what a shell may carry over to a process started on its own: that
+stays a world of one.
 
-Where each process sits on its host (the rule, stated once):
+Where each process sits on its host:
 
 * LOCAL_WORLD_SIZE set: that many processes share each host, placed by rank in blocks as
   torchrun places them: local rank LOCAL_RANK, else RANK % LOCAL_WORLD_SIZE; node RANK //
   LOCAL_WORLD_SIZE.
-* LOCAL_WORLD_SIZE and LOCAL_RANK unset: each host runs one process (Kubeflow's pods): local
-  rank 0 of 1, node RANK of WORLD_SIZE. A GPU process computes on ``cuda:0``; should several
-  share a host after all, ``ddpkit.init``'s GPU check stops them before two share a GPU.
-* LOCAL_RANK without LOCAL_WORLD_SIZE: an error (in a world of more than one), since it says
+* both unset: one process a host (Kubeflow's pods): local rank 0 of 1, node RANK of
+  WORLD_SIZE; should several share a host after all, ``ddpkit.init``'s GPU check stops them.
+* LOCAL_RANK without LOCAL_WORLD_SIZE (in a world of more than one): an error, since it says
   several processes may share the host without saying how many.
 """
 
@@ -42,6 +38,15 @@ __all__ = ["ENV_METHOD_VARS", "TorchEnvEnvironment"]
 ENV_METHOD_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _WORLD_VARS = ("RANK", "WORLD_SIZE")
 _LOCAL_VARS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+# What each field was read from under the one-process-per-host rule.
+_ONE_PER_HOST_NAMES = {
+    "rank": "RANK",
+    "world_size": "WORLD_SIZE",
+    "local_rank": "LOCAL_RANK",
+    "local_world_size": "1 (one process per host: LOCAL_WORLD_SIZE unset)",
+    "node_rank": "RANK",
+    "num_nodes": "WORLD_SIZE",
+}
 _HINT = (
     "export RANK, WORLD_SIZE, MASTER_ADDR (host of rank 0) and MASTER_PORT (a free port) in "
     "every process, as torch's env:// needs (LOCAL_WORLD_SIZE too when several share a host), "
@@ -91,7 +96,7 @@ class TorchEnvEnvironment(ClusterEnvironment):
             master_port=port,
             launcher=self.launcher,
         )
-        names = self._VARS if "LOCAL_WORLD_SIZE" in env else _one_per_host_names()
+        names = self._VARS if "LOCAL_WORLD_SIZE" in env else _ONE_PER_HOST_NAMES
         return validate.check_rank_info(info, names)
 
 
@@ -101,18 +106,6 @@ def _not_alone(env: Mapping[str, str]) -> bool:
     return env.get("LOCAL_RANK", "0").strip() != "0" or (
         env.get("LOCAL_WORLD_SIZE", "1").strip() != "1"
     )
-
-
-def _one_per_host_names() -> dict[str, str]:
-    """What each field was read from under the one-process-per-host rule."""
-    return {
-        "rank": "RANK",
-        "world_size": "WORLD_SIZE",
-        "local_rank": "LOCAL_RANK",
-        "local_world_size": "1 (one process per host: LOCAL_WORLD_SIZE unset)",
-        "node_rank": "RANK",
-        "num_nodes": "WORLD_SIZE",
-    }
 
 
 def _placement(env: Mapping[str, str], rank: int, world_size: int) -> tuple[int, int, int, int]:

@@ -57,7 +57,16 @@ class TorchrunEnvironment(ClusterEnvironment):
             node_rank = rank // local_world_size
         if num_nodes is None:
             num_nodes = -(-world_size // local_world_size)  # ceil without floats
-        self._check_not_nested_in_srun(rank, world_size, local_world_size)
+        task = slurm_task(env)
+        if task is not None:  # inside a SLURM step: the only srun task on its node
+            validate.check_torchrun_in_slurm(
+                srun_tasks_on_node=task.tasks_on_node,
+                nproc_per_node=local_world_size,
+                torchrun_rank=rank,
+                torchrun_world_size=world_size,
+                slurm_procid=task.rank,
+                slurm_num_tasks=task.num_tasks,
+            )
         addr, port = self._master(world_size)
         info = RankInfo(
             rank=rank,
@@ -71,19 +80,6 @@ class TorchrunEnvironment(ClusterEnvironment):
             launcher=self.launcher,
         )
         return validate.check_rank_info(info, names)
-
-    def _check_not_nested_in_srun(self, rank: int, world_size: int, nproc: int) -> None:
-        """Inside a SLURM step, torchrun must be the only srun task on its node."""
-        task = slurm_task(self.env)
-        if task is not None:
-            validate.check_torchrun_in_slurm(
-                srun_tasks_on_node=task.tasks_on_node,
-                nproc_per_node=nproc,
-                torchrun_rank=rank,
-                torchrun_world_size=world_size,
-                slurm_procid=task.rank,
-                slurm_num_tasks=task.num_tasks,
-            )
 
     def _master(self, world_size: int) -> tuple[str, int]:
         addr, port = master_from_env(self.env)

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from ddpkit.cluster.environments.slurm import apply_host_template
-from ddpkit.cluster.envvars import first_set, parse_port
+from ddpkit.cluster.envvars import parse_port, require_set
 from ddpkit.cluster.nodelist import first_host
 from ddpkit.cluster.rendezvous.ports import port_for_job
-from ddpkit.errors import ConfigError, DdpkitError
+from ddpkit.errors import DdpkitError
 
 __all__ = ["RDZV_STEP", "endpoint", "hosts_store", "main"]
 
@@ -35,10 +35,7 @@ _HINT = (
 
 
 def _first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str]:
-    found = first_set(env, names)
-    if found is None:
-        raise ConfigError(f"{' / '.join(names)} is not set", hint=_HINT.format(var=names[0]))
-    return found
+    return require_set(env, names, hint=_HINT.format(var=names[0]))
 
 
 def _first_node(env: Mapping[str, str]) -> str:

@@ -53,6 +53,10 @@ class PortSearch:
 def port_for_job(job_id: str, step_id: str | None = None) -> int:
     """A port in [PORT_RANGE_START, PORT_RANGE_END] derived from the job (and step) id, the same
     in every process and Python version (never the salted ``hash()``)."""
+    return _derive(_key(job_id, step_id))
+
+
+def _key(job_id: str, step_id: str | None) -> str:
     job = str(job_id).strip()
     if not job:
         raise ConfigError(
@@ -60,8 +64,7 @@ def port_for_job(job_id: str, step_id: str | None = None) -> int:
             hint="pass the scheduler's job id, e.g. the value of SLURM_JOB_ID",
         )
     step = "" if step_id is None else str(step_id).strip()
-    # The separator keeps ("12", "34") and ("123", "4") apart.
-    return _derive(f"{job}\x1f{step}")
+    return f"{job}\x1f{step}"  # the separator keeps ("12", "34") and ("123", "4") apart
 
 
 def _derive(key: str) -> int:
@@ -71,17 +74,15 @@ def _derive(key: str) -> int:
     return PORT_RANGE_START + int.from_bytes(digest, "big") % span
 
 
-def candidate_ports(
-    job_id: str, step_id: str | None = None, count: int = CANDIDATE_COUNT
-) -> tuple[int, ...]:
-    """``count`` distinct ports for the job/step: ``port_for_job`` first, then ports derived
-    from (job, step, k) for k = 1, 2, ... Every rank computes the same sequence alone."""
-    first = port_for_job(job_id, step_id)
-    base = f"{str(job_id).strip()}\x1f{'' if step_id is None else str(step_id).strip()}"
-    ports = [first]
+def candidate_ports(job_id: str, step_id: str | None = None) -> tuple[int, ...]:
+    """:data:`CANDIDATE_COUNT` distinct ports for the job/step: ``port_for_job`` first, then
+    ports derived from (job, step, k) for k = 1, 2, ... Every rank computes the same sequence
+    alone."""
+    key = _key(job_id, step_id)
+    ports = [_derive(key)]
     k = 1
-    while len(ports) < count:
-        port = _derive(f"{base}\x1f{k}")  # a third field: never equal to a (job, step) key
+    while len(ports) < CANDIDATE_COUNT:
+        port = _derive(f"{key}\x1f{k}")  # a third field: never equal to a (job, step) key
         if port not in ports:
             ports.append(port)
         k += 1

@@ -9,17 +9,12 @@ else nothing: srun refuses the flag without one, and the probe must never stop a
 
 from __future__ import annotations
 
-from ddpkit.cluster.slurmtools.config import has_port_range, parse_config, show_config
+from ddpkit.cluster.slurmtools.config import has_port_range, show_config
 from ddpkit.cluster.slurmtools.runner import Runner, subprocess_runner
 
-__all__ = ["FLAG", "main", "srun_flag"]
+__all__ = ["FLAG", "main"]
 
 FLAG = "--resv-ports=1"
-
-
-def srun_flag(config: str) -> str:
-    """``--resv-ports=1`` when ``scontrol show config`` text has a port range in MpiParams."""
-    return FLAG if has_port_range(parse_config(config)) else ""
 
 
 def main(runner: Runner = subprocess_runner) -> int:

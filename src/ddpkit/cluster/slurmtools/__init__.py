@@ -5,7 +5,7 @@
     states.py    JobState, the ONE table from SLURM's state strings to it, JobStatus
     query.py     job ids; one parser per tool's output; squeue -> sacct -> scontrol -> UNKNOWN
     arrays.py    every task of a job array at once
-    commands.py  submit (sbatch), cancel (scancel), requeue (scontrol), wait
+    commands.py  submit (sbatch), cancel (scancel), requeue (scontrol), the waiting loop
     config.py    ``scontrol show config``, asked and parsed in one place
     chains.py    job chains: the ids a job name stands for, why a job waits (its reason)
 
@@ -29,7 +29,6 @@ _EXPORTS = {
     "poll_until_finished": "ddpkit.cluster.slurmtools.commands",
     "requeue": "ddpkit.cluster.slurmtools.commands",
     "submit_script": "ddpkit.cluster.slurmtools.commands",
-    "wait": "ddpkit.cluster.slurmtools.commands",
     "Row": "ddpkit.cluster.slurmtools.query",
     "covers": "ddpkit.cluster.slurmtools.query",
     "job_fields": "ddpkit.cluster.slurmtools.query",
@@ -76,7 +75,6 @@ __all__ = [
     "submit_script",
     "subprocess_runner",
     "tool_rows",
-    "wait",
 ]
 
 if TYPE_CHECKING:
@@ -86,7 +84,6 @@ if TYPE_CHECKING:
         poll_until_finished,
         requeue,
         submit_script,
-        wait,
     )
     from ddpkit.cluster.slurmtools.query import (
         Row,

@@ -18,7 +18,7 @@ from ddpkit.cluster.slurmtools.runner import Runner, subprocess_runner
 from ddpkit.cluster.slurmtools.states import JobState, JobStatus, Source
 from ddpkit.errors import ConfigError
 
-__all__ = ["ArrayTasks", "query_array", "query_tasks"]
+__all__ = ["ArrayTasks", "query_array"]
 
 
 def _task_statuses(rows: Sequence[Row], array: str, source: Source) -> dict[int, JobStatus]:
@@ -39,17 +39,6 @@ class ArrayTasks:
 
     states: dict[int, JobStatus]
     restarts: dict[int, int]
-
-
-def query_tasks(
-    job_id: str | int,
-    count: int | None = None,
-    *,
-    runner: Runner = subprocess_runner,
-    env: Mapping[str, str] | None = None,
-) -> dict[int, JobStatus]:
-    """The state of every task of the job array ``job_id``: :func:`query_array`'s states."""
-    return query_array(job_id, count, runner=runner, env=env).states
 
 
 def query_array(

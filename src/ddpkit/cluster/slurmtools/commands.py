@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ddpkit.cluster.slurmtools.query import NOT_FOUND, is_job_id, parse_job_id, query_state
+from ddpkit.cluster.slurmtools.query import NOT_FOUND, is_job_id, parse_job_id
 from ddpkit.cluster.slurmtools.runner import (
     Runner,
     SlurmError,
@@ -22,7 +22,7 @@ from ddpkit.cluster.slurmtools.runner import (
 from ddpkit.cluster.slurmtools.states import JobStatus
 from ddpkit.errors import ConfigError
 
-__all__ = ["cancel", "poll_until_finished", "requeue", "submit_script", "wait"]
+__all__ = ["cancel", "poll_until_finished", "requeue", "submit_script"]
 
 
 def submit_script(
@@ -31,7 +31,6 @@ def submit_script(
     cwd: str | os.PathLike[str],
     runner: Runner = subprocess_runner,
     env: Mapping[str, str] | None = None,
-    extra_args: Sequence[str] = (),
 ) -> str:
     """Submit a batch script given as text (``sbatch --parsable``, script on stdin); its job id.
 
@@ -43,7 +42,7 @@ def submit_script(
         raise ConfigError(
             f"cwd={os.fspath(cwd)!r} is not a directory", hint="submit from an existing directory"
         )
-    argv = ["sbatch", "--parsable", f"--chdir={workdir}", *extra_args]
+    argv = ["sbatch", "--parsable", f"--chdir={workdir}"]
     done = runner(argv, stdin=text, env=env)
     if done.returncode != 0:
         message = " ".join(lines(done.stderr)) or "(no message)"
@@ -98,27 +97,6 @@ def requeue(
         output = " ".join((done.stderr or done.stdout).split())[:300]
         return f"{shlex.join(argv)} failed with exit code {done.returncode}: {output}"
     return None
-
-
-def wait(
-    job_id: str | int,
-    timeout_s: float,
-    poll_s: float = 1.0,
-    *,
-    runner: Runner = subprocess_runner,
-    env: Mapping[str, str] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> JobStatus:
-    """Poll :func:`query_state` every ``poll_s`` until the job is finished; its final status."""
-    return poll_until_finished(
-        lambda: query_state(job_id, runner=runner, env=env),
-        str(job_id),
-        timeout_s,
-        poll_s,
-        clock=clock,
-        sleep=sleep,
-    )
 
 
 def poll_until_finished(

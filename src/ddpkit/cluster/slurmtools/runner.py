@@ -3,8 +3,8 @@
 :class:`Runner` is the protocol, :func:`subprocess_runner` the real one (``subprocess.run`` with
 a timeout, a tool that cannot run as :class:`SlurmError`); tests hand in a fake and need
 neither a cluster nor patching. No other module of ddpkit starts ``sbatch``, ``squeue``,
-``sacct``, ``scontrol``, ``scancel`` or ``srun`` itself (tests/test_slurmtools_seam.py checks).
-``env=None`` means the caller's environment; nothing here writes ``os.environ``.
+``sacct``, ``scontrol``, ``scancel`` or ``srun`` itself (tests/cluster/test_slurmtools_seam.py
+checks). ``env=None`` means the caller's environment; nothing here writes ``os.environ``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Nodes the peer watchdog blamed, for the bad-node exclusion (:mod:`.exclude`).
 
 When a rank stops sending heartbeats (killed, e.g. by the out-of-memory killer, or its node
-died or froze: a node-local cause, unlike a rank that raised), the watchdog of the rank that
-names it writes one line ``<node>\\t<why>`` to ``<DDPKIT_LOG_DIR>/.ddpkit-blamed-<job id>``
-(SLURM's node name, ``SLURMD_NODENAME``, of the rank that went silent). After the job's step
-failed, the exclusion reads and removes that file: its nodes are blamed beside those whose
-health check fails (a spec with ``health_check:`` only; the same caps apply). Several ranks may
-name the same node: lines are appended, read once each. Node names must be plain host names
-and only the job's own nodes count, so a stray file can at most exclude nodes of this job,
-within ``max_excluded_nodes``. Torch-free, stdlib only.
+died or froze: a node-local cause, unlike a rank that raised), the watchdog that names it
+appends ``<node>\\t<why>`` (SLURM's node name of the silent rank) to
+``<DDPKIT_LOG_DIR>/.ddpkit-blamed-<job id>``. After the job's step failed, the exclusion reads
+and removes that file and blames its nodes beside those whose health check fails (same caps).
+Only plain host names of the job's own nodes count, so a stray file can at most exclude nodes
+of this job, within ``max_excluded_nodes``. Stdlib only.
 """
 
 from __future__ import annotations

@@ -1,34 +1,28 @@
 """Bad nodes: blame the nodes whose health check failed, exclude them, requeue the job.
 
 ``python -m ddpkit.cluster.stop.exclude --max-excluded N --record-dir DIR`` runs in the batch
-script of a spec with ``health_check:``, after each node has run the check
-(:mod:`.health`, whose report lines come on stdin). Then:
+script of a spec with ``health_check:``, after each node ran the check (:mod:`.health`, whose
+report lines come on stdin); each decision is logged, a line per node:
 
 * every node answered "ok": exit 0, the job goes on;
-* nodes are blamed (the check failed, timed out, or the node sent no report) and the cap
-  allows it: ``scontrol requeue <job>``, then ``scontrol update JobId=<job>
-  ExcNodeList=<the job's list + the blamed>`` (SLURM changes ``ExcNodeList`` only while the
-  job is pending, so after the requeue; the requeued job cannot start before this process is
-  gone, which keeps it COMPLETING), a line per node and one summary in the job's log, exit
-  :data:`EXIT_REQUEUED` (the batch shell ends; SLURM runs the job again elsewhere);
+* nodes are blamed (the check failed, timed out, or the node sent no report) and the caps allow
+  it: ``scontrol requeue``, then ``scontrol update ExcNodeList=<the job's list + the blamed>``
+  (SLURM changes it only while the job is pending; the requeued job cannot start while this
+  process keeps it COMPLETING), exit :data:`EXIT_REQUEUED`;
 * past a cap (``max_excluded_nodes``, the requeue cap, or fewer usable nodes left in the
-  partition than the job needs: ``--min-nodes``, the MIN of a spec's ``nodes: MIN-MAX``, else
-  as many as this attempt has), for a node the job requires (``--nodelist``), or when
-  ``scontrol show job`` does not answer (an update would drop the job's own excludes):
-  nothing is excluded, the log says why, exit :data:`EXIT_FAILED`.
+  partition than the job needs: ``--min-nodes``, else as many as this attempt has), for a node
+  the job requires (``--nodelist``), or when ``scontrol show job`` does not answer (an update
+  would drop the job's own excludes): nothing is excluded, exit :data:`EXIT_FAILED`.
 
-With ``--step-exit N`` it runs after the job's step failed with code N, the check run again:
-a node whose check fails now is blamed for the failure (a node without a report is not: the
-job may be ending), and so is a node the peer watchdog blamed (a rank on it stopped sending
-heartbeats: :mod:`.blamed`); the job requeued without it, exit 0; otherwise nothing is done
-and the exit code is N, so the job ends as it would have.
+With ``--step-exit N`` it runs after the job's step failed with code N: a node whose check fails
+now is blamed (one without a report is not: the job may be ending), and so is a node the peer
+watchdog blamed (:mod:`.blamed`); the job is requeued without them, exit 0; otherwise the exit
+code is N, so the job ends as it would have.
 
-The nodes ddpkit excluded are counted in ``DIR/.ddpkit-excluded-<job>`` (the log folder,
-shared by every node, kept across requeues): excludes the job had from its submission
-(``sbatch: {exclude: ...}``) do not count against the cap. Node names come from SLURM
-(``SLURM_JOB_NODELIST``, ``ExcNodeList``) and from the reports; each must be a plain host
-name (letters, digits, ``.``, ``_``, ``-``) and reaches ``scontrol`` as one argv word, never
-through a shell. The plan is pure (:func:`plan_exclusion`); every command goes through the
+The nodes ddpkit excluded are counted in ``DIR/.ddpkit-excluded-<job>`` (kept across requeues):
+the excludes a job was submitted with do not count against the cap. Each node name must be a
+plain host name and reaches ``scontrol`` as one argv word, never through a shell. The plan is
+pure (:func:`plan_exclusion`); every command goes through the
 :class:`~ddpkit.cluster.slurmtools.Runner` seam.
 """
 

@@ -1,38 +1,26 @@
 """Hold-and-forward: a process that blocks the stop signal and passes it on to its children.
 
-The one implementation behind the three processes that stand between SLURM and a worker: each
-srun task's holder (:mod:`.hold`, in sbatch jobs), submitit's task runner
-(:mod:`ddpkit.launch.submitit_task`) and the ``ddpkit run`` launcher (:mod:`ddpkit.launch.relay`).
+The one implementation behind the three processes between SLURM and a worker: each srun task's
+holder (:mod:`.hold`, in sbatch jobs), submitit's task runner (:mod:`ddpkit.launch.submitit_task`)
+and the ``ddpkit run`` launcher (:mod:`ddpkit.launch.relay`).
 
-* :func:`block` blocks the stop signal in the calling thread and so in every thread and process
-  it starts from then on: one that comes waits, pending, and nothing dies of it. A child started
-  while it is blocked starts with it blocked, so it stays pending there until ``ddpkit.init()``
-  or ``preemption_guard()`` latches it (a command that handles it itself must unblock it).
-* The relay thread (:func:`start`) takes each arrival and sends it to the children (this
-  process's, less the zombies and the helpers it names with :func:`not_a_worker`); one that
-  finds no child running (before it starts, between two groups of ``--max-restarts``) is kept,
-  and sent to the next children as soon as they exist. :func:`arrivals` counts them.
-* ``catching_only`` (:func:`start`; ``ddpkit run`` outside a ddpkit job, whose workers must get
-  what they would get under torchrun): :func:`release` then unblocks the signal again in the
-  thread that starts the children (unless :func:`block` found it blocked), so they start with
-  the signal mask the process was started with, and a script's own handler runs when the signal
-  is sent to it. The handler hands an arrival a thread other than the relay's takes to the relay
-  thread (``pthread_kill``) as soon as the main thread runs Python again: at once, or once the
-  call it is in returns (a rendezvous wait); nothing is lost meanwhile. The relay sends an
-  arrival only to the children that catch the signal (its bit in ``SigCgt`` of
-  ``/proc/<pid>/status``: a latch, or the script's own handler), for the others would die of it:
-  it is owed to each child running when it came (none: to the next ones, once two looks in a row
-  find the same children, a whole group), and each gets it as soon as it catches it; a child
-  that ends owing it drops it. Cost: while an arrival is owed, the relay reads each owing
-  child's status file (tens of microseconds) every 50 ms at first, backing off to every 0.5 s
-  within a second of nothing changing: a child that never catches it (a script without a guard)
-  costs two such reads a second for the rest of its life. While an arrival waits for children to
-  exist, the relay scans ``/proc`` (every process's ``stat``: a few ms on a busy node) as often,
-  backing off the same way.
+* :func:`block` blocks the stop signal in the calling thread, and so in every thread and process
+  it starts from then on: an arrival waits, pending, and nothing dies of it; a child keeps it
+  pending until ``ddpkit.init()`` or ``preemption_guard()`` latches it.
+* The relay thread (:func:`start`) sends each arrival to the workers (this process's children,
+  less zombies and the helpers named with :func:`not_a_worker`); with none running (before they
+  start, between two groups of ``--max-restarts``) it keeps it for the next ones.
+* ``catching_only`` (``ddpkit run`` outside a ddpkit job, whose workers must get what they would
+  get under torchrun): :func:`release` gives the thread that starts the children its original
+  mask back, and an arrival goes only to the children that catch the signal (its bit in
+  ``SigCgt`` of ``/proc/<pid>/status``), for the others would die of it. It is owed to each
+  child running when it came (none: to the next group, once two looks in a row find the same
+  children) and sent as soon as the child catches it. An arrival another thread takes reaches
+  the relay through :func:`block`'s handler. While an arrival is kept or owed the relay looks
+  every 50 ms, backing off to every 0.5 s while nothing changes.
 
-This module imports nothing but the standard library and :mod:`.signals`: the launcher runs it
-from its first line. Children are found in ``/proc``: elsewhere than on Linux a holder holds
-the signal (it does not die of it) but passes nothing on.
+Standard library only: the launcher runs it from its first line. Children are found in
+``/proc``: elsewhere than on Linux a holder holds the signal but passes nothing on.
 """
 
 from __future__ import annotations
@@ -113,12 +101,8 @@ def arrivals() -> int:
 def start(stop: signal.Signals, *, catching_only: bool = False) -> bool:
     """Start the relay thread for ``stop`` (once per process); ``stop`` must be blocked in
     this thread already, so that the relay thread inherits the block, as sigwait needs.
-
-    ``catching_only``: send an arrival only to the workers that catch ``stop``, keeping it for
-    each of the others until it does (see the module docstring); for a process whose children
-    must start with the signal as it was given (``ddpkit run`` outside a ddpkit job), which
-    then calls :func:`release`. Returns whether the relay thread (this one, or one started
-    before) sends only to workers that catch it."""
+    ``catching_only``: see the module docstring; the caller then calls :func:`release`.
+    Whether the relay thread (this one, or one started before) sends only to those."""
     if _STATE.relay is None:
         _STATE.catching_only = catching_only
         _STATE.relay = threading.Thread(
@@ -129,11 +113,9 @@ def start(stop: signal.Signals, *, catching_only: bool = False) -> bool:
 
 
 def release(stop: signal.Signals) -> None:
-    """Once the relay thread runs, sending only to workers that catch ``stop``: put ``stop``
-    in this thread's mask back as :func:`block` found it, so the children this thread starts
-    from now on start with the mask this process started with. An arrival this thread takes
-    goes to the relay thread at once (:func:`block`'s handler); from the atexit handlers on it
-    is ignored, since Python's finalization would restore its default action."""
+    """With a ``catching_only`` relay: put ``stop`` in this thread's mask back as :func:`block`
+    found it, so the children it starts get the mask this process started with; ``stop`` is
+    ignored from the atexit handlers on (finalization would restore its default action)."""
     if _STATE.relay is None or not _STATE.catching_only:
         raise RuntimeError("release() needs a relay thread started with catching_only")
     if not _STATE.blocked_before:
@@ -239,12 +221,9 @@ def _keep(signum: int, frame: FrameType | None) -> None:
 def forward_now(signum: int, frame: FrameType | None) -> None:
     """A handler passing ``signum`` on to the running children at once (none: dropped).
 
-    Not re-entered for one signal: an arrival while a forward of that signal runs (Python
-    runs a handler between any two bytecodes, this one's too) joins it, as the kernel merges a
-    standard signal already pending; another signal is still passed on. Re-entered, a storm of
-    arrivals faster than one scan of /proc nested handler in handler until a RecursionError
-    ended the launcher (a SIGUSR1 every 10-50 ms on a loaded machine:
-    tests/launch/test_run_signals.py)."""
+    Not re-entered for one signal: an arrival while a forward of that signal runs joins it, as
+    the kernel merges a pending standard signal; re-entered, a storm of arrivals faster than one
+    scan of /proc nested handlers until a RecursionError ended the launcher."""
     if signum in _STATE.forwarding:
         return
     _STATE.forwarding.add(signum)
@@ -264,7 +243,7 @@ def _send(signum: int, pids: Iterable[int]) -> bool:
     return sent
 
 
-def ignore_at_exit(signals: list[signal.Signals]) -> None:
+def ignore_at_exit(signals: Iterable[int]) -> None:
     """Ignore ``signals`` (an atexit handler: finalization would restore their default action
     while torch tears down)."""
     for sig in signals:

@@ -2,14 +2,12 @@
 one node, reported as one line of JSON.
 
 The batch script (a spec with ``health_check:``) runs this once per node at the start of each
-attempt, and again after the job's step failed (``srun --ntasks-per-node=1``), and pipes the
-lines of every node to
-:mod:`.exclude`, which blames the nodes that failed or did not answer. ``CHECK`` is the
-spec's shell line, run as ``bash -c CHECK`` (the user's own shell, like ``setup:``); its output
-goes to this process's stderr (the job's log), prefixed with the node's name, and its last
-line is the reason given when it fails. Bounded: the check's process group is killed after
-``T`` seconds. The stop signal is blocked for the check (it stays pending): a warning that
-comes meanwhile must not fail a healthy node.
+attempt, and again after the job's step failed, and pipes every node's line to :mod:`.exclude`,
+which blames the nodes that failed or did not answer. ``CHECK``, the spec's shell line, runs as
+``bash -c CHECK``; its output goes to the job's log (stderr), prefixed with the node's name,
+and its last line is the reason given when it fails. Bounded: the check's process group is
+killed after ``T`` seconds. The stop signal is blocked for the check (it stays pending): a
+warning that comes meanwhile must not fail a healthy node.
 
 The report, on stdout: ``{"ddpkit_health": 1, "node": "n1", "ok": false, "why": "..."}``.
 The node is ``SLURMD_NODENAME`` (SLURM's name for it, what ``ExcNodeList`` takes), else the
@@ -68,7 +66,8 @@ def check_node(check: str, timeout_s: float, *, node: str) -> str | None:
     try:
         output, _ = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(child.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
         output, _ = child.communicate()
         _echo(node, output)
         return f"timed out after {timeout_s:g} s"
@@ -80,11 +79,6 @@ def check_node(check: str, timeout_s: float, *, node: str) -> str | None:
     if child.returncode < 0:
         return f"killed by {signal.Signals(-child.returncode).name}{said}"
     return f"exit code {child.returncode}{said}"
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def _echo(node: str, output: bytes) -> None:

@@ -1,16 +1,14 @@
 """``python -m ddpkit.cluster.stop.hold COMMAND [ARGS...]``: run a command under the stop
 signal's hold-and-forward (:mod:`.forward`), and outlive it.
 
-Each srun task of an sbatch job runs its command through this (``ddpkit.contract.
-STOP_HOLD_MODULE`` in the templates), and submitit's task runner calls :func:`run_holding`.
-``scancel --signal=USR2 <job>`` (no ``--batch``) signals every process of the step at once, the
-command's Python too, which would die of it before ``ddpkit.init()`` latched it: the command
-starts with the signal blocked, so it stays pending until the latch, and each arrival here is
-passed on (kept until the command runs).
+Each srun task of an sbatch job runs its command through this, and submitit's task runner
+calls :func:`run_holding`. ``scancel --signal=USR2 <job>`` signals every process of the step at
+once, the command's Python too, which would die of it before ``ddpkit.init()`` latched it: the
+command starts with the signal blocked, so it stays pending until the latch.
 
 As a task wrapper it outlives the command: SLURM's SIGTERM (scancel, requeue) and a terminal's
 INT/HUP/QUIT reach the command too, and a task whose first process has ended is over for SLURM,
-which then kills the rest (output not yet written included); so they are caught here, and the
+which then kills the rest (unwritten output included); so they are caught here, and the
 command (whose handlers start at their defaults) decides. Exit code: the command's, 128+N when a
 signal N ended it (as a shell reports it).
 """

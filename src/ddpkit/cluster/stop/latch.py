@@ -2,38 +2,25 @@
 
 A signal's default action (for USR1/USR2: end the process) must not hit a rank that has not
 reached its training loop yet, so ``ddpkit.init()`` latches ``DDPKIT_SIGNAL`` (which ddpkit's
-job scripts set) as its first step, and ``ddpkit.preemption_guard()`` reads the latch: a
-signal that came during start-up, model building or the checkpoint load is not lost. The
-handler does nothing else (no I/O, no collectives): the decision is taken at a step boundary.
+job scripts set) as its first step, and ``ddpkit.preemption_guard()`` reads the latch at a step
+boundary: a signal that came during start-up or the checkpoint load is not lost. The handler
+does nothing else (no I/O, no collectives).
 
-The latch holds until the process is gone:
-
-* At exit the signal is ignored instead (an atexit handler, registered when this module is
-  imported, so it runs after ddpkit's other ones). Python's finalization, after the atexit
-  handlers, puts every signal that has a Python handler back to its default action and then
-  tears the interpreter down (torch's modules, the process group's threads), which takes up to
-  seconds: a signal then would kill a run that has finished, and SLURM would record it as
-  FAILED. An ignored signal is left ignored. Nobody reads the latch by then: nothing is lost.
-* Latching also unblocks the signal in the calling thread: a parent that starts this process
-  with the signal blocked (:mod:`ddpkit.cluster.stop.forward`: ddpkit's task wrappers, and
-  ``ddpkit run`` in a ddpkit job) keeps one that came before the latch pending, and it is
-  recorded the moment the handler is in place. Outside a ddpkit job ``ddpkit run`` starts its
-  workers with the signal as the user had it (not blocked) and sends one to a worker only once
-  the worker catches it: the handler in place is what lets it through.
+* At exit the latched signals are ignored instead (an atexit handler registered at import, so
+  it runs after ddpkit's other ones): Python's finalization restores their default action and
+  then takes up to seconds to tear torch down, and a signal then would kill a finished run
+  (SLURM would record it as FAILED). Nobody reads the latch by then.
+* Latching unblocks the signal in the calling thread: a parent that started this process with
+  it blocked (:mod:`ddpkit.cluster.stop.forward`) kept an earlier arrival pending, and it is
+  recorded the moment the handler is in place.
 * With ``DDPKIT_LATCH_DIR`` set (ddpkit's sbatch scripts set it to a fresh folder of the job),
-  ``latch_from_env`` creates ``<host>.<pid>`` there once the handler is in place: the batch
-  shell holds SLURM's warning until every process has one, then passes it on (see the
-  templates).
-* The other side is :mod:`ddpkit.cluster.stop.forward`: each srun task's holder, submitit's task
-  runner and ``ddpkit run`` in a ddpkit job block the signal, so every process they start
-  inherits the block, and a thread passes each arrival on (``ddpkit run`` outside a job: to
-  the workers that catch it, see :mod:`ddpkit.launch.relay`).
+  :func:`latch_from_env` creates ``<host>.<pid>`` there once the handler is in place: the batch
+  shell holds SLURM's warning until every process has one, then passes it on.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import signal
 import socket
@@ -43,16 +30,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
+from ddpkit.cluster.stop import forward
 from ddpkit.cluster.stop.signals import signal_from_env
 from ddpkit.contract import LATCH_DIR_VAR, SIGNAL_VAR
 
-__all__ = [
-    "announce",
-    "clear",
-    "latch",
-    "latch_from_env",
-    "received",
-]
+__all__ = ["announce", "clear", "latch", "latch_from_env", "received"]
 
 
 _RECEIVED: set[int] = set()
@@ -76,14 +58,8 @@ def latch(sig: signal.Signals) -> bool:
     return True
 
 
-def _ignore_at_exit() -> None:
-    """Ignore the latched signals: finalization would restore their default action."""
-    for signum in _LATCHED:
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(signum, signal.SIG_IGN)
-
-
-atexit.register(_ignore_at_exit)  # at import: after every handler registered later
+# at import: after every handler registered later; the set is read at exit
+atexit.register(forward.ignore_at_exit, _LATCHED)
 
 
 def latch_from_env(env: Mapping[str, str]) -> signal.Signals | None:

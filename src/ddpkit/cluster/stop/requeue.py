@@ -11,17 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddpkit.cluster.envvars import parse_int, to_int
-from ddpkit.cluster.stop.signals import DEFAULT_MAX_REQUEUES, EXIT_STOPPED
-from ddpkit.contract import MAX_REQUEUES_VAR
+from ddpkit.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR
 from ddpkit.errors import ConfigError
 
-__all__ = [
-    "DEFAULT_MAX_REQUEUES",
-    "EXIT_STOPPED",
-    "RequeuePlan",
-    "max_requeues_from",
-    "plan_requeue",
-]
+__all__ = ["RequeuePlan", "max_requeues_from", "plan_requeue"]
 
 
 def max_requeues_from(value: int | None, env: Mapping[str, str]) -> int:

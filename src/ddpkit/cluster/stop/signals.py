@@ -4,15 +4,13 @@ Two sets, one definition (a change here reaches the spec, the guard, the latch, 
 and the job scripts):
 
 * :data:`JobSignal` / :data:`JOB_SIGNALS`: what a job spec's ``signal:`` takes, and so what
-  ddpkit's job scripts hold, count and pass on (``#SBATCH --signal``, submitit's ``--signal``).
-  Only USR1 and USR2: the other signals below already mean something to SLURM or a shell
-  (SLURM ends every job with TERM, the batch shell and each task wrapper outlive TERM, INT,
-  HUP and QUIT on purpose), so a job script cannot tell "stop soon" from them.
+  ddpkit's job scripts hold, count and pass on. Only USR1 and USR2: SLURM ends every job with
+  TERM, and the batch shell and each task wrapper outlive TERM, INT, HUP and QUIT on purpose,
+  so a job script cannot tell "stop soon" from those.
 * :data:`ALLOWED_SIGNALS`: what ``DDPKIT_SIGNAL`` (set by hand) or ``preemption_guard(signal)``
   may name, for a cluster whose only warning is one of those.
 
-The default (:data:`DEFAULT_SIGNAL`) and the requeue cap's (:data:`DEFAULT_MAX_REQUEUES`) are
-:mod:`ddpkit.contract`'s, with their variables' names. ``DDPKIT_SIGNAL`` is read by
+The defaults are :mod:`ddpkit.contract`'s; ``DDPKIT_SIGNAL`` is read by
 :func:`signal_from_env` only.
 """
 
