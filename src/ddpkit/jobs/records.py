@@ -14,16 +14,8 @@ names a record (:func:`record_key`): a slurm handle shares the file of its SLURM
 ``ddpkit status 1234`` and ``ddpkit status slurm://torchx/1234`` read the same record; other
 schedulers' handles get ``<scheduler>-<app id>.json``. A job that runs in the foreground of the
 submitting process (torchx's local_cwd) gets its record rewritten once more with the backend's
-final state (``final_state``).
-
-``run_id`` is the run id the job's ranks will have (:mod:`ddpkit.cluster.runid`), as far as
-the submission knows it: ``DDPKIT_RUN_ID`` from the spec's ``env`` or the submitting
-environment (which sbatch passes on), else ``slurm-<job id>``; None where the ranks make their
-own (a sweep's tasks are ``slurm-<array id>_<task>``, see :func:`recorded_run_id`; a local
-torchx app is named by its launch). Records written before the field existed read as None.
-
-``min_nodes`` is a spec's ``nodes: MIN-MAX`` MIN (``nodes`` then holds MAX), None for a fixed
-count and in records written before ranges existed.
+final state (``final_state``). Fields added later (``run_id``, ``min_nodes``) read as None
+from older records.
 """
 
 from __future__ import annotations
@@ -86,7 +78,7 @@ class JobRecord:
     final_state: str | None = None  # a job run in the foreground: the backend's final state
     # a sweep (job array): each task's run name, by task index; the job id is the array's
     sweep_runs: tuple[str, ...] | None = None
-    run_id: str | None = None  # the ranks' run id as the submission knew it (module doc)
+    run_id: str | None = None  # the ranks' run id as the submission knew it (submitted_run_id)
     min_nodes: int | None = None  # nodes: MIN-MAX: MIN (``nodes`` is MAX); None: a fixed count
 
     @property
@@ -241,32 +233,28 @@ def load_record(job_id: str, *, home: Path | None = None) -> JobRecord | None:
 
 def _read_record(job_id: str, home: Path | None) -> JobRecord | None:
     path = record_path(job_id, home=home)
+
+    def damaged(problem: str) -> ConfigError:
+        hint = "delete the file; status, logs and cancel then ask SLURM alone"
+        return ConfigError(f"job record {str(path)!r} {problem}", hint=hint)
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: [[[[...
         reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise ConfigError(
-            f"job record {str(path)!r} cannot be read: {reason}",
-            hint="delete the file; status, logs and cancel then ask SLURM alone",
-        ) from None
+        raise damaged(f"cannot be read: {reason}") from None
     known = {f.name for f in fields(JobRecord)}
     required = {f.name for f in fields(JobRecord) if f.default is MISSING}
     if isinstance(data, dict):
         data = {_RENAMED.get(k, k): v for k, v in data.items()}
     if not isinstance(data, dict) or not required <= set(data):
-        raise ConfigError(
-            f"job record {str(path)!r} is not a ddpkit job record",
-            hint="delete the file; status, logs and cancel then ask SLURM alone",
-        )
+        raise damaged("is not a ddpkit job record")
     data = {key: value for key, value in data.items() if key in known}
     bad = next((key for key, value in data.items() if not _RECORD_TYPES[key](value)), None)
     if bad is not None:
-        raise ConfigError(
-            f"job record {str(path)!r} has {bad}={repr(data[bad])[:80]}, which ddpkit never writes",
-            hint="delete the file; status, logs and cancel then ask SLURM alone",
-        )
+        raise damaged(f"has {bad}={repr(data[bad])[:80]}, which ddpkit never writes")
     if isinstance(data.get("sweep_runs"), list):  # JSON has no tuples
         data["sweep_runs"] = tuple(data["sweep_runs"])
     return JobRecord(**data)

@@ -64,6 +64,7 @@ __all__ = [
     "command_words",
     "endpoint_command",
     "render_sbatch",
+    "sbatch_extras",
     "sbatch_options",
     "sbatch_quote",
     "shell_quote",
@@ -238,16 +239,10 @@ def _mem(mem_gb: float) -> str:
     return f"{math.ceil(mem_gb * 1024)}M"
 
 
-def _extra_options(spec: JobSpec) -> list[tuple[str, str | None]]:
-    """``sbatch:`` from the spec, sorted; true is a bare flag, false leaves the option out."""
-    options: list[tuple[str, str | None]] = []
-    for key in sorted(spec.sbatch):
-        value = spec.sbatch[key]
-        if value is True:
-            options.append((key, None))
-        elif value is not False:
-            options.append((key, str(value)))
-    return options
+def sbatch_extras(spec: JobSpec) -> dict[str, str | None]:
+    """``sbatch:`` from the spec, sorted; true is a bare flag (None), false leaves it out."""
+    kept = sorted((key, value) for key, value in spec.sbatch.items() if value is not False)
+    return {key: None if value is True else str(value) for key, value in kept}
 
 
 def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
@@ -266,7 +261,7 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
         options.append(("ntasks-per-node", str(spec.tasks_per_node)))
     cpus = spec.cpus_per_task * spec.procs if ranged else spec.cpus_per_slurm_task
     options.append(("cpus-per-task", str(cpus)))
-    extras = _extra_options(spec)
+    extras = list(sbatch_extras(spec).items())
     if spec.gpus_per_node > 0 and not any(key in _GPU_OPTIONS for key, _ in extras):
         options.append(("gpus-per-node", str(spec.gpus_per_node)))
     if spec.mem_gb is not None:

@@ -25,7 +25,6 @@ from ddpkit.errors import ConfigError
 from ddpkit.jobs.spec_checks import MAX_PER_NODE, invalid, number_to_str, shown
 
 __all__ = [
-    "AFTER_TYPES",
     "CHAIN_DOCS",
     "AfterList",
     "AfterType",
@@ -37,7 +36,6 @@ __all__ = [
 ]
 
 AfterType = Literal["afterok", "afterany"]
-AFTER_TYPES: tuple[AfterType, ...] = ("afterok", "afterany")
 MAX_AFTER = 100  # jobs one job may wait for: far above any real chain
 # the fields' descriptions: documentation, and the hint for a value of the wrong type
 CHAIN_DOCS = {

@@ -10,6 +10,7 @@ The arithmetic (tasks, run names, placeholders) is :mod:`ddpkit.jobs.sweep`'s.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -137,12 +138,7 @@ class Sweep(Model):
     def count(self) -> int:
         """How many runs (array tasks) the sweep has."""
         lengths = [len(values) for values in self.params.values()]
-        if self.mode == "zip":
-            return min(lengths, default=0)
-        total = 1
-        for length in lengths:
-            total *= length
-        return total
+        return min(lengths, default=0) if self.mode == "zip" else math.prod(lengths)
 
     @property
     def tasks(self) -> list[sweeps.SweepTask]:

@@ -137,11 +137,9 @@ def check_scheduler(via: str, scheduler: str | None, *, flags: bool = False) -> 
     takers = ", ".join(SCHEDULERS)
     if flags:
         message = f"--scheduler {scheduler} is for --via {takers}, not --via {via}"
-        hint = f"add --via {takers}, or drop --scheduler"
     else:
         message = f"scheduler={scheduler!r} is for via {takers!r}, not via {via!r}"
-        hint = f"add --via {takers}, or drop --scheduler"
-    raise ConfigError(message, hint=hint)
+    raise ConfigError(message, hint=f"add --via {takers}, or drop --scheduler")
 
 
 def follower(job: str, record: JobRecord | None) -> Backend:
@@ -156,9 +154,6 @@ def get_backend(via: str) -> Backend:
     """The backend called ``via``; a ConfigError with a hint for an unknown name."""
     module_name = BACKENDS.get(via)  # type: ignore[call-overload]
     if module_name is None:
-        raise ConfigError(
-            f"via {via!r} is not a backend",
-            hint=did_you_mean(via, BACKENDS),
-        )
+        raise ConfigError(f"via {via!r} is not a backend", hint=did_you_mean(via, BACKENDS))
     backend: Backend = importlib.import_module(module_name).BACKEND
     return backend
