@@ -1,10 +1,9 @@
 """Jobs through torchx: ``ddpkit submit SPEC --via torchx [--scheduler local_cwd|slurm]`` and then
 ``status``, ``logs``, ``cancel`` of what it printed.
 
-This module owns the torchx side of the jobs API: the scheduler run config, dry run and
-submission through ``torchx.runner`` (the AppDef comes from the one conversion,
-``ddpkit.jobs.backends.torchx_appdef.spec_to_appdef``), the ONE table :data:`TORCHX_STATES`
-from torchx's ``AppState`` to ddpkit's :class:`JobState`, and where torchx's log files are.
+This module owns the torchx side of the jobs API: the run config, dry run and submission
+through ``torchx.runner`` (the AppDef is ``torchx_appdef.spec_to_appdef``'s), the table
+:data:`TORCHX_STATES` from torchx's ``AppState`` to :class:`JobState`, and torchx's log files.
 
 The job id is torchx's app handle (``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``);
 its record says how to follow it. Two torchx facts shape what follows:
@@ -23,10 +22,8 @@ its record says how to follow it. Two torchx facts shape what follows:
   job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
   SLURM does not know the job, and any exception of torchx becomes an UNKNOWN state with a hint.
 
-Logs are read from the files torchx's ``log_iter`` reads (``log_lines`` cannot serve a later
-process for either scheduler, see above), so ``ddpkit logs -f`` follows them like any job's.
-torchx itself is imported only when a function here needs it; without it the error names the
-extra to install.
+Logs are read from the files torchx's ``log_iter`` reads, so ``ddpkit logs -f`` follows them
+like any job's. torchx is imported only when a function here needs it.
 """
 
 from __future__ import annotations
@@ -143,14 +140,10 @@ def _torchx_signal() -> type[BaseException]:
 @contextmanager
 def _runner() -> Iterator[Any]:
     """A torchx ``Runner``, closed after use (closing kills the local apps it still runs), with
-    the caller's SIGINT and SIGTERM handlers as they were before it.
-
-    torchx's ``LocalScheduler``, when a runner first makes it (a local_cwd dry run, submission or
-    status), sets handlers of its own for both in the whole process (each raises torchx's
-    ``SignalException``) and never puts the caller's back: a program that had asked ddpkit's API
-    for a dry run then got torchx's exception on Ctrl-C instead of ``KeyboardInterrupt`` (found
-    by the test suite's guard on signal handlers, 2026-11-29). That exception, raised while a
-    runner is in use, comes out as ``KeyboardInterrupt`` too."""
+    the caller's SIGINT and SIGTERM handlers put back: torchx's ``LocalScheduler`` sets its own
+    (raising ``SignalException``) in the whole process and never restores them, so Ctrl-C would
+    raise torchx's exception, not ``KeyboardInterrupt``. That exception, raised while a runner
+    is in use, comes out as ``KeyboardInterrupt`` too."""
     main = threading.current_thread() is threading.main_thread()
     saved = [(signum, signal.getsignal(signum)) for signum in _STOP_SIGNALS] if main else []
     torchx_signal = _torchx_signal()
@@ -234,12 +227,10 @@ def _run_local(runner: Any, request: Request, script: str) -> JobRecord:
 
     SIGINT (Ctrl-C) or SIGTERM cancels it (``CANCELLED``): its processes are this one's
     children, which must not outlive it. torchx makes its local scheduler, and sets its own
-    handlers, before anything starts: a signal then ends the submission as Ctrl-C does
-    (:func:`_runner`). From the app's start until its record is saved the signal is held
-    (:func:`~ddpkit.jobs.interrupts.held_stop_signals`), then raised by torchx's handler and
-    acted on here: raised while torchx started the replicas (before 2026-11-29), one could come
-    between a replica's start and torchx's note of it, which the runner's close kills, and
-    that replica ran on, in a session of its own, with nothing left to stop it."""
+    handlers, before anything starts (see :func:`_runner`). From the app's start until its
+    record is saved the signal is held (:func:`~ddpkit.jobs.interrupts.held_stop_signals`):
+    one raised between a replica's start and torchx's note of it would leave that replica
+    running, in a session of its own, with nothing left to stop it."""
     main = threading.current_thread() is threading.main_thread()
 
     def handle_with(handler: Any) -> None:
