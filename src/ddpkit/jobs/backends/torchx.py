@@ -33,7 +33,6 @@ import os
 import re
 import signal
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -48,7 +47,14 @@ from ddpkit.jobs.backends import Request, SweepTask
 from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep
 from ddpkit.jobs.interrupts import held_stop_signals
 from ddpkit.jobs.logs import LogFile
-from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record, submitted_run_id
+from ddpkit.jobs.records import (
+    JobRecord,
+    Via,
+    new_record,
+    parse_job,
+    save_record,
+    submitted_run_id,
+)
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -265,19 +271,9 @@ def _record(spec: JobSpec, handle: str) -> JobRecord:
     # replicas then cd to the workdir); local: <log_dir cfg>/<session>/<app id>/<role>/<k>/*.log
     local = os.path.join(spec.log_path, SESSION, app_id)
     log_dir = str(Path.cwd()) if scheduler == "slurm" else local
-    return JobRecord(
-        job_id=app_id,
-        via="torchx",
-        name=spec.name,
-        log_dir=log_dir,
-        launch="torchx",
-        nodes=spec.nodes,
-        procs_per_node=spec.procs,
-        workdir=spec.workdir,
-        submitted_at=time.time(),
-        run_id=submitted_run_id(spec.env, app_id if scheduler == "slurm" else None, os.environ),
-        handle=handle,
-    )
+    run_id = submitted_run_id(spec.env, app_id if scheduler == "slurm" else None, os.environ)
+    record = new_record(spec, app_id, "torchx", None, launch="torchx")
+    return replace(record, log_dir=log_dir, run_id=run_id, handle=handle)
 
 
 def record_for(handle: str) -> JobRecord:

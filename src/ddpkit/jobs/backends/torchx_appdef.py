@@ -75,7 +75,6 @@ __all__ = [
     "import_torchx",
     "parse_j",
     "refuse_sweep",
-    "replica_script",
     "scheduler_cfg",
     "slurm_role_type",
     "spec_to_appdef",
@@ -148,37 +147,6 @@ def _endpoint(specs: Any, rdzv_port: int | None, python: str) -> _Shell:
     return _Shell(f'"{host}:{port}"')
 
 
-def replica_script(
-    *,
-    python: str,
-    command: Sequence[str],
-    nodes: int,
-    procs: int,
-    rdzv_port: int | None = 29500,
-    setup: Sequence[str] = (),
-    exports: Mapping[str, str] | None = None,
-    workdir: str | None = None,
-    log_ranks: Sequence[int] | None = None,
-) -> str:
-    """The ``bash -c`` text each replica runs (torchx macros still in it; see the module doc);
-    ``log_ranks``: the local ranks whose lines the replica prints (torchrun's filter)."""
-    specs = import_torchx()
-    argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
-    argv += ["--nproc-per-node", str(procs)]
-    if nodes == 1:
-        argv.append("--standalone")
-    else:
-        endpoint = _endpoint(specs, rdzv_port, python)
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
-        argv += ["--rdzv-id", _Shell(specs.macros.app_id)]
-    argv += ranks_filter(log_ranks)
-    lines = [f"cd -- {_word(workdir)}"] if workdir is not None else []
-    lines += [_template_literal(line) for line in setup]  # verbatim shell, by design
-    lines += [f"export {key}={_word(value)}" for key, value in (exports or {}).items()]
-    lines.append("exec " + " ".join(_word(word) for word in [*argv, *command]))
-    return "\n".join(lines)
-
-
 def ddp_appdef(
     *,
     name: str,
@@ -211,25 +179,28 @@ def ddp_appdef(
             f"nodes={nodes}, procs per node={procs}: both must be at least 1",
             hint="e.g. -j 2x4 (2 nodes, 4 processes each)",
         )
+    # the bash -c text each replica runs (torchx macros still in it; see the module doc)
+    argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
+    argv += ["--nproc-per-node", str(procs)]
+    if nodes == 1:
+        argv.append("--standalone")
+    else:
+        endpoint = _endpoint(specs, rdzv_port, python)
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+        argv += ["--rdzv-id", _Shell(specs.macros.app_id)]
+    argv += ranks_filter(log_ranks)  # torchrun's filter of the local ranks that print
     env = dict(env or {})
-    exports = {key: env.pop(key) for key in sorted(env) if "," in env[key]}
-    script = replica_script(
-        python=python,
-        command=command,
-        nodes=nodes,
-        procs=procs,
-        rdzv_port=rdzv_port,
-        setup=setup,
-        exports=exports,
-        workdir=workdir,
-        log_ranks=log_ranks,
-    )
+    exports = {key: env.pop(key) for key in sorted(env) if "," in env[key]}  # see module doc
+    lines = [f"cd -- {_word(workdir)}"] if workdir is not None else []
+    lines += [_template_literal(line) for line in setup]  # verbatim shell, by design
+    lines += [f"export {key}={_word(value)}" for key, value in exports.items()]
+    lines.append("exec " + " ".join(_word(word) for word in [*argv, *command]))
     role = slurm_role_type()(
         sbatch=dict(sbatch or {}),
         name=role_name or _role_name(command, name),
         image="",
         entrypoint="bash",
-        args=["-c", script],
+        args=["-c", "\n".join(lines)],
         env={key: _template_literal(value) for key, value in env.items()},
         num_replicas=nodes,
         max_retries=max_retries,
