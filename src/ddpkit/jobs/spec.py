@@ -1,20 +1,13 @@
 """Job specs and cluster profiles: the typed, validated, frozen description of a SLURM job.
 
-This module owns the field names, types and defaults of a job spec (``JobSpec``) and of a site
-profile (``ClusterProfile``), every check on one value or between values, and the values derived
-from them (``procs``, ``world_size``, ``is_module``, ...). Reading YAML, finding profiles and
-merging the layers is ``ddpkit.jobs.load``; nothing here touches a file or the environment (the
-only impure bits are two defaults: ``python`` is ``sys.executable``, ``workdir`` the current
-directory).
+This module owns the fields of a job spec (``JobSpec``) and a site profile (``ClusterProfile``),
+every check on them (errors built by :func:`~ddpkit.jobs.spec_checks.invalid`; field
+descriptions double as the hint for type errors), and the values derived from them. Reading
+YAML and merging the layers is ``ddpkit.jobs.load``; nothing here touches a file.
 
-Validators raise pydantic errors of type ``"ddpkit"`` whose context carries a ``hint`` (and, for
-checks spanning fields, the ``field`` path and its ``value``); ``ddpkit.jobs.load`` turns the
-first error into one ``ConfigError`` line. Field descriptions double as the hint for type errors.
-
-Quoting is not this module's job: values that are legitimate in a shell word (quotes, ``;``,
-``$()``, spaces) are accepted and the renderer quotes them. Rejected are only values that cannot
-be carried at all: NUL anywhere, and line breaks in anything that reaches an ``#SBATCH`` line or
-a file name (``name``, ``partition``, ``log_dir``, ``workdir``, ``sbatch`` values, ...).
+Quoting is the renderer's job: values legitimate in a shell word (quotes, ``;``, ``$()``) are
+accepted. Rejected are only values that cannot be carried at all: NUL anywhere, and line breaks
+in anything that reaches an ``#SBATCH`` line or a file name.
 """
 
 from __future__ import annotations

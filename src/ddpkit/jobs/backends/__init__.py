@@ -1,22 +1,11 @@
 """One protocol for every way ddpkit submits a job, and the registry that finds them.
 
-In the spirit of torchx's ``Scheduler``: a backend turns a spec into a printable
-:class:`Request` without side effects (``dry_run``), submits exactly that request
-(``schedule``: so a submission is a dry run plus a schedule), and follows what it submitted
-(``status``, ``sweep_status``, ``cancel``, ``log_files``: each backend owns its log layout).
-The jobs API (:mod:`ddpkit.jobs.api`) and the CLI only look a backend up and call it: nothing
-outside this package branches on a backend's name (tests/test_backend_names.py checks).
-
-    backend name   module                         submits with
-    sbatch         ddpkit.jobs.backends.sbatch    sbatch, a script from ddpkit's templates
-    submitit       ddpkit.jobs.backends.submitit  submitit's AutoExecutor (on SLURM)
-    torchx         ddpkit.jobs.backends.torchx    torchx's runner (local_cwd or slurm); the
-                                                  spec -> AppDef conversion it shares with
-                                                  ddpkit.components is backends.torchx_appdef
-
-Modules are imported when their backend is first used (submitit and torchx are optional
-extras). A fourth backend is one module with a ``BACKEND`` object and one line in
-:data:`BACKENDS`.
+As torchx's ``Scheduler``: a backend turns a spec into a printable :class:`Request` without
+side effects (``dry_run``), submits exactly that request (``schedule``), and follows what it
+submitted (``status``, ``sweep_status``, ``cancel``, ``log_files``: it owns its log layout).
+Nothing outside this package branches on a backend's name (tests/test_backend_names.py checks).
+A backend's module is imported on first use (submitit and torchx are optional extras); a fourth
+backend is one module with a ``BACKEND`` object and one line in :data:`BACKENDS`.
 """
 
 from __future__ import annotations

@@ -1,40 +1,25 @@
 """The submitit backend: a JobSpec as ``submitit.AutoExecutor`` parameters, and submission.
 
-This module owns the translation spec -> executor parameters (one function, so the dry run shows
-exactly what a submission uses) and the two ways to submit: the spec's command, run in every
-task by ``submitit.helpers.CommandFunction``, or any picklable Python function. submitit is an
-optional dependency, imported only here and only when used; without it the error names the
-extra to install.
+One function translates spec -> executor parameters, so the dry run shows exactly what a
+submission uses. The spec's command runs in every task under submitit's task runner
+(``ddpkit.launch.submitit_task.RunCommand``), or any picklable Python function does. Every task
+is one process (``nodes * procs`` SLURM tasks): ``ddpkit.init()`` finds its rank through
+submitit's SLURM environment. submitit is optional, imported only when used.
 
-Every task is one process (submitit starts ``nodes * procs`` SLURM tasks), so inside the job
-``ddpkit.init()`` finds its rank through submitit's SLURM environment.
+Stop signals: submitit asks SLURM for the warning (``--signal``, from ``signal`` and
+``warning_s``) and, in the job, binds it to a handler that on rank 0 requeues at once. A
+function that creates ``ddpkit.preemption_guard()`` replaces that handler in its process; the
+task runner holds the signal and passes it on to the command (:mod:`ddpkit.cluster.stop`).
 
-Stop signals: submitit asks SLURM for its USR2 warning before the time limit (``--signal``, set
-here from the spec's ``signal`` and ``warning_s``) and, in the job, binds USR2 to a handler
-that on rank 0 requeues the job at once, without waiting for anything. A Python function that
-creates ``ddpkit.preemption_guard()`` replaces that handler in its own process. The spec's
-command runs under submitit's task runner (``ddpkit.launch.submitit_task.RunCommand``), which
-holds the signal and passes it on to the command instead (:mod:`ddpkit.cluster.stop`).
+A sweep is one ``map_array``: each task a ``RunCommand`` with its command (placeholders
+substituted as words, no shell) and ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism``
+is ``max_parallel``, else every run at once (submitit's default caps it at 256).
 
-A sweep goes through ``executor.map_array``: one SLURM array, each task a ``RunCommand``
-with the task's command (placeholders substituted here, as words: no shell in between) and
-its ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism`` is ``max_parallel`` (else every
-run at once: submitit's default would cap it at 256). submitit submits a single item as a
-plain job, not an array of one, and :func:`sweep_record` records it as one. A Python function
-goes through :func:`map_function`, which calls it with each task's values as keyword arguments.
-
-``#SBATCH`` values: submitit quotes them for bash (``shlex.quote``), but sbatch's own parser
-reads them and takes a backslash as an escape even inside single quotes, so a value with
-``\\'`` could add an sbatch option of its own. Every value is handed to submitit with its
-backslashes doubled (:func:`ddpkit.compat.submitit_sbatch_value`), which sbatch reads back as
-the value itself; a backslash in the log folder (``--output``) is refused, as SLURM turns the
-``%j`` patterns off there. The dry run shows the spec's values in ``parameters`` and the
-script as submitted.
-
-The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
-rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
-would lose the SLURM variables they find their ranks from. The spec's ``template`` is for sbatch
-scripts only: submitit writes its own.
+``#SBATCH`` values: submitit quotes them for bash, but sbatch's parser takes a backslash as an
+escape even inside single quotes (``\\'`` could add an option), so every value goes with its
+backslashes doubled (:func:`ddpkit.compat.submitit_sbatch_value`). ``env`` goes into the batch
+script as quoted ``export`` lines, not a subprocess ``env=``, which would replace the whole
+environment and lose the SLURM variables the ranks come from.
 """
 
 from __future__ import annotations
