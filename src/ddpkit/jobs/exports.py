@@ -1,10 +1,7 @@
 """The job-script contract's values for a spec: what every way ddpkit starts a job exports.
 
-The sbatch templates, submitit and torchx hand the running job the same ``DDPKIT_*`` variables,
-computed here from the spec; the names, and why a spec's ``env`` may not set them, are
-:mod:`ddpkit.contract`'s. The sweep variables differ per array task: the batch script picks them
-from a table written into it by ``SLURM_ARRAY_TASK_ID`` (:func:`sweep_exports` computes one
-task's).
+The sbatch templates, submitit and torchx hand the job the same ``DDPKIT_*`` variables; their
+names are :mod:`ddpkit.contract`'s. A sweep's differ per array task (:func:`sweep_exports`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ Ranks are node-major in both launch modes, so one table describes both:
   ``rank = node_rank*procs + local_rank``. With the c10d rendezvous the node rank follows the
   order in which nodes join, so the host behind ``node1`` is known only at run time.
 
-Host names are placeholders (``node0``, ``node1``, ...): SLURM picks the hosts at submission.
-The plan shows ``env`` values and every other string through :mod:`ddpkit.masking`'s
-rule (a plan is pasted into issues); ``submit --dry-run`` prints the literal script instead.
+Host names are placeholders (``node0``, ...): SLURM picks the hosts. The plan masks secrets
+(:mod:`ddpkit.masking`: plans get pasted into issues); ``submit --dry-run`` does not.
 """
 
 from __future__ import annotations

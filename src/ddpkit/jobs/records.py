@@ -1,21 +1,13 @@
 """Job records: what ddpkit remembers about a job it submitted, one JSON file per job.
 
-A record is written once, after a successful submission, to
-``$DDPKIT_HOME/jobs/<job id>.json`` (``DDPKIT_HOME`` defaults to ``~/.cache/ddpkit``). It holds
-what SLURM does not keep for long (without accounting a finished job is forgotten after a few
-minutes): the backend, the job name, the absolute log directory, the launch mode and layout, and
-the submitted script (or the submitit folder). ``status``/``logs``/``cancel`` use it when it is
-there and fall back to SLURM when it is not. Writes are atomic (temporary file + rename), so a
-reader never sees half a record.
+Written once, atomically, after a successful submission to ``$DDPKIT_HOME/jobs/<job id>.json``:
+what SLURM forgets soon (without accounting, minutes after the job ends) and
+``status``/``logs``/``cancel`` need; without a record they ask SLURM alone.
 
-A backend that names its jobs otherwise keeps that name in ``handle``: torchx's app handle
-(``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``). Either a SLURM job id or such a handle
-names a record (:func:`record_key`): a slurm handle shares the file of its SLURM job id, so
-``ddpkit status 1234`` and ``ddpkit status slurm://torchx/1234`` read the same record; other
-schedulers' handles get ``<scheduler>-<app id>.json``. A job that runs in the foreground of the
-submitting process (torchx's local_cwd) gets its record rewritten once more with the backend's
-final state (``final_state``). Fields added later (``run_id``, ``min_nodes``) read as None
-from older records.
+torchx's app handle is kept in ``handle``; a slurm handle shares its SLURM job id's file, other
+schedulers' get ``<scheduler>-<app id>.json`` (:func:`record_key`). A job run in the foreground
+(torchx's local_cwd) is rewritten once with its ``final_state``. Fields added later
+(``run_id``, ``min_nodes``) read as None from older records.
 """
 
 from __future__ import annotations

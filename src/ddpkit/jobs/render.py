@@ -1,11 +1,7 @@
 """Job specs to sbatch scripts: the template context, the quoting filters, the torchrun line.
 
-This module owns everything between a validated ``JobSpec`` and the script text: the
-``#SBATCH`` option list, quoting for the two parsers the text meets, SLURM filename patterns,
-the command each node runs under ``launch: torchrun``, and loading the built-in or a user's
-Jinja2 template, rendered in a sandbox (:mod:`ddpkit.jobs.sandbox`: a template cannot run code
-or read this machine's environment); its errors become ``ConfigError`` naming the file and line.
-Rendering is deterministic: the same spec gives the same text (no timestamps).
+Templates render in :mod:`ddpkit.jobs.sandbox`; their errors become a ``ConfigError`` naming
+the file and line. Rendering is deterministic: the same spec gives the same text.
 
 Quoting, as checked on SLURM 22.05.8:
 

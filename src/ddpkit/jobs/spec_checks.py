@@ -1,10 +1,8 @@
 """What every spec model shares: the error type ``ddpkit.jobs.load`` reads, one-value checks, the
 upper bounds of numeric fields, and :func:`shown`, how an error message quotes a bad value.
 
-``invalid`` builds a pydantic error of type ``"ddpkit"`` whose context carries the problem and
-a hint (and, for checks spanning fields, the field path and its value); ``ddpkit.jobs.load``
-turns it into one ``ConfigError`` line. Split from :mod:`ddpkit.jobs.spec` so that the sweep's
-model (:mod:`ddpkit.jobs.sweep_spec`) uses the same pieces without an import cycle.
+Split from :mod:`ddpkit.jobs.spec` so that the sweep's model (:mod:`ddpkit.jobs.sweep_spec`)
+uses the same pieces without an import cycle.
 """
 
 from __future__ import annotations

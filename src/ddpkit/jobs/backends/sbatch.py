@@ -1,11 +1,8 @@
 """The ``sbatch`` backend: a script from ddpkit's templates, submitted with ``sbatch``.
 
-Also home of :class:`SlurmJobs`, how any job that runs on SLURM is followed (state from
-squeue / sacct / scontrol, ``scancel``, a sweep's tasks, its output files), which the submitit
-backend shares; the log layout of ddpkit's templates (``<log_dir>/<name>-<id>.out``,
-``-rank<N>.out``, ``-node<N>.out``; a sweep's rank files in its run's folder); the files of a
-job ddpkit did not record (SLURM's batch output path says whose layout it is); and
-:func:`log_dir_made`, the log folder a submission creates and removes again when it fails.
+Also home of :class:`SlurmJobs`, how any job on SLURM is followed (the submitit backend shares
+it), and of the log layout of ddpkit's templates (``<log_dir>/<name>-<id>.out``,
+``-rank<N>.out``, ``-node<N>.out``; a sweep's rank files in its run's folder).
 """
 
 from __future__ import annotations

@@ -65,13 +65,11 @@ __all__ = [
     "command_line",
     "dry_run",
     "executor_parameters",
-    "folder",
     "import_submitit",
     "make_executor",
     "map_function",
     "record_of_function",
     "submit_command",
-    "submit_function",
     "submitted_script",
     "sweep_record",
     "sweep_runs",
@@ -90,11 +88,6 @@ def import_submitit() -> ModuleType:
             hint=f"{_INSTALL_HINT}, or submit with --via sbatch",
         ) from exc
     return submitit
-
-
-def folder(spec: JobSpec) -> Path:
-    """The executor folder: the spec's log_dir, made absolute against its workdir."""
-    return Path(spec.log_path)
 
 
 def command_line(spec: JobSpec) -> list[str]:
@@ -187,7 +180,7 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
     module = import_submitit()
     try:
         executor: submitit.AutoExecutor = module.AutoExecutor(
-            folder=folder(spec), cluster="slurm", slurm_python=shlex.quote(spec.python)
+            folder=Path(spec.log_path), cluster="slurm", slurm_python=shlex.quote(spec.python)
         )
     except RuntimeError as exc:  # SlurmExecutor refuses to exist without srun
         raise ConfigError(
@@ -209,7 +202,7 @@ def dry_run(spec: JobSpec) -> str:
     """
     import_submitit()
     shown: dict[str, Any] = {
-        "folder": str(folder(spec)),
+        "folder": spec.log_path,  # the executor's folder
         "python": spec.python,
         "parameters": executor_parameters(spec),
         "command": command_line(spec),
@@ -302,13 +295,6 @@ def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[
 _Call = KeywordCall
 
 
-def submit_function(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, spec: JobSpec
-) -> submitit.Job[Any]:
-    """Submit ``fn(*args, **kwargs)`` to run in every task, with the spec's resources."""
-    return make_executor(spec).submit(fn, *args, **kwargs)
-
-
 def submitted_script(job: submitit.Job[Any]) -> str | None:
     """The sbatch text submitit wrote for ``job`` (None if it is gone)."""
     try:
@@ -357,7 +343,7 @@ class SubmititBackend(SlurmJobs):
 
 
 def record_of_function(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
-    """The record of a function job (:func:`submit_function`), as ``ddpkit status`` reads it."""
+    """The record of a function job (:func:`ddpkit.jobs.submit_function`)."""
     return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
 
 

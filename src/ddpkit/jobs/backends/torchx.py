@@ -1,22 +1,14 @@
 """Jobs through torchx: ``ddpkit submit SPEC --via torchx [--scheduler local_cwd|slurm]`` and then
 ``status``, ``logs``, ``cancel`` of what it printed.
 
-This module owns the torchx side of the jobs API: the run config, dry run and submission
-through ``torchx.runner`` (the AppDef is ``torchx_appdef.spec_to_appdef``'s), the table
-:data:`TORCHX_STATES` from torchx's ``AppState`` to :class:`JobState`, and torchx's log files.
-
 The job id is torchx's app handle (``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``);
 its record says how to follow it. Two torchx facts shape what follows:
 
 * ``local_cwd`` runs the app as children of the submitting process and forgets it when that
-  process ends (a later ``Runner`` knows nothing of it, and closing one kills its apps). So a
-  local_cwd submission runs in the foreground, like ``torchx run -s local_cwd``: it returns when
-  the app has ended (Ctrl-C or SIGTERM cancels it) and records torchx's final state; its output
-  goes to files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the
-  process. torchx's local scheduler, once made, sets SIGINT and SIGTERM handlers of its own in
-  the process and never puts the caller's back: every runner here is made by :func:`_runner`,
-  which does (see there), and a submission holds both signals while torchx starts the app
-  (:func:`_run_local`).
+  process ends (closing a ``Runner`` kills its apps). So a local_cwd submission runs in the
+  foreground, like ``torchx run -s local_cwd``: it returns when the app has ended (Ctrl-C or
+  SIGTERM cancels it) and records torchx's final state; its output goes to files under the
+  spec's ``log_dir``, which outlive the process (see :func:`_runner`, :func:`_run_local`).
 * torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
   ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
   job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
