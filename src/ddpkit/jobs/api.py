@@ -42,6 +42,7 @@ from ddpkit.jobs.records import (
     parse_job,
     recorded_run_id,
     save_record,
+    split_handle,
 )
 
 if TYPE_CHECKING:
@@ -212,8 +213,8 @@ def run_of(job_id: str, *, runner: Runner = subprocess_runner) -> RunOfJob | Non
         return None
     slurm_job: str | None = job
     if record.handle is not None:  # an app handle: its scheduler's job id is in it
-        scheduler, _, rest = record.handle.partition("://")
-        slurm_job = rest.rpartition("/")[2] if scheduler == "slurm" else None
+        scheduler, app_id = split_handle(record.handle)
+        slurm_job = app_id if scheduler == "slurm" else None
     attempt = None if slurm_job is None else job_restarts(slurm_job, runner=runner)
     return RunOfJob(run_id, attempt)
 

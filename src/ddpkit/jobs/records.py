@@ -42,6 +42,7 @@ __all__ = [
     "record_path",
     "recorded_run_id",
     "save_record",
+    "split_handle",
     "submitted_run_id",
 ]
 
@@ -173,6 +174,12 @@ def parse_job(job: str) -> str:
             hint="use the handle `ddpkit submit --via torchx` printed, like slurm://torchx/1234",
         )
     return text
+
+
+def split_handle(handle: str) -> tuple[str, str]:
+    """``(scheduler, app id)`` of a torchx app handle (checked by :func:`parse_job`)."""
+    scheduler, _, rest = parse_job(handle).partition("://")
+    return scheduler, rest.rpartition("/")[2]
 
 
 def record_key(job: str) -> str:

@@ -315,15 +315,10 @@ def torchrun_command(
     rdzv_id: str = JOB_ID_EXPANSION,
     nnodes: int | str | None = None,
 ) -> list[str]:
-    """The argv each node's single task runs under ``launch: torchrun``.
-
-    By default the endpoint and the rendezvous id are the shell expansions the generated
-    script provides (``"$endpoint"``, ``"$SLURM_JOB_ID"``; ``q`` writes them unquoted); pass
-    real values for a command to run elsewhere. ``nnodes`` defaults to the spec's node count,
-    or under ``nodes: MIN-MAX`` to this attempt's (``"$SLURM_JOB_NUM_NODES"``: the rendezvous
-    waits for exactly the nodes SLURM gave). ``command`` starts with a script or ``-m``
-    (JobSpec checks it), which ``ddpkit run`` takes as torchrun does.
-    """
+    """The argv each node's single task runs under ``launch: torchrun``. The endpoint, the
+    rendezvous id and (under ``nodes: MIN-MAX``) ``nnodes`` default to the batch shell's
+    expansions, so the rendezvous waits for exactly the nodes SLURM gave; pass real values for
+    a command to run elsewhere."""
     return [
         spec.python,
         "-u",

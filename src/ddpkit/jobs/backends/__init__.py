@@ -46,13 +46,10 @@ BACKENDS: dict[Via, str] = {
 class Request:
     """What a submission hands over, before anything is submitted; ``str()`` prints it.
 
-    ``text`` is the dry run, byte for byte (the sbatch script, submitit's parameters and
-    script, torchx's dry run); ``payload`` is the backend's own object for ``schedule`` (the
-    script, torchx's dry-run info), so what is scheduled is what was shown. ``notes``: what
-    the user should hear on submitting it (SLURM options a local scheduler does not use).
-    ``foreground``: ``schedule`` runs the job itself until it ends (a local torchx app) and
-    answers a stop signal by cancelling it; any other submission holds those signals until the
-    job is recorded (:mod:`ddpkit.jobs.interrupts`).
+    ``text`` is the dry run, byte for byte; ``payload`` the backend's own object for
+    ``schedule``, so what is scheduled is what was shown. ``notes``: what the user should hear
+    on submitting it. ``foreground``: ``schedule`` runs the job until it ends (a local torchx
+    app) and cancels it on a stop signal, which others hold (:mod:`ddpkit.jobs.interrupts`).
     """
 
     via: Via

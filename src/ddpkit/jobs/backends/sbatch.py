@@ -166,12 +166,9 @@ BACKEND = SbatchBackend()
 
 
 def check_array_size(spec: JobSpec, *, runner: slurm.Runner = slurm.subprocess_runner) -> None:
-    """Refuse a sweep with more tasks than the cluster's ``MaxArraySize`` allows (indices
-    0..MaxArraySize-1), before anything is written; unchecked when SLURM does not say.
-
-    Asks ``scontrol show config``: the submitit paths call it first (submitit writes a pickle
-    per task before sbatch answers); the sbatch path asks only after sbatch refused
-    (:func:`array_refusal_explained`), so a submission that succeeds makes no extra call."""
+    """Refuse a sweep with more tasks than the cluster's ``MaxArraySize`` allows, before
+    anything is written (unchecked when SLURM does not say). submitit calls it first, as it
+    writes a pickle per task; sbatch only once sbatch refused (:func:`array_refusal_explained`)."""
     if spec.sweep is None:
         return
     limit = max_array_size(show_config(runner=runner))

@@ -194,12 +194,8 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
 
 
 def dry_run(spec: JobSpec) -> str:
-    """The executor folder, parameters and command, plus the sbatch text submitit would write.
-
-    Nothing is created: the sbatch text comes from submitit's own renderer, which is reachable
-    only where ``srun`` exists; elsewhere a comment says so. Without submitit installed this
-    fails as a submission would.
-    """
+    """The executor folder, parameters and command, plus the sbatch text submitit would write
+    (its own renderer, reachable only where ``srun`` exists; elsewhere a comment says so)."""
     import_submitit()
     shown: dict[str, Any] = {
         "folder": spec.log_path,  # the executor's folder

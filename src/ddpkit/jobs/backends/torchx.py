@@ -36,15 +36,15 @@ from ddpkit.cluster import slurmtools as slurm
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs.backends import Request, SweepTask
-from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep
+from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep, scheduler_cfg
 from ddpkit.jobs.interrupts import held_stop_signals
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import (
     JobRecord,
     Via,
     new_record,
-    parse_job,
     save_record,
+    split_handle,
     submitted_run_id,
 )
 
@@ -61,7 +61,6 @@ __all__ = [
     "log_files",
     "record_for",
     "run_config",
-    "split_handle",
     "state_from_torchx",
     "status",
 ]
@@ -89,18 +88,10 @@ def state_from_torchx(name: str) -> JobState:
     return TORCHX_STATES.get(name.upper(), JobState.UNKNOWN)
 
 
-def split_handle(handle: str) -> tuple[str, str]:
-    """``(scheduler, app id)`` of a torchx app handle (checked by ``records.parse_job``)."""
-    scheduler, _, rest = parse_job(handle).partition("://")
-    return scheduler, rest.rpartition("/")[2]
-
-
 def run_config(spec: JobSpec, scheduler: str) -> dict[str, str]:
     """The scheduler's run options (torchx ``cfg``): the spec's SLURM options (``scheduler_cfg``),
     and for local_cwd the spec's ``log_dir``, so the output files outlive the submitting process.
     """
-    from ddpkit.jobs.backends.torchx_appdef import scheduler_cfg
-
     cfg = scheduler_cfg(spec, scheduler)
     if scheduler == "local_cwd":
         cfg["log_dir"] = spec.log_path
