@@ -34,7 +34,7 @@ __all__ = [
 
 ERROR_TYPE = "ddpkit"
 # Upper bounds: far above any real cluster, so a larger value is a typo, refused before anything
-# is sized from it (``nodes: 30000000`` once made ``plan`` build a table of 30 million rows).
+# is sized from it (``plan`` builds a row per rank).
 MAX_NODES = 100_000
 MAX_PER_NODE = 1024  # processes or GPUs on one node
 MAX_CPUS = 65_535  # SLURM's cpus-per-task is a 16-bit number

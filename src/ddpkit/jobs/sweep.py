@@ -126,13 +126,8 @@ def split_word(word: str) -> list[tuple[str, str | None]]:
     parts: list[tuple[str, str | None]] = []
     for literal, name, spec, conversion in parsed:
         if name is not None and (spec or conversion or not name.isidentifier()):
-            shown = (
-                "{"
-                + name
-                + (f"!{conversion}" if conversion else "")
-                + (f":{spec}" if spec else "")
-                + "}"
-            )
+            tail = (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            shown = f"{{{name}{tail}}}"
             raise ValueError(
                 f"{shown} is not a plain placeholder: write {{name}} (values are substituted "
                 "as they are), or {{ and }} for literal braces"
