@@ -165,15 +165,14 @@ def sandbox_environment(
     return env
 
 
-def collect(chunks: Iterable[str], limit: int | None = None) -> str:
-    """The rendered ``chunks`` joined, or TemplateTooLong once they pass ``limit`` characters
-    (default :data:`MAX_SCRIPT_CHARS`, read at call time)."""
-    limit = MAX_SCRIPT_CHARS if limit is None else limit
+def collect(chunks: Iterable[str]) -> str:
+    """The rendered ``chunks`` joined, or TemplateTooLong once they pass
+    :data:`MAX_SCRIPT_CHARS` characters."""
     parts: list[str] = []
     size = 0
     for chunk in chunks:
         size += len(chunk)
-        if size > limit:
-            raise TemplateTooLong(f"the script is longer than {limit} characters")
+        if size > MAX_SCRIPT_CHARS:
+            raise TemplateTooLong(f"the script is longer than {MAX_SCRIPT_CHARS} characters")
         parts.append(chunk)
     return "".join(parts)

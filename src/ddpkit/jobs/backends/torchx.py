@@ -57,12 +57,10 @@ __all__ = [
     "SCHEDULERS",
     "TORCHX_STATES",
     "TorchxBackend",
-    "cancel",
     "log_files",
     "record_for",
     "run_config",
     "state_from_torchx",
-    "status",
 ]
 
 SCHEDULERS = ("local_cwd", "slurm")
@@ -187,10 +185,41 @@ class TorchxBackend:
             return _run_local(runner, request, script)
 
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
-        return status(record or record_for(job_id))
+        """SLURM's own answer for slurm apps, the recorded one for local apps; torchx's
+        failures become UNKNOWN with a hint, never an exception."""
+        record = record or record_for(job_id)
+        handle = record.handle or ""
+        scheduler, app_id = split_handle(handle)
+        if scheduler == "slurm":
+            try:
+                found = slurm.query_state(app_id)
+            except DdpkitError as exc:  # no SLURM tools here: torchx may still know
+                found = _unknown(str(exc))
+            if found.state is not JobState.UNKNOWN:
+                return found
+            return _ask_torchx(handle, found.hint or "")
+        if record.final_state is not None:
+            state = state_from_torchx(record.final_state)
+            return JobStatus(state, record.final_state, _local_exit_code(record), "torchx")
+        return _ask_torchx(
+            handle,
+            f"{scheduler} apps live in the process that submitted them and no final state is "
+            "recorded: that `ddpkit submit` is still running it, or was killed",
+        )
 
     def cancel(self, job_id: str, record: JobRecord | None) -> None:
-        cancel(record or record_for(job_id))
+        """``scancel`` for slurm apps; a local app only its own submitter can stop."""
+        record = record or record_for(job_id)
+        scheduler, app_id = split_handle(record.handle or "")
+        if scheduler == "slurm":  # not torchx's cancel: it asks the asserting describe first
+            slurm.cancel(app_id)
+        elif record.final_state is None:
+            raise ConfigError(
+                f"job={record.handle!r} runs in the process of the `ddpkit submit` that "
+                "started it, which this one cannot reach",
+                hint="stop it with Ctrl-C where it runs (torchx then cancels the app)",
+            )
+        # a local app that ended: nothing to do, as scancel leaves an ended job alone
 
     def sweep_status(self, job_id: str, record: JobRecord | None) -> list[SweepTask] | None:
         return None  # torchx has no job arrays: refuse_sweep keeps sweeps away from it
@@ -266,32 +295,8 @@ def record_for(handle: str) -> JobRecord:
     return JobRecord(app_id, "torchx", app_id, cwd, "torchx", 0, 0, cwd, handle=handle)
 
 
-# --- status and cancel ------------------------------------------------------------------------
-
-
-def status(record: JobRecord) -> JobStatus:
-    """The job's state: SLURM's own answer for slurm apps, the recorded one for local apps.
-
-    Never raises for torchx's failures: they become UNKNOWN with a hint.
-    """
-    handle = record.handle or ""
-    scheduler, app_id = split_handle(handle)
-    if scheduler == "slurm":
-        try:
-            found = slurm.query_state(app_id)
-        except DdpkitError as exc:  # no SLURM tools here: torchx may still know
-            found = JobStatus(JobState.UNKNOWN, "", None, "none", hint=str(exc))
-        if found.state is not JobState.UNKNOWN:
-            return found
-        return _ask_torchx(handle, found.hint or "")
-    if record.final_state is not None:
-        state = state_from_torchx(record.final_state)
-        return JobStatus(state, record.final_state, _local_exit_code(record), "torchx")
-    return _ask_torchx(
-        handle,
-        f"{scheduler} apps live in the process that submitted them and no final state is "
-        "recorded: that `ddpkit submit` is still running it, or was killed",
-    )
+def _unknown(hint: str) -> JobStatus:
+    return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
 
 
 def _ask_torchx(handle: str, why: str) -> JobStatus:
@@ -300,11 +305,11 @@ def _ask_torchx(handle: str, why: str) -> JobStatus:
         with _runner() as runner:
             answer = runner.status(handle)
     except Exception as exc:  # torchx's own bugs included (AssertionError on CANCELLED by 0)
-        hint = f"{why}; torchx's status failed too: {type(exc).__name__}: {exc}".lstrip("; ")
-        return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
+        return _unknown(
+            f"{why}; torchx's status failed too: {type(exc).__name__}: {exc}".lstrip("; ")
+        )
     if answer is None:
-        hint = f"{why}; torchx does not know {handle} either".lstrip("; ")
-        return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
+        return _unknown(f"{why}; torchx does not know {handle} either".lstrip("; "))
     name = str(answer.state.name)
     return JobStatus(state_from_torchx(name), name, None, "torchx")
 
@@ -319,21 +324,6 @@ def _local_exit_code(record: JobRecord) -> int | None:
     if not all(isinstance(code, int) for code in codes):
         return None
     return next((code for code in codes if code != 0), 0)
-
-
-def cancel(record: JobRecord) -> None:
-    """Cancel the job: ``scancel`` for slurm apps; a local app only its own submitter can stop."""
-    scheduler, app_id = split_handle(record.handle or "")
-    if scheduler == "slurm":  # not torchx's cancel: it asks the asserting describe first
-        slurm.cancel(app_id)
-        return
-    if record.final_state is None:
-        raise ConfigError(
-            f"job={record.handle!r} runs in the process of the `ddpkit submit` that "
-            "started it, which this one cannot reach",
-            hint="stop it with Ctrl-C where it runs (torchx then cancels the app)",
-        )
-    # already ended: nothing to do, as scancel leaves an ended job alone
 
 
 # --- logs -------------------------------------------------------------------------------------
