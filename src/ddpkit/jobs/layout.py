@@ -145,14 +145,13 @@ def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
     if profile_path is not None:
         resolved = f"# {profile_line(spec, profile_path)}\n{resolved}"
     tasks = "one SLURM task per process" if spec.launch == "srun" else "one torchrun per node"
-    world = str(spec.world_size)
-    if spec.min_nodes is not None:
-        world = f"{spec.min_world_size}-{spec.world_size}"
+    ranged = spec.min_nodes is not None
+    world = f"{spec.min_world_size}-{spec.world_size}" if ranged else str(spec.world_size)
     summary = (
         f"# rank layout: {spec.node_range} node(s) x {spec.procs} process(es) = world size "
         f"{world} (launch: {spec.launch}, {tasks})"
     )
-    if spec.min_nodes is not None:
+    if ranged:
         summary += (
             f"\n# nodes {spec.node_range}: each attempt (a requeue too) runs on as many nodes as "
             f"SLURM gives it; on k nodes the ranks are the first k x {spec.procs} rows below"

@@ -404,17 +404,14 @@ class JobSpec(Model):
     @property
     def procs(self) -> int:
         """Processes per node: ``procs_per_node``, else one per GPU, else 1."""
-        if self.procs_per_node is not None:
-            return self.procs_per_node
-        return self.gpus_per_node or 1
+        return self.procs_per_node if self.procs_per_node is not None else self.gpus_per_node or 1
 
     @property
     def warning_s(self) -> int:
         """Seconds between the stop signal and the time limit: ``signal_delay_s``, else 120 s
         or half the time limit when that is shorter."""
-        if self.signal_delay_s is not None:
-            return self.signal_delay_s
-        return min(DEFAULT_SIGNAL_DELAY_S, self.time_min * 30)
+        default = min(DEFAULT_SIGNAL_DELAY_S, self.time_min * 30)
+        return self.signal_delay_s if self.signal_delay_s is not None else default
 
     @property
     def world_size(self) -> int:

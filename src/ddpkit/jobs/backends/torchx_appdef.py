@@ -259,8 +259,8 @@ def _sbatch_options(spec: JobSpec) -> dict[str, str | None]:
             "; torchx submits one het component per node and writes each option in all",
             hint="submit with --via sbatch, which writes it once for the whole job",
         )
-    slurm_names = {key: getattr(spec, key) for key in ("account", "qos")}
-    return {key: value for key, value in slurm_names.items() if value is not None} | extras
+    names = {"account": spec.account, "qos": spec.qos}
+    return {k: v for k, v in names.items() if v is not None} | extras
 
 
 def _role_name(command: Sequence[str], fallback: str) -> str:
@@ -354,12 +354,8 @@ def scheduler_cfg(spec: JobSpec, scheduler: str) -> dict[str, str]:
     """The spec's scheduler options torchx knows (slurm: partition, time, constraint)."""
     if scheduler != "slurm":
         return {}
-    cfg = {"time": str(spec.time_min)}
-    for key in ("partition", "constraint"):
-        value = getattr(spec, key)
-        if value is not None:
-            cfg[key] = value
-    return cfg
+    names = {"partition": spec.partition, "constraint": spec.constraint}
+    return {"time": str(spec.time_min)} | {k: v for k, v in names.items() if v is not None}
 
 
 def _plain(value: Any) -> Any:
