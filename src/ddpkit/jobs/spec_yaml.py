@@ -162,15 +162,11 @@ def _read_bounded(path: Path, what: str) -> str:
         with path.open("rb") as file:
             data = file.read(MAX_YAML_BYTES + 1)
         text = data.decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{what} file {shown(str(path))} not found", hint="check the path"
-        ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"{what} file {shown(str(path))} cannot be read: {shown(str(exc), quote=False)}",
-            hint="check the path",
-        ) from None
+        problem = f"cannot be read: {shown(str(exc), quote=False)}"
+        problem = "not found" if isinstance(exc, FileNotFoundError) else problem
+        where = f"{what} file {shown(str(path))}"
+        raise ConfigError(f"{where} {problem}", hint="check the path") from None
     if len(data) > MAX_YAML_BYTES:
         raise ConfigError(
             f"{path}: the {what} file is larger than {MAX_YAML_BYTES // 2**20} MiB",

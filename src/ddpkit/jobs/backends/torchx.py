@@ -37,7 +37,7 @@ from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs.backends import Request, SweepTask
 from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep, scheduler_cfg
-from ddpkit.jobs.interrupts import held_stop_signals
+from ddpkit.jobs.interrupts import HELD_SIGNALS, held_stop_signals
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import (
     JobRecord,
@@ -111,8 +111,6 @@ def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, dict[str, str]]:
 
 # --- the runner, and the caller's signals -----------------------------------------------------
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
 
 class _Stopped(BaseException):
     """SIGINT or SIGTERM came to the submitting process while its local app ran."""
@@ -132,7 +130,7 @@ def _runner() -> Iterator[Any]:
     raise torchx's exception, not ``KeyboardInterrupt``. That exception, raised while a runner
     is in use, comes out as ``KeyboardInterrupt`` too."""
     main = threading.current_thread() is threading.main_thread()
-    saved = [(signum, signal.getsignal(signum)) for signum in _STOP_SIGNALS] if main else []
+    saved = [(signum, signal.getsignal(signum)) for signum in HELD_SIGNALS] if main else []
     torchx_signal = _torchx_signal()
     runner = import_torchx("runner").get_runner()
     try:
@@ -252,7 +250,7 @@ def _run_local(runner: Any, request: Request, script: str) -> JobRecord:
     main = threading.current_thread() is threading.main_thread()
 
     def handle_with(handler: Any) -> None:
-        for signum in _STOP_SIGNALS if main else ():
+        for signum in HELD_SIGNALS if main else ():
             signal.signal(signum, handler)
 
     def stop(signum: int, frame: FrameType | None) -> None:
