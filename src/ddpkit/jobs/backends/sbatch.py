@@ -198,11 +198,8 @@ def array_refusal_explained(
 
 @contextmanager
 def log_dir_made(spec: JobSpec) -> Iterator[None]:
-    """Create the log directory (SLURM opens the output files in it before the job starts).
-
-    If the submission fails, the directories this made are removed again (only empty ones):
-    a failed submit leaves nothing behind.
-    """
+    """Create the log directory (SLURM opens the output files in it before the job starts);
+    if the submission fails, remove the empty directories this made: nothing is left behind."""
     path = Path(spec.log_path)
     created = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     path.mkdir(parents=True, exist_ok=True)

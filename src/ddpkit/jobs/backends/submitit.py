@@ -154,11 +154,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         params["gpus_per_node"] = spec.gpus_per_node
     if spec.mem_gb is not None:
         params["mem_gb"] = spec.mem_gb
-    for key in ("partition", "account", "qos", "constraint"):
-        value = getattr(spec, key)
-        if value is not None:
-            params[f"slurm_{key}"] = value
-    return params
+    names = ("partition", "account", "qos", "constraint")
+    slurm = {f"slurm_{key}": getattr(spec, key) for key in names}
+    return params | {key: value for key, value in slurm.items() if value is not None}
 
 
 def _sbatch_read_back(params: dict[str, Any]) -> dict[str, Any]:

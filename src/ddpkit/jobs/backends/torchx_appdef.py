@@ -1,23 +1,18 @@
 """Job specs to torchx ``AppDef``s: the one conversion, shared by ``ddpkit.components``.
 
-``spec_to_appdef(spec)`` is what both the ``ddpkit.ddp`` torchx component (``spec=job.yaml``)
-and ``ddpkit submit --via torchx`` use; ``ddp_appdef(...)`` is the builder underneath, which the
-component also calls with its own flags. ``appdef_to_dict`` is a stable, JSON-able view of an
-``AppDef`` for golden files and records.
+``spec_to_appdef(spec)`` serves the ``ddpkit.ddp`` component (``spec=job.yaml``) and
+``ddpkit submit --via torchx``; ``ddp_appdef(...)`` is the builder underneath, which the
+component also calls with its own flags.
 
 What every replica (one per node) runs, whichever torchx scheduler starts it::
 
     bash -c '<cd workdir>; <setup lines>; <export of comma values>;
              exec python -u -m ddpkit run --nnodes N --nproc-per-node P ... <command>'
 
-* One node: ``ddpkit run --standalone`` (a free local port, as torchx's ``dist.ddp`` uses
-  ``localhost:0``). Several nodes: a c10d rendezvous at ``${<rank0_env>:=localhost}:<port>``
-  with ``--rdzv-id <app_id>``, torchx's macros exactly as ``dist.ddp`` uses them: the
-  scheduler names the variable holding rank 0's host (local: ``TORCHX_RANK0_HOST=localhost``;
-  slurm: ``SLURM_JOB_NODELIST_HET_GROUP_0``, the first het group's single node) and the app id
-  (slurm: ``$SLURM_JOB_ID``). A spec's ``rdzv_port: auto`` (or unset) derives the port from the
-  app id with ``ddpkit.cluster.rendezvous.ports.port_for_job``, so two jobs sharing a node do
-  not collide.
+* One node: ``ddpkit run --standalone`` (as ``dist.ddp`` uses ``localhost:0``). Several
+  nodes: a c10d rendezvous at ``${<rank0_env>:=localhost}:<port>`` with ``--rdzv-id <app_id>``,
+  torchx's macros as ``dist.ddp`` uses them. ``rdzv_port: auto`` (or unset) derives the port
+  from the app id (``ports.port_for_job``), so two jobs sharing a node do not collide.
 * Always ``bash -c`` (never the bare command): the endpoint needs the shell, and ``setup`` lines
   are verbatim shell that must run in the same process that then ``exec``s ``ddpkit run`` (so
   ``source venv/bin/activate`` or ``module load`` affects it). Every other word is
