@@ -163,11 +163,8 @@ def _log_pattern(spec: JobSpec, suffix: str) -> str:
 
 def batch_output_path(spec: JobSpec, job_id: str | None = None) -> str:
     """The batch script's output file: the SLURM pattern, or the real path for ``job_id``
-    (a sweep's array task: ``123_4``, ``<name>-%A_%a.out``).
-
-    It lies in ``spec.log_path``, which must exist before ``sbatch``: SLURM opens it before the
-    script runs and fails the job (JobLaunchFailure) when it cannot.
-    """
+    (a sweep's array task: ``123_4``). Its folder must exist before ``sbatch``: SLURM fails the
+    job (JobLaunchFailure) when it cannot open the file."""
     pattern = _log_pattern(spec, "%A_%a.out" if spec.sweep is not None else "%j.out")
     if job_id is None:
         return pattern
