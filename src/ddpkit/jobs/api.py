@@ -1,12 +1,9 @@
 """The jobs API: load -> plan / dry run -> submit -> record; then status, logs, cancel, wait.
 
-This module owns the orchestration behind ``ddpkit plan|submit|status|logs|cancel`` (the CLI is
-a thin layer over it) and the Python-only ``submit_function``. The backends (sbatch, submitit,
-torchx) sit behind one protocol (:mod:`ddpkit.jobs.backends`): submission is "dry run plus
-schedule": :func:`dry_run` returns exactly the text a submission would hand over, and
-:func:`submit` schedules that very request and writes the job record. A job is followed by the
-backend its record names; one ddpkit did not submit is followed through SLURM (a job id) or
-torchx (an app handle). Nothing here prints; following logs yields text for the caller to print.
+The orchestration behind ``ddpkit plan|submit|status|logs|cancel`` (the CLI is a thin layer)
+over the backends' one protocol (:mod:`ddpkit.jobs.backends`): :func:`dry_run` returns exactly
+what :func:`submit` hands over. A job is followed by the backend its record names, else through
+SLURM (a job id) or torchx (an app handle). Nothing here prints.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from ddpkit.jobs.backends import (
     get_backend,
 )
 from ddpkit.jobs.interrupts import held_stop_signals
-from ddpkit.jobs.load import ResolvedSpec, load_spec, resolve_spec
+from ddpkit.jobs.load import load_spec, resolve_spec
 from ddpkit.jobs.logs import JobLogs, LogFile, read_new, read_text
 from ddpkit.jobs.records import (
     JobRecord,
@@ -45,6 +42,7 @@ from ddpkit.jobs.records import (
     parse_job,
     recorded_run_id,
     save_record,
+    split_handle,
 )
 
 if TYPE_CHECKING:
@@ -91,15 +89,7 @@ def load(
     return load_spec(path, overrides, sweeps=sweeps, cwd=cwd)
 
 
-def resolve(
-    path: str | Path,
-    overrides: Sequence[str] = (),
-    *,
-    sweeps: Sequence[str] = (),
-    cwd: Path | None = None,
-) -> ResolvedSpec:
-    """:func:`load`, and the profile file merged into the spec (``.profile_path``)."""
-    return resolve_spec(path, overrides, sweeps=sweeps, cwd=cwd)
+resolve = resolve_spec  # load, and the profile file merged into the spec (.profile_path)
 
 
 def plan(spec: JobSpec, profile_path: Path | None = None) -> str:
@@ -168,7 +158,7 @@ def submit_function(
     from ddpkit.jobs.backends import submitit as submitit_backend
 
     with held_stop_signals():  # no job without its record (see schedule)
-        job = submitit_backend.submit_function(fn, args, kwargs, spec=spec)
+        job = submitit_backend.make_executor(spec).submit(fn, *args, **kwargs)
         save_record(submitit_backend.record_of_function(spec, job))
     return job
 
@@ -223,8 +213,8 @@ def run_of(job_id: str, *, runner: Runner = subprocess_runner) -> RunOfJob | Non
         return None
     slurm_job: str | None = job
     if record.handle is not None:  # an app handle: its scheduler's job id is in it
-        scheduler, _, rest = record.handle.partition("://")
-        slurm_job = rest.rpartition("/")[2] if scheduler == "slurm" else None
+        scheduler, app_id = split_handle(record.handle)
+        slurm_job = app_id if scheduler == "slurm" else None
     attempt = None if slurm_job is None else job_restarts(slurm_job, runner=runner)
     return RunOfJob(run_id, attempt)
 

@@ -1,11 +1,9 @@
 """Job chains at submission: the names in a spec's ``after:`` become SLURM job ids.
 
-A name stands for the newest job of that name: first in ddpkit's job records
-(``$DDPKIT_HOME/jobs``, the jobs submitted from here, a torchx app on SLURM included), then in
-SLURM (``squeue``, then ``sacct``: :func:`ddpkit.cluster.slurmtools.jobs_named`). A name nobody
-knows is one ``ConfigError`` before anything is submitted or written: sbatch would otherwise
-refuse the job with "Job dependency problem", or (a typo) the chain would wait on the wrong job.
-Job ids pass as they are; SLURM checks that it knows them when the job is submitted.
+A name stands for the newest job of that name: in ddpkit's job records first, then in SLURM
+(:func:`ddpkit.cluster.slurmtools.jobs_named`). A name nobody knows is a ``ConfigError`` before
+anything is submitted: sbatch would refuse the job, or (a typo) wait on the wrong one. Job ids
+pass as they are; SLURM checks them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``python -m ddpkit.jobs.endpoint``: the old path of :mod:`ddpkit.cluster.rendezvous.endpoint`.
 
-Kept only as an entry point: a job script rendered before the move calls this path, and a
-requeued job re-runs its old script against the installed ddpkit, so removing it would fail
-that job at its restart. It runs the new module's ``main`` and nothing else (importing it
-defines nothing); new scripts call ``python -m ddpkit.cluster.rendezvous.endpoint``.
+Kept as an entry point only: a requeued job re-runs the script rendered before the move, which
+calls this path, against the installed ddpkit. Importing it defines nothing.
 """
 
 from __future__ import annotations

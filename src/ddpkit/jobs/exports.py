@@ -1,10 +1,7 @@
 """The job-script contract's values for a spec: what every way ddpkit starts a job exports.
 
-The sbatch templates, submitit and torchx hand the running job the same ``DDPKIT_*`` variables,
-computed here from the spec; the names, and why a spec's ``env`` may not set them, are
-:mod:`ddpkit.contract`'s. The sweep variables differ per array task: the batch script picks them
-from a table written into it by ``SLURM_ARRAY_TASK_ID`` (:func:`sweep_exports` computes one
-task's).
+The sbatch templates, submitit and torchx hand the job the same ``DDPKIT_*`` variables; their
+names are :mod:`ddpkit.contract`'s. A sweep's differ per array task (:func:`sweep_exports`).
 """
 
 from __future__ import annotations
@@ -34,14 +31,10 @@ def sweep_exports(task: SweepTask) -> dict[str, str]:
 
 
 def exports(spec: JobSpec, *, launch: str | None = None) -> dict[str, str]:
-    """The contract's variables for ``spec``, in the table's order (the latch folder is made by
-    the batch script at run time, so it is not here). ``launch`` overrides the spec's launch
-    mode for a backend that starts processes its own way (submitit: one task per process,
-    torchx: ``ddpkit run`` per node).
-
-    A spec with ``nodes: MIN-MAX`` has no world size before it runs: ``EXPECTED_WORLD_SIZE``
-    is left out here, and the sbatch script computes it from ``SLURM_JOB_NUM_NODES``
-    (:func:`ddpkit.jobs.render.template_context`); the other backends refuse a range."""
+    """The contract's variables for ``spec``, in the table's order; ``launch`` overrides the
+    spec's for a backend that starts processes its own way (submitit, torchx). Under
+    ``nodes: MIN-MAX`` the world size is the sbatch script's to compute (:mod:`ddpkit.jobs.render`);
+    the other backends refuse a range."""
     values = {} if spec.min_nodes is not None else {EXPECTED_WORLD_SIZE_VAR: str(spec.world_size)}
     if spec.host_template is not None:
         values[HOST_TEMPLATE_VAR] = spec.host_template

@@ -1,14 +1,11 @@
 """A submission that a stop signal cannot cut in two.
 
 ``sbatch`` may have queued a job by the time a Ctrl-C reaches the process that ran it: cut
-there, the job runs with no record, and its id printed nowhere. So SIGINT and SIGTERM are held
-(:func:`held_stop_signals`) from just before the scheduler is called until the job is recorded
-(:func:`ddpkit.jobs.api.schedule`, ``submit_function``, ``map_function``) and, on the command
-line, its id printed; then the first one held is raised again, with the handlers that were in
-place before: Ctrl-C then ends the command (exit 130), SIGTERM as it would have. A terminal's
-Ctrl-C goes to every process of its foreground group: SLURM's tools run in a session of their
-own (:func:`ddpkit.cluster.slurmtools.subprocess_runner`), so only ddpkit hears it, and each is
-bounded by its own timeout. Holds nest: the inner one hands what it held to the outer one.
+there, the job runs with no record and its id printed nowhere. So SIGINT and SIGTERM are held
+from just before the scheduler is called until the job is recorded (and, on the command line,
+its id printed); then the first one held is raised again under the handlers from before.
+SLURM's tools run in a session of their own (:func:`ddpkit.cluster.slurmtools.subprocess_runner`),
+so a terminal's Ctrl-C reaches only ddpkit. Holds nest.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``fn(**values)`` as a picklable object: what :func:`ddpkit.jobs.map_function` submits per run.
 
-Each task of the array unpickles it before it can call ``fn``, and unpickling imports the
-module that defines its class: this one imports nothing, so a task starts as fast as one of
-submitit's own ``map_array`` (defined in the submitit backend, the class cost every task
-0.2 s of importing YAML, Jinja2 and the spec's models before the function ran).
+Each array task imports this module to unpickle it before it can call ``fn``: it imports
+nothing, so a task does not pay for YAML, Jinja2 and the spec's models first.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ Ranks are node-major in both launch modes, so one table describes both:
   ``rank = node_rank*procs + local_rank``. With the c10d rendezvous the node rank follows the
   order in which nodes join, so the host behind ``node1`` is known only at run time.
 
-Host names are placeholders (``node0``, ``node1``, ...): SLURM picks the hosts at submission.
-The plan shows ``env`` values and every other string through :mod:`ddpkit.masking`'s
-rule (a plan is pasted into issues); ``submit --dry-run`` prints the literal script instead.
+Host names are placeholders (``node0``, ...): SLURM picks the hosts. The plan masks secrets
+(:mod:`ddpkit.masking`: plans get pasted into issues); ``submit --dry-run`` does not.
 """
 
 from __future__ import annotations
@@ -146,14 +145,13 @@ def format_plan(spec: JobSpec, profile_path: Path | None = None) -> str:
     if profile_path is not None:
         resolved = f"# {profile_line(spec, profile_path)}\n{resolved}"
     tasks = "one SLURM task per process" if spec.launch == "srun" else "one torchrun per node"
-    world = str(spec.world_size)
-    if spec.min_nodes is not None:
-        world = f"{spec.min_world_size}-{spec.world_size}"
+    ranged = spec.min_nodes is not None
+    world = f"{spec.min_world_size}-{spec.world_size}" if ranged else str(spec.world_size)
     summary = (
         f"# rank layout: {spec.node_range} node(s) x {spec.procs} process(es) = world size "
         f"{world} (launch: {spec.launch}, {tasks})"
     )
-    if spec.min_nodes is not None:
+    if ranged:
         summary += (
             f"\n# nodes {spec.node_range}: each attempt (a requeue too) runs on as many nodes as "
             f"SLURM gives it; on k nodes the ranks are the first k x {spec.procs} rows below"

@@ -18,19 +18,12 @@ or quoted scalar, is taken as YAML (``nodes=2`` is an integer); anything else is
 (so ``env.TOKEN=#x`` keeps its ``#``).
 
 Relative paths: ``workdir`` and ``template`` are relative to the directory of the file that wrote
-them (the spec's or the profile's), or to the current directory for ``--set``; the result is
-absolute. ``log_dir`` stays relative to ``workdir`` (SLURM resolves it there), and ``command``
-and ``python`` run as written, from ``workdir``. Without a ``workdir``, it is the current
-directory.
+them, or to the current directory for ``--set`` (the default ``workdir``); ``log_dir`` stays
+relative to ``workdir`` (SLURM resolves it there). Profiles are found by
+:mod:`ddpkit.jobs.profiles`.
 
-Profiles: ``profile:`` is a path or a name; where a name is looked up, and why a name found in
-two places is an error, is :mod:`ddpkit.jobs.profiles`. The resolved spec keeps the profile's
-name for the record; its values are already merged in, and :func:`resolve_spec` also says which
-file they came from.
-
-Every problem is a ``ConfigError`` with one line,
-``<source>: <field.path>=<value!r>: <problem> (hint: ...)``, where ``<source>`` is the file (or
-``--set``) that supplied the bad value. Nothing is returned unless the whole spec is valid.
+Every problem is one ``ConfigError`` line, ``<source>: <field.path>=<value!r>: <problem>
+(hint: ...)``, naming the file (or ``--set``) that supplied the bad value.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """A job's output files, whatever the backend: one ``LogFile`` per file, and reading them.
 
-Each backend owns its log layout (``Backend.log_files`` in :mod:`ddpkit.jobs.backends`); this
-module holds what the layouts share: the view they return (:class:`LogFile`, with its per-rank
-filter), numbered files and the per-rank choice (:func:`numbered`, :func:`pick`), a sweep's
-per-task walk (:func:`sweep_log_files`), the batch output path SLURM shows
-(:func:`slurm_stdout`), and the readers that ``ddpkit logs`` (``--follow``) uses. It names no
-backend and imports none, so every backend can import it.
+Each backend owns its log layout (``Backend.log_files``); this module holds what the layouts
+share and the readers ``ddpkit logs`` uses. It imports no backend, so every backend can use it.
 """
 
 from __future__ import annotations

@@ -13,11 +13,8 @@ which file is used must never depend on where one happens to stand. ``profile:``
      ``${XDG_CONFIG_HOME:-~/.config}/ddpkit/profiles``.
 
 A name found as more than one file (two folders, or ``.yaml`` and ``.yml`` in one) is an error
-that names every file, rather than a silent choice: a ``profiles/`` folder in a shared working
-directory must not shadow the user's own profile of that name, and nor may the user's own
-silently replace the one a project ships next to its specs. Writing the path chooses one. The
-same file reached twice (the spec's directory is the current one, a symlinked folder) is one.
-``ddpkit plan`` prints the file that was used; ``ddpkit submit`` says it on stderr.
+naming every file, not a silent choice: a shared folder's ``profiles/`` must not shadow the
+user's own, nor the user's own replace a project's. The same file reached twice is one.
 """
 
 from __future__ import annotations

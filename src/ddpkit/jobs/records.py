@@ -1,29 +1,13 @@
 """Job records: what ddpkit remembers about a job it submitted, one JSON file per job.
 
-A record is written once, after a successful submission, to
-``$DDPKIT_HOME/jobs/<job id>.json`` (``DDPKIT_HOME`` defaults to ``~/.cache/ddpkit``). It holds
-what SLURM does not keep for long (without accounting a finished job is forgotten after a few
-minutes): the backend, the job name, the absolute log directory, the launch mode and layout, and
-the submitted script (or the submitit folder). ``status``/``logs``/``cancel`` use it when it is
-there and fall back to SLURM when it is not. Writes are atomic (temporary file + rename), so a
-reader never sees half a record.
+Written once, atomically, after a successful submission to ``$DDPKIT_HOME/jobs/<job id>.json``:
+what SLURM forgets soon (without accounting, minutes after the job ends) and
+``status``/``logs``/``cancel`` need; without a record they ask SLURM alone.
 
-A backend that names its jobs otherwise keeps that name in ``handle``: torchx's app handle
-(``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``). Either a SLURM job id or such a handle
-names a record (:func:`record_key`): a slurm handle shares the file of its SLURM job id, so
-``ddpkit status 1234`` and ``ddpkit status slurm://torchx/1234`` read the same record; other
-schedulers' handles get ``<scheduler>-<app id>.json``. A job that runs in the foreground of the
-submitting process (torchx's local_cwd) gets its record rewritten once more with the backend's
-final state (``final_state``).
-
-``run_id`` is the run id the job's ranks will have (:mod:`ddpkit.cluster.runid`), as far as
-the submission knows it: ``DDPKIT_RUN_ID`` from the spec's ``env`` or the submitting
-environment (which sbatch passes on), else ``slurm-<job id>``; None where the ranks make their
-own (a sweep's tasks are ``slurm-<array id>_<task>``, see :func:`recorded_run_id`; a local
-torchx app is named by its launch). Records written before the field existed read as None.
-
-``min_nodes`` is a spec's ``nodes: MIN-MAX`` MIN (``nodes`` then holds MAX), None for a fixed
-count and in records written before ranges existed.
+torchx's app handle is kept in ``handle``; a slurm handle shares its SLURM job id's file, other
+schedulers' get ``<scheduler>-<app id>.json`` (:func:`record_key`). A job run in the foreground
+(torchx's local_cwd) is rewritten once with its ``final_state``. Fields added later
+(``run_id``, ``min_nodes``) read as None from older records.
 """
 
 from __future__ import annotations
@@ -58,6 +42,7 @@ __all__ = [
     "record_path",
     "recorded_run_id",
     "save_record",
+    "split_handle",
     "submitted_run_id",
 ]
 
@@ -86,7 +71,7 @@ class JobRecord:
     final_state: str | None = None  # a job run in the foreground: the backend's final state
     # a sweep (job array): each task's run name, by task index; the job id is the array's
     sweep_runs: tuple[str, ...] | None = None
-    run_id: str | None = None  # the ranks' run id as the submission knew it (module doc)
+    run_id: str | None = None  # the ranks' run id as the submission knew it (submitted_run_id)
     min_nodes: int | None = None  # nodes: MIN-MAX: MIN (``nodes`` is MAX); None: a fixed count
 
     @property
@@ -191,6 +176,12 @@ def parse_job(job: str) -> str:
     return text
 
 
+def split_handle(handle: str) -> tuple[str, str]:
+    """``(scheduler, app id)`` of a torchx app handle (checked by :func:`parse_job`)."""
+    scheduler, _, rest = parse_job(handle).partition("://")
+    return scheduler, rest.rpartition("/")[2]
+
+
 def record_key(job: str) -> str:
     """The file stem of ``job``'s record: the SLURM job id (slurm handles included), else
     ``<scheduler>-<app id>`` for another scheduler's handle."""
@@ -241,32 +232,28 @@ def load_record(job_id: str, *, home: Path | None = None) -> JobRecord | None:
 
 def _read_record(job_id: str, home: Path | None) -> JobRecord | None:
     path = record_path(job_id, home=home)
+
+    def damaged(problem: str) -> ConfigError:
+        hint = "delete the file; status, logs and cancel then ask SLURM alone"
+        return ConfigError(f"job record {str(path)!r} {problem}", hint=hint)
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: [[[[...
         reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise ConfigError(
-            f"job record {str(path)!r} cannot be read: {reason}",
-            hint="delete the file; status, logs and cancel then ask SLURM alone",
-        ) from None
+        raise damaged(f"cannot be read: {reason}") from None
     known = {f.name for f in fields(JobRecord)}
     required = {f.name for f in fields(JobRecord) if f.default is MISSING}
     if isinstance(data, dict):
         data = {_RENAMED.get(k, k): v for k, v in data.items()}
     if not isinstance(data, dict) or not required <= set(data):
-        raise ConfigError(
-            f"job record {str(path)!r} is not a ddpkit job record",
-            hint="delete the file; status, logs and cancel then ask SLURM alone",
-        )
+        raise damaged("is not a ddpkit job record")
     data = {key: value for key, value in data.items() if key in known}
     bad = next((key for key, value in data.items() if not _RECORD_TYPES[key](value)), None)
     if bad is not None:
-        raise ConfigError(
-            f"job record {str(path)!r} has {bad}={repr(data[bad])[:80]}, which ddpkit never writes",
-            hint="delete the file; status, logs and cancel then ask SLURM alone",
-        )
+        raise damaged(f"has {bad}={repr(data[bad])[:80]}, which ddpkit never writes")
     if isinstance(data.get("sweep_runs"), list):  # JSON has no tuples
         data["sweep_runs"] = tuple(data["sweep_runs"])
     return JobRecord(**data)

@@ -1,11 +1,7 @@
 """Job specs to sbatch scripts: the template context, the quoting filters, the torchrun line.
 
-This module owns everything between a validated ``JobSpec`` and the script text: the
-``#SBATCH`` option list, quoting for the two parsers the text meets, SLURM filename patterns,
-the command each node runs under ``launch: torchrun``, and loading the built-in or a user's
-Jinja2 template, rendered in a sandbox (:mod:`ddpkit.jobs.sandbox`: a template cannot run code
-or read this machine's environment); its errors become ``ConfigError`` naming the file and line.
-Rendering is deterministic: the same spec gives the same text (no timestamps).
+Templates render in :mod:`ddpkit.jobs.sandbox`; their errors become a ``ConfigError`` naming
+the file and line. Rendering is deterministic: the same spec gives the same text.
 
 Quoting, as checked on SLURM 22.05.8:
 
@@ -64,6 +60,7 @@ __all__ = [
     "command_words",
     "endpoint_command",
     "render_sbatch",
+    "sbatch_extras",
     "sbatch_options",
     "sbatch_quote",
     "shell_quote",
@@ -166,11 +163,8 @@ def _log_pattern(spec: JobSpec, suffix: str) -> str:
 
 def batch_output_path(spec: JobSpec, job_id: str | None = None) -> str:
     """The batch script's output file: the SLURM pattern, or the real path for ``job_id``
-    (a sweep's array task: ``123_4``, ``<name>-%A_%a.out``).
-
-    It lies in ``spec.log_path``, which must exist before ``sbatch``: SLURM opens it before the
-    script runs and fails the job (JobLaunchFailure) when it cannot.
-    """
+    (a sweep's array task: ``123_4``). Its folder must exist before ``sbatch``: SLURM fails the
+    job (JobLaunchFailure) when it cannot open the file."""
     pattern = _log_pattern(spec, "%A_%a.out" if spec.sweep is not None else "%j.out")
     if job_id is None:
         return pattern
@@ -238,16 +232,10 @@ def _mem(mem_gb: float) -> str:
     return f"{math.ceil(mem_gb * 1024)}M"
 
 
-def _extra_options(spec: JobSpec) -> list[tuple[str, str | None]]:
-    """``sbatch:`` from the spec, sorted; true is a bare flag, false leaves the option out."""
-    options: list[tuple[str, str | None]] = []
-    for key in sorted(spec.sbatch):
-        value = spec.sbatch[key]
-        if value is True:
-            options.append((key, None))
-        elif value is not False:
-            options.append((key, str(value)))
-    return options
+def sbatch_extras(spec: JobSpec) -> dict[str, str | None]:
+    """``sbatch:`` from the spec, sorted; true is a bare flag (None), false leaves it out."""
+    kept = sorted((key, value) for key, value in spec.sbatch.items() if value is not False)
+    return {key: None if value is True else str(value) for key, value in kept}
 
 
 def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
@@ -266,7 +254,7 @@ def sbatch_options(spec: JobSpec) -> list[tuple[str, str | None]]:
         options.append(("ntasks-per-node", str(spec.tasks_per_node)))
     cpus = spec.cpus_per_task * spec.procs if ranged else spec.cpus_per_slurm_task
     options.append(("cpus-per-task", str(cpus)))
-    extras = _extra_options(spec)
+    extras = list(sbatch_extras(spec).items())
     if spec.gpus_per_node > 0 and not any(key in _GPU_OPTIONS for key, _ in extras):
         options.append(("gpus-per-node", str(spec.gpus_per_node)))
     if spec.mem_gb is not None:
@@ -324,15 +312,10 @@ def torchrun_command(
     rdzv_id: str = JOB_ID_EXPANSION,
     nnodes: int | str | None = None,
 ) -> list[str]:
-    """The argv each node's single task runs under ``launch: torchrun``.
-
-    By default the endpoint and the rendezvous id are the shell expansions the generated
-    script provides (``"$endpoint"``, ``"$SLURM_JOB_ID"``; ``q`` writes them unquoted); pass
-    real values for a command to run elsewhere. ``nnodes`` defaults to the spec's node count,
-    or under ``nodes: MIN-MAX`` to this attempt's (``"$SLURM_JOB_NUM_NODES"``: the rendezvous
-    waits for exactly the nodes SLURM gave). ``command`` starts with a script or ``-m``
-    (JobSpec checks it), which ``ddpkit run`` takes as torchrun does.
-    """
+    """The argv each node's single task runs under ``launch: torchrun``. The endpoint, the
+    rendezvous id and (under ``nodes: MIN-MAX``) ``nnodes`` default to the batch shell's
+    expansions, so the rendezvous waits for exactly the nodes SLURM gave; pass real values for
+    a command to run elsewhere."""
     return [
         spec.python,
         "-u",

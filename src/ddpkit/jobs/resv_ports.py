@@ -1,11 +1,8 @@
 """``python -m ddpkit.jobs.resv_ports``: the old path of
 :mod:`ddpkit.cluster.rendezvous.resv_ports`.
 
-Kept only as an entry point: a job script rendered before the move calls this path on its
-``srun`` line, and a requeued job re-runs its old script against the installed ddpkit, so
-removing it would fail that job at its restart. It runs the new module's ``main`` and nothing
-else (importing it defines nothing); new scripts call
-``python -m ddpkit.cluster.rendezvous.resv_ports``.
+Kept as an entry point only: a requeued job re-runs the script rendered before the move, which
+calls this path on its ``srun`` line, against the installed ddpkit. Importing it defines nothing.
 """
 
 from __future__ import annotations

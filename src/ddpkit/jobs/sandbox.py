@@ -1,26 +1,20 @@
 """The Jinja2 environment every sbatch template loads and renders in: a sandbox, with bounds.
 
-A spec's ``template:`` is code from wherever the spec came from (a shared folder, a copied
-repository), rendered on the machine that runs ``ddpkit submit`` (``--dry-run`` included). In a
-plain ``jinja2.Environment`` it can reach Python's internals (``cycler.__init__.__globals__``,
-``''.__class__.__mro__``, ``str.format`` field lookups) and run commands or read the environment
-there. This module owns the environment that prevents it:
+A spec's ``template:`` is code from wherever the spec came from, rendered on the machine that
+runs ``ddpkit submit`` (``--dry-run`` included), where a plain ``jinja2.Environment`` lets it
+reach Python's internals and run commands or read the environment. Here:
 
-- ``ImmutableSandboxedEnvironment``: no attribute starting with ``_`` or internal to Python
-  (function globals, frames, code), no ``str.format`` lookups of those, and no changing the
-  context's lists and dicts (``spec.env.update(...)``); a violation raises ``SecurityError``,
-  which :mod:`ddpkit.jobs.render` reports as one line naming the template file and line.
-- ``*`` and ``**`` are checked before they run (and so never folded at compile time):
-  ``'x' * 10**12`` or ``7 ** 10**9`` would exhaust memory or CPU in one expression.
+- ``ImmutableSandboxedEnvironment``: no ``_`` or Python-internal attributes (nor through
+  ``str.format``), no changing the context; a violation raises ``SecurityError``.
+- ``*`` and ``**`` are checked before they run: ``'x' * 10**12`` or ``7 ** 10**9`` would
+  exhaust memory or CPU in one expression.
 - the rendered text is collected up to :data:`MAX_SCRIPT_CHARS`.
-- templates are read from regular files only, at most :data:`MAX_TEMPLATE_BYTES` each, and a
-  user's template reads (``{% include %}``, ``{% import %}``, ``{% extends %}``) only ddpkit's
-  templates and files in its own folder or below, links resolved (:func:`confined`): not
-  ``/proc/self/environ``, nor a key elsewhere, into a script that ``--dry-run`` prints.
+- templates are regular files of at most :data:`MAX_TEMPLATE_BYTES`, and a user's template
+  reads only ddpkit's templates and files in its own folder or below, links resolved
+  (:func:`confined`): not ``/proc/self/environ`` into a script ``--dry-run`` prints.
 
-It does not bound a loop's running time or every filter's output (``center(10**9)``): rendering
-runs in the user's own process, where Ctrl-C ends it and memory errors are reported as errors.
-ddpkit's built-in templates render byte for byte as in a plain environment (the golden files).
+A loop's running time is not bounded: rendering runs in the user's own process, where Ctrl-C
+ends it. The built-in templates render byte for byte as in a plain environment.
 """
 
 from __future__ import annotations
@@ -171,15 +165,14 @@ def sandbox_environment(
     return env
 
 
-def collect(chunks: Iterable[str], limit: int | None = None) -> str:
-    """The rendered ``chunks`` joined, or TemplateTooLong once they pass ``limit`` characters
-    (default :data:`MAX_SCRIPT_CHARS`, read at call time)."""
-    limit = MAX_SCRIPT_CHARS if limit is None else limit
+def collect(chunks: Iterable[str]) -> str:
+    """The rendered ``chunks`` joined, or TemplateTooLong once they pass
+    :data:`MAX_SCRIPT_CHARS` characters."""
     parts: list[str] = []
     size = 0
     for chunk in chunks:
         size += len(chunk)
-        if size > limit:
-            raise TemplateTooLong(f"the script is longer than {limit} characters")
+        if size > MAX_SCRIPT_CHARS:
+            raise TemplateTooLong(f"the script is longer than {MAX_SCRIPT_CHARS} characters")
         parts.append(chunk)
     return "".join(parts)

@@ -1,20 +1,13 @@
 """Job specs and cluster profiles: the typed, validated, frozen description of a SLURM job.
 
-This module owns the field names, types and defaults of a job spec (``JobSpec``) and of a site
-profile (``ClusterProfile``), every check on one value or between values, and the values derived
-from them (``procs``, ``world_size``, ``is_module``, ...). Reading YAML, finding profiles and
-merging the layers is ``ddpkit.jobs.load``; nothing here touches a file or the environment (the
-only impure bits are two defaults: ``python`` is ``sys.executable``, ``workdir`` the current
-directory).
+This module owns the fields of a job spec (``JobSpec``) and a site profile (``ClusterProfile``),
+every check on them (errors built by :func:`~ddpkit.jobs.spec_checks.invalid`; field
+descriptions double as the hint for type errors), and the values derived from them. Reading
+YAML and merging the layers is ``ddpkit.jobs.load``; nothing here touches a file.
 
-Validators raise pydantic errors of type ``"ddpkit"`` whose context carries a ``hint`` (and, for
-checks spanning fields, the ``field`` path and its ``value``); ``ddpkit.jobs.load`` turns the
-first error into one ``ConfigError`` line. Field descriptions double as the hint for type errors.
-
-Quoting is not this module's job: values that are legitimate in a shell word (quotes, ``;``,
-``$()``, spaces) are accepted and the renderer quotes them. Rejected are only values that cannot
-be carried at all: NUL anywhere, and line breaks in anything that reaches an ``#SBATCH`` line or
-a file name (``name``, ``partition``, ``log_dir``, ``workdir``, ``sbatch`` values, ...).
+Quoting is the renderer's job: values legitimate in a shell word (quotes, ``;``, ``$()``) are
+accepted. Rejected are only values that cannot be carried at all: NUL anywhere, and line breaks
+in anything that reaches an ``#SBATCH`` line or a file name.
 """
 
 from __future__ import annotations
@@ -411,17 +404,14 @@ class JobSpec(Model):
     @property
     def procs(self) -> int:
         """Processes per node: ``procs_per_node``, else one per GPU, else 1."""
-        if self.procs_per_node is not None:
-            return self.procs_per_node
-        return self.gpus_per_node or 1
+        return self.procs_per_node if self.procs_per_node is not None else self.gpus_per_node or 1
 
     @property
     def warning_s(self) -> int:
         """Seconds between the stop signal and the time limit: ``signal_delay_s``, else 120 s
         or half the time limit when that is shorter."""
-        if self.signal_delay_s is not None:
-            return self.signal_delay_s
-        return min(DEFAULT_SIGNAL_DELAY_S, self.time_min * 30)
+        default = min(DEFAULT_SIGNAL_DELAY_S, self.time_min * 30)
+        return self.signal_delay_s if self.signal_delay_s is not None else default
 
     @property
     def world_size(self) -> int:

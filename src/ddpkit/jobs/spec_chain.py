@@ -1,16 +1,10 @@
 """The spec's chain and console fields: ``after``/``after_type``/``singleton`` (SLURM job
 dependencies) and ``log_ranks`` (which local ranks a node's console output shows).
 
-Shape of a chain: ``after: [prep, 1234]`` (job names or SLURM job ids) with one
-``after_type: afterok`` (default) or ``afterany`` for all of them. One flat list with one type,
-not a mapping of types to lists (``after: {ok: [...]}``), because that is what sbatch writes
-(``--dependency=afterok:1:2``, one type and its ids), what ``--set after=[prep]`` can say in
-one word, and what a chain almost always is; a mix of types is rare enough to need no syntax.
-
-A value that reaches ``#SBATCH --dependency=`` is either a job id (ASCII digits, optionally
-``_N`` for one array task) or a job name (the characters ``name:`` allows); nothing else, so
-no value can add an option or a line to the script. Names become job ids at submission
-(:mod:`ddpkit.jobs.chain`); :func:`dependency` builds the option from ids only.
+A chain is one flat list with one type (``after: [prep, 1234]``, ``after_type: afterok``), as
+sbatch writes it (``--dependency=afterok:1:2``) and ``--set after=[prep]`` says it in one word.
+Each value is a job id (ASCII digits, ``_N`` for an array task) or a job name, so none can add
+an option or a line to the script; names become ids at submission (:mod:`ddpkit.jobs.chain`).
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ from ddpkit.errors import ConfigError
 from ddpkit.jobs.spec_checks import MAX_PER_NODE, invalid, number_to_str, shown
 
 __all__ = [
-    "AFTER_TYPES",
     "CHAIN_DOCS",
     "AfterList",
     "AfterType",
@@ -37,7 +30,6 @@ __all__ = [
 ]
 
 AfterType = Literal["afterok", "afterany"]
-AFTER_TYPES: tuple[AfterType, ...] = ("afterok", "afterany")
 MAX_AFTER = 100  # jobs one job may wait for: far above any real chain
 # the fields' descriptions: documentation, and the hint for a value of the wrong type
 CHAIN_DOCS = {

@@ -1,10 +1,8 @@
 """What every spec model shares: the error type ``ddpkit.jobs.load`` reads, one-value checks, the
 upper bounds of numeric fields, and :func:`shown`, how an error message quotes a bad value.
 
-``invalid`` builds a pydantic error of type ``"ddpkit"`` whose context carries the problem and
-a hint (and, for checks spanning fields, the field path and its value); ``ddpkit.jobs.load``
-turns it into one ``ConfigError`` line. Split from :mod:`ddpkit.jobs.spec` so that the sweep's
-model (:mod:`ddpkit.jobs.sweep_spec`) uses the same pieces without an import cycle.
+Split from :mod:`ddpkit.jobs.spec` so that the sweep's model (:mod:`ddpkit.jobs.sweep_spec`)
+uses the same pieces without an import cycle.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ __all__ = [
 
 ERROR_TYPE = "ddpkit"
 # Upper bounds: far above any real cluster, so a larger value is a typo, refused before anything
-# is sized from it (``nodes: 30000000`` once made ``plan`` build a table of 30 million rows).
+# is sized from it (``plan`` builds a row per rank).
 MAX_NODES = 100_000
 MAX_PER_NODE = 1024  # processes or GPUs on one node
 MAX_CPUS = 65_535  # SLURM's cpus-per-task is a 16-bit number

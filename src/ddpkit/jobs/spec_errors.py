@@ -1,9 +1,7 @@
 """A pydantic ``ValidationError`` of a spec or profile as the one ``ConfigError`` line.
 
-``<source>: <field.path>=<value>: <problem> (hint: ...)``: the first error (an unknown key
-first: it is usually the cause of the others), where ``<source>`` is the file (or ``--set``)
-that supplied the value, the value quoted by :func:`ddpkit.jobs.spec_checks.shown` (cut short), the
-hint from the check that failed, the field's description or its limit.
+``<source>: <field.path>=<value>: <problem> (hint: ...)`` for the first error (an unknown key
+first), naming the file (or ``--set``) that supplied the value, quoted short and masked.
 """
 
 from __future__ import annotations

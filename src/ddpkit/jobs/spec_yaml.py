@@ -1,29 +1,22 @@
 """The YAML of job specs, profiles and ``--set`` values: read safely, in bounded time and memory.
 
-A spec may come from anywhere (a shared folder, a copied repository, a generated file), so
-reading one must end soon, in little memory, with the one-line error. ``yaml.SafeLoader``
-builds no arbitrary objects but is unbounded otherwise; the loader here, on top of it, refuses:
+A spec may come from anywhere, so reading one must end soon, in little memory, with the
+one-line error. On top of ``yaml.SafeLoader`` (no arbitrary objects, but unbounded) this refuses:
 
 - a file over :data:`MAX_YAML_BYTES` (read no further, so ``/dev/zero`` ends too);
-- more than :data:`MAX_YAML_NODES` values, aliases counted as what they expand to: a "billion
-  laughs" of a few hundred bytes (``&a [x, x, ...]``, ``&b [*a, *a, ...]``, ...) is refused at
-  the alias that passes the limit, before anything is built from it;
-- nesting deeper than :data:`MAX_YAML_DEPTH` (``[[[[...`` would exhaust Python's stack), and an
-  alias inside the node it names;
-- a key given twice (plain YAML keeps the last one), and a list or mapping as a mapping key;
-- nothing: a number written with ``_`` (``12_3``) stays the text it is, where YAML 1.1 reads
-  123, which would turn an array task in ``after: [12_3]`` into another job (a numeric field
-  then refuses the text, naming the field);
-- values its own constructors fail on with Python errors (``2024-13-45``, a number of more
-  than 4300 digits, ``!!float abc``): a YAML error at the value's line.
+- more than :data:`MAX_YAML_NODES` values, aliases counted as what they expand to (a "billion
+  laughs" is refused at the alias that passes the limit, before anything is built);
+- nesting deeper than :data:`MAX_YAML_DEPTH`, and an alias inside the node it names;
+- a key given twice (plain YAML keeps the last one), and a list or mapping as a key;
+- values its constructors fail on with Python errors (``2024-13-45``, ``!!float abc``).
 
-Every refusal is a ``yaml.YAMLError`` with the position; :func:`read_yaml_mapping` and
-:func:`parse_yaml_value` turn it into a ``ConfigError`` whose message quotes at most a few
-hundred characters.
+``12_3`` stays text, where YAML 1.1 reads 123: ``after: [12_3]`` names an array task. Every
+refusal is a ``yaml.YAMLError`` with the position, turned into a short ``ConfigError``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -115,19 +108,11 @@ class SpecLoader(yaml.SafeLoader):
             ) from None
 
 
-def _hashable(key: object) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
-
-
 def _construct_mapping(loader: SpecLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[object] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
-        if not _hashable(key):
+        if not isinstance(key, Hashable):
             raise _InputError(
                 f"a {type(key).__name__} is used as a mapping key",
                 key_node.start_mark,
@@ -177,15 +162,11 @@ def _read_bounded(path: Path, what: str) -> str:
         with path.open("rb") as file:
             data = file.read(MAX_YAML_BYTES + 1)
         text = data.decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{what} file {shown(str(path))} not found", hint="check the path"
-        ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"{what} file {shown(str(path))} cannot be read: {shown(str(exc), quote=False)}",
-            hint="check the path",
-        ) from None
+        problem = f"cannot be read: {shown(str(exc), quote=False)}"
+        problem = "not found" if isinstance(exc, FileNotFoundError) else problem
+        where = f"{what} file {shown(str(path))}"
+        raise ConfigError(f"{where} {problem}", hint="check the path") from None
     if len(data) > MAX_YAML_BYTES:
         raise ConfigError(
             f"{path}: the {what} file is larger than {MAX_YAML_BYTES // 2**20} MiB",

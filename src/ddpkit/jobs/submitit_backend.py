@@ -1,9 +1,8 @@
 """``ddpkit.jobs.submitit_backend.RunCommand``: the old path of submitit's task runner.
 
-Kept only for unpickling: a submitit job submitted before the re-housing pickled its task
-runner under this path, and a requeued job unpickles it again with the installed ddpkit. The
-runner lives in :mod:`ddpkit.launch.submitit_task` (above jobs/, so it is found through the
-module path the contract names, not imported); the backend is :mod:`ddpkit.jobs.backends.submitit`.
+Kept for unpickling only: a requeued job submitted before the move unpickles its task runner
+from here. The runner lives in :mod:`ddpkit.launch.submitit_task` (above jobs/: found through
+the module path the contract names, not imported).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Sweeps: many runs from one spec, one SLURM array task per combination of values.
 
-This module owns the arithmetic of a sweep, pure and stdlib-only (the job contract and the
-renderer import it): the tasks a sweep expands to (``grid``: every combination, the first
-parameter varying slowest; ``zip``: the i-th value of every list together), the folder name
-of each task's run, and the ``{name}`` placeholders of the command.
+The arithmetic of a sweep, pure and stdlib-only (the job contract and the renderer import
+it): its tasks (``grid``: every combination, the first parameter slowest; ``zip``: the i-th
+values together), each task's run name, and the command's ``{name}`` placeholders.
 
 Run names (``lr=0.1,seed=1``) come from the values alone, so a requeued task finds its folders
-again; characters outside ``[A-Za-z0-9._+=,-]`` become ``_`` and long names are cut. Where two
-tasks would get the same name that way (``a/b`` and ``a_b``), each of them gets a suffix hashed
-from its exact values, so names stay unique and still stable.
-
-Placeholders use Python's format syntax: ``{lr}`` is the task's value of ``lr``, ``{sweep_task}``
-its index, ``{sweep_run}`` its run name; ``{{``/``}}`` are literal braces. Format specs and
-conversions (``{lr:.3f}``, ``{lr!r}``) are refused: a value is substituted as the text it is.
-The validation of names and values (identifiers, non-empty lists, one line) is the spec's
-(:mod:`ddpkit.jobs.spec`); what this module raises is ``ValueError`` with the problem in words.
+again; where two would clash once cleaned (``a/b``, ``a_b``), each gets a hash of its values.
+Placeholders are plain ``{name}`` (``{{``/``}}``: braces): no format specs or conversions, as
+a value is substituted as the text it is. Checks raise ``ValueError``; the spec validates.
 """
 
 from __future__ import annotations
@@ -133,13 +126,8 @@ def split_word(word: str) -> list[tuple[str, str | None]]:
     parts: list[tuple[str, str | None]] = []
     for literal, name, spec, conversion in parsed:
         if name is not None and (spec or conversion or not name.isidentifier()):
-            shown = (
-                "{"
-                + name
-                + (f"!{conversion}" if conversion else "")
-                + (f":{spec}" if spec else "")
-                + "}"
-            )
+            tail = (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            shown = f"{{{name}{tail}}}"
             raise ValueError(
                 f"{shown} is not a plain placeholder: write {{name}} (values are substituted "
                 "as they are), or {{ and }} for literal braces"

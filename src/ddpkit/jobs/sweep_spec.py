@@ -1,15 +1,13 @@
 """The ``sweep:`` section of a job spec: its pydantic model and every check on it.
 
-Names are identifiers (each becomes ``DDPKIT_SWEEP_<NAME>``, so names equal but for case are
-refused, and so are ``task``/``run``/``sweep_task``/``sweep_run``, ddpkit's own); lists are
-non-empty; values are one line of text (numbers are taken as their text); ``zip`` needs lists
-of one length; no combination may come twice. The command's placeholders are checked against
-the parameters by :func:`check_placeholders` (the spec calls it: it needs the command).
-The arithmetic (tasks, run names, placeholders) is :mod:`ddpkit.jobs.sweep`'s.
+Each name becomes ``DDPKIT_SWEEP_<NAME>``, so names equal but for case are refused, as are
+ddpkit's own (``task``, ``run``, ``sweep_task``, ``sweep_run``). The arithmetic (tasks, run
+names, placeholders) is :mod:`ddpkit.jobs.sweep`'s.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -137,12 +135,7 @@ class Sweep(Model):
     def count(self) -> int:
         """How many runs (array tasks) the sweep has."""
         lengths = [len(values) for values in self.params.values()]
-        if self.mode == "zip":
-            return min(lengths, default=0)
-        total = 1
-        for length in lengths:
-            total *= length
-        return total
+        return min(lengths, default=0) if self.mode == "zip" else math.prod(lengths)
 
     @property
     def tasks(self) -> list[sweeps.SweepTask]:

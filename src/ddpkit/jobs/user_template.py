@@ -1,17 +1,14 @@
 """The rule for a user's sbatch template: it extends ddpkit's, and keeps the stop-signal protocol.
 
-ddpkit's templates are one base (``templates/base.sh.j2``: the ``#SBATCH`` lines, the exports,
-the sweep's table and the stop-signal protocol: the batch shell's trap, the latch folder, each
-task under ddpkit's holder, the loop that passes a held signal on) and two launch modes extending
-it. A user's template (spec ``template:``) that replaced the whole script used to drop that
-protocol silently: SLURM's warning then killed the job instead of stopping it with a checkpoint.
+ddpkit's base template (``templates/base.sh.j2``) holds the stop-signal protocol (the batch
+shell's trap, the latch folder, the holder, the loop passing a held signal on); a template that
+replaced the whole script would drop it silently, and SLURM's warning would kill the job
+instead of stopping it with a checkpoint.
 
-So, when the spec has a stop signal, a user's template must start with ``{% extends %}`` of
-one of ddpkit's (``launch_template``, the spec's mode, or one named), contain nothing but
-blocks beside it (a top-level ``{% set signal = none %}`` would reach the base), and override
-only :data:`USER_BLOCKS`. Anything else is one ConfigError naming ``template``, the file and the
-hint; nothing is submitted. With ``signal: null`` there is no protocol to keep, and any
-template is accepted.
+So, when the spec has a stop signal, a user's template must ``{% extends %}`` one of ddpkit's
+(``launch_template`` or one named), contain nothing but blocks beside it (a top-level
+``{% set signal = none %}`` would reach the base), and override only :data:`USER_BLOCKS`; else
+a ConfigError, before anything is submitted. With ``signal: null`` any template is accepted.
 """
 
 from __future__ import annotations

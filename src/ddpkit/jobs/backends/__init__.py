@@ -1,22 +1,11 @@
 """One protocol for every way ddpkit submits a job, and the registry that finds them.
 
-In the spirit of torchx's ``Scheduler``: a backend turns a spec into a printable
-:class:`Request` without side effects (``dry_run``), submits exactly that request
-(``schedule``: so a submission is a dry run plus a schedule), and follows what it submitted
-(``status``, ``sweep_status``, ``cancel``, ``log_files``: each backend owns its log layout).
-The jobs API (:mod:`ddpkit.jobs.api`) and the CLI only look a backend up and call it: nothing
-outside this package branches on a backend's name (tests/test_backend_names.py checks).
-
-    backend name   module                         submits with
-    sbatch         ddpkit.jobs.backends.sbatch    sbatch, a script from ddpkit's templates
-    submitit       ddpkit.jobs.backends.submitit  submitit's AutoExecutor (on SLURM)
-    torchx         ddpkit.jobs.backends.torchx    torchx's runner (local_cwd or slurm); the
-                                                  spec -> AppDef conversion it shares with
-                                                  ddpkit.components is backends.torchx_appdef
-
-Modules are imported when their backend is first used (submitit and torchx are optional
-extras). A fourth backend is one module with a ``BACKEND`` object and one line in
-:data:`BACKENDS`.
+As torchx's ``Scheduler``: a backend turns a spec into a printable :class:`Request` without
+side effects (``dry_run``), submits exactly that request (``schedule``), and follows what it
+submitted (``status``, ``sweep_status``, ``cancel``, ``log_files``: it owns its log layout).
+Nothing outside this package branches on a backend's name (tests/test_backend_names.py checks).
+A backend's module is imported on first use (submitit and torchx are optional extras); a fourth
+backend is one module with a ``BACKEND`` object and one line in :data:`BACKENDS`.
 """
 
 from __future__ import annotations
@@ -57,13 +46,10 @@ BACKENDS: dict[Via, str] = {
 class Request:
     """What a submission hands over, before anything is submitted; ``str()`` prints it.
 
-    ``text`` is the dry run, byte for byte (the sbatch script, submitit's parameters and
-    script, torchx's dry run); ``payload`` is the backend's own object for ``schedule`` (the
-    script, torchx's dry-run info), so what is scheduled is what was shown. ``notes``: what
-    the user should hear on submitting it (SLURM options a local scheduler does not use).
-    ``foreground``: ``schedule`` runs the job itself until it ends (a local torchx app) and
-    answers a stop signal by cancelling it; any other submission holds those signals until the
-    job is recorded (:mod:`ddpkit.jobs.interrupts`).
+    ``text`` is the dry run, byte for byte; ``payload`` the backend's own object for
+    ``schedule``, so what is scheduled is what was shown. ``notes``: what the user should hear
+    on submitting it. ``foreground``: ``schedule`` runs the job until it ends (a local torchx
+    app) and cancels it on a stop signal, which others hold (:mod:`ddpkit.jobs.interrupts`).
     """
 
     via: Via
@@ -137,11 +123,9 @@ def check_scheduler(via: str, scheduler: str | None, *, flags: bool = False) -> 
     takers = ", ".join(SCHEDULERS)
     if flags:
         message = f"--scheduler {scheduler} is for --via {takers}, not --via {via}"
-        hint = f"add --via {takers}, or drop --scheduler"
     else:
         message = f"scheduler={scheduler!r} is for via {takers!r}, not via {via!r}"
-        hint = f"add --via {takers}, or drop --scheduler"
-    raise ConfigError(message, hint=hint)
+    raise ConfigError(message, hint=f"add --via {takers}, or drop --scheduler")
 
 
 def follower(job: str, record: JobRecord | None) -> Backend:
@@ -156,9 +140,6 @@ def get_backend(via: str) -> Backend:
     """The backend called ``via``; a ConfigError with a hint for an unknown name."""
     module_name = BACKENDS.get(via)  # type: ignore[call-overload]
     if module_name is None:
-        raise ConfigError(
-            f"via {via!r} is not a backend",
-            hint=did_you_mean(via, BACKENDS),
-        )
+        raise ConfigError(f"via {via!r} is not a backend", hint=did_you_mean(via, BACKENDS))
     backend: Backend = importlib.import_module(module_name).BACKEND
     return backend

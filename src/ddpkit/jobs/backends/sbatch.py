@@ -1,11 +1,8 @@
 """The ``sbatch`` backend: a script from ddpkit's templates, submitted with ``sbatch``.
 
-Also home of :class:`SlurmJobs`, how any job that runs on SLURM is followed (state from
-squeue / sacct / scontrol, ``scancel``, a sweep's tasks, its output files), which the submitit
-backend shares; the log layout of ddpkit's templates (``<log_dir>/<name>-<id>.out``,
-``-rank<N>.out``, ``-node<N>.out``; a sweep's rank files in its run's folder); the files of a
-job ddpkit did not record (SLURM's batch output path says whose layout it is); and
-:func:`log_dir_made`, the log folder a submission creates and removes again when it fails.
+Also home of :class:`SlurmJobs`, how any job on SLURM is followed (the submitit backend shares
+it), and of the log layout of ddpkit's templates (``<log_dir>/<name>-<id>.out``,
+``-rank<N>.out``, ``-node<N>.out``; a sweep's rank files in its run's folder).
 """
 
 from __future__ import annotations
@@ -169,12 +166,9 @@ BACKEND = SbatchBackend()
 
 
 def check_array_size(spec: JobSpec, *, runner: slurm.Runner = slurm.subprocess_runner) -> None:
-    """Refuse a sweep with more tasks than the cluster's ``MaxArraySize`` allows (indices
-    0..MaxArraySize-1), before anything is written; unchecked when SLURM does not say.
-
-    Asks ``scontrol show config``: the submitit paths call it first (submitit writes a pickle
-    per task before sbatch answers); the sbatch path asks only after sbatch refused
-    (:func:`array_refusal_explained`), so a submission that succeeds makes no extra call."""
+    """Refuse a sweep with more tasks than the cluster's ``MaxArraySize`` allows, before
+    anything is written (unchecked when SLURM does not say). submitit calls it first, as it
+    writes a pickle per task; sbatch only once sbatch refused (:func:`array_refusal_explained`)."""
     if spec.sweep is None:
         return
     limit = max_array_size(show_config(runner=runner))
@@ -204,11 +198,8 @@ def array_refusal_explained(
 
 @contextmanager
 def log_dir_made(spec: JobSpec) -> Iterator[None]:
-    """Create the log directory (SLURM opens the output files in it before the job starts).
-
-    If the submission fails, the directories this made are removed again (only empty ones):
-    a failed submit leaves nothing behind.
-    """
+    """Create the log directory (SLURM opens the output files in it before the job starts);
+    if the submission fails, remove the empty directories this made: nothing is left behind."""
     path = Path(spec.log_path)
     created = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     path.mkdir(parents=True, exist_ok=True)

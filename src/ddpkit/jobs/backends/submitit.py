@@ -1,40 +1,25 @@
 """The submitit backend: a JobSpec as ``submitit.AutoExecutor`` parameters, and submission.
 
-This module owns the translation spec -> executor parameters (one function, so the dry run shows
-exactly what a submission uses) and the two ways to submit: the spec's command, run in every
-task by ``submitit.helpers.CommandFunction``, or any picklable Python function. submitit is an
-optional dependency, imported only here and only when used; without it the error names the
-extra to install.
+One function translates spec -> executor parameters, so the dry run shows exactly what a
+submission uses. The spec's command runs in every task under submitit's task runner
+(``ddpkit.launch.submitit_task.RunCommand``), or any picklable Python function does. Every task
+is one process (``nodes * procs`` SLURM tasks): ``ddpkit.init()`` finds its rank through
+submitit's SLURM environment. submitit is optional, imported only when used.
 
-Every task is one process (submitit starts ``nodes * procs`` SLURM tasks), so inside the job
-``ddpkit.init()`` finds its rank through submitit's SLURM environment.
+Stop signals: submitit asks SLURM for the warning (``--signal``, from ``signal`` and
+``warning_s``) and, in the job, binds it to a handler that on rank 0 requeues at once. A
+function that creates ``ddpkit.preemption_guard()`` replaces that handler in its process; the
+task runner holds the signal and passes it on to the command (:mod:`ddpkit.cluster.stop`).
 
-Stop signals: submitit asks SLURM for its USR2 warning before the time limit (``--signal``, set
-here from the spec's ``signal`` and ``warning_s``) and, in the job, binds USR2 to a handler
-that on rank 0 requeues the job at once, without waiting for anything. A Python function that
-creates ``ddpkit.preemption_guard()`` replaces that handler in its own process. The spec's
-command runs under submitit's task runner (``ddpkit.launch.submitit_task.RunCommand``), which
-holds the signal and passes it on to the command instead (:mod:`ddpkit.cluster.stop`).
+A sweep is one ``map_array``: each task a ``RunCommand`` with its command (placeholders
+substituted as words, no shell) and ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism``
+is ``max_parallel``, else every run at once (submitit's default caps it at 256).
 
-A sweep goes through ``executor.map_array``: one SLURM array, each task a ``RunCommand``
-with the task's command (placeholders substituted here, as words: no shell in between) and
-its ``DDPKIT_SWEEP_*`` variables; ``slurm_array_parallelism`` is ``max_parallel`` (else every
-run at once: submitit's default would cap it at 256). submitit submits a single item as a
-plain job, not an array of one, and :func:`sweep_record` records it as one. A Python function
-goes through :func:`map_function`, which calls it with each task's values as keyword arguments.
-
-``#SBATCH`` values: submitit quotes them for bash (``shlex.quote``), but sbatch's own parser
-reads them and takes a backslash as an escape even inside single quotes, so a value with
-``\\'`` could add an sbatch option of its own. Every value is handed to submitit with its
-backslashes doubled (:func:`ddpkit.compat.submitit_sbatch_value`), which sbatch reads back as
-the value itself; a backslash in the log folder (``--output``) is refused, as SLURM turns the
-``%j`` patterns off there. The dry run shows the spec's values in ``parameters`` and the
-script as submitted.
-
-The spec's ``env`` goes into the batch script as quoted ``export`` lines (``slurm_setup``)
-rather than into a subprocess ``env=``: that replaces the whole environment, and the tasks
-would lose the SLURM variables they find their ranks from. The spec's ``template`` is for sbatch
-scripts only: submitit writes its own.
+``#SBATCH`` values: submitit quotes them for bash, but sbatch's parser takes a backslash as an
+escape even inside single quotes (``\\'`` could add an option), so every value goes with its
+backslashes doubled (:func:`ddpkit.compat.submitit_sbatch_value`). ``env`` goes into the batch
+script as quoted ``export`` lines, not a subprocess ``env=``, which would replace the whole
+environment and lose the SLURM variables the ranks come from.
 """
 
 from __future__ import annotations
@@ -80,13 +65,11 @@ __all__ = [
     "command_line",
     "dry_run",
     "executor_parameters",
-    "folder",
     "import_submitit",
     "make_executor",
     "map_function",
     "record_of_function",
     "submit_command",
-    "submit_function",
     "submitted_script",
     "sweep_record",
     "sweep_runs",
@@ -105,11 +88,6 @@ def import_submitit() -> ModuleType:
             hint=f"{_INSTALL_HINT}, or submit with --via sbatch",
         ) from exc
     return submitit
-
-
-def folder(spec: JobSpec) -> Path:
-    """The executor folder: the spec's log_dir, made absolute against its workdir."""
-    return Path(spec.log_path)
 
 
 def command_line(spec: JobSpec) -> list[str]:
@@ -176,11 +154,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         params["gpus_per_node"] = spec.gpus_per_node
     if spec.mem_gb is not None:
         params["mem_gb"] = spec.mem_gb
-    for key in ("partition", "account", "qos", "constraint"):
-        value = getattr(spec, key)
-        if value is not None:
-            params[f"slurm_{key}"] = value
-    return params
+    names = ("partition", "account", "qos", "constraint")
+    slurm = {f"slurm_{key}": getattr(spec, key) for key in names}
+    return params | {key: value for key, value in slurm.items() if value is not None}
 
 
 def _sbatch_read_back(params: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +178,7 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
     module = import_submitit()
     try:
         executor: submitit.AutoExecutor = module.AutoExecutor(
-            folder=folder(spec), cluster="slurm", slurm_python=shlex.quote(spec.python)
+            folder=Path(spec.log_path), cluster="slurm", slurm_python=shlex.quote(spec.python)
         )
     except RuntimeError as exc:  # SlurmExecutor refuses to exist without srun
         raise ConfigError(
@@ -216,15 +192,11 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
 
 
 def dry_run(spec: JobSpec) -> str:
-    """The executor folder, parameters and command, plus the sbatch text submitit would write.
-
-    Nothing is created: the sbatch text comes from submitit's own renderer, which is reachable
-    only where ``srun`` exists; elsewhere a comment says so. Without submitit installed this
-    fails as a submission would.
-    """
+    """The executor folder, parameters and command, plus the sbatch text submitit would write
+    (its own renderer, reachable only where ``srun`` exists; elsewhere a comment says so)."""
     import_submitit()
     shown: dict[str, Any] = {
-        "folder": str(folder(spec)),
+        "folder": spec.log_path,  # the executor's folder
         "python": spec.python,
         "parameters": executor_parameters(spec),
         "command": command_line(spec),
@@ -317,13 +289,6 @@ def map_function(fn: Callable[..., Any], *, spec: JobSpec) -> list[submitit.Job[
 _Call = KeywordCall
 
 
-def submit_function(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, spec: JobSpec
-) -> submitit.Job[Any]:
-    """Submit ``fn(*args, **kwargs)`` to run in every task, with the spec's resources."""
-    return make_executor(spec).submit(fn, *args, **kwargs)
-
-
 def submitted_script(job: submitit.Job[Any]) -> str | None:
     """The sbatch text submitit wrote for ``job`` (None if it is gone)."""
     try:
@@ -372,7 +337,7 @@ class SubmititBackend(SlurmJobs):
 
 
 def record_of_function(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
-    """The record of a function job (:func:`submit_function`), as ``ddpkit status`` reads it."""
+    """The record of a function job (:func:`ddpkit.jobs.submit_function`)."""
     return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
 
 

@@ -1,32 +1,21 @@
 """Jobs through torchx: ``ddpkit submit SPEC --via torchx [--scheduler local_cwd|slurm]`` and then
 ``status``, ``logs``, ``cancel`` of what it printed.
 
-This module owns the torchx side of the jobs API: the scheduler run config, dry run and
-submission through ``torchx.runner`` (the AppDef comes from the one conversion,
-``ddpkit.jobs.backends.torchx_appdef.spec_to_appdef``), the ONE table :data:`TORCHX_STATES`
-from torchx's ``AppState`` to ddpkit's :class:`JobState`, and where torchx's log files are.
-
 The job id is torchx's app handle (``slurm://torchx/1234``, ``local_cwd://torchx/demo-x7k2``);
 its record says how to follow it. Two torchx facts shape what follows:
 
 * ``local_cwd`` runs the app as children of the submitting process and forgets it when that
-  process ends (a later ``Runner`` knows nothing of it, and closing one kills its apps). So a
-  local_cwd submission runs in the foreground, like ``torchx run -s local_cwd``: it returns when
-  the app has ended (Ctrl-C or SIGTERM cancels it) and records torchx's final state; its output
-  goes to files under the spec's ``log_dir`` (torchx's ``log_dir`` option), which outlive the
-  process. torchx's local scheduler, once made, sets SIGINT and SIGTERM handlers of its own in
-  the process and never puts the caller's back: every runner here is made by :func:`_runner`,
-  which does (see there), and a submission holds both signals while torchx starts the app
-  (:func:`_run_local`).
+  process ends (closing a ``Runner`` kills its apps). So a local_cwd submission runs in the
+  foreground, like ``torchx run -s local_cwd``: it returns when the app has ended (Ctrl-C or
+  SIGTERM cancels it) and records torchx's final state; its output goes to files under the
+  spec's ``log_dir``, which outlive the process (see :func:`_runner`, :func:`_run_local`).
 * torchx 0.7's slurm ``describe`` asserts on ``sacct``'s ``CANCELLED by <uid>``, and torchx's
   ``status``, ``cancel`` and ``log_lines`` all call it. For a slurm app, whose app id is the SLURM
   job id, ddpkit asks SLURM itself (``ddpkit.cluster.slurmtools``); torchx is asked only when
   SLURM does not know the job, and any exception of torchx becomes an UNKNOWN state with a hint.
 
-Logs are read from the files torchx's ``log_iter`` reads (``log_lines`` cannot serve a later
-process for either scheduler, see above), so ``ddpkit logs -f`` follows them like any job's.
-torchx itself is imported only when a function here needs it; without it the error names the
-extra to install.
+Logs are read from the files torchx's ``log_iter`` reads, so ``ddpkit logs -f`` follows them
+like any job's. torchx is imported only when a function here needs it.
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ import os
 import re
 import signal
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -48,10 +36,17 @@ from ddpkit.cluster import slurmtools as slurm
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs.backends import Request, SweepTask
-from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep
-from ddpkit.jobs.interrupts import held_stop_signals
+from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep, scheduler_cfg
+from ddpkit.jobs.interrupts import HELD_SIGNALS, held_stop_signals
 from ddpkit.jobs.logs import LogFile
-from ddpkit.jobs.records import JobRecord, Via, parse_job, save_record, submitted_run_id
+from ddpkit.jobs.records import (
+    JobRecord,
+    Via,
+    new_record,
+    save_record,
+    split_handle,
+    submitted_run_id,
+)
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
@@ -62,13 +57,10 @@ __all__ = [
     "SCHEDULERS",
     "TORCHX_STATES",
     "TorchxBackend",
-    "cancel",
     "log_files",
     "record_for",
     "run_config",
-    "split_handle",
     "state_from_torchx",
-    "status",
 ]
 
 SCHEDULERS = ("local_cwd", "slurm")
@@ -94,18 +86,10 @@ def state_from_torchx(name: str) -> JobState:
     return TORCHX_STATES.get(name.upper(), JobState.UNKNOWN)
 
 
-def split_handle(handle: str) -> tuple[str, str]:
-    """``(scheduler, app id)`` of a torchx app handle (checked by ``records.parse_job``)."""
-    scheduler, _, rest = parse_job(handle).partition("://")
-    return scheduler, rest.rpartition("/")[2]
-
-
 def run_config(spec: JobSpec, scheduler: str) -> dict[str, str]:
     """The scheduler's run options (torchx ``cfg``): the spec's SLURM options (``scheduler_cfg``),
     and for local_cwd the spec's ``log_dir``, so the output files outlive the submitting process.
     """
-    from ddpkit.jobs.backends.torchx_appdef import scheduler_cfg
-
     cfg = scheduler_cfg(spec, scheduler)
     if scheduler == "local_cwd":
         cfg["log_dir"] = spec.log_path
@@ -127,8 +111,6 @@ def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, dict[str, str]]:
 
 # --- the runner, and the caller's signals -----------------------------------------------------
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
 
 class _Stopped(BaseException):
     """SIGINT or SIGTERM came to the submitting process while its local app ran."""
@@ -143,16 +125,12 @@ def _torchx_signal() -> type[BaseException]:
 @contextmanager
 def _runner() -> Iterator[Any]:
     """A torchx ``Runner``, closed after use (closing kills the local apps it still runs), with
-    the caller's SIGINT and SIGTERM handlers as they were before it.
-
-    torchx's ``LocalScheduler``, when a runner first makes it (a local_cwd dry run, submission or
-    status), sets handlers of its own for both in the whole process (each raises torchx's
-    ``SignalException``) and never puts the caller's back: a program that had asked ddpkit's API
-    for a dry run then got torchx's exception on Ctrl-C instead of ``KeyboardInterrupt`` (found
-    by the test suite's guard on signal handlers, 2026-11-29). That exception, raised while a
-    runner is in use, comes out as ``KeyboardInterrupt`` too."""
+    the caller's SIGINT and SIGTERM handlers put back: torchx's ``LocalScheduler`` sets its own
+    (raising ``SignalException``) in the whole process and never restores them, so Ctrl-C would
+    raise torchx's exception, not ``KeyboardInterrupt``. That exception, raised while a runner
+    is in use, comes out as ``KeyboardInterrupt`` too."""
     main = threading.current_thread() is threading.main_thread()
-    saved = [(signum, signal.getsignal(signum)) for signum in _STOP_SIGNALS] if main else []
+    saved = [(signum, signal.getsignal(signum)) for signum in HELD_SIGNALS] if main else []
     torchx_signal = _torchx_signal()
     runner = import_torchx("runner").get_runner()
     try:
@@ -205,10 +183,41 @@ class TorchxBackend:
             return _run_local(runner, request, script)
 
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
-        return status(record or record_for(job_id))
+        """SLURM's own answer for slurm apps, the recorded one for local apps; torchx's
+        failures become UNKNOWN with a hint, never an exception."""
+        record = record or record_for(job_id)
+        handle = record.handle or ""
+        scheduler, app_id = split_handle(handle)
+        if scheduler == "slurm":
+            try:
+                found = slurm.query_state(app_id)
+            except DdpkitError as exc:  # no SLURM tools here: torchx may still know
+                found = _unknown(str(exc))
+            if found.state is not JobState.UNKNOWN:
+                return found
+            return _ask_torchx(handle, found.hint or "")
+        if record.final_state is not None:
+            state = state_from_torchx(record.final_state)
+            return JobStatus(state, record.final_state, _local_exit_code(record), "torchx")
+        return _ask_torchx(
+            handle,
+            f"{scheduler} apps live in the process that submitted them and no final state is "
+            "recorded: that `ddpkit submit` is still running it, or was killed",
+        )
 
     def cancel(self, job_id: str, record: JobRecord | None) -> None:
-        cancel(record or record_for(job_id))
+        """``scancel`` for slurm apps; a local app only its own submitter can stop."""
+        record = record or record_for(job_id)
+        scheduler, app_id = split_handle(record.handle or "")
+        if scheduler == "slurm":  # not torchx's cancel: it asks the asserting describe first
+            slurm.cancel(app_id)
+        elif record.final_state is None:
+            raise ConfigError(
+                f"job={record.handle!r} runs in the process of the `ddpkit submit` that "
+                "started it, which this one cannot reach",
+                hint="stop it with Ctrl-C where it runs (torchx then cancels the app)",
+            )
+        # a local app that ended: nothing to do, as scancel leaves an ended job alone
 
     def sweep_status(self, job_id: str, record: JobRecord | None) -> list[SweepTask] | None:
         return None  # torchx has no job arrays: refuse_sweep keeps sweeps away from it
@@ -234,16 +243,14 @@ def _run_local(runner: Any, request: Request, script: str) -> JobRecord:
 
     SIGINT (Ctrl-C) or SIGTERM cancels it (``CANCELLED``): its processes are this one's
     children, which must not outlive it. torchx makes its local scheduler, and sets its own
-    handlers, before anything starts: a signal then ends the submission as Ctrl-C does
-    (:func:`_runner`). From the app's start until its record is saved the signal is held
-    (:func:`~ddpkit.jobs.interrupts.held_stop_signals`), then raised by torchx's handler and
-    acted on here: raised while torchx started the replicas (before 2026-11-29), one could come
-    between a replica's start and torchx's note of it, which the runner's close kills, and
-    that replica ran on, in a session of its own, with nothing left to stop it."""
+    handlers, before anything starts (see :func:`_runner`). From the app's start until its
+    record is saved the signal is held (:func:`~ddpkit.jobs.interrupts.held_stop_signals`):
+    one raised between a replica's start and torchx's note of it would leave that replica
+    running, in a session of its own, with nothing left to stop it."""
     main = threading.current_thread() is threading.main_thread()
 
     def handle_with(handler: Any) -> None:
-        for signum in _STOP_SIGNALS if main else ():
+        for signum in HELD_SIGNALS if main else ():
             signal.signal(signum, handler)
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -274,19 +281,9 @@ def _record(spec: JobSpec, handle: str) -> JobRecord:
     # replicas then cd to the workdir); local: <log_dir cfg>/<session>/<app id>/<role>/<k>/*.log
     local = os.path.join(spec.log_path, SESSION, app_id)
     log_dir = str(Path.cwd()) if scheduler == "slurm" else local
-    return JobRecord(
-        job_id=app_id,
-        via="torchx",
-        name=spec.name,
-        log_dir=log_dir,
-        launch="torchx",
-        nodes=spec.nodes,
-        procs_per_node=spec.procs,
-        workdir=spec.workdir,
-        submitted_at=time.time(),
-        run_id=submitted_run_id(spec.env, app_id if scheduler == "slurm" else None, os.environ),
-        handle=handle,
-    )
+    run_id = submitted_run_id(spec.env, app_id if scheduler == "slurm" else None, os.environ)
+    record = new_record(spec, app_id, "torchx", None, launch="torchx")
+    return replace(record, log_dir=log_dir, run_id=run_id, handle=handle)
 
 
 def record_for(handle: str) -> JobRecord:
@@ -296,32 +293,8 @@ def record_for(handle: str) -> JobRecord:
     return JobRecord(app_id, "torchx", app_id, cwd, "torchx", 0, 0, cwd, handle=handle)
 
 
-# --- status and cancel ------------------------------------------------------------------------
-
-
-def status(record: JobRecord) -> JobStatus:
-    """The job's state: SLURM's own answer for slurm apps, the recorded one for local apps.
-
-    Never raises for torchx's failures: they become UNKNOWN with a hint.
-    """
-    handle = record.handle or ""
-    scheduler, app_id = split_handle(handle)
-    if scheduler == "slurm":
-        try:
-            found = slurm.query_state(app_id)
-        except DdpkitError as exc:  # no SLURM tools here: torchx may still know
-            found = JobStatus(JobState.UNKNOWN, "", None, "none", hint=str(exc))
-        if found.state is not JobState.UNKNOWN:
-            return found
-        return _ask_torchx(handle, found.hint or "")
-    if record.final_state is not None:
-        state = state_from_torchx(record.final_state)
-        return JobStatus(state, record.final_state, _local_exit_code(record), "torchx")
-    return _ask_torchx(
-        handle,
-        f"{scheduler} apps live in the process that submitted them and no final state is "
-        "recorded: that `ddpkit submit` is still running it, or was killed",
-    )
+def _unknown(hint: str) -> JobStatus:
+    return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
 
 
 def _ask_torchx(handle: str, why: str) -> JobStatus:
@@ -330,11 +303,11 @@ def _ask_torchx(handle: str, why: str) -> JobStatus:
         with _runner() as runner:
             answer = runner.status(handle)
     except Exception as exc:  # torchx's own bugs included (AssertionError on CANCELLED by 0)
-        hint = f"{why}; torchx's status failed too: {type(exc).__name__}: {exc}".lstrip("; ")
-        return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
+        return _unknown(
+            f"{why}; torchx's status failed too: {type(exc).__name__}: {exc}".lstrip("; ")
+        )
     if answer is None:
-        hint = f"{why}; torchx does not know {handle} either".lstrip("; ")
-        return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
+        return _unknown(f"{why}; torchx does not know {handle} either".lstrip("; "))
     name = str(answer.state.name)
     return JobStatus(state_from_torchx(name), name, None, "torchx")
 
@@ -349,21 +322,6 @@ def _local_exit_code(record: JobRecord) -> int | None:
     if not all(isinstance(code, int) for code in codes):
         return None
     return next((code for code in codes if code != 0), 0)
-
-
-def cancel(record: JobRecord) -> None:
-    """Cancel the job: ``scancel`` for slurm apps; a local app only its own submitter can stop."""
-    scheduler, app_id = split_handle(record.handle or "")
-    if scheduler == "slurm":  # not torchx's cancel: it asks the asserting describe first
-        slurm.cancel(app_id)
-        return
-    if record.final_state is None:
-        raise ConfigError(
-            f"job={record.handle!r} runs in the process of the `ddpkit submit` that "
-            "started it, which this one cannot reach",
-            hint="stop it with Ctrl-C where it runs (torchx then cancels the app)",
-        )
-    # already ended: nothing to do, as scancel leaves an ended job alone
 
 
 # --- logs -------------------------------------------------------------------------------------

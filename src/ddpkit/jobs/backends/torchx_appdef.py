@@ -1,23 +1,18 @@
 """Job specs to torchx ``AppDef``s: the one conversion, shared by ``ddpkit.components``.
 
-``spec_to_appdef(spec)`` is what both the ``ddpkit.ddp`` torchx component (``spec=job.yaml``)
-and ``ddpkit submit --via torchx`` use; ``ddp_appdef(...)`` is the builder underneath, which the
-component also calls with its own flags. ``appdef_to_dict`` is a stable, JSON-able view of an
-``AppDef`` for golden files and records.
+``spec_to_appdef(spec)`` serves the ``ddpkit.ddp`` component (``spec=job.yaml``) and
+``ddpkit submit --via torchx``; ``ddp_appdef(...)`` is the builder underneath, which the
+component also calls with its own flags.
 
 What every replica (one per node) runs, whichever torchx scheduler starts it::
 
     bash -c '<cd workdir>; <setup lines>; <export of comma values>;
              exec python -u -m ddpkit run --nnodes N --nproc-per-node P ... <command>'
 
-* One node: ``ddpkit run --standalone`` (a free local port, as torchx's ``dist.ddp`` uses
-  ``localhost:0``). Several nodes: a c10d rendezvous at ``${<rank0_env>:=localhost}:<port>``
-  with ``--rdzv-id <app_id>``, torchx's macros exactly as ``dist.ddp`` uses them: the
-  scheduler names the variable holding rank 0's host (local: ``TORCHX_RANK0_HOST=localhost``;
-  slurm: ``SLURM_JOB_NODELIST_HET_GROUP_0``, the first het group's single node) and the app id
-  (slurm: ``$SLURM_JOB_ID``). A spec's ``rdzv_port: auto`` (or unset) derives the port from the
-  app id with ``ddpkit.cluster.rendezvous.ports.port_for_job``, so two jobs sharing a node do
-  not collide.
+* One node: ``ddpkit run --standalone`` (as ``dist.ddp`` uses ``localhost:0``). Several
+  nodes: a c10d rendezvous at ``${<rank0_env>:=localhost}:<port>`` with ``--rdzv-id <app_id>``,
+  torchx's macros as ``dist.ddp`` uses them. ``rdzv_port: auto`` (or unset) derives the port
+  from the app id (``ports.port_for_job``), so two jobs sharing a node do not collide.
 * Always ``bash -c`` (never the bare command): the endpoint needs the shell, and ``setup`` lines
   are verbatim shell that must run in the same process that then ``exec``s ``ddpkit run`` (so
   ``source venv/bin/activate`` or ``module load`` affects it). Every other word is
@@ -30,17 +25,13 @@ What every replica (one per node) runs, whichever torchx scheduler starts it::
 * The spec's ``launch`` does not apply: under torchx every node runs one ``ddpkit run``
   (``DDPKIT_JOB_LAUNCH=torchrun``). partition, time and constraint are torchx's own slurm run
   options (``scheduler_cfg``). ``account``, ``qos`` and the ``sbatch:`` options have none in
-  torchx 0.7: the role carries them (:class:`SlurmRole`, field ``sbatch``) and its ``pre_proc``
-  hook, which torchx calls on every dry run, adds them to each node's ``#SBATCH`` group of the
-  slurm request (other schedulers ignore them). torchx writes those lines unquoted, so the hook
-  also quotes every value there for sbatch's parser (``render.sbatch_quote``): a partition
-  with a space and ``--export=...`` is one value, not two options. An ``sbatch:`` option that
-  counts for the whole job (:data:`JOB_WIDE_SBATCH`) cannot be carried, as torchx submits one
-  het component per node and would write it in each: refused, naming ``--via sbatch``.
+  torchx 0.7: the role carries them to each node's ``#SBATCH`` group (:func:`slurm_role_type`),
+  quoted for sbatch's parser, as torchx writes them unquoted (a partition with a space and
+  ``--export=...`` would be two options). An option for the whole job
+  (:data:`JOB_WIDE_SBATCH`) is refused: torchx would write it in every node's het component.
   ``log_dir`` and ``template`` are sbatch-script matters and not used.
 
-torchx is an optional extra: it is imported only inside these functions, and its absence is a
-``ConfigError`` naming ``pip install ddpkit[torchx]``.
+torchx is an optional extra, imported only inside these functions (:func:`import_torchx`).
 """
 
 from __future__ import annotations
@@ -62,7 +53,7 @@ from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
 from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.exports import exports as contract_exports
-from ddpkit.jobs.render import sbatch_quote
+from ddpkit.jobs.render import sbatch_extras, sbatch_quote
 from ddpkit.jobs.spec_chain import ranks_filter
 
 if TYPE_CHECKING:
@@ -78,11 +69,7 @@ __all__ = [
     "ddp_appdef",
     "import_torchx",
     "parse_j",
-    "refuse_health_check",
-    "refuse_node_range",
     "refuse_sweep",
-    "replica_script",
-    "require_torchx",
     "scheduler_cfg",
     "slurm_role_type",
     "spec_to_appdef",
@@ -117,11 +104,6 @@ def import_torchx(module: str = "specs") -> Any:
         raise ConfigError(
             f"torchx cannot be imported ({err})", hint=f"{INSTALL_HINT}, or use --via sbatch"
         ) from err
-
-
-def require_torchx() -> Any:
-    """``torchx.specs`` (see :func:`import_torchx`)."""
-    return import_torchx("specs")
 
 
 def parse_j(j: str) -> tuple[int, int]:
@@ -160,37 +142,6 @@ def _endpoint(specs: Any, rdzv_port: int | None, python: str) -> _Shell:
     return _Shell(f'"{host}:{port}"')
 
 
-def replica_script(
-    *,
-    python: str,
-    command: Sequence[str],
-    nodes: int,
-    procs: int,
-    rdzv_port: int | None = 29500,
-    setup: Sequence[str] = (),
-    exports: Mapping[str, str] | None = None,
-    workdir: str | None = None,
-    log_ranks: Sequence[int] | None = None,
-) -> str:
-    """The ``bash -c`` text each replica runs (torchx macros still in it; see the module doc);
-    ``log_ranks``: the local ranks whose lines the replica prints (torchrun's filter)."""
-    specs = require_torchx()
-    argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
-    argv += ["--nproc-per-node", str(procs)]
-    if nodes == 1:
-        argv.append("--standalone")
-    else:
-        endpoint = _endpoint(specs, rdzv_port, python)
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
-        argv += ["--rdzv-id", _Shell(specs.macros.app_id)]
-    argv += ranks_filter(log_ranks)
-    lines = [f"cd -- {_word(workdir)}"] if workdir is not None else []
-    lines += [_template_literal(line) for line in setup]  # verbatim shell, by design
-    lines += [f"export {key}={_word(value)}" for key, value in (exports or {}).items()]
-    lines.append("exec " + " ".join(_word(word) for word in [*argv, *command]))
-    return "\n".join(lines)
-
-
 def ddp_appdef(
     *,
     name: str,
@@ -217,31 +168,34 @@ def ddp_appdef(
     modified (torchx's local scheduler writes PATH into ``Role.env``). ``sbatch``: more
     ``#SBATCH`` options for each node under torchx's slurm scheduler (see :class:`SlurmRole`).
     """
-    specs = require_torchx()
+    specs = import_torchx()
     if nodes < 1 or procs < 1:
         raise ConfigError(
             f"nodes={nodes}, procs per node={procs}: both must be at least 1",
             hint="e.g. -j 2x4 (2 nodes, 4 processes each)",
         )
+    # the bash -c text each replica runs (torchx macros still in it; see the module doc)
+    argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
+    argv += ["--nproc-per-node", str(procs)]
+    if nodes == 1:
+        argv.append("--standalone")
+    else:
+        endpoint = _endpoint(specs, rdzv_port, python)
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+        argv += ["--rdzv-id", _Shell(specs.macros.app_id)]
+    argv += ranks_filter(log_ranks)  # torchrun's filter of the local ranks that print
     env = dict(env or {})
-    exports = {key: env.pop(key) for key in sorted(env) if "," in env[key]}
-    script = replica_script(
-        python=python,
-        command=command,
-        nodes=nodes,
-        procs=procs,
-        rdzv_port=rdzv_port,
-        setup=setup,
-        exports=exports,
-        workdir=workdir,
-        log_ranks=log_ranks,
-    )
+    exports = {key: env.pop(key) for key in sorted(env) if "," in env[key]}  # see module doc
+    lines = [f"cd -- {_word(workdir)}"] if workdir is not None else []
+    lines += [_template_literal(line) for line in setup]  # verbatim shell, by design
+    lines += [f"export {key}={_word(value)}" for key, value in exports.items()]
+    lines.append("exec " + " ".join(_word(word) for word in [*argv, *command]))
     role = slurm_role_type()(
         sbatch=dict(sbatch or {}),
         name=role_name or _role_name(command, name),
         image="",
         entrypoint="bash",
-        args=["-c", script],
+        args=["-c", "\n".join(lines)],
         env={key: _template_literal(value) for key, value in env.items()},
         num_replicas=nodes,
         max_retries=max_retries,
@@ -260,7 +214,7 @@ def slurm_role_type() -> type:
     on every dry run) adds them to each replica's ``#SBATCH`` group and quotes every value
     there (:func:`add_sbatch_options`). Made on first use: torchx is an optional import.
     """
-    role: Any = require_torchx().Role
+    role: Any = import_torchx().Role
 
     @dataclasses.dataclass
     class SlurmRole(role):  # type: ignore[misc]
@@ -291,24 +245,17 @@ def add_sbatch_options(request: Any, role: str, options: Mapping[str, str | None
 def _sbatch_options(spec: JobSpec) -> dict[str, str | None]:
     """account, qos and the ``sbatch:`` options of ``spec`` for each node's ``#SBATCH`` group
     (true: a bare flag; false: left out); a whole-job option is refused (JOB_WIDE_SBATCH)."""
-    options: dict[str, str | None] = {}
-    for key in ("account", "qos"):
-        value = getattr(spec, key)
-        if value is not None:
-            options[key] = value
-    for key in sorted(spec.sbatch):
-        value = spec.sbatch[key]
-        if key in JOB_WIDE_SBATCH and value is not False:
-            raise ConfigError(
-                f"sbatch.{key}={value!r} cannot go through torchx: {JOB_WIDE_SBATCH[key]}; "
-                "torchx submits one het component per node and writes each option in all",
-                hint="submit with --via sbatch, which writes it once for the whole job",
-            )
-        if value is True:
-            options[key] = None
-        elif value is not False:
-            options[key] = str(value)
-    return options
+    extras = sbatch_extras(spec)
+    wide = sorted(extras.keys() & JOB_WIDE_SBATCH.keys())
+    if wide:
+        key = wide[0]
+        raise ConfigError(
+            f"sbatch.{key}={spec.sbatch[key]!r} cannot go through torchx: {JOB_WIDE_SBATCH[key]}"
+            "; torchx submits one het component per node and writes each option in all",
+            hint="submit with --via sbatch, which writes it once for the whole job",
+        )
+    names = {"account": spec.account, "qos": spec.qos}
+    return {k: v for k, v in names.items() if v is not None} | extras
 
 
 def _role_name(command: Sequence[str], fallback: str) -> str:
@@ -335,10 +282,12 @@ def _check_scheduler(scheduler: str) -> None:
 
 
 def refuse_sweep(spec: JobSpec) -> None:
-    """torchx has no job arrays: its slurm scheduler submits one (heterogeneous) job per
-    AppDef, and local_cwd runs one app in the foreground. A sweep through it would be N
-    unrelated jobs without the array's one id, throttle (``%N``) or per-task requeue, so it is
-    refused before anything is submitted, rather than half-done."""
+    """Refuse, before anything is submitted, what torchx cannot carry rather than half-do it:
+    a sweep (torchx has no job arrays: its slurm scheduler submits one heterogeneous job per
+    AppDef, local_cwd runs one app in the foreground, so N unrelated jobs would lack the
+    array's one id, throttle and per-task requeue), a ``health_check`` (ddpkit's sbatch
+    scripts run it), ``nodes: MIN-MAX`` (one het component per node is a fixed count, and no
+    AppDef role honours a range) and a chain (torchx has no dependency between apps)."""
     if spec.sweep is not None:
         raise ConfigError(
             f"sweep ({spec.sweep.count} runs) cannot go through torchx, which has no job "
@@ -346,9 +295,19 @@ def refuse_sweep(spec: JobSpec) -> None:
             hint="submit the sweep with --via sbatch (one SLURM array) or --via submitit "
             "(map_array)",
         )
-    refuse_health_check(spec, "torchx")
-    refuse_node_range(spec)
-    if spec.after or spec.singleton:  # torchx's Scheduler has no dependency between apps
+    if spec.health_check is not None:
+        raise ConfigError(
+            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
+            "through torchx",
+            hint="submit with --via sbatch, or remove health_check",
+        )
+    if spec.min_nodes is not None:
+        raise ConfigError(
+            f"nodes={spec.node_range!r} (a range) cannot go through torchx, whose slurm "
+            "scheduler submits one job component per node: a fixed count",
+            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
+        )
+    if spec.after or spec.singleton:
         chain = f"after={spec.after!r}" if spec.after else "singleton=true"
         raise ConfigError(
             f"{chain} cannot go through torchx, which has no job dependencies",
@@ -356,45 +315,15 @@ def refuse_sweep(spec: JobSpec) -> None:
         )
 
 
-def refuse_node_range(spec: JobSpec) -> None:
-    """``nodes: MIN-MAX`` needs a job whose node count SLURM picks at each start: torchx's
-    slurm scheduler submits one heterogeneous component per node (a fixed count) and its AppDef
-    roles have no node range it honours, so a range is refused rather than run at MAX."""
-    if spec.min_nodes is not None:
-        raise ConfigError(
-            f"nodes={spec.node_range!r} (a range) cannot go through torchx, whose slurm "
-            "scheduler submits one job component per node: a fixed count",
-            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
-        )
-
-
-def refuse_health_check(spec: JobSpec, via: str) -> None:
-    """A spec's ``health_check`` runs in ddpkit's sbatch scripts only: refused elsewhere, rather
-    than silently not run."""
-    if spec.health_check is not None:
-        raise ConfigError(
-            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
-            f"through {via}",
-            hint="submit with --via sbatch, or remove health_check",
-        )
-
-
 def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
-    """THE conversion of a job spec to a torchx AppDef (see the module doc for the choices).
-
-    One role named after the spec, ``num_replicas = nodes``, each replica runs ``ddpkit run``
-    for ``procs`` processes; resources per node (cpu = procs x cpus_per_task, gpu =
-    gpus_per_node, memMB from mem_gb); env = the spec's env plus the job contract's variables
-    (:mod:`ddpkit.jobs.exports`: detection's checks, the stop signal, the requeue cap);
-    account, qos and the sbatch options for slurm's ``#SBATCH`` lines. The
-    AppDef is the same for every scheduler (torchx fills in its macros);
-    ``scheduler`` is checked so that a typo fails before anything is submitted.
-    """
+    """THE conversion of a job spec to a torchx AppDef (see the module doc for the choices):
+    one role named after the spec, a replica per node, resources per node. The AppDef is the
+    same for every scheduler (torchx fills in its macros); ``scheduler`` is checked so that a
+    typo fails before anything is submitted."""
     refuse_sweep(spec)
-    require_torchx()
+    import_torchx()
     _check_scheduler(scheduler)
-    # the job contract as every backend exports it: the stop signal and the requeue cap too
-    env = {**spec.env, **contract_exports(spec, launch="torchrun")}
+    env = {**spec.env, **contract_exports(spec, launch="torchrun")}  # the job contract too
     port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else None
     return ddp_appdef(
         name=spec.name,
@@ -420,12 +349,8 @@ def scheduler_cfg(spec: JobSpec, scheduler: str) -> dict[str, str]:
     """The spec's scheduler options torchx knows (slurm: partition, time, constraint)."""
     if scheduler != "slurm":
         return {}
-    cfg = {"time": str(spec.time_min)}
-    for key in ("partition", "constraint"):
-        value = getattr(spec, key)
-        if value is not None:
-            cfg[key] = value
-    return cfg
+    names = {"partition": spec.partition, "constraint": spec.constraint}
+    return {"time": str(spec.time_min)} | {k: v for k, v in names.items() if v is not None}
 
 
 def _plain(value: Any) -> Any:
