@@ -43,6 +43,20 @@ def without_accounting(
 RUNNERS = {"accounting": sl.subprocess_runner, "no-accounting": without_accounting}
 
 
+def _wait(
+    job: str,
+    timeout_s: float,
+    poll_s: float,
+    *,
+    runner: sl.Runner = sl.subprocess_runner,
+    env: Mapping[str, str] | None = None,
+) -> sl.JobStatus:
+    """The job's final status, polled as the backends poll it."""
+    return sl.poll_until_finished(
+        lambda: sl.query_state(job, runner=runner, env=env), job, timeout_s, poll_s
+    )
+
+
 @pytest.fixture(scope="module", autouse=True)
 def timed_out(
     slurm_cluster: SlurmCluster,
@@ -99,7 +113,7 @@ def test_job_is_running_then_completed(slurm: SlurmCluster, tmp_path: Path, mode
     running = sl.query_state(job, runner=runner, env=slurm.env)
     assert (running.state, running.source) == (JobState.RUNNING, "squeue")
     go.touch()
-    final = sl.wait(job, 60, 0.2, runner=runner, env=slurm.env)
+    final = _wait(job, 60, 0.2, runner=runner, env=slurm.env)
     assert (final.state, final.exit_code) == (JobState.COMPLETED, 0), final
     assert final.source == ("scontrol" if mode == "no-accounting" else final.source)
     assert settled(slurm, job, runner).state is JobState.COMPLETED
@@ -109,7 +123,7 @@ def test_job_is_running_then_completed(slurm: SlurmCluster, tmp_path: Path, mode
 def test_failing_job_is_failed_with_its_exit_code(slurm: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "job.out"
     job = slurm.track(sl.submit_script(batch(out, "exit 3"), cwd=tmp_path, env=slurm.env))
-    final = sl.wait(job, 60, 0.2, env=slurm.env)
+    final = _wait(job, 60, 0.2, env=slurm.env)
     assert (final.state, final.exit_code, final.raw) == (JobState.FAILED, 3, "FAILED"), final
     for runner in RUNNERS.values():
         status = settled(slurm, job, runner)
@@ -141,7 +155,7 @@ wait"""
     try:
         sl.cancel(job, env=slurm.env)
         try:  # SIGKILL follows SIGTERM after KillWait (5 s); the job is COMPLETING until then
-            final = sl.wait(job, 30, 0.2, env=slurm.env)
+            final = _wait(job, 30, 0.2, env=slurm.env)
         except sl.SlurmError as exc:
             final = sl.JobStatus(JobState.UNKNOWN, str(exc), None, "none")
         left = slurm.processes(marker)
@@ -170,8 +184,8 @@ def test_array_tasks_and_het_components_on_the_real_cluster(
             env=slurm.env,
         )
     )
-    assert sl.wait(array, 60, 0.2, env=slurm.env).state is JobState.FAILED  # task 1 exits 1
-    assert sl.wait(het, 60, 0.2, env=slurm.env).state is JobState.COMPLETED
+    assert _wait(array, 60, 0.2, env=slurm.env).state is JobState.FAILED  # task 1 exits 1
+    assert _wait(het, 60, 0.2, env=slurm.env).state is JobState.COMPLETED
     for runner in RUNNERS.values():
         task0, task1 = (settled(slurm, f"{array}_{task}", runner) for task in (0, 1))
         assert (task0.state, task0.exit_code) == (JobState.COMPLETED, 0), task0
@@ -235,7 +249,7 @@ def test_netns_nodes_do_not_share_localhost(slurm: SlurmCluster, tmp_path: Path)
             env=slurm.env,
         )
     )
-    final = sl.wait(job, 60, 0.2, env=slurm.env)
+    final = _wait(job, 60, 0.2, env=slurm.env)
     assert final.state is JobState.COMPLETED, out.read_text()
     assert out.read_text().split()[0::2] == ["n2", "reached,", "unreachable"], out.read_text()
 
@@ -243,6 +257,6 @@ def test_netns_nodes_do_not_share_localhost(slurm: SlurmCluster, tmp_path: Path)
 @pytest.mark.slow
 def test_time_limit_gives_timeout(slurm: SlurmCluster, timed_out: str) -> None:
     # the module's last test: its job was submitted before the first (the fixture)
-    final = sl.wait(timed_out, 150, 1.0, env=slurm.env)
+    final = _wait(timed_out, 150, 1.0, env=slurm.env)
     assert final.state is JobState.TIMEOUT, final
     assert settled(slurm, timed_out).state is JobState.TIMEOUT
