@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ddpkit.errors import ConfigError
-from ddpkit.worker.parallel import replicas_for, run_parallel, scatter_to
+from ddpkit.worker.parallel import device_of, replicas_for, run_parallel, scatter_to
 from ddpkit.worker.structure import REDUCTIONS, combine, map_tensors, split_sizes
 
 __all__ = ["Args", "BalancedLoss", "balanced_loss"]
@@ -105,7 +105,7 @@ class BalancedLoss:
         elif ids:
             self.devices = [torch.device("cuda", index) for index in ids]
         if output_device is None and devices is None and wrapper is not None and ids:
-            output_device = _output(wrapper.output_device)
+            output_device = device_of(wrapper.output_device)
         self.output_device = torch.device(output_device) if output_device is not None else None
         if first_device_batch is None and wrapper is not None:
             first_device_batch = getattr(wrapper, "first_device_batch", None)
@@ -144,12 +144,6 @@ def _criteria(criterion: Callable[..., Any], devices: list[torch.device]) -> lis
     if isinstance(criterion, nn.Module) and any(True for _ in criterion.state_dict()):
         return replicas_for(criterion, devices)
     return [criterion] * len(devices)
-
-
-def _output(index: int | torch.device) -> torch.device:
-    if isinstance(index, torch.device):
-        return index
-    return torch.device("cpu") if index == -1 else torch.device("cuda", index)
 
 
 def _reduction(criterion: Callable[..., Any], reduction: str) -> str:

@@ -25,7 +25,7 @@ from torch.nn.parallel import replicate
 from ddpkit.errors import ConfigError
 from ddpkit.worker.structure import batch_rows, map_tensors, split, split_sizes
 
-__all__ = ["ThreadState", "replicas_for", "run_parallel", "scatter_to"]
+__all__ = ["ThreadState", "device_of", "replicas_for", "run_parallel", "scatter_to"]
 
 T = TypeVar("T")
 _AUTOCAST_TYPES = ("cpu", "cuda")
@@ -68,6 +68,13 @@ class ThreadState:
                     torch.autocast(kind, dtype=dtype, cache_enabled=self.autocast_cache)
                 )
             yield
+
+
+def device_of(index: int | torch.device) -> torch.device:
+    """A device as ``nn.DataParallel`` names it: an index of a GPU, -1 for the CPU, or a device."""
+    if isinstance(index, torch.device):
+        return index
+    return torch.device("cpu") if index == -1 else torch.device("cuda", index)
 
 
 def scatter_to(
