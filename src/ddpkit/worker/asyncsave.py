@@ -134,11 +134,10 @@ def wait_for_checkpoint(timeout_s: float | None = None) -> Path | None:
 
 
 def snapshot(value: Any, spare: Any = None) -> Any:
-    """A copy of ``value`` that later in-place changes to it cannot reach: every tensor in
-    host memory (the same tensor twice stays one), containers rebuilt with the same types,
-    immutable leaves kept, anything else deep-copied. ``spare``: an earlier copy of the same
-    structure nothing reads any more; its tensors are reused where shape, dtype and strides
-    match (copying into memory already mapped is about twice as fast as into fresh pages)."""
+    """A copy of ``value`` that later in-place changes to it cannot reach: tensors in host memory
+    (shared ones stay shared), containers rebuilt, immutable leaves kept, the rest deep-copied.
+    ``spare``: an earlier copy nothing reads any more, whose tensors are reused where shape,
+    dtype and strides match (memory already mapped is faster to fill than fresh pages)."""
     copier = _Copier()
     copied = copier.copy(value, spare)
     if torch.cuda.is_available():  # device-to-host copies are done before the write reads

@@ -100,8 +100,7 @@ _HEADER_BYTES = 16  # two int64: the crc32 of the dtype's name and of the traili
 
 @functools.lru_cache(maxsize=256)
 def _header(dtype: torch.dtype, trailing: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The 16 bytes announcing a signature: the crc32 of the dtype's name and of the trailing
-    shape as two int64. Cached per signature and device (collectives only read it)."""
+    """The 16 bytes announcing a signature, cached (collectives only read it)."""
     codes = [zlib.crc32(str(dtype).encode()), zlib.crc32(repr(torch.Size(trailing)).encode())]
     return torch.tensor(codes, dtype=torch.int64, device=device).view(torch.uint8)
 
@@ -159,9 +158,9 @@ def _backend_names(backend: str) -> tuple[str, ...]:
 def _gather_with_header(
     local: torch.Tensor, agreed: tuple[torch.dtype, tuple[int, ...]], world_size: int, backend: str
 ) -> torch.Tensor | None:
-    """One collective: a header and rows of the agreed size from every rank. The rows of
-    every rank as (W, rows, ...), or None when every rank sent the same new signature (agree
-    on it, gather again); raises the shape error when ranks differ."""
+    """One collective: a header and rows of the agreed size from every rank. Every rank's rows
+    as (W, rows, ...), or None when every rank sent the same new signature; raises the shape
+    error when ranks differ."""
     dtype, trailing = agreed
     rows = int(local.shape[0])
     mine = (local.dtype, tuple(local.shape[1:]))

@@ -225,13 +225,11 @@ class DistributedLoader(DataLoader[Any]):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The position: epoch of the current pass and the batches of it already yielded.
-
-        After a finished pass (its loop ran to the end), the next epoch and 0 batches. A pass
-        whose last batch was yielded but whose loop has not ended yet reports all its batches;
-        resuming from that gives an empty pass, then the next epoch, as the loop would have.
-        ``start`` is where the pass began in its epoch's order (0 unless a resume at another
-        world or batch size remapped it; ``batches`` count from there).
+        """The position: epoch of the current pass and the batches of it already yielded (after
+        a finished pass: the next epoch and 0), and ``start``, where the pass began in its
+        epoch's order (0 unless a remapped resume moved it; ``batches`` count from there). A
+        pass whose last batch was yielded but whose loop has not ended reports all its batches:
+        a resume gives an empty pass, then the next epoch, as the loop would have.
         """
         sampler = self._epoch_sampler
         if self._position is None:
@@ -250,12 +248,8 @@ class DistributedLoader(DataLoader[Any]):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next pass resume at ``state``'s epoch, skipping its consumed samples unread.
-
-        At the world size and batch size that saved ``state``, the next pass is the saved one,
-        its first batches left out; at another, the rest of the epoch is laid out over this
-        world (:mod:`ddpkit.worker.reshard`), so every sample is still read once in the epoch.
-        """
+        """Make the next pass resume at ``state``'s epoch, skipping its consumed samples unread;
+        a state of another world or batch size is remapped (:mod:`ddpkit.worker.reshard`)."""
         mine = self.state_dict()
         for key, hint in _MUST_MATCH.items():
             if key in state and state[key] != mine[key]:

@@ -28,13 +28,9 @@ REDUCTIONS: tuple[str, ...] = ("mean", "sum")
 
 
 def split_sizes(total: int, parts: int, *, first: int | None = None) -> list[int]:
-    """Samples per device, one entry per device (trailing zeros when the batch is small).
-
-    Even: torch's ``chunk`` rule (``ceil(total / parts)`` each, the last one smaller), so 10
-    samples on 4 devices are 3/3/3/1. ``first``: at most that many on the first device (the
-    output device, which may also hold the optimizer state; BalancedDataParallel's
-    ``gpu0_bsz``), the rest split evenly over the others.
-    """
+    """Samples per device (trailing zeros when the batch is small): torch's ``chunk`` rule, 10
+    on 4 devices are 3/3/3/1; ``first``: at most that many on the first (output) device, the
+    rest split evenly over the others (BalancedDataParallel's ``gpu0_bsz``)."""
     if parts < 1:
         raise ConfigError(f"devices={parts} must be at least 1", hint="pass one device or more")
     if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
