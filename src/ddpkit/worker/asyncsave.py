@@ -6,22 +6,12 @@
     ...                                  # training goes on while the main rank writes
     ddpkit.wait_for_checkpoint()         # at the end (or pending.wait()): raises on failure
 
-The loop is blocked only while the state is taken (``state_dict()``, the RNG states gathered,
-as in :func:`ddpkit.save_checkpoint`) and copied on the main rank: every tensor to new host
-memory (from a GPU: device to host; on CPU: a copy, so that the optimizer's next in-place
-step cannot change what is written), other values deep-copied. A thread then writes the copy
-exactly as the synchronous save does (:func:`ddpkit.worker.checkpoint.save_payload`: temporary
-file, fsync, rename, folder fsync, ``keep_last`` pruning), so a crash mid-write leaves the
-previous checkpoint the newest, and the file loads with ``ddpkit.load_checkpoint`` like any
-other (the copy has the same types as the state, nothing else is pickled).
-
-At most one write is in flight (:mod:`ddpkit.worker.inflight`): the next save, sync or async,
-a load, ``PendingCheckpoint.wait()``, ``ddpkit.wait_for_checkpoint()`` and the preemption
-guard's ``requeue_and_exit`` first wait for it, at most ``timeout_s`` (default
-:data:`~ddpkit.worker.inflight.WAIT_TIMEOUT_S`, 300 s), and raise :class:`CheckpointError` on
-every rank when it failed or did not finish in time. At exit a write still in flight is waited
-for (bounded) and a failure ends every rank with code 1 (see :mod:`ddpkit.worker.inflight`).
-The copy costs host memory the size of the state while the write runs.
+The loop is blocked only while the state is taken (as in :func:`ddpkit.save_checkpoint`) and
+copied to host memory on the main rank, so that the optimizer's next in-place step cannot change
+what is written. A thread then writes the copy exactly as the synchronous save does
+(:func:`ddpkit.worker.checkpoint.save_payload`: atomic, pruned, loadable like any other).
+At most one write is in flight, every wait for it bounded (:mod:`ddpkit.worker.inflight`). The
+copy costs host memory the size of the state while the write runs.
 """
 
 from __future__ import annotations
@@ -52,20 +42,19 @@ _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, to
 class PendingCheckpoint:
     """A checkpoint being written in the background; ``wait()`` ends it (a collective)."""
 
-    def __init__(self, write: Any, world_size: int) -> None:
+    def __init__(self, write: inflight._Write, world_size: int) -> None:
         self._write = write
         self._world_size = world_size
 
     @property
     def step(self) -> int:
         """The checkpoint's step."""
-        step: int = self._write.step
-        return step
+        return self._write.step
 
     def done(self) -> bool:
         """True once this rank has nothing left to wait for (the main rank: the write ended,
         well or not). Not a collective: do not branch collectives on it."""
-        return bool(self._write.done.is_set())
+        return self._write.done.is_set()
 
     def wait(self, timeout_s: float | None = None) -> Path | None:
         """Wait for the write (at most ``timeout_s``, default the save's); call it on every
@@ -76,8 +65,7 @@ class PendingCheckpoint:
             _check_timeout(timeout_s)
         if inflight._STATE.pending is self._write:
             return inflight.finish(self._world_size, timeout_s=timeout_s)
-        path: Path | None = self._write.path
-        return path
+        return self._write.path
 
 
 @patient()  # the others wait while rank 0 copies the state, maybe minutes: not a hang
@@ -148,11 +136,10 @@ def wait_for_checkpoint(timeout_s: float | None = None) -> Path | None:
 
 
 def snapshot(value: Any, spare: Any = None) -> Any:
-    """A copy of ``value`` that later in-place changes to it cannot reach: every tensor in
-    host memory (the same tensor twice stays one), containers rebuilt with the same types,
-    immutable leaves kept, anything else deep-copied. ``spare``: an earlier copy of the same
-    structure nothing reads any more; its tensors are reused where shape, dtype and strides
-    match (copying into memory already mapped is about twice as fast as into fresh pages)."""
+    """A copy of ``value`` that later in-place changes to it cannot reach: tensors in host memory
+    (shared ones stay shared), containers rebuilt, immutable leaves kept, the rest deep-copied.
+    ``spare``: an earlier copy nothing reads any more, whose tensors are reused where shape,
+    dtype and strides match (memory already mapped is faster to fill than fresh pages)."""
     copier = _Copier()
     copied = copier.copy(value, spare)
     if torch.cuda.is_available():  # device-to-host copies are done before the write reads

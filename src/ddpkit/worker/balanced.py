@@ -4,29 +4,18 @@
     loss = step(x, y)                                 # criterion(model(x), y), however run
     loss.backward()
 
-Why a step object and not a ``loss=`` argument to ``wrap``: the model stays the model (``model(x)``
-for evaluation, ``.module``, checkpoints and ``isinstance`` unchanged) and the loss is an
-explicit call in the training loop, as it is without ddpkit. Under ``single`` and ``ddp`` the
-step is exactly ``criterion(model(x), *targets, **kwargs)`` (DDP's forward, hooks and all); under
-``dp`` it splits ``x``, the targets and every keyword argument with rows the same way, runs
-``criterion(replica(x_i), *targets_i, **kwargs_i)`` on each device in its own thread, and only
-what the criterion returns (scalars) reaches the output device: the outputs are never gathered,
-so the output device no longer holds every replica's logits and the loss's intermediates.
+A step object rather than a ``loss=`` argument to ``wrap``: the model stays the model and the
+loss stays an explicit call in the loop. Under ``single`` and ``ddp`` the step is exactly
+``criterion(model(x), *targets, **kwargs)``; under ``dp`` it splits ``x``, the targets and every
+keyword argument with rows alike, runs the criterion beside each replica in its own thread, and
+only what the criterion returns reaches the output device (never every replica's logits).
 
-Reduction: scalars are combined as the mean weighted by slice size, ``sum(n_i * l_i) / N``, which
-for a mean-reduced loss equals the whole batch's loss on one device (gradients included), also
-for uneven slices (10 samples on 4 devices: 3/3/3/1; an unweighted mean, PyTorch-Encoding's and
-the HF Trainer's, gives the lone sample 3x weight). ``reduction="sum"`` adds them (sum-reduced
-losses stay sums); ``"auto"`` (default) reads ``criterion.reduction`` when it is ``"mean"`` or
-``"sum"`` and takes ``"mean"`` otherwise. The criterion may return a structure (``(loss,
-metrics)``, a dict): every scalar in it gets the same weights, tensors with rows (a loss with
-``reduction="none"``, per-sample predictions) are joined in batch order.
-
-Any model input and output: ``x`` is passed as the model's one argument; :class:`Args` passes
-several (``step(ddpkit.Args(ids, mask=mask), y)``). The output reaches the criterion as the model
-returned it (tensor, tuple, dict, namedtuple, dataclass, nested): a criterion that uses several
-outputs takes them from that structure. A criterion module holding tensors (class weights) is
-replicated with the model; a plain function is called as it is.
+Scalars are combined as the mean weighted by slice size, ``sum(n_i * l_i) / N``, which for a
+mean-reduced loss equals the whole batch's loss on one device, also for uneven slices (an
+unweighted mean gives a lone sample of 3/3/3/1 three times the weight). ``reduction="sum"`` adds
+them; ``"auto"`` reads ``criterion.reduction``. Tensors with rows in what the criterion returns
+are joined in batch order. :class:`Args` passes several model inputs; a criterion module
+holding tensors (class weights) is replicated with the model.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ import torch
 from torch import nn
 
 from ddpkit.errors import ConfigError
-from ddpkit.worker.parallel import replicas_for, run_parallel, scatter_to
+from ddpkit.worker.parallel import device_of, replicas_for, run_parallel, scatter_to
 from ddpkit.worker.structure import REDUCTIONS, combine, map_tensors, split_sizes
 
 __all__ = ["Args", "BalancedLoss", "balanced_loss"]
@@ -116,7 +105,7 @@ class BalancedLoss:
         elif ids:
             self.devices = [torch.device("cuda", index) for index in ids]
         if output_device is None and devices is None and wrapper is not None and ids:
-            output_device = _output(wrapper.output_device)
+            output_device = device_of(wrapper.output_device)
         self.output_device = torch.device(output_device) if output_device is not None else None
         if first_device_batch is None and wrapper is not None:
             first_device_batch = getattr(wrapper, "first_device_batch", None)
@@ -155,12 +144,6 @@ def _criteria(criterion: Callable[..., Any], devices: list[torch.device]) -> lis
     if isinstance(criterion, nn.Module) and any(True for _ in criterion.state_dict()):
         return replicas_for(criterion, devices)
     return [criterion] * len(devices)
-
-
-def _output(index: int | torch.device) -> torch.device:
-    if isinstance(index, torch.device):
-        return index
-    return torch.device("cpu") if index == -1 else torch.device("cuda", index)
 
 
 def _reduction(criterion: Callable[..., Any], reduction: str) -> str:

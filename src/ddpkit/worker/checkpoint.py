@@ -1,68 +1,33 @@
 """Checkpoints that survive being killed mid-write: ``save_checkpoint`` / ``load_checkpoint``.
 
 Layout: ``<directory>/ckpt-<step:09d>-<sequence:09d>[-<run id>-a<attempt>].pt``, one file per
-checkpoint, written only by the main rank. A write goes to a hidden temporary file in the same
-directory (``.<name>.<token>.hb.tmp``, created with mode 0666 less the umask,
-like any file ``torch.save`` creates), is flushed and fsynced, then ``os.replace``\\ d onto its
-final name and the directory fsynced: a reader sees either the whole new file or none of it,
-and a ``kill -9`` during the write leaves the previous checkpoints untouched. The temporary
-file a killed writer leaves is removed by a later save, before it writes, once it has not been
-touched for minutes (so that it cannot fill the disk for good), and never looked at by a load;
-a live writer's (another job sharing the folder) is left alone: it touches its file while it
-writes (:mod:`ddpkit.worker.durable`).
+checkpoint, written only by the main rank, atomically (:mod:`ddpkit.worker.durable`: a temporary
+file fsynced and renamed into place, so a ``kill -9`` mid-write leaves the previous checkpoints
+untouched; a dead writer's temporary file is removed by a later save). Names are read by
+:mod:`ddpkit.worker.ckptfiles`, which never opens a file.
 
-Order: the newest checkpoint is the one written last, not the one with the highest step. Each
-file's name holds its save's ``sequence`` (one more than the highest in the directory when it
-was written), and load, prune and save all go by it: a run restarted from scratch in a used folder,
-a resume from an older checkpoint after the newest was damaged, or a fine-tune that resets the
-step resumes from its own latest save, and ``keep_last`` keeps the latest saves, never deleting
-the file just written in favour of an older run's higher step (the save warns when the
-directory holds such higher steps). The name also holds the run id and attempt that wrote the
-file (``checkpoint_origin``); names and their older form are read by
-:mod:`ddpkit.worker.ckptfiles`, which never opens a file. A file that does not load (damaged,
-or not written here) is skipped by a folder's load with a warning.
+Order: the newest checkpoint is the one written last (its name's ``sequence``), not the one
+with the highest step, so that a run restarted in a used folder or a fine-tune that resets the
+step resumes from its own latest save and ``keep_last`` never deletes the file just written (the
+save warns of higher steps). A file that does not load is skipped by a folder's load with a
+warning.
 
-Values with ``state_dict()`` are stored as their state dict. ``DistributedDataParallel``,
-``DataParallel`` and ``torch.compile`` wrappers are unwrapped first
-(:func:`ddpkit.worker.state_dict.unwrap`), so a checkpoint holds the bare model's keys (no
-``module.`` or ``_orig_mod.`` prefix); a module is restored with
-:func:`ddpkit.worker.state_dict.load_state_dict`, which matches keys with the prefixes removed
-on both sides: a checkpoint saved under single, dp, ddp or a compiled model loads into any
-of them, also one whose state was saved with the prefixes (by an older save or by hand). Every
-rank's RNG states (python, numpy when installed, torch CPU, torch CUDA when available) are
-gathered to the main rank and saved, and each rank gets its own back on load; a load at another
-world size re-seeds each rank instead, deterministically from the saved states, the step, the
-new world size and the rank (the saved streams belong to ranks that no longer exist; the
-loader's position is remapped, see :mod:`ddpkit.worker.reshard`). Ranks are the
-process group's (:func:`ddpkit.worker.context.current_or_none`), whether ``ddpkit.init()`` or plain
-``torch.distributed`` created it.
+Values with ``state_dict()`` are stored as their state dict, models unwrapped first
+(:mod:`ddpkit.worker.state_dict`), so a checkpoint saved under single, dp, ddp or a compiled
+model loads into any of them. Every rank's RNG states are saved and each rank gets its own back;
+a load at another world size re-seeds each rank deterministically instead (the saved streams
+belong to ranks that no longer exist).
 
-Trust: a folder may hold files someone else put there. Saving never unpickles anything; a load
-unpickles only the checkpoint it restores, with ``torch.load(weights_only=True)`` and an
-allow-list of what ddpkit stores (:mod:`ddpkit.worker.safeload`); other types in the user's own
-state load only when passed as ``trusted_types``. ``load_checkpoint`` also takes one checkpoint
-file instead of a folder, and then loads exactly that file or raises.
+Trust: saving never unpickles; a load unpickles only the checkpoint it restores, weights-only
+with an allow-list (:mod:`ddpkit.worker.safeload`), plus the caller's ``trusted_types``.
 
-Failures are shared, never left to a collective timeout: a rank whose ``state_dict()`` raises,
-a main rank that cannot write (directory, permissions, space, a value that cannot be pickled)
-and a rank whose ``load_state_dict`` raises make every rank raise :class:`CheckpointError`
-naming the step, the directory, the rank and the cause (the failing rank chains the original);
-the process group stays usable and nothing half-written is left behind.
+Failures are shared, never left to a collective timeout: a failing ``state_dict()``, write or
+``load_state_dict`` makes every rank raise :class:`CheckpointError` naming the step, the
+directory, the rank and the cause; nothing half-written is left behind.
 
-Sharded state: a model sharded by ``wrap(model, "fsdp")`` and the optimizers over its
-parameters are written by every rank through torch.distributed.checkpoint into a folder next
-to the file, ``ckpt-<...>.dcp``, which is complete before the file is written; a load reads it
-at any world size, its pickled metadata weights-only (:mod:`ddpkit.worker.sharded`).
-
-In the background: :mod:`ddpkit.worker.asyncsave` runs the first half of a save
-(:func:`collect`) in the loop and the second (:func:`save_payload`) in a thread, on a copy.
-
-Write speed: the file is written through a stream that asks the kernel to start writing each
-16 MB back to disk as soon as it is written (``sync_file_range``), so the fsync that makes the
-file durable waits for the tail only; and the page cache of the checkpoints this save will
-prune is released before the write instead of after it, so the write can reuse those pages (on
-a VM whose free memory goes back to the host, fresh pages cost a host fault each). Neither
-skips work: the fsync before the rename stays.
+Sharded (FSDP2) state is written by every rank into ``ckpt-<...>.dcp`` next to the file, complete
+before the file is written (:mod:`ddpkit.worker.sharded`). :mod:`ddpkit.worker.asyncsave` runs
+:func:`collect` in the loop and :func:`save_payload` in a thread.
 """
 
 from __future__ import annotations
@@ -85,6 +50,7 @@ from ddpkit.worker.agree import _Failure, all_gather, broadcast, describe, raise
 from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
 from ddpkit.worker.precision import restore_scalers, scalers
+from ddpkit.worker.rankzero import seed_everything
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
 from ddpkit.worker.shardio import read_shards, sharded_keys, write_shards
 from ddpkit.worker.state_dict import load_state_dict, unwrap
@@ -220,14 +186,12 @@ def load_checkpoint(
     if map_location is None:
         context = current_or_none()
         map_location = context.device if context is not None else torch.device("cpu")
-    payload: dict[str, Any] | None = None
     failure: Exception | None = None
     read: tuple[Path, dict[str, Any]] | None = None
     try:
         read = read_checkpoint(Path(directory), map_location, trusted)
     except Exception as error:  # e.g. a directory this rank cannot list
         failure = error
-    payload = read[1] if read is not None else None
     name = read[0].name if read is not None else None  # what every rank must have found alike
     found = all_gather(world_size, (name, describe(failure)))
     raise_failures(
@@ -242,11 +206,12 @@ def load_checkpoint(
             f"ranks found different newest checkpoints in {directory}: the file by rank {newest}",
             hint="every rank must see the same checkpoint directory (a shared filesystem)",
         )
-    if payload is None:
+    if read is None:
         return None
+    path, payload = read
     step: int = payload["step"]
     if "sharded" in payload:  # the same file on every rank: all of them take this branch
-        read_shards(read[0] if read is not None else Path(directory), payload, state)
+        read_shards(path, payload, state)
     try:
         _restore(payload["state"], state)
         restore_scalers(payload.get("scalers", {}), state)
@@ -281,9 +246,7 @@ def _restore(saved: Mapping[str, Any], state: MutableMapping[str, Any]) -> None:
 
 
 def _run_stamp() -> dict[str, Any]:
-    """The run id and attempt that write this checkpoint (see :mod:`ddpkit.cluster.runid`),
-    which its file's name holds (and the payload too, for whoever reads a renamed file); none
-    without a context whose run the environment names."""
+    """The run id and attempt for the file's name and payload; none when no run is named."""
     context = current_or_none()
     run = context.run if context is not None else run_identity(os.environ)
     if run.source == "fresh" and context is None:
@@ -348,8 +311,7 @@ def _warn_higher_steps(folder: Path, found: list[ckptfiles.Found], step: int) ->
 
 
 def _prune_or_warn(folder: Path, doomed: list[Path], step: int) -> None:
-    """Prune; a failure only warns: the new checkpoint is complete, and raising here (on the
-    main rank alone) would leave the other ranks waiting for it."""
+    """Prune; a failure only warns: raising on the main rank alone would strand the others."""
     try:
         ckptfiles.prune(folder, doomed)
     except Exception as error:
@@ -385,7 +347,7 @@ def _restore_rng(payload: Mapping[str, Any], world_size: int, rank: int) -> None
             RuntimeWarning,
             stacklevel=3,
         )
-        _seed_all(seed)
+        seed_everything(seed, per_rank=False)  # every RNG the save holds
         return
     mine = saved[rank]
     random.setstate(mine["python"])
@@ -399,20 +361,9 @@ def _restore_rng(payload: Mapping[str, Any], world_size: int, rank: int) -> None
 
 
 def _resized_seed(saved: Sequence[Mapping[str, Any]], step: int, world_size: int, rank: int) -> int:
-    """The seed of ``rank`` when a checkpoint of another world size loads: a digest of every
-    saved rank's torch RNG state (so it follows the run's own seeds), the step, the new world
-    size and the rank; the same resume gives the same seeds, and every rank its own."""
+    """The seed of ``rank`` when a checkpoint of another world size loads: a digest of the
+    saved torch RNG states, the step, the new world size and the rank (reproducible, per rank)."""
     digest = hashlib.blake2b(f"{step}:{world_size}:{rank}".encode(), digest_size=4)
     for state in saved:
         digest.update(state["torch"].cpu().numpy().tobytes())
     return int.from_bytes(digest.digest(), "big")
-
-
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)  # also every CUDA device's generator
-    try:
-        import numpy
-    except ImportError:  # numpy is optional
-        return
-    numpy.random.seed(seed)

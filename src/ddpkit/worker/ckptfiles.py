@@ -1,24 +1,16 @@
 """The files of a checkpoint folder, their write order and origin, read from their names.
 
-A folder may hold files ddpkit did not write (a shared scratch folder): listing it, ordering its
-checkpoints and pruning them never opens one. A save names its file
-``ckpt-<step:09d>-<sequence:09d>[-<run id>-a<attempt>].pt``: the ``sequence`` is the save's
-place in the folder's write order (one more than the highest there), the run id and attempt
-(:mod:`ddpkit.cluster.runid`) are the run that wrote it, left out when no run is named. So the
-newest checkpoint and :func:`checkpoint_origin` come from a listing alone, for any rank, and the
-only reader of a checkpoint's pickle is the load itself, ``weights_only``
-(:mod:`ddpkit.worker.safeload`). A name can lie (anyone can rename a file): that only changes
-which file a load tries first, or the origin reported.
+A folder may hold files ddpkit did not write: listing, ordering and pruning never open one. A
+save names its file ``ckpt-<step:09d>-<sequence:09d>[-<run id>-a<attempt>].pt``: ``sequence``
+is its place in the folder's write order, the run id and attempt (:mod:`ddpkit.cluster.runid`)
+the run that wrote it. A name can lie (anyone can rename a file): that only changes which file a
+load tries first, or the origin reported. Older names, ``ckpt-<step:09d>.pt``, count as older
+than any newer save, by step among themselves, and have no origin.
 
-Names of ddpkit before this one, ``ckpt-<step:09d>.pt`` (their order was inside the pickle),
-count as older than any newer save, by step among themselves, and have no origin: reading them
-needs no parsing, and a folder that mixes both resumes from its newest save.
-
-Pruning deletes the files a save replaces or no longer keeps, and the temporary files of dead
-writers (:func:`ddpkit.worker.durable.stale_temps`), never a live writer's. A checkpoint with
-sharded (FSDP2) state has a folder next to its file, ``ckpt-<...>.dcp`` (:func:`shards_of`,
-:mod:`ddpkit.worker.sharded`): pruning the file removes it, and a save removes the temporary
-folders of dead writers and a ``.dcp`` folder whose file never came, once untouched for
+Pruning deletes the files a save replaces or no longer keeps, the temporary files of dead
+writers (:func:`ddpkit.worker.durable.stale_temps`, never a live writer's) and, with them, the
+sharded ``ckpt-<...>.dcp`` folder next to a file (:func:`shards_of`); a save also removes a
+``.dcp`` folder whose file never came, once untouched for
 :data:`~ddpkit.worker.durable.STALE_AFTER_S`.
 """
 

@@ -1,26 +1,16 @@
 """The process's distributed context: ``init()`` joins the job once, ``current()`` returns it.
 
-``init`` runs the steps in a fixed order: latch the stop signal ``DDPKIT_SIGNAL`` names (see
-:mod:`ddpkit.cluster.stop.latch`), detect the launcher (pure, from a mapping), warn each
-detection note once, choose the device, resolve the backend and the timeouts, make or reach the
-store (none on the network for a world of one; every wait bounded: see
-:mod:`ddpkit.worker.process_group`), join the process group, on CUDA check that no two ranks
-share a GPU, and start the peer watchdog (:mod:`ddpkit.worker.watchdog`). It is idempotent,
-adopts a process group someone else created (without a watchdog; even when detection rejects
-the environment, since the group's numbers win), never writes ``os.environ``, and destroys at
-exit only a group it created itself. The context also carries the run's identity (``run_id``,
-``attempt``: :mod:`ddpkit.cluster.runid`), the same on every rank: read from the environment the
-ranks share, or, when nothing there names the run, rank 0's fresh id, agreed on at ``init``.
+``init`` latches the stop signal first (:mod:`ddpkit.cluster.stop.latch`), then detects the
+launcher, chooses the device, resolves backend and timeouts, reaches the store (every wait
+bounded: :mod:`ddpkit.worker.process_group`), joins the group, checks that no two ranks share a
+GPU and starts the peer watchdog. It is idempotent, never writes ``os.environ``, adopts a group
+someone else created (without a watchdog; the group's rank and world size win) and destroys at
+exit only a group it created. The run's identity (:mod:`ddpkit.cluster.runid`) is the same on
+every rank: from the environment, else rank 0's fresh id, agreed on at ``init``.
 
-The one piece of process-wide state is :data:`_STATE` (the context, the group it belongs to,
-whether ddpkit owns that group, its watchdog): a process is in at most one job, and
-``wrap``/``loader``/``gather``/``save_checkpoint`` need to find it. They find it through
-:func:`current_or_none`, which answers for the process group that exists: a group created with
-plain ``torch.distributed`` (no ``init()``, or after ``init()``'s group was destroyed) is adopted
-there with the group's own rank and world size, so no rank-aware helper ever acts on numbers the
-group does not have (every rank believing it is rank 0). At exit (:mod:`ddpkit.worker.exit`)
-the watchdog's step writes this rank's exit marker before ``_destroy_at_exit`` destroys the
-group and wakes the peers.
+:data:`_STATE` is the one process-wide state. Helpers find it through
+:func:`current_or_none`, which also adopts a group made with plain ``torch.distributed``, so no
+rank-aware helper acts on numbers the group does not have.
 """
 
 from __future__ import annotations
@@ -91,11 +81,9 @@ class Context:
 @dataclass
 class _State:
     context: Context | None = None
-    # The default process group ``context`` belongs to, weakly: a destroyed group is gone.
-    group: weakref.ref[object] | None = None
+    group: weakref.ref[object] | None = None  # the default group ``context`` belongs to
     owns_group: bool = False  # True only when ddpkit called init_process_group itself
-    # A group nobody called init() for, adopted by current_or_none() (not remembered as the
-    # context: a later init() still adopts it with its own arguments and latches the signal).
+    # A group adopted by current_or_none(), not remembered as the context: a later init() runs.
     implicit: tuple[weakref.ref[object], Context] | None = None
     peer_watchdog: watchdog.Watchdog | None = None  # in a group ddpkit owns, of world size > 1
     warned: set[str] = field(default_factory=set)
@@ -124,9 +112,9 @@ def init(
     ranks waiting at a barrier while rank 0 prepares data). ``connect_timeout_s``: how long
     ranks other than 0 wait for the master to accept connections (None:
     ``DDPKIT_CONNECT_TIMEOUT`` from ``env``, else 60 s + 10 ms a rank after the first).
-    ``env``: the variables to detect the
-    launcher from (default ``os.environ``; never written). ``device``: overrides the device
-    choice (``cuda:<local_rank>``, ``cuda:0`` when each task has GPUs of its own, else cpu).
+    ``env``: the variables to detect the launcher from (default ``os.environ``; never
+    written). ``device``: overrides the device choice (``cuda:<local_rank>``, ``cuda:0`` when
+    each task has GPUs of its own, else cpu).
     ``peer_timeout_s``: the watchdog's bound: when a peer has exited, died or stopped sending
     heartbeats and this rank stays blocked that long, it ends with a line naming the peer
     (None: ``DDPKIT_PEER_TIMEOUT`` from ``env``, else 60 s; 0, or ``off`` in the variable,
@@ -151,9 +139,7 @@ def init(
         _stop_watchdog("destroyed the process group")  # it was destroyed (or replaced) behind us
         _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     snapshot = dict(os.environ if env is None else env)
-    # first: a stop signal during start-up is not lost (a ddpkit job's wrappers, and ddpkit run
-    # in a job, start this process with it blocked: pending until here; ddpkit run outside a job
-    # starts it with the user's mask and sends it only to a process that catches it)
+    # first: a stop signal sent during start-up (blocked until here) is not lost
     latch.latch_from_env(snapshot)
     adopting = dist.is_initialized()
     info = _detect_for_adoption(snapshot) if adopting else detect(snapshot)
@@ -163,39 +149,14 @@ def init(
     run = run_identity(snapshot)  # before joining: a bad DDPKIT_RUN_ID fails before any wait
     if adopting:
         return _remember(_agreed(_adopt(info, device, run)), owns_group=False)
-    return _join(
-        info,
-        snapshot,
-        run,
-        backend=backend,
-        device=device,
-        timeout_s=timeout_s,
-        connect_timeout_s=connect_timeout_s,
-        peer_timeout_s=peer_timeout_s,
-        hang_s=(hang_timeout_s, hang_first_timeout_s),
-    )
-
-
-def _join(
-    info: RankInfo,
-    env: Mapping[str, str],
-    run: RunIdentity,
-    *,
-    backend: str,
-    device: str | torch.device | None,
-    timeout_s: float | None,
-    connect_timeout_s: float | None,
-    peer_timeout_s: float | None,
-    hang_s: tuple[float | None, float | None],
-) -> Context:
-    """Device, backend, store, init_process_group, GPU check, watchdog: a group ddpkit owns."""
+    # a group ddpkit owns; every argument is checked before anything waits
     chosen = _pick_device(info, device)
     resolved = process_group.resolve_backend(backend, chosen.type)
-    wait_s = process_group.connect_timeout(env, connect_timeout_s, info.world_size)
-    collective_s = process_group.collective_timeout(env, timeout_s)
-    bound_s = watchdog.peer_timeout(env, peer_timeout_s)  # all checked before anything waits
-    hangs = watchdog.hang_bounds(env, *hang_s, info.world_size)
-    stragglers = straggler.straggler_interval(env)
+    wait_s = process_group.connect_timeout(snapshot, connect_timeout_s, info.world_size)
+    collective_s = process_group.collective_timeout(snapshot, timeout_s)
+    bound_s = watchdog.peer_timeout(snapshot, peer_timeout_s)
+    hangs = watchdog.hang_bounds(snapshot, hang_timeout_s, hang_first_timeout_s, info.world_size)
+    stragglers = straggler.straggler_interval(snapshot)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)  # before joining, so NCCL binds this rank's GPU
     records = hangs is not None and bound_s is not None and info.world_size > 1
@@ -204,7 +165,7 @@ def _join(
             info,
             backend=resolved,
             device=chosen,
-            env=env,
+            env=snapshot,
             timeout_s=collective_s,
             connect_timeout_s=wait_s,
         )
@@ -235,8 +196,7 @@ def _agreed(context: Context) -> Context:
 def _start_watchdog(
     info: RankInfo, bound_s: float, hangs: watchdog.HangBounds | None, stragglers: float | None
 ) -> None:
-    """Start the watchdog (and the straggler report on its thread); training goes on without
-    one (with a warning) if it cannot start."""
+    """Start the watchdog and the straggler report; if it cannot start, warn and go on."""
     try:
         _STATE.peer_watchdog = watchdog.start(
             rank=info.rank, world_size=info.world_size, bound_s=bound_s, hangs=hangs
@@ -248,7 +208,7 @@ def _start_watchdog(
             f"ddpkit: the peer watchdog could not start ({type(exc).__name__}: {exc}); a rank "
             "that dies will leave the others waiting for the collective timeout",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
 
 
@@ -272,13 +232,9 @@ def current() -> Context:
 
 
 def current_or_none() -> Context | None:
-    """The context of the process group that exists, else None (for helpers that work either way).
-
-    That is ``init()``'s context while its group lives. A group created with plain
-    ``torch.distributed`` instead (``init_process_group`` without ``init()``, or after
-    ``init()``'s group was destroyed) is adopted as ``init()`` would adopt it, with the group's
-    own rank and world size; that adoption is kept for the group's lifetime but not remembered
-    as the context, so a later ``init()`` still runs in full.
+    """The context of the process group that exists, else None (for helpers that work either way):
+    ``init()``'s while its group lives, else the plain ``torch.distributed`` group's, adopted
+    with its own rank and world size for its lifetime (a later ``init()`` still runs in full).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return None
@@ -334,11 +290,8 @@ def _warn_notes(notes: tuple[str, ...]) -> None:
 
 
 def _pick_device(info: RankInfo, override: str | torch.device | None) -> torch.device:
-    """The override as given, but a bare ``"cuda"`` means this rank's GPU, as auto would choose.
-
-    ``torch.cuda.set_device("cuda")`` fails (no index), and ``cuda`` alone would put every
-    rank of a node on its current GPU: "use a GPU" is what the caller means.
-    """
+    """The override as given, but a bare ``"cuda"`` means this rank's GPU, as auto would choose
+    (``cuda`` alone would put every rank of a node on one GPU)."""
     if override is None:
         return _auto_device(info)
     wanted = torch.device(override)
@@ -382,10 +335,8 @@ def _used_gpus(
 
 
 def _check_not_spawned_alone(info: RankInfo, env: Mapping[str, str]) -> None:
-    """Refuse a world of one in a process that ``multiprocessing`` started (``mp.spawn``) with
-    MASTER_ADDR or MASTER_PORT set: the tutorial recipe that hands rank and world size to
-    ``init_process_group`` as arguments, never exported; each process would train alone.
-    (A process started on its own with a MASTER_* left in its shell stays a world of one.)"""
+    """Refuse a world of one in a process ``mp.spawn`` started with MASTER_ADDR/PORT set (the
+    tutorial recipe passes rank and world size as arguments): each would train alone."""
     named = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name in env]
     if info.launcher != "single" or not named or multiprocessing.parent_process() is None:
         return
@@ -401,12 +352,8 @@ def _check_not_spawned_alone(info: RankInfo, env: Mapping[str, str]) -> None:
 
 
 def _detect_for_adoption(env: Mapping[str, str]) -> RankInfo:
-    """What detection says of this process, for adopting the group that exists.
-
-    The group's rank and world size win anyway, so an environment detection rejects (a
-    partial env:// set, say) does not stop the adoption: the record then comes from the
-    group (local rank 0 of 1: pass ``device=`` to choose another GPU), with a warning.
-    """
+    """What detection says of this process, for adopting the group that exists; an environment
+    detection rejects does not stop it: the record then comes from the group, with a warning."""
     try:
         info = detect(env)
     except (ConfigError, TopologyError) as exc:

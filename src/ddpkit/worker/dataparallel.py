@@ -28,16 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit.worker.parallel import run_parallel, scatter_to
+from ddpkit.worker.parallel import device_of, run_parallel, scatter_to
 from ddpkit.worker.structure import concat, map_tensors, split_sizes
 
 __all__ = ["DataParallel"]
-
-
-def _device(index: int | torch.device) -> torch.device:
-    if isinstance(index, torch.device):
-        return index
-    return torch.device("cpu") if index == -1 else torch.device("cuda", index)  # -1: torch's CPU
 
 
 class DataParallel(nn.DataParallel):  # type: ignore[type-arg]
@@ -65,18 +59,18 @@ class DataParallel(nn.DataParallel):  # type: ignore[type-arg]
     ) -> Any:
         if self.dim != 0:
             return super().scatter(inputs, kwargs, device_ids)
-        devices = [_device(index) for index in device_ids]
+        devices = [device_of(index) for index in device_ids]
         slices, _ = scatter_to((inputs, kwargs or {}), devices, first=self.first_device_batch)
         return tuple(part[0] for part in slices), tuple(part[1] for part in slices)
 
     def parallel_apply(
         self, replicas: Sequence[Any], inputs: Sequence[Any], kwargs: Any
     ) -> list[Any]:
-        devices = [_device(index) for index in self.device_ids[: len(replicas)]]
+        devices = [device_of(index) for index in self.device_ids[: len(replicas)]]
         return run_parallel(lambda i: replicas[i](*inputs[i], **kwargs[i]), devices)
 
     def gather(self, outputs: Any, output_device: int | torch.device) -> Any:
         if self.dim != 0:
             return super().gather(outputs, output_device)
-        target = _device(output_device)
+        target = device_of(output_device)
         return concat([map_tensors(output, lambda tensor: tensor.to(target)) for output in outputs])

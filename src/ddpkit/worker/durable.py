@@ -1,28 +1,17 @@
 """Writing a file so that a crash leaves either the old state or the complete new one, fast.
 
 A new hidden temporary file in the same folder (mode 0666 less the umask, as ``torch.save``
-would create it), streamed with writeback started every 16 MB (``sync_file_range``: the final
-fsync then has little left to flush), fsynced, renamed over the final name, and the folder
-fsynced so that the rename itself is durable. ``drop_cache`` releases the page cache of files
-about to be deleted, so that their eviction does not slow the write. Used by checkpoints.
+would create it), streamed with writeback started every 16 MB (the final fsync then has little
+left to flush), fsynced, renamed over the final name, and the folder fsynced.
 
-What a crash leaves behind: a ``kill -9`` mid-write leaves its temporary file, named
-``.<final>.<token>.hb.tmp`` (``hb``: its writer touches it every :data:`HEARTBEAT_S` while the
-write runs, pickling and fsync included). :func:`stale_temps` finds those whose writer is dead
-by one rule, the same for every writer, on this host or another one sharing the folder: a
-file not touched for :data:`BEAT_STALE_AFTER_S` (a dozen missed heartbeats). The age is
-measured on the filesystem's clock too (a file server's may lag this node's: the time of a
-file created in the folder for the purpose), so a skewed node clock takes no live writer's
-file. A name without ``hb`` (a ddpkit from before the heartbeat, a hand-made name) gets
-:data:`STALE_AFTER_S`, as such a writer touches its file only when it writes data. A process
-ID would tell a dead writer sooner, but only on its own host and PID namespace: the age tells
-it everywhere, within minutes. Only a writer stalled that long mid-save (a suspended job) can
-lose its file, and then its own save fails with a clear error.
+A ``kill -9`` mid-write leaves its temporary file ``.<final>.<token>.hb.tmp``, which its writer
+touches every :data:`HEARTBEAT_S`. :func:`stale_temps` takes a writer for dead when its file
+was not touched for :data:`BEAT_STALE_AFTER_S`, by this node's clock and by the filesystem's
+(a file server's may lag), a rule that holds for writers on any host sharing the folder; a name
+without ``hb`` (an older ddpkit's) gets :data:`STALE_AFTER_S`.
 
-A write that runs out of space (ENOSPC, EDQUOT, a write that writes nothing), whether the
-failure reaches the caller as an ``OSError`` or as the ``RuntimeError`` torch's zip writer
-makes of it ("unexpected pos"), raises :class:`CheckpointError` saying so: how many MB the file
-needs and how many are free in the folder (``shutil.disk_usage``).
+A write that runs out of space (ENOSPC, EDQUOT, also as torch's "unexpected pos") raises
+:class:`CheckpointError` saying how many MB the file needs and how many are free.
 """
 
 from __future__ import annotations
@@ -72,9 +61,8 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
-    """A new hidden temporary file for ``name``, open for writing, with mode 0666 less the umask
-    (and the directory's default ACL) as ``torch.save`` would create it; mkstemp's 0600 would
-    keep the checkpoint from teammates and evaluation jobs."""
+    """A new hidden temporary file for ``name``, open for writing, mode 0666 less the umask
+    (mkstemp's 0600 would keep the checkpoint from teammates and evaluation jobs)."""
     while True:
         temp = folder / f".{name}.{secrets.token_hex(4)}.hb.tmp"
         try:
@@ -115,9 +103,8 @@ def write_atomically(folder: Path, name: str, payload: Any) -> Path:
 
 @contextmanager
 def _heartbeat(descriptor: int) -> Iterator[None]:
-    """Touch the open file every :data:`HEARTBEAT_S` while the block runs (a thread: pickling
-    a large state or an fsync can take minutes without a write), so that a save elsewhere sees
-    its writer alive; stopped before the descriptor is closed."""
+    """Touch the open file every :data:`HEARTBEAT_S` while the block runs (pickling or an
+    fsync can take minutes without a write), so that a save elsewhere sees its writer alive."""
     stop = threading.Event()
 
     def beat() -> None:
@@ -151,8 +138,7 @@ def _replace(temp: Path, final: Path) -> None:
 
 
 def _no_space(error: OSError, folder: Path, payload: Any, written: int) -> CheckpointError:
-    """The one-line error for a write that ran out of space: how much it needs, how much the
-    folder's filesystem has free (a quota, EDQUOT, may be less than the free space)."""
+    """The one-line error for a write that ran out of space: how much it needs and has free."""
     needed = -(-max(written, _payload_bytes(payload)) // _MB)  # rounded up
     try:
         free = f"{shutil.disk_usage(folder).free // _MB} MB free"
@@ -167,8 +153,8 @@ def _no_space(error: OSError, folder: Path, payload: Any, written: int) -> Check
 
 
 def _payload_bytes(payload: Any) -> int:
-    """The bytes of the tensors in ``payload`` (each storage once): what ``torch.save`` writes,
-    but for the pickle (small) and values that are not containers (not looked into)."""
+    """The bytes of the tensors in ``payload`` (each storage once), about what ``torch.save``
+    writes."""
     seen: set[tuple[str, int]] = set()
     total, pending = 0, [payload]
     while pending:
@@ -190,10 +176,9 @@ def _payload_bytes(payload: Any) -> int:
 
 
 def stale_temps(folder: Path, prefix: str, *, directories: bool = False) -> list[Path]:
-    """The temporary files ``.<prefix>*.tmp`` in ``folder`` whose writer is dead (see the
-    module's docstring); regular files only, a link is never followed. ``directories``: the
-    temporary folders instead (a sharded checkpoint's, :mod:`ddpkit.worker.sharded`), dated
-    by the newest of the folder and its files (the files grow while the ranks write)."""
+    """The temporary files ``.<prefix>*.tmp`` in ``folder`` whose writer is dead; regular files
+    only, never a link. ``directories``: the temporary folders instead (a sharded checkpoint's),
+    dated by their newest entry (the files grow while the ranks write)."""
     found = []
     clock = _Clock(folder)
     for entry in folder.iterdir():
@@ -231,49 +216,39 @@ def _stale(name: str, modified: float, clock: _Clock) -> bool:
 
 
 class _Clock:
-    """Whether a file's time is older than a bound, by this node's clock and by the clock of
-    the filesystem that dated it (a file server's, which may lag this node's by minutes):
-    the time of a file created now in the folder, read once, when first needed. Where none
-    can be created (permissions, no inode left), only the quarter-hour bound is trusted."""
+    """Whether a file's time is older than a bound by this node's clock and by the filesystem's
+    (the time of a file created in the folder, read once when needed); where none can be
+    created, only the quarter-hour bound is trusted."""
 
     def __init__(self, folder: Path) -> None:
         self._folder = folder
         self._local = time.time()
-        self._read = False
-        self._filesystem: float | None = None
 
     def older(self, modified: float, bound: float) -> bool:
         if self._local - modified <= bound:
             return False
-        if not self._read:
-            self._filesystem, self._read = _filesystem_now(self._folder), True
         if self._filesystem is None:
             return self._local - modified > max(bound, STALE_AFTER_S)
         return self._filesystem - modified > bound
 
-
-def _filesystem_now(folder: Path) -> float | None:
-    """The folder's filesystem's time now: that of a file created there (removed at once;
-    named as a temporary file, so that a kill -9 right here leaves nothing for good)."""
-    try:
-        descriptor, probe = _create_temp(folder, "ckpt-clock")
-    except OSError:
-        return None
-    try:
-        return os.fstat(descriptor).st_mtime
-    finally:
-        os.close(descriptor)
-        probe.unlink(missing_ok=True)
+    @functools.cached_property
+    def _filesystem(self) -> float | None:
+        """The folder's filesystem's time now: that of a temporary file created there."""
+        try:
+            descriptor, probe = _create_temp(self._folder, "ckpt-clock")
+        except OSError:
+            return None
+        try:
+            return os.fstat(descriptor).st_mtime
+        finally:
+            os.close(descriptor)
+            probe.unlink(missing_ok=True)
 
 
 class _StreamingFile:
-    """The file object ``torch.save`` writes to: every ``_WRITEBACK_CHUNK`` bytes written (a
-    large tensor is written in pieces of that size), it asks the kernel to start writing them
-    to disk (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so the
-    writeback overlaps the serialization and the fsync after it has only the tail left; a
-    plain ``torch.save`` leaves it all for later. Where the call is missing (not Linux), the
-    data is written in one go and only the fsync remains.
-    """
+    """The file object ``torch.save`` writes to: every ``_WRITEBACK_CHUNK`` bytes it asks the
+    kernel to start writing them back (``sync_file_range``, which does not wait), so the fsync
+    after it has only the tail left. Without the call (not Linux) only the fsync remains."""
 
     def __init__(self, descriptor: int) -> None:
         self._descriptor = descriptor
@@ -335,11 +310,9 @@ def _sync_file_range() -> Callable[[int, int, int], None] | None:
 
 
 def open_regular(path: Path) -> IO[bytes]:
-    """``path`` open for reading, when it is a regular file (a link to one included); OSError
-    otherwise. Never waits: a FIFO renamed over a checkpoint's name after a listing saw a file
-    there would make a plain open wait for a writer for ever."""
-    descriptor = _open_regular(path)
-    return os.fdopen(descriptor, "rb")
+    """``path`` open for reading if it is a regular file (through a link too), else OSError;
+    never waits (a plain open of a FIFO planted there would wait for ever)."""
+    return os.fdopen(_open_regular(path), "rb")
 
 
 def _open_regular(path: Path) -> int:
@@ -354,10 +327,8 @@ def _open_regular(path: Path) -> int:
 
 
 def drop_cache(paths: list[Path]) -> None:
-    """Release the cached pages of files about to be deleted; they stay complete on disk.
-
-    Best effort, and never a reason to fail a save: a file that cannot be opened is skipped.
-    """
+    """Release the cached pages of files about to be deleted, so the write can reuse them; a
+    best effort that never fails a save."""
     if not hasattr(os, "posix_fadvise"):
         return
     for path in paths:

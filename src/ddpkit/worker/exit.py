@@ -1,24 +1,20 @@
 """The worker process's one exit path: ddpkit's at-exit steps, in a fixed order, from one handler.
 
 Each module that has something to do at exit registers a step here (:func:`add`) instead of
-with :mod:`atexit`; one atexit handler, registered once, runs them in this order:
+with :mod:`atexit`; one atexit handler runs them in this order:
 
-1. ``MARKER``: the peer watchdog stops its thread (waited for within its documented exit bound,
-   :mod:`ddpkit.worker.watchdog.watcher`) and writes this rank's exit marker. First: a rank
-   that waits in a later step is not judged by its own watchdog, and its peers learn that it
-   left before its group's sockets close.
-2. ``SHARE``: the outcome of a checkpoint write still in flight goes to every rank, each wait
-   bounded by the ``timeout_s`` the save was given (:mod:`ddpkit.worker.inflight`).
+1. ``MARKER``: the peer watchdog stops and writes this rank's exit marker (first: a rank that
+   waits in a later step is not judged by its own watchdog, and its peers learn that it left
+   before its group's sockets close).
+2. ``SHARE``: the outcome of a checkpoint write still in flight goes to every rank, bounded
+   (:mod:`ddpkit.worker.inflight`).
 3. ``DESTROY``: the process group ddpkit made is destroyed (:mod:`ddpkit.worker.context`).
-4. ``SIGNALS``: the latched stop signal is ignored from here to the end of finalization
-   (:mod:`ddpkit.cluster.stop.latch`, which registers its own handler at import, so it runs
-   after this one whatever the order of imports).
+4. ``SIGNALS``: the latched stop signal is ignored to the end (:mod:`ddpkit.cluster.stop.latch`
+   registers its own handler at import, so it runs after this one).
 
-A step may ask for an exit code (a background write failed): the steps after it still run,
-then stdout and stderr are flushed and the process ends with that code (:func:`hard_exit`).
-Nothing runs in a forked child (a data loader worker): the steps belong to the process that
-registered them. Every ``os._exit`` of ddpkit's in a worker goes through :func:`hard_exit`, so
-what the program printed is not lost.
+A step may ask for an exit code: the later steps still run, then the process ends with it
+(:func:`hard_exit`, which flushes stdout and stderr first). Nothing runs in a forked child (a
+data loader worker): the steps belong to the process that registered them.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Exact-once distributed evaluation: every rank's rows of one step, padding removed.
 
-``DistributedSampler`` pads an epoch by repeating samples so every rank gets as many; a naive
-all-gather then counts those samples twice (pytorch#25162, accelerate#575). It also interleaves:
-rank r's j-th sample is position ``j * W + r`` of the (shuffled) epoch, so concatenating the
-ranks' rows and cutting the tail would drop real samples and keep duplicates. ``gather``
-interleaves the gathered rows back into position order and cuts only positions
-``>= len(dataset)`` (see :class:`ddpkit.worker.loader.ShardLayout`).
+``DistributedSampler`` pads an epoch by repeating samples, so a naive all-gather counts them
+twice (pytorch#25162, accelerate#575), and it interleaves: rank r's j-th sample is position
+``j * W + r``. ``gather`` puts the gathered rows back into position order and cuts only
+positions ``>= len(dataset)`` (:class:`ddpkit.worker.loader.ShardLayout`).
 
-Gloo aborts every process when ranks all-gather tensors of different sizes, so ranks must
-agree on the trailing shape and dtype first. The first gather at each place of a step (the
-i-th call of the step) in a pass checks that with a tiny collective of its own; after that,
-the agreed signature travels *inside* the data collective: each rank sends a 16-byte header
-(its own signature) and rows of the agreed size (zeros when its own differ), so a step costs
-one collective as in a plain all-gather, and a rank whose rows changed shape still gets the
-error naming every rank's shape instead of an abort. When every rank changed alike (a
-consistent new shape), they agree on it and gather again.
+Gloo aborts every process when ranks all-gather tensors of different sizes, so ranks agree on
+the trailing shape and dtype first: the first gather at each place of a step in a pass with a
+tiny collective of its own, later ones inside the data collective (a 16-byte header of each
+rank's signature, rows of the agreed size), so a rank whose rows changed shape gets an error
+naming every rank's shape instead of an abort, at the cost of one collective a step.
 """
 
 from __future__ import annotations
@@ -105,8 +100,7 @@ _HEADER_BYTES = 16  # two int64: the crc32 of the dtype's name and of the traili
 
 @functools.lru_cache(maxsize=256)
 def _header(dtype: torch.dtype, trailing: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The 16 bytes announcing a signature: the crc32 of the dtype's name and of the trailing
-    shape as two int64. Cached per signature and device (collectives only read it)."""
+    """The 16 bytes announcing a signature, cached (collectives only read it)."""
     codes = [zlib.crc32(str(dtype).encode()), zlib.crc32(repr(torch.Size(trailing)).encode())]
     return torch.tensor(codes, dtype=torch.int64, device=device).view(torch.uint8)
 
@@ -142,9 +136,8 @@ def _gather_checked(local: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def _all_gather_flat(buffer: torch.Tensor, world_size: int, backend: str) -> torch.Tensor:
-    """Every rank's 1-d ``buffer`` as the rows of one (W, n) tensor. Gloo and NCCL gather
-    into one flat tensor (no list of W outputs to allocate, one header comparison after):
-    about 0.1 ms less per call on gloo here; another backend gets the list form."""
+    """Every rank's 1-d ``buffer`` as the rows of one (W, n) tensor: gathered into one flat
+    tensor on gloo and NCCL (no list of W outputs to allocate), as a list elsewhere."""
     if all(name in ("gloo", "nccl") for name in _backend_names(backend)):
         out = buffer.new_empty(world_size * buffer.numel())
         # torch 2.13 deprecates all_gather_into_tensor (a FutureWarning in the user's output)
@@ -165,9 +158,9 @@ def _backend_names(backend: str) -> tuple[str, ...]:
 def _gather_with_header(
     local: torch.Tensor, agreed: tuple[torch.dtype, tuple[int, ...]], world_size: int, backend: str
 ) -> torch.Tensor | None:
-    """One collective: a header and rows of the agreed size from every rank. The rows of
-    every rank as (W, rows, ...), or None when every rank sent the same new signature (agree
-    on it, gather again); raises the shape error when ranks differ."""
+    """One collective: a header and rows of the agreed size from every rank. Every rank's rows
+    as (W, rows, ...), or None when every rank sent the same new signature; raises the shape
+    error when ranks differ."""
     dtype, trailing = agreed
     rows = int(local.shape[0])
     mine = (local.dtype, tuple(local.shape[1:]))
@@ -190,11 +183,9 @@ def _gather_with_header(
 
 
 def _gather_parts(
-    local: torch.Tensor, context: Context, memo: GatherMemo | None, step: int
+    local: torch.Tensor, context: Context, memo: GatherMemo, step: int
 ) -> torch.Tensor:
     world_size = context.world_size
-    if memo is None:
-        return _gather_checked(local, world_size)
     ordinal = memo.ordinal(step)
     mine = (local.dtype, tuple(local.shape[1:]))
     agreed = memo.agreed.get(ordinal)
@@ -215,7 +206,7 @@ def _gather_tensor(
     x: torch.Tensor, context: Context, layout: ShardLayout, step: int
 ) -> torch.Tensor:
     local = x.detach().to(comm_device(context.backend, context.device, x.device)).contiguous()
-    parts = _gather_parts(local, context, active_gather_memo(), step)
+    parts = _gather_parts(local, context, active_gather_memo() or GatherMemo(), step)
     # (W, rows, ...) → row j of rank r lands at j * W + r: the sampler's position order.
     merged = parts.transpose(0, 1).reshape(-1, *local.shape[1:])
     return merged[: layout.real_rows(step)].to(x.device)

@@ -1,27 +1,16 @@
 """The one checkpoint write that may run in the background, and waiting for it, bounded.
 
-:func:`ddpkit.async_save_checkpoint` hands the main rank's write to a thread here and records
-the save on every rank (saves are collectives, so every rank knows whether one is in flight).
-:func:`finish` is the collective that ends it: the main rank waits for its thread (at most
-``timeout_s``), then tells every rank the outcome, and every rank raises
-:class:`CheckpointError` when the write failed or did not finish in time. Every save (sync or
-async), ``PendingCheckpoint.wait()``, ``ddpkit.wait_for_checkpoint()`` and the preemption
-guard's ``requeue_and_exit`` call it first, so at most one write is ever in flight and a new
-checkpoint is never numbered before the previous one is in place. The writer thread runs at a
-lower CPU priority than the training (its own nice value, +10).
+:func:`start` hands the main rank's write to a thread (at a lower CPU priority than the
+training) and records the save on every rank. :func:`finish` is the collective that ends it:
+the main rank waits for its thread (at most ``timeout_s``) and tells every rank the outcome;
+every rank raises :class:`CheckpointError` when the write failed or timed out. Every save, load,
+wait and ``requeue_and_exit`` calls it first, so at most one write is ever in flight and a new
+checkpoint is never numbered before the previous one is in place.
 
-At interpreter exit (a safety net for a script that never waited; a step of the one exit path,
-:mod:`ddpkit.worker.exit`): the main rank waits for a write still in flight, and while the
-process group lives and no exception ends the process, the outcome goes to every rank through
-the job's store (not a collective: a rank exiting must not wait in one its peers never join).
-Each rank's whole exit step ends within the save's ``timeout_s`` of the rank reaching it, the
-bound the user set: the main rank gives its write ``timeout_s`` less the time ranks may reach
-their exit apart (``min(30 s, timeout_s / 10)``), then waits that long at most for the others
-to read the outcome; the others wait ``timeout_s`` at most for it. When the
-write failed or timed out, every rank that learns it (or cannot learn it) prints the error
-and exits with code 1, after the later exit steps (an exception cannot be raised there).
-After ``ddpkit.shutdown()`` or ``destroy_process_group()`` only the main rank knows: wait
-before you shut down.
+At exit (a step of :mod:`ddpkit.worker.exit`) a write still in flight is waited for and its
+outcome reaches every rank through the store (a collective could wait for peers that never
+join it), each rank's step ending within the save's ``timeout_s``; a failure prints the error
+and exits with code 1. After ``ddpkit.shutdown()`` only the main rank knows: wait before.
 """
 
 from __future__ import annotations
@@ -45,13 +34,11 @@ from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
 
-# How long a wait for the write in flight may take before it is an error. Below the collective
-# timeouts (10 min for NCCL, 30 for gloo): the other ranks wait in a collective meanwhile.
+# The default bound of a wait for the write in flight: below the collective timeouts, as the
+# other ranks wait in a collective meanwhile.
 WAIT_TIMEOUT_S = 300.0
 _NICER = 10  # how much lower the writer thread's CPU priority is than the training's
-# At exit, the time ranks may reach their exit apart: the main rank's write gets this much less
-# than the save's timeout_s, and the main rank keeps the store up this long for the others to
-# read the outcome, so that every rank's exit step ends within timeout_s (see _apart_s).
+# At exit, the most time ranks may reach their exit apart (see _apart_s).
 _APART_S = 30.0
 # (kind, text, hint): kind "failed" or "timeout"; None when the write succeeded
 _Outcome = tuple[str, str, str | None] | None
@@ -124,10 +111,8 @@ def _run(pending: _Write, write: Callable[[], Path]) -> None:
 
 
 def _yield_to_training() -> None:
-    """Lower this thread's CPU priority (Linux: a thread has its own nice value), so the write
-    takes the CPU the training leaves instead of slowing its steps; while the loop waits for
-    the write, nothing else of this process competes with it. Raising one's nice value needs
-    no privilege; where it fails the write simply keeps the process's priority."""
+    """Lower this thread's CPU priority (on Linux a thread has its own nice value), so the
+    write takes the CPU the training leaves; where that fails it keeps the process's."""
     with contextlib.suppress(OSError, AttributeError):
         thread = threading.get_native_id()
         os.setpriority(
@@ -215,8 +200,8 @@ def _at_exit() -> int | None:
 
 
 def _apart_s(timeout_s: float) -> float:
-    """How far apart ranks may reach their exit and still learn the outcome of a write that
-    takes (nearly) its whole bound: a tenth of ``timeout_s``, 30 s at most."""
+    """How far apart ranks may reach their exit and still learn the outcome, each within
+    ``timeout_s``: the main rank's write gets this much less, the store stays up this long."""
     return min(_APART_S, timeout_s / 10)
 
 

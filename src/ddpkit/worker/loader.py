@@ -1,31 +1,21 @@
 """Per-rank data loading whose epoch advances by itself, and the bookkeeping ``gather`` reads.
 
-``loader()`` returns a :class:`DistributedLoader`: a ``DataLoader`` over an
-:class:`EpochSampler`, a ``DistributedSampler`` whose epoch the loader moves on after each pass
-that counts, so the shuffle changes every epoch without a ``set_epoch`` call (pytorch#11324,
-#31232) and stays identical across ranks. ``set_epoch(e)`` names the epoch of the *next* pass
-(for resuming); the standard ``sampler.set_epoch(epoch)`` before each loop still works.
+``loader()`` returns a :class:`DistributedLoader` over an :class:`EpochSampler`, a
+``DistributedSampler`` whose epoch moves on after each pass that counts, so the shuffle changes
+every epoch without ``set_epoch`` (pytorch#11324, #31232) and stays identical across ranks.
+``set_epoch(e)`` names the epoch of the *next* pass; the standard call before each loop works.
 
-When a pass counts: once it yields its second batch, or when it runs to its end (a one-batch
-epoch, a resumed pass with nothing left); the next pass then starts the next epoch at its first
-batch. A pass abandoned before its second batch does not count: ``next(iter(loader))`` (a peek
-at a sample, as pytorch/examples does each epoch), an ``iter()`` never consumed (which, with
-worker processes, already prefetches), or a ``break`` after one batch leave the next pass where
-that pass started, so its first batch is the one peeked at. A ``break`` after two or more
-batches counts: the next pass is a new epoch, as a loop that caps its batches per epoch wants.
+A pass counts once it yields its second batch or runs to its end. A pass abandoned before its
+second batch (``next(iter(loader))`` as a peek, an ``iter()`` never consumed) does not: the
+next pass starts where it started. A ``break`` after two or more batches counts.
 
-Each batch the loader's iterator yields marks that iterator as the active one (see
-:mod:`ddpkit.worker.active`) together with its step number; ``gather`` uses it to know how
-many rows each rank holds at that step and which are padding.
+Each batch marks its iterator active (:mod:`ddpkit.worker.active`) with its step number, so
+``gather`` knows how many rows each rank holds at that step and which are padding.
 
-``state_dict()``/``load_state_dict()`` save and restore the position (epoch of the pass and
-batches yielded); a restored loader skips the consumed batches at the sampler, so their
-samples are never read, and its steps keep counting from there so ``gather`` stays right.
-A state saved at another world size or batch size is remapped (:mod:`ddpkit.worker.reshard`):
-the next pass lays the rest of the epoch out over this world, so that every sample of the
-epoch is still read once in total.
-``len(loader)`` counts the batches of the current pass (of the next one when no pass is in
-progress), so a resumed pass reports only the batches it still yields.
+``state_dict()``/``load_state_dict()`` save and restore the position; a restored loader skips
+the consumed batches at the sampler (their samples are never read). A state saved at another
+world or batch size is remapped (:mod:`ddpkit.worker.reshard`) so every sample of the epoch is
+still read once. ``len(loader)`` counts the batches of the current (or next) pass.
 """
 
 from __future__ import annotations
@@ -58,12 +48,9 @@ __all__ = [
 class ShardLayout:
     """How one epoch's samples are spread over ranks and steps.
 
-    ``DistributedSampler`` pads the (shuffled) index list to ``per_rank * world_size`` by
-    repeating its head, then gives rank ``r`` positions ``r, r + W, r + 2W, ...``: rank r's
-    j-th sample sits at position ``j * W + r``, and positions ``>= dataset_len`` are padding.
-    A pass resumed after a remap lays out the rest of the epoch alike (see
-    :mod:`ddpkit.worker.reshard`): its positions count from its start, and ``dataset_len``
-    is then the real samples the pass has left.
+    ``DistributedSampler`` pads the index list to ``per_rank * world_size`` by repeating its
+    head; rank r's j-th sample sits at position ``j * W + r``, positions ``>= dataset_len`` are
+    padding. A remapped pass counts positions from its start (``dataset_len``: what it has left).
     """
 
     dataset_len: int
@@ -100,9 +87,9 @@ class EpochSampler(DistributedSampler[Any]):
     """A ``DistributedSampler`` whose passes :class:`DistributedLoader` starts and counts.
 
     ``epoch`` is the epoch of the pass in progress (before the first pass: the one it will
-    use); ``next_epoch``/``pending_skip`` say where the next pass starts. Starting a pass moves
-    nothing on: only a pass that counts does (:meth:`count_pass`), unless ``set_epoch(e)`` or
-    :meth:`skip_next` named the next pass's start since that pass started.
+    use); ``next_epoch``/``pending_skip``/``pending_start`` say where the next pass starts:
+    only a pass that counts (:meth:`count_pass`) moves them on, unless ``set_epoch(e)`` or
+    :meth:`skip_next` named the next start since that pass started.
     """
 
     def __init__(
@@ -125,44 +112,24 @@ class EpochSampler(DistributedSampler[Any]):
             drop_last=drop_last,
         )
         self.epoch = _check_epoch(epoch)
-        self._next_epoch = self.epoch
-        self._skip_next = 0  # samples the next pass leaves out at its head (resume)
-        self._skip = 0  # samples the pass in progress leaves out
-        # positions of the epoch's order consumed before the next pass / the one in progress
-        # (non-zero after a resume at another world or batch size: reshard)
-        self._start_next = 0
-        self._start = 0
+        self.next_epoch = self.epoch
+        self.pending_skip = 0  # samples of this rank's share the next pass leaves out (resume)
+        self._skip = 0  # those the pass in progress leaves out
+        # positions of the epoch's order left to earlier passes, by the next pass / the one in
+        # progress (non-zero after a resume at another world or batch size: reshard)
+        self.pending_start = 0
+        self.pass_start = 0
         self._named = False  # set_epoch/skip_next named the next start since a pass started
 
-    @property
-    def next_epoch(self) -> int:
-        """The epoch the next pass will use."""
-        return self._next_epoch
-
     def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = _check_epoch(epoch)
+        self.next_epoch = _check_epoch(epoch)
         self._named = True
-
-    @property
-    def pending_skip(self) -> int:
-        """The samples the next pass will leave out at its head."""
-        return self._skip_next
-
-    @property
-    def pending_start(self) -> int:
-        """The positions of its epoch's order that the next pass leaves to earlier passes."""
-        return self._start_next
-
-    @property
-    def pass_start(self) -> int:
-        """The positions of its epoch's order that the pass in progress leaves out."""
-        return self._start
 
     def skip_next(self, samples: int, start: int = 0) -> None:
         """Make the next pass lay out its epoch's order from position ``start`` on (see
         :mod:`ddpkit.worker.reshard`) and leave out the first ``samples`` indices of this rank's
         share of it (they are never read)."""
-        self._skip_next, self._start_next = samples, start
+        self.pending_skip, self.pending_start = samples, start
         self._named = True
 
     def samples_from(self, start: int) -> int:
@@ -171,33 +138,32 @@ class EpochSampler(DistributedSampler[Any]):
 
     def start_pass(self) -> tuple[int, int, int]:
         """Make the next pass the one :meth:`__iter__` yields: its (epoch, start, samples left
-        out).
-
-        The next start stays where it is: a pass that never counts leaves it for the pass
-        after it, which then repeats this one from its first batch.
-        """
-        self.epoch, self._skip, self._start = self._next_epoch, self._skip_next, self._start_next
+        out). The next start stays: a pass that never counts is repeated by the next one."""
+        self.epoch, self._skip = self.next_epoch, self.pending_skip
+        self.pass_start = self.pending_start
         self._named = False
-        return self.epoch, self._start, self._skip
+        return self.epoch, self.pass_start, self._skip
 
     def count_pass(self, epoch: int) -> None:
         """The pass of ``epoch`` counts: the next pass starts ``epoch + 1`` at its head, unless
         ``set_epoch``/``skip_next`` named another start since that pass started."""
         if not self._named:
-            self._next_epoch, self._skip_next, self._start_next = epoch + 1, 0, 0
+            self.next_epoch, self.pending_skip, self.pending_start = epoch + 1, 0, 0
 
     def __len__(self) -> int:
-        return self.samples_from(self._start)
+        return self.samples_from(self.pass_start)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._start:  # a pass resumed at another layout: the rest of the order, resharded
+        if self.pass_start:  # a pass resumed at another layout: the rest of the order, resharded
             order = reshard.epoch_order(
                 len(self.dataset),  # type: ignore[arg-type]
                 shuffle=self.shuffle,
                 seed=self.seed,
                 epoch=self.epoch,
             )
-            mine = reshard.shard(order, self._start, self.num_replicas, self.rank, self.drop_last)
+            mine = reshard.shard(
+                order, self.pass_start, self.num_replicas, self.rank, self.drop_last
+            )
             return iter(mine[self._skip :])
         indices = super().__iter__()
         # DistributedSampler builds the whole index list anyway; slicing it reads no sample.
@@ -207,14 +173,10 @@ class EpochSampler(DistributedSampler[Any]):
 class DistributedLoader(DataLoader[Any]):
     """A ``DataLoader`` over an :class:`EpochSampler`; iterate it like any DataLoader.
 
-    ``len(loader)`` is the number of batches the current pass yields, or the next pass when
-    none is in progress (before the first ``iter()``, after a loop ran to its end): the whole
-    epoch, except for a pass resumed by :meth:`load_state_dict`, which yields (and reports)
-    only the batches left after the saved position; the pass after it is whole again. A pass
-    left with ``break`` (or peeked at) stays current (its position is what ``state_dict()``
-    saves) until the next ``iter()``, which starts the next epoch if that pass counted (see
-    the module doc) and repeats it from its start if not. The iterator's own ``len()`` is its
-    pass's count.
+    ``len(loader)`` is the number of batches of the current pass, or of the next one when none
+    is in progress; a pass resumed by :meth:`load_state_dict` yields (and reports) only the
+    batches left. A pass left with ``break`` stays current (``state_dict()`` saves its
+    position) until the next ``iter()``.
     """
 
     def __init__(self, dataset: Dataset[Any], sampler: EpochSampler, **kwargs: Any) -> None:
@@ -263,13 +225,11 @@ class DistributedLoader(DataLoader[Any]):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The position: epoch of the current pass and the batches of it already yielded.
-
-        After a finished pass (its loop ran to the end), the next epoch and 0 batches. A pass
-        whose last batch was yielded but whose loop has not ended yet reports all its batches;
-        resuming from that gives an empty pass, then the next epoch, as the loop would have.
-        ``start`` is where the pass began in its epoch's order (0 unless a resume at another
-        world or batch size remapped it; ``batches`` count from there).
+        """The position: epoch of the current pass and the batches of it already yielded (after
+        a finished pass: the next epoch and 0), and ``start``, where the pass began in its
+        epoch's order (0 unless a remapped resume moved it; ``batches`` count from there). A
+        pass whose last batch was yielded but whose loop has not ended reports all its batches:
+        a resume gives an empty pass, then the next epoch, as the loop would have.
         """
         sampler = self._epoch_sampler
         if self._position is None:
@@ -288,12 +248,8 @@ class DistributedLoader(DataLoader[Any]):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next pass resume at ``state``'s epoch, skipping its consumed samples unread.
-
-        At the world size and batch size that saved ``state``, the next pass is the saved one,
-        its first batches left out; at another, the rest of the epoch is laid out over this
-        world (:mod:`ddpkit.worker.reshard`), so every sample is still read once in the epoch.
-        """
+        """Make the next pass resume at ``state``'s epoch, skipping its consumed samples unread;
+        a state of another world or batch size is remapped (:mod:`ddpkit.worker.reshard`)."""
         mine = self.state_dict()
         for key, hint in _MUST_MATCH.items():
             if key in state and state[key] != mine[key]:

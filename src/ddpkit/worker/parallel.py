@@ -1,21 +1,13 @@
 """The multi-replica engine under ``dp``: slices to devices, one thread per slice, replicas.
 
-    scatter_to     a batch of any structure cut into slices and moved, one per device
-    replicas_for   one copy of a module per device (torch's ``replicate``; the module itself on
-                   its own device and on every CPU "device")
-    run_parallel   a function per slice, each in its own thread, on its device and stream, with
-                   the caller's grad mode, inference mode and autocast state *including its dtype*
-    ThreadState    that state, captured in the caller and re-entered in each thread
-
 Why not torch's ``parallel_apply``: autocast and grad mode are thread-local, and torch re-enters
-in its worker threads only ``autocast(enabled=...)`` for the accelerator: the dtype falls back to
-the default (bf16 autocast runs in fp16 in the replicas), the CPU autocast state is lost, and
-inference mode is dropped. :class:`ThreadState` carries all of it.
+in its worker threads only ``autocast(enabled=...)``: the dtype falls back to the default (bf16
+autocast runs in fp16 in the replicas), CPU autocast and inference mode are lost.
+:class:`ThreadState` carries all of it.
 
-CPU "devices": when every device is the CPU the slices share the one module, called from
-several threads. Autograd then accumulates into the shared parameters the same sum of
-per-slice gradients that ``replicate``'s broadcast backward adds up on GPUs, so the whole
-device-independent path (split, threads, state, weighting) runs, and is tested, on CPU.
+When every device is the CPU the slices share the one module, called from several threads;
+autograd accumulates the same sum of per-slice gradients as on GPUs, so the whole
+device-independent path runs, and is tested, on CPU.
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ from torch.nn.parallel import replicate
 from ddpkit.errors import ConfigError
 from ddpkit.worker.structure import batch_rows, map_tensors, split, split_sizes
 
-__all__ = ["ThreadState", "replicas_for", "run_parallel", "scatter_to"]
+__all__ = ["ThreadState", "device_of", "replicas_for", "run_parallel", "scatter_to"]
 
 T = TypeVar("T")
 _AUTOCAST_TYPES = ("cpu", "cuda")
@@ -76,6 +68,13 @@ class ThreadState:
                     torch.autocast(kind, dtype=dtype, cache_enabled=self.autocast_cache)
                 )
             yield
+
+
+def device_of(index: int | torch.device) -> torch.device:
+    """A device as ``nn.DataParallel`` names it: an index of a GPU, -1 for the CPU, or a device."""
+    if isinstance(index, torch.device):
+        return index
+    return torch.device("cpu") if index == -1 else torch.device("cuda", index)
 
 
 def scatter_to(

@@ -10,23 +10,19 @@ ddpkit's templates write; ``scancel --signal=USR2`` does the same by hand)::
             ddpkit.save_checkpoint(directory, state, step=step)  # or async_save_checkpoint
             guard.requeue_and_exit()       # never returns; waits for a background write
 
-The signal handler only sets a flag. ``should_stop`` turns the flags of all ranks into one
-decision with an ``all_reduce(MAX)`` of one number, so every rank stops after the *same* step
-even though the signal reaches them at different moments: no rank races ahead into a collective
-the others will never join. ``requeue_and_exit`` then has the main rank run
-``scontrol requeue <job>`` (``<array job>_<task>`` inside an array, so only this task goes back
-to the queue), shares the outcome with every rank, destroys the process group and exits with
-code 0. The requeued job runs the same script, which finds the checkpoint and resumes.
+The signal handler only sets a flag; ``should_stop`` agrees on it with an ``all_reduce(MAX)``,
+so every rank stops after the *same* step and none races into a collective the others never
+join. ``requeue_and_exit`` has the main rank run ``scontrol requeue`` (only this task inside an
+array), shares the outcome, destroys the process group and exits with code 0; the requeued job
+runs the same script, which resumes from the checkpoint.
 
 Requeues are capped: ``SLURM_RESTART_COUNT`` (how often SLURM restarted this job) must be below
 ``max_requeues`` (argument, else ``DDPKIT_MAX_REQUEUES``, else 10). Past the cap, outside SLURM,
 or when ``scontrol`` fails, every rank exits with :data:`EXIT_STOPPED` (75, EX_TEMPFAIL: "stopped
 early, run again to continue") after printing why; the checkpoint is saved either way.
 
-Under SLURM the signal reaches every process of the job step (proctrack signals the whole
-step), the launcher's agent under ``ddpkit run`` forwards it to its workers too, and a Python
-handler is inherited by forked data loader workers: create the guard before the loader starts
-its workers, or they die of the signal's default action.
+Forked data loader workers inherit the handler and get the signal too: create the guard
+before the loader starts its workers, or they die of the signal's default action.
 """
 
 from __future__ import annotations
@@ -159,8 +155,6 @@ class PreemptionGuard:
         printed on the main rank.
         """
         context = self._context
-        # A checkpoint still written in the background is complete (or its failure raised on
-        # every rank) before the job is touched; the wait is bounded.
         inflight.finish(context.world_size if dist.is_initialized() else 1)
         plan = plan_requeue(self._env, self.max_requeues)
         # Every rank ends on its own terms from here: `scontrol requeue` makes SLURM SIGTERM
@@ -173,8 +167,7 @@ class PreemptionGuard:
         outcome: list[str | None] = [None]
         if context.is_main:
             if plan.target is not None:
-                # said before: the requeue cancels the job's steps at once, and what is written
-                # after it (or not yet copied by a launcher) never reaches the job's output
+                # said before: what is written after the requeue never reaches the job's output
                 _say(f"{plan.why}: asking SLURM to put the job back in the queue; it resumes")
                 _let_the_launcher_copy_output()
                 outcome[0] = requeue(plan.target)
@@ -191,11 +184,8 @@ class PreemptionGuard:
         raise SystemExit(0 if failure is None else EXIT_STOPPED)
 
 
-# How long the main rank waits before ``scontrol requeue`` when torch's agent started it
-# (``ddpkit run``, ``torchrun``): the agent copies each worker's output from a log file to the
-# job's output every 0.1 s (``ddpkit run``, ``torchrun --tee``), and the requeue cancels the step
-# at once: lines the agent had not copied by then were lost ("every rank stops after this
-# step", seen missing on the test cluster's requeues while in the worker's log file).
+# How long the main rank waits before ``scontrol requeue`` under torch's agent, which copies
+# each worker's output to the job's every 0.1 s: the requeue cancels the step at once.
 COPY_GRACE_S = 2.0
 
 

@@ -1,17 +1,12 @@
 """Joining the torch.distributed process group: backend, timeouts, GPU check.
 
 Policy (which backend, how long to wait) is in small pure functions; :func:`join` strings them
-together. ddpkit makes the group's store itself
-(:func:`ddpkit.worker.rendezvous.group.make_store`: where it listens, the port search, every
-wait of joining bounded) and hands it to
-``init_process_group(store=...)``; everything after that (gloo's or NCCL's exchange of
-addresses through the store, their connects) waits at most the collective timeout, which is
-also the store's own timeout.
+together. ddpkit makes the group's store itself (:mod:`ddpkit.worker.rendezvous.group`, every
+wait bounded) and hands it to ``init_process_group(store=...)``; what follows waits at most the
+collective timeout, which is also the store's.
 
-Where every rank is on this host (a world of one, or a store on loopback: see
-:func:`~ddpkit.worker.rendezvous.store.store_endpoint`), gloo's own listener (it makes one even
-for a single rank) is kept on loopback too, whatever interface ``GLOO_SOCKET_IFNAME`` names or
-the host name resolves to (:func:`_gloo_on_loopback`).
+Where every rank is on this host, gloo's own listener is kept on loopback too, whatever
+``GLOO_SOCKET_IFNAME`` or the host name says (:func:`_gloo_on_loopback`).
 """
 
 from __future__ import annotations
@@ -145,28 +140,18 @@ def join(
 
 
 def _formed_everywhere() -> None:
-    """Return once every rank's gloo group is formed: a barrier, its first collective.
-
-    torch's ``init_process_group`` returns on each rank once that rank is done, and gloo's
-    ranks are not done together: the one that opens a pair's connection is, as soon as it has
-    written to it; the one that accepts it still waits for its event loop to hand it over. A
-    rank that then ended its group or its process (a short script, a tool, a test) closed the
-    pair under the slower one, whose ``init_process_group`` failed with "Connection closed by
-    peer" (2026-11-29: 11 of 900 two-rank groups, rank 0 destroying its group right after init,
-    on 2 busy cores; 0 of 2,100 with a barrier between). The barrier's wait is the group's
-    collective timeout, and its failure the group's (:func:`_not_formed`)."""
+    """Return once every rank's gloo group is formed: a barrier, its first collective, bounded
+    by the collective timeout. gloo's ``init_process_group`` returns on the rank that opened a
+    pair's connection before the accepting rank is done: one that then left would fail the
+    slower one's start with "Connection closed by peer"."""
     dist.barrier()
 
 
 @contextmanager
 def _gloo_on_loopback() -> Iterator[None]:
-    """While the gloo group of ranks all on this host is made: ``GLOO_SOCKET_IFNAME`` names the
-    loopback interface, then is put back as it was. Every peer reaches loopback, so the
-    interface the user chose for multi-node jobs (or the host name's address) only exposed it.
-
-    A write to ``os.environ``, because gloo reads the variable itself (torch's binding takes no
-    interface through ``init_process_group``); it lasts one call, made before ddpkit starts any
-    thread of its own. Without a loopback interface by a known name, nothing changes."""
+    """While the gloo group of ranks all on this host is made, ``GLOO_SOCKET_IFNAME`` names the
+    loopback interface (another would only expose it), then is put back. A write to
+    ``os.environ`` (gloo reads it itself) for one call, before ddpkit starts any thread."""
     names = (
         {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
     )

@@ -1,17 +1,11 @@
 """A progress bar for the main rank: ``for x, y in ddpkit.progress(train): ...``.
 
-Every rank drawing a bar garbles the terminal they share (and a log file gets one bar per
-rank), so only the main rank (rank 0, found the way ``ddpkit.print`` finds it) draws; every
-other rank iterates the same loop silently. The bar is also silent when its stream (stderr by
-default) is not a terminal, so redirected output, CI logs and ``ddpkit run``'s tee'd logs stay
-exactly what they were, and when asked: ``enabled=False`` or ``DDPKIT_PROGRESS=0``.
-``DDPKIT_PROGRESS=1`` (or ``enabled=True``) draws on the main rank even into a file, one line
-per ``every_s`` (10 s there) instead of redrawing in place.
-
-Over a :class:`~ddpkit.worker.loader.DistributedLoader` the bar counts the epoch's batches: a
-pass resumed from a checkpoint starts at its saved position (``37/125``), and its rate and
-ETA count only the batches this run has done. No dependency (tqdm is not needed); importing
-this module does not import torch.
+Only the main rank draws (every rank drawing garbles the terminal they share); the others
+iterate silently. The bar is also silent when its stream is not a terminal, so logs stay as
+they were, unless ``enabled=True`` or ``DDPKIT_PROGRESS=1`` (then one line per ``every_s``);
+``enabled=False`` or ``DDPKIT_PROGRESS=0`` turn it off. Over a
+:class:`~ddpkit.worker.loader.DistributedLoader` a resumed pass starts at its saved position.
+No tqdm needed; importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -35,19 +29,16 @@ _FILE_EVERY_S = 10.0  # a file gets a full line this often (a terminal is redraw
 T = TypeVar("T")
 
 
-def _env_choice(environ: Mapping[str, str]) -> bool | None:
-    """True/False when DDPKIT_PROGRESS forces the bar on/off, None when it is unset or empty."""
-    hint = f"{PROGRESS_VAR}=0 turns the progress bar off, =1 draws it even into a file"
-    return env_bool(environ, PROGRESS_VAR, hint=hint)
-
-
 def wanted(enabled: bool | None, stream: IO[str], rank: int, environ: Mapping[str, str]) -> bool:
     """Whether a bar is drawn: main rank only; the argument, else the variable, else a tty."""
     if rank != 0:
         return False
-    choice = _env_choice(environ) if enabled is None else enabled
-    if choice is not None:
-        return choice
+    hint = f"{PROGRESS_VAR}=0 turns the progress bar off, =1 draws it even into a file"
+    choice = env_bool(environ, PROGRESS_VAR, hint=hint) if enabled is None else enabled
+    return _isatty(stream) if choice is None else choice
+
+
+def _isatty(stream: IO[str]) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # a closed or replaced stream
@@ -100,7 +91,7 @@ class Progress(Generic[T]):
         self._iterable = iterable
         self._stream = sys.stderr if stream is None else stream
         self._draw = wanted(enabled, self._stream, _rank(), os.environ)
-        self._tty = self._draw and self._isatty()
+        self._tty = self._draw and _isatty(self._stream)
         self._every_s = every_s if self._tty else max(every_s, _FILE_EVERY_S)
         self._clock = clock
         self.desc = desc
@@ -109,12 +100,6 @@ class Progress(Generic[T]):
         self._start_n = 0
         self._started = 0.0
         self._drawn_at: float | None = None
-
-    def _isatty(self) -> bool:
-        try:
-            return self._stream.isatty()
-        except (AttributeError, ValueError):
-            return False
 
     def __len__(self) -> int:
         if self.total is None:

@@ -1,24 +1,19 @@
 """Where an epoch goes on when a run resumes at another world size or batch size.
 
-The layout is torch's ``DistributedSampler``'s (which :class:`ddpkit.worker.loader.EpochSampler`
-is): an epoch's *order* is a permutation of ``range(N)`` (``torch.randperm`` with a generator
-seeded ``seed + epoch``; ``range(N)`` without shuffle). At world size ``W`` it is padded to
-``ceil(N / W) * W`` positions by repeating its head, or cut to ``floor(N / W) * W`` with
-``drop_last``, and rank ``r`` takes positions ``r, r + W, r + 2W, ...``. Every rank steps in
-lockstep through batches of ``B`` rows, so after ``b`` batches the ranks together consumed the
-positions ``[0, b * B * W)``: a *prefix* of the order (positions ``>= N`` are padding, repeats of
-real samples). A final partial batch dropped by the DataLoader (``drop_last``) is the tail, so
-the prefix stays a prefix.
+The layout is ``DistributedSampler``'s: an epoch's *order* is a permutation of ``range(N)``
+(``torch.randperm`` seeded ``seed + epoch``; ``range(N)`` without shuffle), padded to
+``ceil(N / W) * W`` positions by repeating its head (or cut to ``floor(N / W) * W`` with
+``drop_last``), and rank ``r`` takes positions ``r, r + W, ...``. The ranks step in lockstep
+through batches of ``B`` rows, so after ``b`` batches they consumed a *prefix* of the order,
+positions ``[0, b * B * W)``.
 
-A pass that starts at ``start`` (one resumed after a remap) lays out the *rest* of the order,
-``order[start:]``, the same way: padded by repeating the rest's head, or cut to a multiple of
-the world size, then interleaved over the ranks. A fresh epoch is ``start == 0``, exactly torch's
-layout. What such a pass consumes is again a prefix of the rest, so the progress of an epoch is
-one number whatever world sizes and batch sizes its pieces ran at: the real positions consumed,
-``min(N, start + b * B * W)``. A resume at the same world and batch size skips the saved batches
-of the same pass (bitwise the uninterrupted run, padding included); any other resume starts a
-pass at that number, so that every sample of the epoch is still read exactly once in total (with
-``drop_last``: at most once; which tail samples are left out depends on the world sizes).
+A pass that starts at ``start`` lays out the rest, ``order[start:]``, the same way (a fresh
+epoch is ``start == 0``, exactly torch's layout), and again consumes a prefix of it, so an
+epoch's progress is one number whatever world and batch sizes its pieces ran at: the real
+positions consumed, ``min(N, start + b * B * W)``. A resume at the same world and batch size
+skips the saved batches of the same pass (bitwise the uninterrupted run); any other starts a
+pass at that number, so every sample of the epoch is still read exactly once (with
+``drop_last``: at most once).
 """
 
 from __future__ import annotations

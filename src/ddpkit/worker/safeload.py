@@ -1,23 +1,17 @@
 """Which checkpoint a load restores, and reading it without running code from it.
 
-:func:`read_checkpoint` takes a folder (the newest checkpoint that loads, files that do not
-skipped with a warning; None when there is none or the folder does not exist yet) or one
-checkpoint file (exactly that one, or an error: a file asked for by name is never swapped for
-another). A missing path named like a file (``*.pt``) is an error, not a fresh start.
+:func:`read_checkpoint` takes a folder (the newest checkpoint that loads, others skipped with a
+warning; None when there is none or the folder does not exist yet) or one checkpoint file
+(exactly that one, or an error). A missing path named like a file (``*.pt``) is an error, not a
+fresh start.
 
 Unpickling runs whatever a file names, so a checkpoint is read with
-``torch.load(weights_only=True)``: torch's restricted unpickler builds tensors, numbers,
-strings, ``None``, lists, tuples, dicts, sets and ``OrderedDict`` (what state dicts, optimizer
-states and ddpkit's loader position are made of) and refuses any other global. Allowed besides,
-for the duration of one load only (torch's list is restored exactly afterwards): what ddpkit
-itself stores beyond those, numpy's RNG state (a ``uint32`` array: ``ndarray``, ``dtype``,
-its ``uint32`` dtype class and the array's rebuild function), and the ``trusted_types`` the
-caller passes knowingly. A file that names anything else is refused with
-:class:`~ddpkit.errors.CheckpointError` naming every such global and how to trust it; a file
-that is damaged fails with torch's own error, which the caller treats as damage. This load is
-the only reader of a checkpoint's pickle: which file is the newest is read from the names
-(:mod:`ddpkit.worker.ckptfiles`), and a file that loads but has not the shape of a ddpkit
-checkpoint is refused after it.
+``torch.load(weights_only=True)``, whose restricted unpickler builds only plain data (tensors,
+numbers, strings, containers) and refuses any other global. Allowed besides, for one load only
+(torch's list is restored afterwards): what ddpkit itself stores, numpy's RNG state and the
+``trusted_types`` the caller passes knowingly. A file that names anything else is refused with
+:class:`~ddpkit.errors.CheckpointError` naming every such global and how to trust it. This load
+is the only reader of a checkpoint's pickle (:mod:`ddpkit.worker.ckptfiles` reads names only).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """One state-dict format across ``single``, ``dp``, ``ddp`` and compiled models.
 
-    unwrap(model)              the bare module under DDP, DataParallel and torch.compile, nested
-    clean_state_dict(sd)       the keys without the wrappers' prefixes
-    load_state_dict(model, sd) a state dict saved in any mode loaded into a model in any mode
-
-The prefixes: DDP and DataParallel put ``module.`` before every key, ``torch.compile`` puts
-``_orig_mod.`` (before every key, or inside the keys of a compiled submodule), in any nesting
-(``module._orig_mod.``, ``_orig_mod.module.``). Cleaning drops every ``_orig_mod`` segment
-(torch's own name, which no user module has) and leading ``module`` segments while *every* key
-has one: a model whose only child is named ``module`` loses its prefix as well, which is why
-:func:`load_state_dict` cleans both sides and matches them, so it is exact in every direction
-(a clean checkpoint into a model with a compiled submodule, a DDP save into a compiled model).
-The state dict's ``_metadata`` (per-module versions) is renamed the same way.
+DDP and DataParallel put ``module.`` before every key, ``torch.compile`` puts ``_orig_mod.``
+(before every key, or inside those of a compiled submodule), in any nesting. Cleaning drops
+every ``_orig_mod`` segment and leading ``module`` segments while *every* key has one: a model
+whose only child is named ``module`` loses its prefix as well, which is why
+:func:`load_state_dict` cleans both sides and matches them, exact in every direction. The state
+dict's ``_metadata`` is renamed the same way.
 """
 
 from __future__ import annotations

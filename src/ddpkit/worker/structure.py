@@ -1,24 +1,13 @@
 """Splitting a batch of any structure into per-device slices, and putting results back together.
 
-Pure functions over nested values, run on CPU by the tests and on GPUs by
-:mod:`ddpkit.worker.dataparallel` and :mod:`ddpkit.worker.balanced`:
-
-    split_sizes   how many samples each device gets (even, or fewer on the first device)
-    batch_rows    the batch size of a structure: the leading size of its first tensor
-    split         one structure per slice: every batch tensor cut the same way
-    map_tensors   the same structure with a function applied to every tensor (moving devices)
-    concat        slices' outputs back into one structure, rows in order
-    combine       per-slice losses and metrics into one, weighted by slice size
-
-Structures are tensors, tuples, lists, dicts (any mapping that copies), namedtuples and
+Pure functions over nested values, used by :mod:`ddpkit.worker.dataparallel` and
+:mod:`ddpkit.worker.balanced`. Structures are tensors, tuples, lists, dicts, namedtuples and
 dataclasses, nested to any depth; any other value is a leaf passed to every slice as it is.
-torch's ``scatter`` passes a dataclass to every device whole and its ``gather`` fails on one;
-here a dataclass is taken apart field by field and rebuilt (``copy.copy``, then each field set,
-so frozen dataclasses and ``init=False`` fields work too).
+torch's ``scatter`` passes a dataclass whole and its ``gather`` fails on one; here a dataclass
+is rebuilt field by field (``copy.copy``, then each field set: frozen ones work too).
 
-A tensor is split when its leading size is the batch's; a 0-dim tensor goes to every slice whole;
-a tensor with another leading size is an error naming where it is, instead of the silent
-mis-split (or torch's opaque size error) a guess would give.
+A tensor is split when its leading size is the batch's; a 0-dim tensor goes to every slice
+whole; another leading size is an error naming where it is, not a silent mis-split.
 """
 
 from __future__ import annotations
@@ -39,13 +28,9 @@ REDUCTIONS: tuple[str, ...] = ("mean", "sum")
 
 
 def split_sizes(total: int, parts: int, *, first: int | None = None) -> list[int]:
-    """Samples per device, one entry per device (trailing zeros when the batch is small).
-
-    Even: torch's ``chunk`` rule (``ceil(total / parts)`` each, the last one smaller), so 10
-    samples on 4 devices are 3/3/3/1. ``first``: at most that many on the first device (the
-    output device, which may also hold the optimizer state; BalancedDataParallel's
-    ``gpu0_bsz``), the rest split evenly over the others.
-    """
+    """Samples per device (trailing zeros when the batch is small): torch's ``chunk`` rule, 10
+    on 4 devices are 3/3/3/1; ``first``: at most that many on the first (output) device, the
+    rest split evenly over the others (BalancedDataParallel's ``gpu0_bsz``)."""
     if parts < 1:
         raise ConfigError(f"devices={parts} must be at least 1", hint="pass one device or more")
     if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
@@ -66,21 +51,14 @@ def _even(total: int, parts: int) -> list[int]:
 
 def batch_rows(value: Any) -> int | None:
     """The leading size of the first tensor with at least one dimension, or None."""
-    for tensor in _tensors(value):
+    rows: list[int] = []
+
+    def note(tensor: torch.Tensor) -> None:
         if tensor.dim() > 0:
-            return int(tensor.shape[0])
-    return None
+            rows.append(int(tensor.shape[0]))
 
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-
-    def keep(tensor: torch.Tensor) -> torch.Tensor:
-        found.append(tensor)
-        return tensor
-
-    map_tensors(value, keep)
-    return found
+    map_tensors(value, note)
+    return rows[0] if rows else None
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:

@@ -1,18 +1,11 @@
 """One call that wraps a model for the job at hand: DDP, DataParallel, FSDP2 or the plain model.
 
-``"auto"`` picks DDP when the world has more than one process, DataParallel when one process
-sees several GPUs, and the plain model otherwise, so the same script runs under a launcher,
-on one multi-GPU machine, or on a laptop. The choice is the pure :func:`resolve_strategy`;
-``"dp"`` on a machine without GPUs becomes ``"single"`` with one warning. DataParallel is
-ddpkit's (:class:`ddpkit.worker.dataparallel.DataParallel`: any structure, the autocast dtype
-in the replicas, an uneven split); train it with :func:`ddpkit.balanced_loss`.
-
-``"fsdp"`` shards the model with torch's FSDP2 (:mod:`ddpkit.worker.fsdp`: ``fully_shard`` per
-block, then on the root) at any world size; ``"auto"`` never picks it, because a sharded model's
-checkpoints and memory differ from a replicated one's and that is the user's choice to make.
-
-A model whose parts are on several devices is never moved: :mod:`ddpkit.worker.placement`
-decides what happens to it (kept in place, DDP with ``device_ids=None``, or a clear error).
+``"auto"`` (the pure :func:`resolve_strategy`) picks DDP when the world has more than one
+process, DataParallel when one process sees several GPUs, and the plain model otherwise, so the
+same script runs under a launcher, on one multi-GPU machine or on a laptop. DataParallel is
+ddpkit's (:mod:`ddpkit.worker.dataparallel`). ``"fsdp"`` (:mod:`ddpkit.worker.fsdp`) is never
+picked by ``"auto"``: a sharded model's checkpoints and memory are the user's choice. A model
+whose parts are on several devices is never moved (:mod:`ddpkit.worker.placement`).
 """
 
 from __future__ import annotations

@@ -201,9 +201,7 @@ def store_answers(addr: str, port: int, timeout_s: float) -> None:
 
 def connect_client(info: RankInfo, connect_timeout_s: float, timeout: timedelta) -> TCPStore:
     """This rank's client of the store at ``info.master_addr:master_port``, or a one-line
-    :class:`RendezvousError` naming the cause within ``connect_timeout_s`` (see the module
-    docstring): the store is asked until it answers; torch's client then neither retries
-    nor prints."""
+    :class:`RendezvousError` naming the cause within ``connect_timeout_s``."""
     addr, port = info.master_addr, info.master_port
     deadline = time.monotonic() + connect_timeout_s
     try:
@@ -262,9 +260,8 @@ class Connection:
 
 def own_connection(base: Any, prefix: str, op_timeout_s: float) -> Connection | None:
     """The peer watchdog's own client of ``base``'s TCPStore (never queued behind the program's
-    calls), made once the store answered, each operation bounded by its socket's timeouts (torch
-    bounds only waits for a key); None when it is no TCPStore, the connect fails, or its socket
-    cannot be told apart."""
+    calls), each operation bounded by its socket's timeouts (torch bounds only waits for a key);
+    None when it is no TCPStore, the connect fails, or its socket cannot be told apart."""
     from torch.distributed.distributed_c10d import PrefixStore
 
     raw = _store_of(base)
