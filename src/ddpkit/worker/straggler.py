@@ -26,7 +26,6 @@ from typing import Any
 
 from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.contract import DEFAULT_STRAGGLER_INTERVAL_S, STRAGGLER_INTERVAL_VAR
-from ddpkit.worker.rendezvous import batched
 from ddpkit.worker.watchdog.store import StoreLink
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
@@ -197,20 +196,15 @@ class StragglerWatch:
         if now < self._next:
             return None
         self._next = now + self.period_s
-        mine = json.dumps({**self._totals(), "host": self._host})
-        store = self._link._store  # its own connection: bounded through link.call
-        self._link.call(lambda: store.set(self._keys[self.rank], mine))
+        self._link.post(self._keys[self.rank], json.dumps({**self._totals(), "host": self._host}))
         if self.judge is None:
             return None
-        # multi_get blocks on a missing key: read once every rank posted
-        read = self._link.call(
-            lambda: batched.check(store, self._keys) and batched.multi_get(store, self._keys)
-        )
-        if not read:
+        read = self._link.read_all(self._keys)
+        if read is None:
             return None
         return self.judge.feed({rank: json.loads(bytes(raw)) for rank, raw in enumerate(read)})
 
 
 def attach(watchdog: Watchdog, period_s: float) -> None:
     """Run the report on ``watchdog``'s thread, once an interval (``init()``, after it started)."""
-    watchdog.stragglers = StragglerWatch(watchdog._link, period_s=period_s)
+    watchdog.stragglers = StragglerWatch(watchdog.link, period_s=period_s)

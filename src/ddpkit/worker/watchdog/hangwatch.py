@@ -34,7 +34,7 @@ class HangWatch:
 
     def __init__(self, link: StoreLink, flight: Flight, bounds: HangBounds) -> None:
         self._link, self.flight, self.bounds = link, flight, bounds
-        self._main, self._clock = threading.current_thread(), link._clock
+        self._main, self._clock = threading.current_thread(), link.clock
         self._interval_s = link.beat_interval_s  # every rank answers once a beat interval
         self._report_paths = report_paths(os.environ)
         self._claimed = False
@@ -114,7 +114,7 @@ class HangWatch:
 
     def _stacks_of(self, rank: int) -> str:
         """Have a silent rank on this host write its threads' stacks; what the report says."""
-        host, pid, _ = self._link.call(lambda: self._link._who(rank)) or (None, None, None)
+        host, pid, _ = self._link.call(lambda: self._link.who(rank)) or (None, None, None)
         name = STACKS_SIGNAL.name
         if not host or not pid:
             return ""
