@@ -1,15 +1,10 @@
 """The straggler report: which rank the others keep waiting for, and on what.
 
 In a DDP job every rank waits for the slowest at each gradient all-reduce, so a slow rank shows
-up nowhere: the step is slow everywhere. Each rank keeps its own step times (:data:`TIMES`):
-``ddpkit.loader``'s iterator times each fetch (the data wait; two clock reads a batch), and every
-:data:`COMPUTE_EVERY` batches reads DDP's own sampled forward + backward compute from the model
-``ddpkit.wrap`` made. Every period (``DDPKIT_STRAGGLER_INTERVAL``, 300 s; ``0``/``off``: off)
-each rank posts those totals to the store; rank 0 compares each rank's own work per step with
-the fastest rank's, and when the same rank is the slowest by more than a quarter of the step
-(and 2 ms) for two periods in a row, prints ``ddpkit: straggler: rank 1 (host n2) was the
-slowest ...`` with the likely cause. It runs on the watchdog's thread and bounded store link,
-called once an interval (``Watchdog.stragglers``): store operations only, never a collective.
+up nowhere: the step is slow everywhere. Each rank keeps its own step times (:data:`TIMES`: the
+loader's fetches, DDP's sampled compute); every period (``DDPKIT_STRAGGLER_INTERVAL``) each rank
+posts them to the store and rank 0 names a rank that stays the slowest (:class:`Judge`). It runs
+on the watchdog's thread and bounded store link: store operations only, never a collective.
 """
 
 from __future__ import annotations
