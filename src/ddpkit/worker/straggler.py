@@ -13,9 +13,8 @@ import json
 import socket
 import statistics
 import threading
-import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,17 +166,10 @@ class StragglerWatch:
     every rank's; store operations through the watchdog's link, so each is bounded and the
     watchdog's exit bound holds."""
 
-    def __init__(
-        self,
-        link: StoreLink,
-        *,
-        period_s: float,
-        totals: Callable[[], Mapping[str, Any]] = TIMES.totals,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, link: StoreLink, period_s: float) -> None:
         self._link, self.rank, self.period_s = link, link.rank, period_s
         self._keys = [f"straggler/{rank}" for rank in range(link.world_size)]
-        self._totals, self._next = totals, clock() + period_s
+        self._next = link.clock() + period_s
         self._host = socket.gethostname()
         self.judge = Judge(period_s) if link.rank == 0 else None
 
@@ -191,7 +183,7 @@ class StragglerWatch:
         if now < self._next:
             return None
         self._next = now + self.period_s
-        self._link.post(self._keys[self.rank], json.dumps({**self._totals(), "host": self._host}))
+        self._link.post(self._keys[self.rank], json.dumps({**TIMES.totals(), "host": self._host}))
         if self.judge is None:
             return None
         read = self._link.read_all(self._keys)
@@ -202,4 +194,4 @@ class StragglerWatch:
 
 def attach(watchdog: Watchdog, period_s: float) -> None:
     """Run the report on ``watchdog``'s thread, once an interval (``init()``, after it started)."""
-    watchdog.stragglers = StragglerWatch(watchdog.link, period_s=period_s)
+    watchdog.stragglers = StragglerWatch(watchdog.link, period_s)
