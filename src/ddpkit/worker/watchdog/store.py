@@ -63,7 +63,7 @@ class StoreLink:
         bound_s: float,
         host_rank: int | None,
         address: str,
-        clock: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
         op_timeout_s: float = 10.0,
         beat_interval_s: float | None = None,
         cut: Callable[[], None] | None = None,
@@ -106,12 +106,10 @@ class StoreLink:
         self.call(lambda: self._store.set(key, value))
 
     def read_all(self, keys: list[str]) -> list[bytes] | None:
-        """Every key's value, bounded; None until all are set (multi_get blocks on a missing
-        key) or once the store is gone."""
+        """Every key's value once all are set (multi_get blocks until then); bounded, else None."""
         store = self._store
-        return (
-            self.call(lambda: batched.check(store, keys) and batched.multi_get(store, keys)) or None
-        )
+        read = self.call(lambda: batched.check(store, keys) and batched.multi_get(store, keys))
+        return read or None
 
     def cut(self) -> None:
         """End the operation in flight at once (the exit, after waiting ``op_timeout_s``)."""
@@ -260,8 +258,7 @@ class StoreLink:
 
         return self._guarded(read)  # type: ignore[no-any-return]
 
-    # the hang watchdog's keys: hang/claim, ask, piece/<rank>, answered, report, read; the ask
-    # and the report bump ``events``: no poll of their own
+    # the hang report's keys (hang/...): its ask and report bump ``events``, no poll of their own
 
     def _hang_poll(self) -> None:
         if not self.hang_asked and self._store.check(["hang/ask"]):

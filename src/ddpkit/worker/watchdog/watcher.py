@@ -115,9 +115,10 @@ class Watchdog:
     def _judge(self, progress: Progress, now: float) -> None:
         try:
             progress.sample(now)
-            text = self.hangs.check(now) if self.hangs is not None else None
-            if text is not None and not self._stop.is_set():
-                self._act_on_hang(text)
+            if self.hangs is not None:
+                text = self.hangs.check(now)
+                if text is not None and not self._stop.is_set():
+                    self._act_on_hang(self.hangs, text)
             if self.stragglers is not None:
                 self.stragglers(now)
             cause = self._cause()
@@ -164,13 +165,10 @@ class Watchdog:
                     child.kill()
         process_exit.hard_exit(policy.ABORT_EXIT_CODE)
 
-    def _act_on_hang(self, text: str) -> None:
+    def _act_on_hang(self, hangs: HangWatch, text: str) -> None:
         """Every rank keeps the report in its log folders; rank 0 prints it (or the gatherer,
         when rank 0 sent nothing). ``report`` (the default) lets the job go on, with no other
         report this run; ``end`` has the others print one line, and every rank exit."""
-        hangs = self.hangs
-        if hangs is None:
-            return
         end = hangs.bounds.end
         hangs.done = True
         paths = hangs.write(text)
@@ -303,7 +301,6 @@ def start(
         bound_s=bound_s,
         host_rank=None if agent else 0,
         address=store_address(base),
-        clock=time.monotonic,
         op_timeout_s=op_timeout_s,
         beat_interval_s=policy.beat_interval_for(bound_s, world_size),
         cut=own.cut,
