@@ -3,55 +3,8 @@
 ddpkit asks for a range of torch (``>=2.4,<3``), of submitit and of torchx, and each of the
 few things it takes from their insides can move in any release. Keeping them here means an
 upgrade breaks this one file, loudly: ``tests/test_compat.py`` checks every reach below
-against the installed version and names that version when one has moved.
-
-    reach                          dependency  what ddpkit does with it
-    tail_log.tail_logfile and its  torch       ``ddpkit run`` prints torch's own "[rankN]:"
-      parameters                               prefix once, whole lines, redraws (\\r) in
-                                               place (:mod:`ddpkit.launch.tee`)
-    run.config_from_args           torch       ``ddpkit run`` builds its LaunchConfig with
-                                               torchrun's own parser and logic
-    run's logger + OMP notice      torch       the 5-line OMP_NUM_THREADS banner is muted
-    error file "message" keys      torch       the root cause's traceback from ``@record`` files
-    c10d._get_default_store        torch       the peer watchdog's own store connection
-    ProcessGroup._get_sequence_    torch       the hang report numbers collectives as torch
-      number_for_group                         (and its flight recorder) does
-    c10d._dump_fr_trace_json       torch       the hang report quotes torch's flight recorder
-      and its entries' keys                    (JSON, never the pickled dump), which also
-                                               sees collectives issued from C++ (DDP's)
-    DDP._get_ddp_logging_data,     torch       the straggler report: a rank's forward and
-      its avg_forward/backward_                backward compute as DDP samples it
-      compute_time keys (ns)
-    TCPStore's handshake: VALIDATE torch       a rank makes torch's store client only once
-      + magic number, then PING                a store has answered this ping, bounded: a
-      + nonce, echoed                          listener that is no store is a one-line error
-                                               (torch's client waits for its reply unbounded)
-    rendezvous.utils._matches_     torch       ``ddpkit run`` decides, as torch's agent will,
-      machine_hostname                         whether this node hosts the c10d store
-    DynamicRendezvousHandler.      torch       a one-node ``ddpkit run`` of one round hosts
-      _create_tcp_store_server                 its workers' shared store on loopback only
-      (self, master_addr, port)
-    DCP's .metadata globals (its   torch       a sharded checkpoint's metadata is unpickled
-      dataclasses, _get_layout)                allowing these only (:mod:`.worker.sharded`)
-    DDP.static_graph (attribute)   torch       ``accumulate`` syncs its first micro-step
-    torch._foreach_mul_            torch       ``accumulate`` scales a window's gradients
-    distributed._DEFAULT_FIRST_    torch       ``wrap(compile=...)`` refuses a DDP bucket_cap_mb
-      BUCKET_BYTES                             below it (DDPOptimizer asserts at the forward)
-    OptimizedModule._orig_mod      torch       ``unwrap`` finds the module torch.compile
-      and the "_orig_mod." prefix             wraps; state dicts drop the prefix
-    weights_only's refusal text    torch       a checkpoint holding a type torch refuses
-      ("GLOBAL x.y ...", "got                  names it (and how to trust it) instead of
-      <class 'x.y'>")                          being skipped as damaged
-    SlurmExecutor._make_submission submitit    ``ddpkit submit --via submitit --dry-run``
-      _file_text, its "map_count"              prints the script without submitting (a
-      parameter (map_array's)                  sweep's: the array map_array would write)
-    #SBATCH values through         submitit    backslashes doubled so that sbatch reads
-      shlex.quote                              back the spec's values (submitit_sbatch_value)
-    SlurmExecutor._make_submission submitit    sbatch in a session of its own: Ctrl-C
-      _command                                 waits for the job's record
-    SlurmBatchRequest.replicas     torchx      ``--via torchx``: the spec's account, qos and
-      [<role>-<k>].sbatch_opts                 sbatch options in every node's #SBATCH group,
-                                               all values quoted for sbatch
+against the installed version and names that version when one has moved. Each function's
+docstring names what it reaches and what ddpkit does with it.
 
 Each function imports its dependency when called: importing this module imports neither.
 """
@@ -75,29 +28,6 @@ if TYPE_CHECKING:
 
     from torch.distributed.distributed_c10d import Store
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-__all__ = [
-    "COMPILED_ATTRIBUTE",
-    "DCP_METADATA_GLOBALS",
-    "compiled_inner",
-    "ddp_compute_s",
-    "ddp_static_graph",
-    "default_store",
-    "first_bucket_bytes",
-    "flight_recorder",
-    "foreach_mul_",
-    "launch_config_from_args",
-    "matches_machine_hostname",
-    "recorded_traceback",
-    "refused_globals",
-    "store_ping",
-    "submitit_sbatch_in_own_session",
-    "submitit_sbatch_text",
-    "submitit_sbatch_value",
-    "tee_read_by",
-    "torchrun_notice_muted",
-    "torchx_slurm_sbatch_options",
-]
 
 _TAIL_PARAMETERS = ("header", "file", "dst", "finished", "interval_sec", "log_line_filter")
 

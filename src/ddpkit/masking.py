@@ -27,20 +27,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "MASKED",
-    "NOT_SECRET",
-    "SECRET_ENDINGS",
-    "SECRET_WORDS",
-    "assignment",
-    "hidden",
-    "mask",
-    "mask_text",
-    "mask_tree",
-    "printable",
-    "secret_name",
-]
-
 MASKED = "***"
 SECRET_WORDS = frozenset(
     {

@@ -165,7 +165,7 @@ def test_the_watchdog_beats_at_its_worlds_interval(host: TCPStore) -> None:
     dog = watcher.start(rank=1, world_size=4096, bound_s=60.0, store=client)
     try:
         assert dog.interval_s == 1.0  # its judge samples as before
-        assert dog._link.beat_interval_s == 8.0  # 4,096 ranks: 512 beats a second in all
+        assert dog.link.beat_interval_s == 8.0  # 4,096 ranks: 512 beats a second in all
     finally:
         watcher.stop()
 

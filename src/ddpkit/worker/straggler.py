@@ -1,11 +1,10 @@
 """The straggler report: which rank the others keep waiting for, and on what.
 
-In a DDP job every rank waits for the slowest at each all-reduce, so a slow rank shows up
-nowhere. Each rank keeps its own step times (:data:`TIMES`: the loader's data wait and DDP's
-sampled compute time) and posts them to the store every period (``DDPKIT_STRAGGLER_INTERVAL``);
-rank 0 prints ``ddpkit: straggler: ...`` when the same rank is the slowest by more than a
-quarter of the step for two periods in a row. It runs on the watchdog's thread and bounded
-store link: store operations only, never a collective.
+In a DDP job every rank waits for the slowest at each gradient all-reduce, so a slow rank shows
+up nowhere: the step is slow everywhere. Each rank keeps its own step times (:data:`TIMES`: the
+loader's fetches, DDP's sampled compute); every period (``DDPKIT_STRAGGLER_INTERVAL``) each rank
+posts them to the store and rank 0 names a rank that stays the slowest (:class:`Judge`). It runs
+on the watchdog's thread and bounded store link: store operations only, never a collective.
 """
 
 from __future__ import annotations
@@ -14,15 +13,13 @@ import json
 import socket
 import statistics
 import threading
-import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ddpkit.cluster.durations import seconds_or_off
 from ddpkit.contract import DEFAULT_STRAGGLER_INTERVAL_S, STRAGGLER_INTERVAL_VAR
-from ddpkit.worker.rendezvous import batched
 from ddpkit.worker.watchdog.store import StoreLink
 from ddpkit.worker.watchdog.watcher import Watchdog, write_stderr
 
@@ -169,17 +166,10 @@ class StragglerWatch:
     every rank's; store operations through the watchdog's link, so each is bounded and the
     watchdog's exit bound holds."""
 
-    def __init__(
-        self,
-        link: StoreLink,
-        *,
-        period_s: float,
-        totals: Callable[[], Mapping[str, Any]] = TIMES.totals,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, link: StoreLink, period_s: float) -> None:
         self._link, self.rank, self.period_s = link, link.rank, period_s
         self._keys = [f"straggler/{rank}" for rank in range(link.world_size)]
-        self._totals, self._next = totals, clock() + period_s
+        self._next = link.clock() + period_s
         self._host = socket.gethostname()
         self.judge = Judge(period_s) if link.rank == 0 else None
 
@@ -193,20 +183,15 @@ class StragglerWatch:
         if now < self._next:
             return None
         self._next = now + self.period_s
-        mine = json.dumps({**self._totals(), "host": self._host})
-        store = self._link._store  # its own connection: bounded through link.call
-        self._link.call(lambda: store.set(self._keys[self.rank], mine))
+        self._link.post(self._keys[self.rank], json.dumps({**TIMES.totals(), "host": self._host}))
         if self.judge is None:
             return None
-        # multi_get blocks on a missing key: read once every rank posted
-        read = self._link.call(
-            lambda: batched.check(store, self._keys) and batched.multi_get(store, self._keys)
-        )
-        if not read:
+        read = self._link.read_all(self._keys)
+        if read is None:
             return None
         return self.judge.feed({rank: json.loads(bytes(raw)) for rank, raw in enumerate(read)})
 
 
 def attach(watchdog: Watchdog, period_s: float) -> None:
     """Run the report on ``watchdog``'s thread, once an interval (``init()``, after it started)."""
-    watchdog.stragglers = StragglerWatch(watchdog._link, period_s=period_s)
+    watchdog.stragglers = StragglerWatch(watchdog.link, period_s)

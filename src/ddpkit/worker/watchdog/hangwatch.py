@@ -34,8 +34,7 @@ class HangWatch:
 
     def __init__(self, link: StoreLink, flight: Flight, bounds: HangBounds) -> None:
         self._link, self.flight, self.bounds = link, flight, bounds
-        self._main, self._clock = threading.current_thread(), link._clock
-        self._interval_s = link.beat_interval_s  # every rank answers once a beat interval
+        self._main, self._clock = threading.current_thread(), link.clock
         self._report_paths = report_paths(os.environ)
         self._claimed = False
         self.done = False  # a report was made and the job goes on: no other one this run
@@ -43,8 +42,8 @@ class HangWatch:
         link.piece = self.piece
 
     def gather_s(self) -> float:
-        """How long the gatherer waits for the pieces: every rank polls once an interval."""
-        return max(3.0, 3 * self._interval_s + 1.0)
+        """How long the gatherer waits for the pieces: every rank polls once a beat interval."""
+        return max(3.0, 3 * self._link.beat_interval_s + 1.0)
 
     def piece(self) -> dict[str, Any]:
         """This rank's answer: host, pid, main thread's stack, its collectives (the oldest in
@@ -117,7 +116,7 @@ class HangWatch:
 
     def _stacks_of(self, rank: int) -> str:
         """Have a silent rank on this host write its threads' stacks; what the report says."""
-        host, pid, _ = self._link.call(lambda: self._link._who(rank)) or (None, None, None)
+        host, pid, _ = self._link.call(lambda: self._link.who(rank)) or (None, None, None)
         name = STACKS_SIGNAL.name
         if not host or not pid:
             return ""

@@ -54,9 +54,6 @@ class Departure:
     left_at: float = 0.0  # this process's monotonic clock
     node: str | None = None  # SLURM's name for its node, when it ran under SLURM
 
-    def subject(self) -> str:
-        return f"{self.who} {self.how}"
-
 
 def describe_rank(rank: int, host: str | None, pid: int | None) -> str:
     """``rank 1 on host nodeB (pid 4242)``; the unknown parts are left out."""
@@ -105,7 +102,7 @@ def _whose_log(cause: Departure) -> str:
 def abort_message(cause: Departure, me: int, waited_s: float, bound_s: float) -> str:
     """The line a blocked survivor prints before the watchdog ends it."""
     return (
-        f"ddpkit: {cause.subject()} while rank {me} was waiting for it in a collective; "
+        f"ddpkit: {cause.who} {cause.how} while rank {me} was waiting for it in a collective; "
         f"ending rank {me} after {waited_s:.1f} s (bound: {PEER_TIMEOUT_VAR}={bound_s:g}) "
         f"(hint: start with {_whose_log(cause)} log; if rank {me} was only busy in one long "
         f"call after its peers had finished, raise {PEER_TIMEOUT_VAR} or call "
@@ -122,7 +119,7 @@ def raised_message(cause: Departure | None, me: int, error: str, waited_s: float
             "first in the other ranks' logs or the launcher's report)"
         )
     return (
-        f"ddpkit: {cause.subject()} while rank {me} was waiting for it in a collective; "
+        f"ddpkit: {cause.who} {cause.how} while rank {me} was waiting for it in a collective; "
         f"rank {me} fails with the {error} above (hint: start with {_whose_log(cause)} log: "
         "every rank must reach the same collectives)"
     )

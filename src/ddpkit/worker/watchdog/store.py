@@ -63,7 +63,7 @@ class StoreLink:
         bound_s: float,
         host_rank: int | None,
         address: str,
-        clock: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
         op_timeout_s: float = 10.0,
         beat_interval_s: float | None = None,
         cut: Callable[[], None] | None = None,
@@ -76,7 +76,7 @@ class StoreLink:
         self._beats = [f"beat/{rank}" for rank in range(world_size)]
         self.beat_interval_s = beat_interval_s or interval_s
         self._cadence_s = interval_s if rank == 0 else self.beat_interval_s  # rank 0 judges
-        self.host_rank, self.address, self._clock = host_rank, address, clock
+        self.host_rank, self.address, self.clock = host_rank, address, clock
         self._lock = threading.Lock()
         self._departures: list[Departure] = []
         self._departed: set[int] = set()
@@ -101,6 +101,16 @@ class StoreLink:
             raise Stopping
         return self._guarded(work)
 
+    def post(self, key: str, value: str) -> None:
+        """Set ``key`` to ``value``, bounded (nothing once the store is gone)."""
+        self.call(lambda: self._store.set(key, value))
+
+    def read_all(self, keys: list[str]) -> list[bytes] | None:
+        """Every key's value once all are set (multi_get blocks until then); bounded, else None."""
+        store = self._store
+        read = self.call(lambda: batched.check(store, keys) and batched.multi_get(store, keys))
+        return read or None
+
     def cut(self) -> None:
         """End the operation in flight at once (the exit, after waiting ``op_timeout_s``)."""
         if self._cut is not None:
@@ -116,8 +126,8 @@ class StoreLink:
         """On the store's host, about to end: keep the store up until counter ``key`` reaches
         ``count``, ``wait_s`` at most (the survivors still naming the culprit, the ranks still
         to read a hang report: else they found the store gone, and blamed its host)."""
-        deadline = self._clock() + wait_s
-        while self.rank == self.host_rank and self._clock() < deadline:
+        deadline = self.clock() + wait_s
+        while self.rank == self.host_rank and self.clock() < deadline:
             seen = self._guarded(lambda: int(self._store.add(key, 0)))
             if seen is None or seen >= count:
                 return
@@ -150,7 +160,7 @@ class StoreLink:
                 self._next_beat = now + self._cadence_s
                 self._poll()
             with self._lock:
-                self.last_ok = self._clock()
+                self.last_ok = self.clock()
         except Exception as error:
             if self.stopping:  # the exit cut the operation short: no judgment
                 return now
@@ -204,7 +214,7 @@ class StoreLink:
             return
         ranks = [int(item) for item in self._store.get("order").decode().split(",") if item]
         fresh, self._order_seen = ranks[self._order_seen :], len(ranks)
-        now = self._clock()
+        now = self.clock()
         for rank in fresh:
             if rank in self._departed:
                 continue
@@ -217,7 +227,7 @@ class StoreLink:
             if rank == self.host_rank != self.rank and not departure.victim:
                 self.host_left = True
 
-    def _who(self, rank: int) -> tuple[str | None, int | None, str | None]:
+    def who(self, rank: int) -> tuple[str | None, int | None, str | None]:
         key = f"who/{rank}"
         return read_who(self._store.get(key)) if self._store.check([key]) else (None, None, None)
 
@@ -226,7 +236,7 @@ class StoreLink:
         for rank, age_s in self._judge.still(batched.multi_get(self._store, self._beats), now):
             if rank in self._departed:  # it left with a marker of its own
                 continue
-            host, pid, node = self._who(rank)
+            host, pid, node = self.who(rank)
             how = f"stopped sending heartbeats {age_s:.0f} s ago (killed, or frozen?)"
             marker = {"host": host, "pid": pid, "how": how, "age_s": age_s, "node": node}
             self.write_marker(rank, marker)
@@ -240,7 +250,7 @@ class StoreLink:
                 return None
             for rank, _ in judge.still(batched.multi_get(self._store, self._beats), now):
                 if rank not in self._departed:
-                    host, pid, node = self._who(rank)
+                    host, pid, node = self.who(rank)
                     who = describe_rank(rank, host, pid)
                     how = "stopped sending heartbeats (killed?)"
                     return Departure(rank, who, how, left_at=now, node=node)
@@ -248,8 +258,7 @@ class StoreLink:
 
         return self._guarded(read)  # type: ignore[no-any-return]
 
-    # the hang watchdog's keys: hang/claim, ask, piece/<rank>, answered, report, read; the ask
-    # and the report bump ``events``: no poll of their own
+    # the hang report's keys (hang/...): its ask and report bump ``events``, no poll of their own
 
     def _hang_poll(self) -> None:
         if not self.hang_asked and self._store.check(["hang/ask"]):

@@ -73,7 +73,7 @@ class Watchdog:
     """One rank's watchdog; :func:`start` makes it."""
 
     def __init__(self, link: StoreLink, bound_s: float) -> None:
-        self._link, self.rank, self._clock = link, link.rank, link._clock
+        self.link, self.rank, self._clock = link, link.rank, link.clock
         self.bound_s, self.interval_s = bound_s, policy.interval_for(bound_s)
         self._pid = os.getpid()
         self._main = threading.current_thread()  # the thread that joined: it runs collectives
@@ -90,7 +90,7 @@ class Watchdog:
         if self._stopped or os.getpid() != self._pid:  # a forked child: not its link
             return
         self._stopped = True
-        link = self._link
+        link = self.link
         link.stopping = True
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -106,7 +106,7 @@ class Watchdog:
         next_judge = self._clock() + self.interval_s
         while not self._stop.is_set():
             now = self._clock()
-            next_store = self._link.step(now)
+            next_store = self.link.step(now)
             if now >= next_judge:
                 next_judge = now + self.interval_s
                 self._judge(progress, now)
@@ -115,9 +115,10 @@ class Watchdog:
     def _judge(self, progress: Progress, now: float) -> None:
         try:
             progress.sample(now)
-            text = self.hangs.check(now) if self.hangs is not None else None
-            if text is not None and not self._stop.is_set():
-                self._act_on_hang(text)
+            if self.hangs is not None:
+                text = self.hangs.check(now)
+                if text is not None and not self._stop.is_set():
+                    self._act_on_hang(self.hangs, text)
             if self.stragglers is not None:
                 self.stragglers(now)
             cause = self._cause()
@@ -133,8 +134,8 @@ class Watchdog:
             return
 
     def _cause(self) -> Departure | None:
-        store = self._link.failure
-        return policy.pick_cause([*self._link.departures(), *([store] if store else [])], self.rank)
+        store = self.link.failure
+        return policy.pick_cause([*self.link.departures(), *([store] if store else [])], self.rank)
 
     def _abort(self, cause: Departure, blocked_s: float) -> None:
         frame = sys._current_frames().get(self._main.ident or -1)
@@ -164,13 +165,10 @@ class Watchdog:
                     child.kill()
         process_exit.hard_exit(policy.ABORT_EXIT_CODE)
 
-    def _act_on_hang(self, text: str) -> None:
+    def _act_on_hang(self, hangs: HangWatch, text: str) -> None:
         """Every rank keeps the report in its log folders; rank 0 prints it (or the gatherer,
         when rank 0 sent nothing). ``report`` (the default) lets the job go on, with no other
         report this run; ``end`` has the others print one line, and every rank exit."""
-        hangs = self.hangs
-        if hangs is None:
-            return
         end = hangs.bounds.end
         hangs.done = True
         paths = hangs.write(text)
@@ -189,14 +187,14 @@ class Watchdog:
                 f"stderr{also}; its first line: {text.splitlines()[0]}\n"
             )
         if end:
-            self._link.host_waits("hang/read", self._link.world_size - 1, hangs.gather_s())
+            self.link.host_waits("hang/read", self.link.world_size - 1, hangs.gather_s())
             self._end("was ended by the ddpkit hang watchdog")
 
     def _say(self, how: str, *, victim: bool = False) -> None:
         if not self._said:
             self._said = True
             host, pid = socket.gethostname(), os.getpid()
-            self._link.leave({"host": host, "pid": pid, "how": how, "victim": victim})
+            self.link.leave({"host": host, "pid": pid, "how": how, "victim": victim})
 
     def on_uncaught(self, kind: type[BaseException], error: BaseException) -> bool:
         """Before the traceback: write this rank's marker; whether the error looks like a
@@ -212,7 +210,7 @@ class Watchdog:
         """The line naming the rank that left first: waits for its marker, or (a rank killed
         writes none) for a counter that stood still for :data:`STALE_BEATS` beat intervals."""
         wait_s = min(2.5, max(2.0, 2.5 * self.interval_s))  # >= 2 heartbeats
-        gap_s = policy.STALE_BEATS * self._link.beat_interval_s
+        gap_s = policy.STALE_BEATS * self.link.beat_interval_s
         deadline = self._clock() + (2 * wait_s if gap_s <= 2 * wait_s else wait_s)
         judge = BeatJudge(self.rank, gap_s)
         cause = self._cause()
@@ -220,9 +218,9 @@ class Watchdog:
             time.sleep(self.interval_s / 4)
             cause = self._cause()
             if cause is None or cause.victim:
-                cause = self._link.silent(judge, self._clock()) or cause
+                cause = self.link.silent(judge, self._clock()) or cause
         _blame_node(cause)
-        self._link.named(cause, wait_s)
+        self.link.named(cause, wait_s)
         return policy.raised_message(cause, self.rank, kind.__name__, wait_s)
 
 
@@ -258,7 +256,7 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
     """The marker, the usual traceback, then the culprit's name (last, where launchers look)."""
     watchdog, culprit = _PROCESS.active, False
     hangs = watchdog.hangs if watchdog is not None else None
-    if watchdog and hangs and hangs.bounds.end and (hangs.done or watchdog._link.hang_asked):
+    if watchdog and hangs and hangs.bounds.end and (hangs.done or watchdog.link.hang_asked):
         # a report that ends the job: the watchdog's thread ends this process; wait, bounded
         time.sleep(hangs.gather_s() + 4 * watchdog.interval_s + 5.0)
     if watchdog is not None:
@@ -303,7 +301,6 @@ def start(
         bound_s=bound_s,
         host_rank=None if agent else 0,
         address=store_address(base),
-        clock=time.monotonic,
         op_timeout_s=op_timeout_s,
         beat_interval_s=policy.beat_interval_for(bound_s, world_size),
         cut=own.cut,
