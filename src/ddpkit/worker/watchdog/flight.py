@@ -75,14 +75,10 @@ class Flight:
         self.past_first_step = False
 
     def _opened(self) -> set[Key]:
+        """Every number the status holds open (it lags: the first may be retired by its entry)."""
         dump = self._dump(False)
         status = _status(dump) if dump is not None else {}
-        # every number the status holds open (it lags: the first may be retired by its entry)
-        return {
-            (group, seq)
-            for group, (made, done) in status.items()
-            for seq in range(done + 1, made + 1)
-        }
+        return {(g, seq) for g, (made, done) in status.items() for seq in range(done + 1, made + 1)}
 
     def in_collective(self) -> bool:
         """Whether a collective of this rank is in flight; True where there is no recorder."""
@@ -110,9 +106,8 @@ class Flight:
         return now - self._first_seen[oldest], _PATIENT[0] > 0 or oldest in self._patient
 
     def look(self, now: float, *, again: bool = False) -> None:
-        """Read the entries for the collective open longest: its age from its creation time,
-        whether it is retired after all, and the phase. Once per collective, unless ``again``
-        (before a report: it may have been retired since)."""
+        """Read the entries for the collective open longest: its age from its creation, whether
+        it is retired after all, the phase; once a collective, unless ``again`` (retired since?)."""
         if not self._first_seen:
             return
         key = min(self._first_seen, key=self._first_seen.__getitem__)
@@ -165,8 +160,7 @@ class Flight:
         return [e for e in entries if int(e.get("time_created_ns") or 0) >= since], _status(dump)
 
     def calls(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """(the oldest collective in flight, the last completed ones), as :func:`describe`
-        makes them."""
+        """(the oldest collective in flight, the last completed ones), by :func:`describe`."""
         entries, status = self._entries()
         wall, running, done = self._wall_ns(), None, []
         for entry in entries or []:

@@ -86,9 +86,7 @@ class HangWatch:
         waiting = self.flight.waiting(now)
         if waiting is None or waiting[0] < self.bounds.step_s:
             return None
-        # once per open collective (its age, the phase); again before a report: its entry may
-        # be retired by now while the group's status still holds it open
-        for again in (False, True):
+        for again in (False, True):  # again before a report: retired since, the status behind?
             self.flight.look(now, again=again)
             waiting = self.flight.waiting(now)
             if waiting is None:

@@ -168,8 +168,7 @@ class StoreLink:
         return self._next_beat
 
     def _answers(self) -> bool:
-        """False once the store is gone or its host left (an operation in flight as the store
-        vanishes is logged)."""
+        """False once the store is gone or its host left (logged if mid-operation)."""
         if self.failure is None and self._closed is not None and self._closed():
             self._fail(ConnectionError("the connection was closed by the store's host"))
         return self.failure is None and not self.host_left
@@ -242,8 +241,7 @@ class StoreLink:
             self.write_marker(rank, marker)
 
     def silent(self, judge: BeatJudge, now: float) -> Departure | None:
-        """A rank without a marker whose counter ``judge`` saw stand still (a failed
-        collective's survivor, waiting for a name)."""
+        """A rank with no marker whose counter ``judge`` saw stand still (a survivor's culprit)."""
 
         def read() -> Departure | None:
             if not batched.check(self._store, self._beats):  # before rank 0's first round

@@ -125,8 +125,7 @@ class Watchdog:
             if cause is None:
                 return
             blocked_s = now - max(progress.blocked_since, cause.left_at)
-            # in a collective (the recorder's word; with the hang watchdog off, blocked is
-            # waiting): it cannot complete once a peer has left; one long call of its own may
+            # in a collective (or blocked, the hang watchdog off): it cannot complete, a peer left
             blocked = blocked_s >= self.bound_s and not self._stop.is_set()
             if blocked and (self.hangs is None or self.hangs.flight.in_collective()):
                 self._abort(cause, blocked_s)
