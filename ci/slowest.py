@@ -2,11 +2,16 @@
 ``--times-file`` writes (one JSON line per test: wall seconds and CPU seconds, pytest's own and
 its reaped children's), with each run's totals and the files that cost the most CPU.
 
-    python3 ci/slowest.py [-n 20] [--files 12] NAME=TIMES_FILE ...
+    python3 ci/slowest.py [-n 20] [--files 12] [--jobs SACCT_FILE] NAME=TIMES_FILE ...
 
-ci/test.sh calls it at the end of every run with its two pytest runs (the SLURM run's CPU misses
-the processes of the SLURM jobs: slurmd starts them, not pytest). A missing or empty file is
-reported and skipped: a run that ended before its first test still gets its phase table.
+ci/test.sh calls it at the end of every run with its two pytest runs. The SLURM run's CPU in
+pytest misses the processes of the SLURM jobs (slurmd starts them, not pytest), which cost more
+than the rest of that run: ``--jobs`` reads ``sacct -a --duplicates -n -P -o
+JobID,JobName,TotalCPU,WorkDir`` taken before the cluster stops and prints their total and the
+folders whose jobs cost the most (a job's folder is its test's ``tmp_path`` or a module
+fixture's folder, named after the test or the case). sacct's TotalCPU misses what a step
+killed by a signal had used, so the figure is a floor. A missing or empty file is reported and
+skipped: a run that ended before its first test still gets its phase table.
 """
 
 from __future__ import annotations
@@ -44,8 +49,11 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("-n", type=int, default=20, help="how many tests to list (default 20)")
     ap.add_argument("--files", type=int, default=12, help="how many files to list (default 12)")
+    ap.add_argument("--jobs", type=Path, help="sacct's lines for the SLURM jobs' CPU (see above)")
     ap.add_argument("runs", nargs="+", metavar="NAME=TIMES_FILE")
     args = ap.parse_args(argv)
+    if args.jobs:
+        _jobs(args.jobs, args.files)
     tests: list[Row] = []
     for spec in args.runs:
         name, sep, file = spec.partition("=")
@@ -81,6 +89,42 @@ def main(argv: list[str]) -> int:
     for (run, file), (cpu, wall, n) in top:
         print(f"  {cpu:7.0f}  {wall:7.0f}  {n:5.0f}  {run:6}  {file}")
     return 0
+
+
+def _seconds(total_cpu: str) -> float:
+    """sacct's TotalCPU, ``[D-][HH:]MM:SS[.mmm]``, in seconds."""
+    days, _, clock = total_cpu.rpartition("-")
+    seconds = 0.0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + float(part)
+    return seconds + 86400 * int(days or 0)
+
+
+def _jobs(path: Path, top: int) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    folders: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for line in lines:
+        fields = line.split("|")
+        if len(fields) < 4 or "." in fields[0]:  # a job's line sums its steps' lines
+            continue
+        try:
+            cpu = _seconds(fields[2])
+        except ValueError:
+            continue
+        parts = Path(fields[3]).parts  # .../pytest-N/popen-gwK/<folder>/... or the folder itself
+        at = next((i for i, p in enumerate(parts) if p.startswith("popen-gw")), None)
+        folder = parts[at + 1] if at is not None and len(parts) > at + 1 else fields[1]
+        folders[folder][0] += cpu
+        folders[folder][1] += 1
+    if not folders:
+        print(f"slowest: no SLURM job lines in {path}")
+        return
+    total = sum(cpu for cpu, _ in folders.values())
+    runs = sum(n for _, n in folders.values())
+    print(f"== the SLURM jobs: {runs:.0f} runs, {total:.0f} CPU-s (sacct TotalCPU, a floor)")
+    print(f"== the {top} job folders that cost the most CPU (CPU s, runs)")
+    for folder, (cpu, n) in sorted(folders.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {cpu:7.0f}  {n:5.0f}  {folder}")
 
 
 if __name__ == "__main__":

@@ -107,12 +107,18 @@ finish() { # however the run ends: no background job left, the cluster down, the
   for pid in "${bg_pids[@]}"; do
     if kill -0 "$pid" 2>/dev/null; then kill_tree "$pid"; fi
   done
+  # the SLURM jobs' own CPU (slurmd starts their processes, so pytest's figures miss it)
+  if [ "${#times_runs[@]}" -gt 0 ] && [ -f "$DDPKIT_SLURM_DIR/env.sh" ]; then
+    (. "$DDPKIT_SLURM_DIR/env.sh" &&
+      timeout 30 sacct -a --duplicates -n -P -o JobID,JobName,TotalCPU,WorkDir) \
+      >"$work/slurm-jobs.txt" 2>/dev/null || true
+  fi
   stop_cluster
   if [ "${#times_runs[@]}" -gt 0 ]; then
-    python3 ci/slowest.py --files 30 "${times_runs[@]}" || true
+    python3 ci/slowest.py --files 30 --jobs "$work/slurm-jobs.txt" "${times_runs[@]}" || true
     # the times themselves, for a closer look than the table (each run replaces the last's)
     rm -rf /tmp/ddpkit-ci-times-last && mkdir -p /tmp/ddpkit-ci-times-last &&
-      cp "$work"/times-*.jsonl "$work"/times.jsonl /tmp/ddpkit-ci-times-last/ 2>/dev/null || true
+      cp "$work"/times-*.jsonl "$work"/times.jsonl "$work"/slurm-jobs.txt /tmp/ddpkit-ci-times-last/ 2>/dev/null || true
   fi
   phase_table
   bg_table
