@@ -198,7 +198,7 @@ fi
 # 2026-12-02, 2 workers: 1,670 s of test wall time summed over them, 202 local CPU-s), a file at
 # a time in tests/conftest.py's order, its longest files first (LONGEST_FIRST;
 # --no-loadscope-reorder keeps xdist from putting the files with most tests first). The
-# cluster has room: 4 nodes x 8 CPUs; the largest test job asks for 16 (test_scale_cluster).
+# cluster has room: 4 nodes x 8 CPUs; the largest test job asks for 8 (test_scale_cluster).
 # (3 drained two nodes once at a load of ~40, "Kill task failed": ci/slurm-up's
 # UnkillableStepTimeout since; a 3-worker run at a load of 20-30 passed, 2026-12-02.)
 slurm_workers=${DDPKIT_CI_SLURM_WORKERS:-3}
