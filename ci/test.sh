@@ -22,6 +22,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Each phase's wall time, printed as a table at the end however the run ends (phase NAME starts
 # a phase and ends the one before).
 run_started=$SECONDS
+# the machine's busy CPU time (every process's, /proc/stat's jiffies), for the table's last line:
+# on 2 cores the run is CPU-bound, so its wall time is about its CPU time over two
+busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat 2>/dev/null || echo 0; }
+busy_at_start=$(busy_jiffies)
 phase_names=() phase_secs=() phase_at=$SECONDS
 phase() {
   if [ "${#phase_names[@]}" -gt 0 ]; then phase_secs+=($((SECONDS - phase_at))); fi
@@ -36,7 +40,11 @@ phase_table() {
   for i in "${!phase_names[@]}"; do
     printf '  %6d s  %s\n' "${phase_secs[$i]}" "${phase_names[$i]}"
   done
-  printf '  %6d s  %s\n' $((SECONDS - run_started)) "in all"
+  local secs=$((SECONDS - run_started)) busy hz cpus
+  busy=$(busy_jiffies) hz=$(getconf CLK_TCK 2>/dev/null || echo 100) cpus=$(nproc 2>/dev/null || echo 1)
+  printf '  %6d s  %s\n' "$secs" "in all"
+  printf '  %6d CPU-s busy on the machine (%d cores: %d CPU-s of room)\n' \
+    $(((busy - busy_at_start) / hz)) "$cpus" $((secs * cpus))
 }
 trap phase_table EXIT
 
