@@ -47,10 +47,6 @@ from ddpkit.hints import closest
 __all__ = ["check_buckets", "check_compile", "compiled"]
 
 
-def _compile_options() -> list[str]:
-    return [name for name in inspect.signature(torch.compile).parameters if name != "model"]
-
-
 def check_compile(value: object) -> dict[str, Any] | None:
     """``compile=`` as ``torch.compile``'s keyword arguments; None: no compiling."""
     if value is False or value is None:
@@ -62,7 +58,7 @@ def check_compile(value: object) -> dict[str, Any] | None:
             f"compile={value!r} must be True, False or a dict of torch.compile options",
             hint="e.g. compile=True, or compile={'mode': 'max-autotune'}",
         )
-    known = _compile_options()
+    known = [name for name in inspect.signature(torch.compile).parameters if name != "model"]
     for name in value:
         if name not in known:
             match = closest(str(name), known, cutoff=0.5)

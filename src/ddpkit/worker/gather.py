@@ -126,15 +126,6 @@ def _check_same_signature(local: torch.Tensor, world_size: int) -> None:
         _raise_shape_mismatch(local, world_size)
 
 
-def _gather_checked(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Check the signature with its own collective, then all-gather (two collectives):
-    every rank's rows, stacked as (W, rows, ...)."""
-    _check_same_signature(local, world_size)
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
-    return torch.stack(parts)
-
-
 def _all_gather_flat(buffer: torch.Tensor, world_size: int, backend: str) -> torch.Tensor:
     """Every rank's 1-d ``buffer`` as the rows of one (W, n) tensor: gathered into one flat
     tensor on gloo and NCCL (no list of W outputs to allocate), as a list elsewhere."""
@@ -193,13 +184,13 @@ def _gather_parts(
         parts = _gather_with_header(local, agreed, world_size, context.backend)
         if parts is not None:
             return parts
-        again = [torch.empty_like(local) for _ in range(world_size)]
-        dist.all_gather(again, local)  # every rank's header said: this same new signature
-        stacked = torch.stack(again)
+        # every rank's header said: this same new signature; gather it plainly
     else:
-        stacked = _gather_checked(local, world_size)
+        _check_same_signature(local, world_size)  # a collective of its own, before the gather
+    gathered = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(gathered, local)
     memo.agreed[ordinal] = mine
-    return stacked
+    return torch.stack(gathered)
 
 
 def _gather_tensor(

@@ -133,7 +133,7 @@ def run_parallel(fn: Callable[[int], T], devices: Sequence[torch.device]) -> lis
     here, with a note naming the slice and device.
     """
     state = ThreadState.capture()
-    streams = [_current_stream(device) for device in devices]
+    streams = [torch.cuda.current_stream(d) if d.type == "cuda" else None for d in devices]
     results: list[Any] = [None] * len(devices)
     errors: list[BaseException | None] = [None] * len(devices)
 
@@ -157,10 +157,6 @@ def run_parallel(fn: Callable[[int], T], devices: Sequence[torch.device]) -> lis
             error.add_note(f"(in slice {index} of {len(devices)}, on {devices[index]})")
             raise error
     return results
-
-
-def _current_stream(device: torch.device) -> Any:
-    return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
 @contextmanager
