@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,14 +108,14 @@ def request(spec: JobSpec, via: Via = "sbatch", *, scheduler: str | None = None)
     return get_backend(via).dry_run(spec, scheduler)
 
 
-def check_sweep_environment(spec: JobSpec, env: Mapping[str, str] | None = None) -> None:
-    """Refuse a sweep submitted from an environment (``env``, default ``os.environ``) that
-    sets ``DDPKIT_RUN_ID``: sbatch and submitit hand it to every task, which would then all be
-    one run (its spec's ``env`` may not set it either: :class:`~ddpkit.jobs.spec.JobSpec`)."""
+def check_sweep_environment(spec: JobSpec) -> None:
+    """Refuse a sweep submitted from an environment that sets ``DDPKIT_RUN_ID``: sbatch and
+    submitit hand it to every task, which would then all be one run (its spec's ``env`` may not
+    set it either: :class:`~ddpkit.jobs.spec.JobSpec`)."""
     from ddpkit.contract import RUN_ID_MAX_CHARS, RUN_ID_VAR
     from ddpkit.jobs.sweep_spec import SHARED_RUN_ID, SHARED_RUN_ID_HINT
 
-    value = (os.environ if env is None else env).get(RUN_ID_VAR, "")
+    value = os.environ.get(RUN_ID_VAR, "")
     if spec.sweep is not None and value:
         raise ConfigError(
             f"{RUN_ID_VAR}={value[: RUN_ID_MAX_CHARS + 8]!r} (set where the sweep is "

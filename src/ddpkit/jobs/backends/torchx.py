@@ -59,7 +59,6 @@ __all__ = [
     "TorchxBackend",
     "log_files",
     "record_for",
-    "run_config",
     "state_from_torchx",
 ]
 
@@ -86,18 +85,10 @@ def state_from_torchx(name: str) -> JobState:
     return TORCHX_STATES.get(name.upper(), JobState.UNKNOWN)
 
 
-def run_config(spec: JobSpec, scheduler: str) -> dict[str, str]:
-    """The scheduler's run options (torchx ``cfg``): the spec's SLURM options (``scheduler_cfg``),
-    and for local_cwd the spec's ``log_dir``, so the output files outlive the submitting process.
-    """
-    cfg = scheduler_cfg(spec, scheduler)
-    if scheduler == "local_cwd":
-        cfg["log_dir"] = spec.log_path
-    return cfg
-
-
 def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, dict[str, str]]:
-    """(the spec's AppDef, the run config), after checking the request."""
+    """(the spec's AppDef, the run config), after checking the request. The run config (torchx
+    ``cfg``) is the spec's SLURM options, and for local_cwd the spec's ``log_dir``, so the
+    output files outlive the submitting process."""
     if scheduler not in SCHEDULERS:
         raise ConfigError(
             f"scheduler={scheduler!r} is not supported by ddpkit's torchx jobs",
@@ -106,7 +97,10 @@ def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, dict[str, str]]:
     import_torchx("runner")
     from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
 
-    return spec_to_appdef(spec, scheduler=scheduler), run_config(spec, scheduler)
+    app, cfg = spec_to_appdef(spec, scheduler=scheduler), scheduler_cfg(spec, scheduler)
+    if scheduler == "local_cwd":
+        cfg["log_dir"] = spec.log_path
+    return app, cfg
 
 
 # --- the runner, and the caller's signals -----------------------------------------------------
