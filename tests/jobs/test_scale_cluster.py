@@ -5,9 +5,9 @@ detected as a SLURM job of world size 8, train, checkpoint, get a stop signal (`
 step on the same 8 ranks, and evaluate with ``ddpkit.gather`` counting every test sample
 exactly once (a test set of 1001 rows: 1001 = 8 x 125 + 1, so the sampler pads 7).
 
-2 processes a node, not more: the test suite is CPU-bound on this 2-core machine, and each
-rank's start (torch's import) is most of a job's CPU; 4 a node cost ~150 CPU-s for this test
-alone (two runs of 16 interpreters), 8 a node would not add a path the 2 a node do not take."""
+2 processes a node, not more: the test suite is CPU-bound on a 2-core machine and each rank's
+start (torch's import) is most of a job's CPU, while 4 a node would take no path that 2 a node
+do not."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ TRAIN = "--epochs 2 --train-size 2048 --test-size 1001 --batch-size 16 --checkpo
 JOB_TIMEOUT_S = 480  # two runs of 8 processes on 2 shared cores, and the requeue between
 
 
-def test_four_nodes_of_four_detect_train_gather_stop_requeue_resume(
+def test_four_nodes_of_two_detect_train_gather_stop_requeue_resume(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     spec = tmp_path / "job.yaml"
