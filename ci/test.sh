@@ -50,6 +50,13 @@ trap phase_table EXIT
 
 phase "install (torch pinned by ci/constraints.txt)"
 python3 -m pip install --quiet --disable-pip-version-check -c ci/constraints.txt -e ".[dev,docs]"
+# This machine's environment sets PYTHONDONTWRITEBYTECODE=1. Without .pyc files each of the six
+# pytest workers rewrites the asserts of every test module it collects (~8 of its ~14 CPU-s of
+# collection), and each of the run's ~700 processes compiles the ddpkit modules it imports
+# again; on 2 cores the run is CPU-bound, so that is wall time. The run writes them once
+# instead (into __pycache__, which git ignores), and collects the tests once before the workers
+# start, so that they find the rewritten modules there.
+unset PYTHONDONTWRITEBYTECODE
 
 # Work that does not wait for anything runs in the background from here, beside ruff, mypy and
 # mkdocs (which use one core): the SLURM test cluster's start (ci/slurm-up) and the contract
@@ -194,6 +201,9 @@ if [ "$#" -gt 0 ]; then # e.g. `bash ci/test.sh -m slurm -q`: one pytest, as ask
   exit "$rc"
 fi
 
+phase "collecting the tests once (the workers then read the rewritten modules' .pyc)"
+python3 -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1 || true # pytest reports it
+
 # The SLURM tests spend their time waiting for the cluster (a time limit to pass, a requeued
 # job's hold, KillWait), the others keep both cores busy: run the SLURM files in workers
 # of their own (pytest-xdist, a file per worker at a time) beside the rest, and print their
@@ -210,6 +220,7 @@ fi
 # (3 drained two nodes once at a load of ~40, "Kill task failed": ci/slurm-up's
 # UnkillableStepTimeout since; a 3-worker run at a load of 20-30 passed, 2026-12-02.)
 slurm_workers=${DDPKIT_CI_SLURM_WORKERS:-3}
+
 [[ $slurm_workers =~ ^[1-9]$ ]] ||
   { echo "ci/test.sh: DDPKIT_CI_SLURM_WORKERS=$slurm_workers: 1-9" >&2; exit 2; }
 phase "pytest: the SLURM tests ($slurm_workers workers, log below) beside the others"
