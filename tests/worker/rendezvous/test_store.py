@@ -315,11 +315,13 @@ _REPORT = """
 import json, os, resource, sys, warnings
 import torch, torch.distributed as dist
 import ddpkit
+from ddpkit.worker.rendezvous import group
 from tests.support.sockets import listening
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     ctx = ddpkit.init()
-dist.barrier()
+total = torch.tensor([1.0])
+dist.all_reduce(total)
 agent = listening(os.getppid())  # torch's agent is the workers' parent
 mine = listening()
 parent = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)  # the agent's open-files limit
@@ -327,7 +329,9 @@ said = [str(w.message) for w in caught if "the launcher (pid" in str(w.message)]
 dist.barrier()
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
     json.dump({"agent": agent, "mine": mine, "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-               "parent": list(parent), "ppid": os.getppid(), "said": said}, out)
+               "parent": list(parent), "ppid": os.getppid(), "said": said,
+               "rank": ctx.rank, "world": ctx.world_size, "sum": total.item(),
+               "agent_store": group.uses_agent_store(ctx.info, os.environ)}, out)
 dist.barrier()
 ddpkit.shutdown()
 """
@@ -856,7 +860,9 @@ def test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_s
     tmp_path: Path, launcher: str, request: pytest.FixtureRequest
 ) -> None:
     # torchrun's agent hosts the store of every worker of the job (2 connections each) and
-    # nobody raises its limit: rank 0, its child, says so with the fix; ddpkit run raises its own
+    # nobody raises its limit: rank 0, its child, says so with the fix; ddpkit run raises its own.
+    # The torchrun launch is also init()'s production path under torchrun: env=None, the
+    # agent's store, every rank its client, a group that all-reduces.
     from ddpkit.cluster.limits import open_files_needed
 
     if launcher == "torchrun":
@@ -867,6 +873,10 @@ def test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_s
         _, (rank0, rank1) = request.getfixturevalue("ddpkit_run_on_one_node")
     need = open_files_needed(2, hosts_store=True)
     assert rank1["said"] == []
+    for rank, seen in enumerate((rank0, rank1)):
+        assert (seen["rank"], seen["world"], seen["sum"]) == (rank, 2, 2.0), seen
+        if launcher == "torchrun":
+            assert seen["agent_store"] is True, f"rank {rank} is no client of the agent's store"
     if launcher == "torchrun":
         assert rank0["parent"] == [200, 4096]
         assert len(rank0["said"]) == 1, rank0["said"]
