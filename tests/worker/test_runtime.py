@@ -347,7 +347,7 @@ def test_init_in_a_real_group(world_size: int) -> None:
 
 # init() under a real torchrun (env=None, the agent's store, every rank its client, a group that
 # all-reduces): the torchrun launch of tests/worker/rendezvous/test_store.py's
-# test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_says_so.
+# test_torchrun_hosting_the_store_without_the_open_files_it_needs_has_rank_0_say_so.
 
 
 def _epoch_gathered(size: int) -> tuple[list[int], list[int]]:
