@@ -1,10 +1,19 @@
-"""Ranks as real processes: one interpreter per rank with torchrun's variables in its own
-environment (so that each rank's stderr and exit code can be read), and whether a pid runs."""
+"""Ranks as real processes: one process per rank with torchrun's variables in its own
+environment (so that each rank's stderr and exit code can be read), and whether a pid runs.
+
+:func:`spawn` starts a new interpreter per rank; :func:`forked` forks each rank from the fork
+server of :mod:`tests.support.distutil` (torch imported once) and runs the script as
+``__main__``, ending as an interpreter ends (its threads, then its atexit handlers), without
+the ~2 CPU-s of a new interpreter's ``import torch``. Use :func:`spawn` only where what is
+checked happens after atexit (the interpreter's finalization)."""
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing as mp
 import os
 import re
+import runpy
 import subprocess
 import sys
 import threading
@@ -13,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.distutil import free_port
+from tests.support.distutil import FORKSERVER_PRELOAD, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 _FOREIGN_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MV2_", "PET_", "TORCHELASTIC_", "SUBMITIT_")
@@ -149,3 +158,76 @@ def spawn(
         Rank(r, procs[r].returncode, *outputs[r], ended.get(r, float("inf")))
         for r in range(world_size)
     ]
+
+
+def _rank_main(script: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """One rank, in a process forked from the fork server: ``python script *args`` with
+    ``env`` as its environment and its stdout and stderr into ``out`` and ``err``, ended as an
+    interpreter ends (its code, or 1 after ``sys.excepthook`` for what it raised)."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):  # faulthandler and C++ write to the fds themselves
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(handle, fd)
+        os.close(handle)
+    mp.set_start_method("fork", force=True)  # a fresh interpreter's default here (DataLoader)
+    sys.argv = [script, *args]
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())  # as an interpreter does: ddpkit's watchdog chains it
+        code = 1
+    # what an interpreter's exit runs next: it waits for its other threads, then atexit's
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def forked(
+    script: Path,
+    world_size: int,
+    args: list[str],
+    *,
+    bound_s: float,
+    expect_stuck: tuple[int, ...] = (),
+    timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> list[Rank]:
+    """:func:`spawn`'s contract, with ranks forked from the fork server: ranks in
+    ``expect_stuck`` are killed once the others are done; ``timeout_s`` is a guard against a
+    hang, not a measure (a rank still running then is killed: exit code -9). Each rank's
+    stdout and stderr go to ``rank<r>.out`` and ``rank<r>.err`` beside ``script``. Nothing is
+    left running afterwards."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    port = free_port()
+    procs = []
+    started = time.monotonic()
+    for rank in range(world_size):
+        rank_env = spawned_env(rank, world_size, port, bound_s, env)
+        out, err = (str(script.parent / f"rank{rank}.{kind}") for kind in ("out", "err"))
+        proc = context.Process(
+            target=_rank_main, args=(str(script), args, rank_env, out, err), name=f"rank{rank}"
+        )
+        proc.start()
+        procs.append(proc)
+    ended: dict[int, float] = {}
+    try:
+        exit_codes = [lambda proc=proc: proc.exitcode for proc in procs]
+        ended = wait_ended(exit_codes, expect_stuck, started, timeout_s)
+    finally:
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.kill()
+            proc.join()
+    ranks = []
+    for r, proc in enumerate(procs):
+        assert proc.exitcode is not None  # joined
+        out, err = ((script.parent / f"rank{r}.{kind}").read_text() for kind in ("out", "err"))
+        ranks.append(Rank(r, proc.exitcode, out, err, ended.get(r, float("inf"))))
+    return ranks

@@ -23,12 +23,10 @@ its own scenario (the last test).
 from __future__ import annotations
 
 import ast
-import atexit
 import dataclasses
 import multiprocessing as mp
 import os
 import re
-import runpy
 import signal
 import socket
 import subprocess
@@ -49,7 +47,7 @@ from ddpkit.worker.watchdog import flight, hang
 from ddpkit.worker.watchdog.hang import is_rank_zero_test, rank_zero_if
 from tests.support.distutil import FORKSERVER_PRELOAD, free_port
 from tests.support.pids import start_ticks
-from tests.support.spawned import Rank, child_env, running, spawned_env, wait_ended
+from tests.support.spawned import Rank, child_env, forked, running
 
 pytestmark = pytest.mark.sidecar  # mostly waiting: run beside the SLURM tests (ci/test.sh)
 
@@ -444,21 +442,24 @@ def test_a_collective_retired_since_it_was_looked_at_is_not_reported() -> None:
     assert reader.waiting(9.0) is None
 
 
-RANK1 = """
-import sys
-from datetime import timedelta
-import torch, torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False)
-dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timedelta(seconds=60))
-store.wait(["go"], timedelta(seconds=60))
-dist.all_reduce(torch.ones(4))
-dist.destroy_process_group()
-"""
+def _rank1_peer(port: int) -> None:
+    """Rank 1 of the group below, forked from the fork server: it joins, waits for "go",
+    then meets rank 0's all_reduce."""
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
+    dist.init_process_group(
+        "gloo", store=store, rank=1, world_size=2, timeout=timedelta(seconds=60)
+    )
+    store.wait(["go"], timedelta(seconds=60))
+    dist.all_reduce(torch.ones(4))
+    dist.destroy_process_group()
 
 
 def test_a_collective_in_flight_is_seen_from_another_thread_then_seen_done() -> None:
     port = free_port()
-    peer = subprocess.Popen([sys.executable, "-c", RANK1, str(port)], env=child_env())
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    peer = context.Process(target=_rank1_peer, args=(port,), daemon=True)
+    peer.start()
     try:
         store = dist.TCPStore("127.0.0.1", port, 2, is_master=True)
         store.set_timeout(timedelta(seconds=60))
@@ -468,10 +469,12 @@ def test_a_collective_in_flight_is_seen_from_another_thread_then_seen_done() -> 
             _in_flight_then_done(store)
         finally:
             dist.destroy_process_group()
-        assert peer.wait(60) == 0
+        peer.join(60)
+        assert peer.exitcode == 0
     finally:
-        peer.kill()
-        peer.wait()
+        if peer.exitcode is None:
+            peer.kill()
+        peer.join()
 
 
 def _in_flight_then_done(store: dist.TCPStore) -> None:
@@ -619,78 +622,6 @@ def worker(tmp_path: Path) -> Path:
     return path
 
 
-def _rank_main(script: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
-    """One rank, in a process forked from the fork server: ``python script *args`` with
-    ``env`` as its environment and its stdout and stderr into ``out`` and ``err``, ended as an
-    interpreter ends (its code, or 1 after ``sys.excepthook`` for what it raised)."""
-    os.environ.clear()
-    os.environ.update(env)
-    for fd, path in ((1, out), (2, err)):  # faulthandler and C++ write to the fds themselves
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(handle, fd)
-        os.close(handle)
-    mp.set_start_method("fork", force=True)  # a fresh interpreter's default here (DataLoader)
-    sys.argv = [script, *args]
-    code = 0
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    except BaseException:
-        sys.excepthook(*sys.exc_info())  # as an interpreter does: ddpkit's watchdog chains it
-        code = 1
-    # what an interpreter's exit runs next: it waits for its other threads, then atexit's
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _ranks(
-    script: Path,
-    world_size: int,
-    args: list[str],
-    *,
-    bound_s: float,
-    expect_stuck: tuple[int, ...] = (),
-    timeout_s: float = 120.0,
-    env: dict[str, str] | None = None,
-) -> list[Rank]:
-    """``script`` run as ranks 0..world_size-1 (see :func:`tests.support.spawned.spawn`, whose
-    contract this keeps, with forked ranks): ranks in ``expect_stuck`` are killed once the
-    others are done; ``timeout_s`` is a guard against a hang, not a measure (a rank still
-    running then is killed: exit code -9). Nothing is left running afterwards."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(FORKSERVER_PRELOAD)
-    port = free_port()
-    procs = []
-    started = time.monotonic()
-    for rank in range(world_size):
-        rank_env = spawned_env(rank, world_size, port, bound_s, env)
-        out, err = (str(script.parent / f"rank{rank}.{kind}") for kind in ("out", "err"))
-        proc = context.Process(
-            target=_rank_main, args=(str(script), args, rank_env, out, err), name=f"rank{rank}"
-        )
-        proc.start()
-        procs.append(proc)
-    ended: dict[int, float] = {}
-    try:
-        exit_codes = [lambda proc=proc: proc.exitcode for proc in procs]
-        ended = wait_ended(exit_codes, expect_stuck, started, timeout_s)
-    finally:
-        for proc in procs:
-            if proc.exitcode is None:
-                proc.kill()
-            proc.join()
-    ranks = []
-    for r, proc in enumerate(procs):
-        assert proc.exitcode is not None  # joined
-        out, err = ((script.parent / f"rank{r}.{kind}").read_text() for kind in ("out", "err"))
-        ranks.append(Rank(r, proc.exitcode, out, err, ended.get(r, float("inf"))))
-    return ranks
-
-
 def _run(
     worker: Path,
     case: str,
@@ -704,7 +635,7 @@ def _run(
 ) -> list[Rank]:
     args = ["--case", case, "--stuck", str(stuck), *extra]
     env = {**BOUNDS, "DDPKIT_HANG_ACTION": action}
-    ranks = _ranks(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen,
+    ranks = forked(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen,
                    timeout_s=guard_s)  # fmt: skip
     left = [rank.pid() for rank in ranks if running(rank.pid())]
     children = [child for rank in ranks for child in rank.children()]

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 import warnings
@@ -32,6 +29,7 @@ from tests.support.distutil import (
     run_workers,
     torchrun_env,
 )
+from tests.support.spawned import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -242,22 +240,16 @@ ddpkit.init(env={{}})
 """
 
 
-def test_exit_destroys_only_a_group_ddpkit_created() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    children = {
-        foreign: subprocess.Popen(
-            [sys.executable, "-c", _AT_EXIT.format(foreign=foreign, port=free_port())],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for foreign in (False, True)
-    }
-    outputs = {foreign: child.communicate(timeout=60) for foreign, child in children.items()}
-    for foreign, (out, err) in outputs.items():
-        assert children[foreign].returncode == 0, err
-        assert out.strip() == f"group at exit: {foreign}", err
+def test_exit_destroys_only_a_group_ddpkit_created(tmp_path: Path) -> None:
+    """Each process forked from the fork server (torch imported once), ending as an
+    interpreter does: its threads, then its atexit handlers, where ddpkit's exit runs."""
+    for foreign in (False, True):
+        script = tmp_path / f"foreign-{foreign}" / "at_exit.py"
+        script.parent.mkdir()
+        script.write_text(_AT_EXIT.format(foreign=foreign, port=free_port()))
+        [seen] = forked(script, 1, [], bound_s=60, timeout_s=60)
+        assert seen.code == 0, seen.err
+        assert seen.out.strip() == f"group at exit: {foreign}", seen.err
 
 
 def test_bad_backend_leaves_no_group(shut: None) -> None:
@@ -353,47 +345,9 @@ def test_init_in_a_real_group(world_size: int) -> None:
         assert seen["environ_unchanged"]
 
 
-@pytest.mark.multiproc
-def test_under_real_torchrun(tmp_path: Path) -> None:
-    """The production path: env=None, torchrun's agent hosting the store, every rank its client."""
-    script = tmp_path / "worker.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os, sys, torch, torch.distributed as dist, ddpkit
-            from pathlib import Path
-            from ddpkit.worker.rendezvous import group
-            ctx = ddpkit.init()
-            agent = group.uses_agent_store(ctx.info, os.environ)
-            total = torch.tensor([1.0]); dist.all_reduce(total)
-            # One file per rank: the ranks' stdout interleave mid-line.
-            Path(sys.argv[1], f"rank{ctx.rank}").write_text(
-                f"rank={ctx.rank} world={ctx.world_size} agent={agent} sum={total.item()}"
-            )
-            ddpkit.shutdown()
-            """
-        )
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        f"--master-port={free_port()}",
-        str(script),
-        str(tmp_path),
-    ]
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
-        got = (tmp_path / f"rank{rank}").read_text()
-        assert got == f"rank={rank} world=2 agent=True sum=2.0"
+# init() under a real torchrun (env=None, the agent's store, every rank its client, a group that
+# all-reduces): the torchrun launch of tests/worker/rendezvous/test_store.py's
+# test_torchrun_hosting_the_store_without_the_open_files_it_needs_has_rank_0_say_so.
 
 
 def _epoch_gathered(size: int) -> tuple[list[int], list[int]]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ import torch.distributed as dist
 from ddpkit.errors import ConfigError
 from ddpkit.worker import straggler
 from tests.support.distutil import free_port
-from tests.support.spawned import child_env
+from tests.support.spawned import forked
 
 HOST = socket.gethostname()
 
@@ -150,27 +148,27 @@ ddpkit.shutdown()
 @pytest.mark.multiproc
 @pytest.mark.sidecar  # seconds of sleeping steps: run beside the SLURM tests (ci/test.sh)
 def test_a_slow_rank_is_named_with_its_cause(tmp_path: Path) -> None:
-    """A real 2-rank ``ddpkit run`` whose rank 1 waits 40 ms a step in its data loading: rank 0
+    """A real 2-rank gloo job whose rank 1 waits 40 ms a step in its data loading: rank 0
     alone names rank 1 and its data loading (the run goes on until rank 0 reported twice: no
     time decides). The slow rank's extra work is most of the step, so a loaded machine (steps
     stretched by waiting for a core) still leaves it past the threshold, a quarter of the step;
     the former 14-ms gap in an 18-ms step fell under it once steps took over 56 ms, and a fixed
     12-s run could end before two periods had their 5 steps each. The rule's variations (an
     even run, one period only, a compute gap, the noise floor) are the in-process tests above;
-    the compute figure's source, DDP's own measure, is read in-process below."""
+    the compute figure's source, DDP's own measure, is read in-process below. The ranks are
+    forked from the fork server (torch imported once) with torchrun's variables, each with its
+    own stdout and stderr: the launcher is not what is checked."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    # until rank 0 said it twice (2 periods in a row, then the next), or a 90-s guard
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(script)]
-    done = subprocess.run(
-        [*command, "2", "90"], env=child_env(DDPKIT_STRAGGLER_INTERVAL="2", OMP_NUM_THREADS="1"),
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    output = done.stdout + done.stderr
-    lines = re.findall(r"^.*ddpkit: straggler: .*$", output, re.M)
-    assert lines, output[-3000:]
-    assert all(line.startswith("[rank0]: ") for line in lines), lines  # rank 0 alone says it
+    # until rank 0 said it twice (2 periods in a row, then the next), or a 90-s guard;
+    # the peer bound is ddpkit's default, as under ddpkit run
+    env = {"DDPKIT_STRAGGLER_INTERVAL": "2", "OMP_NUM_THREADS": "1"}
+    ranks = forked(script, 2, ["2", "90"], bound_s=60, env=env, timeout_s=180)
+    assert [rank.code for rank in ranks] == [0, 0], ranks[0].err[-3000:] + ranks[1].err[-3000:]
+    outputs = [rank.out + rank.err for rank in ranks]
+    lines = re.findall(r"^.*ddpkit: straggler: .*$", outputs[0], re.M)
+    assert lines, outputs[0][-3000:]
+    assert "ddpkit: straggler: " not in outputs[1], outputs[1][-3000:]  # rank 0 alone says it
     assert all(f"rank 1 (host {HOST}) was the slowest" in line for line in lines), lines
     assert all("likely cause: its data loading" in line for line in lines), lines
 

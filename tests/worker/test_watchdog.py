@@ -1,12 +1,14 @@
 """The peer watchdog: survivors of a rank that leaves end within the bound, naming it.
 
 Pure pieces (configuration, messages, the blocked-thread check) run in-process. The scenarios
-start real processes (gloo on 127.0.0.1): ``_spawn`` starts one interpreter per rank with
-torchrun's variables in its own environment (so each process's stderr and exit code can be
-read), and one test goes through ``python -m ddpkit run``. No test times an ending (on this
-loaded 2-core machine a start of three ranks alone took up to 20 s): a survivor ending on its own,
-with the watchdog's exit code and its message naming the bound, before the guard of ``_spawn``
-or of ``subprocess.run`` kills it, shows that nothing waited for the 30-minute collective timeout.
+start real processes (gloo on 127.0.0.1): ``forked`` (tests/support/spawned.py) forks one
+process per rank from the fork server (torch imported once), each running the worker script as
+``__main__`` with torchrun's variables in its own environment, its own stdout, stderr and exit
+code, and ending as an interpreter does; one test goes through ``python -m ddpkit run`` with
+fresh interpreters. No test times an ending (on this loaded 2-core machine a start of three
+ranks alone took up to 20 s): a survivor ending on its own, with the watchdog's exit code and
+its message naming the bound, before the guard of ``forked`` or of ``subprocess.run`` kills it,
+shows that nothing waited for the 30-minute collective timeout.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ from ddpkit.worker.watchdog.policy import Departure, read_marker, read_who
 from ddpkit.worker.watchdog.store import BeatJudge
 from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
-from tests.support.spawned import Rank
+from tests.support.spawned import Rank, forked
 from tests.support.spawned import child_env as _child_env
 from tests.support.spawned import running as _running
-from tests.support.spawned import spawn as _spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = socket.gethostname()
@@ -337,12 +338,12 @@ def test_peer_failing_at_a_rank_that_returned_early_names_it(
 ) -> None:
     # under SLURM's node names: a rank that raised (or returned) is no node's fault
     logs = tmp_path / "logs"
-    rank0, rank1 = _spawn(worker, 2, ["--leave", leave, "--slurm-node-names"], bound_s=3,
+    rank0, rank1 = forked(worker, 2, ["--leave", leave, "--slurm-node-names"], bound_s=3,
                           env={"DDPKIT_LOG_DIR": str(logs)})  # fmt: skip
     assert list(logs.glob(".ddpkit-blamed-*")) == []
     assert rank1.code == (0 if leave == "return" else 1), rank1.err
     assert "ddpkit: " not in rank1.err  # the rank that left says nothing about itself
-    assert rank0.code == 1, rank0.err[-3000:]  # on its own: spawn's guard kills with -9
+    assert rank0.code == 1, rank0.err[-3000:]  # on its own: the guard of forked kills with -9
     # gloo's own error, then the name: a peer that exits closes its socket (FIN), or resets it
     # when data it never read was waiting (RST; 1 run in 6 under load): gloo says which
     gloo = re.search(r"RuntimeError: .*Connection (closed|reset) by peer", rank0.err)
@@ -388,36 +389,21 @@ def test_ddpkit_run_with_a_rank_returning_early_reports_it(worker: Path) -> None
     assert [pid for pid in pids.values() if _running(pid)] == []  # the launcher left nothing
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Rank], Path]:
-    """3 ranks under SLURM's node names (n<rank>, job 42) whose rank 1 is killed: its two
-    survivors' outputs and the log folder they blame its node in (one run, two tests)."""
-    folder = tmp_path_factory.mktemp("killed")
-    path = folder / "worker.py"
-    path.write_text(WORKER)
-    logs = folder / "logs"
-    logs.mkdir()
-    ranks = _spawn(path, 3, ["--leave", "kill", "--slurm-node-names"], bound_s=3,
-                   env={"DDPKIT_LOG_DIR": str(logs)})  # fmt: skip
-    return ranks, logs
-
-
 @pytest.mark.multiproc
-def test_killed_rank_is_named_by_both_survivors(killed: tuple[list[Rank], Path]) -> None:
-    ranks, _ = killed
+def test_a_killed_rank_is_named_by_both_survivors_and_its_node_blamed(worker: Path) -> None:
+    """3 ranks under SLURM's node names (n<rank>, job 42) whose rank 1 is killed (one run,
+    both checks). Heartbeats that stop are a node-local cause (the OOM killer, a dead or
+    frozen node): the survivors name it and write the node to the job's blame file. (A rank
+    that raised is no one's node fault:
+    :func:`test_peer_failing_at_a_rank_that_returned_early_names_it`.)"""
+    logs = worker.parent / "logs"
+    logs.mkdir()
+    ranks = forked(worker, 3, ["--leave", "kill", "--slurm-node-names"], bound_s=3,
+                   env={"DDPKIT_LOG_DIR": str(logs)})  # fmt: skip
     assert ranks[1].code == -9
     for survivor in (ranks[0], ranks[2]):
-        assert survivor.code == 1, survivor.err[-2000:]  # on its own, not spawn's kill
+        assert survivor.code == 1, survivor.err[-2000:]  # on its own, not the guard's kill
         _named(survivor, ranks[1], "stopped sending heartbeats")
-
-
-@pytest.mark.multiproc
-def test_a_killed_ranks_node_is_blamed_for_the_exclusion(killed: tuple[list[Rank], Path]) -> None:
-    """Heartbeats that stop are a node-local cause (the OOM killer, a dead or frozen node):
-    the survivors write the node to the job's blame file. (A rank that raised is no one's node
-    fault: :func:`test_peer_failing_at_a_rank_that_returned_early_names_it`.)"""
-    ranks, logs = killed
-    assert ranks[0].code == 1 and ranks[2].code == 1, ranks[0].err[-2000:]
     lines = (logs / ".ddpkit-blamed-42").read_text().splitlines()
     assert lines and all(line.startswith("n1\trank 1 stopped sending heartbeats") for line in lines)
     assert take_blamed(logs, "42") == {"n1": lines[0].split("\t", 1)[1]}
@@ -429,7 +415,7 @@ def test_blocked_survivor_of_a_frozen_rank_is_ended_and_its_children_reaped(
 ) -> None:
     # SIGSTOP: rank 1 is alive but silent, so gloo raises nothing and rank 0 stays blocked in
     # all_reduce, as NCCL ranks stay blocked on a dead peer.
-    rank0, rank1 = _spawn(
+    rank0, rank1 = forked(
         worker, 2, ["--leave", "freeze", "--children"], bound_s=3, expect_stuck=(1,)
     )
     children = rank0.children()  # 2 data loader workers, 1 sleeper, with their start times
@@ -454,7 +440,7 @@ def test_rank_working_alone_after_its_peer_finished_is_left_alone(
     # collective is: it is not waiting for the peer that left, and a correct program is never
     # ended on that guess (before: ended after the bound, exit 1)
     args = ["--leave-rank", str(leaver), "--solo-s", "3", "--solo-call-s", "7"]
-    ranks = _spawn(worker, 2, args, bound_s=2.5)
+    ranks = forked(worker, 2, args, bound_s=2.5)
     solo = ranks[1 - leaver]
     assert [r.code for r in ranks] == [0, 0], solo.err[-3000:]
     assert "solo done" in solo.out and "solo call done" in solo.out

@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import multiprocessing as mp
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from ddpkit.worker.rendezvous import batched
 from ddpkit.worker.watchdog.store import StoreLink
-from tests.support.distutil import CountingStore
+from tests.support.distutil import FORKSERVER_PRELOAD, CountingStore
 
 
 @pytest.fixture
@@ -317,15 +319,25 @@ def test_the_watchdogs_beats_are_not_queued_behind_the_programs_store_wait(
         watcher.stop()
 
 
-def _store_host() -> tuple[subprocess.Popen[str], int]:
-    """A store's host in a process of its own (one this test can freeze or end), its port."""
-    host = subprocess.Popen([sys.executable, "-c", (
-        "import time; from torch.distributed import TCPStore; "
-        "h = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); "
-        "print(h.port, flush=True); time.sleep(120)")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
-    assert host.stdout is not None
-    return host, int(host.stdout.readline())
+def _serve_store(out: Any) -> None:
+    """A forked process that hosts a store, sends its port on ``out``, and waits."""
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    out.send(host.port)
+    time.sleep(120)
+    del host
+
+
+def _store_host() -> tuple[BaseProcess, int]:
+    """A store's host in a process of its own (one this test can freeze or end), its port:
+    forked from the fork server of tests.support.distutil (torch imported once there), not a
+    new interpreter that imports torch again."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    ours, theirs = context.Pipe()
+    host = context.Process(target=_serve_store, args=(theirs,), daemon=True)
+    host.start()
+    assert ours.poll(120), "the store's host did not start"
+    return host, int(ours.recv())
 
 
 @contextlib.contextmanager
@@ -341,7 +353,7 @@ def _frozen_host() -> Any:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(host.pid, signal.SIGKILL)
-        host.wait(10)
+        host.join(10)
 
 
 def _freeze(pid: int) -> None:
@@ -433,7 +445,7 @@ def test_a_store_host_that_left_is_named_without_a_failed_operation(
         assert link.failure is None and not own.closed()
     finally:
         host.kill()
-        host.wait(10)
+        host.join(10)
     _wait(own.closed, 10)
     link.step(time.monotonic() + 2.0)
     link.leave({"how": "exited"})
@@ -498,7 +510,7 @@ def test_a_rank_ends_with_its_own_code_whatever_its_store_host_does(
         marked = how == "live" and _fresh(port).check(["ddpkit/watchdog/0/1//exit/1"])
     finally:
         host.kill()
-        host.wait(10)
+        host.join(10)
     tail = (done.stdout + done.stderr)[-3000:]
     assert done.returncode == 0, tail
     assert done.stdout.rstrip().endswith("started"), tail

@@ -1,7 +1,8 @@
 """A resolver that never answers makes torch's first store connect of a process wait for its
 timeout; ``ddpkit.init`` then names it, once a node, with the hosts line that mends it.
 
-Real: two ranks of ``ddpkit.init`` in a mount namespace of the test's own, whose resolv.conf
+Real: two ranks of ``ddpkit.init`` (processes forked from one interpreter that imported torch
+once) in a mount namespace of the test's own, whose resolv.conf
 names a nameserver that reads every query and never answers (a cluster whose DNS does not),
 then the same with a hosts file holding the mapped loopback address.
 """
@@ -27,13 +28,34 @@ from tests.support.resolver import (
 
 ROOT = Path(__file__).resolve().parents[3]
 
+# Inside the namespace: torch imported once, each rank forked from there (as from a fork server:
+# no lookup has run yet, so each rank reads resolv.conf and hosts afresh), its stderr piped back.
 DRIVER = """
-import json, subprocess, sys
+import json, os, sys, traceback
+import torch
 envs = json.loads(sys.argv[1])
 code = "import ddpkit; ddpkit.init(); ddpkit.shutdown()"
-ranks = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
-                          text=True) for env in envs]
-print(json.dumps([(rank.wait(90), rank.stderr.read()) for rank in ranks]))
+ranks = []
+for env in envs:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 2)
+        os.environ.clear()
+        os.environ.update(env)
+        status = 0
+        try:
+            exec(code, {"__name__": "__main__"})
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stderr.flush()
+        os._exit(status)
+    os.close(write)
+    ranks.append((pid, os.fdopen(read, errors="replace")))
+seen = [(rank_err.read(), pid) for pid, rank_err in ranks]
+print(json.dumps([(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), err) for err, pid in seen]))
 """
 
 

@@ -315,11 +315,13 @@ _REPORT = """
 import json, os, resource, sys, warnings
 import torch, torch.distributed as dist
 import ddpkit
+from ddpkit.worker.rendezvous import group
 from tests.support.sockets import listening
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     ctx = ddpkit.init()
-dist.barrier()
+total = torch.tensor([1.0])
+dist.all_reduce(total)
 agent = listening(os.getppid())  # torch's agent is the workers' parent
 mine = listening()
 parent = resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)  # the agent's open-files limit
@@ -327,7 +329,9 @@ said = [str(w.message) for w in caught if "the launcher (pid" in str(w.message)]
 dist.barrier()
 with open(os.path.join(sys.argv[1], f"rank{ctx.rank}.json"), "w") as out:
     json.dump({"agent": agent, "mine": mine, "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-               "parent": list(parent), "ppid": os.getppid(), "said": said}, out)
+               "parent": list(parent), "ppid": os.getppid(), "said": said,
+               "rank": ctx.rank, "world": ctx.world_size, "sum": total.item(),
+               "agent_store": group.uses_agent_store(ctx.info, os.environ)}, out)
 dist.barrier()
 ddpkit.shutdown()
 """
@@ -362,15 +366,10 @@ def _report_of(
 _DDPKIT_RUN = [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2"]
 
 
-@pytest.fixture(scope="module")
-def ddpkit_run_on_one_node(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[str, list[dict[str, Any]]]:
+def _ddpkit_run_on_one_node(folder: Path) -> tuple[str, list[dict[str, Any]]]:
     """One ``ddpkit run --nproc-per-node 2`` (one node, no --master-port: --standalone, implied),
     GLOO_SOCKET_IFNAME naming a network interface (lo on a machine with none), started with a
-    soft open-files limit of 200: where it listens, and the limits
-    (test_a_launcher_that_hosts_the_store_...): one launch for both; (that name, the reports)."""
-    folder = tmp_path_factory.mktemp("ddpkit-run-one-node")
+    soft open-files limit of 200: (that name, the ranks' reports)."""
     found = routable_interface()
     ifname = "lo" if found is None else found[0]
     env = clean_env(GLOO_SOCKET_IFNAME=ifname)
@@ -389,35 +388,45 @@ def test_one_node_without_a_master_port_is_the_standalone_launch() -> None:
         assert plan.shared_store_bind == "127.0.0.1"
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize(
-    "flags",
-    [[], ["--master-port", "port"]],
-    # gloo on a network runs in the standalone launch (the fixture's, where the machine has a
-    # network interface), gloo on lo in the static one
-    ids=["standalone-gloo-on-a-network", "static"],
-)
-def test_ddpkit_run_on_one_node_listens_on_loopback_only(
-    tmp_path: Path, flags: list[str], request: pytest.FixtureRequest
-) -> None:
+def _listens_on_loopback_only(reports: list[dict[str, Any]], gloo_ifname: str) -> None:
     # Before: the agent's rendezvous store and rank 0's worker store on [::] (every interface);
     # and gloo's listeners on the interface GLOO_SOCKET_IFNAME named ("gloo-on-a-network"),
     # although every peer is on this host. The user's variable is back after init().
-    if not flags:
-        gloo_ifname, reports = request.getfixturevalue("ddpkit_run_on_one_node")
-    else:
-        gloo_ifname = "lo"
-        flags = [str(free_port()) if flag == "port" else flag for flag in flags]
-        env = clean_env(GLOO_SOCKET_IFNAME=gloo_ifname)
-        reports = _report_of(tmp_path, [*_DDPKIT_RUN, *flags], env)
     for rank, seen in enumerate(reports):
         assert seen["agent"], "the agent hosts the rendezvous store"
         assert seen["mine"], "gloo listens in every rank"
         for addr, port in seen["agent"] + seen["mine"]:
             assert is_loopback(addr), f"rank {rank}: a listener on {addr}:{port}"
         assert seen["ifname"] == gloo_ifname
-    if not flags and gloo_ifname == "lo":  # the fixture's launch had no network to name
-        _routable_interface()  # says so, as the test did when the launch was its own
+        assert (seen["rank"], seen["world"], seen["sum"]) == (rank, 2, 2.0), seen
+
+
+@pytest.mark.multiproc
+def test_ddpkit_run_on_one_node_listens_on_loopback_only_and_has_the_open_files_it_needs(
+    tmp_path: Path,
+) -> None:
+    """The standalone launch (gloo on a network, where the machine has a network interface),
+    started with a soft open-files limit of 200: one launch for both guarantees (one test, not
+    a shared fixture, which xdist's worksteal could run once per worker). ddpkit run raises
+    its own limit, so rank 0 says nothing."""
+    from ddpkit.cluster.limits import open_files_needed
+
+    gloo_ifname, reports = _ddpkit_run_on_one_node(tmp_path)
+    _listens_on_loopback_only(reports, gloo_ifname)
+    rank0, rank1 = reports
+    need = open_files_needed(2, hosts_store=True)
+    assert rank0["parent"] == [need, 4096], "ddpkit run raised its own open-files limit"
+    assert rank0["said"] == [] and rank1["said"] == []
+    if gloo_ifname == "lo":  # the launch had no network to name
+        _routable_interface()  # says so
+
+
+@pytest.mark.multiproc
+def test_ddpkit_run_with_a_master_port_listens_on_loopback_only(tmp_path: Path) -> None:
+    """The static launch, gloo on lo."""
+    flags = ["--master-port", str(free_port())]
+    reports = _report_of(tmp_path, [*_DDPKIT_RUN, *flags], clean_env(GLOO_SOCKET_IFNAME="lo"))
+    _listens_on_loopback_only(reports, "lo")
 
 
 # --- a MASTER_PORT held by something that is not a store ----------------------------------
@@ -851,28 +860,26 @@ def test_a_hard_limit_below_the_need_is_said_once_a_node_and_the_job_goes_on() -
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("launcher", ["torchrun", "ddpkit run"])
-def test_a_launcher_that_hosts_the_store_has_the_open_files_it_needs_or_rank_0_says_so(
-    tmp_path: Path, launcher: str, request: pytest.FixtureRequest
+def test_torchrun_hosting_the_store_without_the_open_files_it_needs_has_rank_0_say_so(
+    tmp_path: Path,
 ) -> None:
     # torchrun's agent hosts the store of every worker of the job (2 connections each) and
-    # nobody raises its limit: rank 0, its child, says so with the fix; ddpkit run raises its own
+    # nobody raises its limit: rank 0, its child, says so with the fix (ddpkit run raises its
+    # own: test_ddpkit_run_on_one_node_listens_on_loopback_only_and_has_the_open_files_it_needs).
+    # This launch is also init()'s production path under torchrun: env=None, the agent's store,
+    # every rank its client, a group that all-reduces.
     from ddpkit.cluster.limits import open_files_needed
 
-    if launcher == "torchrun":
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += ["--nproc-per-node", "2"]
-        rank0, rank1 = _report_of(tmp_path, command, clean_env(), low_open_files=True)
-    else:  # the launch test_ddpkit_run_on_one_node_listens_on_loopback_only reads too
-        _, (rank0, rank1) = request.getfixturevalue("ddpkit_run_on_one_node")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2"]
+    rank0, rank1 = _report_of(tmp_path, command, clean_env(), low_open_files=True)
     need = open_files_needed(2, hosts_store=True)
+    for rank, seen in enumerate((rank0, rank1)):
+        assert (seen["rank"], seen["world"], seen["sum"]) == (rank, 2, 2.0), seen
+        assert seen["agent_store"] is True, f"rank {rank} is no client of the agent's store"
     assert rank1["said"] == []
-    if launcher == "torchrun":
-        assert rank0["parent"] == [200, 4096]
-        assert len(rank0["said"]) == 1, rank0["said"]
-        said = rank0["said"][0]
-        assert f"the launcher (pid {rank0['ppid']})" in said and "ulimit -n 200" in said
-        assert f"`ulimit -n {need}` before torchrun" in said and "ddpkit run" in said
-    else:
-        assert rank0["parent"] == [need, 4096]
-        assert rank0["said"] == []
+    assert rank0["parent"] == [200, 4096]
+    assert len(rank0["said"]) == 1, rank0["said"]
+    said = rank0["said"][0]
+    assert f"the launcher (pid {rank0['ppid']})" in said and "ulimit -n 200" in said
+    assert f"`ulimit -n {need}` before torchrun" in said and "ddpkit run" in said
