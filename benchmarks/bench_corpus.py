@@ -35,7 +35,7 @@ GOAL_S = 2.0
 def idioms(chosen: list[str]) -> list[tuple[str, corpus.Layout]]:
     on_path = corpus.Layout("PYTHONPATH", sys.executable, (str(corpus.LIBRARY),))
     every = [(name, corpus.NO_LIBRARY) for name in sorted(corpus.PLAIN_IDIOMS)]
-    every += [(name, on_path) for name in (*corpus.LIBRARY_IDIOMS, corpus.ALL_LIBRARY_IDIOMS)]
+    every += [(name, on_path) for name in (*corpus.LIBRARY_IDIOMS, corpus.ALL_IDIOMS)]
     unknown = set(chosen) - {name for name, _ in every}
     if unknown:
         raise SystemExit(f"bench_corpus.py: no idiom {', '.join(sorted(unknown))}")
