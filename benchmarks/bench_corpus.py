@@ -34,7 +34,7 @@ GOAL_S = 2.0
 
 def idioms(chosen: list[str]) -> list[tuple[str, corpus.Layout]]:
     on_path = corpus.Layout("PYTHONPATH", sys.executable, (str(corpus.LIBRARY),))
-    every = [(name, corpus.NO_LIBRARY) for name in sorted(corpus.PLAIN_IDIOMS)]
+    every = [(name, corpus.NO_LIBRARY) for name in corpus.PLAIN_IDIOMS]
     every += [(name, on_path) for name in (*corpus.LIBRARY_IDIOMS, corpus.ALL_IDIOMS)]
     unknown = set(chosen) - {name for name, _ in every}
     if unknown:
@@ -49,7 +49,7 @@ def launch(which: str, name: str, layout: corpus.Layout, scratch: Path) -> float
     scratch.mkdir()
     run = corpus.run_torchrun if which == "torchrun" else corpus.run_ddpkit
     done = run(script, layout, scratch)
-    if done.root_cause not in (None, corpus.PLAIN_IDIOMS.get(name)):
+    if done.root_cause not in (None, corpus.ROOT_CAUSES.get(name)):
         raise SystemExit(f"{name} under {which}: {done.root_cause}\n{done.raw[-4000:]}")
     return done.wall_s
 

@@ -2,11 +2,11 @@
 one launch: the group comes from corpus_start, then each idiom's exercise() in turn, each
 announced by a line of its own; the plain idioms and the library's (run with the library
 installed in site-packages: tests/test_corpus.py). One launch under each launcher instead of
-one each (a pair of launches is 5-12 s of CPU, mostly torch's import). The idioms that keep a
-job of their own change what every later line would meet (own_signals: the script's signal
-handlers, one installed before the group; exit_three: a rank exits 3; never_ddpkit: no
-ddpkit.init()) or join through the library's own init helper (lib_torchvision's and
-lib_timm's scripts, each in another layout of the library).
+one each (a pair of launches is 5-12 s of CPU, mostly torch's import). The idioms that run
+elsewhere change what every later line would meet (own_signals: the script's signal handlers,
+one installed before the group; exit_three: a rank exits 3; both in lib_timm.py's script;
+never_ddpkit: no ddpkit.init(), a job of its own) or join through the library's own init
+helper (lib_torchvision's and lib_timm's scripts, each in another layout of the library).
 
 async_keywords is the first with a collective: keyword and ``async_op=True`` calls are the
 job's first collectives, as in a script of their own. compile_collective compiles late, so no

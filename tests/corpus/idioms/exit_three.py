@@ -7,7 +7,7 @@ still running would otherwise be a race.
 Source: the ``sys.exit(main())`` shape of launcher-driven scripts, e.g. pytorch/examples,
 distributed/ddp-tutorial-series and the torchrun documentation's note that the agent reports
 a worker's non-zero exit code; here rank 1 returns 3 after everyone's last all_reduce.
-Its exercise() runs last in own_signals_exit_three.py (tests/test_corpus.py).
+Its exercise() runs last in lib_timm.py's script (tests/test_corpus.py).
 """
 
 from __future__ import annotations

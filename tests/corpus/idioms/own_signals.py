@@ -8,7 +8,7 @@ signal_connector.py (SIGUSR1 for SLURM requeue, SIGTERM noted for a graceful sto
 with ``signal.signal`` once the trainer is set up; ``_has_already_handler``: a SIGUSR1 handler
 found there already keeps Lightning from setting its requeue handler), the shape most
 SLURM-aware scripts copy.
-Its before_group() and exercise() run in own_signals_exit_three.py (tests/test_corpus.py).
+Its before_group() and exercise() run in lib_timm.py's script (tests/test_corpus.py).
 """
 
 from __future__ import annotations
