@@ -3,10 +3,15 @@
 One launch, the README's: 2001 test samples are odd, so the sampler pads one for 2 ranks and
 the count proves the padding removed. (A 3-rank launch was here too, 16 CPU-s for no other
 guarantee: 2001 divides by 3, so it padded nothing the 2-rank run does not; the 3-rank example
-runs in tests/worker/test_resume.py's exact-resume test.)"""
+runs in tests/worker/test_resume.py's exact-resume test.) The example's other settings, FSDP2
+and bf16 compiled with accumulation, run in 2 ranks forked from the fork server
+(tests/support/example.py): the launcher is what the README launch tests, and a launch of
+this short example costs about as much CPU whatever its settings, nearly all of it torch's
+import in the agent and in each worker."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -14,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.example import run_example
 
 ROOT = Path(__file__).resolve().parents[1]
 STATED_ACCURACY = 0.88  # docs/guide/quickstart.md states the example reaches this on CPU
@@ -54,32 +61,39 @@ def test_example_trains_sharded_with_strategy_fsdp(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     flags = ["--strategy", "fsdp", "--epochs", "1", "--train-size", "1024"]
     saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"]
-    out = _run(["--nproc-per-node", "2", "examples/train.py", *flags, *saving])
+    out = run_example(2, [*flags, *saving])
     assert "eval: 2001 samples (test set has 2001)" in out, out
     assert re.search(r"^\[rank0\]:? ?weights sha256: [0-9a-f]{64}$", out, re.MULTILINE), out
     # steps 4, 6 and 8 kept (keep_last=3), each a file and its folder: step 2's folder is pruned
     assert sorted(path.suffix for path in ckpt.iterdir()) == [".dcp"] * 3 + [".pt"] * 3
 
 
-def test_accumulate_below_one_is_refused_before_anything_starts() -> None:
-    done = subprocess.run(
-        [sys.executable, "examples/train.py", "--accumulate", "0"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "--accumulate=0 must be at least 1" in done.stderr
+def test_accumulate_below_one_is_refused_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The example's ``main()`` in this process: argparse's refusal (exit code 2), before
+    ``ddpkit.init()`` is called (here it fails the test if it is)."""
+    spec = importlib.util.spec_from_file_location("train_example", ROOT / "examples" / "train.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ddpkit.init() was called before --accumulate was checked")
+
+    monkeypatch.setattr(example.ddpkit, "init", started)
+    monkeypatch.setattr(sys, "argv", ["examples/train.py", "--accumulate", "0"])
+    with pytest.raises(SystemExit) as refused:
+        example.main()
+    assert refused.value.code == 2, capsys.readouterr()
+    assert "--accumulate=0 must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.multiproc
 def test_example_in_bf16_compiled_with_accumulation() -> None:
     # aot_eager: dynamo and AOTAutograd without inductor's code generation (minutes on CPU)
     flags = ["--precision", "bf16", "--compile", "aot_eager", "--accumulate", "2", "--epochs", "2"]
-    out = _run(["--nproc-per-node", "2", "examples/train.py", *flags])
+    out = run_example(2, flags)
     found = re.search(r"eval: (\d+) samples \(test set has (\d+)\), accuracy ([0-9.]+)", out)
     assert found, out
     assert int(found[1]) == int(found[2]) == 2001
