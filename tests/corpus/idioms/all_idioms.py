@@ -4,9 +4,10 @@ announced by a line of its own; the plain idioms and the library's (run with the
 installed in site-packages: tests/test_corpus.py). One launch under each launcher instead of
 one each (a pair of launches is 5-12 s of CPU, mostly torch's import). The idioms that run
 elsewhere change what every later line would meet (own_signals: the script's signal handlers,
-one installed before the group; exit_three: a rank exits 3; both in lib_timm.py's script;
-never_ddpkit: no ddpkit.init(), a job of its own) or join through the library's own init
-helper (lib_torchvision's and lib_timm's scripts, each in another layout of the library).
+one installed before the group; exit_three: a rank exits 3; both in lib_timm.py's script)
+or join through the library's own init helper (lib_timm's script, the library on PYTHONPATH;
+never_ddpkit's, which never calls ddpkit and joins through torchvision's, the library
+installed editable).
 
 async_keywords is the first with a collective: keyword and ``async_op=True`` calls are the
 job's first collectives, as in a script of their own. compile_collective compiles late, so no
