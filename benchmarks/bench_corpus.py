@@ -7,7 +7,7 @@ within 2 s of the same program under plain `torchrun` with `init_process_group`.
 the corpus (tests/test_corpus.py) checks that the output is the same and that ddpkit costs no
 more than a bounded amount of CPU; wall time is measured here, on a machine left alone, since
 in CI the launches share 2 cores with the SLURM tests. Every idiom of tests/corpus/idioms/
-(the library ones with the library on PYTHONPATH) runs as the test runs it, the two launchers
+(with the library on PYTHONPATH) runs as the test runs it, the two launchers
 alternating, the first one rotating from run to run; per idiom the medians, ddpkit's excess
 and the worst run's excess are printed, then the largest median excess against the 2-s goal.
 Run from the repository root.
@@ -34,8 +34,7 @@ GOAL_S = 2.0
 
 def idioms(chosen: list[str]) -> list[tuple[str, corpus.Layout]]:
     on_path = corpus.Layout("PYTHONPATH", sys.executable, (str(corpus.LIBRARY),))
-    every = [(name, corpus.NO_LIBRARY) for name in sorted(corpus.PLAIN_IDIOMS)]
-    every += [(name, on_path) for name in (*corpus.LIBRARY_IDIOMS, corpus.ALL_LIBRARY_IDIOMS)]
+    every = [(name, on_path) for name in (*corpus.LIBRARY_IDIOMS, corpus.ALL_IDIOMS)]
     unknown = set(chosen) - {name for name, _ in every}
     if unknown:
         raise SystemExit(f"bench_corpus.py: no idiom {', '.join(sorted(unknown))}")
@@ -49,7 +48,7 @@ def launch(which: str, name: str, layout: corpus.Layout, scratch: Path) -> float
     scratch.mkdir()
     run = corpus.run_torchrun if which == "torchrun" else corpus.run_ddpkit
     done = run(script, layout, scratch)
-    if done.root_cause not in (None, corpus.PLAIN_IDIOMS.get(name)):
+    if done.root_cause not in (None, corpus.ROOT_CAUSES.get(name)):
         raise SystemExit(f"{name} under {which}: {done.root_cause}\n{done.raw[-4000:]}")
     return done.wall_s
 

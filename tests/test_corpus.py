@@ -9,11 +9,14 @@ script's own signal handlers, ``async_op=True`` and keyword calls, ``inspect.sig
 collectives, subgroups, the script's own ``destroy_process_group()``, ``sys.exit(3)`` on one
 rank, a tqdm-style progress bar, and a script that never calls ddpkit.
 
-The idioms that need no job of their own run one after the other in one job, ``plain_all.py``
-(each idiom's ``exercise()``, announced by a ``--- name`` line; the compile late, the script's
-own ``destroy_process_group()`` last, as its tutorial has it); those that change what a later
-idiom would meet (the script's own signal handlers, one set before the group; ``sys.exit(3)``;
-no ``ddpkit.init()``) keep a job of their own. One launch under each launcher instead of one
+The idioms that need no job of their own, plain and library, run one after the other in one
+job, ``all_idioms.py`` (each idiom's ``exercise()``, announced by a ``--- name`` line; the
+compile late, the script's own ``destroy_process_group()`` last, as its tutorial has it). The
+two plain ones that change what a later idiom would meet, the script's own signal handlers (one
+set before the group) and ``sys.exit(3)`` on one rank (which ends the job), run in
+``lib_timm.py``'s script around timm's helpers, as a training script of that shape has them;
+the script that never calls ddpkit, ``never_ddpkit.py``, is torchvision's train.py shape
+unchanged (its init helper, its utilities, DDP). One launch under each launcher instead of one
 each: a pair of launches is 5-12 s of CPU, mostly torch's import.
 
 Every such job runs twice as a real 2-rank gloo job, one launch after the other:
@@ -47,21 +50,24 @@ wall time, within 2 s of torchrun on this machine, is measured by
 ``benchmarks/bench_corpus.py``, alternating the two launchers, and quoted in the report.
 
 The library idioms run with the library as a user has it, each layout in a launch pair of its
-own: ``lib_all.py`` (every library idiom's exercise in one job, the group from corpus_start)
-with ``ddpkit_idiomlib`` installed into site-packages (``pip install --no-deps
+own: ``all_idioms.py`` (every library idiom's exercise among the plain ones, the group from
+corpus_start) with ``ddpkit_idiomlib`` installed into site-packages (``pip install --no-deps
 --no-build-isolation --no-index`` into a venv made with ``--system-site-packages``, from a copy
-of the library, so the build leaves nothing in the tree); and the two idioms whose script joins
-through the library's own init helper under torchrun as their own scripts, torchvision's
-``init_distributed_mode`` with the library installed editable (``pip install -e`` into another
-such venv) and timm's ``init_distributed_device`` with it on ``PYTHONPATH``
-(:data:`LIBRARY_IDIOMS`). The layout changes where the library is imported from (checked for
-each layout before its launch), not what the idioms print: one pair of launches in each layout
-shows that ``ddpkit run`` finds and runs the library there as torchrun does, and a second pair
-in the same layout would show it again (a pair of launches is 5-12 s of CPU, nearly all torch's
-import in the launcher and the workers). Accelerate's, transformers' and yolov5's scripts only
-join through corpus_start and run their exercise, which is what ``lib_all.py`` does for each of
-them: they run there, one launch instead of one each. The venvs are made once a session,
-offline, in about a second each.
+of the library, so the build leaves nothing in the tree); and the two scripts that join through
+the library's own init helper under torchrun, each a job of its own (:data:`LIBRARY_IDIOMS`):
+``never_ddpkit.py`` through torchvision's ``init_distributed_mode`` (under ``ddpkit run`` too)
+with the library installed editable (``pip install -e`` into another such venv), and
+``lib_timm.py`` through timm's ``init_distributed_device`` (``ddpkit.init()`` in its place
+under ``ddpkit run``) with the library on ``PYTHONPATH``. The layout changes where the library
+is imported from (checked for each layout before its launch), not what the idioms print: one
+pair of launches in each layout shows that ``ddpkit run`` finds and runs the library there as
+torchrun does, and a second pair in the same layout would show it again (a pair of launches is
+5-12 s of CPU, nearly all torch's import in the launcher and the workers). Accelerate's,
+transformers' and yolov5's idioms only join through corpus_start and run their exercise, which
+is what ``all_idioms.py`` does for each of them: they run there, one launch instead of one
+each; so do the plain idioms, whose output does not depend on where the library is found, and
+torchvision's utilities after ``ddpkit.init()``, as a user switching to it would keep them. The
+venvs are made once a session, offline, in about a second each.
 
 A new idiom: a script in tests/corpus/idioms/ that joins through ``corpus_start`` (or on its own
 under both launchers, as ``never_ddpkit.py``), prints what it computed on every rank, and is
@@ -107,16 +113,24 @@ LAUNCH_TIMEOUT_S = 150  # one launch takes 3-10 s here
 CPU_SLACK_S = 3.0
 _DIFF_LINES = 60  # of each differing stream, in a failure's message
 
-# idiom script (without .py) -> the root cause (rank, exit code) its reference run must end
-# with; None: every rank succeeds
-PLAIN_IDIOMS: dict[str, tuple[int, int] | None] = {
-    "plain_all": None,
-    "own_signals": None,
-    "exit_three": (1, 3),
-    "never_ddpkit": None,
+# job script (without .py) -> the root cause (rank, exit code) its reference run must end with;
+# every other job's ranks all succeed
+ROOT_CAUSES: dict[str, tuple[int, int]] = {"lib_timm": (1, 3)}
+# the scripts that join through the library's own init helper, a job of their own each -> the
+# layout each runs in (ALL_IDIOMS runs in site-packages): timm's init_distributed_device under
+# torchrun (ddpkit.init() in its place under ddpkit run), and never_ddpkit, which joins through
+# torchvision's init_distributed_mode under both
+LIBRARY_IDIOMS = {"never_ddpkit": "editable", "lib_timm": "pythonpath"}
+# idioms that run in one of those scripts (no job of their own) -> that script
+EXERCISED_IN_JOB = {
+    "own_signals": "lib_timm",
+    "exit_three": "lib_timm",
+    "lib_torchvision": "never_ddpkit",
 }
-# plain idioms whose exercise() runs in plain_all.py only (no job of their own)
-EXERCISED_IN_PLAIN_ALL = (
+# the one job of every idiom that needs no job of its own, plain and library, with the library
+# installed into site-packages; the idioms whose exercise() runs only there
+ALL_IDIOMS = "all_idioms"
+EXERCISED_IN_ALL = (
     "collective_signatures",
     "async_keywords",
     "gan_penalty",
@@ -124,14 +138,11 @@ EXERCISED_IN_PLAIN_ALL = (
     "dataloader_fork",
     "progress_bar",
     "compile_collective",
+    "lib_accelerate",
+    "lib_transformers",
+    "lib_yolov5",
     "own_destroy",
 )
-# library idioms whose script joins through the library's own init helper under torchrun -> the
-# layout each runs in (lib_all.py runs in site-packages)
-LIBRARY_IDIOMS = {"lib_torchvision": "editable", "lib_timm": "pythonpath"}
-# library idioms whose exercise() runs in ALL_LIBRARY_IDIOMS only (no script of their own)
-EXERCISED_IN_ALL = ("lib_accelerate", "lib_transformers", "lib_yolov5")
-ALL_LIBRARY_IDIOMS = "lib_all"
 HELPERS = ("corpus_start",)
 
 PREFIX = re.compile(r"^\[rank(\d+)\]: ")
@@ -157,9 +168,6 @@ class Layout:
     name: str
     python: str
     pythonpath: tuple[str, ...] = ()
-
-
-NO_LIBRARY = Layout("no library", sys.executable)
 
 
 def _run_checked(command: list[str], what: str, timeout_s: float = 300) -> str:
@@ -541,12 +549,11 @@ def _scratch(tmp_path: Path, name: str) -> Path:
 
 def test_every_script_is_in_the_corpus() -> None:
     scripts = {path.stem for path in IDIOMS.glob("*.py")}
-    listed = {*PLAIN_IDIOMS, *EXERCISED_IN_PLAIN_ALL, *LIBRARY_IDIOMS, *EXERCISED_IN_ALL}
-    assert scripts == listed | {ALL_LIBRARY_IDIOMS, *HELPERS}
-    for combined, names in (
-        ("plain_all", EXERCISED_IN_PLAIN_ALL),
-        (ALL_LIBRARY_IDIOMS, (*EXERCISED_IN_ALL, *LIBRARY_IDIOMS)),
-    ):
+    listed = {*EXERCISED_IN_JOB, *LIBRARY_IDIOMS, *EXERCISED_IN_ALL}
+    assert scripts == listed | {ALL_IDIOMS, *HELPERS}
+    runs = [(ALL_IDIOMS, (*EXERCISED_IN_ALL, "lib_timm", "lib_torchvision"))]
+    runs += [(script, (name,)) for name, script in EXERCISED_IN_JOB.items()]
+    for combined, names in runs:
         text = (IDIOMS / f"{combined}.py").read_text()
         for name in names:  # imported, then used
             assert f"import {name}\n" in text and text.count(name) >= 2, (
@@ -616,19 +623,15 @@ def test_the_comparison_sees_another_outcome(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", sorted(PLAIN_IDIOMS))
-def test_idiom(name: str, tmp_path: Path) -> None:
-    assert_no_harm(name, NO_LIBRARY, tmp_path, PLAIN_IDIOMS[name])
-
-
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize(("name", "layout"), LIBRARY_IDIOMS.items())
 def test_library_idiom_in_its_layout(
     name: str, layout: str, tmp_path: Path, layouts: Callable[[str], Layout]
 ) -> None:
-    assert_no_harm(name, layouts(layout), tmp_path)
+    assert_no_harm(name, layouts(layout), tmp_path, ROOT_CAUSES.get(name))
 
 
 @pytest.mark.timeout(900)
-def test_library_idioms_installed(tmp_path: Path, layouts: Callable[[str], Layout]) -> None:
-    assert_no_harm(ALL_LIBRARY_IDIOMS, layouts("site-packages"), tmp_path)
+def test_all_idioms_with_the_library_installed(
+    tmp_path: Path, layouts: Callable[[str], Layout]
+) -> None:
+    assert_no_harm(ALL_IDIOMS, layouts("site-packages"), tmp_path)

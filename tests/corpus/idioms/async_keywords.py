@@ -5,7 +5,7 @@ Sources: pytorch/tutorials, intermediate_source/dist_tuto.rst (``req = dist.isen
 dst=1)``, ``req.wait()``); pytorch/pytorch, torch/distributed/algorithms/ddp_comm_hooks/
 default_hooks.py (``dist.all_reduce(tensor, group=group_to_use, async_op=True).get_future()``
 then ``.then(...)``).
-Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ inspect.signature(dist.broadcast).parameters`` and the like, plus the names and 
 Sources: deepseek-ai/DeepEP, tests/utils.py (init_dist: ``"device_id" in
 inspect.signature(dist.init_process_group).parameters``), and the same check on
 ``dist.broadcast`` for ``group_src`` in libraries that support several torch versions.
-Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

@@ -2,12 +2,12 @@
 (rewritten to a functional collective) inside the graph; first with the defaults, then with
 ``fullgraph=True``, where a graph break is an error. The eager backend keeps compilation cheap;
 dynamo's tracing is the same. The functions are compiled inside exercise(), so that nothing of
-dynamo is imported before the idioms plain_all.py runs ahead of this one.
+dynamo is imported before the idioms all_idioms.py runs ahead of this one.
 
 Source: pytorch/pytorch, test/distributed/test_inductor_collectives.py (the tests where dynamo
 rewrites an in-place ``dist.all_reduce`` inside a compiled function, e.g.
 test_dynamo_rewrite_dist_all_reduce), the shape torchtitan-style compiled blocks rely on.
-Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

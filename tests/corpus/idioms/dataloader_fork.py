@@ -4,7 +4,7 @@ rank started with ``fork`` (Linux's default), and the epoch's sum is all-reduced
 
 Source: pytorch/examples, imagenet/main.py (DistributedSampler, ``num_workers=args.workers``,
 ``train_sampler.set_epoch(epoch)``, the loader built after ``init_process_group``).
-Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

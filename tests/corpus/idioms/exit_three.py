@@ -7,20 +7,19 @@ still running would otherwise be a race.
 Source: the ``sys.exit(main())`` shape of launcher-driven scripts, e.g. pytorch/examples,
 distributed/ddp-tutorial-series and the torchrun documentation's note that the agent reports
 a worker's non-zero exit code; here rank 1 returns 3 after everyone's last all_reduce.
+Its exercise() runs last in lib_timm.py's script (tests/test_corpus.py).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
 import torch.distributed as dist
-from corpus_start import finish, start
 
 
-def main() -> int:
-    rank, _ = start()
+def exercise(rank: int, world_size: int) -> int:
+    """The rank's exit code: 3 on rank 1, which leaves the group to its exit."""
     score = torch.tensor([0.25 * (rank + 1)])
     dist.all_reduce(score)
     print(f"score {score.item()}")
@@ -28,9 +27,4 @@ def main() -> int:
         time.sleep(1.0)  # writing its evaluation report
         print("rank 1: below the threshold, exit code 3")
         return 3
-    finish()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,7 @@ Source: caogang/wgan-gp, gan_toy.py (calc_gradient_penalty: autograd.grad with
 create_graph=True, retain_graph=True, only_inputs=True), with ``Tensor.backward(inputs=...)``
 as GAN trainers use it to keep the generator's gradients out of the critic step (e.g. the R1
 loop ``d_loss.backward(inputs=list(D.parameters()))``).
-Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

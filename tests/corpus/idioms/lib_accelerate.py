@@ -1,7 +1,7 @@
 """Accelerate's main-process-first: rank 0 prepares a cache inside the block, the others then
 find it (ddpkit_idiomlib.accelerate_state; source: huggingface/accelerate,
 src/accelerate/state.py, PartialState.main_process_first / _goes_first).
-Its exercise() runs in lib_all.py, in each layout of the library (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py, the library installed (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

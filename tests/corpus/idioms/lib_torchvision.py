@@ -2,16 +2,15 @@
 the non-master ranks), reduce_dict, MetricLogger.synchronize_between_processes, all_gather and
 save_on_master (ddpkit_idiomlib.torchvision_utils; source: pytorch/vision,
 references/detection/utils.py and references/classification/utils.py, as their train.py use
-them). Under CORPUS_INIT=ddpkit, ddpkit.init() takes init_distributed_mode's place and the
-script does the rest of what it did (its line, setup_for_distributed), as a user switching to
-ddpkit would."""
+them). Its exercise() runs in never_ddpkit.py, after init_distributed_mode, the script
+unchanged under either launcher (the library installed editable), and in all_idioms.py, after
+``setup_for_distributed`` under either init, as a user switching to ``ddpkit.init()`` would
+keep it (the library installed in site-packages; tests/test_corpus.py)."""
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-from corpus_start import finish, mode, scratch
+from corpus_start import scratch
 from ddpkit_idiomlib import torchvision_utils as utils
 
 
@@ -34,22 +33,3 @@ def exercise(rank: int, world_size: int) -> None:
     torch.distributed.barrier()
     checkpoint = torch.load(path)
     print(f"rank {rank} loaded {checkpoint['weights'].tolist()}", force=True)  # type: ignore[call-arg]
-
-
-def main() -> None:
-    args = argparse.Namespace(dist_url="env://")
-    if mode() == "torch":
-        utils.init_distributed_mode(args)
-    else:
-        import ddpkit
-
-        context = ddpkit.init()
-        args.rank, args.world_size, args.distributed = context.rank, context.world_size, True
-        print(f"| distributed init (rank {args.rank}): {args.dist_url}", flush=True)
-        utils.setup_for_distributed(args.rank == 0)
-    exercise(args.rank, args.world_size)
-    finish()
-
-
-if __name__ == "__main__":
-    main()

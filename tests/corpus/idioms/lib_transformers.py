@@ -2,7 +2,7 @@
 (ddpkit_idiomlib.transformers_args; source: huggingface/transformers,
 src/transformers/training_args.py, TrainingArguments.main_process_first, as
 examples/pytorch/text-classification/run_glue.py uses it).
-Its exercise() runs in lib_all.py, in each layout of the library (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py, the library installed (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

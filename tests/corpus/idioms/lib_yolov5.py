@@ -1,7 +1,7 @@
 """yolov5's torch_distributed_zero_first around the dataset cache (ddpkit_idiomlib.yolov5_utils;
 source: ultralytics/yolov5, utils/torch_utils.py, as train.py uses it around
 check_dataset/create_dataloader).
-Its exercise() runs in lib_all.py, in each layout of the library (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py, the library installed (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

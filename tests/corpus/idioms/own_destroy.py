@@ -2,7 +2,7 @@
 
 Source: pytorch/examples, distributed/ddp-tutorial-series/multigpu_torchrun.py
 (``destroy_process_group()`` as the last line of ``main``), the shape of torch's DDP tutorials.
-Its exercise() runs last in plain_all.py (tests/test_corpus.py): it ends that script's group,
+Its exercise() runs last in all_idioms.py (tests/test_corpus.py): it ends that script's group,
 as the tutorial's last line does, so nothing runs after it but the script's solo work and exit.
 """
 

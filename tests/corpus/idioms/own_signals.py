@@ -8,6 +8,7 @@ signal_connector.py (SIGUSR1 for SLURM requeue, SIGTERM noted for a graceful sto
 with ``signal.signal`` once the trainer is set up; ``_has_already_handler``: a SIGUSR1 handler
 found there already keeps Lightning from setting its requeue handler), the shape most
 SLURM-aware scripts copy.
+Its before_group() and exercise() run in lib_timm.py's script (tests/test_corpus.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
-from corpus_start import finish, start
 
 received: list[str] = []
 
@@ -42,10 +42,13 @@ def has_already_handler(signum: signal.Signals) -> bool:
     return signal.getsignal(signum) not in (None, signal.SIG_DFL)
 
 
-def main() -> None:
+def before_group() -> None:
+    """The graceful-shutdown handler, installed before the script joins its group."""
     print(f"SIGTERM handled before ours: {has_already_handler(signal.SIGTERM)}")
     signal.signal(signal.SIGTERM, on_sigterm)
-    rank, _ = start()
+
+
+def exercise(rank: int, world_size: int) -> None:
     print(f"SIGUSR1 handled before ours: {has_already_handler(signal.SIGUSR1)}")
     signal.signal(signal.SIGUSR1, on_sigusr1)
     dist.barrier()
@@ -59,8 +62,3 @@ def main() -> None:
     count = torch.tensor(float(len(received)))
     dist.all_reduce(count)
     print(f"signals handled in the job: {int(count.item())}")
-    finish()
-
-
-if __name__ == "__main__":
-    main()

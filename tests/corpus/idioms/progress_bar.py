@@ -5,7 +5,7 @@ bars are disabled. A fixed ``bar_format`` (no rates, no times) keeps the text de
 Source: tqdm/tqdm, tqdm/std.py (``status_printer``: ``fp.write('\\r' + s + padding)``,
 ``close``: a final newline), used as ``tqdm(loader, disable=not is_main)`` in distributed
 training loops (transformers' Trainer: ``disable=not self.is_local_process_zero()``).
-Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 

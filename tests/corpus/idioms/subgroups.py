@@ -5,7 +5,7 @@ one rank too.
 Source: NVIDIA/Megatron-LM, megatron/core/parallel_state.py (initialize_model_parallel: a loop
 over all the groups' rank lists, ``torch.distributed.new_group(ranks)`` on every rank, the group
 kept where ``rank in ranks``); torch.distributed.new_subgroups for the even split.
-Its exercise() runs in plain_all.py (tests/test_corpus.py)."""
+Its exercise() runs in all_idioms.py (tests/test_corpus.py)."""
 
 from __future__ import annotations
 
