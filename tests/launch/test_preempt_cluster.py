@@ -1,7 +1,7 @@
 """Preemption on the real SLURM cluster: stop signal -> checkpoint -> requeue -> exact resume.
 
-Seven jobs of examples/train.py, 2 nodes x 1 process each, run at the same time (the module
-fixture submits them together, so the suite waits for the slowest, not for the sum):
+Seven jobs, 2 nodes x 1 process each, run at the same time (the module fixture submits them
+together, so the suite waits for the slowest, not for the sum):
 
 * ``srun``, ``torchrun`` (launch modes of the sbatch templates) and ``submitit``: once the
   first checkpoint exists, ``scancel --signal=USR2 <job>`` (what SLURM's own warning does);
@@ -16,10 +16,14 @@ fixture submits them together, so the suite waits for the slowest, not for the s
   started its command until the ranks agree to stop: the wrapper holds it for a Python that has
   not latched it yet, and under torchrun the workers start with it blocked.
 
-Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one),
-resume from its checkpoint, and end with weights bitwise identical to an uninterrupted run of
-the same command (``ddpkit run --nproc-per-node 2`` on this machine: CPU and world size 2,
-where gloo's sum of two values does not depend on order, make the comparison exact).
+Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one) and
+resume from its checkpoint. ``srun`` trains (examples/train.py) and must end with weights bitwise
+identical to an uninterrupted run of the same command (``ddpkit run --nproc-per-node 2`` on this
+machine: CPU and world size 2, where gloo's sum of two values does not depend on order, make the
+comparison exact). The others judge how the signal reaches the ranks and how the job comes back,
+which needs no torch: they run tests/scripts/preempt_stop.py (ddpkit's torch-free stop path, the
+ranks agreeing on the step through files), whose every rank must have run each step exactly once
+over the job's runs.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train.py"
+STOP_ONLY = ROOT / "tests" / "scripts" / "preempt_stop.py"  # torch-free: see the module doc
+STOP_STEPS = 100
 TRAIN = "--epochs 3 --train-size 4000 --test-size 501 --checkpoint-every 5"
 HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")
 JOBS_TIMEOUT_S = 600  # seven jobs on 2 nodes, and the time-limit one may run 3 times
@@ -62,12 +68,23 @@ class Scenario:
     # "direct": scancel --signal=USR2 (every process of the step) from the tasks' start
     storm: str | None = None
     latches: int = 2  # processes that latch: the ranks, plus the agents under torchrun
+    trains: bool = False  # examples/train.py (exact weights), else preempt_stop.py
+
+    def command(self, workdir: Path) -> str:
+        ck = f"--checkpoint-dir {workdir / 'ck'} --step-delay {self.step_delay}"
+        if self.trains:
+            return f"{EXAMPLE} {TRAIN} {ck}"
+        return f"{STOP_ONLY} --steps {STOP_STEPS} {ck}"
 
 
 SCENARIOS = {
-    "srun": Scenario("srun", "launch: srun\ntime_min: 5\n"),
-    "torchrun": Scenario("torchrun", "launch: torchrun\nrdzv_port: auto\ntime_min: 5\n"),
-    "submitit": Scenario("submitit", "launch: srun\ntime_min: 5\n", via="submitit"),
+    "srun": Scenario("srun", "launch: srun\ntime_min: 5\n", trains=True),
+    # preempt_stop.py's steps take only their delay (train.py's also ~0.1 s of work): 0.3 s
+    # leaves ~30 s after the first checkpoint for the hand signal to come in a loaded run
+    "torchrun": Scenario(
+        "torchrun", "launch: torchrun\nrdzv_port: auto\ntime_min: 5\n", step_delay=0.3
+    ),
+    "submitit": Scenario("submitit", "launch: srun\ntime_min: 5\n", via="submitit", step_delay=0.3),
     # ~70 s of steps: SLURM's warning (60 s before a 2 min limit, checked every 30 s) comes
     # 30-60 s after the start, so at least the first run is cut short.
     "timelimit": Scenario(
@@ -170,9 +187,8 @@ def outcomes(
             spec.write_text(
                 f"name: pre-{name}\npartition: debug\nnodes: 2\nprocs_per_node: 1\n"
                 f"workdir: {workdir}\nlog_dir: logs\nenv: {{OMP_NUM_THREADS: '1'}}\n"
-                f"command: {_task_gate(case, workdir)}{EXAMPLE} {TRAIN} "
-                f"--checkpoint-dir {workdir / 'ck'} "
-                f"--step-delay {case.step_delay}\n{case.fields}{_gate(case, workdir)}"
+                f"command: {_task_gate(case, workdir)}{case.command(workdir)}\n"
+                f"{case.fields}{_gate(case, workdir)}"
             )
             specs[name] = (spec, case.via)
         # submitted at the same time: one after the other, the seven `ddpkit submit` (each a
@@ -377,7 +393,6 @@ def test_stop_signal_requeues_and_resumes_exactly(
     name: str, outcomes: dict[str, Outcome], reference: Callable[[], str]
 ) -> None:
     outcome = outcomes[name]
-    weights = reference()
     where = f"job {outcome.job_id} ({name}); logs:\n{outcome.logs[-6000:]}"
     states = [state for state, _ in outcome.history]
     assert states[-1] == "COMPLETED", f"runs {outcome.history}; {where}"
@@ -386,8 +401,15 @@ def test_stop_signal_requeues_and_resumes_exactly(
     asked = r"requeue \S+ \(1 of 10\): asking SLURM to put the job back"
     assert re.search(asked, outcome.logs), where
     assert re.search(r"resumed from \S+ at step [1-9]\d* ", outcome.logs), where
-    hashes = HASH.findall(outcome.logs)
-    assert hashes == [weights], f"final weights {hashes} != uninterrupted {weights}; {where}"
+    if SCENARIOS[name].trains:
+        weights = reference()
+        hashes = HASH.findall(outcome.logs)
+        assert hashes == [weights], f"final weights {hashes} != uninterrupted {weights}; {where}"
+    else:  # resumed exactly after the agreed step: no step lost, none run twice
+        assert f"result: every rank ran {STOP_STEPS} steps" in outcome.logs, where
+        for rank in range(2):
+            ran = (outcome.workdir / "ck" / f"steps-{rank}.txt").read_text().split()
+            assert ran == [str(s) for s in range(1, STOP_STEPS + 1)], f"rank {rank}; {where}"
     if name in ("timelimit", "startup"):  # to the batch shell, which held it, then passed it on
         assert "ddpkit: SIGUSR2: time limit near; holding it until every" in outcome.logs, where
         assert "SIGUSR2: every process has latched it, passing it on" in outcome.logs, where
