@@ -148,13 +148,14 @@ def placement_problem(
     return None
 
 
-VARIANTS = {  # name: the job's ORDER_TEST_* variables
+# name: the job's ORDER_TEST_* variables. No variant without reversal or delay: every torchrun
+# job of the suite is one (tests/jobs/test_jobs_cluster.py's ranks job checks the same placement)
+VARIANTS = {
     "rev-late0": {"ORDER_TEST_ADDR": "reversed", "ORDER_TEST_DELAY_NODE": "0"},
     "rev-late1": {"ORDER_TEST_ADDR": "reversed", "ORDER_TEST_DELAY_NODE": "1"},
     "rev": {"ORDER_TEST_ADDR": "reversed"},
     "rev-late0-short": {"ORDER_TEST_ADDR": "reversed", "ORDER_TEST_DELAY_NODE": "0"},
     "plain-late0": {"ORDER_TEST_DELAY_NODE": "0"},
-    "plain": {},
 }
 DELAYS = {"rev-late0-short": "0.5"}
 
