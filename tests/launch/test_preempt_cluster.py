@@ -1,10 +1,10 @@
 """Preemption on the real SLURM cluster: stop signal -> checkpoint -> requeue -> exact resume.
 
-Seven jobs, 2 nodes x 1 process each, run at the same time (the module fixture submits them
+Six jobs, 2 nodes x 1 process each, run at the same time (the module fixture submits them
 together, so the suite waits for the slowest, not for the sum):
 
-* ``srun``, ``torchrun`` (launch modes of the sbatch templates) and ``submitit``: once the
-  first checkpoint exists, ``scancel --signal=USR2 <job>`` (what SLURM's own warning does);
+* ``srun`` and ``submitit``: once the first checkpoint exists, ``scancel --signal=USR2 <job>``
+  (what SLURM's own warning does);
 * ``timelimit``: nobody sends anything; ``time_min: 2`` with ``signal_delay_s: 60`` makes SLURM
   signal the batch shell (``--signal=B:USR2@60``), whose trap passes it on to the step;
 * ``startup``: ``scancel --batch --signal=USR2`` (what SLURM's warning does) every few tenths of a
@@ -14,7 +14,9 @@ together, so the suite waits for the slowest, not for the sum):
 * ``direct``, ``direct-torchrun``: ``scancel --signal=USR2`` (every process of the step at once,
   as a user would send it) every few tenths of a second from the moment each task's wrapper has
   started its command until the ranks agree to stop: the wrapper holds it for a Python that has
-  not latched it yet, and under torchrun the workers start with it blocked.
+  not latched it yet, and under torchrun the workers start with it blocked. This is also the
+  test of ``launch: torchrun`` (the sbatch templates' other launch mode): the same ``scancel``
+  as by hand, to the agents and the workers, from before they latch until they stop.
 
 Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one) and
 resume from its checkpoint. ``srun`` trains (examples/train.py) and must end with weights bitwise
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -54,7 +57,7 @@ STOP_ONLY = ROOT / "tests" / "scripts" / "preempt_stop.py"  # torch-free: see th
 STOP_STEPS = 100
 TRAIN = "--epochs 3 --train-size 4000 --test-size 501 --checkpoint-every 5"
 HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")
-JOBS_TIMEOUT_S = 600  # seven jobs on 2 nodes, and the time-limit one may run 3 times
+JOBS_TIMEOUT_S = 600  # six jobs on 2 nodes, and the time-limit one may run 3 times
 
 
 @dataclass
@@ -81,9 +84,6 @@ SCENARIOS = {
     "srun": Scenario("srun", "launch: srun\ntime_min: 5\n", trains=True),
     # preempt_stop.py's steps take only their delay (train.py's also ~0.1 s of work): 0.3 s
     # leaves ~30 s after the first checkpoint for the hand signal to come in a loaded run
-    "torchrun": Scenario(
-        "torchrun", "launch: torchrun\nrdzv_port: auto\ntime_min: 5\n", step_delay=0.3
-    ),
     "submitit": Scenario("submitit", "launch: srun\ntime_min: 5\n", via="submitit", step_delay=0.3),
     # ~70 s of steps: SLURM's warning (60 s before a 2 min limit, checked every 30 s) comes
     # 30-60 s after the start, so at least the first run is cut short.
@@ -140,28 +140,43 @@ def history(slurm: SlurmCluster, job_id: str) -> list[tuple[str, str]]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], str]]:
     """The final weights of an uninterrupted run (no checkpoint dir, no signal), read when
     first asked: the run starts before the jobs are submitted (``outcomes`` asks for this
-    fixture first) and runs while they wait for the cluster, not after them."""
+    fixture first) and runs while they wait for the cluster, not after them. Its 2 ranks are
+    started with torch's env:// variables, as a launcher would set them: no launcher is under
+    test here, and ``ddpkit run``'s agent would import torch a third time."""
     where = tmp_path_factory.mktemp("reference")
-    log = where / "out.txt"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(EXAMPLE),
-             *TRAIN.split()],
-            env={**_base_env(), "OMP_NUM_THREADS": "1"},
-            cwd=where, stdout=out, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+    with socket.socket() as sock:  # a port free a moment ago, for rank 0's store
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        ranks = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        with (where / f"out-{rank}.txt").open("w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(EXAMPLE), *TRAIN.split()],
+                env={**_base_env(), "OMP_NUM_THREADS": "1", **ranks},
+                cwd=where, stdout=out, stderr=subprocess.STDOUT, text=True,
+            ))  # fmt: skip
 
     def weights() -> str:
-        code = proc.wait(timeout=120)
-        found = HASH.findall(log.read_text(errors="replace"))
-        assert code == 0 and len(found) == 1, f"reference run exit {code}:\n{log.read_text()}"
+        codes = [proc.wait(timeout=120) for proc in procs]
+        text = "".join((where / f"out-{rank}.txt").read_text(errors="replace") for rank in (0, 1))
+        found = HASH.findall(text)
+        assert codes == [0, 0] and len(found) == 1, f"reference run exits {codes}:\n{text}"
         return found[0]
 
     try:
         yield weights
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def _base_env() -> dict[str, str]:
@@ -191,7 +206,7 @@ def outcomes(
                 f"{case.fields}{_gate(case, workdir)}"
             )
             specs[name] = (spec, case.via)
-        # submitted at the same time: one after the other, the seven `ddpkit submit` (each a
+        # submitted at the same time: one after the other, seven `ddpkit submit` (each a
         # Python start) took ~40 s on a loaded machine before the last job was queued
         with ThreadPoolExecutor(len(specs)) as pool:
             futures = {
@@ -286,7 +301,7 @@ def _signal_by_hand(
     goes into ``failed``, for the test's thread to raise."""
     try:
         for _, workdir in waiting.values():  # the jobs train only now (_gate): on a loaded
-            (workdir / "watched").touch()  # machine, submitting the 7 jobs took long enough
+            (workdir / "watched").touch()  # machine, submitting the jobs took long enough
         while waiting and time.monotonic() < deadline:
             for name, (job_id, workdir) in list(waiting.items()):
                 if any((workdir / "ck").glob("ckpt-*.pt")):
@@ -384,7 +399,7 @@ def _markers(workdir: Path) -> int:
     return count
 
 
-# The module fixture (seven jobs, ~140 s) runs in the first test's setup, which pytest-timeout
+# The module fixture (all the jobs, minutes) runs in the first test's setup, which pytest-timeout
 # bounds with the suite's 300 s: under CI load it passed that bound once while its own wait for
 # the jobs (JOBS_TIMEOUT_S, after submitting and signalling them) still had minutes to go.
 @pytest.mark.timeout(JOBS_TIMEOUT_S + 300)
