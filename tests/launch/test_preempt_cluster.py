@@ -20,12 +20,12 @@ together, so the suite waits for the slowest, not for the sum):
 
 Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one) and
 resume from its checkpoint. ``srun`` trains (examples/train.py) and must end with weights bitwise
-identical to an uninterrupted run of the same command (``ddpkit run --nproc-per-node 2`` on this
-machine: CPU and world size 2, where gloo's sum of two values does not depend on order, make the
-comparison exact). The others judge how the signal reaches the ranks and how the job comes back,
-which needs no torch: they run tests/scripts/preempt_stop.py (ddpkit's torch-free stop path, the
-ranks agreeing on the step through files), whose every rank must have run each step exactly once
-over the job's runs.
+identical to an uninterrupted run of the same command (2 ranks on this machine: CPU and world
+size 2, where gloo's sum of two values does not depend on order, make the comparison exact).
+The others judge how the signal reaches the ranks and how the job comes back, which needs no
+torch: they run tests/scripts/preempt_stop.py (ddpkit's torch-free stop path, the ranks agreeing
+on the step through files), whose every rank must have run each step exactly once over the
+job's runs.
 """
 
 from __future__ import annotations
