@@ -1,7 +1,11 @@
 """The jobs CLI against the real SLURM cluster of ``ci/slurm-up`` (2 nodes; marker ``slurm``).
 
-Every job runs tests/scripts/report_rank.py, which joins the job with ``ddpkit.init()``, does a
-gloo all_reduce and prints one JSON line per rank. ``ddpkit`` runs as a subprocess (as users run
+The jobs run tests/scripts/report_rank.py, which joins the job with ``ddpkit.init()``, does a
+gloo all_reduce and prints one JSON line per rank; those that judge only where each rank runs
+or that a cancel ends every process run its torch-free twin, tests/scripts/report_rank_env.py
+(the same line without the group: a rank costs a Python start, not an ``import torch``), while
+a real group still forms under each launcher: ``submitit``'s ranks job, two jobs at once (srun)
+and the host template's (torchrun). ``ddpkit`` runs as a subprocess (as users run
 it) with the cluster's environment and a private DDPKIT_HOME; output is read back through the
 jobs API from the same records. Jobs are small (the machine has 2 cores) and the fixture cancels
 whatever a test leaves behind.
@@ -31,6 +35,7 @@ pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"
+RANKS_ONLY = ROOT / "tests" / "scripts" / "report_rank_env.py"  # torch-free, no group
 JOB_TIMEOUT_S = 90
 LAUNCHER = {"srun": "slurm", "torchrun": "torchrun", "submitit": "submitit"}
 
@@ -43,10 +48,10 @@ class Jobs:
         self.workdir = workdir
         self.env = {**slurm.env, "DDPKIT_HOME": str(workdir / "home")}
 
-    def spec(self, fields: str, args: str = "") -> Path:
-        """A spec file running the payload with ``args``, plus ``fields`` (YAML lines)."""
+    def spec(self, fields: str, args: str = "", payload: Path = PAYLOAD) -> Path:
+        """A spec file running ``payload`` with ``args``, plus ``fields`` (YAML lines)."""
         path = self.workdir / "job.yaml"
-        path.write_text(f"command: {PAYLOAD} {args}\ntime_min: 5\n{fields}")
+        path.write_text(f"command: {payload} {args}\ntime_min: 5\n{fields}")
         return path
 
     def ddpkit(self, *args: str, timeout_s: float = 60) -> str:
@@ -77,6 +82,9 @@ def jobs(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 RANKS = [("sbatch", "srun"), ("sbatch", "torchrun"), ("submitit", "srun")]
+# which rank runs where is plumbing: torch-free, but for one job whose 4 ranks also form their
+# group (srun's and torchrun's groups form in the tests of two jobs at once and of host_template)
+GROUPED = ("submitit", "srun")
 IB = "ib"
 
 
@@ -98,8 +106,10 @@ def early(
         for via, launch in RANKS:
             if f"{ranks}[{via}-{launch}]" in selected:
                 jobs = Jobs(slurm, tmp_path_factory.mktemp(f"ranks-{via}-{launch}"))
+                fields = f"name: ranks\nnodes: 2\nprocs_per_node: 2\nlaunch: {launch}\n"
                 spec = jobs.spec(
-                    f"name: ranks\nnodes: 2\nprocs_per_node: 2\nlaunch: {launch}\nrdzv_port: auto\n"
+                    f"{fields}rdzv_port: auto\n",
+                    payload=PAYLOAD if (via, launch) == GROUPED else RANKS_ONLY,
                 )
                 submitted[f"{via}-{launch}"] = (jobs, jobs.submit(spec, "--via", via))
         ib = test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name.__name__
@@ -169,7 +179,7 @@ def test_two_nodes_two_processes_every_rank_where_slurm_put_it(
             "world_size": 4,
             "node": nodes[rank // 2],  # block distribution: ranks 0,1 on the first node
             "launcher": LAUNCHER["submitit" if via == "submitit" else launch],
-            "sum": 1 + 2 + 3 + 4,
+            **({"sum": 1 + 2 + 3 + 4} if (via, launch) == GROUPED else {}),
         }
         for rank in range(4)
     ]
@@ -219,7 +229,8 @@ def test_two_multi_node_jobs_at_once_on_the_same_nodes(jobs: Jobs) -> None:
 
 
 def test_srun_spec_run_without_srun_is_caught_with_a_hint(jobs: Jobs) -> None:
-    spec = jobs.spec("name: nosrun\nnodes: 2\nprocs_per_node: 2\n")
+    # the check is detect()'s, which ddpkit.init() runs first: the torch-free payload has it too
+    spec = jobs.spec("name: nosrun\nnodes: 2\nprocs_per_node: 2\n", payload=RANKS_ONLY)
     script = jobs.ddpkit("submit", str(spec), "--dry-run")
     # the hand-edited script: srun dropped, python started by the batch script itself
     edited, count = re.subn(r"(?m)^srun .*?--output=\S+ ", "", script)
@@ -231,15 +242,26 @@ def test_srun_spec_run_without_srun_is_caught_with_a_hint(jobs: Jobs) -> None:
     text = (log_dir / f"nosrun-{job}.out").read_text()
     assert "TopologyError: DDPKIT_EXPECTED_WORLD_SIZE=4" in text
     assert "start the tasks with srun" in text
-    assert reports(text) == []  # no process trained alone as rank 0 of 1
+    assert reports(text) == []  # no process went on alone as rank 0 of 1
+
+
+# report_rank_env.py's line, then sleep argv[1] seconds (what a cancel ends is processes, not a
+# group: no torch needed)
+SLEEPER = """import runpy, sys, time
+runpy.run_path({payload!r}, run_name="__main__")
+time.sleep(float(sys.argv[1]))
+"""
 
 
 @pytest.mark.parametrize("launch", ["srun", "torchrun"])
 def test_cancel_ends_every_process_of_the_job(jobs: Jobs, launch: str) -> None:
     marker = f"ddpkit-cancel-{uuid.uuid4().hex}"
+    sleeper = jobs.workdir / "sleeper.py"  # torch-free: reports its rank, then sleeps
+    sleeper.write_text(SLEEPER.format(payload=str(RANKS_ONLY)))
     spec = jobs.spec(
         f"name: victim\nnodes: 2\nlaunch: {launch}\nrdzv_port: auto\n",
-        args=f"--sleep 300 {marker}",
+        args=f"300 {marker}",
+        payload=sleeper,
     )
     job = jobs.submit(spec)
     eventually(lambda: len(reports(api.read_logs(job).text)) == 2, "reporting", JOB_TIMEOUT_S)

@@ -1,10 +1,10 @@
 """Preemption on the real SLURM cluster: stop signal -> checkpoint -> requeue -> exact resume.
 
-Seven jobs of examples/train.py, 2 nodes x 1 process each, run at the same time (the module
-fixture submits them together, so the suite waits for the slowest, not for the sum):
+Six jobs, 2 nodes x 1 process each, run at the same time (the module fixture submits them
+together, so the suite waits for the slowest, not for the sum):
 
-* ``srun``, ``torchrun`` (launch modes of the sbatch templates) and ``submitit``: once the
-  first checkpoint exists, ``scancel --signal=USR2 <job>`` (what SLURM's own warning does);
+* ``srun`` and ``submitit``: once the first checkpoint exists, ``scancel --signal=USR2 <job>``
+  (what SLURM's own warning does);
 * ``timelimit``: nobody sends anything; ``time_min: 2`` with ``signal_delay_s: 60`` makes SLURM
   signal the batch shell (``--signal=B:USR2@60``), whose trap passes it on to the step;
 * ``startup``: ``scancel --batch --signal=USR2`` (what SLURM's warning does) every few tenths of a
@@ -14,12 +14,18 @@ fixture submits them together, so the suite waits for the slowest, not for the s
 * ``direct``, ``direct-torchrun``: ``scancel --signal=USR2`` (every process of the step at once,
   as a user would send it) every few tenths of a second from the moment each task's wrapper has
   started its command until the ranks agree to stop: the wrapper holds it for a Python that has
-  not latched it yet, and under torchrun the workers start with it blocked.
+  not latched it yet, and under torchrun the workers start with it blocked. This is also the
+  test of ``launch: torchrun`` (the sbatch templates' other launch mode): the same ``scancel``
+  as by hand, to the agents and the workers, from before they latch until they stop.
 
-Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one),
-resume from its checkpoint, and end with weights bitwise identical to an uninterrupted run of
-the same command (``ddpkit run --nproc-per-node 2`` on this machine: CPU and world size 2,
-where gloo's sum of two values does not depend on order, make the comparison exact).
+Each must be requeued at least once (sacct lists a REQUEUED run before the COMPLETED one) and
+resume from its checkpoint. ``srun`` trains (examples/train.py) and must end with weights bitwise
+identical to an uninterrupted run of the same command (2 ranks on this machine: CPU and world
+size 2, where gloo's sum of two values does not depend on order, make the comparison exact).
+The others judge how the signal reaches the ranks and how the job comes back, which needs no
+torch: they run tests/scripts/preempt_stop.py (ddpkit's torch-free stop path, the ranks agreeing
+on the step through files), whose every rank must have run each step exactly once over the
+job's runs.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -46,9 +53,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train.py"
+STOP_ONLY = ROOT / "tests" / "scripts" / "preempt_stop.py"  # torch-free: see the module doc
+STOP_STEPS = 100
 TRAIN = "--epochs 3 --train-size 4000 --test-size 501 --checkpoint-every 5"
 HASH = re.compile(r"weights sha256: ([0-9a-f]{64})")
-JOBS_TIMEOUT_S = 600  # seven jobs on 2 nodes, and the time-limit one may run 3 times
+JOBS_TIMEOUT_S = 600  # six jobs on 2 nodes, and the time-limit one may run 3 times
 
 
 @dataclass
@@ -62,12 +71,20 @@ class Scenario:
     # "direct": scancel --signal=USR2 (every process of the step) from the tasks' start
     storm: str | None = None
     latches: int = 2  # processes that latch: the ranks, plus the agents under torchrun
+    trains: bool = False  # examples/train.py (exact weights), else preempt_stop.py
+
+    def command(self, workdir: Path) -> str:
+        ck = f"--checkpoint-dir {workdir / 'ck'} --step-delay {self.step_delay}"
+        if self.trains:
+            return f"{EXAMPLE} {TRAIN} {ck}"
+        return f"{STOP_ONLY} --steps {STOP_STEPS} {ck}"
 
 
 SCENARIOS = {
-    "srun": Scenario("srun", "launch: srun\ntime_min: 5\n"),
-    "torchrun": Scenario("torchrun", "launch: torchrun\nrdzv_port: auto\ntime_min: 5\n"),
-    "submitit": Scenario("submitit", "launch: srun\ntime_min: 5\n", via="submitit"),
+    "srun": Scenario("srun", "launch: srun\ntime_min: 5\n", trains=True),
+    # preempt_stop.py's steps take only their delay (train.py's also ~0.1 s of work): 0.3 s
+    # leaves ~30 s after the first checkpoint for the hand signal to come in a loaded run
+    "submitit": Scenario("submitit", "launch: srun\ntime_min: 5\n", via="submitit", step_delay=0.3),
     # ~70 s of steps: SLURM's warning (60 s before a 2 min limit, checked every 30 s) comes
     # 30-60 s after the start, so at least the first run is cut short.
     "timelimit": Scenario(
@@ -123,28 +140,43 @@ def history(slurm: SlurmCluster, job_id: str) -> list[tuple[str, str]]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], str]]:
     """The final weights of an uninterrupted run (no checkpoint dir, no signal), read when
     first asked: the run starts before the jobs are submitted (``outcomes`` asks for this
-    fixture first) and runs while they wait for the cluster, not after them."""
+    fixture first) and runs while they wait for the cluster, not after them. Its 2 ranks are
+    started with torch's env:// variables, as a launcher would set them: no launcher is under
+    test here, and ``ddpkit run``'s agent would import torch a third time."""
     where = tmp_path_factory.mktemp("reference")
-    log = where / "out.txt"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpkit", "run", "--nproc-per-node", "2", str(EXAMPLE),
-             *TRAIN.split()],
-            env={**_base_env(), "OMP_NUM_THREADS": "1"},
-            cwd=where, stdout=out, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+    with socket.socket() as sock:  # a port free a moment ago, for rank 0's store
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        ranks = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        with (where / f"out-{rank}.txt").open("w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(EXAMPLE), *TRAIN.split()],
+                env={**_base_env(), "OMP_NUM_THREADS": "1", **ranks},
+                cwd=where, stdout=out, stderr=subprocess.STDOUT, text=True,
+            ))  # fmt: skip
 
     def weights() -> str:
-        code = proc.wait(timeout=120)
-        found = HASH.findall(log.read_text(errors="replace"))
-        assert code == 0 and len(found) == 1, f"reference run exit {code}:\n{log.read_text()}"
+        codes = [proc.wait(timeout=120) for proc in procs]
+        text = "".join((where / f"out-{rank}.txt").read_text(errors="replace") for rank in (0, 1))
+        found = HASH.findall(text)
+        assert codes == [0, 0] and len(found) == 1, f"reference run exits {codes}:\n{text}"
         return found[0]
 
     try:
         yield weights
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def _base_env() -> dict[str, str]:
@@ -170,12 +202,11 @@ def outcomes(
             spec.write_text(
                 f"name: pre-{name}\npartition: debug\nnodes: 2\nprocs_per_node: 1\n"
                 f"workdir: {workdir}\nlog_dir: logs\nenv: {{OMP_NUM_THREADS: '1'}}\n"
-                f"command: {_task_gate(case, workdir)}{EXAMPLE} {TRAIN} "
-                f"--checkpoint-dir {workdir / 'ck'} "
-                f"--step-delay {case.step_delay}\n{case.fields}{_gate(case, workdir)}"
+                f"command: {_task_gate(case, workdir)}{case.command(workdir)}\n"
+                f"{case.fields}{_gate(case, workdir)}"
             )
             specs[name] = (spec, case.via)
-        # submitted at the same time: one after the other, the seven `ddpkit submit` (each a
+        # submitted at the same time: one after the other, seven `ddpkit submit` (each a
         # Python start) took ~40 s on a loaded machine before the last job was queued
         with ThreadPoolExecutor(len(specs)) as pool:
             futures = {
@@ -270,7 +301,7 @@ def _signal_by_hand(
     goes into ``failed``, for the test's thread to raise."""
     try:
         for _, workdir in waiting.values():  # the jobs train only now (_gate): on a loaded
-            (workdir / "watched").touch()  # machine, submitting the 7 jobs took long enough
+            (workdir / "watched").touch()  # machine, submitting the jobs took long enough
         while waiting and time.monotonic() < deadline:
             for name, (job_id, workdir) in list(waiting.items()):
                 if any((workdir / "ck").glob("ckpt-*.pt")):
@@ -368,7 +399,7 @@ def _markers(workdir: Path) -> int:
     return count
 
 
-# The module fixture (seven jobs, ~140 s) runs in the first test's setup, which pytest-timeout
+# The module fixture (all the jobs, minutes) runs in the first test's setup, which pytest-timeout
 # bounds with the suite's 300 s: under CI load it passed that bound once while its own wait for
 # the jobs (JOBS_TIMEOUT_S, after submitting and signalling them) still had minutes to go.
 @pytest.mark.timeout(JOBS_TIMEOUT_S + 300)
@@ -377,7 +408,6 @@ def test_stop_signal_requeues_and_resumes_exactly(
     name: str, outcomes: dict[str, Outcome], reference: Callable[[], str]
 ) -> None:
     outcome = outcomes[name]
-    weights = reference()
     where = f"job {outcome.job_id} ({name}); logs:\n{outcome.logs[-6000:]}"
     states = [state for state, _ in outcome.history]
     assert states[-1] == "COMPLETED", f"runs {outcome.history}; {where}"
@@ -386,8 +416,15 @@ def test_stop_signal_requeues_and_resumes_exactly(
     asked = r"requeue \S+ \(1 of 10\): asking SLURM to put the job back"
     assert re.search(asked, outcome.logs), where
     assert re.search(r"resumed from \S+ at step [1-9]\d* ", outcome.logs), where
-    hashes = HASH.findall(outcome.logs)
-    assert hashes == [weights], f"final weights {hashes} != uninterrupted {weights}; {where}"
+    if SCENARIOS[name].trains:
+        weights = reference()
+        hashes = HASH.findall(outcome.logs)
+        assert hashes == [weights], f"final weights {hashes} != uninterrupted {weights}; {where}"
+    else:  # resumed exactly after the agreed step: no step lost, none run twice
+        assert f"result: every rank ran {STOP_STEPS} steps" in outcome.logs, where
+        for rank in range(2):
+            ran = (outcome.workdir / "ck" / f"steps-{rank}.txt").read_text().split()
+            assert ran == [str(s) for s in range(1, STOP_STEPS + 1)], f"rank {rank}; {where}"
     if name in ("timelimit", "startup"):  # to the batch shell, which held it, then passed it on
         assert "ddpkit: SIGUSR2: time limit near; holding it until every" in outcome.logs, where
         assert "SIGUSR2: every process has latched it, passing it on" in outcome.logs, where

@@ -7,7 +7,10 @@ releases the job. A 2-node job must still complete with every rank in place: thr
 SLURM reserved for the step (the generated script asks for one), and without a reservation
 (``srun --resv-ports=0``, as on a cluster without ``MpiParams=ports=``) through the candidates;
 for ``launch: srun`` (the ranks' store) and ``launch: torchrun`` (the c10d rendezvous store of
-the ``ddpkit run`` agents).
+the ``ddpkit run`` agents). The ranks of ``launch: srun`` (one a node: each imports torch)
+join their group through the port (tests/scripts/report_port.py); under torchrun the agents
+meet there and their ranks, two a node, report where they were placed torch-free
+(tests/scripts/report_port_env.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[3]
 PAYLOAD = ROOT / "tests" / "scripts" / "report_port.py"
+# torchrun's ports are the agents': its ranks report torch-free (no group, no `sum`)
+AGENTS_ONLY = ROOT / "tests" / "scripts" / "report_port_env.py"
 SRC = Path(ddpkit.__file__).resolve().parent
 JOB_TIMEOUT_S = 180
 FIRST_NODE = "n1"  # every 2-node job here asks for n[1-2] (the cluster may have more nodes)
@@ -79,12 +84,15 @@ def reports(text: str) -> list[dict[str, Any]]:
             if '{"rank"' in line]  # fmt: skip
 
 
-def check_ranks(found: list[dict[str, Any]]) -> None:
-    """Four ranks, two per node in block order, one all_reduce, our ddpkit everywhere."""
-    assert sorted((r["rank"], r["node"]) for r in found) == [
-        (0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")
-    ]  # fmt: skip
-    assert {(r["world_size"], r["sum"]) for r in found} == {(4, 1 + 2 + 3 + 4)}
+def check_ranks(found: list[dict[str, Any]], per_node: int, *, grouped: bool = True) -> None:
+    """``per_node`` ranks on each of n1, n2 in block order, our ddpkit everywhere; ``grouped``:
+    one all_reduce over them (report_port.py)."""
+    world = 2 * per_node
+    nodes = [FIRST_NODE] * per_node + ["n2"] * per_node
+    assert sorted((r["rank"], r["node"]) for r in found) == list(enumerate(nodes))
+    assert {r["world_size"] for r in found} == {world}
+    if grouped:
+        assert {r["sum"] for r in found} == {world * (world + 1) // 2}
     assert {Path(r["ddpkit"]).resolve().parent for r in found} == {SRC}
 
 
@@ -101,14 +109,14 @@ def test_without_reservation_a_step_whose_derived_ports_are_taken_still_starts(
     out = tmp_path / "job.out"
     script = (
         "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --nodelist={NODES} --ntasks-per-node=2 --hold --output={out} --time=5\n"
+        f"#SBATCH --nodes=2 --nodelist={NODES} --ntasks-per-node=1 --hold --output={out} --time=5\n"
         f"srun --resv-ports=0 {sys.executable} -u {PAYLOAD}\n"
     )
     job = cluster.sbatch(script, cwd=tmp_path)
     ports = candidate_ports(job, "0")
     text = run_with_first_two_taken(cluster, job, ports, out)
     found = reports(text)
-    check_ranks(found)
+    check_ranks(found, per_node=1)
     assert {(r["master_port"], r["resv_ports"]) for r in found} == {(ports[2], None)}, text
 
 
@@ -145,8 +153,10 @@ def test_the_generated_script_uses_the_port_slurm_reserved(
     cluster: SlurmCluster, tmp_path: Path, launch: str
 ) -> None:
     spec = tmp_path / "job.yaml"
+    payload, per_node = (PAYLOAD, 1) if launch == "srun" else (AGENTS_ONLY, 2)
     spec.write_text(
-        f"command: {PAYLOAD}\nname: ports\nnodes: 2\nprocs_per_node: 2\nlaunch: {launch}\n"
+        f"command: {payload}\nname: ports\nnodes: 2\nprocs_per_node: {per_node}\n"
+        f"launch: {launch}\n"
         f"time_min: 5\nsbatch: {{hold: true, nodelist: '{NODES}'}}\n"
         + ("rdzv_port: auto\n" if launch == "torchrun" else "")
     )
@@ -159,7 +169,7 @@ def test_the_generated_script_uses_the_port_slurm_reserved(
     logs = ddpkit(env, tmp_path, "logs", job)
     assert state == "COMPLETED", logs
     found = reports(logs)
-    check_ranks(found)
+    check_ranks(found, per_node, grouped=launch == "srun")
     # --resv-ports=1: one port (SLURM's own default would be a range), the same on every rank,
     # and that is where the ranks (srun) or the agents (torchrun) met.
     reserved = {r["resv_ports"] for r in found}
@@ -183,12 +193,12 @@ def test_without_reservation_torchrun_agents_meet_past_taken_ports(
         f"#SBATCH --nodes=2 --nodelist={NODES} --hold --output={out} --time=5\n"
         f'endpoint="$({sys.executable} -m ddpkit.cluster.rendezvous.endpoint)"\n'
         f"srun --resv-ports=0 --ntasks-per-node=1 {run} --rdzv-endpoint $endpoint "
-        f"--rdzv-id $SLURM_JOB_ID {PAYLOAD}\n"
+        f"--rdzv-id $SLURM_JOB_ID {AGENTS_ONLY}\n"
     )
     job = cluster.sbatch(script, cwd=tmp_path)
     ports = candidate_ports(job, RDZV_STEP)
     text = run_with_first_two_taken(cluster, job, ports, out)
-    check_ranks(reports(text))
+    check_ranks(reports(text), per_node=2, grouped=False)
     met = f"c10d rendezvous at n1:{ports[2]} ({ports[0]}, {ports[1]} taken)"
     assert text.count(met) == 2, text
 
