@@ -6,7 +6,8 @@ runs it on CPU too, with ``GradScaler("cpu")``): through a window of ``ddpkit.ac
 the scaler's gradients, once unscaled, are those of the unscaled backward; an overflow skips
 the step and halves the scale; the scale travels through ``save_checkpoint`` /
 ``load_checkpoint`` (weights-only); stepping mid-window and clipping scaled gradients are
-refused. Both precisions share one launch per world size. The CUDA paths are the same calls on
+refused. Both run in the launch of tests/worker/test_loop_ranks.py (at 1 and 2 ranks) that the
+loop's other features share. The CUDA paths are the same calls on
 another device type, not run here.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
-from tests.support.distutil import run_workers, torchrun_env
 
 STEPS = 3
 
@@ -157,23 +156,14 @@ def _check_fp16(seen: dict[str, Any]) -> None:
     assert seen["loaded_scale"] == seen["scale0"] / 2
 
 
-def _precision_worker(rank: int, world_size: int, port: int, folder: str) -> dict[str, Any]:
-    """bf16, then fp16, on one group (one launch per world size, not one a precision)."""
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
-    try:
-        return {"bf16": _bf16(rank), "fp16": _fp16(rank, world_size, folder)}
-    finally:
-        ddpkit.shutdown()
+def precision_cases(rank: int, world_size: int, folder: str) -> dict[str, Any]:
+    """bf16, then fp16, on this rank's group."""
+    return {"bf16": _bf16(rank), "fp16": _fp16(rank, world_size, folder)}
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_bf16_autocasts_and_the_fp16_scaler_survives_a_window_an_overflow_and_a_checkpoint(
-    world_size: int, tmp_path: Path
-) -> None:
-    for seen in run_workers(_precision_worker, world_size, str(tmp_path)):
-        _check_bf16(seen["bf16"], world_size)
-        _check_fp16(seen["fp16"])
+def check_precision(seen: dict[str, Any], world_size: int) -> None:
+    _check_bf16(seen["bf16"], world_size)
+    _check_fp16(seen["fp16"])
 
 
 @pytest.fixture
