@@ -12,6 +12,7 @@ the main rank's process only, or for real (a folder that cannot be created).
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import signal
@@ -249,6 +250,7 @@ def _ranks_worker(rank: int, world_size: int, port: int, root: str) -> dict[str,
             seen[case] = _exit_step(folder, delay_s, timeout_s)
         return seen
     finally:
+        gc.collect()  # the resume's DDP models before the group (see _guard_worker's end)
         ddpkit.shutdown()
 
 
