@@ -1,11 +1,12 @@
 """ddpkit.accumulate: DDP's sync skipped between micro-steps, a window's gradients exact.
 
-On real gloo groups of 1, 2 and 3 ranks, for DDP, FSDP2, ddpkit's DataParallel and a plain model:
-23 samples in batches of 3 with windows of 3 give full windows, a window cut by the epoch's end
-and a short last batch at every world size (padding too at 3 ranks). Each window's gradients are
-compared with one backward over the window's samples taken together (all ranks' under DDP and
-FSDP2, the rank's own otherwise), and DDP's communication hook counts the all-reduces of each
-micro-step.
+On real gloo groups of 1, 2 and 3 ranks, for DDP, FSDP2, ddpkit's DataParallel and a plain model
+(the four one after the other on one group per world size, in the launch of
+tests/worker/test_loop_ranks.py that the loop's other features share): 23 samples in batches of
+3 with windows of 3 give full windows, a window cut by the epoch's end and a short last batch at
+every world size (padding too at 3 ranks). Each window's gradients are compared with one
+backward over the window's samples taken together (all ranks' under DDP and FSDP2, the rank's
+own otherwise), and DDP's communication hook counts the all-reduces of each micro-step.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from torch.utils.data import TensorDataset
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.dataparallel import DataParallel
-from tests.support.distutil import run_workers, torchrun_env
 
 SAMPLES, BATCH, EVERY, EPOCHS = 23, 3, 3, 2
 
@@ -87,8 +87,11 @@ def wrapped(kind: str, model: nn.Module, calls: list[int]) -> nn.Module:
     return DataParallel(model) if kind == "dp" else model  # DataParallel passes through on CPU
 
 
-def _accumulate_worker(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
+KINDS = ("ddp", "fsdp", "dp", "plain")
+
+
+def _accumulate(kind: str, world_size: int) -> dict[str, Any]:
+    """EPOCHS epochs of accumulation windows on a ``kind`` model: what each micro-step did."""
     reference = make_model()
     calls: list[int] = []
     model = wrapped(kind, make_model(), calls)
@@ -123,29 +126,33 @@ def _accumulate_worker(rank: int, world_size: int, port: int, kind: str) -> dict
         seen["syncs"].append(syncs)
         seen["allreduced"].append(allreduced)
         seen["indices"].append(indices)
-    dist.barrier()
-    ddpkit.shutdown()
     return seen
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("kind", ["ddp", "fsdp", "dp", "plain"])
-def test_windows_equal_one_larger_batch(world_size: int, kind: str) -> None:
+def accumulate_cases(world_size: int) -> dict[str, dict[str, Any]]:
+    """Every kind of model, one after the other, on this rank's group."""
+    return {kind: _accumulate(kind, world_size) for kind in KINDS}
+
+
+def check_accumulate(by_kind: dict[str, dict[str, Any]], rank: int, world_size: int) -> None:
+    """Each window's gradients are one larger batch's; DDP syncs on a window's last step only."""
     syncs = expected_syncs(world_size)
     steps = syncs[-1] + 1
-    for seen in run_workers(_accumulate_worker, world_size, kind):
-        assert seen["syncs"] == [syncs] * EPOCHS  # each epoch starts a new window
+    starts = [0, *[s + 1 for s in syncs[:-1]]]
+    sizes = [len(range(start, end + 1)) for start, end in zip(starts, syncs, strict=True)]
+    assert list(by_kind) == list(KINDS)
+    for kind, seen in by_kind.items():
+        where = f"{kind}, rank {rank} of {world_size}"
+        assert seen["syncs"] == [syncs] * EPOCHS, where  # each epoch starts a new window
         # DDP all-reduces on the window's last micro-step only; the others never
         wanted = [step in syncs for step in range(steps)] if kind == "ddp" else [False] * steps
-        assert seen["allreduced"] == [wanted] * EPOCHS
-        starts = [0, *[s + 1 for s in syncs[:-1]]]
-        assert seen["indices"][0] == [s - max(b for b in starts if b <= s) for s in range(steps)]
-        sizes = [len(range(start, end + 1)) for start, end in zip(starts, syncs, strict=True)]
-        assert [w[0] for w in seen["windows"]] == sizes * EPOCHS
-        assert all(w[1] for w in seen["windows"]), seen["windows"]
+        assert seen["allreduced"] == [wanted] * EPOCHS, where
+        micro = [s - max(b for b in starts if b <= s) for s in range(steps)]
+        assert seen["indices"][0] == micro, where
+        assert [w[0] for w in seen["windows"]] == sizes * EPOCHS, where
+        assert all(w[1] for w in seen["windows"]), (where, seen["windows"])
         if kind == "ddp":
-            assert all(w[2] for w in seen["windows"])
+            assert all(w[2] for w in seen["windows"]), (where, seen["windows"])
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 on every rank (at the next save, sync or async, at a wait, a load, the guard, and at exit: a
 real interpreter's exit for a write still running, the exit step on forked ranks for the rest), a
 resume from an async checkpoint is bitwise the one from a sync checkpoint, and the preemption
-guard waits for the write before it ends the job.
+guard waits for the write before it ends the job. The failures, the resume and the exit steps
+share one launch of 2 ranks, one after the other.
 
 A write is made to fail or to wait through the module's seam (``asyncsave.save_payload``) in
 the main rank's process only, or for real (a folder that cannot be created).
@@ -11,6 +12,7 @@ the main rank's process only, or for real (a folder that cannot be created).
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import signal
@@ -69,55 +71,49 @@ def _seam(
     return ended
 
 
-def _failure_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port), **INIT)
-    try:
-        folder, found = Path(root) / "ckpt", {}
-        step = 0
-        for delay_s in (0.0, 0.3):
-            for how in _NEXT:
-                step += 2
-                failing = step - 1
-                if rank == 0:
-                    _seam({failing}, delay_s)
-                state = {"w": torch.full((3,), float(step))}
-                pending = ddpkit.async_save_checkpoint(folder, state, step=failing)
-                try:
-                    if how == "async":
-                        ddpkit.async_save_checkpoint(folder, state, step=step)
-                    elif how == "sync":
-                        ddpkit.save_checkpoint(folder, state, step=step)
-                    elif how == "wait":
-                        pending.wait()
-                    elif how == "wait_for_checkpoint":
-                        ddpkit.wait_for_checkpoint()
-                    else:
-                        ddpkit.load_checkpoint(folder, {})
-                except CheckpointError as error:
-                    cause = error.__cause__
-                    found[f"{how}@{delay_s}"] = (error.message, type(cause).__name__)
+def _failures(rank: int, root: str) -> dict[str, Any]:
+    """A write failing at each of _NEXT's calls, at once and while the call waits."""
+    folder, found = Path(root) / "ckpt", {}
+    step = 0
+    for delay_s in (0.0, 0.3):
+        for how in _NEXT:
+            step += 2
+            failing = step - 1
+            if rank == 0:
+                _seam({failing}, delay_s)
+            state = {"w": torch.full((3,), float(step))}
+            pending = ddpkit.async_save_checkpoint(folder, state, step=failing)
+            try:
+                if how == "async":
+                    ddpkit.async_save_checkpoint(folder, state, step=step)
+                elif how == "sync":
+                    ddpkit.save_checkpoint(folder, state, step=step)
+                elif how == "wait":
+                    pending.wait()
+                elif how == "wait_for_checkpoint":
+                    ddpkit.wait_for_checkpoint()
                 else:
-                    found[f"{how}@{delay_s}"] = None
-                assert not inflight.in_flight()
-                ddpkit.save_checkpoint(folder, state, step=step)  # the group is in step
-        return {"errors": found, "newest": ddpkit.load_checkpoint(folder, {}), "step": step}
-    finally:
-        ddpkit.shutdown()
+                    ddpkit.load_checkpoint(folder, {})
+            except CheckpointError as error:
+                cause = error.__cause__
+                found[f"{how}@{delay_s}"] = (error.message, type(cause).__name__)
+            else:
+                found[f"{how}@{delay_s}"] = None
+            assert not inflight.in_flight()
+            ddpkit.save_checkpoint(folder, state, step=step)  # the group is in step
+    return {"errors": found, "newest": ddpkit.load_checkpoint(folder, {}), "step": step}
 
 
-def test_a_failed_background_write_raises_on_every_rank_at_the_next_call(
-    tmp_path: Path,
-) -> None:
-    results = run_workers(_failure_worker, 2, str(tmp_path), timeout_s=TIMEOUT_S)
-    for rank, result in enumerate(results):
-        assert result["newest"] == result["step"]  # the failed saves left no trace
-        assert sorted(result["errors"]) == sorted(f"{h}@{d}" for h in _NEXT for d in (0.0, 0.3))
-        for name, error in result["errors"].items():
-            assert error is not None, f"rank {rank}: {name} did not raise"
-            message, cause = error
-            assert "failed to write checkpoint step" in message and "in the background" in message
-            assert "injected: no space" in message, message
-            assert cause == ("OSError" if rank == 0 else "NoneType")  # rank 0 chains its own
+def _check_failures(rank: int, result: dict[str, Any]) -> None:
+    """A failed background write raises on every rank at the next call."""
+    assert result["newest"] == result["step"]  # the failed saves left no trace
+    assert sorted(result["errors"]) == sorted(f"{h}@{d}" for h in _NEXT for d in (0.0, 0.3))
+    for name, error in result["errors"].items():
+        assert error is not None, f"rank {rank}: {name} did not raise"
+        message, cause = error
+        assert "failed to write checkpoint step" in message and "in the background" in message
+        assert "injected: no space" in message, message
+        assert cause == ("OSError" if rank == 0 else "NoneType")  # rank 0 chains its own
 
 
 # --- at exit -----------------------------------------------------------------------------------
@@ -219,35 +215,60 @@ EXIT_STEPS = {
 }
 
 
-def _exit_step_worker(
-    rank: int, world_size: int, port: int, folder: str, case: tuple[float, float]
-) -> tuple[int | None, str]:
-    delay_s, timeout_s = case
+def _exit_step(folder: str, delay_s: float, timeout_s: float) -> tuple[int | None, str]:
+    """ddpkit's exit step for a write that ended (or is slower than ``timeout_s``)."""
+    _seam(set(), delay_s)  # each rank's own write (it is the main rank's that counts)
+    ddpkit.async_save_checkpoint(folder, {"w": torch.ones(3)}, step=5, timeout_s=timeout_s)
+    if delay_s == 0.0:
+        time.sleep(0.3)  # the write has ended before the script does
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        code = inflight._at_exit()
+    return code, said.getvalue()
+
+
+def _exit_step_folder(root: Path, case: str) -> Path:
+    """The case's folder: one under a regular file for a write that fails."""
+    return root / ("a-file" if EXIT_STEPS[case][0] else case) / "ckpt"
+
+
+# --- one launch of 2 ranks for the failures, the resume and the exit steps ---------------------
+
+
+def _ranks_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
+    """The failures, the resume, then each exit step (too-slow last: its write goes on in the
+    background), on one group; each part with the real write back in place."""
     ddpkit.init(env=torchrun_env(rank, world_size, port), **INIT)
+    real = asyncsave.save_payload
     try:
-        _seam(set(), delay_s)  # each rank's own write (it is the main rank's that counts)
-        ddpkit.async_save_checkpoint(folder, {"w": torch.ones(3)}, step=5, timeout_s=timeout_s)
-        if delay_s == 0.0:
-            time.sleep(0.3)  # the write has ended before the script does
-        said = io.StringIO()
-        with contextlib.redirect_stderr(said):
-            code = inflight._at_exit()
-        return code, said.getvalue()
+        seen: dict[str, Any] = {"failures": _failures(rank, root)}
+        asyncsave.save_payload = real
+        seen["resume"] = _resume(rank, root)
+        for case, (_, delay_s, timeout_s) in EXIT_STEPS.items():
+            asyncsave.save_payload = real
+            folder = str(_exit_step_folder(Path(root), case))
+            seen[case] = _exit_step(folder, delay_s, timeout_s)
+        return seen
     finally:
+        gc.collect()  # the resume's DDP models before the group (see _guard_worker's end)
         ddpkit.shutdown()
 
 
-@pytest.mark.parametrize("case", EXIT_STEPS)
-def test_the_exit_step_reports_the_writes_outcome_on_every_rank(tmp_path: Path, case: str) -> None:
-    fails, delay_s, timeout_s = EXIT_STEPS[case]
-    if fails:
-        (tmp_path / "a-file").write_text("not a folder")
-    folder = tmp_path / ("a-file" if fails else "ok") / "ckpt"
-    case_args = (delay_s, timeout_s)
-    results = run_workers(_exit_step_worker, 2, str(folder), case_args, timeout_s=TIMEOUT_S)
-    for code, output in results:
-        _check_exit(case, code, output)
-    _check_folder(case, folder)
+def test_on_two_ranks_a_failed_write_raises_a_resume_is_bitwise_and_exit_reports(
+    tmp_path: Path,
+) -> None:
+    """One launch: a failed background write raises on every rank at the next call; a resume
+    from an async checkpoint is bitwise the one from a sync checkpoint; the exit step reports
+    the write's outcome on every rank."""
+    (tmp_path / "a-file").write_text("not a folder")
+    results = run_workers(_ranks_worker, 2, str(tmp_path), timeout_s=TIMEOUT_S)
+    for rank, seen in enumerate(results):
+        _check_failures(rank, seen["failures"])
+    _check_resume([seen["resume"] for seen in results], tmp_path)
+    for case in EXIT_STEPS:
+        for code, output in (seen[case] for seen in results):
+            _check_exit(case, code, output)
+        _check_folder(case, _exit_step_folder(tmp_path, case))
 
 
 # --- resume: async is sync, bitwise ------------------------------------------------------------
@@ -270,34 +291,31 @@ def _fresh(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=0.05)
 
 
-def _resume_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port), **INIT)
-    try:
-        model, optimizer = _fresh(0)
-        torch.manual_seed(10 + rank)
-        _train(model, optimizer, range(3))
-        state = {"model": model, "optimizer": optimizer}
-        ddpkit.save_checkpoint(Path(root) / "sync", state, step=3)
-        pending = ddpkit.async_save_checkpoint(Path(root) / "async", state, step=3)
-        _train(model, optimizer, range(3, 6))  # while the write runs
-        pending.wait()
-        reference = [p.detach().clone() for p in model.parameters()]
-        same = {}
-        for kind in ("sync", "async"):
-            again, again_optimizer = _fresh(99)  # other weights, other RNG
-            resumed = {"model": again, "optimizer": again_optimizer}
-            assert ddpkit.load_checkpoint(Path(root) / kind, resumed) == 3
-            _train(again, again_optimizer, range(3, 6))
-            same[kind] = all(
-                torch.equal(a, b) for a, b in zip(again.parameters(), reference, strict=True)
-            )
-        return same
-    finally:
-        ddpkit.shutdown()
+def _resume(rank: int, root: str) -> dict[str, bool]:
+    """Trained 3 steps, saved sync and async, 3 more; each resume's 3 steps equal to those."""
+    model, optimizer = _fresh(0)
+    torch.manual_seed(10 + rank)
+    _train(model, optimizer, range(3))
+    state = {"model": model, "optimizer": optimizer}
+    ddpkit.save_checkpoint(Path(root) / "sync", state, step=3)
+    pending = ddpkit.async_save_checkpoint(Path(root) / "async", state, step=3)
+    _train(model, optimizer, range(3, 6))  # while the write runs
+    pending.wait()
+    reference = [p.detach().clone() for p in model.parameters()]
+    same = {}
+    for kind in ("sync", "async"):
+        again, again_optimizer = _fresh(99)  # other weights, other RNG
+        resumed = {"model": again, "optimizer": again_optimizer}
+        assert ddpkit.load_checkpoint(Path(root) / kind, resumed) == 3
+        _train(again, again_optimizer, range(3, 6))
+        same[kind] = all(
+            torch.equal(a, b) for a, b in zip(again.parameters(), reference, strict=True)
+        )
+    return same
 
 
-def test_resume_from_an_async_checkpoint_is_bitwise_the_sync_one(tmp_path: Path) -> None:
-    results = run_workers(_resume_worker, 2, str(tmp_path), timeout_s=TIMEOUT_S)
+def _check_resume(results: list[dict[str, bool]], tmp_path: Path) -> None:
+    """A resume from an async checkpoint is bitwise the one from a sync checkpoint."""
     assert results == [{"sync": True, "async": True}] * 2
     (sync_file,) = ckptfiles.written(tmp_path / "sync")
     (async_file,) = ckptfiles.written(tmp_path / "async")

@@ -10,6 +10,7 @@ real small tmpfs mounted for the test (root needed: under CI=true its absence fa
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import re
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -105,10 +107,38 @@ def _write_in_fork(arguments: list[str], log: str) -> None:
     sys.stdout.flush()
 
 
+_CLONE_NEWPID, _PR_SET_PDEATHSIG = 0x20000000, 1
+
+
+def _write_elsewhere(arguments: list[str], log: str) -> None:
+    """What ``unshare --pid --fork --kill-child`` does, forked from the fork server (torch
+    imported once, not a new interpreter): this process enters a new PID namespace, its one
+    child writes there (its PID 1; it dies with this process), and this process exits with
+    the child's exit code."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
+    child = os.fork()
+    if child == 0:  # the first process of the new PID namespace
+        code = 1
+        try:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            _write_in_fork(arguments, log)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
+
+
 class _Writer:
     """A process saving checkpoint ``step`` of ``size`` bytes into ``folder``, paused at
     ``moment`` until it is killed or let go. On this host: forked from run_workers' fork
-    server; elsewhere: a new interpreter in a PID namespace of its own."""
+    server; elsewhere: forked from it too, then the writer in a PID namespace of its own."""
 
     def __init__(
         self, folder: Path, moment: str, size: int, step: int, elsewhere: bool = False
@@ -117,40 +147,28 @@ class _Writer:
         self.log = folder.parent / f"writer-{moment}-{step}.log"
         arguments = [str(folder), str(self.marker), moment, str(size), str(step)]
         self.elsewhere = elsewhere
-        self.process: subprocess.Popen[str] | None = None
-        self.forked: Any = None
-        if elsewhere:
-            # in a PID namespace of its own (a container, or as good as another host: this
-            # process cannot tell by its PID whether it lives); --kill-child: it dies with us
-            command = ["unshare", "--pid", "--fork", "--kill-child"]
-            command += [sys.executable, "-c", _WRITER, *arguments]
-            with self.log.open("w") as sink:
-                self.process = subprocess.Popen(
-                    command, stdout=sink, stderr=subprocess.STDOUT, text=True
-                )
-            return
         context = mp.get_context("forkserver")
         context.set_forkserver_preload(["torch", "torch.distributed"])
+        # elsewhere: in a PID namespace of its own (a container, or as good as another host:
+        # this process cannot tell by its PID whether it lives); it dies with its parent
         self.forked = context.Process(
-            target=_write_in_fork, args=(arguments, str(self.log)), daemon=True
+            target=_write_elsewhere if elsewhere else _write_in_fork,
+            args=(arguments, str(self.log)),
+            daemon=True,
         )
         self.forked.start()
 
     @property
     def pid(self) -> int:
-        pid = self.process.pid if self.process is not None else self.forked.pid
+        pid = self.forked.pid
         assert pid is not None
         return int(pid)
 
     def _exitcode(self) -> int | None:
-        if self.process is not None:
-            return self.process.poll()
         code: int | None = self.forked.exitcode
         return code
 
     def _wait(self, timeout_s: float) -> int:
-        if self.process is not None:
-            return self.process.wait(timeout=timeout_s)
         self.forked.join(timeout_s)
         code = self.forked.exitcode
         assert code is not None, f"writer {self.pid} still running after {timeout_s} s"
@@ -166,19 +184,21 @@ class _Writer:
             time.sleep(0.02)
 
     def kill(self) -> None:
-        """SIGKILL to the writer itself (inside ``unshare``, its only child), and wait until
-        it is gone."""
+        """SIGKILL to the writer itself (elsewhere: the forked process's only child, inside
+        the new PID namespace), and wait until it is gone."""
         target = self.pid
         if self.elsewhere:
             children = Path(f"/proc/{target}/task/{target}/children").read_text().split()
             assert len(children) == 1, children
             target = int(children[0])
+            namespace = os.readlink(f"/proc/{target}/ns/pid")
+            assert namespace != os.readlink("/proc/self/ns/pid"), "the writer is not elsewhere"
         os.kill(target, signal.SIGKILL)
         code = self._wait(30)
         if not self.elsewhere:
             assert code == -signal.SIGKILL
         deadline = time.monotonic() + 30
-        while Path(f"/proc/{target}").exists():  # a zombie of unshare's until it reaps it
+        while Path(f"/proc/{target}").exists():  # a zombie of its parent's until it reaps it
             assert time.monotonic() < deadline, f"writer {target} still there after SIGKILL"
             time.sleep(0.02)
 

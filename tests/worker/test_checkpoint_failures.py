@@ -61,35 +61,53 @@ def _attempt(action: Any) -> dict[str, Any]:
 # --- the main rank cannot write ----------------------------------------------------------------
 
 
-def _write_failure_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
+def _write_failure(rank: int, root: str) -> dict[str, Any]:
+    good, blocked = Path(root) / "ckpt", Path(root) / "a-file" / "ckpt"
+    model = _model(0)
+    ddpkit.save_checkpoint(good, {"model": model}, step=1)
+    results = {
+        "blocked": _attempt(lambda: ddpkit.save_checkpoint(blocked, {"model": model}, step=2)),
+        "unpicklable": _attempt(
+            lambda: ddpkit.save_checkpoint(good, {"model": model, "f": lambda: rank}, step=3)
+        ),
+    }
+    after_failures = _names(good)
+    ddpkit.save_checkpoint(good, {"model": model}, step=4)  # the group is still in step
+    state: dict[str, Any] = {"model": _model(1)}
+    return {
+        **results,
+        "files": after_failures,
+        "loaded": ddpkit.load_checkpoint(good, state),
+        "weights_ok": torch.equal(state["model"][0].weight, model[0].weight),
+    }
+
+
+def _failures_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
+    """The main rank's write failures; at 3 ranks then one rank's failures, on the same group
+    (one launch, not one each)."""
     ddpkit.init(env=torchrun_env(rank, world_size, port))
     try:
-        good, blocked = Path(root) / "ckpt", Path(root) / "a-file" / "ckpt"
-        model = _model(0)
-        ddpkit.save_checkpoint(good, {"model": model}, step=1)
-        results = {
-            "blocked": _attempt(lambda: ddpkit.save_checkpoint(blocked, {"model": model}, step=2)),
-            "unpicklable": _attempt(
-                lambda: ddpkit.save_checkpoint(good, {"model": model, "f": lambda: rank}, step=3)
-            ),
-        }
-        after_failures = _names(good)
-        ddpkit.save_checkpoint(good, {"model": model}, step=4)  # the group is still in step
-        state: dict[str, Any] = {"model": _model(1)}
-        return {
-            **results,
-            "files": after_failures,
-            "loaded": ddpkit.load_checkpoint(good, state),
-            "weights_ok": torch.equal(state["model"][0].weight, model[0].weight),
-        }
+        seen = {"write": _write_failure(rank, root)}
+        if world_size == 3:
+            seen["one_rank"] = _one_rank(rank, str(Path(root) / "one-rank"))
+        return seen
     finally:
         ddpkit.shutdown()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_main_rank_write_failure_raises_on_every_rank(tmp_path: Path, world_size: int) -> None:
+def test_main_rank_write_failure_and_at_3_one_rank_failing_raise_on_every_rank(
+    tmp_path: Path, world_size: int
+) -> None:
     (tmp_path / "a-file").write_text("a regular file where a directory should be")
-    results = run_workers(_write_failure_worker, world_size, str(tmp_path), timeout_s=_PROMPT_S)
+    seen = run_workers(_failures_worker, world_size, str(tmp_path), timeout_s=_PROMPT_S)
+    _check_write_failure([each["write"] for each in seen], tmp_path)
+    if world_size == 3:
+        _check_one_rank([each["one_rank"] for each in seen], tmp_path / "one-rank")
+
+
+def _check_write_failure(results: list[dict[str, Any]], tmp_path: Path) -> None:
+    """A failure of the main rank's write raises on every rank."""
     blocked = tmp_path / "a-file" / "ckpt"
     for rank, result in enumerate(results):
         first, second = result["blocked"], result["unpicklable"]
@@ -125,36 +143,32 @@ def _unlistable(folder: Any) -> list[tuple[int, Path]]:
     raise PermissionError(13, "Permission denied", str(folder))
 
 
-def _one_rank_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
+def _one_rank(rank: int, root: str) -> dict[str, Any]:
+    directory = Path(root)
+    model = _model(0)
+    results: dict[str, Any] = {}
+    odd: Any = _Refuses() if rank == 1 else {"fine": True}
+    results["collect"] = _attempt(
+        lambda: ddpkit.save_checkpoint(directory, {"model": model, "odd": odd}, step=1)
+    )
+    ddpkit.save_checkpoint(directory, {"model": model}, step=2)
+    other = _model(0, width=16 if rank == 1 else 8)  # rank 1's model does not fit
+    results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
+    if rank == 2:  # rank 2 cannot list the directory
+        original, ckptfiles.written = ckptfiles.written, _unlistable
     try:
-        directory = Path(root)
-        model = _model(0)
-        results: dict[str, Any] = {}
-        odd: Any = _Refuses() if rank == 1 else {"fine": True}
-        results["collect"] = _attempt(
-            lambda: ddpkit.save_checkpoint(directory, {"model": model, "odd": odd}, step=1)
-        )
-        ddpkit.save_checkpoint(directory, {"model": model}, step=2)
-        other = _model(0, width=16 if rank == 1 else 8)  # rank 1's model does not fit
-        results["restore"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {"model": other}))
-        if rank == 2:  # rank 2 cannot list the directory
-            original, ckptfiles.written = ckptfiles.written, _unlistable
-        try:
-            results["list"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {}))
-        finally:
-            if rank == 2:
-                ckptfiles.written = original
-        state: dict[str, Any] = {"model": _model(1)}
-        results["loaded"] = ddpkit.load_checkpoint(directory, state)  # still in step
-        results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
-        return results
+        results["list"] = _attempt(lambda: ddpkit.load_checkpoint(directory, {}))
     finally:
-        ddpkit.shutdown()
+        if rank == 2:
+            ckptfiles.written = original
+    state: dict[str, Any] = {"model": _model(1)}
+    results["loaded"] = ddpkit.load_checkpoint(directory, state)  # still in step
+    results["weights_ok"] = torch.equal(state["model"][0].weight, model[0].weight)
+    return results
 
 
-def test_one_rank_failing_raises_on_every_rank(tmp_path: Path) -> None:
-    results = run_workers(_one_rank_worker, 3, str(tmp_path), timeout_s=_PROMPT_S)
+def _check_one_rank(results: list[dict[str, Any]], tmp_path: Path) -> None:
+    """One rank failing (the others would have gone on) raises on every rank."""
     for rank, result in enumerate(results):
         collect, restore, listing = result["collect"], result["restore"], result["list"]
         assert collect["message"].startswith(

@@ -1,9 +1,11 @@
 """ddpkit.clip_grad_norm_: the norm one process computes over the same samples.
 
-On real gloo groups of 1, 2 and 3 ranks, for DDP, ddpkit's DataParallel and a plain model, over
-the first window of 3 micro-steps (a short last batch at 3 ranks): before the window's end the
-norm is that of this rank's samples so far; after it, that of the window's samples (every
-rank's under DDP), and the clipped gradients are those torch clips on one process.
+On real gloo groups of 1, 2 and 3 ranks, for DDP, ddpkit's DataParallel and a plain model (the
+three one after the other on one group per world size, in the launch of
+tests/worker/test_loop_ranks.py that the loop's other features share), over the first
+window of 3 micro-steps (a short last batch at 3 ranks): before the window's end the norm is
+that of this rank's samples so far; after it, that of the window's samples (every rank's under
+DDP), and the clipped gradients are those torch clips on one process.
 """
 
 from __future__ import annotations
@@ -13,13 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
-from tests.support.distutil import run_workers, torchrun_env
 from tests.worker.test_accumulate import everyone, make_data, make_model, window_grads, wrapped
 
 BATCH, EVERY = 3, 3
@@ -29,8 +29,11 @@ def _norm(grads: list[torch.Tensor]) -> float:
     return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
 
-def _clip_worker(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
+KINDS = ("ddp", "dp", "plain")
+
+
+def _clip(kind: str, world_size: int) -> dict[str, Any]:
+    """The norms and clipped gradients of the first window on a ``kind`` model."""
     reference = make_model()
     model = wrapped(kind, make_model(), [])
     seen: dict[str, Any] = {"partial": []}
@@ -59,25 +62,28 @@ def _clip_worker(rank: int, world_size: int, port: int, kind: str) -> dict[str, 
         )
         seen["clipped_norm"] = _norm(clipped)
         break
-    dist.barrier()
-    ddpkit.shutdown()
     return seen
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("kind", ["ddp", "dp", "plain"])
-def test_the_norm_of_one_process_over_the_same_samples(world_size: int, kind: str) -> None:
-    for seen in run_workers(_clip_worker, world_size, kind):
-        assert len(seen["partial"]) == EVERY - 1
+def clip_cases(world_size: int) -> dict[str, dict[str, Any]]:
+    """Every kind of model, one after the other, on this rank's group."""
+    return {kind: _clip(kind, world_size) for kind in KINDS}
+
+
+def check_clip(by_kind: dict[str, dict[str, Any]], rank: int, world_size: int) -> None:
+    """The norm is one process's over the same samples; the clipped gradients are torch's."""
+    assert list(by_kind) == list(KINDS)
+    for kind, seen in by_kind.items():
+        where = f"{kind}, rank {rank} of {world_size}"
+        assert len(seen["partial"]) == EVERY - 1, where
         for got, expected in seen["partial"]:
-            assert got == pytest.approx(expected, rel=1e-5)
+            assert got == pytest.approx(expected, rel=1e-5), where
         got, full, typename = seen["norm"]
-        assert typename == "Tensor"
-        assert got == pytest.approx(full, rel=1e-5)
-        assert full > 0.05  # it did clip
-        assert seen["clipped_match"]
-        assert seen["clipped_norm"] == pytest.approx(0.05, rel=1e-4)
+        assert typename == "Tensor", where
+        assert got == pytest.approx(full, rel=1e-5), where
+        assert full > 0.05, where  # it did clip
+        assert seen["clipped_match"], where
+        assert seen["clipped_norm"] == pytest.approx(0.05, rel=1e-4), where
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``wrap(model, compile=...)``: compiled, then wrapped in DDP, on real gloo groups of 2 ranks.
+"""``wrap(model, compile=...)``: compiled, then wrapped in DDP, on a real gloo group of 2 ranks.
 
 Compiling is the point here, not the kernels: the tests use torch.compile's ``aot_eager``
 backend (dynamo's graphs and AOTAutograd's forward/backward split, without inductor's C++
@@ -6,11 +6,13 @@ compiles, which cost minutes of CPU). A model with BatchNorm, trained through
 ``ddpkit.accumulate`` windows (DDP's ``no_sync`` under the compiled module), gives the losses
 and running statistics of eager DDP, with and without ``static_graph``; its checkpoint holds
 the keys of the uncompiled model. A backend that counts graphs shows DDPOptimizer splitting the
-model at DDP's buckets (the reason for the order) under ``fullgraph=True``.
+model at DDP's buckets (the reason for the order) under ``fullgraph=True``. The cases share
+one launch of 2 ranks (each rank imports dynamo once), one after the other.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,11 +50,8 @@ def _train(model: nn.Module, rank: int, every: int) -> list[float]:
     return losses
 
 
-def _trajectory_worker(
-    rank: int, world_size: int, port: int, case: tuple[dict[str, Any], int], folder: str
-) -> dict[str, Any]:
-    ddp_kwargs, every = case
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
+def _trajectory(rank: int, ddp_kwargs: dict[str, Any], every: int, folder: Path) -> dict[str, Any]:
+    """Eager and compiled DDP trained alike; the compiled one's checkpoint, saved and loaded."""
     eager = ddpkit.wrap(_model(), "ddp", **ddp_kwargs)
     compiled = ddpkit.wrap(_model(), "ddp", compile={"backend": "aot_eager"}, **ddp_kwargs)
     seen: dict[str, Any] = {"eager": _train(eager, rank, every)}
@@ -74,36 +73,11 @@ def _trajectory_worker(
         )
         if not torch.equal(a, b)
     ]
-    ddpkit.shutdown()
     return seen
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize(
-    ("ddp_kwargs", "every"),
-    # static_graph: torch asserts when DDP's first backward skips the sync (in eager too);
-    # ddpkit.accumulate syncs that one micro-step
-    [({}, EVERY), ({"static_graph": True}, EVERY)],
-    ids=["accumulated", "static_graph"],
-)
-def test_compiled_ddp_trains_as_eager_and_saves_its_keys(
-    ddp_kwargs: dict[str, Any], every: int, tmp_path: Path
-) -> None:
-    for rank, seen in enumerate(
-        run_workers(_trajectory_worker, 2, (ddp_kwargs, every), str(tmp_path))
-    ):
-        assert seen["compiled_type"] == "DistributedDataParallel(OptimizedModule)"
-        assert seen["compiled"] == pytest.approx(seen["eager"], rel=1e-5, abs=1e-6)
-        assert seen["compiled_bn"] == pytest.approx(seen["eager_bn"], rel=1e-5, abs=1e-6)
-        # rank 0's state is saved; BatchNorm's statistics are each rank's own until DDP's
-        # next forward broadcasts rank 0's (broadcast_buffers), in eager as compiled
-        assert seen["loaded"] == ([] if rank == 0 else ["1.running_mean", "1.running_var"])
-        assert seen["saved_keys"] == seen["eager_keys"]  # no module. / _orig_mod.
-        assert not any("_orig_mod" in key for key in seen["saved_keys"])
-
-
-def _graphs_worker(rank: int, world_size: int, port: int) -> dict[str, int]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
+def _graphs() -> dict[str, int]:
+    """The graphs a counting backend is given for a model under DDP and for one alone."""
     counts = {"ddp": 0, "alone": 0}
 
     def counting(where: str) -> Any:
@@ -122,15 +96,70 @@ def _graphs_worker(rank: int, world_size: int, port: int) -> dict[str, int]:
     alone = torch.compile(big(), backend=counting("alone"), fullgraph=True)
     for net in (model, alone):
         net(torch.randn(3, 512)).sum().backward()
-    ddpkit.shutdown()
     return counts
 
 
+def _small_buckets() -> str:
+    try:
+        ddpkit.wrap(_model(), "ddp", compile=True, bucket_cap_mb=0.5)
+    except ConfigError as error:
+        return error.message
+    return "no error"
+
+
+# static_graph: torch asserts when DDP's first backward skips the sync (in eager too);
+# ddpkit.accumulate syncs that one micro-step
+CASES = {"accumulated": ({}, EVERY), "static_graph": ({"static_graph": True}, EVERY)}
+
+
+def _compile_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
+    """Every case, one after the other, on one group of 2 (one launch, not one a case); dynamo's
+    caches are reset between them, so that no case runs on another's graphs."""
+    ddpkit.init(env=torchrun_env(rank, world_size, port))
+    try:
+        seen: dict[str, Any] = {"small_buckets": _small_buckets()}
+        for name, (ddp_kwargs, every) in CASES.items():
+            torch._dynamo.reset()
+            seen[name] = _trajectory(rank, ddp_kwargs, every, Path(root) / name)
+        torch._dynamo.reset()
+        seen["graphs"] = _graphs()
+        return seen
+    finally:
+        # the compiled DDP models go before the group: dynamo's caches hold them, and a DDP
+        # Reducer freed after destroy_process_group() may deadlock joining gloo's threads
+        # (see test_checkpoint_async_ranks' guard worker)
+        torch._dynamo.reset()
+        gc.collect()
+        ddpkit.shutdown()
+
+
 @pytest.mark.multiproc
-def test_ddp_optimizer_splits_the_compiled_graph_at_the_buckets() -> None:
-    for counts in run_workers(_graphs_worker, 2):
-        assert counts["alone"] == 1  # one graph for the model alone (fullgraph holds)
-        assert counts["ddp"] >= 2  # DDPOptimizer split it at DDP's bucket boundaries
+def test_compiled_ddp_trains_as_eager_splits_at_buckets_refuses_smaller(tmp_path: Path) -> None:
+    """Trains as eager and saves its keys (with and without static_graph), DDPOptimizer splits
+    the compiled graph at the buckets, buckets under the first are refused with compile."""
+    for rank, by_case in enumerate(run_workers(_compile_worker, 2, str(tmp_path))):
+        for name in CASES:
+            _check_trajectory(rank, by_case[name], f"{name}, rank {rank}")
+        _check_graphs(by_case["graphs"], f"rank {rank}")
+        assert "bucket_cap_mb=0.5 with compile" in by_case["small_buckets"], rank
+
+
+def _check_trajectory(rank: int, seen: dict[str, Any], where: str) -> None:
+    """Compiled DDP trains as eager and saves its keys."""
+    assert seen["compiled_type"] == "DistributedDataParallel(OptimizedModule)", where
+    assert seen["compiled"] == pytest.approx(seen["eager"], rel=1e-5, abs=1e-6), where
+    assert seen["compiled_bn"] == pytest.approx(seen["eager_bn"], rel=1e-5, abs=1e-6), where
+    # rank 0's state is saved; BatchNorm's statistics are each rank's own until DDP's
+    # next forward broadcasts rank 0's (broadcast_buffers), in eager as compiled
+    assert seen["loaded"] == ([] if rank == 0 else ["1.running_mean", "1.running_var"]), where
+    assert seen["saved_keys"] == seen["eager_keys"], where  # no module. / _orig_mod.
+    assert not any("_orig_mod" in key for key in seen["saved_keys"]), where
+
+
+def _check_graphs(counts: dict[str, int], where: str) -> None:
+    """DDPOptimizer splits the compiled graph at the buckets."""
+    assert counts["alone"] == 1, where  # one graph for the model alone (fullgraph holds)
+    assert counts["ddp"] >= 2, where  # DDPOptimizer split it at DDP's bucket boundaries
 
 
 @pytest.fixture
@@ -149,23 +178,6 @@ def test_a_bad_compile_option_is_named(
     with pytest.raises(ConfigError) as raised:
         ddpkit.wrap(_model(), compile=value)  # type: ignore[arg-type]
     assert fragment in f"{raised.value.message} {raised.value.hint}"
-
-
-def _small_buckets_worker(rank: int, world_size: int, port: int) -> str:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
-    try:
-        ddpkit.wrap(_model(), "ddp", compile=True, bucket_cap_mb=0.5)
-    except ConfigError as error:
-        return error.message
-    finally:
-        ddpkit.shutdown()
-    return "no error"
-
-
-@pytest.mark.multiproc
-def test_buckets_under_the_first_are_refused_with_compile() -> None:
-    for message in run_workers(_small_buckets_worker, 2):
-        assert "bucket_cap_mb=0.5 with compile" in message
 
 
 def test_compile_single_keeps_the_state_dict_keys(world_of_one: ddpkit.Context) -> None:

@@ -1,5 +1,6 @@
 """wrap(model, "fsdp"): which blocks FSDP2 shards, its options' errors, and real sharded training
-on gloo (world sizes 1, 2 and 3) that follows the single-process trajectory."""
+on gloo (world sizes 1, 2 and 3) that follows the single-process trajectory (run in the launch of
+tests/worker/test_loop_ranks.py that the loop's other features share)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import ddpkit
 from ddpkit.errors import ConfigError
 from ddpkit.worker.fsdp import choose_blocks
 from tests.support import tinymlp
-from tests.support.distutil import run_workers, torchrun_env
 
 
 @pytest.fixture
@@ -90,36 +90,29 @@ def test_fsdp_options_with_another_strategy_are_an_error(world_of_one: ddpkit.Co
         ddpkit.wrap(nn.Linear(2, 2), "fsdp", sync_batchnorm=True)
 
 
-def _fsdp_worker(rank: int, world_size: int, port: int, steps: int) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
-    try:
-        model = ddpkit.wrap(tinymlp.make_model(), "fsdp", fsdp_blocks=(tinymlp.Block,))
-        with pytest.raises(ConfigError, match="already wrapped"):
-            ddpkit.wrap(model, "fsdp")
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-        losses = [tinymlp.step(model, optimizer, rank, world_size) for _ in range(steps)]
-        units = [
-            type(module).__name__ for module in model.modules() if isinstance(module, FSDPModule)
-        ]
-        local = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
-        bf16 = ddpkit.wrap(tinymlp.make_model(), "fsdp", precision="bf16")
-        kept = {p.dtype for p in bf16.parameters()}
-        out = bf16(torch.randn(3, 4))
-        return {
-            "losses": losses,
-            "units": units,
-            "local": local,
-            "bf16": (out.dtype, kept),
-            "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
-        }
-    finally:
-        ddpkit.shutdown()
+def fsdp_case(rank: int, world_size: int, steps: int) -> dict[str, Any]:
+    """FSDP2 training ``steps`` steps on this rank's group, and a bf16 model's forward."""
+    model = ddpkit.wrap(tinymlp.make_model(), "fsdp", fsdp_blocks=(tinymlp.Block,))
+    with pytest.raises(ConfigError, match="already wrapped"):
+        ddpkit.wrap(model, "fsdp")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = [tinymlp.step(model, optimizer, rank, world_size) for _ in range(steps)]
+    units = [type(module).__name__ for module in model.modules() if isinstance(module, FSDPModule)]
+    local = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
+    bf16 = ddpkit.wrap(tinymlp.make_model(), "fsdp", precision="bf16")
+    kept = {p.dtype for p in bf16.parameters()}
+    out = bf16(torch.randn(3, 4))
+    return {
+        "losses": losses,
+        "units": units,
+        "local": local,
+        "bf16": (out.dtype, kept),
+        "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
+    }
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_fsdp_trains_on_the_single_process_trajectory(world_size: int) -> None:
-    steps = 4
-    results = run_workers(_fsdp_worker, world_size, steps)
+def check_fsdp(results: list[dict[str, Any]], world_size: int, steps: int) -> None:
+    """FSDP2 trains on the single-process trajectory, every parameter sharded once."""
     expected = tinymlp.reference(steps)
     total = sum(p.numel() for p in tinymlp.make_model().parameters())
     for seen in results:

@@ -6,14 +6,15 @@ runs it on CPU too, with ``GradScaler("cpu")``): through a window of ``ddpkit.ac
 the scaler's gradients, once unscaled, are those of the unscaled backward; an overflow skips
 the step and halves the scale; the scale travels through ``save_checkpoint`` /
 ``load_checkpoint`` (weights-only); stepping mid-window and clipping scaled gradients are
-refused. The CUDA paths are the same calls on another device type, not run here.
+refused. Both run in the launch of tests/worker/test_loop_ranks.py (at 1 and 2 ranks) that the
+loop's other features share. The CUDA paths are the same calls on
+another device type, not run here.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
-from tests.support.distutil import run_workers, torchrun_env
 
 STEPS = 3
 
@@ -41,8 +41,7 @@ def _batch(rank: int, step: int, scale: float = 1.0) -> tuple[torch.Tensor, torc
     return x * scale, y * scale
 
 
-def _bf16_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
+def _bf16(rank: int) -> dict[str, Any]:
     model = ddpkit.wrap(_model(), "ddp", precision="bf16")
     by_hand = DistributedDataParallel(_model())
     seen: dict[str, Any] = {"inner": [], "losses": [], "by_hand": []}
@@ -67,28 +66,24 @@ def _bf16_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
             seen[key].append(float(loss))
     seen["params"] = sorted({str(p.dtype) for p in model.parameters()})
     seen["disabled"] = not ddpkit.grad_scaler(model).is_enabled()
-    ddpkit.shutdown()
     return seen
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_bf16_runs_the_forward_under_autocast_and_returns_float32(world_size: int) -> None:
-    for seen in run_workers(_bf16_worker, world_size):
-        assert seen["inner"] == ["torch.bfloat16"] * STEPS  # the Linear computed in bf16
-        assert seen["out"] == "torch.float32"
-        assert seen["params"] == ["torch.float32"]
-        assert seen["losses"] == pytest.approx(seen["by_hand"], rel=1e-6)
-        assert seen["losses"][-1] < seen["losses"][0] or world_size == 2
-        assert seen["disabled"]  # no loss scaling in bf16
+def _check_bf16(seen: dict[str, Any], world_size: int) -> None:
+    """bf16 runs the forward under autocast and returns float32."""
+    assert seen["inner"] == ["torch.bfloat16"] * STEPS  # the Linear computed in bf16
+    assert seen["out"] == "torch.float32"
+    assert seen["params"] == ["torch.float32"]
+    assert seen["losses"] == pytest.approx(seen["by_hand"], rel=1e-6)
+    assert seen["losses"][-1] < seen["losses"][0] or world_size == 2
+    assert seen["disabled"]  # no loss scaling in bf16
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-def _fp16_worker(rank: int, world_size: int, port: int, folder: str) -> dict[str, Any]:
-    ddpkit.init(env=torchrun_env(rank, world_size, port))
+def _fp16(rank: int, world_size: int, folder: str) -> dict[str, Any]:
     model = ddpkit.wrap(_model(), "ddp", precision="fp16")
     plain = copy.deepcopy(ddpkit.unwrap(model))  # the same fp16 forward, unscaled backward
     scaler = ddpkit.grad_scaler(model)
@@ -143,27 +138,32 @@ def _fp16_worker(rank: int, world_size: int, port: int, folder: str) -> dict[str
     seen["fresh_scale"] = ddpkit.grad_scaler(fresh).get_scale()
     ddpkit.load_checkpoint(folder, {"model": fresh})
     seen["loaded_scale"] = ddpkit.grad_scaler(fresh).get_scale()
-    ddpkit.shutdown()
     return seen
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_fp16_scaler_through_a_window_an_overflow_and_a_checkpoint(
-    world_size: int, tmp_path: Path
-) -> None:
-    for seen in run_workers(_fp16_worker, world_size, str(tmp_path)):
-        assert seen["enabled"]
-        assert len(seen["mid_window"]) == 2  # update and step refused inside the window
-        assert "accumulation window open" in seen["mid_window"][0]
-        assert "loss scale" in seen["clip_scaled"]
-        assert seen["ratio"] == pytest.approx(seen["scale0"], rel=1e-3)
-        assert seen["unscaled_match"]
-        assert seen["stepped"]
-        assert seen["skipped"]
-        assert seen["scale_after_overflow"] == seen["scale0"] / 2
-        assert seen["fresh_scale"] == seen["scale0"]
-        assert seen["loaded_scale"] == seen["scale0"] / 2
+def _check_fp16(seen: dict[str, Any]) -> None:
+    """fp16's scaler through a window, an overflow and a checkpoint."""
+    assert seen["enabled"]
+    assert len(seen["mid_window"]) == 2  # update and step refused inside the window
+    assert "accumulation window open" in seen["mid_window"][0]
+    assert "loss scale" in seen["clip_scaled"]
+    assert seen["ratio"] == pytest.approx(seen["scale0"], rel=1e-3)
+    assert seen["unscaled_match"]
+    assert seen["stepped"]
+    assert seen["skipped"]
+    assert seen["scale_after_overflow"] == seen["scale0"] / 2
+    assert seen["fresh_scale"] == seen["scale0"]
+    assert seen["loaded_scale"] == seen["scale0"] / 2
+
+
+def precision_cases(rank: int, world_size: int, folder: str) -> dict[str, Any]:
+    """bf16, then fp16, on this rank's group."""
+    return {"bf16": _bf16(rank), "fp16": _fp16(rank, world_size, folder)}
+
+
+def check_precision(seen: dict[str, Any], world_size: int) -> None:
+    _check_bf16(seen["bf16"], world_size)
+    _check_fp16(seen["fp16"])
 
 
 @pytest.fixture
