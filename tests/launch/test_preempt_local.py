@@ -359,11 +359,23 @@ def _storm(
 
 
 def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: one pass over /proc for the whole tree (``child_pids`` per
+    process would read every process's stat once for each process of the run)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # it just ended
+            continue
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])  # comm may hold spaces and ')'
+        children.setdefault(parent, []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
-        children = child_pids(todo.pop())
-        found += children
-        todo += children
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
     return found
 
 
