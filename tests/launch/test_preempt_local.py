@@ -1,21 +1,21 @@
 """The stop signal under ``ddpkit run``: the launcher passes SIGUSR2 on, the run stops with 75.
 
-``examples/train.py`` runs as 2 workers; once it saved a checkpoint, SIGUSR2 goes to the
-``ddpkit run`` process alone. It must pass the signal on to its workers (whose guard agrees,
-saves and exits 75 outside SLURM), exit with 75 itself and leave no worker behind. Running the
-same command again resumes from the stop's checkpoint and ends with the weights of an
-uninterrupted run: the same training in 2 ranks forked from the test's fork server (a
-reference, not the launch under test: two forks of a process that imported torch once, not a
-launch's three fresh interpreters).
+``examples/train.py`` runs as 2 workers, three times on one checkpoint folder, each launch under
+a storm of SIGUSR2 (``DDPKIT_SIGNAL=USR2``, as in a ddpkit job) from a different moment to the
+run's end: the stop signal at any moment never kills a process. Each launch starts three
+interpreters that import torch, so the moments share them:
 
-A storm of SIGUSR2 to the launcher and its workers (``DDPKIT_SIGNAL=USR2``, as in a ddpkit
-job), from several moments (the launcher's start, init, training, evaluation, teardown) to the
-end of the run, must never kill a process either. The stop above is the storm from training:
-the signals go to the launcher alone until rank 0 said the ranks agreed to stop (which only
-the launcher's passing them on can have caused), then to every process until the run exited
-(one launch for both, not two: each launch starts three interpreters that import torch); the
-storm from the evaluation is the rerun's (a signal after the last step leaves the run as it
-was).
+1. from the launcher's start, to the launcher and every worker (hit while Python and torch
+   start, before and during their ``init()``): the run stops at its first step, with 75;
+2. from training, once the run (resumed from 1's checkpoint) saved one of its own: to the
+   ``ddpkit run`` process alone until rank 0 said the ranks agreed to stop (which only the
+   launcher's passing the signal on can have caused), then to every process. The launcher
+   exits with 75 and leaves no worker behind;
+3. from the evaluation (after the last step: it leaves the run as it was, and covers the
+   teardown), of the same command run again: it resumes from 2's stop and ends with the
+   weights of an uninterrupted run, the same training in 2 ranks forked from the test's fork
+   server (a reference, not the launch under test: two forks of a process that imported torch
+   once, not a launch's three fresh interpreters).
 """
 
 from __future__ import annotations
@@ -124,66 +124,90 @@ class Storm:
 
 
 @dataclass(frozen=True)
-class Stopped(Storm):
-    """The run stopped by the signals to its launcher (then to every process), as a storm."""
-
-    leftovers: list[int]  # its workers still alive after it exited
-    steps_saved: list[int]
-    directory: Path  # its checkpoints
-
-
-@dataclass(frozen=True)
 class Runs:
-    """The stopped run, its rerun on the same directory (the storm from the evaluation's run)
-    and the weights of an uninterrupted run."""
+    """The three launches (by the moment their storm started from) and the weights of an
+    uninterrupted run."""
 
-    code: int  # the stopped launcher's exit code
-    out: str
-    err: str
-    leftovers: list[int]  # its workers still alive after it exited
-    steps_saved: list[int]
-    rerun: Storm
-    reference: str  # the uninterrupted run's weights sha256
+    storms: dict[str, Storm]  # "start", "training" (the stopped run), "evaluation" (the rerun)
+    leftovers: list[int]  # the stopped run's workers still alive after it exited
+    steps_saved: list[int]  # the checkpoints' steps after the stopped run
+    reference: str  # the uninterrupted run's stdout
+
+    @property
+    def stopped(self) -> Storm:
+        return self.storms["training"]
+
+    @property
+    def rerun(self) -> Storm:
+        return self.storms["evaluation"]
 
 
 AGREED = "SIGUSR2 received: every rank stops after this step"  # rank 0, once the ranks agreed
 
 
-@pytest.fixture(scope="module")
-def stopped(tmp_path_factory: pytest.TempPathFactory) -> Stopped:
-    tmp_path = tmp_path_factory.mktemp("preempt-local")
-    directory = tmp_path / "stop-ckpt"  # unique: marks this run's workers in /proc
-    marker = str(directory)
-    latched = tmp_path / "latched"
+def _launch(
+    out: Path,
+    command: list[str],
+    marker: str,
+    started: Callable[[Path], bool],
+    everyone: Callable[[], bool] = lambda: True,
+) -> tuple[Storm, list[int]]:
+    """Run ``command`` under a storm that starts once ``started(latched)`` (the launcher's
+    latch folder) holds: what it ended with, and its workers still alive after its exit."""
+    latched = out.with_name(f"{out.name}-latched")
     latched.mkdir()
-    command = _command("--checkpoint-dir", marker, "--checkpoint-every", "5")
-    # 27 steps of 0.1 s after the first save: the stop comes long before the end
-    env = {"DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)}
-    first = _start([*command, "--step-delay", "0.1"], tmp_path / "first", env)
+    run = _start(command, out, {"DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)})
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not _steps_saved(directory):
-            assert first.poll() is None, f"ended unsaved (exit {first.returncode})"
-            assert time.monotonic() < deadline, f"no checkpoint in {directory}"
-            time.sleep(0.005)
-        assert len(_worker_pids(marker)) == 2, "expected the 2 workers to be running"
-        # the launcher only, until the ranks agreed; then every process, until the exit
-        sent = _storm(first, lambda: True, everyone=lambda: AGREED in _logs(tmp_path / "first")[1])
-        code = first.wait(timeout=TIMEOUT_S)
+        sent = _storm(run, lambda: started(latched), everyone)
+        run.wait(timeout=TIMEOUT_S)
         leftovers = _worker_pids(marker)
     finally:
-        _kill(first, marker)  # and any leftover, before the rerun uses the same directory
-    out, err = _logs(tmp_path / "first")
-    return Stopped(code, sent, out, err, leftovers, _steps_saved(directory), directory)
+        _kill(run, marker)  # and any leftover, before the next launch uses the same folder
+    return Storm(run.returncode, sent, *_logs(out)), leftovers
+
+
+def _latched(latched: Path) -> bool:
+    return bool(os.listdir(latched))
 
 
 @pytest.fixture(scope="module")
-def runs(stopped: Stopped, storms: dict[str, Storm]) -> Runs:
-    reference = run_workers(_uninterrupted, 2, timeout_s=TIMEOUT_S)[0]
-    return Runs(
-        stopped.code, stopped.out, stopped.err, stopped.leftovers, stopped.steps_saved,
-        storms["evaluation"], reference,
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    tmp_path = tmp_path_factory.mktemp("preempt-local")
+    directory = tmp_path / "stop-ckpt"  # unique: marks this test's workers in /proc
+    marker = str(directory)
+    command = _command("--checkpoint-dir", marker, "--checkpoint-every", "5")
+    storms = {}
+    # 1. every process, from the launcher's latch on: the signal is there before the loop
+    storms["start"], _ = _launch(
+        tmp_path / "start", [*command, "--step-delay", "0.02"], marker, _latched
+    )
+    before = max(_steps_saved(directory), default=0)
+
+    def saved_anew(_: Path) -> bool:  # a checkpoint of this run's own, with both workers up
+        if max(_steps_saved(directory), default=0) <= before:
+            return False
+        assert len(_worker_pids(marker)) == 2, "expected the 2 workers to be running"
+        return True
+
+    # 2. the launcher only, until the ranks agreed; then every process, until the exit. 27
+    # steps of 0.1 s after the first save: the stop comes long before the end
+    out = tmp_path / "training"
+    storms["training"], leftovers = _launch(
+        out, [*command, "--step-delay", "0.1"], marker, saved_anew,
+        everyone=lambda: AGREED in _logs(out)[1],
     )  # fmt: skip
+    steps_saved = _steps_saved(directory)
+    # 3. every process, from the evaluation's line on: the rerun, which resumes from 2's stop
+    out = tmp_path / "evaluation"
+    storms["evaluation"], _ = _launch(
+        out, [*command, "--step-delay", "0.02"], marker,
+        lambda _: bool(EVALUATION.search(_logs(out)[0])),
+    )  # fmt: skip
+    reference = run_workers(_uninterrupted, 2, timeout_s=TIMEOUT_S)[0]
+    return Runs(storms, leftovers, steps_saved, reference)
+
+
+EVALUATION = re.compile(r"^\[rank0\]:? ?epoch 1: ", re.MULTILINE)  # after the last step
 
 
 def _uninterrupted(rank: int, world_size: int, port: int) -> str:
@@ -210,14 +234,15 @@ def _uninterrupted(rank: int, world_size: int, port: int) -> str:
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_sigusr2_to_the_launcher_reaches_the_workers_which_stop_with_75(runs: Runs) -> None:
-    assert runs.code == 75, f"exit {runs.code}\n{runs.out}\n{runs.err}"
+    stopped = runs.stopped
+    assert stopped.code == 75, f"exit {stopped.code}\n{stopped.out}\n{stopped.err}"
     assert runs.leftovers == [], f"workers left behind: {runs.leftovers}"
-    assert AGREED in runs.err, runs.err
-    assert "not a SLURM job" in runs.err, runs.err
-    assert not HASH.search(runs.out), runs.out  # it did stop before the end
-    saved = [int(step) for step in SAVED.findall(runs.err)]
-    assert len(saved) == 1 and saved[0] < 32, runs.err
-    assert runs.steps_saved[-1:] == saved, (runs.steps_saved, runs.err)
+    assert AGREED in stopped.err, stopped.err
+    assert "not a SLURM job" in stopped.err, stopped.err
+    assert not HASH.search(stopped.out), stopped.out  # it did stop before the end
+    saved = [int(step) for step in SAVED.findall(stopped.err)]
+    assert len(saved) == 1 and saved[0] < 32, stopped.err
+    assert runs.steps_saved[-1:] == saved, (runs.steps_saved, stopped.err)
 
 
 @pytest.mark.multiproc
@@ -225,18 +250,22 @@ def test_sigusr2_to_the_launcher_reaches_the_workers_which_stop_with_75(runs: Ru
 def test_launcher_reports_the_stop_as_stopped_early_with_a_checkpoint(runs: Runs) -> None:
     # Both workers exit 75, a few ms apart: torch's agent must not SIGTERM the slower one
     # (whose "signal SIGTERM" would turn the report into "worker failed (root cause)").
-    assert runs.code == 75
-    assert "stopped early with a checkpoint" in runs.err, runs.err
-    assert "worker failed" not in runs.err, runs.err
+    for name in ("start", "training"):
+        storm = runs.storms[name]
+        assert storm.code == 75, (name, storm.err)
+        assert "stopped early with a checkpoint" in storm.err, (name, storm.err)
+        assert "worker failed" not in storm.err, (name, storm.err)
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_rerun_resumes_from_the_stop_to_the_weights_of_an_uninterrupted_run(runs: Runs) -> None:
-    rerun = runs.rerun
+    start, stopped, rerun = runs.storms["start"], runs.stopped, runs.rerun
     assert rerun.code == 0, f"{rerun.out}\n{rerun.err}"
-    saved = [int(step) for step in SAVED.findall(runs.err)]
-    assert [int(step) for step in RESUMED.findall(rerun.out)] == saved, rerun.out
+    for first, then in ((start, stopped), (stopped, rerun)):  # each resumed where the last stopped
+        saved = [int(step) for step in SAVED.findall(first.err)]
+        assert len(saved) == 1, first.err
+        assert [int(step) for step in RESUMED.findall(then.out)] == saved, then.out
     assert _final_hash(rerun.out) == _final_hash(runs.reference), runs.reference
 
 
@@ -290,17 +319,11 @@ def test_child_pids_reads_ppid_after_the_last_parenthesis(tmp_path: Path) -> Non
 # the launcher and to each worker every 10 ms, as SLURM signals every process of a step)
 # starts at a given moment and lasts until the launcher has exited. "start": once the launcher
 # holds the signal (its marker in DDPKIT_LATCH_DIR), before its workers exist, so they are hit
-# while Python and torch start, before their init(). Training that sees it stops with 75 (the
-# storm from training is the stopped run above: to the launcher alone until the ranks agreed);
-# a storm that starts after the last step meets the evaluation and then the teardown (the
-# weights line, atexit, the interpreter's finalization, the launcher's own exit: a storm lasts
-# to the end, so one from the evaluation covers the teardown too), and the run ends 0 (this
-# one is the rerun that resumes from the stop).
-STORM_FROM = {
-    "start": None,
-    "init": re.compile(r"^\[rank0\]:? ?ddpkit: torchrun, world size 2", re.MULTILINE),
-    "evaluation": re.compile(r"^\[rank0\]:? ?epoch 1: ", re.MULTILINE),
-}
+# while Python and torch start, and on through their init(): training that sees it stops with
+# 75 (the storm from training is the stopped run: to the launcher alone until the ranks
+# agreed); a storm that starts after the last step meets the evaluation and then the teardown
+# (the weights line, atexit, the interpreter's finalization, the launcher's own exit: a storm
+# lasts to the end, so one from the evaluation covers the teardown too), and the run ends 0.
 ROUND_S = 0.01  # between two rounds of signals
 REFRESH = 10  # rounds between two reads of the run's processes (a read scans /proc)
 # (was: a round each millisecond, each reading the processes first: at a load of 30 one
@@ -335,58 +358,31 @@ def _storm(
     return sent
 
 
-def _moment(line: re.Pattern[str] | None, out: Path, latched: Path) -> Callable[[], bool]:
-    """Has the storm's moment come: ``line`` in the run's stdout, or (None) a latch marker?"""
-    if line is None:
-        return lambda: bool(os.listdir(latched))
-    return lambda: bool(line.search(_logs(out)[0]))
-
-
 def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: one pass over /proc for the whole tree (``child_pids`` per
+    process would read every process's stat once for each process of the run)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # it just ended
+            continue
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])  # comm may hold spaces and ')'
+        children.setdefault(parent, []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
-        children = child_pids(todo.pop())
-        found += children
-        todo += children
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
     return found
-
-
-@pytest.fixture(scope="module")
-def storms(tmp_path_factory: pytest.TempPathFactory, stopped: Stopped) -> dict[str, Storm]:
-    """One run for each moment a storm starts from, with what it ended with (training's is
-    the stopped run's; the evaluation's is its rerun, which resumes from the stop)."""
-    tmp_path = tmp_path_factory.mktemp("storms")
-    plain = _command()
-    rerun = _command("--checkpoint-dir", str(stopped.directory), "--checkpoint-every", "5")
-    outcomes = {}
-    for name, line in STORM_FROM.items():
-        command = rerun if name == "evaluation" else plain
-        out, latched = tmp_path / name, tmp_path / f"{name}-latched"
-        latched.mkdir()
-        env = {**_env(), "DDPKIT_SIGNAL": "USR2", "DDPKIT_LATCH_DIR": str(latched)}
-        with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
-            run = subprocess.Popen(
-                [*command, "--step-delay", "0.02"],
-                cwd=ROOT, env=env, stdout=stdout, stderr=err, text=True, start_new_session=True,
-            )  # fmt: skip
-        try:
-            sent = _storm(run, _moment(line, out, latched))
-        finally:
-            if run.poll() is None:  # a failed check: this run's workers, then the launcher
-                for pid in _descendants(run.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                run.kill()
-            run.wait()
-        outcomes[name] = Storm(run.returncode, sent, *_logs(out))
-    outcomes["training"] = Storm(stopped.code, stopped.sent, stopped.out, stopped.err)
-    return outcomes
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_a_stop_signal_at_any_moment_never_kills_a_process(storms: dict[str, Storm]) -> None:
-    for name, (code, sent, stdout, stderr) in ((k, astuple(v)) for k, v in storms.items()):
+def test_a_stop_signal_at_any_moment_never_kills_a_process(runs: Runs) -> None:
+    for name, (code, sent, stdout, stderr) in ((k, astuple(v)) for k, v in runs.storms.items()):
         where = f"storm from {name}: exit {code}, {sent} rounds of signals sent\n{stdout}\n{stderr}"
         assert sent > 0, where
         stopped = "every rank stops after this step" in stderr

@@ -6,7 +6,8 @@ the uninterrupted run's, rank by rank and step by step: torch's ``DistributedSam
 world 2 with the worker's seed, which an uninterrupted ``ddpkit.loader`` run follows (computed
 here: a fourth launch, of 2 ranks, would cost a fifth of the test's CPU). Worlds 2 and 3, not
 4 and 2: the run still shrinks and grows mid-epoch, with padding at both sizes, from 7 fresh
-worker interpreters instead of 10 (each imports torch, and DDP's dynamo, anew)."""
+worker interpreters instead of 10 (each imports torch anew; the worker builds no model nor
+optimizer, whose DDP and ``torch.optim`` would import ``torch._dynamo`` in each too)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ catches the signal: a worker that handles it late gets it then, one that never h
 never killed by it. In a ddpkit job, and when the user started the launcher with SIGUSR2
 blocked, the workers start with it blocked, as before.
 
-Real ``ddpkit run --nproc-per-node 2`` runs of ``tests/scripts/mask_worker.py``, a script that
-does not import ddpkit.
+Real ``ddpkit run`` runs of ``tests/scripts/mask_worker.py``, a script that does not import
+ddpkit: each launch costs the launcher's torch import, so one launch shows both what a signal
+sent to a worker does and what one sent to the launcher does (a rank more is a plain Python).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _start(
     where: Path, modes: str, seconds: float, env: dict[str, str], *, blocked: bool = False
 ) -> subprocess.Popen[bytes]:
     prefix = [sys.executable, "-c", BLOCKED_START] if blocked else [sys.executable]
-    command = [*prefix, "-m", "ddpkit", "run", "--nproc-per-node", "2", WORKER]
+    nproc = str(len(modes.split(",")))
+    command = [*prefix, "-m", "ddpkit", "run", "--nproc-per-node", nproc, WORKER]
     with (where / "out").open("w") as out, (where / "err").open("w") as err:
         return subprocess.Popen(
             [*command, str(where), modes, str(seconds)],
@@ -86,49 +88,46 @@ def _masks(stdout: str) -> dict[str, str]:
     return found
 
 
-def test_outside_a_job_a_workers_own_handler_runs_on_a_signal_sent_to_it(tmp_path: Path) -> None:
-    """As under torchrun: not blocked in the worker nor in its child, and ``kill -USR2
-    <worker>`` runs the script's handler."""
-    run = _start(tmp_path, "own,own", 20.0, _env())
-    try:
-        ready = [tmp_path / f"ready.{rank}" for rank in (0, 1)]
-        _wait_for(run, *ready)
-        for file in ready:
-            pid = int(file.read_text())
-            assert signal_if_same(pid, start_ticks(pid), signal.SIGUSR2), f"{pid} is gone"
-    finally:
-        code, stdout, stderr = _end(run, tmp_path)
-    where = f"exit {code}\n{stdout}\n{stderr}"
-    assert _masks(stdout) == {"0": "False False", "1": "False False"}, where
-    assert "got 0" in stdout and "got 1" in stdout, where
-    assert code == 0, where
+def _wait_for_line(run: subprocess.Popen[bytes], where: Path, line: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while line not in (where / "out").read_text():
+        assert run.poll() is None, f"the run ended first (exit {run.returncode})"
+        assert time.monotonic() < deadline, f"no {line!r}"
+        time.sleep(0.005)
 
 
 @pytest.mark.parametrize("torch_handles", ["", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"])
-def test_a_signal_to_the_launcher_waits_until_a_worker_catches_it_and_kills_none(
+def test_outside_a_job_a_signal_to_a_worker_runs_its_handler_one_to_the_launcher_waits_for_it(
     tmp_path: Path, torch_handles: str
 ) -> None:
-    """Rank 0 installs its handler 1 s after it starts, rank 1 never does. A SIGUSR2 to the
-    launcher once both run (before rank 0's handler), then a storm of them to its end: rank 0's
-    handler gets one once it is in place, rank 1 is never killed, the run ends 0. Also when
-    torch is asked to handle SIGUSR2 (``PET_SIGNALS_TO_HANDLE``): the relay passes it on,
-    torch's agent does not shut the workers down."""
+    """As under torchrun: SIGUSR2 blocked in no worker nor in its child, and ``kill -USR2
+    <worker>`` runs the script's handler (rank 2, which installs it at once: signalled before
+    anything is sent to the launcher). Then a signal to the launcher waits until a worker
+    catches it and kills none: rank 0 installs its handler only once the test, having sent
+    the launcher a SIGUSR2, says so (``go``); rank 1 never does. A storm of them to the
+    launcher's end: rank 0's handler gets one once it is in place, rank 1 is never killed, the
+    run ends 0. Also when torch is asked to handle SIGUSR2 (``PET_SIGNALS_TO_HANDLE``): the
+    relay passes it on, torch's agent does not shut the workers down."""
     extra = {"PET_SIGNALS_TO_HANDLE": torch_handles} if torch_handles else {}
-    run = _start(tmp_path, "late,never", 4.0, _env(**extra))
+    run = _start(tmp_path, "late,never,own", 4.0, _env(**extra))
     sent = 0
     try:
-        _wait_for(run, tmp_path / "start.0", tmp_path / "start.1")
-        assert not (tmp_path / "ready.0").exists(), "rank 0 caught it first: no test"
+        _wait_for(run, tmp_path / "start.0", tmp_path / "start.1", tmp_path / "ready.2")
+        pid = int((tmp_path / "ready.2").read_text())
+        assert signal_if_same(pid, start_ticks(pid), signal.SIGUSR2), f"{pid} is gone"
+        _wait_for_line(run, tmp_path, "got 2")  # the handler ran, and rank 2 is done
+        assert not (tmp_path / "ready.0").exists(), "rank 0 caught it before the go"
         while run.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(run.pid, signal.SIGUSR2)
                 sent += 1
+            (tmp_path / "go").touch()  # after the first signal to the launcher
             time.sleep(0.03)
     finally:
         code, stdout, stderr = _end(run, tmp_path)
     where = f"exit {code}, {sent} sent\n{stdout}\n{stderr}"
-    assert _masks(stdout) == {"0": "False False", "1": "False False"}, where
-    assert "got 0" in stdout and "finished 1" in stdout, where
+    assert _masks(stdout) == {r: "False False" for r in ("0", "1", "2")}, where
+    assert "got 0" in stdout and "finished 1" in stdout and "got 2" in stdout, where
     assert code == 0 and "worker failed" not in stderr, where
 
 

@@ -7,8 +7,10 @@ rank 0 ``own``, rank 1 ``never``). Each rank first prints ``mask <rank> <SigBlk 
 
 * ``own``: installs its own SIGUSR2 handler at once, writes its pid to ``DIR/ready.<rank>``
   and waits (up to SECONDS) for the signal;
-* ``late``: the same after 1 s (its imports, its model), so that a signal can come before;
-* ``never``: never handles it; sleeps SECONDS.
+* ``late``: the same once ``DIR/go`` exists (its imports, its model: the test says when, so
+  that a signal comes before; 60 s at most);
+* ``never``: never handles it; sleeps SECONDS once ``DIR/go`` exists (or SECONDS passed
+  without it), so that it still runs when the test signals the launcher after ``go``.
 
 Then it prints ``got <rank>`` (its handler ran), ``missed <rank>`` or ``finished <rank>``
 (``never``) and exits 0. It imports nothing but the standard library: ddpkit is not in it.
@@ -47,12 +49,14 @@ if __name__ == "__main__":
     ).stdout.strip()
     print(f"mask {rank} {_blocked_here()} {child}", flush=True)
     (where / f"start.{rank}").touch()
+    if mode != "own":
+        deadline = time.monotonic() + (60.0 if mode == "late" else seconds)
+        while not (where / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     if mode == "never":
         time.sleep(seconds)
         print(f"finished {rank}", flush=True)
         sys.exit(0)
-    if mode == "late":
-        time.sleep(1.0)
     got: list[int] = []
     signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
     (where / f"ready.{rank}.tmp").write_text(str(os.getpid()))

@@ -1,12 +1,14 @@
 """Worker for tests/launch/test_resize_launch.py: one piece of a run that resumes at any world size.
 
-``resize_worker.py DIR EPOCHS STOP``: resumes from the newest checkpoint in DIR (model, optimizer,
-loader position, step) when there is one, trains a tiny model over ``dataset[i] == i`` for
-``EPOCHS`` epochs (23 samples, batches of 2, shuffled), and after ``STOP`` steps of this piece
-(0: never) saves a checkpoint and exits 0, as a preempted job does before its requeue. Every
-step, every rank appends one JSON line to ``DIR/log-<world>-<rank>.jsonl`` (a launch at another
-world size writes other files): the epoch, the step, its own sample ids and the ids
-``ddpkit.gather`` kept (padding removed).
+``resize_worker.py DIR EPOCHS STOP``: resumes from the newest checkpoint in DIR (loader position,
+step) when there is one, steps through ``dataset[i] == i`` for ``EPOCHS`` epochs (23 samples,
+batches of 2, shuffled), and after ``STOP`` steps of this piece (0: never) saves a checkpoint and
+exits 0, as a preempted job does before its requeue. Every step, every rank appends one JSON line
+to ``DIR/log-<world>-<rank>.jsonl`` (a launch at another world size writes other files): the
+epoch, the step, its own sample ids and the ids ``ddpkit.gather`` kept (padding removed).
+
+No model and no optimizer: the samples are what the resize test checks, and building DDP or a
+``torch.optim`` optimizer imports ``torch._dynamo`` in every rank (seconds of CPU each).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.utils.data import Dataset
 
 import ddpkit
@@ -34,21 +35,14 @@ class Indices(Dataset[int]):
 
 def main(folder: Path, epochs: int, stop: int) -> None:
     ctx = ddpkit.init(backend="gloo")
-    torch.manual_seed(0)
-    model = ddpkit.wrap(torch.nn.Linear(1, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = ddpkit.loader(Indices(), BATCH, seed=SEED)
-    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "loader": loader, "step": 0}
+    state: dict[str, Any] = {"loader": loader, "step": 0}
     ddpkit.load_checkpoint(folder, state)
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"log-{ctx.world_size}-{ctx.rank}.jsonl"
     taken = 0
     while loader.state_dict()["epoch"] < epochs:
         for batch in loader:
-            loss = model(batch.float().unsqueeze(1)).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
             kept = ddpkit.gather(batch).tolist()
             state["step"] += 1
             taken += 1
