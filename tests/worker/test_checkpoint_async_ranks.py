@@ -1,8 +1,10 @@
 """Checkpoints written in the background, two ranks on a real gloo group: a failed write raises
 on every rank (at the next save, sync or async, at a wait, a load, the guard, and at exit: a
-real interpreter's exit for a write still running, the exit step on forked ranks for the rest), a
-resume from an async checkpoint is bitwise the one from a sync checkpoint, and the preemption
-guard waits for the write before it ends the job. The failures, the resume and the exit steps
+write still running when the script ends, waited for in a real interpreter's exit when it
+succeeds, and by ranks forked from the fork server and ending as an interpreter does when it
+fails; the exit step on forked ranks for the rest), a resume from an async checkpoint is bitwise
+the one from a sync checkpoint, and the preemption guard waits for the write before it ends the
+job. The failures, the resume and the exit steps
 share one launch of 2 ranks, one after the other.
 
 A write is made to fail or to wait through the module's seam (``asyncsave.save_payload``) in
@@ -16,8 +18,6 @@ import gc
 import io
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -32,7 +32,8 @@ import ddpkit
 from ddpkit.errors import CheckpointError
 from ddpkit.worker import asyncsave, ckptfiles, inflight
 from ddpkit.worker.safeload import load_file
-from tests.support.distutil import free_port, run_workers, torchrun_env
+from tests.support import spawned
+from tests.support.distutil import run_workers, torchrun_env
 
 
 def _saves(names: list[str]) -> list[tuple[int, int]]:
@@ -120,13 +121,13 @@ def _check_failures(rank: int, result: dict[str, Any]) -> None:
 
 _EXITING = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import torch
     import ddpkit
     from ddpkit.worker import asyncsave
 
-    folder, delay_s, rank = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-    timeout_s = float(sys.argv[4])
+    folder, delay_s, timeout_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    rank = int(os.environ["RANK"])
     ddpkit.init(backend="gloo", timeout_s=30.0, peer_timeout_s=30.0)
     real = asyncsave.save_payload
 
@@ -141,9 +142,13 @@ _EXITING = textwrap.dedent(
 )
 
 
-# name: (the folder cannot be made, the write's delay, its timeout_s). The exit of a real
-# interpreter, with its atexit handlers and finalization, for a write still running when the
-# script ends, both outcomes; the variations below run ddpkit's exit step on the fork server.
+# name: (the folder cannot be made, the write's delay, its timeout_s). A write still running
+# when the script ends, both outcomes. "ok-late" in a real interpreter: its exit code is the
+# interpreter's own, after finalization. "fails-late" ends in ddpkit's atexit handler itself
+# (os._exit(1), before any finalization): its ranks are forked from the fork server, run the
+# script as __main__ and end as an interpreter does, its threads then its atexit handlers
+# (tests/support/spawned.py's forked). The variations below run ddpkit's exit step on the fork
+# server.
 EXITS = {
     "ok-late": (False, 1.0, 300.0),
     "fails-late": (True, 1.0, 300.0),
@@ -158,27 +163,16 @@ def test_at_exit_the_write_is_waited_for_and_a_failure_ends_every_rank_with_1(
     if fails:
         (tmp_path / "a-file").write_text("not a folder")
     folder = tmp_path / ("a-file" if fails else "ok") / "ckpt"
-    port = free_port()
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", _EXITING, str(folder), str(delay_s), str(rank), str(timeout_s)],
-            env={**os.environ, **torchrun_env(rank, 2, port)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    try:
-        outputs = [process.communicate(timeout=TIMEOUT_S)[0] for process in ranks]
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for rank, (process, output) in enumerate(zip(ranks, outputs, strict=True)):
-        assert f"rank {rank} done" in output, output
-        _check_exit(case, process.returncode, output)
+    script = tmp_path / "exiting.py"
+    script.write_text(_EXITING)
+    launch = spawned.forked if fails else spawned.spawn
+    ranks = launch(
+        script, 2, [str(folder), str(delay_s), str(timeout_s)], bound_s=30.0, timeout_s=TIMEOUT_S
+    )
+    for rank in ranks:
+        output = rank.out + rank.err
+        assert f"rank {rank.rank} done" in output, output
+        _check_exit(case, rank.code, output)
     _check_folder(case, folder)
 
 
@@ -250,7 +244,13 @@ def _ranks_worker(rank: int, world_size: int, port: int, root: str) -> dict[str,
             seen[case] = _exit_step(folder, delay_s, timeout_s)
         return seen
     finally:
-        gc.collect()  # the resume's DDP models before the group (see _guard_worker's end)
+        # The resume's DDP models go before the group: torch's Reducer, freed after
+        # destroy_process_group(), holds the group's last reference and destroys it with the
+        # GIL held, joining gloo's worker threads, one of which may still be releasing the
+        # last collective's tensors and waits for the GIL: a deadlock (py-spy --native:
+        # ~Reducer -> ~ProcessGroupGloo -> thread::join against ~AsyncBroadcastWork ->
+        # decref_pyobject).
+        gc.collect()
         ddpkit.shutdown()
 
 
@@ -345,6 +345,10 @@ def _equal(one: Any, other: Any) -> bool:
 def _guard_worker(
     rank: int, world_size: int, port: int, root: str, case: tuple[float, str]
 ) -> dict[str, Any]:
+    """Steps that change a plain state (no DDP, no optimizer: what the guard waits for is the
+    write, whatever the state; neither imports torch._dynamo, and no DDP Reducer outlives the
+    group that requeue_and_exit shuts down), a background save at steps 2 and 4, the stop
+    signal on rank 1 while step 4 is written."""
     delay_s, outcome = case
     fails, timeout_s = {4} if outcome == "fails" else set(), 1.0 if outcome == "slow" else 300.0
     ddpkit.init(env=torchrun_env(rank, world_size, port), **INIT)
@@ -352,11 +356,10 @@ def _guard_worker(
     folder = Path(root) / "ckpt"
     slow = {4} if outcome == "slow" else None
     ended = _seam(fails, delay_s, slow) if rank == 0 else threading.Event()
-    model, optimizer = _fresh(0)
-    state = {"model": model, "optimizer": optimizer}
+    state = {"w": torch.zeros(64, 32)}
     try:
         for step in range(1, 10):
-            _train(model, optimizer, range(1))
+            state["w"] += step  # a step's update
             if step in (2, 4):
                 ddpkit.async_save_checkpoint(folder, state, step=step, timeout_s=timeout_s)
             if step == 5 and rank == 1:
@@ -376,14 +379,6 @@ def _guard_worker(
         raise AssertionError("never stopped")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # requeue_and_exit ignores it
-        # The DDP model goes before the group: torch's Reducer, freed after
-        # destroy_process_group(), holds the group's last reference and destroys it with the
-        # GIL held, joining gloo's worker threads, one of which may still be releasing the
-        # last collective's tensors and waits for the GIL: a deadlock (rank 1 hung here at
-        # the function's return, 1 run in ~40 under load; py-spy --native: ~Reducer ->
-        # ~ProcessGroupGloo -> thread::join against ~AsyncBroadcastWork -> decref_pyobject).
-        state.clear()
-        del model, optimizer
         ddpkit.shutdown()
 
 

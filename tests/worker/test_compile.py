@@ -127,7 +127,7 @@ def _compile_worker(rank: int, world_size: int, port: int, root: str) -> dict[st
     finally:
         # the compiled DDP models go before the group: dynamo's caches hold them, and a DDP
         # Reducer freed after destroy_process_group() may deadlock joining gloo's threads
-        # (see test_checkpoint_async_ranks' guard worker)
+        # (see test_checkpoint_async_ranks' _ranks_worker)
         torch._dynamo.reset()
         gc.collect()
         ddpkit.shutdown()

@@ -40,7 +40,7 @@ def _loop_worker(rank: int, world_size: int, port: int, folder: str) -> dict[str
     finally:
         # the DDP models of the cases go before the group (any held by a reference cycle): a
         # DDP Reducer freed after destroy_process_group() may deadlock joining gloo's threads
-        # (see test_checkpoint_async_ranks' guard worker)
+        # (see test_checkpoint_async_ranks' _ranks_worker)
         gc.collect()
         ddpkit.shutdown()
 
