@@ -82,28 +82,30 @@ def _write_failure(rank: int, root: str) -> dict[str, Any]:
     }
 
 
+# 3 ranks: the main rank, a failing rank that is not the main one, and a rank that only
+# learns of the failure (at 2 ranks the failing rank and the main one are all there is).
+_WORLD = 3
+
+
 def _failures_worker(rank: int, world_size: int, port: int, root: str) -> dict[str, Any]:
-    """The main rank's write failures; at 3 ranks then one rank's failures, on the same group
-    (one launch, not one each)."""
+    """The main rank's write failures, then one rank's failures, on the same group (one
+    launch, not one each)."""
     ddpkit.init(env=torchrun_env(rank, world_size, port))
     try:
         seen = {"write": _write_failure(rank, root)}
-        if world_size == 3:
-            seen["one_rank"] = _one_rank(rank, str(Path(root) / "one-rank"))
+        seen["one_rank"] = _one_rank(rank, str(Path(root) / "one-rank"))
         return seen
     finally:
         ddpkit.shutdown()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_main_rank_write_failure_and_at_3_one_rank_failing_raise_on_every_rank(
-    tmp_path: Path, world_size: int
+def test_main_rank_write_failure_and_one_rank_failing_raise_on_every_rank(
+    tmp_path: Path,
 ) -> None:
     (tmp_path / "a-file").write_text("a regular file where a directory should be")
-    seen = run_workers(_failures_worker, world_size, str(tmp_path), timeout_s=_PROMPT_S)
+    seen = run_workers(_failures_worker, _WORLD, str(tmp_path), timeout_s=_PROMPT_S)
     _check_write_failure([each["write"] for each in seen], tmp_path)
-    if world_size == 3:
-        _check_one_rank([each["one_rank"] for each in seen], tmp_path / "one-rank")
+    _check_one_rank([each["one_rank"] for each in seen], tmp_path / "one-rank")
 
 
 def _check_write_failure(results: list[dict[str, Any]], tmp_path: Path) -> None:
@@ -317,8 +319,8 @@ def _plain_group_worker(rank: int, world_size: int, port: int, root: str) -> dic
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_a_group_plain_torch_created(tmp_path: Path, world_size: int) -> None:
+def test_a_group_plain_torch_created(tmp_path: Path) -> None:
+    world_size = _WORLD
     results = run_workers(_plain_group_worker, world_size, str(tmp_path), timeout_s=_PROMPT_S)
     last = world_size - 1
     # every rank's own RNG streams, distinct, saved and given back to their own rank
