@@ -45,7 +45,7 @@ import torch
 
 from ddpkit.cluster.runid import run_identity
 from ddpkit.errors import CheckpointError, ConfigError
-from ddpkit.worker import ckptfiles, inflight, sharded
+from ddpkit.worker import ckptfiles, inflight, shardio
 from ddpkit.worker.agree import _Failure, all_gather, broadcast, describe, raise_failures, world
 from ddpkit.worker.context import current_or_none
 from ddpkit.worker.durable import drop_cache, write_atomically
@@ -81,7 +81,7 @@ def save_checkpoint(
     waited for first, and its failure raised here.
     """
     world_size, rank = world()
-    found = sharded.parts(state)  # the FSDP2 models and their optimizers: saved by every rank
+    found = shardio.parts(state)  # the FSDP2 models and their optimizers: saved by every rank
     rest = {key: value for key, value in state.items() if key not in sharded_keys(found)}
     payload = collect(directory, rest, step=step, keep_last=keep_last)  # after any pending
     shards = write_shards(Path(directory), state, found, step) if found else None
@@ -94,7 +94,7 @@ def save_checkpoint(
         except Exception as error:
             failure = error
             if shards is not None:
-                sharded.discard(shards)
+                shardio.discard(shards)
     # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
     # everybody learns whether it is.
     outcome: _Failure = broadcast(world_size, describe(failure))
@@ -123,9 +123,9 @@ def collect(
     _check_count("step", step, minimum=0, hint="pass the global training step, e.g. step=1000")
     _check_count("keep_last", keep_last, minimum=1, hint="keep at least one checkpoint")
     world_size, rank = world()
-    if sharded.parts(state):  # save_checkpoint passes the rest only
+    if shardio.parts(state):  # save_checkpoint passes the rest only
         raise ConfigError(
-            f"sharded (FSDP2) state in {sorted(sharded.parts(state))} cannot be saved in the "
+            f"sharded (FSDP2) state in {sorted(shardio.parts(state))} cannot be saved in the "
             "background",
             hint="use ddpkit.save_checkpoint for a model wrapped with strategy='fsdp'",
         )
@@ -284,11 +284,11 @@ def save_payload(
     if shards is None:
         path = write_atomically(folder, name, {"format": _FORMAT, **payload})
     else:  # the folder first: a checkpoint whose file exists is complete
-        sharded.commit(shards, ckptfiles.shards_of(folder / name))
+        shardio.commit(shards, ckptfiles.shards_of(folder / name))
         try:
             path = write_atomically(folder, name, {"format": _SHARDED_FORMAT, **payload})
         except BaseException:
-            sharded.discard(ckptfiles.shards_of(folder / name))
+            shardio.discard(ckptfiles.shards_of(folder / name))
             raise
     # The older files of the same step go once this one, newer, is in place.
     _prune_or_warn(folder, [entry.path for entry in doomed], step)

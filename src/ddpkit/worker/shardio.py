@@ -2,18 +2,51 @@
 holds the format and the trust rule): rank 0 makes the temporary folder, every rank writes or
 reads its shards, and any rank's failure raises on every rank (:mod:`ddpkit.worker.agree`)
 instead of leaving the others in a collective.
+
+:mod:`ddpkit.worker.sharded` imports torch.distributed.checkpoint and DTensor (about a CPU
+second): it is imported only where a sharded state can exist, so that a process saving or
+loading a plain checkpoint never pays for it (:func:`parts`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ddpkit.worker import ckptfiles, sharded
+from ddpkit.worker import ckptfiles
 from ddpkit.worker.agree import all_gather, broadcast, describe, raise_failures, world
 
-__all__ = ["read_shards", "sharded_keys", "write_shards"]
+if TYPE_CHECKING:
+    from ddpkit.worker import sharded
+
+__all__ = ["commit", "discard", "parts", "read_shards", "sharded_keys", "write_shards"]
+
+# A sharded model is an FSDPModule (torch.distributed.fsdp) or has DTensor parameters
+# (torch.distributed.tensor): without either module imported, no value can be one.
+_SHARDING_MODULES = ("torch.distributed.fsdp", "torch.distributed.tensor")
+
+
+def parts(state: Mapping[str, Any]) -> sharded.Parts:
+    """:func:`ddpkit.worker.sharded.parts`; {} at once where no sharded value can exist."""
+    if not any(name in sys.modules for name in _SHARDING_MODULES):
+        return {}
+    from ddpkit.worker import sharded
+
+    return sharded.parts(state)
+
+
+def commit(temp: Path, final: Path) -> None:
+    from ddpkit.worker import sharded
+
+    sharded.commit(temp, final)
+
+
+def discard(path: Path) -> None:
+    from ddpkit.worker import sharded
+
+    sharded.discard(path)
 
 
 def sharded_keys(found: sharded.Parts) -> set[str]:
@@ -23,6 +56,8 @@ def sharded_keys(found: sharded.Parts) -> set[str]:
 def write_shards(folder: Path, state: Mapping[str, Any], found: sharded.Parts, step: int) -> Path:
     """Every rank's shards of ``found`` in a temporary folder rank 0 made (a collective);
     returns that folder. Any rank's failure raises on every rank, and the folder is removed."""
+    from ddpkit.worker import sharded
+
     world_size, rank = world()
     temp: Path | None = None
     failure: Exception | None = None
@@ -51,6 +86,8 @@ def write_shards(folder: Path, state: Mapping[str, Any], found: sharded.Parts, s
 def read_shards(path: Path, payload: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     """Restore the sharded models and optimizers from checkpoint ``path``'s folder (a
     collective); the targets are checked on every rank before DCP's collectives start."""
+    from ddpkit.worker import sharded
+
     world_size, _ = world()
     found: sharded.Parts = {}
     failure: Exception | None = None
