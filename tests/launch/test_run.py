@@ -160,24 +160,29 @@ def test_device_kind_this_machine_lacks_is_a_config_error() -> None:
 # --- launches ------------------------------------------------------------------------------------
 
 
-def test_two_concurrent_runs_all_reduce_with_prefixed_ordered_output(
+def test_two_concurrent_runs_one_all_reducing_in_order_one_failing_from_its_error_file(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """One run through ``python -m ddpkit`` and, at the same time, one in this process: each
-    group forms on its own port, and the in-process one's output is prefixed and in order."""
+    group forms on its own port. The in-process one all-reduces, its output prefixed and in
+    order; in the other, rank 0 raises once its group has formed, under torch's ``record``: its
+    root cause comes from the error file it wrote. (One launch of torch workers for both.)"""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc_per_node=2", WORKER]
-    other = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(
+        [*command, "--fail-rank", "0", "--record"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         handler_before = signal.getsignal(signal.SIGTERM)
         script_args = ["--lines", "15", "pos", "--opt=1", "-x"]
         assert main(["run", "--nproc-per-node", "2", WORKER, *script_args]) == 0
-        other_out = other.communicate(timeout=120)[0]
+        other_out, other_err = other.communicate(timeout=120)
     finally:
         if other.poll() is None:
             other.kill()
             other.wait()
-    assert other.returncode == 0, other_out
+    assert other.returncode == 1, other_out + other_err
     out, err = capfd.readouterr()
     assert signal.getsignal(signal.SIGTERM) is handler_before  # torch's handler was removed
     assert all(PREFIX.match(line) for line in out.splitlines() if line), out
@@ -194,8 +199,14 @@ def test_two_concurrent_runs_all_reduce_with_prefixed_ordered_output(
         assert [line for line in stderr[rank] if line.startswith("eline")] == [
             f"eline {rank} {i}" for i in range(15)
         ]
+    # the other run: both ranks started on one port; rank 0 raises only after
+    # init_process_group returned, that is once its group had formed
     other_lines = by_rank(other_out)
-    assert other_lines[0][-1] == other_lines[1][-1] == "sum 3", other_out
+    assert sorted(other_lines) == [0, 1], other_out
+    report = summary(other_err)
+    assert report.startswith("ddpkit: worker failed (root cause): rank 0 (local rank 0)"), report
+    assert "error.json" in report.splitlines()[1], report  # from the file torch's record wrote
+    assert "  ValueError: boom from rank 0" in report.splitlines(), report
     ports = {re.findall(r"MASTER_PORT=(\d+)", text)[0] for text in (out, other_out)}
     assert len(ports) == 2, (out, other_out)
 
@@ -349,15 +360,6 @@ def test_failing_rank_reports_root_cause_with_traceback(
     assert not [line for line in console if line.startswith("[rank1]: [rank1]")], err
     assert "ChildFailedError" not in err and "Root Cause" not in err  # no torch box
     assert "ddpkit: worker logs: " in report
-
-
-def test_recorded_failure_uses_the_error_file(capfd: pytest.CaptureFixture[str]) -> None:
-    # the launcher in this process (python -m ddpkit: test_two_concurrent_runs_all_reduce...)
-    assert main(["run", "--nproc-per-node", "2", WORKER, "--fail-rank", "0", "--record"]) == 1
-    report = summary(capfd.readouterr().err)
-    assert report.startswith("ddpkit: worker failed (root cause): rank 0 (local rank 0)")
-    assert "error.json" in report.splitlines()[1]
-    assert "  ValueError: boom from rank 0" in report.splitlines()
 
 
 @pytest.mark.parametrize(

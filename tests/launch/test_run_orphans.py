@@ -90,8 +90,9 @@ MOMENTS: dict[str, Moment] = {
     "1.5s": ([], [], lambda: _after(1.5)),
     "3s": ([], [], lambda: _after(3.0)),
     "worker-started": ([], ["--torch"], lambda: _phase("phase.0.start")),
-    # mid-write, so mid-training too: both ranks are past init_process_group, in the loop
-    "checkpoint": ([], ["--torch"], lambda: _phase("phase.0.ckpt")),
+    # mid-write, so mid-training too: both ranks in their loop (torch-free: what must die is
+    # the process, gloo or not; "worker-started" kills workers importing torch)
+    "checkpoint": ([], [], lambda: _phase("phase.0.ckpt")),
     "run-path-training": (["--run-path"], [], lambda: _phase("phase.0.loop", "phase.1.loop")),
     # teardown: rank 1 failed, the agent's SIGTERM has reached rank 0, which saves slowly on it
     "teardown-at-once": ([], ["--teardown"], lambda: _phase("phase.0.term")),
