@@ -1,6 +1,9 @@
 """ddpkit as a torchx component on the real cluster: ``torchx run -s slurm`` (marker ``slurm``).
 
 The rest (registration, validation, the spec conversion, local runs) is tests/test_components.py.
+The ranks run tests/scripts/report_rank_env.py: these tests judge where torchx's SLURM jobs put
+each rank, not a group, which forms over the same conversion's het components in
+tests/jobs/test_torchx_jobs_cluster.py (a rank costs a Python start, not an ``import torch``).
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from tests.test_components import REPORT, check_world, reports, torchx_cli
 
 pytestmark = pytest.mark.slurm
 
+RANKS_ONLY = REPORT.with_name("report_rank_env.py")  # torch-free, no group
+
 
 def run_on_slurm(slurm: SlurmCluster, tmp_path: Path, j: str) -> tuple[str, list[dict[str, Any]]]:
     done = torchx_cli(
         "run", "--wait", "--workspace", "", "-s", "slurm", "-cfg", "partition=debug,time=5",
-        "ddpkit.ddp", "-j", j, "--python", sys.executable, "--script", str(REPORT),
+        "ddpkit.ddp", "-j", j, "--python", sys.executable, "--script", str(RANKS_ONLY),
         cwd=tmp_path, env=slurm.env,
     )  # fmt: skip
     output = done.stdout + done.stderr
@@ -43,7 +48,7 @@ def het_nodes(slurm: SlurmCluster, job_id: str) -> list[str]:
 @pytest.mark.slow
 def test_torchx_run_slurm_2x1(slurm: SlurmCluster, tmp_path: Path) -> None:
     job_id, found = run_on_slurm(slurm, tmp_path, "2x1")
-    by_node = check_world(found, nodes=2, procs=1)
+    by_node = check_world(found, nodes=2, procs=1, grouped=False)
     nodes = het_nodes(slurm, job_id)
     assert len(nodes) == 2 and sorted(by_node) == sorted(nodes), (by_node, nodes)
 
@@ -51,5 +56,5 @@ def test_torchx_run_slurm_2x1(slurm: SlurmCluster, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_torchx_run_slurm_1x2(slurm: SlurmCluster, tmp_path: Path) -> None:
     job_id, found = run_on_slurm(slurm, tmp_path, "1x2")
-    by_node = check_world(found, nodes=1, procs=2)
+    by_node = check_world(found, nodes=1, procs=2, grouped=False)
     assert list(by_node) == het_nodes(slurm, job_id)

@@ -11,9 +11,7 @@ the job is requeued; the requeued run resumes and ends with the weights of an un
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.example import run_example
 from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -62,39 +61,13 @@ def _runs_until_over(slurm: SlurmCluster, job_id: str, timeout_s: float) -> dict
         time.sleep(1)
 
 
-def _uninterrupted(where: Path) -> str:
-    """The output of an uninterrupted run of the job's command, 2 ranks on this machine started
-    with torch's env:// variables as a launcher would set them (no launcher is under test here,
-    and ``ddpkit run``'s agent would import torch a third time)."""
-    where.mkdir()
-    plain = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDPKIT_"))}
-    with socket.socket() as sock:  # a port free a moment ago, for rank 0's store
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        ranks = {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        with (where / f"out-{rank}.txt").open("w") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, str(EXAMPLE), *TRAIN.split()],
-                env={**plain, "OMP_NUM_THREADS": "1", **ranks},
-                cwd=where, stdout=out, stderr=subprocess.STDOUT, text=True,
-            ))  # fmt: skip
-    try:
-        codes = [proc.wait(timeout=300) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    text = "".join((where / f"out-{rank}.txt").read_text(errors="replace") for rank in (0, 1))
-    assert codes == [0, 0] and len(HASH.findall(text)) == 1, f"uninterrupted: {codes}:\n{text}"
+def _uninterrupted() -> str:
+    """The output of an uninterrupted run of the job's command: 2 ranks forked from the fork
+    server of :mod:`tests.support.distutil` (torch imported once, a real gloo group), which end
+    with bitwise the weights of ranks a launcher starts (tests/worker/test_resume.py resumes
+    such runs): no launcher is under test here."""
+    text = run_example(2, TRAIN.split(), timeout_s=300)
+    assert len(HASH.findall(text)) == 1, f"uninterrupted:\n{text}"
     return text
 
 
@@ -103,7 +76,7 @@ def test_torchx_job_on_slurm_stops_checkpoints_and_requeues(
 ) -> None:
     if not slurm.accounting:
         pytest.fail("this test reads the job's runs from sacct: start ci/slurm-up with accounting")
-    reference = _uninterrupted(tmp_path / "reference")
+    reference = _uninterrupted()
     ck = tmp_path / "ck"
     spec = tmp_path / "job.yaml"
     spec.write_text(

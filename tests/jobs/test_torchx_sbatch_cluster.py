@@ -1,6 +1,9 @@
 """``--via torchx`` on the real cluster: the spec's account and QOS are the job's (``slurm``).
 
 An account and a QOS made for the test with sacctmgr must be the job's, in every het component.
+Its ranks run tests/scripts/report_rank_env.py: what is judged is SLURM's record of the job, not
+its ranks' group (a real group over torchx's het components forms in
+tests/jobs/test_torchx_jobs_cluster.py), and a rank costs a Python start, not an ``import torch``.
 The dry runs are tests/jobs/test_torchx_sbatch.py.
 """
 
@@ -17,10 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.test_torchx_sbatch import HOSTILE, write_spec
+from tests.jobs.test_torchx_sbatch import HOSTILE, PAYLOAD
 from tests.support.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
+
+RANKS_ONLY = PAYLOAD.with_name("report_rank_env.py")  # torch-free, no group
 
 
 # --- the real SLURM -----------------------------------------------------------------------------
@@ -56,8 +61,10 @@ def test_slurm_job_runs_under_the_specs_account_and_qos(
     slurm: SlurmCluster, tmp_path: Path, account_and_qos: tuple[str, str]
 ) -> None:
     account, qos = account_and_qos
-    spec = write_spec(
-        tmp_path, f"account: {account}\nqos: {qos}\nsbatch: {{comment: {json.dumps(HOSTILE)}}}\n"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: demo\ncommand: {RANKS_ONLY}\ntime_min: 5\nnodes: 2\naccount: {account}\n"
+        f"qos: {qos}\nsbatch: {{comment: {json.dumps(HOSTILE)}}}\n"
     )
     env = {**slurm.env, "DDPKIT_HOME": str(tmp_path / "home")}
     argv = [sys.executable, "-m", "ddpkit", "submit", str(spec), "--via", "torchx"]
