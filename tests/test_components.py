@@ -2,8 +2,10 @@
 
 Golden AppDefs live in tests/golden/*.appdef.json; after an intended change regenerate them with
 ``DDPKIT_REGEN_GOLDEN=1 python -m pytest tests/test_components.py`` and review the diff.
-Real runs: ``torchx run -s local_cwd`` (CLI) and ``torchx.runner`` (Python API) on this machine,
-and ``torchx run -s slurm`` on the test cluster in tests/test_components_cluster.py.
+Real runs: ``torchx run -s local_cwd`` (CLI; a torch-free payload, tests/scripts/report_rank_env.py:
+what the CLI run shows is where each rank lands) and ``torchx.runner`` (Python API; ranks that
+form the group and all-reduce) on this machine, and ``torchx run -s slurm`` on the test cluster in
+tests/test_components_cluster.py.
 """
 
 # ruff: noqa: E402  (the imports below come after the check that torchx is there)
@@ -36,6 +38,7 @@ from ddpkit.jobs.spec import JobSpec
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 REPORT = ROOT / "tests" / "scripts" / "report_rank.py"
+RANKS_ONLY = ROOT / "tests" / "scripts" / "report_rank_env.py"  # torch-free, no group
 TORCHX = [sys.executable, "-m", "torchx.cli.main"]
 REPORT_LINE = re.compile(r"\[rank(\d+)\]: (\{.*\})")
 
@@ -299,14 +302,17 @@ assert "torchx" not in sys.modules
 
 @pytest.mark.multiproc
 def test_torchx_run_local_cwd_1x2(tmp_path: Path) -> None:
+    """The component through torchx's CLI: each rank given its place by the ``ddpkit run`` the
+    component starts. Torch-free ranks (a Python start each, not an ``import torch``): the
+    group's forming under torchx's local scheduler is the runner test's below."""
     done = torchx_cli(
         "run", "-s", "local_cwd", "ddpkit.ddp", "-j", "1x2", "--python", sys.executable,
-        "--script", str(REPORT), cwd=tmp_path,
+        "--script", str(RANKS_ONLY), cwd=tmp_path,
     )  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "Job finished: SUCCEEDED" in output, output
-    check_world(reports(output), nodes=1, procs=2)
+    check_world(reports(output), nodes=1, procs=2, grouped=False)
 
 
 @pytest.mark.multiproc
