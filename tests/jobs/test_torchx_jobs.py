@@ -2,7 +2,9 @@
 
 In-process CLI for dry runs and bad input (nothing may be written), a subprocess without torchx
 for the missing extra, and a real local_cwd run (1 node x 2 processes, this machine). The real
-SLURM runs are tests/jobs/test_torchx_jobs_cluster.py. Payload: tests/scripts/report_rank.py.
+SLURM runs are tests/jobs/test_torchx_jobs_cluster.py. Payload: tests/scripts/report_rank_env.py
+(torch-free: what a submission, its record, status and logs show is where each rank landed; the
+group's forming under torchx's local scheduler is tests/test_components.py's runner test).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ddpkit.jobs.backends.torchx import TORCHX_STATES, state_from_torchx
 from ddpkit.jobs.records import JobRecord, load_record, record_key, record_path, save_record
 
 ROOT = Path(__file__).resolve().parents[2]
-PAYLOAD = ROOT / "tests" / "scripts" / "report_rank.py"
+PAYLOAD = ROOT / "tests" / "scripts" / "report_rank_env.py"
 
 
 @pytest.fixture
@@ -207,9 +209,9 @@ def test_local_cwd_one_node_two_processes(
     code, logs, _ = run(["logs", handle], capsys)
     assert code == 0
     found = sorted(reports(logs), key=lambda r: r["rank"])
-    assert [(r["rank"], r["local_rank"], r["world_size"], r["sum"]) for r in found] == [
-        (0, 0, 2, 3),
-        (1, 1, 2, 3),
+    assert [(r["rank"], r["local_rank"], r["world_size"], r["launcher"]) for r in found] == [
+        (0, 0, 2, "torchrun"),
+        (1, 1, 2, "torchrun"),
     ]
     for rank in (0, 1):
         code, text, _ = run(["logs", handle, "--rank", str(rank)], capsys)
