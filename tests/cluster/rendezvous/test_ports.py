@@ -374,16 +374,10 @@ def test_a_step_whose_derived_ports_are_taken_still_starts(delay_s: float) -> No
 
 # --- ddpkit run: the c10d rendezvous port ----------------------------------------------------
 
-_RDZV_WORKER = """
-import json
-import torch, torch.distributed as dist
-import ddpkit
-ctx = ddpkit.init(backend="gloo")
-total = torch.tensor([ctx.rank + 1.0])
-dist.all_reduce(total)
-print(json.dumps({"rank": ctx.rank, "world": ctx.world_size, "sum": total.item()}), flush=True)
-ddpkit.shutdown()
-"""
+# Torch-free ranks: the agents' rendezvous is under test, and what a rank can show of it is the
+# place the agents gave it and the workers' master port they agreed on through the rendezvous
+# store (torchrun's own, not the c10d port: a group formed over it is every ddpkit run test's).
+RANKS_AND_PORT = Path(__file__).resolve().parents[2] / "scripts" / "report_port_env.py"
 
 
 def _agent_env(node: int, job_id: str) -> dict[str, str]:
@@ -409,11 +403,9 @@ def test_ddpkit_run_agents_meet_past_a_taken_rendezvous_port(tmp_path: Path) -> 
     # the search, torch's agent fell back to being a client of that listener and hung.
     job_id = str(uuid.uuid4().int % 10**9)  # SLURM job ids are whole numbers
     ports = candidate_ports(job_id, RDZV_STEP)
-    script = tmp_path / "worker.py"
-    script.write_text(_RDZV_WORKER)
     argv = [sys.executable, "-m", "ddpkit", "run", "--nnodes", "2", "--nproc-per-node", "1"]
     argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{ports[0]}"]
-    argv += ["--rdzv-id", job_id, str(script)]
+    argv += ["--rdzv-id", job_id, str(RANKS_AND_PORT)]
     with _plain_listener(ports[0]):
         agents = [
             subprocess.Popen(
@@ -433,6 +425,9 @@ def test_ddpkit_run_agents_meet_past_a_taken_rendezvous_port(tmp_path: Path) -> 
          if '{"rank"' in line),
         key=lambda report: report["rank"],
     )  # fmt: skip
-    assert found == [{"rank": 0, "sum": 3.0, "world": 2}, {"rank": 1, "sum": 3.0, "world": 2}]
+    assert [(report["rank"], report["world_size"]) for report in found] == [(0, 2), (1, 2)], found
+    master_ports = {report["master_port"] for report in found}
+    assert len(master_ports) == 1, f"the agents agreed on no one master port: {found}"
+    assert ports[0] not in master_ports, f"the workers were sent to the taken port: {found}"
     moved = f"c10d rendezvous at 127.0.0.1:{ports[1]} ({ports[0]} taken)"
     assert all(moved in err for _, err in outputs), outputs
