@@ -3,8 +3,9 @@
 Real sockets throughout: listeners are read from /proc (tests/support/sockets.py), the squatters are
 real listener threads, and every init() under test is a real one in its own process: forked by
 ``run_workers``'s server (torch imported once, the process's environment set as a launcher's
-would be), or, where what a user sees of a whole interpreter is the point (its stderr to the
-end, the launchers), a new interpreter.
+would be; what each such rank runs is in store_ranks.py, a module without pytest), or, where
+what a user sees of a whole interpreter is the point (its stderr to the end, the launchers), a
+new interpreter.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import Any
 
 import pytest
 
-import ddpkit
 import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cli.run import config_from_argv
 from ddpkit.cluster.rankinfo import RankInfo
@@ -40,6 +40,7 @@ from tests.support.distutil import free_port, run_workers, torchrun_env
 from tests.support.needs import missing
 from tests.support.pids import wait_until_stopped
 from tests.support.sockets import WILDCARDS, is_loopback, listening, routable_interface
+from tests.worker.rendezvous import store_ranks as ranks
 
 ROOT = Path(__file__).resolve().parents[3]
 _LAUNCHER_PREFIXES = (
@@ -57,32 +58,6 @@ _LAUNCHER_PREFIXES = (
     "ROLE_",
 )
 _LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}
-
-
-def _as_launched(env: dict[str, str]) -> None:
-    """In a forked worker: the environment a launcher would have started it with."""
-    os.environ.clear()
-    os.environ.update(env)
-
-
-@contextmanager
-def _stderr_captured(into: list[str]) -> Iterator[None]:
-    """Everything written to file descriptor 2 meanwhile (Python's and torch's C++ alike),
-    appended to ``into`` as one text."""
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            into.append(sink.read().decode(errors="replace"))
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -168,38 +143,9 @@ def test_a_store_on_a_loopback_socket_listens_there_only_and_is_shared() -> None
 
 _WORLD_OF_ONE = """
 import json, os
-from tests.worker.rendezvous.test_store import _world_of_one
-print(json.dumps(_world_of_one(0, 1, 0, dict(os.environ), "auto")))
+from tests.worker.rendezvous.store_ranks import world_of_one
+print(json.dumps(world_of_one(0, 1, 0, dict(os.environ), "auto")))
 """
-
-
-def _world_of_one(
-    rank: int, world_size: int, port: int, env: dict[str, str], backend: str
-) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    from ddpkit.compat import default_store
-
-    _as_launched(env)
-    before = listening()
-    ctx = ddpkit.init(backend=backend)
-    total = torch.ones(1)
-    dist.all_reduce(total)
-    dist.barrier()
-    store = default_store()
-    while hasattr(store, "underlying_store"):
-        store = store.underlying_store
-    after = listening()
-    ddpkit.shutdown()
-    return {
-        "before": before,
-        "after": after,
-        "store": type(store).__name__,
-        "world": ctx.world_size,
-        "sum": total.item(),
-        "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-    }
 
 
 @pytest.mark.parametrize(
@@ -227,7 +173,7 @@ def test_a_world_of_one_listens_on_no_network_port(extra: dict[str, str]) -> Non
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)
     else:
-        [seen] = run_workers(_world_of_one, 1, env, "auto", timeout_s=120)
+        [seen] = run_workers(ranks.world_of_one, 1, env, "auto", timeout_s=120)
     assert (seen["world"], seen["sum"]) == (1, 1.0)
     assert seen["before"] == []
     after = [tuple(pair) for pair in seen["after"]]
@@ -253,7 +199,7 @@ def test_a_world_of_one_keeps_its_backends_listener_on_loopback(backend: str) ->
     # although nobody ever joins a world of one. The user's setting is back after init().
     name, address = _routable_interface()
     env = clean_env(GLOO_SOCKET_IFNAME=name)
-    [seen] = run_workers(_world_of_one, 1, env, backend, timeout_s=120)
+    [seen] = run_workers(ranks.world_of_one, 1, env, backend, timeout_s=120)
     after = [tuple(pair) for pair in seen["after"]]
     assert (seen["world"], seen["sum"], len(after)) == (1, 1.0, 1), after  # gloo's listener
     assert all(is_loopback(addr) for addr, _ in after), f"{name} is {address}: {after}"
@@ -263,46 +209,11 @@ def test_a_world_of_one_keeps_its_backends_listener_on_loopback(backend: str) ->
 # --- several ranks on this host: the store on loopback only ---------------------------------
 
 
-def _store_listener(rank: int, world_size: int, port: int, kind: str) -> dict[str, Any]:
-    env = _job_env(kind, rank, world_size, port)
-    ctx = ddpkit.init(env=env, connect_timeout_s=60)
-    import torch
-    import torch.distributed as dist
-
-    total = torch.tensor([rank + 1.0])
-    dist.all_reduce(total)
-    mine = [pair for pair in listening() if pair[1] == ctx.info.master_port]
-    dist.barrier()  # rank 0 keeps the store until every rank has looked
-    ddpkit.shutdown()
-    return {"addr": ctx.info.master_addr, "listeners": mine, "sum": total.item()}
-
-
-def _job_env(kind: str, rank: int, world_size: int, port: int) -> dict[str, str]:
-    host = socket.gethostname()
-    if kind == "torchrun-vars":  # the variables of a one-node torchrun, no agent store
-        return torchrun_env(rank, world_size, port)
-    step = {
-        "SLURM_JOB_ID": "4242",
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": str(rank),
-        "SLURM_LOCALID": str(rank),
-        "SLURM_NODEID": "0",
-        "SLURM_STEP_NUM_TASKS": str(world_size),
-        "SLURM_STEP_NUM_NODES": "1",
-        "SLURM_STEP_TASKS_PER_NODE": str(world_size),
-        "SLURM_STEP_NODELIST": host,
-    }
-    if kind == "slurm-one-node":  # MASTER_ADDR names this host, not loopback
-        return {**step, "MASTER_ADDR": host, "MASTER_PORT": str(port)}
-    assert kind == "slurm-port-search"  # no MASTER_*: rank 0's host from the node list
-    return {**step, "SLURM_JOB_ID": str(900000 + port)}  # a whole number, as SLURM sets it
-
-
 @pytest.mark.multiproc
 @pytest.mark.parametrize("kind", ["torchrun-vars", "slurm-one-node", "slurm-port-search"])
 def test_a_one_node_job_hosts_its_store_on_loopback(kind: str) -> None:
     # Before: rank 0's store listened on [::]:port, reachable from every network of the node.
-    results = run_workers(_store_listener, 2, kind, timeout_s=180)
+    results = run_workers(ranks.store_listener, 2, kind, timeout_s=180)
     assert [r["sum"] for r in results] == [3.0, 3.0]
     assert {r["addr"] for r in results} == {"127.0.0.1"}
     assert [tuple(pair) for pair in results[0]["listeners"]] == [
@@ -473,22 +384,6 @@ def _squatter(mode: str) -> Iterator[int]:
             conn.close()
 
 
-def _join(
-    rank: int, world_size: int, port: int, cases: list[tuple[dict[str, str], float, float]]
-) -> dict[str, Any]:
-    """Case ``rank`` of ``cases`` (environment, connect and collective timeouts): init()."""
-    from ddpkit.errors import RendezvousError
-
-    env, connect_s, collective_s = cases[rank]
-    _as_launched(env)
-    try:
-        ddpkit.init(connect_timeout_s=connect_s, timeout_s=collective_s)
-    except RendezvousError as exc:
-        return {"error": str(exc)}
-    ddpkit.shutdown()
-    return {"joined": True}
-
-
 def _launcher_env(launcher: str, port: int) -> dict[str, str]:
     master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     if launcher == "torchrun":
@@ -541,7 +436,7 @@ def test_a_master_port_held_by_something_else_ends_init_within_its_timeouts() ->
             port = stack.enter_context(_squatter(mode))
             cases.append((clean_env(**_launcher_env(launcher, port)), connect_s, collective_s))
             ports.append(port)
-        results = run_workers(_join, len(cases), cases, timeout_s=150)
+        results = run_workers(ranks.join, len(cases), cases, timeout_s=150)
     for (mode, launcher, connect_s, collective_s), port, seen in zip(
         _CASES, ports, results, strict=True
     ):
@@ -570,21 +465,8 @@ def test_a_store_that_answers_late_is_still_joined() -> None:
     first, rank 0's real store appears a moment later (several moments: ~15 s, four 2-process
     jobs; the last after rank 1 asked for it several times)."""
     for delay_s in (0.0, 0.5, 2.0, 4.0):
-        results = run_workers(_late_master, 2, delay_s, timeout_s=120)
+        results = run_workers(ranks.late_master, 2, delay_s, timeout_s=120)
         assert [r["sum"] for r in results] == [3.0, 3.0], delay_s
-
-
-def _late_master(rank: int, world_size: int, port: int, delay_s: float) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    if rank == 0:
-        time.sleep(delay_s)
-    ddpkit.init(env=torchrun_env(rank, world_size, port), connect_timeout_s=60)
-    total = torch.tensor([rank + 1.0])
-    dist.all_reduce(total)
-    ddpkit.shutdown()
-    return {"sum": total.item()}
 
 
 # --- a rank's connect: the store asked first, torch's client only once it answered --------
@@ -699,16 +581,6 @@ def test_a_late_master_is_asked_for_again_and_joined(monkeypatch: pytest.MonkeyP
     assert spy.clients == 1
 
 
-def _host_store(port: int, up: Any) -> None:
-    """A forked process that hosts a store on ``port``, says so on ``up``, and waits."""
-    from torch.distributed import TCPStore
-
-    store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
-    up.send("up")
-    time.sleep(120)
-    del store
-
-
 def test_a_store_slow_to_answer_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """A store busy with thousands of connects (here: its host stopped, so that the kernel
     completes the connect and nothing answers) is waited for within the connect timeout."""
@@ -716,7 +588,7 @@ def test_a_store_slow_to_answer_is_waited_for(monkeypatch: pytest.MonkeyPatch) -
     context = mp.get_context("forkserver")  # run_workers' server: torch imported once
     context.set_forkserver_preload(["torch", "torch.distributed"])
     ours, theirs = context.Pipe()
-    host = context.Process(target=_host_store, args=(port, theirs), daemon=True)
+    host = context.Process(target=ranks.host_store, args=(port, theirs), daemon=True)
     host.start()
     assert host.pid is not None
     pid = host.pid
@@ -737,28 +609,9 @@ def test_a_store_slow_to_answer_is_waited_for(monkeypatch: pytest.MonkeyPatch) -
         host.join()
 
 
-def _unreachable(rank: int, world_size: int, port: int, target: int) -> dict[str, Any]:
-    from ddpkit.errors import RendezvousError
-
-    info = RankInfo(1, 1, 2, 2, 0, 1, "127.0.0.1", target, "torchrun")
-    before = threading.active_count()
-    seen: dict[str, Any] = {}
-    stderr: list[str] = []
-    started = time.monotonic()
-    with _stderr_captured(stderr):
-        try:
-            store_module.connect_client(info, 1.0, timedelta(seconds=5))
-        except RendezvousError as exc:
-            seen["error"] = str(exc)
-    seen["elapsed"] = time.monotonic() - started
-    seen["threads_left"] = threading.active_count() - before
-    seen["stderr"] = stderr[0]
-    return seen
-
-
 def test_a_master_that_is_not_there_is_named_quietly_and_leaves_nothing_running() -> None:
     port = free_port()  # nothing listens there
-    [seen] = run_workers(_unreachable, 1, port, timeout_s=120)
+    [seen] = run_workers(ranks.unreachable, 1, port, timeout_s=120)
     assert "cannot reach the rendezvous master at MASTER_ADDR=127.0.0.1" in seen["error"], seen
     assert seen["elapsed"] >= 1.0, seen  # it asked until its connect timeout, not once
     assert seen["stderr"] == "", seen["stderr"][-3000:]
@@ -775,22 +628,6 @@ except RendezvousError as exc:
     print(f"ddpkit: error: {exc}", file=sys.stderr)
     sys.exit(3)
 """
-
-
-def _one_line(rank: int, world_size: int, port: int, env: dict[str, str]) -> str:
-    """What _ONE_LINE writes to stderr up to its exit, in a forked process."""
-    from ddpkit.errors import RendezvousError
-
-    _as_launched(env)
-    stderr: list[str] = []
-    with _stderr_captured(stderr):
-        try:
-            ddpkit.init(connect_timeout_s=2.0)
-        except RendezvousError as exc:
-            print(f"ddpkit: error: {exc}", file=sys.stderr)
-        else:
-            print("joined", file=sys.stderr)
-    return stderr[0]
 
 
 @pytest.mark.parametrize("mode", ["close", "silent", "garbage"])
@@ -815,7 +652,7 @@ def test_a_master_port_held_by_a_listener_that_is_no_store_prints_one_line(
             assert run.returncode == 3, run.stderr[-3000:]
             stderr = run.stderr
         else:
-            [stderr] = run_workers(_one_line, 1, env, timeout_s=120)
+            [stderr] = run_workers(ranks.one_line, 1, env, timeout_s=120)
     lines = stderr.splitlines()
     assert len(lines) == 1, f"{len(lines)} lines:\n" + "\n".join(lines[:20])
     assert f"127.0.0.1:{port}" in lines[0] and "does not speak the TCPStore protocol" in lines[0]
@@ -824,27 +661,10 @@ def test_a_master_port_held_by_a_listener_that_is_no_store_prints_one_line(
 # --- the open-files limit, raised for the job's size ------------------------------------
 
 
-def _limited_rank(rank: int, world_size: int, port: int, soft: int, hard: int) -> dict[str, Any]:
-    import resource
-    import warnings
-
-    import torch.distributed as dist
-
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ctx = ddpkit.init(env=torchrun_env(rank, world_size, port), connect_timeout_s=60)
-    dist.barrier()
-    now = resource.getrlimit(resource.RLIMIT_NOFILE)
-    ddpkit.shutdown()
-    said = [str(w.message) for w in caught if "ulimit -n" in str(w.message)]
-    return {"rank": ctx.rank, "soft": now[0], "hard": now[1], "said": said}
-
-
 @pytest.mark.multiproc
 def test_init_raises_a_low_open_files_limit_to_the_jobs_need() -> None:
     # Before: a soft limit of 1,024 failed jobs of ~500 ranks with EMFILE on the store's host.
-    results = run_workers(_limited_rank, 2, 200, 4096, timeout_s=180)
+    results = run_workers(ranks.limited_rank, 2, 200, 4096, timeout_s=180)
     # rank 0 hosts the store: two accepted connections a rank more than rank 1
     assert [(r["soft"], r["hard"]) for r in results] == [(263, 4096), (259, 4096)]
     assert [r["said"] for r in results] == [[], []]
@@ -852,7 +672,7 @@ def test_init_raises_a_low_open_files_limit_to_the_jobs_need() -> None:
 
 @pytest.mark.multiproc
 def test_a_hard_limit_below_the_need_is_said_once_a_node_and_the_job_goes_on() -> None:
-    results = run_workers(_limited_rank, 2, 200, 230, timeout_s=180)
+    results = run_workers(ranks.limited_rank, 2, 200, 230, timeout_s=180)
     assert [(r["soft"], r["hard"]) for r in results] == [(230, 230), (230, 230)]
     said = results[0]["said"]
     assert len(said) == 1 and "ulimit -n is 230, and 2 ranks need 263" in said[0], said
