@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 
 import ddpkit
@@ -38,6 +37,7 @@ from ddpkit.cluster.rendezvous.ports import (
 from ddpkit.cluster.slurmtools.runner import CommandResult, subprocess_runner
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.worker.rendezvous import portsearch
+from tests.cluster.rendezvous.ports_ranks import slurm_env, slurm_worker
 from tests.support.distutil import run_workers
 
 # Where the ddpkit under test lives (src/ checkout or site-packages), for child interpreters.
@@ -186,25 +186,8 @@ def test_bad_reserved_port_names_the_variable(value: str) -> None:
         reserved_port({"SLURM_STEP_RESV_PORTS": value})
 
 
-def _slurm_env(rank: int, world_size: int, job_id: str, **extra: str) -> dict[str, str]:
-    """A one-node srun step as SLURM describes it; MASTER_ADDR because tests run on 127.0.0.1."""
-    return {
-        "SLURM_JOB_ID": job_id,
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": str(rank),
-        "SLURM_LOCALID": str(rank),
-        "SLURM_NODEID": "0",
-        "SLURM_STEP_NUM_TASKS": str(world_size),
-        "SLURM_STEP_NUM_NODES": "1",
-        "SLURM_STEP_TASKS_PER_NODE": str(world_size),
-        "SLURM_STEP_NODELIST": "n1",
-        "MASTER_ADDR": "127.0.0.1",
-        **extra,
-    }
-
-
 def test_slurm_step_searches_the_reserved_port_then_the_candidates() -> None:
-    info = slurm_rank_info(_slurm_env(1, 2, "77", SLURM_STEP_RESV_PORTS="12005-12006"), "slurm")
+    info = slurm_rank_info(slurm_env(1, 2, "77", SLURM_STEP_RESV_PORTS="12005-12006"), "slurm")
     assert info.port_search is not None
     assert info.master_port == 12005
     assert info.port_search.ports == (12005, *candidate_ports("77", "0"))
@@ -212,7 +195,7 @@ def test_slurm_step_searches_the_reserved_port_then_the_candidates() -> None:
 
 
 def test_slurm_step_without_reservation_searches_the_candidates() -> None:
-    env = _slurm_env(0, 2, "77", SLURM_RESTART_COUNT="2")
+    env = slurm_env(0, 2, "77", SLURM_RESTART_COUNT="2")
     info = slurm_rank_info(env, "slurm")
     assert info.port_search == PortSearch(
         "slurm job 77 step 0 restart 2", candidate_ports("77", "0")
@@ -221,7 +204,7 @@ def test_slurm_step_without_reservation_searches_the_candidates() -> None:
 
 
 def test_master_port_from_the_environment_is_not_searched() -> None:
-    env = _slurm_env(0, 2, "77", MASTER_PORT="29511", SLURM_STEP_RESV_PORTS="12005")
+    env = slurm_env(0, 2, "77", MASTER_PORT="29511", SLURM_STEP_RESV_PORTS="12005")
     info = slurm_rank_info(env, "slurm")
     assert info.port_search is None
     assert info.master_port == 29511
@@ -340,19 +323,6 @@ def test_the_others_give_up_naming_every_port_and_what_answered() -> None:
     assert f"{nobody}: nothing listening" in message
 
 
-def _slurm_worker(
-    rank: int, world_size: int, _port: int, job_id: str, delay_s: float
-) -> dict[str, Any]:
-    if rank == 0:
-        time.sleep(delay_s)  # the others search before rank 0 has bound anything
-    ctx = ddpkit.init(env=_slurm_env(rank, world_size, job_id), connect_timeout_s=60)
-    total = torch.tensor([rank + 1.0])
-    dist.all_reduce(total)
-    port = ctx.info.master_port
-    ddpkit.shutdown()
-    return {"rank": ctx.rank, "port": port, "sum": total.item()}
-
-
 @pytest.mark.parametrize("delay_s", [0.0, 1.5, 4.0])
 def test_a_step_whose_derived_ports_are_taken_still_starts(delay_s: float) -> None:
     # The job's own port and the next two candidates are held by things that are not its
@@ -365,7 +335,7 @@ def test_a_step_whose_derived_ports_are_taken_still_starts(delay_s: float) -> No
             _foreign_store(ports[1], "slurm job other step 0 restart 0"),
             _foreign_store(ports[2]),
         ]
-        results = run_workers(_slurm_worker, 3, job_id, delay_s, timeout_s=240)
+        results = run_workers(slurm_worker, 3, job_id, delay_s, timeout_s=240)
         del squatters
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert {r["port"] for r in results} == {ports[3]}
