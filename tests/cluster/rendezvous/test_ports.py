@@ -346,7 +346,8 @@ def test_a_step_whose_derived_ports_are_taken_still_starts(delay_s: float) -> No
 
 # Torch-free ranks: the agents' rendezvous is under test, and what a rank can show of it is the
 # place the agents gave it and the workers' master port they agreed on through the rendezvous
-# store (torchrun's own, not the c10d port: a group formed over it is every ddpkit run test's).
+# store (torchrun's own, not the c10d port). A group formed across two ddpkit run agents on this
+# machine is tests/test_components.py's runner test's; on SLURM, the *_cluster.py tests'.
 RANKS_AND_PORT = Path(__file__).resolve().parents[2] / "scripts" / "report_port_env.py"
 
 
