@@ -254,13 +254,33 @@ def _low_open_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (200, 4096))
 
 
+# What a rank can show of its agent without torch: the agent's listeners, the place it was given
+# and whether it is a client of the agent's store (torchrun's variable, read as init() reads it).
+_AGENT_REPORT = """
+import json, os, sys
+from ddpkit.cluster.detect import detect
+from tests.support.sockets import listening
+info = detect()
+shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+agent_store = info.launcher == "torchrun" and shared
+with open(os.path.join(sys.argv[1], f"rank{info.rank}.json"), "w") as out:
+    json.dump({"agent": listening(os.getppid()), "rank": info.rank, "world": info.world_size,
+               "master_port": info.master_port, "agent_store": agent_store}, out)
+"""
+
+
 def _report_of(
-    folder: Path, launcher: list[str], env: dict[str, str], *, low_open_files: bool = False
+    folder: Path,
+    launcher: list[str],
+    env: dict[str, str],
+    *,
+    low_open_files: bool = False,
+    payload: str = _REPORT,
 ) -> list[dict[str, Any]]:
-    """``launcher`` (a command line ending with its flags) running _REPORT on 2 ranks; each
-    rank's report."""
+    """``launcher`` (a command line ending with its flags) running ``payload`` (_REPORT: ranks
+    that form the group) on 2 ranks; each rank's report."""
     script = folder / "report.py"
-    script.write_text(_REPORT)
+    script.write_text(payload)
     done = subprocess.run(
         [*launcher, str(script), str(folder)],
         env=env,
@@ -334,10 +354,20 @@ def test_ddpkit_run_on_one_node_listens_on_loopback_only_and_has_the_open_files_
 
 @pytest.mark.multiproc
 def test_ddpkit_run_with_a_master_port_listens_on_loopback_only(tmp_path: Path) -> None:
-    """The static launch, gloo on lo."""
-    flags = ["--master-port", str(free_port())]
-    reports = _report_of(tmp_path, [*_DDPKIT_RUN, *flags], clean_env(GLOO_SOCKET_IFNAME="lo"))
-    _listens_on_loopback_only(reports, "lo")
+    """The static launch: its agent hosts the store on the master port, on loopback only, and
+    the ranks are its clients (so no rank hosts one). Torch-free ranks: what a rank of ddpkit
+    run listens on itself (gloo; no store as the agent's client) is the standalone launch's
+    test above, the same init() path."""
+    port = free_port()
+    reports = _report_of(
+        tmp_path, [*_DDPKIT_RUN, "--master-port", str(port)], clean_env(), payload=_AGENT_REPORT
+    )
+    for rank, seen in enumerate(reports):
+        assert (seen["rank"], seen["world"], seen["master_port"]) == (rank, 2, port), seen
+        assert seen["agent_store"] is True, f"rank {rank} is no client of the agent's store"
+        assert ("127.0.0.1", port) in [tuple(pair) for pair in seen["agent"]], seen
+        for addr, listened in seen["agent"]:
+            assert is_loopback(addr), f"rank {rank}: the agent listens on {addr}:{listened}"
 
 
 # --- a MASTER_PORT held by something that is not a store ----------------------------------
