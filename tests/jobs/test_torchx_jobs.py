@@ -284,13 +284,13 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_stop_signal_to_a_foreground_local_run_cancels_it_and_records_it(
-    tmp_path: Path, signum: int
-) -> None:
-    """`ddpkit submit --via torchx` runs a local_cwd app in the foreground: Ctrl-C or SIGTERM
-    ends its processes and records CANCELLED, in one line. torchx's own handlers, left in place,
-    raised its SignalException instead: a traceback, and a record with no final state."""
+def test_a_stop_signal_to_a_foreground_local_run_cancels_it_and_records_it(tmp_path: Path) -> None:
+    """`ddpkit submit --via torchx` runs a local_cwd app in the foreground: Ctrl-C (here, from
+    another process, to a whole interpreter) ends its processes and records CANCELLED, in one
+    line. torchx's own handlers, left in place, raised its SignalException instead: a traceback,
+    and a record with no final state. SIGTERM takes the same handler: it is sent at the same
+    moment, in this process, by the moments test below ("waiting")."""
+    signum = signal.SIGINT
     (tmp_path / "sleeper.py").write_text(_SLEEPER)
     pid_file = tmp_path / "worker.pid"
     spec = tmp_path / "job.yaml"
@@ -348,7 +348,8 @@ def test_a_local_dry_run_leaves_the_callers_signal_handlers_as_they_were(
 # The moments of a local submission a stop signal can come at: torchx making a scheduler (and
 # setting its handlers) for the dry run a submission begins with, that runner's close, then a
 # scheduler for the submission, a replica started but not yet noted by torchx (which the
-# runner's close kills), every replica started, the record saved; and once the app has ended
+# runner's close kills), every replica started, the record saved, the wait for the app's end
+# begun (where a Ctrl-C in the terminal mostly comes); and once the app has ended
 # by itself, as the runner closes. Each is a real local_cwd run, the signal raised in this
 # process at that moment (a window of milliseconds no outside timing hits on demand).
 _MOMENTS = (
@@ -358,6 +359,7 @@ _MOMENTS = (
     "replica started",
     "scheduled",
     "record saved",
+    "waiting",
     "ended",
 )
 
@@ -392,6 +394,7 @@ def test_a_stop_signal_at_any_moment_of_a_local_submission_leaves_no_process_or_
     schedule = local_scheduler.LocalScheduler.schedule
     save = backend.save_record
     close = runner_api.Runner.close
+    wait = runner_api.Runner.wait
 
     def registered() -> None:
         register()
@@ -413,6 +416,10 @@ def test_a_stop_signal_at_any_moment_of_a_local_submission_leaves_no_process_or_
         save(record)
         at("record saved")
 
+    def waiting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        at("waiting")
+        return wait(self, *args, **kwargs)
+
     def closed(self: Any) -> None:
         made.append("closed")
         at("dry run closed" if made.count("closed") == 1 else "ended")
@@ -423,6 +430,7 @@ def test_a_stop_signal_at_any_moment_of_a_local_submission_leaves_no_process_or_
     monkeypatch.setattr(local_scheduler.LocalScheduler, "schedule", scheduled)
     monkeypatch.setattr(backend, "save_record", saved)
     monkeypatch.setattr(runner_api.Runner, "close", closed)
+    monkeypatch.setattr(runner_api.Runner, "wait", waiting)
     (workdir / "sleeper.py").write_text(_SLEEPER)
     spec = workdir / "job.yaml"
     sleep_s = " 0" if moment == "ended" else ""  # the others are stopped long before 120 s
