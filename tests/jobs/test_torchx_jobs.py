@@ -38,9 +38,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def write_spec(directory: Path, fields: str, args: str = "") -> Path:
+def write_spec(directory: Path, fields: str, args: str = "", payload: Path = PAYLOAD) -> Path:
     path = directory / "job.yaml"
-    path.write_text(f"name: demo\ncommand: {PAYLOAD} {args}\ntime_min: 5\n{fields}")
+    path.write_text(f"name: demo\ncommand: {payload} {args}\ntime_min: 5\n{fields}")
     return path
 
 

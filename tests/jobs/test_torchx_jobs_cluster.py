@@ -19,8 +19,12 @@ from typing import Any
 import pytest
 
 from ddpkit.jobs.records import record_key
-from tests.jobs.test_torchx_jobs import reports, write_spec
+from tests.jobs.test_torchx_jobs import ROOT, reports, write_spec
 from tests.support.slurm_cluster import SlurmCluster
+
+# the group forms and all-reduces over torchx's het components on SLURM (the local runs
+# in test_torchx_jobs.py are torch-free); --sleep keeps a job running to be cancelled
+REPORT_RANK = ROOT / "tests" / "scripts" / "report_rank.py"
 
 pytestmark = pytest.mark.slurm
 
@@ -74,7 +78,7 @@ def het_nodes(slurm: SlurmCluster, job_id: str) -> dict[int, str]:
 
 
 def test_slurm_two_nodes_one_process_each(slurm: SlurmCluster, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "nodes: 2\n")
+    spec = write_spec(tmp_path, "nodes: 2\n", payload=REPORT_RANK)
     handle, job_id = submit(slurm, tmp_path, spec)
     shown = f"COMPLETED (exit code 0)\nrun slurm-{job_id} attempt 0\n"  # the run: SLURM's job
     assert wait_status(slurm, tmp_path, handle, "COMPLETED") == shown
@@ -106,7 +110,7 @@ def test_slurm_cancel_then_status_is_cancelled_where_torchx_raises(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     marker = f"ddpkit-torchx-cancel-{uuid.uuid4().hex}"
-    spec = write_spec(tmp_path, "nodes: 2\n", args=f"--sleep 300 {marker}")
+    spec = write_spec(tmp_path, "nodes: 2\n", args=f"--sleep 300 {marker}", payload=REPORT_RANK)
     handle, job_id = submit(slurm, tmp_path, spec)
     wait_status(slurm, tmp_path, handle, "RUNNING")
     done = ddpkit(slurm, tmp_path, "cancel", handle)
