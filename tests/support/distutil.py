@@ -42,6 +42,7 @@ __all__ = [
     "Indices",
     "free_port",
     "run_workers",
+    "slurm_step_env",
     "torchrun_env",
 ]
 
@@ -77,6 +78,24 @@ def torchrun_env(rank: int, world_size: int, port: int, **extra: str) -> dict[st
         "LOCAL_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
+        **extra,
+    }
+
+
+def slurm_step_env(
+    rank: int, world_size: int, job_id: str, node: str, **extra: str
+) -> dict[str, str]:
+    """The variables srun gives task ``rank`` of a one-node step on ``node``, plus ``extra``."""
+    return {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": str(world_size),
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_TASKS_PER_NODE": str(world_size),
+        "SLURM_STEP_NODELIST": node,
         **extra,
     }
 

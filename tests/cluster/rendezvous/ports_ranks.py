@@ -14,23 +14,12 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
+from tests.support.distutil import slurm_step_env
 
 
 def slurm_env(rank: int, world_size: int, job_id: str, **extra: str) -> dict[str, str]:
     """A one-node srun step as SLURM describes it; MASTER_ADDR because tests run on 127.0.0.1."""
-    return {
-        "SLURM_JOB_ID": job_id,
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": str(rank),
-        "SLURM_LOCALID": str(rank),
-        "SLURM_NODEID": "0",
-        "SLURM_STEP_NUM_TASKS": str(world_size),
-        "SLURM_STEP_NUM_NODES": "1",
-        "SLURM_STEP_TASKS_PER_NODE": str(world_size),
-        "SLURM_STEP_NODELIST": "n1",
-        "MASTER_ADDR": "127.0.0.1",
-        **extra,
-    }
+    return slurm_step_env(rank, world_size, job_id, "n1", MASTER_ADDR="127.0.0.1", **extra)
 
 
 def slurm_worker(

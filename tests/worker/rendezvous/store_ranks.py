@@ -21,7 +21,7 @@ from typing import Any
 import ddpkit
 import ddpkit.worker.rendezvous.store as store_module
 from ddpkit.cluster.rankinfo import RankInfo
-from tests.support.distutil import torchrun_env
+from tests.support.distutil import slurm_step_env, torchrun_env
 from tests.support.sockets import listening
 
 
@@ -98,17 +98,7 @@ def job_env(kind: str, rank: int, world_size: int, port: int) -> dict[str, str]:
     host = socket.gethostname()
     if kind == "torchrun-vars":  # the variables of a one-node torchrun, no agent store
         return torchrun_env(rank, world_size, port)
-    step = {
-        "SLURM_JOB_ID": "4242",
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": str(rank),
-        "SLURM_LOCALID": str(rank),
-        "SLURM_NODEID": "0",
-        "SLURM_STEP_NUM_TASKS": str(world_size),
-        "SLURM_STEP_NUM_NODES": "1",
-        "SLURM_STEP_TASKS_PER_NODE": str(world_size),
-        "SLURM_STEP_NODELIST": host,
-    }
+    step = slurm_step_env(rank, world_size, "4242", host)
     if kind == "slurm-one-node":  # MASTER_ADDR names this host, not loopback
         return {**step, "MASTER_ADDR": host, "MASTER_PORT": str(port)}
     assert kind == "slurm-port-search"  # no MASTER_*: rank 0's host from the node list
