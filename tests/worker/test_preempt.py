@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import ddpkit
 from ddpkit.cluster.stop import latch as stopsignal
@@ -119,6 +120,9 @@ SCENARIOS: dict[str, tuple[dict[str, str], int | None]] = {
     "array": ({"SLURM_JOB_ID": "73", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "3"}, 0),
     "cap": ({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "10"}, 0),
     "fails": ({"SLURM_JOB_ID": "77"}, 1),
+    # no peer watchdog, whose stop (a thread join, without the GIL) comes between the
+    # requeue's last collective and the group's destruction and lets gloo's thread finish
+    "no-watchdog": ({"SLURM_RESTART_COUNT": "0"}, 0),
 }
 
 
@@ -132,12 +136,13 @@ def _requeue_worker(
         if rank == 0 and code is not None:
             FakeTools(bin_dir).scontrol_exits(code)
         os.environ["PATH"] = f"{bin_dir}{os.pathsep}{path}"  # this spawned worker only
-        ddpkit.init(env=torchrun_env(rank, world_size, group_port), **INIT)  # a barrier too
+        init = {**INIT, "peer_timeout_s": 0.0} if name == "no-watchdog" else INIT
+        ddpkit.init(env=torchrun_env(rank, world_size, group_port), **init)  # a barrier too
         guard = ddpkit.preemption_guard(env=env)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             try:
-                guard.requeue_and_exit()
+                _step_then_requeue(guard)
             except SystemExit as exc:
                 exit_code: Any = exc.code
             else:  # pragma: no cover - requeue_and_exit is NoReturn
@@ -149,6 +154,16 @@ def _requeue_worker(
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a requeue ignores it from then on
     return found
+
+
+def _step_then_requeue(guard: preempt.PreemptionGuard) -> None:
+    """A training frame: a DDP model that has just all-reduced its gradients, then the
+    requeue, whose SystemExit frees the model on its way out. With the group destroyed just
+    before, the model's Reducer must not hold the group's last reference: torch would free it
+    with the GIL held and deadlock against gloo's thread (no rank would ever return)."""
+    model = ddpkit.wrap(torch.nn.Linear(8, 8))
+    model(torch.ones(4, 8)).sum().backward()
+    guard.requeue_and_exit()
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +188,18 @@ def test_outside_slurm_every_rank_exits_75_saying_why(
     assert seen[1]["stderr"] == "", seen  # only the main rank speaks
     assert not any(s["initialized"] for s in seen), seen  # ddpkit was shut down
     assert _calls(root, "no-slurm") is None  # scontrol was on PATH and never ran
+
+
+def test_a_ddp_model_freed_as_the_requeue_ends_the_rank_does_not_hang_it(
+    requeues: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """Every scenario's rank had a DDP model in its frame (``_step_then_requeue``); the one
+    without a watchdog destroys the group right after the last collective, as plain torch would:
+    the model freed then must not deadlock in torch's Reducer (a hang fails the launch)."""
+    _, results = requeues
+    seen = [result["no-watchdog"] for result in results]
+    assert [s["code"] for s in seen] == [75, 75], seen
+    assert not any(s["initialized"] for s in seen), seen
 
 
 def test_slurm_job_is_requeued_once_by_rank_0_and_every_rank_exits_0(

@@ -281,6 +281,25 @@ def test_group_destroyed_behind_our_back_is_rejoined(shut: None) -> None:
     assert second is not first and dist.is_initialized()
 
 
+def test_a_group_a_model_still_holds_is_kept_past_shutdown_until_the_next_init(
+    shut: None,
+) -> None:
+    """shutdown() destroys the group; while a DDP model still refers to it, its Python handle
+    is kept (freed by its own destructor, which releases the GIL, not by the model's Reducer);
+    the next init() or shutdown() lets it go; a group nothing refers to is not kept."""
+    ddpkit.init(env={})
+    model = ddpkit.wrap(torch.nn.Linear(2, 2), "ddp")
+    held = dist.group.WORLD
+    ddpkit.shutdown()
+    assert not dist.is_initialized()
+    assert process_group._RETIRED[0] is held and len(process_group._RETIRED) == 1
+    del model, held
+    ddpkit.init(env={})
+    assert process_group._RETIRED == []
+    ddpkit.shutdown()
+    assert process_group._RETIRED == []  # nothing referred to this one
+
+
 # --- world sizes 2 and 3, spawned -----------------------------------------------------------
 
 

@@ -261,6 +261,8 @@ def shutdown() -> None:
 
     Safe to repeat. Peers still in the job see this rank leave ("left the job"); call it
     before long solo work after the others have finished, so no watchdog is left to judge it.
+    A DDP model may outlive it: a gloo group it still refers to is kept until the next
+    ``init()`` (see :func:`~ddpkit.worker.process_group.destroy`).
     """
     _stop_watchdog("left the job (ddpkit.shutdown())")
     owned = _STATE.owns_group and _lives(_STATE.group)  # not a group that replaced ours

@@ -11,6 +11,7 @@ Where every rank is on this host, gloo's own listener is kept on loopback too, w
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Iterator, Mapping, Sequence
@@ -115,6 +116,7 @@ def join(
     """
     if timeout_s is not None:
         positive_seconds(timeout_s, "timeout_s")
+    _RETIRED.clear()  # a group destroyed before: its store may listen on the port wanted now
     store, info = make_store(info, env, connect_timeout_s, store_timeout(backend, timeout_s))
     one_host = info.world_size == 1 or loopback_address(info.master_addr) is not None
     try:
@@ -197,7 +199,31 @@ def check_exclusive_gpus(devices: Sequence[torch.device]) -> None:
     check_distinct_gpus([cast(tuple[str, list[str]], identity) for identity in identities])
 
 
+# The Python handle of the last gloo group destroy() destroyed while something still held it:
+# one at most, let go at the next destroy() or join() (see destroy()).
+_RETIRED: list[object] = []
+
+
 def destroy() -> None:
-    """Destroy the default process group if one exists."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the default process group if one exists.
+
+    When a Python object still refers to a gloo group's handle once it is destroyed (a DDP
+    model does, through its ``process_group``), ddpkit keeps the handle until its next
+    ``destroy()`` or ``join()`` (``init()``) or the end of the process, so that the group's
+    C++ object is freed from the handle's destructor, which releases the GIL. Without it, the
+    DDP model freed right after (``requeue_and_exit()``'s ``SystemExit`` unwinding the user's
+    frames, or a ``del model`` after ``shutdown()``) holds the group's last reference in its
+    Reducer, whose destructor joins gloo's threads with the GIL held while one of them waits
+    for the GIL to free the last collective's tensors: a deadlock (torch #56297; plain torch's
+    ``destroy_process_group()`` then ``del model`` hangs the same way). The cost: that group's
+    gloo threads and sockets (rank 0's store listener too), idle, live until then, as they
+    would under plain torch for as long as the model lives. Nothing refers to it: freed now.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    group = dist.group.WORLD
+    gloo = "gloo" in str(dist.get_backend(group))
+    dist.destroy_process_group()
+    _RETIRED.clear()  # the previous one's threads are long idle: freeing it cannot deadlock
+    if gloo and gc.get_referrers(group):  # a model's, the user's (this running frame is none)
+        _RETIRED.append(group)
