@@ -14,7 +14,6 @@ the main rank's process only, or for real (a folder that cannot be created).
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import os
 import signal
@@ -244,13 +243,6 @@ def _ranks_worker(rank: int, world_size: int, port: int, root: str) -> dict[str,
             seen[case] = _exit_step(folder, delay_s, timeout_s)
         return seen
     finally:
-        # The resume's DDP models go before the group: torch's Reducer, freed after
-        # destroy_process_group(), holds the group's last reference and destroys it with the
-        # GIL held, joining gloo's worker threads, one of which may still be releasing the
-        # last collective's tensors and waits for the GIL: a deadlock (py-spy --native:
-        # ~Reducer -> ~ProcessGroupGloo -> thread::join against ~AsyncBroadcastWork ->
-        # decref_pyobject).
-        gc.collect()
         ddpkit.shutdown()
 
 
@@ -346,9 +338,9 @@ def _guard_worker(
     rank: int, world_size: int, port: int, root: str, case: tuple[float, str]
 ) -> dict[str, Any]:
     """Steps that change a plain state (no DDP, no optimizer: what the guard waits for is the
-    write, whatever the state; neither imports torch._dynamo, and no DDP Reducer outlives the
-    group that requeue_and_exit shuts down), a background save at steps 2 and 4, the stop
-    signal on rank 1 while step 4 is written."""
+    write, whatever the state, and neither imports torch._dynamo; test_preempt requeues with a
+    DDP model), a background save at steps 2 and 4, the stop signal on rank 1 while step 4 is
+    written."""
     delay_s, outcome = case
     fails, timeout_s = {4} if outcome == "fails" else set(), 1.0 if outcome == "slow" else 300.0
     ddpkit.init(env=torchrun_env(rank, world_size, port), **INIT)

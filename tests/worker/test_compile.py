@@ -12,7 +12,6 @@ one launch of 2 ranks (each rank imports dynamo once), one after the other.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,11 +124,6 @@ def _compile_worker(rank: int, world_size: int, port: int, root: str) -> dict[st
         seen["graphs"] = _graphs()
         return seen
     finally:
-        # the compiled DDP models go before the group: dynamo's caches hold them, and a DDP
-        # Reducer freed after destroy_process_group() may deadlock joining gloo's threads
-        # (see test_checkpoint_async_ranks' _ranks_worker)
-        torch._dynamo.reset()
-        gc.collect()
         ddpkit.shutdown()
 
 

@@ -10,7 +10,6 @@ launch, a forked rank imports dynamo (what the first DDP or optimizer costs) onc
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,6 @@ def _loop_worker(rank: int, world_size: int, port: int, folder: str) -> dict[str
         dist.barrier()
         return seen
     finally:
-        # the DDP models of the cases go before the group (any held by a reference cycle): a
-        # DDP Reducer freed after destroy_process_group() may deadlock joining gloo's threads
-        # (see test_checkpoint_async_ranks' _ranks_worker)
-        gc.collect()
         ddpkit.shutdown()
 
 
