@@ -635,7 +635,10 @@ def _run(
 ) -> list[Rank]:
     args = ["--case", case, "--stuck", str(stuck), *extra]
     env = {**BOUNDS, "DDPKIT_HANG_ACTION": action}
-    ranks = forked(worker, world_size, args, bound_s=3, env=env, expect_stuck=frozen,
+    # The peer bound is 30 s, far above the hang bound: a rank sleeping at a load of ~13 on 2
+    # cores once sent no heartbeat for 3 s (the old bound), and its peer ended on that
+    # instead of on the hang report these scenarios are about.
+    ranks = forked(worker, world_size, args, bound_s=30, env=env, expect_stuck=frozen,
                    timeout_s=guard_s)  # fmt: skip
     left = [rank.pid() for rank in ranks if running(rank.pid())]
     children = [child for rank in ranks for child in rank.children()]
