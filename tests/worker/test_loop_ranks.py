@@ -2,7 +2,7 @@
 
 Each rank checks, one after the other on the same group: ``ddpkit.accumulate`` on DDP, FSDP2,
 DataParallel and a plain model (tests/worker/test_accumulate.py), ``ddpkit.clip_grad_norm_`` on
-DDP, DataParallel and a plain model (tests/worker/test_clip.py), FSDP2 training on the
+DDP, FSDP2, DataParallel and a plain model (tests/worker/test_clip.py), FSDP2 training on the
 single-process trajectory (tests/worker/test_fsdp.py), and at 1 and 2 ranks bf16 and the fp16
 scaler (tests/worker/test_precision.py). Those files hold each case's code and checks; sharing a
 launch, a forked rank imports dynamo (what the first DDP or optimizer costs) once for them all.
