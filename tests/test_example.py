@@ -1,6 +1,6 @@
-"""The example's settings beyond the README's launch: `examples/train.py` with FSDP2, and in bf16
-compiled with accumulation, in 2 ranks forked from the fork server (tests/support/example.py),
-and its refusal of a bad `--accumulate`.
+"""The example's settings beyond the README's launch: `examples/train.py` with FSDP2 in bf16
+with accumulation, and in bf16 compiled with accumulation, in 2 ranks forked from the fork
+server (tests/support/example.py); `--strategy dp` in one; its refusal of a bad `--accumulate`.
 
 The README's launch itself, `ddpkit run --nproc-per-node 2 examples/train.py --epochs 3`
 (2001 test samples are odd, so the sampler pads one for 2 ranks and the count proves the
@@ -29,15 +29,28 @@ STATED_ACCURACY = 0.88  # docs/guide/quickstart.md states the example reaches th
 
 @pytest.mark.multiproc
 def test_example_trains_sharded_with_strategy_fsdp(tmp_path: Path) -> None:
-    """--strategy fsdp: the same script with FSDP2, its checkpoints saved by both ranks."""
+    """--strategy fsdp --accumulate 2 --precision bf16 (docs/guide/loop.md's command): the
+    same script with FSDP2 in bf16, its checkpoints saved by both ranks at windows' ends."""
     ckpt = tmp_path / "ckpt"
-    flags = ["--strategy", "fsdp", "--epochs", "1", "--train-size", "1024"]
-    saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"]
-    out = run_example(2, [*flags, *saving])
+    flags = ["--strategy", "fsdp", "--accumulate", "2", "--precision", "bf16"]
+    sizes = ["--epochs", "1", "--train-size", "1024"]
+    saving = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    out = run_example(2, [*flags, *sizes, *saving])
     assert "eval: 2001 samples (test set has 2001)" in out, out
     assert re.search(r"^\[rank0\]:? ?weights sha256: [0-9a-f]{64}$", out, re.MULTILINE), out
-    # steps 4, 6 and 8 kept (keep_last=3), each a file and its folder: step 2's folder is pruned
-    assert sorted(path.suffix for path in ckpt.iterdir()) == [".dcp"] * 3 + [".pt"] * 3
+    # 8 batches a rank make 4 windows, a step each: steps 2, 3 and 4 kept (keep_last=3), each a
+    # file and its folder; step 1's folder is pruned
+    kept = sorted((int(path.name.split("-")[1]), path.suffix) for path in ckpt.iterdir())
+    assert kept == [(step, kind) for step in (2, 3, 4) for kind in (".dcp", ".pt")], kept
+
+
+def test_example_with_strategy_dp_in_one_process() -> None:
+    """--strategy dp is one process's (DataParallel over its GPUs; the plain model on a CPU,
+    with a warning), with accumulation and bf16 as under the other strategies."""
+    flags = ["--strategy", "dp", "--accumulate", "2", "--precision", "bf16"]
+    out = run_example(1, [*flags, "--epochs", "1", "--train-size", "512"])
+    assert "eval: 2001 samples (test set has 2001)" in out, out
+    assert re.search(r"^\[rank0\]:? ?weights sha256: [0-9a-f]{64}$", out, re.MULTILINE), out
 
 
 def test_accumulate_below_one_is_refused_before_anything_starts(

@@ -1,11 +1,13 @@
 """ddpkit.clip_grad_norm_: the norm one process computes over the same samples.
 
-On real gloo groups of 1, 2 and 3 ranks, for DDP, ddpkit's DataParallel and a plain model (the
-three one after the other on one group per world size, in the launch of
+On real gloo groups of 1, 2 and 3 ranks, for DDP, FSDP2, ddpkit's DataParallel and a plain
+model (the four one after the other on one group per world size, in the launch of
 tests/worker/test_loop_ranks.py that the loop's other features share), over the first
 window of 3 micro-steps (a short last batch at 3 ranks): before the window's end the norm is
-that of this rank's samples so far; after it, that of the window's samples (every rank's under
-DDP), and the clipped gradients are those torch clips on one process.
+that of this rank's samples so far (every rank's under FSDP2, which reduce-scatters each
+micro-step); after it, that of the window's samples (every rank's under DDP and FSDP2), and the
+clipped gradients (FSDP2's DTensor shards gathered whole) are those torch clips on one process.
+A norm taken over FSDP2's local shards only is smaller than one process's: the check fails.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from torch.nn import functional as F
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
-from tests.worker.test_accumulate import everyone, make_data, make_model, window_grads, wrapped
+from tests.worker.test_accumulate import (
+    everyone,
+    full,
+    make_data,
+    make_model,
+    window_grads,
+    wrapped,
+)
 
 BATCH, EVERY = 3, 3
 
@@ -29,7 +38,8 @@ def _norm(grads: list[torch.Tensor]) -> float:
     return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
 
-KINDS = ("ddp", "dp", "plain")
+KINDS = ("ddp", "fsdp", "dp", "plain")
+SYNCED = ("ddp", "fsdp")  # their gradients are every rank's samples'
 
 
 def _clip(kind: str, world_size: int) -> dict[str, Any]:
@@ -43,19 +53,21 @@ def _clip(kind: str, world_size: int) -> dict[str, Any]:
         with ddpkit.accumulate(model, every=EVERY) as micro:
             F.mse_loss(model(x), y).backward()
         mine.append((x, y))
-        window.append((everyone(x, world_size), everyone(y, world_size)) if kind == "ddp"
+        window.append((everyone(x, world_size), everyone(y, world_size)) if kind in SYNCED
                       else (x, y))  # fmt: skip
-        if not micro.sync:  # this rank's samples so far (max_norm too large to clip)
+        if not micro.sync:  # the samples so far (max_norm too large to clip): this rank's,
+            # or every rank's under FSDP2, which reduce-scatters on every micro-step
+            so_far = window if kind == "fsdp" else mine
             got = ddpkit.clip_grad_norm_(model, 1e9)
-            seen["partial"].append((float(got), _norm(window_grads(reference, mine))))
+            seen["partial"].append((float(got), _norm(window_grads(reference, so_far))))
             continue
         expected = window_grads(reference, window)
         for grad, p in zip(expected, reference.parameters(), strict=True):
             p.grad = grad
-        full = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05))
+        one = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05))
         got = ddpkit.clip_grad_norm_(model, 0.05)
-        seen["norm"] = (float(got), full, type(got).__name__)
-        clipped = [p.grad for p in model.parameters() if p.grad is not None]
+        seen["norm"] = (float(got), one, type(got).__name__)
+        clipped = [full(p.grad) for p in model.parameters() if p.grad is not None]
         seen["clipped_match"] = all(
             torch.allclose(c, p.grad, rtol=1e-5, atol=1e-7)  # type: ignore[arg-type]
             for c, p in zip(clipped, reference.parameters(), strict=True)

@@ -6,8 +6,10 @@ compiles, which cost minutes of CPU). A model with BatchNorm, trained through
 ``ddpkit.accumulate`` windows (DDP's ``no_sync`` under the compiled module), gives the losses
 and running statistics of eager DDP, with and without ``static_graph``; its checkpoint holds
 the keys of the uncompiled model. A backend that counts graphs shows DDPOptimizer splitting the
-model at DDP's buckets (the reason for the order) under ``fullgraph=True``. The cases share
-one launch of 2 ranks (each rank imports dynamo once), one after the other.
+model at DDP's buckets (the reason for the order) under ``fullgraph=True``. FSDP2 with its
+blocks compiled (each block's forward run by the compiled graph) follows the single process's
+eager trajectory, its keys unchanged. The cases share one launch of 2 ranks (each rank imports
+dynamo once), one after the other.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch.nn import functional as F
 
 import ddpkit
 from ddpkit.errors import ConfigError
+from tests.support import tinymlp
 from tests.support.distutil import run_workers, torchrun_env
 
 MICRO_STEPS, EVERY = 6, 2
@@ -98,6 +101,35 @@ def _graphs() -> dict[str, int]:
     return counts
 
 
+FSDP_STEPS = 3
+
+
+def _fsdp(rank: int, world_size: int) -> dict[str, Any]:
+    """FSDP2 with its blocks compiled (a backend that counts the runs of the graphs it
+    compiled): the losses, the runs, and the state dict's keys."""
+    runs = [0]
+
+    def counting(graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        def run(*args: Any) -> Any:
+            runs[0] += 1
+            return graph.forward(*args)
+
+        return run
+
+    options = {"backend": counting}
+    model = ddpkit.wrap(tinymlp.make_model(), "fsdp", fsdp_blocks=(tinymlp.Block,), compile=options)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = [tinymlp.step(model, optimizer, rank, world_size) for _ in range(FSDP_STEPS)]
+    return {"losses": losses, "runs": runs[0], "keys": list(model.state_dict())}
+
+
+def _check_fsdp(seen: dict[str, Any], where: str) -> None:
+    """Compiled FSDP2 blocks train on the single process's eager trajectory, keys unchanged."""
+    assert seen["losses"] == pytest.approx(tinymlp.reference(FSDP_STEPS), rel=1e-5), where
+    assert seen["runs"] == 2 * FSDP_STEPS, where  # each block's forward ran compiled
+    assert seen["keys"] == list(tinymlp.make_model().state_dict()), where  # no _orig_mod.
+
+
 def _small_buckets() -> str:
     try:
         ddpkit.wrap(_model(), "ddp", compile=True, bucket_cap_mb=0.5)
@@ -122,6 +154,8 @@ def _compile_worker(rank: int, world_size: int, port: int, root: str) -> dict[st
             seen[name] = _trajectory(rank, ddp_kwargs, every, Path(root) / name)
         torch._dynamo.reset()
         seen["graphs"] = _graphs()
+        torch._dynamo.reset()
+        seen["fsdp"] = _fsdp(rank, world_size)
         return seen
     finally:
         ddpkit.shutdown()
@@ -135,6 +169,7 @@ def test_compiled_ddp_trains_as_eager_splits_at_buckets_refuses_smaller(tmp_path
         for name in CASES:
             _check_trajectory(rank, by_case[name], f"{name}, rank {rank}")
         _check_graphs(by_case["graphs"], f"rank {rank}")
+        _check_fsdp(by_case["fsdp"], f"fsdp, rank {rank}")
         assert "bucket_cap_mb=0.5 with compile" in by_case["small_buckets"], rank
 
 

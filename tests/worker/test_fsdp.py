@@ -65,7 +65,7 @@ def test_the_size_rule_takes_modules_of_an_eighth_bottom_up() -> None:
         ({"precision": "bf61"}, "precision='bf61'", "did you mean 'bf16'?"),
         ({"precision": "fp8"}, "precision='fp8'", "(choices: 'bf16', None)"),
         ({"precision": "fp16"}, "precision='fp16' with strategy='fsdp'", "precision='bf16'"),
-        ({"compile": True}, "compile=True with strategy='fsdp'", "per block"),
+        ({"compile": {"mdoe": "default"}}, "{'mdoe': ...} is not a torch.compile", "'mode'"),
     ],
 )
 def test_bad_fsdp_options_name_the_value_and_a_hint(

@@ -2,10 +2,11 @@
 
 Each rank checks, one after the other on the same group: ``ddpkit.accumulate`` on DDP, FSDP2,
 DataParallel and a plain model (tests/worker/test_accumulate.py), ``ddpkit.clip_grad_norm_`` on
-DDP, DataParallel and a plain model (tests/worker/test_clip.py), FSDP2 training on the
-single-process trajectory (tests/worker/test_fsdp.py), and at 1 and 2 ranks bf16 and the fp16
-scaler (tests/worker/test_precision.py). Those files hold each case's code and checks; sharing a
-launch, a forked rank imports dynamo (what the first DDP or optimizer costs) once for them all.
+DDP, FSDP2, DataParallel and a plain model (tests/worker/test_clip.py), FSDP2 training on the
+single-process trajectory (tests/worker/test_fsdp.py), bf16 on DDP, DataParallel and a plain
+model and the fp16 scaler under DDP (tests/worker/test_precision.py). Those files hold each
+case's code and checks; sharing a launch, a forked rank imports dynamo (what the first DDP or
+optimizer costs) once for them all.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from tests.worker.test_fsdp import check_fsdp, fsdp_case
 from tests.worker.test_precision import check_precision, precision_cases
 
 FSDP_STEPS = 4
-PRECISION_SIZES = (1, 2)
 
 
 def _loop_worker(rank: int, world_size: int, port: int, folder: str) -> dict[str, Any]:
@@ -32,8 +32,7 @@ def _loop_worker(rank: int, world_size: int, port: int, folder: str) -> dict[str
     try:
         seen = {"accumulate": accumulate_cases(world_size), "clip": clip_cases(world_size)}
         seen["fsdp"] = fsdp_case(rank, world_size, FSDP_STEPS)
-        if world_size in PRECISION_SIZES:
-            seen["precision"] = precision_cases(rank, world_size, folder)
+        seen["precision"] = precision_cases(rank, world_size, folder)
         dist.barrier()
         return seen
     finally:
@@ -47,8 +46,5 @@ def test_accumulate_clip_fsdp_and_precision_on_one_group(world_size: int, tmp_pa
     for rank, seen in enumerate(results):
         check_accumulate(seen["accumulate"], rank, world_size)
         check_clip(seen["clip"], rank, world_size)
-        if world_size in PRECISION_SIZES:
-            check_precision(seen["precision"], world_size)
-        else:
-            assert "precision" not in seen
+        check_precision(seen["precision"], world_size)
     check_fsdp([seen["fsdp"] for seen in results], world_size, FSDP_STEPS)

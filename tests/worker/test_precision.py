@@ -1,12 +1,13 @@
 """``wrap(model, precision=...)`` and ``ddpkit.grad_scaler``, on real gloo groups on CPU.
 
-bf16: the forward computes in bfloat16 and returns float32, and a few steps of DDP at 1 and 2
-ranks give the losses of the same loop written with ``torch.autocast`` by hand. fp16 (torch
+bf16: the forward computes in bfloat16 and returns float32, and a few steps of DDP, ddpkit's
+DataParallel (a pass-through on CPU) and a plain model at 1, 2 and 3 ranks give the losses of
+the same loop written with ``torch.autocast`` by hand. fp16 (torch
 runs it on CPU too, with ``GradScaler("cpu")``): through a window of ``ddpkit.accumulate``
 the scaler's gradients, once unscaled, are those of the unscaled backward; an overflow skips
 the step and halves the scale; the scale travels through ``save_checkpoint`` /
 ``load_checkpoint`` (weights-only); stepping mid-window and clipping scaled gradients are
-refused. Both run in the launch of tests/worker/test_loop_ranks.py (at 1 and 2 ranks) that the
+refused. Both run in the launch of tests/worker/test_loop_ranks.py (at 1, 2 and 3 ranks) that the
 loop's other features share. The CUDA paths are the same calls on
 another device type, not run here.
 """
@@ -26,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddpkit
 from ddpkit.errors import ConfigError, UsageError
+from ddpkit.worker.dataparallel import DataParallel
 
 STEPS = 3
 
@@ -41,9 +43,21 @@ def _batch(rank: int, step: int, scale: float = 1.0) -> tuple[torch.Tensor, torc
     return x * scale, y * scale
 
 
-def _bf16(rank: int) -> dict[str, Any]:
-    model = ddpkit.wrap(_model(), "ddp", precision="bf16")
-    by_hand = DistributedDataParallel(_model())
+BF16_KINDS = ("ddp", "dp", "plain")
+
+
+def _bf16_pair(kind: str) -> tuple[nn.Module, nn.Module]:
+    """(``kind`` wrapped with precision="bf16", the same model for the loop by hand)."""
+    if kind == "ddp":
+        return ddpkit.wrap(_model(), "ddp", precision="bf16"), DistributedDataParallel(_model())
+    model = ddpkit.wrap(_model(), "single", precision="bf16")
+    # ddpkit's DataParallel passes through on CPU (wrap's "dp" is one process's: refused at
+    # world sizes above 1, the plain model on a CPU)
+    return (DataParallel(model) if kind == "dp" else model), _model()
+
+
+def _bf16(rank: int, kind: str) -> dict[str, Any]:
+    model, by_hand = _bf16_pair(kind)
     seen: dict[str, Any] = {"inner": [], "losses": [], "by_hand": []}
     ddpkit.unwrap(model)[0].register_forward_hook(
         lambda module, args, out: seen["inner"].append(str(out.dtype))
@@ -69,14 +83,17 @@ def _bf16(rank: int) -> dict[str, Any]:
     return seen
 
 
-def _check_bf16(seen: dict[str, Any], world_size: int) -> None:
-    """bf16 runs the forward under autocast and returns float32."""
-    assert seen["inner"] == ["torch.bfloat16"] * STEPS  # the Linear computed in bf16
-    assert seen["out"] == "torch.float32"
-    assert seen["params"] == ["torch.float32"]
-    assert seen["losses"] == pytest.approx(seen["by_hand"], rel=1e-6)
-    assert seen["losses"][-1] < seen["losses"][0] or world_size == 2
-    assert seen["disabled"]  # no loss scaling in bf16
+def _check_bf16(by_kind: dict[str, dict[str, Any]], world_size: int) -> None:
+    """bf16 runs the forward under autocast and returns float32, on every kind of model."""
+    assert list(by_kind) == list(BF16_KINDS)
+    for kind, seen in by_kind.items():
+        where = f"{kind} at {world_size} ranks"
+        assert seen["inner"] == ["torch.bfloat16"] * STEPS, where  # the Linear computed in bf16
+        assert seen["out"] == "torch.float32", where
+        assert seen["params"] == ["torch.float32"], where
+        assert seen["losses"] == pytest.approx(seen["by_hand"], rel=1e-6), where
+        assert seen["losses"][-1] < seen["losses"][0] or world_size != 1, where  # it trains
+        assert seen["disabled"], where  # no loss scaling in bf16
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:
@@ -158,7 +175,8 @@ def _check_fp16(seen: dict[str, Any]) -> None:
 
 def precision_cases(rank: int, world_size: int, folder: str) -> dict[str, Any]:
     """bf16, then fp16, on this rank's group."""
-    return {"bf16": _bf16(rank), "fp16": _fp16(rank, world_size, folder)}
+    bf16 = {kind: _bf16(rank, kind) for kind in BF16_KINDS}
+    return {"bf16": bf16, "fp16": _fp16(rank, world_size, folder)}
 
 
 def check_precision(seen: dict[str, Any], world_size: int) -> None:

@@ -3,16 +3,17 @@
 After a synced backward, DDP's gradients are the same on every rank: the norm torch computes on
 one rank is already the norm of the whole batch's gradient, as one process computes it over the
 same samples, with no collective. DataParallel and a plain model hold one gradient. Sharded
-gradients (DTensor, under FSDP2) are what torch's ``get_total_norm`` handles: its norm is a
-DTensor whose ``full_tensor()`` reduces the shards' parts across ranks, which this module does,
-so the same call returns the global norm there.
+gradients (DTensor, under FSDP2) are what torch's ``get_total_norm`` handles: it reduces the
+shards' parts across ranks into a replicated DTensor, which ``full_tensor()`` turns into the
+plain tensor torch returns, so the same call returns the global norm there.
 
-Inside a :func:`ddpkit.accumulate` window, before its last micro-step, the gradients are this
+Inside a :func:`ddpkit.accumulate` window, before its last micro-step, DDP's gradients are this
 rank's own, unsynced (syncing them would cost what the window saves): the norm is then that of
 the gradient of this rank's samples of the window so far (their mean, as after the window's end,
 not the raw sum ``.grad`` holds meanwhile), and clipping scales that partial gradient. At world
-size 1 it is exact; across ranks it is a local figure. Clip the window's gradient after the
-block whose ``sync`` is true.
+size 1 it is exact; across ranks it is a local figure. FSDP2 reduce-scatters every micro-step:
+there it is the norm of every rank's samples so far. Clip the window's gradient after the block
+whose ``sync`` is true.
 """
 
 from __future__ import annotations

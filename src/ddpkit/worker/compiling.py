@@ -26,6 +26,8 @@ The pitfalls (pytorch #108966, #109774), and what ddpkit does about each:
   eagerly inside the compiled forward, so it needs ``fullgraph=False`` (the default).
 - DataParallel replicates the module on every forward, which a compiled module does not
   survive: under ``dp`` compile is ignored, with a warning.
+- FSDP2 is not this module's order: ``wrap(model, "fsdp", compile=...)`` compiles each block
+  in place before sharding it (:mod:`ddpkit.worker.fsdp`).
 - Compiling costs seconds to minutes at the first step (and again when shapes change); the
   steps after it are the ones that get faster.
 """

@@ -27,11 +27,19 @@ DDP, and a name that says which strategy reads it cannot be mistaken for a DDP o
 ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``: forward and backward in
 bf16 on the all-gathered copy, gradients reduced in fp32, and the sharded parameters the
 optimizer steps stay fp32. ``"fp16"`` would need a sharded gradient scaler: refused.
+
+``wrap``'s ``compile`` switch, under ``"fsdp"``: each block is compiled in place
+(``nn.Module.compile``) before ``fully_shard``, as torchtitan compiles its transformer
+blocks: FSDP2's all-gather and reduce-scatter hooks stay outside the compiled graphs (dynamo
+skips FSDP's hooks by default), the parameters' names and the checkpoints' keys do not change
+(no ``_orig_mod.``), and the root's own layers (embeddings, a head) run eagerly. A model with
+no block (one unit) is compiled whole, the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -160,9 +168,15 @@ def shard_model(
     model: nn.Module,
     blocks: tuple[type[nn.Module], ...] | None,
     policy: MixedPrecisionPolicy,
+    compile_options: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """``fully_shard`` on every block, then on ``model`` (in place; returns ``model``)."""
-    for block in choose_blocks(model, blocks):
+    """``fully_shard`` on every block, then on ``model`` (in place; returns ``model``); with
+    ``compile_options``, each block (or ``model`` when there is none) is compiled first."""
+    chosen = choose_blocks(model, blocks)
+    if compile_options is not None:
+        for module in chosen or [model]:
+            module.compile(**compile_options)
+    for block in chosen:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model

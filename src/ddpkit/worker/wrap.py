@@ -107,7 +107,8 @@ def wrap(
     gradient reduction; ``"fp16"`` needs a sharded scaler ddpkit does not have: an error).
     ``compile``: True, or a dict of ``torch.compile`` keyword arguments: the bare module is
     compiled, then wrapped, so that under DDP torch's DDPOptimizer splits the graph at DDP's
-    buckets (see :mod:`ddpkit.worker.compiling`).
+    buckets (see :mod:`ddpkit.worker.compiling`); under ``"fsdp"`` each block is compiled in
+    place before ``fully_shard`` (see :mod:`ddpkit.worker.fsdp`).
     """
     context = current()
     if isinstance(model, DistributedDataParallel | nn.DataParallel) or is_sharded(model):
@@ -127,12 +128,6 @@ def wrap(
     _check_fsdp_options(fsdp_blocks, chosen)
     if chosen == "fsdp":
         policy = fsdp_policy(precision)
-        if compile is not False:
-            raise ConfigError(
-                f"compile={compile!r} with strategy='fsdp'",
-                hint="compile the blocks yourself before wrap (torch.compile per block, as "
-                "torch's FSDP2 examples do), or drop compile",
-            )
     else:
         check_precision(precision, context.device.type)
     compile_options = check_compile(compile)
@@ -160,7 +155,7 @@ def wrap(
                 hint="convert the model yourself (nn.SyncBatchNorm.convert_sync_batchnorm) "
                 "before wrap, or drop sync_batchnorm",
             )
-        return shard_model(model, blocks, policy)
+        return shard_model(model, blocks, policy, compile_options)
     if chosen == "ddp":
         model = _sync_batchnorm(model, context, sync_batchnorm)
     model = apply_precision(model, precision, context.device.type)
