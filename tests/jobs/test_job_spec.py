@@ -98,6 +98,7 @@ def test_defaults(tmp_path: Path) -> None:
         "after_type": "afterok",
         "singleton": False,
         "log_ranks": None,
+        "snapshot": False,
     }
     assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)

@@ -118,8 +118,8 @@ _AFTER_MEANS = {"afterok": "once every one has COMPLETED", "afterany": "once eve
 
 
 def _chain_lines(spec: JobSpec) -> str:
-    """What ``after``/``singleton``/``log_ranks`` do, in words (names are resolved to job ids
-    at submission; ``--dry-run`` shows the ids)."""
+    """What ``after``/``singleton``/``log_ranks``/``snapshot`` do, in words (names are resolved
+    to job ids at submission; ``--dry-run`` shows the ids and the snapshot's folder)."""
     lines = []
     if spec.after:
         jobs = ", ".join(spec.after)
@@ -131,6 +131,11 @@ def _chain_lines(spec: JobSpec) -> str:
     if spec.log_ranks is not None:
         shown = ",".join(map(str, spec.log_ranks))
         lines.append(f"# console: each node's output shows local rank(s) {shown} only")
+    if spec.snapshot:
+        lines.append(
+            f"# snapshot: the files git tracks under {spec.workdir} are copied to "
+            f"{spec.log_path}/snapshots/ at submission; the job and its requeues run from there"
+        )
     return "".join(f"\n{line}" for line in lines) + ("\n" if lines else "")
 
 

@@ -30,6 +30,7 @@ from ddpkit.contract import (
     reserved_env_hint,
 )
 from ddpkit.jobs import spec_checks
+from ddpkit.jobs.snapshot import SNAPSHOT_DOC
 from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.sweep_spec import (
@@ -350,6 +351,7 @@ class JobSpec(Model):
     after_type: AfterType = Field("afterok", description=CHAIN_DOCS["after_type"])
     singleton: bool = Field(False, description=CHAIN_DOCS["singleton"])
     log_ranks: LogRanks | None = Field(None, description=CHAIN_DOCS["log_ranks"])
+    snapshot: bool = Field(False, description=SNAPSHOT_DOC)
 
     @model_validator(mode="before")
     @classmethod

@@ -119,6 +119,11 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
             "through submitit",
             hint="submit with --via sbatch, or remove health_check",
         )
+    if spec.snapshot:
+        raise ConfigError(
+            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through submitit",
+            hint="submit with --via sbatch, or set snapshot: false",
+        )
     if spec.min_nodes is not None:
         # submitit writes --ntasks-per-node, with which SLURM starts a node range on MIN nodes
         raise ConfigError(

@@ -307,6 +307,12 @@ def refuse_sweep(spec: JobSpec) -> None:
             "scheduler submits one job component per node: a fixed count",
             hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
         )
+    if spec.snapshot:
+        raise ConfigError(
+            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through "
+            "torchx (its workdir is its own)",
+            hint="submit with --via sbatch, or set snapshot: false",
+        )
     if spec.after or spec.singleton:
         chain = f"after={spec.after!r}" if spec.after else "singleton=true"
         raise ConfigError(
