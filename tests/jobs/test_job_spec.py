@@ -99,6 +99,8 @@ def test_defaults(tmp_path: Path) -> None:
         "singleton": False,
         "log_ranks": None,
         "snapshot": False,
+        "cpu_bind": None,
+        "gpu_bind": None,
     }
     assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from ddpkit.jobs.spec import JobSpec
+from ddpkit.jobs.spec_bind import srun_binding
 from ddpkit.jobs.spec_checks import shown
 from ddpkit.masking import mask, mask_tree
 
@@ -131,6 +132,9 @@ def _chain_lines(spec: JobSpec) -> str:
     if spec.log_ranks is not None:
         shown = ",".join(map(str, spec.log_ranks))
         lines.append(f"# console: each node's output shows local rank(s) {shown} only")
+    if spec.cpu_bind is not None or spec.gpu_bind is not None:
+        options = " ".join(srun_binding(spec.cpu_bind, spec.gpu_bind))
+        lines.append(f"# binding: srun {options} (srun picks each task's CPUs/GPUs)")
     if spec.snapshot:
         lines.append(
             f"# snapshot: the files git tracks under {spec.workdir} are copied to "

@@ -31,6 +31,7 @@ from ddpkit.contract import (
 )
 from ddpkit.jobs import spec_checks
 from ddpkit.jobs.snapshot import SNAPSHOT_DOC
+from ddpkit.jobs.spec_bind import BIND_DOCS, CpuBind, GpuBind
 from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.sweep_spec import (
@@ -352,6 +353,8 @@ class JobSpec(Model):
     singleton: bool = Field(False, description=CHAIN_DOCS["singleton"])
     log_ranks: LogRanks | None = Field(None, description=CHAIN_DOCS["log_ranks"])
     snapshot: bool = Field(False, description=SNAPSHOT_DOC)
+    cpu_bind: CpuBind | None = Field(None, description=BIND_DOCS["cpu_bind"])
+    gpu_bind: GpuBind | None = Field(None, description=BIND_DOCS["gpu_bind"])
 
     @model_validator(mode="before")
     @classmethod

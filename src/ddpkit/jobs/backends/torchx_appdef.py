@@ -307,6 +307,13 @@ def refuse_sweep(spec: JobSpec) -> None:
             "scheduler submits one job component per node: a fixed count",
             hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
         )
+    if spec.cpu_bind is not None or spec.gpu_bind is not None:
+        bind = "cpu_bind" if spec.cpu_bind is not None else "gpu_bind"
+        raise ConfigError(
+            f"{bind}={getattr(spec, bind)!r} is srun's --{bind.replace('_', '-')}, which "
+            "torchx's scheduler does not pass on",
+            hint=f"submit with --via sbatch or --via submitit, or remove {bind}",
+        )
     if spec.snapshot:
         raise ConfigError(
             "snapshot=true copies the files for ddpkit's sbatch scripts only, not through "
