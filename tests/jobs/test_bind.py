@@ -108,3 +108,48 @@ def test_plan_says_it_and_submitit_carries_it_and_torchx_refuses() -> None:
     with pytest.raises(ConfigError) as info:
         refuse_sweep(spec(gpu_bind="closest"))
     assert str(info.value).startswith("gpu_bind='closest' is srun's --gpu-bind, which torchx")
+
+
+# ---- numa_binding: torchrun's --numa-binding on each node's ddpkit run --------------------
+
+
+def test_numa_binding_is_on_the_ddpkit_run_line_the_script_runs(tmp_path: Path) -> None:
+    from tests.jobs.test_render import nul_list, run_script
+
+    fields = {"python": sys.executable, "workdir": str(tmp_path), "launch": "torchrun"}
+    job = spec(numa_binding="socket", procs_per_node=2, **fields)
+    argv = render.torchrun_command(job, endpoint="h:1", rdzv_id="9")
+    assert argv[argv.index("--rdzv-id") + 2 :] == ["--numa-binding", "socket", "t.py"]
+    (call,) = run_script(render.render_sbatch(job), tmp_path)["srun"]
+    words = nul_list(call / "argv")
+    assert words[words.index("--numa-binding") :] == ["--numa-binding", "socket", "t.py"]
+    assert "--numa-binding" not in render.torchrun_command(spec(**fields))
+    plan = format_plan(job)
+    assert "# binding: ddpkit run --numa-binding socket (torch's agent binds" in plan
+
+
+def test_torchx_replicas_get_numa_binding_too() -> None:
+    pytest.importorskip("torchx")
+    from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
+
+    role = spec_to_appdef(spec(launch="torchrun", numa_binding="node")).roles[0]
+    assert "--numa-binding node t.py" in " ".join(role.args)
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("numa_binding: node", "numa_binding='node': is torchrun's --numa-binding, for launch"),
+        ("launch: torchrun\nnuma_binding: nodes", "numa_binding"),
+    ],
+)
+def test_numa_binding_refused_where_nothing_carries_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    line: str,
+    words: str,
+) -> None:
+    test_a_bad_value_is_one_line_exit_2_and_nothing_is_submitted(
+        tmp_path, monkeypatch, capsys, line, words
+    )

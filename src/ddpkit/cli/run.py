@@ -38,6 +38,10 @@ _VALUED_HELP: dict[str, tuple[str, str]] = {
     "tee": ("SPEC", "streams to log files and console, same SPEC (3, or 0 with --redirects)"),
     "local_ranks_filter": ("RANKS", "show only these local ranks on the console, e.g. 0"),
     "local_addr": ("HOST", "address other nodes use to reach this one"),
+    "numa_binding": (
+        "MODE",
+        "bind workers to CPUs near their GPUs: node, socket, exclusive, core-complex (torch 2.9+)",
+    ),
 }
 _SWITCH_HELP: dict[str, str] = {
     "standalone": "one node, rendezvous on a free local port (implied on one node without "

@@ -135,6 +135,11 @@ def _chain_lines(spec: JobSpec) -> str:
     if spec.cpu_bind is not None or spec.gpu_bind is not None:
         options = " ".join(srun_binding(spec.cpu_bind, spec.gpu_bind))
         lines.append(f"# binding: srun {options} (srun picks each task's CPUs/GPUs)")
+    if spec.numa_binding is not None:
+        lines.append(
+            f"# binding: ddpkit run --numa-binding {spec.numa_binding} (torch's agent binds each "
+            "worker to CPUs near its GPU)"
+        )
     if spec.snapshot:
         lines.append(
             f"# snapshot: the files git tracks under {spec.workdir} are copied to "

@@ -44,7 +44,7 @@ from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
-from ddpkit.jobs.spec_bind import srun_binding
+from ddpkit.jobs.spec_bind import numa_flag, srun_binding
 from ddpkit.jobs.spec_chain import dependency, ranks_filter
 from ddpkit.jobs.spec_checks import shown
 from ddpkit.jobs.user_template import LAUNCH_TEMPLATE_NAME, check_user_template
@@ -334,6 +334,7 @@ def torchrun_command(
         "--rdzv-id",
         rdzv_id,
         *ranks_filter(spec.log_ranks),
+        *numa_flag(spec.numa_binding),
         *command_words(spec),
     ]
 

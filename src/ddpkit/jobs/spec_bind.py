@@ -1,5 +1,7 @@
 """The spec's binding fields: ``cpu_bind`` and ``gpu_bind``, srun's ``--cpu-bind`` and
-``--gpu-bind`` for the job step's tasks (sbatch and submitit carry them; torchx refuses).
+``--gpu-bind`` for the job step's tasks (sbatch and submitit carry them; torchx refuses), and
+``numa_binding``, torchrun's ``--numa-binding`` on each node's ``ddpkit run`` (``launch:
+torchrun``: sbatch and torchx carry it).
 
 A value is srun's own text (``cores``, ``map_cpu:0,2``, ``verbose,closest``), checked for a
 keyword srun knows and for characters srun's values use, so none can add an option or a line
@@ -11,17 +13,29 @@ the CPUs.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator
 
 from ddpkit.jobs.spec_checks import invalid, shown
 
-__all__ = ["BIND_DOCS", "CpuBind", "GpuBind", "srun_binding"]
+__all__ = [
+    "BIND_DOCS",
+    "CpuBind",
+    "GpuBind",
+    "NumaBinding",
+    "check_numa",
+    "numa_flag",
+    "srun_binding",
+]
+
+NumaBinding = Literal["node", "socket", "exclusive", "core-complex"]  # torchrun's modes
 
 BIND_DOCS = {
     "cpu_bind": "srun's --cpu-bind for each task, e.g. cpu_bind: cores (sbatch, submitit)",
     "gpu_bind": "srun's --gpu-bind for each task, e.g. gpu_bind: closest (sbatch, submitit)",
+    "numa_binding": "launch: torchrun: torchrun's --numa-binding on each node's ddpkit run "
+    "(node, socket, exclusive, core-complex; torch 2.9+), e.g. numa_binding: node",
 }
 # srun(1): the keywords of --cpu-bind and --gpu-bind (the second one's "verbose," prefix too)
 _CPU_KEYWORDS = frozenset({
@@ -63,3 +77,21 @@ def srun_binding(cpu_bind: str | None, gpu_bind: str | None) -> list[str]:
     """srun's options for the job step (none for null)."""
     options = [] if cpu_bind is None else [f"--cpu-bind={cpu_bind}"]
     return options + ([] if gpu_bind is None else [f"--gpu-bind={gpu_bind}"])
+
+
+def check_numa(numa_binding: str | None, launch: str) -> None:
+    """``numa_binding`` is torchrun's (``ddpkit run``'s) flag: under ``launch: srun`` nothing
+    would carry it, and srun's own binding is ``cpu_bind``."""
+    if numa_binding is not None and launch != "torchrun":
+        raise invalid(
+            "is torchrun's --numa-binding, for launch: torchrun; under launch: srun each task "
+            "is bound by srun",
+            "set launch: torchrun, or use cpu_bind (e.g. cpu_bind: ldoms)",
+            field="numa_binding",
+            value=numa_binding,
+        )
+
+
+def numa_flag(numa_binding: str | None) -> list[str]:
+    """``ddpkit run``'s ``--numa-binding MODE`` (none for null)."""
+    return [] if numa_binding is None else ["--numa-binding", numa_binding]

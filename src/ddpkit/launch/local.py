@@ -10,6 +10,7 @@ passed on (:mod:`.relay`), the workers tied to the launcher (:mod:`.deathsig`), 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import signal
@@ -20,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import torch.distributed
 import torch.distributed.run as torch_run
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsSpecs, SignalException
@@ -88,6 +90,12 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     first lines of ``torch.distributed.run.run`` do (not called: it would add its ``@record``
     box). ``os.environ`` is left as it was: what torch sets for the workers is in ``worker_env``."""
     config = _store_host_decided(config, os.environ)
+    if config.numa_binding is not None and importlib.util.find_spec("torch.numa") is None:
+        raise ConfigError(
+            f"--numa-binding={config.numa_binding} needs torch 2.9 or newer (this is torch "
+            f"{torch.__version__})",
+            hint="upgrade torch, or bind with srun (a job spec's cpu_bind)",
+        )
     args = torch_run.get_args_parser().parse_args(config.torchrun_argv())  # = parse_args
     if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
