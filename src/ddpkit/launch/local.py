@@ -155,7 +155,7 @@ def launch(config: RunConfig) -> LaunchOutcome:
     relay.relay_stop_signal(os.environ)
     plan = build_launch_config(config)
     chosen = {key: plan.worker_env[key] for key in ifname.IFNAME_VARS if key in plan.worker_env}
-    ifname.tell(chosen, plan.launch_config.rdzv_endpoint)
+    ifname.tell(chosen)
     # The agent may host the store every worker connects to (2 connections a worker): raised
     # as ddpkit.init raises a rank's, and inherited by the workers (ddpkit.cluster.limits)
     largest = plan.launch_config.max_nodes * plan.launch_config.nproc_per_node

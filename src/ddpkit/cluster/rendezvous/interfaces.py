@@ -17,7 +17,14 @@ from pathlib import Path
 
 from ddpkit.cluster.rendezvous.lookup import route_to
 
-__all__ = ["Interface", "interface_of", "interfaces", "is_loopback", "route_interface"]
+__all__ = [
+    "Interface",
+    "interface_of",
+    "interfaces",
+    "is_loopback",
+    "is_this_host",
+    "route_interface",
+]
 
 _SIOCGIFADDR = 0x8915
 _IFF_LOOPBACK = 0x8
@@ -113,3 +120,14 @@ def route_interface(host: str, found: Sequence[Interface] | None = None) -> Inte
     found = interfaces() if found is None else found
     name = interface_of(local, found)
     return next((interface for interface in found if interface.name == name), None)
+
+
+def is_this_host(host: str, found: Sequence[Interface] | None = None) -> bool:
+    """Whether ``host`` (a name or an address) resolves to an address of this host's
+    interfaces: the route to it then says nothing of how the other nodes reach this one."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    mine = {a for i in (interfaces() if found is None else found) for a in i.addresses}
+    return any(str(info[4][0]) in mine for info in infos)
