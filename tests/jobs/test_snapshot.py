@@ -121,3 +121,14 @@ def test_off_by_default_and_the_other_backends_refuse_it(tmp_path: Path) -> None
             refuse(job)
         assert str(info.value).startswith("snapshot=true copies the files for ddpkit's sbatch")
         assert "--via sbatch" in str(info.value)
+
+
+def test_the_command_line_turns_it_on_for_one_submission(tools: FakeTools, tmp_path: Path) -> None:
+    work = repository(tmp_path)
+    path = spec_file(work)
+    path.write_text(path.read_text().replace("snapshot: true\n", ""))
+    assert main(["submit", str(path)]) == 0
+    assert snapshots(work) == []  # off by default
+    assert main(["submit", str(path), "--set", "snapshot=true"]) == 0
+    (copy,) = snapshots(work)
+    assert (copy / "train.py").is_file()
