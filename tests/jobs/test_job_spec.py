@@ -98,6 +98,10 @@ def test_defaults(tmp_path: Path) -> None:
         "after_type": "afterok",
         "singleton": False,
         "log_ranks": None,
+        "snapshot": False,
+        "cpu_bind": None,
+        "gpu_bind": None,
+        "numa_binding": None,
     }
     assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)

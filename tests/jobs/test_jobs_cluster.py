@@ -86,6 +86,7 @@ RANKS = [("sbatch", "srun"), ("sbatch", "torchrun"), ("submitit", "srun")]
 # group (srun's and torchrun's groups form in the tests of two jobs at once and of host_template)
 GROUPED = ("submitit", "srun")
 IB = "ib"
+IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,8 @@ def early(
         ib = test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name.__name__
         if ib in selected and slurm.netns and slurm.info.get("node_ib_addrs"):
             jobs = Jobs(slurm, tmp_path_factory.mktemp(IB))
-            spec = jobs.spec('name: ib\nnodes: 2\nlaunch: torchrun\nhost_template: "{host}-ib"\n')
+            fields = 'name: ib\nnodes: 2\nlaunch: torchrun\nhost_template: "{host}-ib"\n'
+            spec = jobs.spec(fields, "--env GLOO_SOCKET_IFNAME --env NCCL_SOCKET_IFNAME")
             submitted[IB] = (jobs, jobs.submit(spec))
         yield submitted
     finally:
@@ -305,3 +307,6 @@ def test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name(
     expected = [(rank, "torchrun", 3) for rank in range(2)]
     assert [(r["rank"], r["launcher"], r["sum"]) for r in rows] == expected
     assert sorted(r["node"] for r in rows) == sorted(nodes)
+    # each node's agent named the interface of its route to nI-ib, eth0 in each node's
+    # namespace, for gloo and NCCL (ddpkit.launch.ifname): neither was set by the job
+    assert [r["env"] for r in rows] == [dict.fromkeys(IFNAMES, "eth0")] * 2, rows

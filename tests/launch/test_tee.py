@@ -5,6 +5,7 @@ real function in a thread (``tests/test_compat.py`` checks that torch's ``TailLo
 from __future__ import annotations
 
 import io
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -97,3 +98,34 @@ def test_a_progress_bar_is_redrawn_in_place_and_lines_stay_whole(tmp_path: Path)
     # on a terminal: two lines, each with one prefix (each carriage return goes back to its start)
     shown = [line.rsplit("\r", 1)[-1] for line in out.getvalue().split("\n")[:-1]]
     assert shown == ["[rank0]: progress 100%", "[rank0]: loss 0.5 at step 3"]
+
+
+def test_pid_in_the_prefix_is_the_process_writing_the_file(tmp_path: Path) -> None:
+    # the worker: a child of this process whose stdout is the log, as torch's agent starts it
+    log = tmp_path / "stdout.log"
+    err = tmp_path / "stderr.log"
+    wait = tmp_path / "go"
+    script = f"echo first; while [ ! -e '{wait}' ]; do sleep 0.05; done; echo second"
+    with log.open("w") as stdout, err.open("w") as stderr:
+        worker = subprocess.Popen(["sh", "-c", script], stdout=stdout, stderr=stderr)
+    out = io.StringIO()
+    finished = threading.Event()
+    thread = threading.Thread(
+        target=tee.tail_whole_lines,
+        args=("[n1 ${pid} rank0]: ", str(log), out, finished, 0.1, lambda _line: True),
+    )
+    thread.start()
+    try:
+        assert tee.writer_pid(str(log)) == worker.pid
+        assert tee.writer_pid(str(err)) == worker.pid  # its stderr, fd 2
+        _until(out, "first")
+        wait.write_text("")
+        assert worker.wait(timeout=30) == 0
+        _until(out, "second")
+    finally:
+        finished.set()
+        thread.join(timeout=30)
+    prefix = f"[n1 {worker.pid} rank0]: "
+    assert out.getvalue() == f"{prefix}first\n{prefix}second\n"  # resolved once, kept
+    assert tee.writer_pid(str(log)) is None  # gone: nobody writes it now
+    assert tee.writer_pid(str(tmp_path / "none.log")) is None

@@ -69,6 +69,24 @@ def test_loopback_interface_fails_only_on_several_nodes_and_suggests_the_route()
     assert check_interface("gloo", missing, 1, None).status == "FAIL"
 
 
+def test_a_host_name_off_the_route_to_the_master_warns_on_several_nodes() -> None:
+    # the host name resolves to the management network's address, the master is reached on ib0
+    eth = netinfo.Choice("eth0", "192.168.0.7", "the host name n7 resolves to 192.168.0.7")
+    check = check_interface("gloo", eth, 2, "ib0")
+    assert check.status == "WARN"
+    assert "but the route to MASTER_ADDR leaves through ib0" in check.detail
+    assert "other nodes may not reach 192.168.0.7" in check.detail
+    assert check.hint is not None and "GLOO_SOCKET_IFNAME=ib0" in check.hint
+    nccl = netinfo.Choice("eth0", "192.168.0.7", "NCCL's default: ib* first, not lo/docker*")
+    assert check_interface("nccl", nccl, 2, "ib0").status == "WARN"
+    assert check_interface("gloo", eth, 1, "ib0").status == "PASS"  # one node: nobody joins
+    assert check_interface("gloo", eth, 2, "eth0").status == "PASS"  # the route's interface
+    assert check_interface("gloo", eth, 2, None).status == "PASS"  # no route known
+    # the user's own variable is theirs to keep, e.g. a data network apart from the store's
+    named = netinfo.Choice("eth1", "10.1.0.7", "GLOO_SOCKET_IFNAME=eth1")
+    assert check_interface("gloo", named, 2, "ib0").status == "PASS"
+
+
 def test_arrivals_name_the_missing_ranks() -> None:
     check = check_arrivals(4, [0, 2], 3.0)
     assert check.status == "FAIL"

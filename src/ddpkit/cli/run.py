@@ -38,6 +38,10 @@ _VALUED_HELP: dict[str, tuple[str, str]] = {
     "tee": ("SPEC", "streams to log files and console, same SPEC (3, or 0 with --redirects)"),
     "local_ranks_filter": ("RANKS", "show only these local ranks on the console, e.g. 0"),
     "local_addr": ("HOST", "address other nodes use to reach this one"),
+    "numa_binding": (
+        "MODE",
+        "bind workers to CPUs near their GPUs: node, socket, exclusive, core-complex (torch 2.9+)",
+    ),
 }
 _SWITCH_HELP: dict[str, str] = {
     "standalone": "one node, rendezvous on a free local port (implied on one node without "
@@ -62,7 +66,7 @@ Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_A
 MASTER_PORT and TORCHELASTIC_* variables, and OMP_NUM_THREADS=1 when more than one runs per node
 and it is unset (as under torchrun). The prefix template can be changed with
 TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (${rank}, ${local_rank}, ${role_name}, and
-ddpkit's ${host}: this node's short host name).
+ddpkit's ${host}: this node's short host name, and ${pid}: the worker's process id).
 Signals: SIGUSR2 (or DDPKIT_SIGNAL) is the stop signal: from the launcher's first line it is
 passed on to the workers, kept for them when none runs yet; their preemption_guard() stops
 with a checkpoint. SIGUSR1 is passed on too. Neither ever kills the launcher. With the

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from ddpkit.jobs.spec import JobSpec
+from ddpkit.jobs.spec_bind import srun_binding
 from ddpkit.jobs.spec_checks import shown
 from ddpkit.masking import mask, mask_tree
 
@@ -118,8 +119,8 @@ _AFTER_MEANS = {"afterok": "once every one has COMPLETED", "afterany": "once eve
 
 
 def _chain_lines(spec: JobSpec) -> str:
-    """What ``after``/``singleton``/``log_ranks`` do, in words (names are resolved to job ids
-    at submission; ``--dry-run`` shows the ids)."""
+    """What ``after``/``singleton``/``log_ranks``/``snapshot`` do, in words (names are resolved
+    to job ids at submission; ``--dry-run`` shows the ids and the snapshot's folder)."""
     lines = []
     if spec.after:
         jobs = ", ".join(spec.after)
@@ -131,6 +132,19 @@ def _chain_lines(spec: JobSpec) -> str:
     if spec.log_ranks is not None:
         shown = ",".join(map(str, spec.log_ranks))
         lines.append(f"# console: each node's output shows local rank(s) {shown} only")
+    if spec.cpu_bind is not None or spec.gpu_bind is not None:
+        options = " ".join(srun_binding(spec.cpu_bind, spec.gpu_bind))
+        lines.append(f"# binding: srun {options} (srun picks each task's CPUs/GPUs)")
+    if spec.numa_binding is not None:
+        lines.append(
+            f"# binding: ddpkit run --numa-binding {spec.numa_binding} (torch's agent binds each "
+            "worker to CPUs near its GPU)"
+        )
+    if spec.snapshot:
+        lines.append(
+            f"# snapshot: the files git tracks under {spec.workdir} are copied to "
+            f"{spec.log_path}/snapshots/ at submission; the job and its requeues run from there"
+        )
     return "".join(f"\n{line}" for line in lines) + ("\n" if lines else "")
 
 

@@ -44,6 +44,7 @@ from ddpkit.jobs import sandbox
 from ddpkit.jobs import sweep as sweeps
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.exports import sweep_exports
+from ddpkit.jobs.spec_bind import numa_flag, srun_binding
 from ddpkit.jobs.spec_chain import dependency, ranks_filter
 from ddpkit.jobs.spec_checks import shown
 from ddpkit.jobs.user_template import LAUNCH_TEMPLATE_NAME, check_user_template
@@ -333,6 +334,7 @@ def torchrun_command(
         "--rdzv-id",
         rdzv_id,
         *ranks_filter(spec.log_ranks),
+        *numa_flag(spec.numa_binding),
         *command_words(spec),
     ]
 
@@ -357,6 +359,10 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         ),
         # srun mode under a range: the job asks for a task per node, the step for procs each
         "srun_tasks": f"--ntasks-per-node={spec.procs} " if ranged and not torchrun else "",
+        # the spec's cpu_bind/gpu_bind: srun's own options, checked by the spec (spec_bind)
+        "srun_binding": "".join(
+            f"{shlex.quote(option)} " for option in srun_binding(spec.cpu_bind, spec.gpu_bind)
+        ),
         "sbatch_options": sbatch_options(spec),
         "workdir": spec.workdir,
         "log_dir": spec.log_path,

@@ -30,6 +30,8 @@ from ddpkit.contract import (
     reserved_env_hint,
 )
 from ddpkit.jobs import spec_checks
+from ddpkit.jobs.snapshot import SNAPSHOT_DOC
+from ddpkit.jobs.spec_bind import BIND_DOCS, CpuBind, GpuBind, NumaBinding, check_numa
 from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.sweep_spec import (
@@ -350,6 +352,10 @@ class JobSpec(Model):
     after_type: AfterType = Field("afterok", description=CHAIN_DOCS["after_type"])
     singleton: bool = Field(False, description=CHAIN_DOCS["singleton"])
     log_ranks: LogRanks | None = Field(None, description=CHAIN_DOCS["log_ranks"])
+    snapshot: bool = Field(False, description=SNAPSHOT_DOC)
+    cpu_bind: CpuBind | None = Field(None, description=BIND_DOCS["cpu_bind"])
+    gpu_bind: GpuBind | None = Field(None, description=BIND_DOCS["gpu_bind"])
+    numa_binding: NumaBinding | None = Field(None, description=BIND_DOCS["numa_binding"])
 
     @model_validator(mode="before")
     @classmethod
@@ -390,6 +396,7 @@ class JobSpec(Model):
             )
         if self.log_ranks is not None:
             check_log_ranks(self.log_ranks, self.launch, self.procs)
+        check_numa(self.numa_binding, self.launch)
         delay = self.signal_delay_s
         if self.signal is not None and delay is not None and delay >= self.time_min * 60:
             raise invalid(

@@ -26,6 +26,8 @@ StartMethod = Literal["spawn", "fork", "forkserver"]
 NPROC_KEYWORDS: tuple[NprocKeyword, ...] = ("auto", "cpu", "gpu", "xpu")
 START_METHODS: tuple[StartMethod, ...] = ("spawn", "fork", "forkserver")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode, torch 2.9 and newer)
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 
 # torch's LocalElasticAgent substitutes ${rank}, ${local_rank} and ${role_name}.
 DEFAULT_LOG_LINE_PREFIX = "[rank${rank}]: "
@@ -52,6 +54,7 @@ DEFAULTS: dict[str, str | None] = {
     "tee": None,  # "3" (stdout+stderr, rank-prefixed) unless --tee or --redirects is given
     "local_ranks_filter": "",
     "local_addr": None,
+    "numa_binding": None,
 }
 # On/off flags; PET_<NAME>=1 turns one on, as torchrun's check_env does.
 SWITCHES = ("standalone", "module", "no_python", "run_path")
@@ -93,6 +96,7 @@ class RunConfig:
     tee: str = "3"
     local_ranks_filter: tuple[int, ...] = ()
     local_addr: str | None = None
+    numa_binding: str | None = None
     module: bool = False
     no_python: bool = False
     run_path: bool = False
@@ -119,6 +123,7 @@ class RunConfig:
         ]
         optional = {"--master-port": self.master_port, "--log-dir": self.log_dir}
         optional["--local-addr"] = self.local_addr
+        optional["--numa-binding"] = self.numa_binding
         argv += [f"{flag}={value}" for flag, value in optional.items() if value is not None]
         switches = {"--standalone": self.standalone, "--module": self.module}
         switches |= {"--no-python": self.no_python, "--run-path": self.run_path}
@@ -202,6 +207,7 @@ def resolve_run_config(flags: Mapping[str, object], env: Mapping[str, str]) -> R
         tee=tee,
         local_ranks_filter=parse_ranks(*get("local_ranks_filter")),
         local_addr=get.optional("local_addr")[0] or None,
+        numa_binding=_numa_binding(get),
         module=get.switch("module"),
         no_python=get.switch("no_python"),
         run_path=get.switch("run_path"),
@@ -209,6 +215,11 @@ def resolve_run_config(flags: Mapping[str, object], env: Mapping[str, str]) -> R
     )
     _check_node_rank(config)
     return _check_entrypoint(config)
+
+
+def _numa_binding(get: _Lookup) -> str | None:
+    text, label = get.optional("numa_binding")
+    return None if text is None else parse_choice(text, label, NUMA_BINDINGS)
 
 
 def _reject_unknown(flags: Mapping[str, object]) -> None:

@@ -1,7 +1,8 @@
 """The local launcher behind ``ddpkit run``: a ``RunConfig`` run by torch's elastic agent.
 
 ``build_launch_config`` goes through torch's own parser, so every flag means what it means
-under torchrun, then sets ddpkit's defaults. ``launch`` runs ``elastic_launch`` with torch's
+under torchrun, then sets ddpkit's defaults (on several nodes, gloo's and NCCL's interface:
+:mod:`.ifname`). ``launch`` runs ``elastic_launch`` with torch's
 process-wide side effects (``os.environ``, signal handlers) undone afterwards, the signals
 passed on (:mod:`.relay`), the workers tied to the launcher (:mod:`.deathsig`), and returns a
 ``LaunchOutcome`` (:mod:`.report`) instead of torch's ``ChildFailedError`` box.
@@ -9,6 +10,7 @@ passed on (:mod:`.relay`), the workers tied to the launcher (:mod:`.deathsig`), 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import signal
@@ -19,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import torch.distributed
 import torch.distributed.run as torch_run
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsSpecs, SignalException
@@ -41,7 +44,7 @@ from ddpkit.compat import (
 )
 from ddpkit.contract import RUN_ID_VAR
 from ddpkit.errors import ConfigError, RendezvousError
-from ddpkit.launch import deathsig, node_order, rdzv_port, relay, tee
+from ddpkit.launch import deathsig, ifname, node_order, rdzv_port, relay, tee
 from ddpkit.launch.config import RunConfig
 from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
 
@@ -87,6 +90,12 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     first lines of ``torch.distributed.run.run`` do (not called: it would add its ``@record``
     box). ``os.environ`` is left as it was: what torch sets for the workers is in ``worker_env``."""
     config = _store_host_decided(config, os.environ)
+    if config.numa_binding is not None and importlib.util.find_spec("torch.numa") is None:
+        raise ConfigError(
+            f"--numa-binding={config.numa_binding} needs torch 2.9 or newer (this is torch "
+            f"{torch.__version__})",
+            hint="upgrade torch, or bind with srun (a job spec's cpu_bind)",
+        )
     args = torch_run.get_args_parser().parse_args(config.torchrun_argv())  # = parse_args
     if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
@@ -107,6 +116,10 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     run_id = launch_run_id(os.environ, args.rdzv_id, one_node=config.max_nodes == 1)
     if run_id is not None:
         worker_env[RUN_ID_VAR] = run_id
+    # gloo's and NCCL's interface on several nodes: the one that reaches the rendezvous host
+    worker_env |= ifname.ifname_env(
+        os.environ, launch_config.max_nodes, launch_config.rdzv_endpoint
+    )
     launch_config.log_line_prefix_template = with_host(config.log_line_prefix_template)
     _scale_read_timeout(launch_config, config)
     bind = rdzv_port.shared_store_bind(launch_config)
@@ -141,6 +154,8 @@ def launch(config: RunConfig) -> LaunchOutcome:
     The stop signal is passed on to them from here (:func:`.relay.relay_stop_signal`)."""
     relay.relay_stop_signal(os.environ)
     plan = build_launch_config(config)
+    chosen = {key: plan.worker_env[key] for key in ifname.IFNAME_VARS if key in plan.worker_env}
+    ifname.tell(chosen)
     # The agent may host the store every worker connects to (2 connections a worker): raised
     # as ddpkit.init raises a rank's, and inherited by the workers (ddpkit.cluster.limits)
     largest = plan.launch_config.max_nodes * plan.launch_config.nproc_per_node

@@ -7,7 +7,9 @@ torch's ``TailLog`` calls :func:`tail_whole_lines` in place of its own reader (i
 * torch's own ``[rank0]:`` prefix after the header's is dropped (:func:`once_prefixed`);
 * a line written in two pieces is held until it ends (at most :data:`HOLD_PARTIAL_LINE_S`);
 * only ``\\n`` ends a line: a redraw (``\\r``) is printed at once, the header after each
-  carriage return, so a progress bar is redrawn in place, prefixed.
+  carriage return, so a progress bar is redrawn in place, prefixed;
+* ddpkit's ``${pid}`` in the prefix template becomes the process id of the worker writing the
+  file (:func:`writer_pid`; ``?`` when it cannot be told, e.g. a worker already gone).
 
 One thread reads every tee'd file of the launch, at torch's pace, instead of one polling
 thread a file (``benchmarks/bench_idle.py``).
@@ -21,7 +23,9 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["HOLD_PARTIAL_LINE_S", "once_prefixed", "tail_whole_lines"]
+from ddpkit.cluster.stop.forward import child_pids
+
+__all__ = ["HOLD_PARTIAL_LINE_S", "PID_MACRO", "once_prefixed", "tail_whole_lines", "writer_pid"]
 
 # how long a tee'd line read without its end (its writer has not finished it) is held for the
 # rest before it is printed as it is, as torch prints it: a progress bar without newlines shows
@@ -31,6 +35,21 @@ HOLD_PARTIAL_LINE_S = 1.0
 # line, "[rank0]:" before a C++ log line): torch's copy is dropped
 _DOUBLED_PREFIX = re.compile(r"^(\[rank(\d+)\]: )\[rank\2\]: ?")
 _LONE_CR = re.compile(r"\r(?!\n|$)")  # a carriage return a redraw follows
+PID_MACRO = "${pid}"  # torch's substitution of the prefix template leaves it for ddpkit
+
+
+def writer_pid(file: str) -> int | None:
+    """The child of this process (a worker torch's agent started) whose stdout or stderr is
+    ``file``, read from ``/proc``; None where none is (gone, or not Linux)."""
+    target = os.path.realpath(file)
+    for pid in child_pids(running=True):
+        for fd in (1, 2):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return pid
+            except OSError:  # ended meanwhile, or not ours to read
+                continue
+    return None
 
 
 def once_prefixed(text: str) -> str:
@@ -74,6 +93,9 @@ class _Follow:
         self, header: str, file: str, dst: Any, finished: threading.Event, keep: Any
     ) -> None:
         self.header, self.file, self.dst, self.finished = header, file, dst, finished
+        if PID_MACRO in header:  # torch tails a file once its worker runs: look it up now
+            pid = writer_pid(file)
+            self.header = header if pid is None else header.replace(PID_MACRO, str(pid))
         self.keep = keep
         self.drained = threading.Event()
         self.error: BaseException | None = None
@@ -103,6 +125,9 @@ class _Follow:
 
     def _emit(self) -> None:
         text, self._held = self._held, ""
+        if PID_MACRO in self.header:  # not found at the start: once more, at the first line
+            pid = writer_pid(self.file)
+            self.header = self.header.replace(PID_MACRO, "?" if pid is None else str(pid))
         if self.keep and self.keep(text):
             self.dst.write(once_prefixed(prefixed(self.header, text, continued=self._open_line)))
             self._open_line = not text.endswith("\n")

@@ -98,7 +98,10 @@ def check_master_address(info: RankInfo, resolved: Sequence[str]) -> Check:
 
 
 def check_interface(backend: str, choice: Choice, num_nodes: int, route: str | None) -> Check:
-    """The interface ``backend`` would use exists, and is not loopback on several nodes."""
+    """The interface ``backend`` would use exists, and is not loopback on several nodes; on
+    several nodes, one its own rules picked (the host name's address for gloo) that is not the
+    interface of the route to MASTER_ADDR is a WARN: the host name may resolve to an address
+    the other nodes cannot reach (pytorch#111424), and the fix names the route's interface."""
     name = f"{backend} interface"
     variable = f"{backend.upper()}_SOCKET_IFNAME"
     suggest = (
@@ -111,6 +114,11 @@ def check_interface(backend: str, choice: Choice, num_nodes: int, route: str | N
     where = f"{choice.interface} ({choice.address}), because {choice.reason}"
     if choice.loopback and num_nodes > 1:
         return Check("FAIL", name, f"{where}: loopback on a {num_nodes}-node job", suggest)
+    chosen_by_user = choice.reason.startswith(variable)  # the user's pick stays theirs
+    if num_nodes > 1 and route and route != choice.interface and not chosen_by_user:
+        elsewhere = f"{where}, but the route to MASTER_ADDR leaves through {route}"
+        unreached = f"{elsewhere}: other nodes may not reach {choice.address}"
+        return Check("WARN", name, unreached, suggest)
     return Check("PASS", name, where)
 
 

@@ -15,14 +15,12 @@ Name resolution can block for long on a broken resolver, so it runs in a thread 
 
 from __future__ import annotations
 
-import fcntl
-import ipaddress
 import socket
-import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+
+from ddpkit.cluster.rendezvous.interfaces import Interface, interface_of, interfaces, is_loopback
 
 __all__ = [
     "Choice",
@@ -34,20 +32,6 @@ __all__ = [
     "nccl_choice",
     "resolve",
 ]
-
-_SIOCGIFADDR = 0x8915
-_IFF_LOOPBACK = 0x8
-_SYS_NET = Path("/sys/class/net")
-
-
-@dataclass(frozen=True)
-class Interface:
-    """One network interface: its name, whether it is up and loopback, its addresses."""
-
-    name: str
-    up: bool
-    loopback: bool
-    addresses: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -61,63 +45,6 @@ class Choice:
     @property
     def loopback(self) -> bool:
         return self.address is not None and is_loopback(self.address)
-
-
-def is_loopback(address: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost`` (names must be resolved first otherwise)."""
-    if address.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip().strip("[]").split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def _ipv4(name: str) -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(
-                sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode())
-            )
-        except OSError:  # no IPv4 address
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def _ipv6_table() -> dict[str, list[str]]:
-    table: dict[str, list[str]] = {}
-    try:
-        lines = Path("/proc/net/if_inet6").read_text().splitlines()
-    except OSError:
-        return table
-    for line in lines:
-        fields = line.split()
-        if len(fields) == 6:
-            address = str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
-            table.setdefault(fields[5], []).append(address)
-    return table
-
-
-def _sys_flag(name: str, attribute: str) -> str:
-    try:
-        return (_SYS_NET / name / attribute).read_text().strip()
-    except OSError:
-        return ""
-
-
-def interfaces() -> list[Interface]:
-    """Every interface of this host (network namespace), in kernel index order."""
-    ipv6 = _ipv6_table()
-    found = []
-    for _, name in sorted(socket.if_nameindex()):
-        flags = _sys_flag(name, "flags")
-        loopback = bool(int(flags, 16) & _IFF_LOOPBACK) if flags else name == "lo"
-        state = _sys_flag(name, "operstate")
-        addresses = tuple(a for a in [_ipv4(name), *ipv6.get(name, [])] if a)
-        found.append(
-            Interface(name, state in ("up", "unknown") and bool(addresses), loopback, addresses)
-        )
-    return found
 
 
 def resolve(host: str, bound_s: float = 5.0) -> list[str]:
@@ -135,16 +62,6 @@ def resolve(host: str, bound_s: float = 5.0) -> list[str]:
     thread.start()
     thread.join(bound_s)
     return sorted(found, key=lambda a: ":" in a) if not thread.is_alive() else []
-
-
-def interface_of(address: str, found: Sequence[Interface]) -> str | None:
-    """The name of the interface holding ``address`` (loopback for any 127.x), else None."""
-    for interface in found:
-        if address in interface.addresses:
-            return interface.name
-    if is_loopback(address):
-        return next((i.name for i in found if i.loopback), "lo")
-    return None
 
 
 def _bindable(address: str) -> bool:

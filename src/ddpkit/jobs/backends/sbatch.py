@@ -2,14 +2,16 @@
 
 Also home of :class:`SlurmJobs`, how any job on SLURM is followed (the submitit backend shares
 it), and of the log layout of ddpkit's templates (``<log_dir>/<name>-<id>.out``,
-``-rank<N>.out``, ``-node<N>.out``; a sweep's rank files in its run's folder).
+``-rank<N>.out``, ``-node<N>.out``; a sweep's rank files in its run's folder). A
+``snapshot: true`` job's files are copied at submission (:mod:`ddpkit.jobs.snapshot`).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,7 @@ from ddpkit.jobs.chain import resolve_after
 from ddpkit.jobs.logs import LogFile, numbered, pick, slurm_stdout, sweep_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record, record_path, recorded_run_id
 from ddpkit.jobs.render import render_sbatch
+from ddpkit.jobs.snapshot import copy_tracked, snapshotted
 
 if TYPE_CHECKING:
     from ddpkit.cluster.slurmtools import JobStatus
@@ -152,14 +155,44 @@ class SbatchBackend(SlurmJobs):
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
         spec = resolve_after(spec)  # after: names -> job ids, before anything is shown
+        source = spec.workdir
+        spec = snapshotted(spec)  # snapshot: true: the job's workdir is the copy to be made
         script = render_sbatch(spec)
-        return Request(self.via, spec, script, payload=script)
+        payload = _Snapshot(script, source) if spec.snapshot else script
+        return Request(self.via, spec, script, payload=payload)
 
     def schedule(self, request: Request) -> JobRecord:
-        spec, script = request.spec, str(request.payload)
-        with log_dir_made(spec), array_refusal_explained(spec):
+        spec, payload = request.spec, request.payload
+        script = payload.script if isinstance(payload, _Snapshot) else str(payload)
+        with log_dir_made(spec), array_refusal_explained(spec), snapshot_made(spec, payload):
             job_id = slurm.submit_script(script, cwd=Path(spec.workdir))
         return new_record(spec, job_id, self.via, script)
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """An sbatch request whose files are copied at submission: the script, and the workdir the
+    files come from (the spec's workdir is the copy's folder by then)."""
+
+    script: str
+    source: str
+
+
+@contextmanager
+def snapshot_made(spec: JobSpec, payload: object) -> Iterator[None]:
+    """Copy the tracked files into the spec's workdir before the submission inside; if it
+    fails, remove the copy again (a job that was never submitted has no snapshot)."""
+    if not isinstance(payload, _Snapshot):
+        yield
+        return
+    copy_tracked(payload.source, spec.workdir)
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(spec.workdir, ignore_errors=True)
+        with suppress(OSError):  # snapshots/, if this made it: log_dir_made removes the rest
+            Path(spec.workdir).parent.rmdir()
+        raise
 
 
 BACKEND = SbatchBackend()

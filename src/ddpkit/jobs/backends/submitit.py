@@ -51,6 +51,7 @@ from ddpkit.jobs.keyword_call import KeywordCall
 from ddpkit.jobs.logs import LogFile, numbered, pick, sweep_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record, submitted_run_id
 from ddpkit.jobs.render import batch_output_path
+from ddpkit.jobs.spec_bind import srun_binding
 from ddpkit.jobs.spec_chain import dependency
 from ddpkit.jobs.sweep import substitute
 
@@ -119,6 +120,11 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
             "through submitit",
             hint="submit with --via sbatch, or remove health_check",
         )
+    if spec.snapshot:
+        raise ConfigError(
+            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through submitit",
+            hint="submit with --via sbatch, or set snapshot: false",
+        )
     if spec.min_nodes is not None:
         # submitit writes --ntasks-per-node, with which SLURM starts a node range on MIN nodes
         raise ConfigError(
@@ -148,6 +154,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         "slurm_setup": _setup_lines(spec),
         "slurm_additional_parameters": extras,
     }
+    binding = srun_binding(spec.cpu_bind, spec.gpu_bind)
+    if binding:  # submitit's srun line for the tasks
+        params["slurm_srun_args"] = binding
     if spec.sweep is not None:
         params["slurm_array_parallelism"] = spec.sweep.max_parallel or spec.sweep.count
     if spec.gpus_per_node:

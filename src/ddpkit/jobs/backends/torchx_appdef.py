@@ -54,6 +54,7 @@ from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.render import sbatch_extras, sbatch_quote
+from ddpkit.jobs.spec_bind import numa_flag
 from ddpkit.jobs.spec_chain import ranks_filter
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ def ddp_appdef(
     workdir: str | None = None,
     sbatch: Mapping[str, str | None] | None = None,
     log_ranks: Sequence[int] | None = None,
+    numa_binding: str | None = None,
 ) -> AppDef:
     """One role of ``nodes`` replicas, each running ``ddpkit run`` for ``procs`` processes.
 
@@ -184,6 +186,7 @@ def ddp_appdef(
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
         argv += ["--rdzv-id", _Shell(specs.macros.app_id)]
     argv += ranks_filter(log_ranks)  # torchrun's filter of the local ranks that print
+    argv += numa_flag(numa_binding)  # torchrun's --numa-binding
     env = dict(env or {})
     exports = {key: env.pop(key) for key in sorted(env) if "," in env[key]}  # see module doc
     lines = [f"cd -- {_word(workdir)}"] if workdir is not None else []
@@ -307,6 +310,19 @@ def refuse_sweep(spec: JobSpec) -> None:
             "scheduler submits one job component per node: a fixed count",
             hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
         )
+    if spec.cpu_bind is not None or spec.gpu_bind is not None:
+        bind = "cpu_bind" if spec.cpu_bind is not None else "gpu_bind"
+        raise ConfigError(
+            f"{bind}={getattr(spec, bind)!r} is srun's --{bind.replace('_', '-')}, which "
+            "torchx's scheduler does not pass on",
+            hint=f"submit with --via sbatch or --via submitit, or remove {bind}",
+        )
+    if spec.snapshot:
+        raise ConfigError(
+            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through "
+            "torchx (its workdir is its own)",
+            hint="submit with --via sbatch, or set snapshot: false",
+        )
     if spec.after or spec.singleton:
         chain = f"after={spec.after!r}" if spec.after else "singleton=true"
         raise ConfigError(
@@ -342,6 +358,7 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
         workdir=spec.workdir,
         sbatch=_sbatch_options(spec),
         log_ranks=spec.log_ranks,
+        numa_binding=spec.numa_binding,
     )
 
 
