@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -298,6 +299,38 @@ def test_a_group_a_model_still_holds_is_kept_past_shutdown_until_the_next_init(
     assert process_group._RETIRED == []
     ddpkit.shutdown()
     assert process_group._RETIRED == []  # nothing referred to this one
+
+
+def test_a_group_over_several_nodes_names_the_routes_interface_for_its_one_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``launch: srun`` no agent sets GLOO_/NCCL_SOCKET_IFNAME: init_process_group gets
+    the interface of the route to the rendezvous host, then the environment is as before; a
+    variable the user set is theirs; one node, or no route known, sets nothing."""
+    asked: list[str] = []
+
+    def route(host: str, env: Any) -> str | None:
+        asked.append(host)
+        return None if host == "unroutable" else "ib7"
+
+    monkeypatch.setattr(process_group, "job_interface", route)
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    nodes = RankInfo(1, 0, 4, 2, 0, 2, "n1", 29500, "slurm")
+
+    def inside(info: RankInfo, backend: str = "gloo", one_host: bool = False) -> list[Any]:
+        with process_group._interface_vars(info, {}, backend, one_host):
+            seen = [os.environ.get(n) for n in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")]
+        assert "GLOO_SOCKET_IFNAME" not in os.environ or seen[0] == "users0"  # put back
+        return seen
+
+    assert inside(nodes) == ["ib7", "ib7"] and asked == ["n1"]
+    assert inside(nodes, "nccl") == ["ib7", "ib7"]
+    assert inside(dataclasses.replace(nodes, master_addr="unroutable")) == [None, None]
+    assert inside(dataclasses.replace(nodes, num_nodes=1)) == [None, None]
+    assert inside(nodes, one_host=True)[0] in ("lo", "lo0")  # every rank here: loopback
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "users0")
+    assert inside(nodes) == ["users0", "ib7"]  # the user's choice kept, NCCL's still named
 
 
 # --- world sizes 2 and 3, spawned -----------------------------------------------------------

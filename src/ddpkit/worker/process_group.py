@@ -6,7 +6,9 @@ wait bounded) and hands it to ``init_process_group(store=...)``; what follows wa
 collective timeout, which is also the store's.
 
 Where every rank is on this host, gloo's own listener is kept on loopback too, whatever
-``GLOO_SOCKET_IFNAME`` or the host name says (:func:`_gloo_on_loopback`).
+``GLOO_SOCKET_IFNAME`` or the host name says; over several nodes, gloo and NCCL use the
+interface of the route to the rendezvous host unless the user named one
+(:func:`_interface_vars`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import gc
 import os
 import socket
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import cast
 
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from ddpkit.cluster.devices import check_distinct_gpus
 from ddpkit.cluster.durations import positive_seconds, scaled_bound, seconds_from_env
 from ddpkit.cluster.rankinfo import RankInfo
+from ddpkit.cluster.rendezvous.ifname import job_interface, unset_vars
 from ddpkit.contract import (
     COLLECTIVE_TIMEOUT_VAR,
     CONNECT_TIMEOUT_VAR,
@@ -120,7 +123,7 @@ def join(
     store, info = make_store(info, env, connect_timeout_s, store_timeout(backend, timeout_s))
     one_host = info.world_size == 1 or loopback_address(info.master_addr) is not None
     try:
-        with _gloo_on_loopback() if one_host and "gloo" in backend else nullcontext():
+        with _interface_vars(info, env, backend, one_host):
             dist.init_process_group(
                 backend=backend,
                 store=store,
@@ -149,27 +152,45 @@ def _formed_everywhere() -> None:
     dist.barrier()
 
 
+def _interface_vars(
+    info: RankInfo, env: Mapping[str, str], backend: str, one_host: bool
+) -> AbstractContextManager[None]:
+    """For the one ``init_process_group`` call: a gloo group whose ranks are all on this host
+    listens on loopback (another interface would only expose it); a group over several nodes
+    uses the interface of this node's route to the rendezvous host, for gloo and NCCL
+    (:mod:`ddpkit.cluster.rendezvous.ifname`: under ``launch: srun`` no agent has set them),
+    each variable only where the user has not set it."""
+    if one_host:
+        if "gloo" not in backend:
+            return nullcontext()
+        names = (
+            {name for _, name in socket.if_nameindex()}
+            if hasattr(socket, "if_nameindex")
+            else set()
+        )
+        loopback = next((name for name in ("lo", "lo0") if name in names), None)
+        return _environ({_GLOO_IFNAME_VAR: loopback} if loopback else {})
+    unset = unset_vars(os.environ)
+    if info.num_nodes <= 1 or not unset:
+        return nullcontext()
+    name = job_interface(info.master_addr, env)
+    return _environ({} if name is None else dict.fromkeys(unset, name))
+
+
 @contextmanager
-def _gloo_on_loopback() -> Iterator[None]:
-    """While the gloo group of ranks all on this host is made, ``GLOO_SOCKET_IFNAME`` names the
-    loopback interface (another would only expose it), then is put back. A write to
-    ``os.environ`` (gloo reads it itself) for one call, before ddpkit starts any thread."""
-    names = (
-        {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
-    )
-    loopback = next((name for name in ("lo", "lo0") if name in names), None)
-    if loopback is None:
-        yield
-        return
-    before = os.environ.get(_GLOO_IFNAME_VAR)
-    os.environ[_GLOO_IFNAME_VAR] = loopback
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` (the backends read it themselves) for one call, before
+    ddpkit starts any thread; what was there is put back."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(_GLOO_IFNAME_VAR, None)
-        else:
-            os.environ[_GLOO_IFNAME_VAR] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _not_formed(info: RankInfo, exc: Exception, timeout_s: float | None) -> RendezvousError:
