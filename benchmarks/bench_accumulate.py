@@ -1,17 +1,19 @@
-"""Gradient accumulation: ``ddpkit.accumulate`` (DDP's sync skipped) vs a sync every micro-step.
+"""Gradient accumulation: ``ddpkit.accumulate`` (the sync skipped) vs a sync every micro-step.
 
 Launch with two processes::
 
     ddpkit run --nproc-per-node 2 benchmarks/bench_accumulate.py [--trials 7] [--every 8]
+    ddpkit run --nproc-per-node 2 benchmarks/bench_accumulate.py --strategy fsdp
 
-The same DDP model (a 256-1024-1024-1024-4 MLP, 2.4 M parameters: the gradient all-reduce is
-a large share of a step on gloo) trains on the same micro-batches, an optimizer step every
-``--every`` micro-steps, three ways: ``ddpkit.accumulate(model, every=k)`` (the sync skipped but
-on the window's last micro-step), DDP's ``no_sync()`` written by hand (the reference for
-ddpkit's own cost), and a backward that syncs on every micro-step (the baseline: the loop
-accelerate PR #1153 measured at 2.2x slower across nodes). They run in turn, the first one
-rotating from trial to trial. Rank 0 prints micro-steps/s per trial, the medians and the
-ratios to the baseline.
+The same DDP model (``--strategy fsdp``: FSDP2, ``wrap(model, "fsdp")``) (a 256-1024-1024-1024-4
+MLP, 2.4 M parameters: the gradient all-reduce or reduce-scatter is a large share of a step on
+gloo) trains on the same micro-batches, an optimizer step every ``--every`` micro-steps, three
+ways: ``ddpkit.accumulate(model, every=k)`` (the sync skipped but on the window's last
+micro-step), the skip written by hand (DDP's ``no_sync()``, FSDP2's
+``set_requires_gradient_sync``: the reference for ddpkit's own cost), and a backward that syncs
+on every micro-step (the baseline: the loop accelerate PR #1153 measured at 2.2x slower across
+nodes). They run in turn, the first one rotating from trial to trial. Rank 0 prints
+micro-steps/s per trial, the medians and the ratios to the baseline.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import benchjson
 import torch
@@ -62,15 +65,18 @@ def ddpkit_variant(model: nn.Module, batches: Batches, every: int) -> Run:
 def no_sync_variant(model: nn.Module, batches: Batches, every: int) -> Run:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
+    fsdp = hasattr(model, "set_requires_gradient_sync")
+
     def run() -> None:
         for number, (x, y) in enumerate(batches):
-            if (number + 1) % every:
-                with model.no_sync():  # type: ignore[operator]
-                    (F.cross_entropy(model(x), y) / every).backward()
-                continue
-            (F.cross_entropy(model(x), y) / every).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            final = (number + 1) % every == 0
+            if fsdp:
+                model.set_requires_gradient_sync(final)  # type: ignore[operator]
+            with nullcontext() if fsdp or final else model.no_sync():  # type: ignore[operator]
+                (F.cross_entropy(model(x), y) / every).backward()
+            if final:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
 
     return run
 
@@ -80,7 +86,7 @@ def sync_every_variant(model: nn.Module, batches: Batches, every: int) -> Run:
 
     def run() -> None:
         for number, (x, y) in enumerate(batches):
-            (F.cross_entropy(model(x), y) / every).backward()  # DDP all-reduces every time
+            (F.cross_entropy(model(x), y) / every).backward()  # syncs every time
             if (number + 1) % every == 0:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -102,6 +108,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=8, help="micro-steps per optimizer step")
     parser.add_argument("--windows", type=int, default=6, help="optimizer steps per trial")
     parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     benchjson.add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
@@ -110,7 +117,7 @@ def main() -> None:
     ctx = ddpkit.init()
     if ctx.world_size < 2:
         raise SystemExit("run me with at least 2 processes: ddpkit run --nproc-per-node 2 ...")
-    model = ddpkit.wrap(make_model(), "ddp")
+    model = ddpkit.wrap(make_model(), args.strategy)
     gen = torch.Generator().manual_seed(ctx.rank)
     micro_steps = args.windows * args.every
     batches = [
@@ -118,14 +125,15 @@ def main() -> None:
          torch.randint(0, WIDTHS[-1], (args.micro_batch,), generator=gen))
         for _ in range(micro_steps)
     ]  # fmt: skip
+    by_hand = "plain torch no_sync" if args.strategy == "ddp" else "plain torch FSDP2 skip"
     makers = {
         "ddpkit accumulate": ddpkit_variant,
-        "plain torch no_sync": no_sync_variant,
+        by_hand: no_sync_variant,
         "sync every micro-step": sync_every_variant,
     }
     runs = {name: make(model, batches, args.every) for name, make in makers.items()}
     names = list(runs)
-    for name in names:  # warm-up: DDP's first backward builds its buckets
+    for name in names:  # warm-up: DDP's first backward builds its buckets (FSDP2's buffers)
         timed(runs[name])
     rates: dict[str, list[float]] = {name: [] for name in names}
     for trial in range(args.trials):
@@ -142,13 +150,12 @@ def main() -> None:
             f"ratio to sync every micro-step {median[name] / base:.2f}"
         )
     ddpkit.print(
-        f"ddpkit accumulate / plain torch no_sync: "
-        f"{median['ddpkit accumulate'] / median['plain torch no_sync']:.3f}"
+        f"ddpkit accumulate / {by_hand}: {median['ddpkit accumulate'] / median[by_hand]:.3f}"
     )
     figure = (
         f"accumulation k={args.every}, micro-batch {args.micro_batch}, 2.4 M parameters, "
         f"{ctx.world_size} ranks"
-    )
+    ) + (", FSDP2" if args.strategy == "fsdp" else "")
     rows = [
         benchjson.row(figure, name, median[name], "micro-steps/s", True, trials=rates[name])
         for name in names
@@ -156,6 +163,8 @@ def main() -> None:
     rows[-1]["baseline"] = True
     if ctx.rank == 0:
         title = "Gradient accumulation: ddpkit.accumulate (no_sync) vs a sync every micro-step"
+        if args.strategy == "fsdp":
+            title = "FSDP2 gradient accumulation: ddpkit.accumulate vs a sync every micro-step"
         launcher = f"ddpkit run --nproc-per-node {ctx.world_size}"
         benchjson.write(args.json, "accumulate", title, launcher, rows)
 

@@ -6,13 +6,19 @@ tests/worker/test_loop_ranks.py that the loop's other features share): 23 sample
 3 with windows of 3 give full windows, a window cut by the epoch's end and a short last batch at
 every world size (padding too at 3 ranks). Each window's gradients are compared with one
 backward over the window's samples taken together (all ranks' under DDP and FSDP2, the rank's
-own otherwise), and DDP's communication hook counts the all-reduces of each micro-step.
+own otherwise), and DDP's communication hook counts the all-reduces of each micro-step. Under
+FSDP2 the test counts the reduce-scatters (``dist.reduce_scatter_single``, what FSDP2 calls,
+wrapped for the FSDP2 case only; none at 1 rank) and sees which micro-steps wrote the sharded
+``.grad``: one per window, but every micro-step of the window holding the pass's shorter last
+batch (1 and 3 ranks; at 2 ranks every batch holds 3 rows); a loop that jumps into that batch
+from a window that skipped its sync gets a UsageError (1 rank).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -48,6 +54,40 @@ def expected_syncs(world_size: int) -> list[int]:
     per_rank = -(-SAMPLES // world_size)  # the sampler pads to equal shards
     steps = -(-per_rank // BATCH)
     return [s for s in range(steps) if (s + 1) % EVERY == 0 or s == steps - 1]
+
+
+def batch_rows(world_size: int) -> list[int]:
+    """Each step's rows on every rank (the last batch is often shorter)."""
+    per_rank = -(-SAMPLES // world_size)
+    return [min(BATCH, per_rank - start) for start in range(0, per_rank, BATCH)]
+
+
+def fsdp_syncs(world_size: int) -> list[bool]:
+    """Which micro-steps FSDP2 reduce-scatters: a window's last, and every one of a window
+    whose batches differ in size (the one holding the shorter last batch)."""
+    rows, ends = batch_rows(world_size), expected_syncs(world_size)
+    starts = [0, *[end + 1 for end in ends[:-1]]]
+    wanted = [step in ends for step in range(len(rows))]
+    for start, end in zip(starts, ends, strict=True):
+        if len(set(rows[start : end + 1])) > 1:
+            wanted[start : end + 1] = [True] * (end + 1 - start)
+    return wanted
+
+
+@contextmanager
+def counting_reduce_scatters(calls: list[int]) -> Iterator[None]:
+    """Every ``dist.reduce_scatter_single`` call (FSDP2's reduce-scatter) appends to ``calls``."""
+    original = dist.reduce_scatter_single
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    dist.reduce_scatter_single = counting
+    try:
+        yield
+    finally:
+        dist.reduce_scatter_single = original
 
 
 def window_grads(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Any]:
@@ -97,36 +137,94 @@ def _accumulate(kind: str, world_size: int) -> dict[str, Any]:
     model = wrapped(kind, make_model(), calls)
     train = ddpkit.loader(make_data(), BATCH, shuffle=True, seed=3)
     seen: dict[str, Any] = {"syncs": [], "allreduced": [], "indices": [], "windows": []}
-    for _ in range(EPOCHS):
-        window: list[tuple[torch.Tensor, torch.Tensor]] = []
-        syncs, allreduced, indices = [], [], []
-        for step, (x, y) in enumerate(train):
-            before = len(calls)
-            with ddpkit.accumulate(model, every=EVERY) as micro:
-                F.mse_loss(model(x), y).backward()
-            allreduced.append(len(calls) > before)
-            indices.append(micro.index)
-            if kind in ("ddp", "fsdp"):  # the gradient is every rank's samples'
-                x, y = everyone(x, world_size), everyone(y, world_size)
-            window.append((x, y))
-            if micro.sync:
-                syncs.append(step)
-                got = [full(p.grad) for p in model.parameters() if p.grad is not None]
-                expected = window_grads(reference, window)
-                close = len(got) == len(expected) and all(
-                    torch.allclose(g, e, rtol=1e-5, atol=1e-6)
-                    for g, e in zip(got, expected, strict=True)
-                )
-                seen["windows"].append((len(window), close))
-                if kind == "ddp":  # the synced gradients: the same on every rank
-                    flat = torch.cat([g.reshape(-1) for g in got])
-                    seen["windows"][-1] += (bool((everyone(flat[None], world_size) == flat).all()),)
-                model.zero_grad(set_to_none=True)
-                window = []
-        seen["syncs"].append(syncs)
-        seen["allreduced"].append(allreduced)
-        seen["indices"].append(indices)
+    seen["reduce_scatters"], seen["written"] = [], []
+    with counting_reduce_scatters(calls) if kind == "fsdp" else nullcontext():
+        for _ in range(EPOCHS):
+            _epoch(
+                kind,
+                world_size,
+                model=model,
+                reference=reference,
+                train=train,
+                calls=calls,
+                seen=seen,
+            )
+        if kind == "fsdp":
+            seen["jump"] = _jump(world_size)
     return seen
+
+
+def _epoch(
+    kind: str,
+    world_size: int,
+    *,
+    model: nn.Module,
+    reference: nn.Module,
+    train: Any,
+    calls: list[int],
+    seen: dict[str, Any],
+) -> None:
+    window: list[tuple[torch.Tensor, torch.Tensor]] = []
+    syncs, allreduced, indices, counts, written = [], [], [], [], []
+    for step, (x, y) in enumerate(train):
+        before, marks = len(calls), grad_marks(model)
+        with ddpkit.accumulate(model, every=EVERY) as micro:
+            F.mse_loss(model(x), y).backward()
+        allreduced.append(len(calls) > before)
+        counts.append(len(calls) - before)
+        written.append(grad_marks(model) != marks)
+        indices.append(micro.index)
+        if kind in ("ddp", "fsdp"):  # the gradient is every rank's samples'
+            x, y = everyone(x, world_size), everyone(y, world_size)
+        window.append((x, y))
+        if micro.sync:
+            syncs.append(step)
+            got = [full(p.grad) for p in model.parameters() if p.grad is not None]
+            expected = window_grads(reference, window)
+            close = len(got) == len(expected) and all(
+                torch.allclose(g, e, rtol=1e-5, atol=1e-6)
+                for g, e in zip(got, expected, strict=True)
+            )
+            seen["windows"].append((len(window), close))
+            if kind == "ddp":  # the synced gradients: the same on every rank
+                flat = torch.cat([g.reshape(-1) for g in got])
+                seen["windows"][-1] += (bool((everyone(flat[None], world_size) == flat).all()),)
+            model.zero_grad(set_to_none=True)
+            window = []
+    seen["syncs"].append(syncs)
+    seen["allreduced"].append(allreduced)
+    seen["indices"].append(indices)
+    seen["reduce_scatters"].append(counts)
+    seen["written"].append(written)
+
+
+def _jump(world_size: int) -> str:
+    """An FSDP2 loop that runs the first batch, then jumps to the pass's last: at 1 rank the
+    first window skipped its sync and the last batch is shorter, so the second micro-step
+    raises; at 2 (no short batch) and 3 ranks (the window holds it: it syncs) it runs."""
+    model = ddpkit.wrap(make_model(), "fsdp")
+    train = ddpkit.loader(make_data(), BATCH, shuffle=True, seed=3)
+    try:
+        for step, (x, y) in enumerate(train):
+            if step in (0, len(train) - 1):
+                with ddpkit.accumulate(model, every=EVERY):
+                    F.mse_loss(model(x), y).backward()
+    except UsageError as error:
+        return str(error)
+    return ""
+
+
+def grad_marks(model: nn.Module) -> list[tuple[int, int]]:
+    """Which gradient tensor each parameter holds, and its in-place version (FSDP2 adds into
+    a DTensor's local shard: that one's)."""
+    return [
+        (-1, -1) if p.grad is None else (id(p.grad), local(p.grad)._version)
+        for p in model.parameters()
+    ]
+
+
+def local(grad: torch.Tensor) -> torch.Tensor:
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def accumulate_cases(world_size: int) -> dict[str, dict[str, Any]]:
@@ -146,6 +244,13 @@ def check_accumulate(by_kind: dict[str, dict[str, Any]], rank: int, world_size: 
         assert seen["syncs"] == [syncs] * EPOCHS, where  # each epoch starts a new window
         # DDP all-reduces on the window's last micro-step only; the others never
         wanted = [step in syncs for step in range(steps)] if kind == "ddp" else [False] * steps
+        if kind == "fsdp":  # FSDP2 reduce-scatters (and writes .grad) as fsdp_syncs says
+            wanted = fsdp_syncs(world_size) if world_size > 1 else [False] * steps
+            assert seen["written"] == [fsdp_syncs(world_size)] * EPOCHS, where
+            counts = {n for epoch in seen["reduce_scatters"] for n in epoch if n}
+            assert len(counts) == (world_size > 1), (where, counts)  # one round each time
+            jumped = "a micro-step of 2 rows in an FSDP2 accumulation window" in seen["jump"]
+            assert jumped if world_size == 1 else not seen["jump"], (where, seen["jump"])
         assert seen["allreduced"] == [wanted] * EPOCHS, where
         micro = [s - max(b for b in starts if b <= s) for s in range(steps)]
         assert seen["indices"][0] == micro, where

@@ -4,8 +4,10 @@ On real gloo groups of 1, 2 and 3 ranks, for DDP, FSDP2, ddpkit's DataParallel a
 model (the four one after the other on one group per world size, in the launch of
 tests/worker/test_loop_ranks.py that the loop's other features share), over the first
 window of 3 micro-steps (a short last batch at 3 ranks): before the window's end the norm is
-that of this rank's samples so far (every rank's under FSDP2, which reduce-scatters each
-micro-step); after it, that of the window's samples (every rank's under DDP and FSDP2), and the
+that of this rank's samples so far; under FSDP2 a UsageError where the window skipped its sync
+(1 and 2 ranks: the gradients are not in ``.grad`` yet), and every rank's samples so far at 3
+ranks, where the window holds the shorter last batch and reduce-scatters each micro-step. After
+it, the norm is that of the window's samples (every rank's under DDP and FSDP2), and the
 clipped gradients (FSDP2's DTensor shards gathered whole) are those torch clips on one process.
 A norm taken over FSDP2's local shards only is smaller than one process's: the check fails.
 """
@@ -56,9 +58,13 @@ def _clip(kind: str, world_size: int) -> dict[str, Any]:
         window.append((everyone(x, world_size), everyone(y, world_size)) if kind in SYNCED
                       else (x, y))  # fmt: skip
         if not micro.sync:  # the samples so far (max_norm too large to clip): this rank's,
-            # or every rank's under FSDP2, which reduce-scatters on every micro-step
+            # or every rank's under FSDP2 where it reduce-scatters on every micro-step
             so_far = window if kind == "fsdp" else mine
-            got = ddpkit.clip_grad_norm_(model, 1e9)
+            try:
+                got = ddpkit.clip_grad_norm_(model, 1e9)
+            except UsageError as error:  # FSDP2 skipped the sync: .grad is not the window's
+                seen["partial"].append(str(error))
+                continue
             seen["partial"].append((float(got), _norm(window_grads(reference, so_far))))
             continue
         expected = window_grads(reference, window)
@@ -88,6 +94,12 @@ def check_clip(by_kind: dict[str, dict[str, Any]], rank: int, world_size: int) -
     for kind, seen in by_kind.items():
         where = f"{kind}, rank {rank} of {world_size}"
         assert len(seen["partial"]) == EVERY - 1, where
+        if kind == "fsdp" and world_size < 3:  # a uniform window: FSDP2 skipped the sync
+            assert all("inside an FSDP2 accumulation window" in p for p in seen["partial"]), (
+                where,
+                seen["partial"],
+            )
+            seen["partial"] = []
         for got, expected in seen["partial"]:
             assert got == pytest.approx(expected, rel=1e-5), where
         got, full, typename = seen["norm"]

@@ -1,9 +1,10 @@
 """Gradient accumulation: ``with ddpkit.accumulate(model, every=k):`` around each micro-step.
 
 A window is up to ``k`` micro-steps (forward and backward inside the block). On every
-micro-step but the window's last, the wrapper's gradient sync is skipped (DDP's ``no_sync``),
-so ranks all-reduce once per window instead of once per micro-step (accelerate PR #1153: 2.2x
-slower across nodes without it). The window's last micro-step syncs, and on leaving it the
+micro-step but the window's last, the wrapper's gradient sync is skipped (DDP's ``no_sync``,
+FSDP2's ``set_requires_gradient_sync(False)``), so ranks all-reduce (or reduce-scatter) once per
+window instead of once per micro-step (accelerate PR #1153: 2.2x slower across nodes without
+it). The window's last micro-step syncs, and on leaving it the
 gradients are divided so that they equal those of one batch made of the window's micro-batches.
 A plain model or DataParallel has no sync to skip: the window is only a counter there, with the
 same gradients and the same ``sync`` flag, so one loop serves every strategy.
@@ -26,11 +27,17 @@ sync (torch asserts otherwise): the model's first micro-step syncs, whatever its
 window. The window's gradients are the same (the all-reduce's mean of a synced part adds up
 with the others to the same mean), one all-reduce more.
 
-How a wrapper skips its sync is one table, :data:`SKIP_SYNC`: DDP's ``no_sync()``. An FSDP2
-model is not in it: it reduce-scatters every micro-step, so its sharded ``.grad`` (DTensors,
-which ``compat.foreach_mul_`` scales too) holds the window's sum and the windows are exact.
-Skipping its sync (``set_requires_gradient_sync(False)``) would accumulate the unsharded
-gradients outside ``.grad``, out of reach of the rescaling a shorter micro-batch needs.
+How a wrapper skips its sync is one table, :data:`SKIP_SYNC`: DDP's ``no_sync()`` and FSDP2's
+``set_requires_gradient_sync(False)``. A skipped DDP micro-step leaves its gradients in
+``.grad``, where a micro-step of another size rescales them. A skipped FSDP2 micro-step leaves
+them unsharded in FSDP2's own buffers until the synced one reduce-scatters them into the
+sharded ``.grad`` (DTensors, which ``compat.foreach_mul_`` scales too): out of reach of that
+rescaling, and of ``clip_grad_norm_`` (reading them mid-window is a :class:`UsageError`). So an
+FSDP2 window decides at its first micro-step: it skips the sync only if every micro-step it can
+hold weighs the same (no loader, a loop that splits its batches, or the loader's rows equal up
+to the window's end, which the loader's layout knows in advance); the window holding a pass's
+shorter last batch reduce-scatters every micro-step instead, which is exact. A loop that jumps
+batches into such a window anyway gets a :class:`UsageError`, not wrong gradients.
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit import compat
@@ -50,17 +59,38 @@ from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.loader import ACTIVE
 from ddpkit.worker.state_dict import unwrap
 
-__all__ = ["SKIP_SYNC", "MicroStep", "accumulate", "window_progress"]
+__all__ = ["SKIP_SYNC", "MicroStep", "SkipSync", "accumulate", "window_progress"]
 
-# (is it this wrapper?, a context in which its backward does not sync gradients). The first
-# match wins; a model that matches none (plain, DataParallel) has nothing to skip.
-SKIP_SYNC: list[
-    tuple[Callable[[nn.Module], bool], Callable[[nn.Module], AbstractContextManager[Any]]]
-] = [
-    (
+
+@contextmanager
+def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
+    """FSDP2's ``no_sync``: a backward inside keeps its unsharded gradients (no reduce-scatter)."""
+    root = cast(FSDPModule, unwrap(model))
+    root.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        root.set_requires_gradient_sync(True)
+
+
+@dataclass(frozen=True)
+class SkipSync:
+    """How one wrapper skips its gradient sync: ``matches`` (is it this wrapper?), ``skip`` (a
+    context in which its backward does not sync), ``hidden`` (a skipped micro-step's gradients
+    stay outside ``.grad`` until the window's synced one: its window skips only if uniform)."""
+
+    matches: Callable[[nn.Module], bool]
+    skip: Callable[[nn.Module], AbstractContextManager[Any]]
+    hidden: bool = False
+
+
+# The first match wins; a model that matches none (plain, DataParallel) has nothing to skip.
+SKIP_SYNC: list[SkipSync] = [
+    SkipSync(
         lambda model: isinstance(model, DistributedDataParallel),
         lambda model: model.no_sync(),  # type: ignore[operator]
     ),
+    SkipSync(lambda model: isinstance(unwrap(model), FSDPModule), _fsdp_no_sync, hidden=True),
 ]
 
 
@@ -90,6 +120,8 @@ class _Window:
     follows_loader: bool = True  # False once two micro-steps shared a loader batch
     checked: bool = False  # a backward was seen inside the block (checked once per model)
     synced: bool = False  # a micro-step synced (a static-graph DDP must sync its first one)
+    skips: bool = False  # the open window skips the sync of its micro-steps but the last
+    hidden: bool = False  # a skipped micro-step left its gradients outside .grad (FSDP2)
     inside: bool = False  # a micro-step's block is running
 
 
@@ -104,24 +136,37 @@ def accumulate(model: nn.Module, every: int, *, last: bool = False) -> Iterator[
     ``every``-th, the last batch of a ``ddpkit.loader`` pass, or one entered with
     ``last=True``); after that block the gradients equal those of one batch made of the
     window's micro-batches (do not divide the loss by ``every``). Yields a :class:`MicroStep`:
-    step the optimizer when its ``sync`` is true. Works the same on DDP, DataParallel and a
+    step the optimizer when its ``sync`` is true. Works the same on DDP, FSDP2, DataParallel and a
     plain model; ``every=1`` is an ordinary loop.
     """
     _check(model, every)
     window = _WINDOWS.setdefault(unwrap(model), _Window())
     weight, ends_pass = _loader_batch(window)
     sync = last or ends_pass or window.micro_steps + 1 >= every
+    skipper = _skipper(model)
+    if not window.micro_steps:  # a new window: does it skip? (FSDP2's only if uniform)
+        window.skips = skipper is not None and (not skipper.hidden or _uniform(window, every))
     if window.micro_steps and weight != window.latest:
+        if window.hidden:
+            raise UsageError(
+                f"a micro-step of {weight:g} rows in an FSDP2 accumulation window of "
+                f"{window.latest:g}-row micro-steps whose sync was skipped: their gradients "
+                "are in FSDP2's unsharded buffers, out of reach of the rescaling",
+                hint="run one micro-step per ddpkit.loader batch, in order (the window then "
+                "knows its batches' sizes in advance), or end the window with last=True "
+                "before a batch of another size",
+            )
         _scale(model, window.latest / weight)  # .grad now holds sum(w_i g_i) / weight
     window.latest = weight
-    marks = None if window.checked else _grad_marks(model)
+    # DDP(static_graph=True) records its graph at its first backward, which must sync;
+    # an extra sync inside a window changes no gradient (a mean of means is the mean)
+    skip = window.skips and not sync and (window.synced or not compat.ddp_static_graph(model))
+    hides = skip and skipper is not None and skipper.hidden  # .grad stays as it was
+    marks = None if window.checked or hides else _grad_marks(model)
     step = MicroStep(sync=sync, index=window.micro_steps, every=every)
     window.inside = True
     try:
-        # DDP(static_graph=True) records its graph at its first backward, which must sync;
-        # an extra sync inside a window changes no gradient (a mean of means is the mean)
-        skip = not sync and (window.synced or not compat.ddp_static_graph(model))
-        with _skip_sync(model) if skip else nullcontext():
+        with skipper.skip(model) if skip and skipper is not None else nullcontext():
             yield step
     finally:
         window.inside = False
@@ -136,17 +181,20 @@ def accumulate(model: nn.Module, every: int, *, last: bool = False) -> Iterator[
     window.micro_steps += 1
     window.rows += weight
     window.synced = window.synced or not skip
+    window.hidden = window.hidden or hides
     if sync:
         if window.rows != weight:
             _scale(model, weight / window.rows)  # the window's mean over its rows
         window.micro_steps, window.rows, window.latest = 0, 0.0, 1.0
+        window.hidden = False
 
 
 def window_progress(model: nn.Module) -> tuple[int, float, float]:
     """The open window of ``model``: (micro-steps done, their weights added up, the latest
     one's weight); (0, 0.0, 1.0) between windows. ``.grad`` then holds the window's mean so
     far times ``weights / latest`` (what :func:`ddpkit.clip_grad_norm_` corrects for).
-    Inside a micro-step's block the gradients are neither: a :class:`UsageError`."""
+    Inside a micro-step's block the gradients are neither: a :class:`UsageError`; so too in an
+    FSDP2 window whose sync was skipped (its gradients so far are not in ``.grad``)."""
     window = _WINDOWS.get(unwrap(model))
     if window is None:
         return 0, 0.0, 1.0
@@ -155,6 +203,13 @@ def window_progress(model: nn.Module) -> tuple[int, float, float]:
             "the gradients were read inside `with ddpkit.accumulate(...)`",
             hint="clip (and step the optimizer) after the block: on the window's last "
             "micro-step, leaving the block is what makes the gradients the window's",
+        )
+    if window.hidden:
+        raise UsageError(
+            "the gradients were read inside an FSDP2 accumulation window: its micro-steps so "
+            "far skipped their reduce-scatter, their gradients are in FSDP2's unsharded "
+            "buffers, not in .grad",
+            hint="clip (and step the optimizer) after the block whose `sync` is true",
         )
     return window.micro_steps, window.rows, window.latest
 
@@ -172,11 +227,20 @@ def _check(model: object, every: object) -> None:
         )
 
 
-def _skip_sync(model: nn.Module) -> AbstractContextManager[Any]:
-    for matches, skip in SKIP_SYNC:
-        if matches(model):
-            return skip(model)
-    return nullcontext()
+def _skipper(model: nn.Module) -> SkipSync | None:
+    return next((entry for entry in SKIP_SYNC if entry.matches(model)), None)
+
+
+def _uniform(window: _Window, every: int) -> bool:
+    """Whether every micro-step of the window opening now weighs the same: the loader's rows
+    from this batch to the window's end (``every`` batches on, or the pass's end), else 1.0
+    each (no loader, or a loop that splits its batches: see :func:`_loader_batch`)."""
+    iterator = ACTIVE.get()
+    if iterator is None or window.batch is None or not window.follows_loader:
+        return True
+    layout = iterator.loader.layout
+    end = min(iterator.step + every, layout.steps)
+    return len({layout.rows(step) for step in range(iterator.step, end)}) <= 1
 
 
 def _loader_batch(window: _Window) -> tuple[float, bool]:
@@ -213,7 +277,13 @@ def _scale(model: nn.Module, factor: float) -> None:
 
 def _grad_marks(model: nn.Module) -> list[tuple[int, int]]:
     """Which gradient tensor each parameter holds and its in-place version: a backward
-    changes one of them (a new tensor, or an accumulation into the old one)."""
+    changes one of them (a new tensor, or an accumulation into the old one; FSDP2 adds into a
+    DTensor's local shard, whose version is the one that moves)."""
     return [
-        (-1, -1) if p.grad is None else (id(p.grad), p.grad._version) for p in model.parameters()
+        (-1, -1) if p.grad is None else (id(p.grad), _local(p.grad)._version)
+        for p in model.parameters()
     ]
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    return grad.to_local() if isinstance(grad, DTensor) else grad

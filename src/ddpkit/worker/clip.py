@@ -11,9 +11,11 @@ Inside a :func:`ddpkit.accumulate` window, before its last micro-step, DDP's gra
 rank's own, unsynced (syncing them would cost what the window saves): the norm is then that of
 the gradient of this rank's samples of the window so far (their mean, as after the window's end,
 not the raw sum ``.grad`` holds meanwhile), and clipping scales that partial gradient. At world
-size 1 it is exact; across ranks it is a local figure. FSDP2 reduce-scatters every micro-step:
-there it is the norm of every rank's samples so far. Clip the window's gradient after the block
-whose ``sync`` is true.
+size 1 it is exact; across ranks it is a local figure. An FSDP2 window skips its reduce-scatter
+only when its micro-steps weigh the same, and its gradients so far are then in FSDP2's unsharded
+buffers, not in ``.grad``: clipping there is a :class:`UsageError`. The window that holds a
+loader pass's shorter last batch reduce-scatters every micro-step: there it is the norm of every
+rank's samples so far. Clip the window's gradient after the block whose ``sync`` is true.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def clip_grad_norm_(
     ``ddpkit.wrap`` returned: the norm is the global one, what a single process computes over
     the same full batch (DDP, DataParallel, a plain model; DTensor gradients reduced across
     ranks). Called inside an accumulation window before its last micro-step, it is the norm of
-    this rank's gradient so far (see the module doc).
+    this rank's gradient so far, or an error where FSDP2 skipped the sync (see the module doc).
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(
@@ -56,6 +58,7 @@ def clip_grad_norm_(
             hint="call ddpkit.grad_scaler(model).unscale_(optimizer) first, at the window's "
             "end (torch's order: unscale_, clip, step, update)",
         )
+    done, rows, latest = window_progress(model)  # a UsageError where .grad is not readable
     parameters = [p for p in model.parameters() if p.grad is not None]
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
@@ -64,7 +67,6 @@ def clip_grad_norm_(
     full = getattr(total, "full_tensor", None)  # a DTensor: its shards' parts, reduced
     if full is not None:
         total = full()
-    done, rows, latest = window_progress(model)
     if done and rows != latest:  # .grad holds sum(w_i g_i) / latest; the mean so far is / rows
         total = total * (latest / rows)
     torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach)
