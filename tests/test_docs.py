@@ -32,7 +32,7 @@ def _hooks() -> ModuleType:
 docs = _hooks()
 
 
-@pytest.mark.parametrize("marker", ["job-spec", "sweep-spec", "profile-spec"])
+@pytest.mark.parametrize("marker", ["job-spec", "sweep-spec", "profile-spec", "container-spec"])
 def test_spec_reference_lists_every_field_with_its_description(marker: str) -> None:
     prefix, model = docs.spec_models()[marker]
     table = docs.expand_markers(f"<!-- ddpkit:{marker} -->", "test")

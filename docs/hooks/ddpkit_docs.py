@@ -137,6 +137,7 @@ def spec_models() -> dict[str, tuple[str, type[Any]]]:
         "job-spec": ("", spec.JobSpec),
         "sweep-spec": ("sweep.", spec.Sweep),
         "profile-spec": ("", spec.ClusterProfile),
+        "container-spec": ("container.", spec.Container),
     }
 
 
@@ -270,6 +271,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "job-spec": lambda: render_fields("job-spec"),
     "sweep-spec": lambda: render_fields("sweep-spec"),
     "profile-spec": lambda: render_fields("profile-spec"),
+    "container-spec": lambda: render_fields("container-spec"),
     "sbatch-keys": render_sbatch_keys,
     "env-vars": render_env_vars,
     "cli": render_cli,

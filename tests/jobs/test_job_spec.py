@@ -102,6 +102,7 @@ def test_defaults(tmp_path: Path) -> None:
         "cpu_bind": None,
         "gpu_bind": None,
         "numa_binding": None,
+        "container": None,
     }
     assert job.warning_s == 120
     assert (job.procs, job.world_size, job.tasks_per_node, job.cpus_per_slurm_task) == (1, 1, 1, 1)

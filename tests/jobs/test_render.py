@@ -119,6 +119,29 @@ GOLDEN_SPECS = {
         singleton=True,
         log_ranks=[0],
     ),
+    # the step's tasks in an image: pyxis's srun options; apptainer around each task's argv
+    "srun-pyxis": lambda: spec(
+        nodes=2,
+        container={
+            "runtime": "pyxis",
+            "image": "nvcr.io#nvidia/pytorch:24.01-py3",
+            "mounts": ["/srv/proj", "/data:/data:ro"],
+            "workdir": "/srv/proj",
+        },
+    ),
+    "torchrun-apptainer": lambda: spec(
+        nodes=2,
+        procs_per_node=2,
+        launch="torchrun",
+        health_check="nvidia-smi -L",
+        container={
+            "runtime": "apptainer",
+            "image": "/images/torch.sif",
+            "mounts": ["/data:ro"],
+            "workdir": "/workspace",
+            "python": "python3",
+        },
+    ),
 }
 
 

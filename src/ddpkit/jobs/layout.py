@@ -23,6 +23,7 @@ import yaml
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.spec_bind import srun_binding
 from ddpkit.jobs.spec_checks import shown
+from ddpkit.jobs.spec_container import plan_line
 from ddpkit.masking import mask, mask_tree
 
 __all__ = [
@@ -140,6 +141,9 @@ def _chain_lines(spec: JobSpec) -> str:
             f"# binding: ddpkit run --numa-binding {spec.numa_binding} (torch's agent binds each "
             "worker to CPUs near its GPU)"
         )
+    container = plan_line(spec.container, spec.python)
+    if container is not None:
+        lines.append(container)
     if spec.snapshot:
         lines.append(
             f"# snapshot: the files git tracks under {spec.workdir} are copied to "

@@ -62,7 +62,7 @@ __all__ = [
 
 SET_SOURCE = "--set"
 SWEEP_SOURCE = "--sweep"
-MAPPING_FIELDS = ("env", "sbatch", "sweep")
+MAPPING_FIELDS = ("env", "sbatch", "sweep", "container")
 ACCUMULATING_FIELDS = ("setup",)
 # Fields whose null means "none" rather than "the default" (the default is not none):
 # ``signal: null`` is a job without a stop signal, as the field's doc says.
@@ -102,7 +102,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
         if top in JobSpec.model_fields and top not in MAPPING_FIELDS:
             raise ConfigError(
                 f"--set {shown(mask_text(item))}: {shown(top, quote=False)} is not a mapping",
-                hint="only env and sbatch take dotted keys, e.g. --set env.NCCL_DEBUG=INFO",
+                hint="only env, sbatch and container take dotted keys, e.g. --set env.X=1",
             )
         if top == "sweep" and "." in sub:  # one level only: sweep.params is set whole
             raise ConfigError(

@@ -47,6 +47,7 @@ from ddpkit.jobs.exports import sweep_exports
 from ddpkit.jobs.spec_bind import numa_flag, srun_binding
 from ddpkit.jobs.spec_chain import dependency, ranks_filter
 from ddpkit.jobs.spec_checks import shown
+from ddpkit.jobs.spec_container import apptainer_prefix, pyxis_options
 from ddpkit.jobs.user_template import LAUNCH_TEMPLATE_NAME, check_user_template
 
 if TYPE_CHECKING:
@@ -318,7 +319,7 @@ def torchrun_command(
     expansions, so the rendezvous waits for exactly the nodes SLURM gave; pass real values for
     a command to run elsewhere."""
     return [
-        spec.python,
+        task_python(spec),
         "-u",
         "-m",
         CLI_MODULE,
@@ -337,6 +338,15 @@ def torchrun_command(
         *numa_flag(spec.numa_binding),
         *command_words(spec),
     ]
+
+
+def task_python(spec: JobSpec) -> str:
+    """The interpreter of the job step's tasks: the image's (``container.python``) or ``python``."""
+    return spec.python if spec.container is None else spec.container.python or spec.python
+
+
+def _words(words: list[str]) -> str:
+    return "".join(f"{shlex.quote(word)} " for word in words)
 
 
 def template_context(spec: JobSpec) -> dict[str, Any]:
@@ -363,6 +373,10 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         "srun_binding": "".join(
             f"{shlex.quote(option)} " for option in srun_binding(spec.cpu_bind, spec.gpu_bind)
         ),
+        # the spec's container (spec_container): pyxis's srun options, apptainer's exec words
+        "srun_container": _words(pyxis_options(spec.container)),
+        "task_prefix": _words(apptainer_prefix(spec.container)),
+        "task_python": task_python(spec),
         "sbatch_options": sbatch_options(spec),
         "workdir": spec.workdir,
         "log_dir": spec.log_path,

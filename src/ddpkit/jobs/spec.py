@@ -34,6 +34,7 @@ from ddpkit.jobs.snapshot import SNAPSHOT_DOC
 from ddpkit.jobs.spec_bind import BIND_DOCS, CpuBind, GpuBind, NumaBinding, check_numa
 from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
+from ddpkit.jobs.spec_container import CONTAINER_DOC, Container
 from ddpkit.jobs.sweep_spec import (
     SHARED_RUN_ID,
     SHARED_RUN_ID_HINT,
@@ -356,6 +357,7 @@ class JobSpec(Model):
     cpu_bind: CpuBind | None = Field(None, description=BIND_DOCS["cpu_bind"])
     gpu_bind: GpuBind | None = Field(None, description=BIND_DOCS["gpu_bind"])
     numa_binding: NumaBinding | None = Field(None, description=BIND_DOCS["numa_binding"])
+    container: Container | None = Field(None, description=CONTAINER_DOC)
 
     @model_validator(mode="before")
     @classmethod

@@ -116,6 +116,8 @@ def _locate(data: Mapping[str, object], loc: tuple[int | str, ...]) -> tuple[str
         else:
             if not path:  # a field absent from the input (missing)
                 path, current = str(item), None
+            elif isinstance(current, Mapping) and item == loc[-1]:  # absent from a section
+                path, current = field_path(path, item), None
             break
     return path, current, is_key
 

@@ -50,9 +50,10 @@ from ddpkit.jobs.exports import sweep_exports
 from ddpkit.jobs.keyword_call import KeywordCall
 from ddpkit.jobs.logs import LogFile, numbered, pick, sweep_log_files
 from ddpkit.jobs.records import JobRecord, Via, new_record, submitted_run_id
-from ddpkit.jobs.render import batch_output_path
+from ddpkit.jobs.render import batch_output_path, task_python
 from ddpkit.jobs.spec_bind import srun_binding
 from ddpkit.jobs.spec_chain import dependency
+from ddpkit.jobs.spec_container import apptainer_prefix, pyxis_options
 from ddpkit.jobs.sweep import substitute
 
 if TYPE_CHECKING:
@@ -92,8 +93,15 @@ def import_submitit() -> ModuleType:
 
 
 def command_line(spec: JobSpec) -> list[str]:
-    """What every task runs: the spec's python, unbuffered, then its command."""
-    return [spec.python, "-u", *spec.command]
+    """What every task runs: the spec's python (the image's in a container), unbuffered, then
+    its command."""
+    return [task_python(spec), "-u", *spec.command]
+
+
+def submitit_python(spec: JobSpec) -> str:
+    """submitit's ``python``, the shell text before ``-u -m submitit.core._submit`` on its srun
+    line: under apptainer ``apptainer exec ... IMAGE`` and the image's python."""
+    return shlex.join([*apptainer_prefix(spec.container), task_python(spec)])
 
 
 def _setup_lines(spec: JobSpec) -> list[str]:
@@ -154,7 +162,7 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
         "slurm_setup": _setup_lines(spec),
         "slurm_additional_parameters": extras,
     }
-    binding = srun_binding(spec.cpu_bind, spec.gpu_bind)
+    binding = srun_binding(spec.cpu_bind, spec.gpu_bind) + pyxis_options(spec.container)
     if binding:  # submitit's srun line for the tasks
         params["slurm_srun_args"] = binding
     if spec.sweep is not None:
@@ -187,7 +195,7 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
     module = import_submitit()
     try:
         executor: submitit.AutoExecutor = module.AutoExecutor(
-            folder=Path(spec.log_path), cluster="slurm", slurm_python=shlex.quote(spec.python)
+            folder=Path(spec.log_path), cluster="slurm", slurm_python=submitit_python(spec)
         )
     except RuntimeError as exc:  # SlurmExecutor refuses to exist without srun
         raise ConfigError(
@@ -206,7 +214,7 @@ def dry_run(spec: JobSpec) -> str:
     import_submitit()
     shown: dict[str, Any] = {
         "folder": spec.log_path,  # the executor's folder
-        "python": spec.python,
+        "python": submitit_python(spec),
         "parameters": executor_parameters(spec),
         "command": command_line(spec),
         "cwd": spec.workdir,
@@ -239,7 +247,7 @@ def sweep_runs(spec: JobSpec) -> list[Any]:
     return [
         run_command(
             [
-                spec.python,
+                task_python(spec),
                 "-u",
                 *(substitute(word, task.placeholder_values()) for word in spec.command),
             ],

@@ -317,6 +317,12 @@ def refuse_sweep(spec: JobSpec) -> None:
             "torchx's scheduler does not pass on",
             hint=f"submit with --via sbatch or --via submitit, or remove {bind}",
         )
+    if spec.container is not None:
+        raise ConfigError(
+            f"container (runtime {spec.container.runtime}) runs ddpkit's job step in an image, "
+            "which torchx's scheduler does not pass on",
+            hint="submit with --via sbatch or --via submitit, or remove container",
+        )
     if spec.snapshot:
         raise ConfigError(
             "snapshot=true copies the files for ddpkit's sbatch scripts only, not through "
