@@ -1,13 +1,14 @@
 """How long a finished 2-rank job takes to exit, under ``ddpkit.init()`` and under plain torch.
 
-    python benchmarks/bench_exit.py [--runs 9]
+    python benchmarks/bench_exit.py [--runs 9] [--json FILE] [--quick]
 
 Each run is the 2-rank gloo job of :mod:`exit_race` (one all-reduce, then the script ends;
 peer bound: the default) with no offset, ranks forked from one parent that imported torch and
 ddpkit once. Its exit time: from the later rank's end of the script to both ranks reaped (the
 at-exit steps and the interpreter's finalization). Runs alternate plain torch
 (``init_process_group``) and ddpkit; the medians and their difference are printed
-(goal: ddpkit within 1 s of plain torch).
+(goal: ddpkit within 1 s of plain torch). ``--json`` writes the medians for
+``benchmarks/report.py``; ``--quick`` makes 3 runs of each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchjson
 import exit_race
 
 
@@ -55,7 +57,10 @@ def one_exit(plain: bool, folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9, help="runs of each, alternating")
+    benchjson.add_arguments(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 3
     folder = Path(tempfile.mkdtemp())  # no context manager: a child unwinds through here
     parent = os.getpid()
     times: dict[str, list[float]] = {"plain torch": [], "ddpkit": []}
@@ -73,6 +78,14 @@ def main() -> None:
         print(f"{name:12} exit median {medians[name]:.2f} s  ({shown})")
     extra = medians["ddpkit"] - medians["plain torch"]
     print(f"ddpkit - plain torch: {extra:+.2f} s (goal: <= 1 s), {args.runs} runs each")
+    figure = "a finished 2-rank gloo job: from the later rank's end of the script to both reaped"
+    rows = [
+        benchjson.row(figure, name, medians[name], "s", False, trials=times[name])
+        for name in ("ddpkit", "plain torch")
+    ]
+    rows[-1]["baseline"] = True
+    title = "Exit: a finished job's exit, ddpkit.init() against plain torch"
+    benchjson.write(args.json, "exit", title, "python", rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Memory per rank under FSDP2 against DDP: parameters, gradients and optimizer state.
 
     python benchmarks/bench_fsdp_memory.py [--worlds 1 2 4] [--width 512] [--blocks 8]
+        [--json FILE] [--quick]
 
 Each world size runs twice on gloo over 127.0.0.1, CPU processes: a model of ``--blocks``
 residual blocks (``Linear(width, width)``) wrapped with ``ddpkit.wrap(model, "ddp")`` and with
@@ -12,7 +13,8 @@ all-gather buffers while a block runs (one block unsharded at a time), activatio
 
 Printed per world size: the largest rank's bytes of each kind and their total, for DDP and
 FSDP2, and the ratio FSDP2 / DDP beside 1/N. Counts, not timings: the figures do not depend on
-the machine's load.
+the machine's load. ``--json`` writes each world size's totals for ``benchmarks/report.py``
+(DDP the baseline, x = N); ``--quick`` counts a model of 2 blocks of width 128.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import socket
 from typing import Any
 
+import benchjson
 import torch
 import torch.multiprocessing as mp
 from torch import nn
@@ -89,7 +92,10 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--blocks", type=int, default=8)
+    benchjson.add_arguments(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.width, args.blocks = 128, 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = mp.get_context("spawn")
     queue = context.Queue()
@@ -122,6 +128,16 @@ def main() -> None:
             figures = " ".join(f"{row[kind] / mib:8.2f}" for kind in KINDS)
             ratio = f" {total / ddp:5.3f} {1 / world:5.3f}" if strategy == "fsdp" else ""
             print(f"{world:>2} {strategy:8} {figures} {total / mib:8.2f}{ratio}")
+    figure = f"{args.blocks} blocks of Linear({args.width}, {args.width}), Adam: MiB a rank"
+    out = []
+    for world in args.worlds:
+        for strategy, name in (("ddp", "DDP"), ("fsdp", "ddpkit FSDP2")):
+            total = sum(rows[(world, strategy)].values()) / mib
+            out.append(benchjson.row(figure, name, total, "MiB", False, x=world))
+            if strategy == "ddp":
+                out[-1]["baseline"] = True
+    title = "FSDP2 memory per rank (parameters, gradients, optimizer state) against DDP"
+    benchjson.write(args.json, "fsdp_memory", title, "python", out)
 
 
 if __name__ == "__main__":

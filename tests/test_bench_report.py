@@ -631,3 +631,15 @@ def test_the_verdict_wait_diagnostic_times_the_store_over_the_window_for_both_wa
         assert (found["N"], found["how"], found["window_s"]) == (8, how, 0.5)
         assert 0 < found["store_cpu_s"] < 60 and found["store_busy"] >= 0, found
         assert -0.5 < found["last_had_it_s"] < 60, found  # every rank got it, after it was set
+
+
+def test_every_bench_takes_the_reports_json_and_quick_options() -> None:
+    """report.py runs every bench_*.py with ``--json FILE`` (and ``--quick``): a bench that
+    does not take them fails the report (bench_fsdp_memory and bench_exit once did)."""
+    missing = [
+        path.name
+        for path in sorted(BENCH.glob("bench_*.py"))
+        if not all(option in path.read_text() for option in ('"--json"', '"--quick"'))
+        and "benchjson.add_arguments(parser)" not in path.read_text()
+    ]
+    assert missing == []
