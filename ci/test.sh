@@ -102,6 +102,11 @@ export DDPKIT_SLURM_CPUS=${DDPKIT_SLURM_CPUS:-8}
 # 4 nodes: the tests of bad-node exclusion (a job needing 2 of 3 nodes) and of a 4-node job at
 # scale need them; the others ask for the nodes they use (-N 1 or 2)
 export DDPKIT_SLURM_NODES=${DDPKIT_SLURM_NODES:-4}
+# and 2 nodes nb1, nb2 in a partition of their own (badnet: no test's job lands there unasked),
+# whose host names resolve to an address the other cannot reach: gloo's interface is then
+# ddpkit's choice or nothing (tests/worker/test_ifname_cluster.py). Their start adds ~0.2 s to
+# the cluster's, their idle slurmd no measurable CPU
+export DDPKIT_SLURM_BADNET=${DDPKIT_SLURM_BADNET:-1}
 stop_cluster() {
   if [ "${DDPKIT_SLURM_KEEP:-0}" = 1 ]; then
     echo "== SLURM test cluster left running (DDPKIT_SLURM_KEEP=1): ci/slurm-down stops it"

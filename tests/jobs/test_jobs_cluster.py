@@ -200,8 +200,10 @@ def test_two_multi_node_jobs_at_once_on_the_same_nodes(jobs: Jobs) -> None:
     # `release`), so a shared port would fail one of them. (A fixed 4-s hold was not enough:
     # under load one job had ended before the other started, 2026-12-02.)
     # Both are pinned to the same two nodes: left to SLURM, a job of another test running at
-    # the time can send them to different pairs (seen in CI: n3,n4 and n1,n2)
-    names = jobs.slurm.run("sinfo", "--noheader", "--format", "%n").stdout.split()
+    # the time can send them to different pairs (seen in CI: n3,n4 and n1,n2); two of the
+    # default partition's, where the jobs go (not those of partition badnet, if any)
+    listed = jobs.slurm.run("sinfo", "--noheader", "--partition", "debug", "--format", "%n")
+    names = listed.stdout.split()
     pair = ",".join(sorted(set(names))[:2])
     release = jobs.workdir / "release"
     spec = jobs.spec(

@@ -62,8 +62,9 @@ sys.stdin.read()  # hold the port until the test closes our stdin
 @contextmanager
 def squat(slurm: SlurmCluster, node: str, port: int, kind: str) -> Iterator[None]:
     """Hold ``port`` on ``node`` (inside its network namespace) for the block's duration."""
+    netns = slurm.info.get("netns_prefix", "ddpkit-") + node  # ci/slurm-up's name for it
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", f"ddpkit-{node}", sys.executable, "-c", _SQUAT, str(port), kind],
+        ["ip", "netns", "exec", netns, sys.executable, "-c", _SQUAT, str(port), kind],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
