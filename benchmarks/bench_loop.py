@@ -29,6 +29,7 @@ that is what each gives its users, and the figure says so.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import itertools
 import statistics
@@ -213,17 +214,23 @@ def bench_model(
         torch.randn(samples, *shape, generator=gen),
         torch.randint(0, classes, (samples,), generator=gen),
     )
-    epochs = {v: VARIANTS[v](ctx, widths, data, args.batch_size) for v in variants}
-    for epoch in epochs.values():
-        timed(epoch)  # warm-up
     rates: dict[str, list[float]] = {v: [] for v in variants}
-    for trial in range(args.trials):
-        # Rotate which variant goes first so none always runs on a warmer machine.
-        shift = trial % len(variants)
-        for variant in variants[shift:] + variants[:shift]:
-            rates[variant].append(timed(epochs[variant]))
-        shown = "   ".join(f"{v} {rates[v][-1]:9.0f} samples/s" for v in variants)
-        ddpkit.print(f"{name} model, trial {trial}: {shown}")
+    # On this shared 2-core machine the variant built first ran faster (plain torch built
+    # first: ddpkit 0.93-0.95 of it; ddpkit built first: 1.01): the even trials run on
+    # variants built in the listed order, the odd ones on variants built again in reverse.
+    for half, order in enumerate((variants, variants[::-1])):
+        epochs = {v: VARIANTS[v](ctx, widths, data, args.batch_size) for v in order}
+        for epoch in epochs.values():
+            timed(epoch)  # warm-up
+        for trial in range(half, args.trials, 2):
+            # Rotate which variant goes first so none always runs on a warmer machine.
+            shift = trial % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                rates[variant].append(timed(epochs[variant]))
+            shown = "   ".join(f"{v} {rates[v][-1]:9.0f} samples/s" for v in variants)
+            ddpkit.print(f"{name} model, trial {trial}: {shown}")
+        del epochs
+        gc.collect()
     return rates
 
 
