@@ -36,6 +36,7 @@ from typing import Any
 import benchjson
 import torch
 import torch.distributed as dist
+from bench_fsdp_memory import Block  # the same residual block, FSDP2's unit
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -45,15 +46,6 @@ import ddpkit
 
 Batches = list[torch.Tensor]
 Run = Callable[[], None]  # every batch once: forward, backward, an optimizer step
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.relu(self.linear(x))
 
 
 def make_model(args: argparse.Namespace) -> nn.Module:

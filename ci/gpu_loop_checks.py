@@ -142,15 +142,7 @@ def compile_vs_eager(device: torch.device, backend: str | None) -> list[bool]:
 
     def losses(strategy: str, compile: bool | dict[str, Any]) -> list[float]:
         model = ddpkit.wrap(make_model(), strategy, compile=compile)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        out = []
-        for step in range(5):
-            loss = loss_of(model, *data(device, step))
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            out.append(loss.item())
-        return out
+        return _plain_steps(model, torch.optim.SGD(model.parameters(), lr=0.05), range(5))
 
     from torch._dynamo.utils import counters
 

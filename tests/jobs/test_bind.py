@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from ddpkit.cli import main
 from ddpkit.errors import ConfigError
 from ddpkit.jobs import render
 from ddpkit.jobs.backends.submitit import executor_parameters
 from ddpkit.jobs.backends.torchx_appdef import refuse_sweep
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.spec import JobSpec
-from tests.fakes.slurm import FakeTools
+from tests.support.jobcli import submit_refused
 
 BASE: dict[str, Any] = {"name": "b", "command": ["t.py"], "python": "/py", "workdir": "/w"}
 
@@ -62,17 +61,7 @@ def test_a_bad_value_is_one_line_exit_2_and_nothing_is_submitted(
     line: str,
     words: str,
 ) -> None:
-    fake = FakeTools(tmp_path / "bin", tmp_path / "calls")
-    fake.sbatch("4242")
-    monkeypatch.setenv("PATH", fake.path())
-    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    path = tmp_path / "b.yaml"
-    path.write_text(f"name: b\ncommand: t.py\n{line}\n")
-    assert main(["submit", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert words in err and err.count("\n") == 1, err
-    assert not fake.submitted()
+    assert words in submit_refused(tmp_path, monkeypatch, capsys, line)
 
 
 @pytest.mark.parametrize("launch", ["srun", "torchrun"])

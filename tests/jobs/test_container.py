@@ -25,6 +25,7 @@ from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.load import parse_overrides
 from ddpkit.jobs.spec import JobSpec
 from tests.fakes.slurm import RECORDER, FakeTools
+from tests.support.jobcli import submit_refused
 
 BASE: dict[str, Any] = {"name": "c", "command": ["t.py"], "python": "/py", "workdir": "/w"}
 PYXIS = {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.01-py3"}
@@ -83,17 +84,7 @@ def test_a_bad_value_is_one_line_exit_2_and_nothing_is_submitted(
     line: str,
     words: str,
 ) -> None:
-    fake = FakeTools(tmp_path / "bin", tmp_path / "calls")
-    fake.sbatch("4242")
-    monkeypatch.setenv("PATH", fake.path())
-    monkeypatch.setenv("DDPKIT_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    path = tmp_path / "c.yaml"
-    path.write_text(f"name: c\ncommand: t.py\n{line}\n")
-    assert main(["submit", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert words in err and err.count("\n") == 1, err
-    assert not fake.submitted()
+    assert words in submit_refused(tmp_path, monkeypatch, capsys, line)
 
 
 def test_set_takes_container_fields_one_by_one_over_the_file(
