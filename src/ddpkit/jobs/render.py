@@ -370,9 +370,7 @@ def template_context(spec: JobSpec) -> dict[str, Any]:
         # srun mode under a range: the job asks for a task per node, the step for procs each
         "srun_tasks": f"--ntasks-per-node={spec.procs} " if ranged and not torchrun else "",
         # the spec's cpu_bind/gpu_bind: srun's own options, checked by the spec (spec_bind)
-        "srun_binding": "".join(
-            f"{shlex.quote(option)} " for option in srun_binding(spec.cpu_bind, spec.gpu_bind)
-        ),
+        "srun_binding": _words(srun_binding(spec.cpu_bind, spec.gpu_bind)),
         # the spec's container (spec_container): pyxis's srun options, apptainer's exec words
         "srun_container": _words(pyxis_options(spec.container)),
         "task_prefix": _words(apptainer_prefix(spec.container)),
