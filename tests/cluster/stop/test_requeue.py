@@ -321,7 +321,7 @@ print("exiting", flush=True)
 def test_the_latched_signal_cannot_kill_the_process_during_finalization() -> None:
     done = subprocess.run(
         [sys.executable, "-c", _LATE_SIGNAL],
-        env={**os.environ, "PYTHONPATH": str(Path(stopsignal.__file__).parents[2])},
+        env={**os.environ, "PYTHONPATH": str(Path(stopsignal.__file__).parents[3])},
         capture_output=True,
         text=True,
         timeout=60,
