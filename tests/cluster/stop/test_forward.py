@@ -51,6 +51,24 @@ def test_catches_is_none_for_what_is_no_running_child(tmp_path: Path, how: str) 
     assert forward.catches(10, signal.SIGUSR2, proc=str(tmp_path)) is None
 
 
+def test_workers_are_the_running_children_that_exec_d_and_are_no_helpers(tmp_path: Path) -> None:
+    me = os.getpid()
+    children = {  # pid: (state, command line)
+        10: ("S", b"python\0-u\0train.py\0"),
+        11: ("S", b"python\0-m\0ddpkit\0run\0train.py\0"),  # forked, not exec'd: ours
+        12: ("Z", b""),
+        13: ("S", b"python\0-c\0from multiprocessing.resource_tracker import main\0"),
+    }
+    for pid, (state, argv) in {me: ("R", children[11][1]), **children}.items():
+        (tmp_path / str(pid)).mkdir()
+        parent = 1 if pid == me else me
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python) {state} {parent} 1 1 0\n")
+        (tmp_path / str(pid) / "cmdline").write_bytes(argv)
+    assert forward.workers(proc=str(tmp_path)) == [10]
+    (tmp_path / "11" / "cmdline").write_bytes(b"python\0-u\0train.py\0")  # now exec'd
+    assert forward.workers(proc=str(tmp_path)) == [10, 11]
+
+
 class _Workers:
     """Stands in for /proc: the running workers, which of them catch the signal, what was sent."""
 

@@ -8,8 +8,9 @@ and the ``ddpkit run`` launcher (:mod:`ddpkit.launch.relay`).
   it starts from then on: an arrival waits, pending, and nothing dies of it; a child keeps it
   pending until ``ddpkit.init()`` or ``preemption_guard()`` latches it.
 * The relay thread (:func:`start`) sends each arrival to the workers (this process's children,
-  less zombies and the helpers named with :func:`not_a_worker`); with none running (before they
-  start, between two groups of ``--max-restarts``) it keeps it for the next ones.
+  less zombies, the helpers named with :func:`not_a_worker` and the children that have not
+  exec'd yet, which would die of it: :func:`workers`); with none running (before they start,
+  between two groups of ``--max-restarts``) it keeps it for the next ones.
 * ``catching_only`` (``ddpkit run`` outside a ddpkit job, whose workers must get what they would
   get under torchrun): :func:`release` gives the thread that starts the children its original
   mask back, and an arrival goes only to the children that catch the signal (its bit in
@@ -265,20 +266,33 @@ def forget(pid: int) -> None:
 
 
 def workers(proc: str = "/proc") -> list[int]:
-    """The running workers: this process's children, less zombies (a worker that has ended)
-    and the launcher's helpers."""
+    """The running workers: this process's children, less zombies (a worker that has ended),
+    the launcher's helpers and the children that have not exec'd yet.
+
+    A child between its fork and its exec runs this process's image (its command line is this
+    process's): under CPython's vfork it blocks every signal and shows this process's handlers
+    in ``SigCgt``, then restores the default actions and unblocks, and a signal sent meanwhile
+    kills it before its program starts. It is a worker once its command line is its own."""
     found = []
+    own = _cmdline(os.getpid(), proc)
     for pid in child_pids(proc=proc, running=True):
         if pid in _STATE.not_workers:
             continue
-        try:
-            with open(os.path.join(proc, str(pid), "cmdline"), "rb") as cmdline:
-                argv = cmdline.read()
-        except OSError:
+        argv = _cmdline(pid, proc)
+        if argv is None or argv == own:
             continue
         if not any(helper in argv for helper in _HELPERS):
             found.append(pid)
     return found
+
+
+def _cmdline(pid: int, proc: str) -> bytes | None:
+    """``pid``'s command line as ``/proc`` has it; None when it cannot be read."""
+    try:
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as cmdline:
+            return cmdline.read()
+    except OSError:
+        return None
 
 
 def child_pids(
