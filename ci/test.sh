@@ -107,6 +107,10 @@ export DDPKIT_SLURM_NODES=${DDPKIT_SLURM_NODES:-4}
 # ddpkit's choice or nothing (tests/worker/test_ifname_cluster.py). Their start adds ~0.2 s to
 # the cluster's, their idle slurmd no measurable CPU
 export DDPKIT_SLURM_BADNET=${DDPKIT_SLURM_BADNET:-1}
+# and node nc1 in partition bind, declared with this machine's real CPUs, the cluster's task plugin
+# binding what a job asks for: what each rank's CPUs are under cpu_bind, against what
+# `ddpkit plan` says (tests/jobs/test_bind_cluster.py)
+export DDPKIT_SLURM_BIND=${DDPKIT_SLURM_BIND:-1}
 stop_cluster() {
   if [ "${DDPKIT_SLURM_KEEP:-0}" = 1 ]; then
     echo "== SLURM test cluster left running (DDPKIT_SLURM_KEEP=1): ci/slurm-down stops it"
