@@ -227,3 +227,25 @@ def test_a_map_within_the_nodes_cpus_is_taken() -> None:
     job = JobSpec(**(BASE | {"cpus_per_node": 2, "procs_per_node": 2, "cpu_bind": "map_cpu:1,0"}))
     assert job.cpu_bind == "map_cpu:1,0"
     assert JobSpec(**(BASE | {"cpus_per_node": 2, "cpu_bind": "mask_cpu:0x3"})).cpus_per_node == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "tasks", "cpus_per_task"),
+    [
+        ("map_cpu:1,0", 2, 1),
+        ("mask_cpu:0x1,0x2", 2, 1),
+        ("rank", 8, 1),
+        ("mask_cpu:0xff*4,0x300", 5, 2),
+        ("map_cpu:3,2,1,0,4,5,6", 7, 1),
+    ],
+)
+def test_the_cluster_test_reads_plans_line_as_plan_means_it(
+    value: str, tasks: int, cpus_per_task: int
+) -> None:
+    """test_bind_cluster.py compares each rank's CPUs with plan's line as it reads it."""
+    from tests.jobs.test_bind_cluster import planned
+
+    line = cpus_line(procs_per_node=tasks, cpus_per_task=cpus_per_task, cpu_bind=value)
+    expected = node_cpus(value, tasks, cpus_per_task).tasks
+    assert expected is not None
+    assert planned(line) == {rank: set(cpus) for rank, cpus in enumerate(expected)}
