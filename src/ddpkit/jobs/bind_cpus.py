@@ -12,7 +12,8 @@ with SLURM_LOCALID *i* on its node, the same on every node:
   optional.
 - In both lists ``X*N`` stands for N copies of X (``map_cpu:0*2,1*2`` is ``0,0,1,1``); srun
   expands them before the wrap. The IDs are the node's own CPU numbers (the kernel's).
-- ``rank``: task *i* to CPU *i*; decided here only with one CPU per task.
+- ``rank``: task *i* to CPU *i*; decided here only with one CPU per task (srun takes it on a
+  whole node only).
 - Every other value is srun's choice among the CPUs of the step on that node: ``cores`` and
   ``threads`` give each task its ``cpus_per_task`` CPUs (whole cores for ``cores``), ``sockets``,
   ``ldoms`` and ``boards`` whole ones of those, the ``*_ldom`` values the CPUs of NUMA domains
