@@ -204,7 +204,7 @@ def _run_end(tasks: Sequence[frozenset[int]], i: int, in_order: bool) -> int:
     return j
 
 
-def rank_items(tasks: Sequence[frozenset[int]], label: str = "local rank") -> list[str]:
+def rank_items(tasks: Sequence[frozenset[int]]) -> list[str]:
     """``local rank 0 -> 1`` per task, runs of three or more as one item: ``local ranks 0-7
     in order -> 0-7`` (one CPU each) or ``local ranks 0-3 each -> 0-3`` (the same CPUs)."""
     items, i = [], 0
@@ -212,13 +212,14 @@ def rank_items(tasks: Sequence[frozenset[int]], label: str = "local rank") -> li
         same, ordered = _run_end(tasks, i, False), _run_end(tasks, i, True)
         j = max(same, ordered)
         if j - i < 3:
-            items.append(f"{label} {i} -> {format_cpus(tasks[i])}")
+            items.append(f"local rank {i} -> {format_cpus(tasks[i])}")
             i += 1
             continue
         if same >= ordered:
-            items.append(f"{label}s {i}-{j - 1} each -> {format_cpus(tasks[i])}")
+            items.append(f"local ranks {i}-{j - 1} each -> {format_cpus(tasks[i])}")
         else:
-            items.append(f"{label}s {i}-{j - 1} in order -> {min(tasks[i])}-{min(tasks[j - 1])}")
+            first, last = min(tasks[i]), min(tasks[j - 1])
+            items.append(f"local ranks {i}-{j - 1} in order -> {first}-{last}")
         i = j
     return items
 
