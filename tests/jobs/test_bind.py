@@ -90,8 +90,13 @@ def test_the_rendered_script_hands_srun_the_options(tmp_path: Path) -> None:
 
 def test_plan_says_it_and_submitit_carries_it_and_torchx_refuses() -> None:
     job = spec(cpu_bind="cores")
-    assert "# binding: srun --cpu-bind=cores (srun picks each task's CPUs/GPUs)" in format_plan(job)
+    cpus = "\n# binding: srun --cpu-bind=cores\n# cpus on each node: srun's choice"
+    assert cpus in format_plan(job)
+    both = format_plan(spec(cpu_bind="none", gpu_bind="closest"))
+    gpus = "# binding: srun --cpu-bind=none --gpu-bind=closest (srun picks each task's GPUs)"
+    assert gpus in both
     assert "# binding" not in format_plan(spec())
+    assert "# cpus" not in format_plan(spec(gpu_bind="closest"))
     assert executor_parameters(job)["slurm_srun_args"] == ["--cpu-bind=cores"]
     assert "slurm_srun_args" not in executor_parameters(spec())
     with pytest.raises(ConfigError) as info:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from ddpkit.jobs.bind_cpus import plan_line as cpus_line
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.spec_bind import srun_binding
 from ddpkit.jobs.spec_checks import shown
@@ -135,7 +136,13 @@ def _chain_lines(spec: JobSpec) -> str:
         lines.append(f"# console: each node's output shows local rank(s) {shown} only")
     if spec.cpu_bind is not None or spec.gpu_bind is not None:
         options = " ".join(srun_binding(spec.cpu_bind, spec.gpu_bind))
-        lines.append(f"# binding: srun {options} (srun picks each task's CPUs/GPUs)")
+        gpus = " (srun picks each task's GPUs)" if spec.gpu_bind is not None else ""
+        lines.append(f"# binding: srun {options}{gpus}")
+    if spec.cpu_bind is not None:
+        workers = spec.procs if spec.launch == "torchrun" else 1
+        lines.append(
+            cpus_line(spec.cpu_bind, spec.tasks_per_node, spec.cpus_per_slurm_task, workers)
+        )
     if spec.numa_binding is not None:
         lines.append(
             f"# binding: ddpkit run --numa-binding {spec.numa_binding} (torch's agent binds each "

@@ -31,7 +31,7 @@ from ddpkit.contract import (
 )
 from ddpkit.jobs import spec_checks
 from ddpkit.jobs.snapshot import SNAPSHOT_DOC
-from ddpkit.jobs.spec_bind import BIND_DOCS, CpuBind, GpuBind, NumaBinding, check_numa
+from ddpkit.jobs.spec_bind import BIND_DOCS, CpuBind, GpuBind, NumaBinding, check_binding
 from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
 from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.spec_container import CONTAINER_DOC, Container
@@ -398,7 +398,7 @@ class JobSpec(Model):
             )
         if self.log_ranks is not None:
             check_log_ranks(self.log_ranks, self.launch, self.procs)
-        check_numa(self.numa_binding, self.launch)
+        check_binding(self.cpu_bind, self.cpus_per_node, self.numa_binding, self.launch)
         delay = self.signal_delay_s
         if self.signal is not None and delay is not None and delay >= self.time_min * 60:
             raise invalid(

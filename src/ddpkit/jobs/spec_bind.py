@@ -5,9 +5,11 @@ torchrun``: sbatch and torchx carry it).
 
 A value is srun's own text (``cores``, ``map_cpu:0,2``, ``verbose,closest``), checked for a
 keyword srun knows and for characters srun's values use, so none can add an option or a line
-to the script. Which CPUs each rank then gets is srun's decision, on nodes whose task plugin
-binds (``TaskPlugin=task/affinity`` or ``task/cgroup``); ``ddpkit plan`` says the option, not
-the CPUs.
+to the script; a ``map_cpu``/``mask_cpu`` list entry by entry, and against ``cpus_per_node``
+where the spec or its profile gives it (:mod:`ddpkit.jobs.bind_cpus`). The binding happens on
+nodes whose task plugin binds (``TaskPlugin=task/affinity`` or ``task/cgroup``). ``ddpkit
+plan`` shows each local rank's CPUs where the value alone decides them (a map, a mask,
+``rank`` with one CPU per task), and otherwise what srun picks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator
 
+from ddpkit.jobs.bind_cpus import PREFIXES, check_list, check_node_cpus
 from ddpkit.jobs.spec_checks import invalid, shown
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "CpuBind",
     "GpuBind",
     "NumaBinding",
+    "check_binding",
     "check_numa",
     "numa_flag",
     "srun_binding",
@@ -43,14 +47,13 @@ _CPU_KEYWORDS = frozenset({
     "sockets", "cores", "threads", "ldoms", "boards",
 })  # fmt: skip
 _GPU_KEYWORDS = frozenset({"closest", "map_gpu", "mask_gpu", "none", "per_task", "single"})
-_PREFIXES = ("verbose,", "quiet,", "v,", "q,")
 # what srun's values are made of: keywords, ':' and ',' lists of numbers and masks, '*' counts
 _VALUE = re.compile(r"[a-z_]+(?::[0-9A-Fa-fx,*]+)?")
 
 
 def _checked(value: str, keywords: frozenset[str], example: str) -> str:
     rest = value
-    while rest.startswith(_PREFIXES):
+    while rest.startswith(PREFIXES):
         rest = rest.partition(",")[2]
     if not _VALUE.fullmatch(rest):
         raise invalid(f"has {shown(value)}, not a value srun takes", example)
@@ -62,7 +65,9 @@ def _checked(value: str, keywords: frozenset[str], example: str) -> str:
 
 
 def _check_cpu_bind(value: str) -> str:
-    return _checked(value, _CPU_KEYWORDS, "e.g. cpu_bind: cores, or cpu_bind: map_cpu:0,4")
+    _checked(value, _CPU_KEYWORDS, "e.g. cpu_bind: cores, or cpu_bind: map_cpu:0,4")
+    check_list(value)
+    return value
 
 
 def _check_gpu_bind(value: str) -> str:
@@ -90,6 +95,15 @@ def check_numa(numa_binding: str | None, launch: str) -> None:
             field="numa_binding",
             value=numa_binding,
         )
+
+
+def check_binding(
+    cpu_bind: str | None, cpus_per_node: int | None, numa_binding: str | None, launch: str
+) -> None:
+    """The binding fields against the rest of the spec: ``numa_binding`` under ``launch:
+    torchrun`` only (:func:`check_numa`), a map or mask naming only CPUs a node has."""
+    check_numa(numa_binding, launch)
+    check_node_cpus(cpu_bind, cpus_per_node)
 
 
 def numa_flag(numa_binding: str | None) -> list[str]:
