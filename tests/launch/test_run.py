@@ -340,6 +340,23 @@ def test_worker_exit_code_without_traceback_is_passed_on_after_restarts(
     assert re.search(r"attempt_1/1/stderr\.log\)", report), report  # the last attempt's log
 
 
+def test_a_script_that_does_not_compile_is_reported_with_pythons_report(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Python prints no traceback header for a script with a syntax error: its file, line and
+    the error are the report, not "exited without raising"."""
+    script = tmp_path / "broken.py"
+    script.write_text("import os\nx = (\n")
+    assert main(["run", "--nproc-per-node", "1", "--log-dir", str(tmp_path), str(script)]) == 1
+    report = summary(capfd.readouterr().err)
+    assert "exited without raising" not in report, report
+    lines = report.splitlines()
+    assert lines[1].startswith("ddpkit: traceback of rank 0 (from "), report
+    stripped = [line.strip() for line in lines]
+    assert f'File "{script}", line 2' in stripped, report
+    assert "SyntaxError: '(' was never closed" in stripped, report
+
+
 def test_failing_rank_reports_root_cause_with_traceback(
     capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

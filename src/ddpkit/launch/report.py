@@ -7,6 +7,7 @@ traceback should be (without ``@record``) and orders failures by whole-second ti
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from ddpkit.contract import HANG_REPORT_FILE
 __all__ = ["LaunchOutcome", "WorkerFailure", "attempt_dir", "failed_outcome"]
 
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
+# a script that does not compile: no traceback header, its file and line, then the error
+_FILE_LINE = re.compile(r'\s*File ".*", line \d+\s*$')
+_COMPILE_ERROR = re.compile(r"(SyntaxError|IndentationError|TabError)\b")
 _TRACEBACK_MAX_LINES = 60
 _LOG_TAIL_BYTES = 256 * 1024
 
@@ -251,7 +255,7 @@ def _traceback_from_log(path: str) -> str | None:
     lines = _last_lines(path)
     starts = [i for i, line in enumerate(lines) if _TRACEBACK_HEAD in line]
     if not starts:
-        return None
+        return _compile_error(lines)
     prefix = lines[starts[-1]].split(_TRACEBACK_HEAD, 1)[0]
     block = [line.removeprefix(prefix) for line in lines[starts[-1] :]]
     while block and not block[-1].strip():
@@ -260,6 +264,20 @@ def _traceback_from_log(path: str) -> str | None:
         skipped = len(block) - _TRACEBACK_MAX_LINES
         block = [block[0], f"  ... ({skipped} lines skipped)", *block[-_TRACEBACK_MAX_LINES + 2 :]]
     return "\n".join(block)
+
+
+def _compile_error(lines: list[str]) -> str | None:
+    """The report Python prints, without a traceback header, when the script itself does not
+    compile: its ``File "...", line N`` line to the ``SyntaxError`` (or subclass) line, when
+    those end the log."""
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    if not lines or not _COMPILE_ERROR.match(lines[-1]):
+        return None
+    for i in range(len(lines) - 2, max(-1, len(lines) - 8), -1):
+        if _FILE_LINE.match(lines[i]):
+            return "\n".join(lines[i:])
+    return None
 
 
 def attempt_dir(logs: LogsDest | None) -> str | None:
