@@ -28,8 +28,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ddpkit import compat
-from ddpkit.errors import CheckpointError, DdpkitError
+from ddpkit.errors import CheckpointError
 from ddpkit.worker import exit as process_exit
+from ddpkit.worker.agree import describe
 from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
@@ -155,12 +156,8 @@ def _outcome(pending: _Write, timeout_s: float | None, *, said_s: float | None =
             "pass a larger timeout_s to async_save_checkpoint or wait(), or check the "
             "filesystem's speed and free space",
         )
-    error = pending.error
-    if error is None:
-        return None
-    if isinstance(error, DdpkitError):
-        return "failed", error.message, error.hint
-    return "failed", f"{type(error).__name__}: {error}", None
+    failure = describe(pending.error)
+    return None if failure is None else ("failed", *failure)
 
 
 def _error(pending: _Write, outcome: tuple[str, str, str | None]) -> CheckpointError:
