@@ -426,7 +426,9 @@ def test_missing_template_is_caught_at_load(tmp_path: Path) -> None:
 
 
 def test_build_spec_from_a_mapping(tmp_path: Path) -> None:
-    job = build_spec({"name": "a", "command": ["t.py"], "workdir": "w"}, ["nodes=2"], cwd=tmp_path)
+    job = build_spec(
+        {"name": "a", "command": ["t.py"], "workdir": "w"}, ["nodes=2"], cwd=tmp_path
+    ).spec
     assert (job.workdir, job.nodes) == (str(tmp_path / "w"), 2)
     with pytest.raises(ConfigError, match=r"^<spec>: nodes=0: is less than 1"):
         build_spec({"name": "a", "command": "t.py", "nodes": 0}, cwd=tmp_path)

@@ -23,7 +23,7 @@ BASE: dict[str, Any] = {"name": "job", "command": "train.py"}
 
 
 def spec(tmp_path: Path, **fields: Any) -> JobSpec:
-    return build_spec({**BASE, **fields}, source="spec.yaml", cwd=tmp_path, env={})
+    return build_spec({**BASE, **fields}, source="spec.yaml", cwd=tmp_path, env={}).spec
 
 
 def error(tmp_path: Path, data: dict[str, Any], overrides: tuple[str, ...] = ()) -> str:

@@ -26,7 +26,7 @@ BASE = {"name": "ranged", "command": "train.py", "workdir": "/w", "python": "/py
 
 
 def spec(nodes: object, **fields: object) -> JobSpec:
-    return build_spec({**BASE, "nodes": nodes, **fields})
+    return build_spec({**BASE, "nodes": nodes, **fields}).spec
 
 
 @pytest.mark.parametrize(
@@ -41,8 +41,8 @@ def test_a_range_is_max_nodes_with_its_min(nodes: object, expected: tuple[object
 
 
 def test_set_takes_a_range_over_the_specs_count() -> None:
-    assert build_spec({**BASE, "nodes": 4}, ["nodes=1-2"]).node_range == "1-2"
-    assert build_spec({**BASE, "nodes": "1-2"}, ["nodes=3"]).node_range == "3"
+    assert build_spec({**BASE, "nodes": 4}, ["nodes=1-2"]).spec.node_range == "1-2"
+    assert build_spec({**BASE, "nodes": "1-2"}, ["nodes=3"]).spec.node_range == "3"
 
 
 @pytest.mark.parametrize(

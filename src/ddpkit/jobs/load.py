@@ -243,7 +243,7 @@ def resolve_spec(
     """
     data, base_dir = read_yaml_mapping(Path(path), "spec"), Path(path).absolute().parent
     source = str(path)
-    return _build(
+    return build_spec(
         data, overrides, sweeps=sweeps, source=source, base_dir=base_dir, cwd=cwd, env=env
     )
 
@@ -269,24 +269,9 @@ def build_spec(
     base_dir: Path | None = None,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-) -> JobSpec:
-    """``load_spec`` for fields already in memory; relative paths resolve against ``base_dir``
-    (default ``cwd``). ``source`` names the spec in error messages."""
-    return _build(
-        data, overrides, sweeps=sweeps, source=source, base_dir=base_dir, cwd=cwd, env=env
-    ).spec
-
-
-def _build(
-    data: Mapping[str, object],
-    overrides: Sequence[str],
-    *,
-    sweeps: Sequence[str],
-    source: str,
-    base_dir: Path | None,
-    cwd: Path | None,
-    env: Mapping[str, str] | None,
 ) -> ResolvedSpec:
+    """:func:`resolve_spec` for fields already in memory; relative paths resolve against
+    ``base_dir`` (default ``cwd``). ``source`` names the spec in error messages."""
     cwd = (cwd or Path.cwd()).absolute()
     base_dir = (base_dir or cwd).absolute()
     spec_layer = _resolve_paths(data, base_dir)
