@@ -12,8 +12,7 @@ import json
 import sys
 from typing import Any
 
-from ddpkit.cluster.envvars import number_hint, to_float, to_int
-from ddpkit.errors import ConfigError
+from ddpkit.launch.config import parse_int, parse_positive_float
 
 __all__ = ["add_parsers"]
 
@@ -91,32 +90,18 @@ def env_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _number(flag: str, raw: str, example: str) -> float:
-    value = to_float(raw.strip())
-    if value is None or not value > 0:
-        hint = number_hint(raw, f"e.g. {flag} {example}")
-        raise ConfigError(f"{flag}={raw!r} is not a positive number", hint=hint)
-    return value
-
-
-def _count(flag: str, raw: str) -> int:
-    value = to_int(raw.strip())  # ASCII digits only: isdigit() takes "²", int() reads "٣"
-    if value is None or value < 1:
-        hint = number_hint(raw, f"e.g. {flag} 1024")
-        raise ConfigError(f"{flag}={raw!r} is not a whole number >= 1", hint=hint)
-    return value
-
-
 def doctor_command(args: argparse.Namespace) -> int:
     from ddpkit.tools.doctor import DoctorOptions, run_doctor
 
     options = DoctorOptions(
-        timeout_s=_number("--timeout", args.timeout, "30"),
+        timeout_s=parse_positive_float(args.timeout, "--timeout", "30"),
         quick=args.quick,
         comm=not args.no_comm,
         folders=tuple(args.dir),
-        min_free_gb=_number("--min-free-gb", args.min_free_gb, "5"),
-        world_size=None if args.world_size is None else _count("--world-size", args.world_size),
+        min_free_gb=parse_positive_float(args.min_free_gb, "--min-free-gb", "5"),
+        world_size=None
+        if args.world_size is None
+        else parse_int(args.world_size, "--world-size", minimum=1),
     )
     report = run_doctor(options)
     if report.rank == 0:

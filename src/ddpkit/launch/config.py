@@ -283,11 +283,11 @@ def parse_port(text: str, label: str = "--master-port") -> int:
     return port
 
 
-def parse_positive_float(text: str, label: str) -> float:
+def parse_positive_float(text: str, label: str, example: str = "0.1") -> float:
     """A float > 0 (seconds), in ASCII digits."""
     value = to_float(text.strip())
     if value is None or not value > 0:
-        hint = number_hint(text, f"e.g. {label}=0.1")
+        hint = number_hint(text, f"e.g. {label}={example}")
         raise ConfigError(f"{assignment(label, text)} is not a positive number", hint=hint)
     return value
 
