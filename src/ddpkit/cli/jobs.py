@@ -15,12 +15,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.cluster.envvars import number_hint, to_int
 from ddpkit.cluster.slurmtools import JobState, JobStatus
-from ddpkit.errors import ConfigError
 from ddpkit.jobs.backends import BACKENDS, check_scheduler
 from ddpkit.jobs.interrupts import held_stop_signals
 from ddpkit.jobs.records import Via, parse_job
+from ddpkit.launch.config import parse_int
 
 if TYPE_CHECKING:
     from ddpkit.jobs.api import RunOfJob
@@ -120,13 +119,7 @@ def _chain_overrides(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _rank(raw: str | None) -> int | None:
     """``--rank``: ASCII digits (argparse's ``int`` read ``٣`` as 3 and ``1_0`` as 10)."""
-    if raw is None:
-        return None
-    rank = to_int(raw.strip())
-    if rank is None or rank < 0:
-        hint = number_hint(raw, "ranks count from 0, e.g. --rank 0")
-        raise ConfigError(f"--rank={raw!r} is not a rank (a whole number >= 0)", hint=hint)
-    return rank
+    return None if raw is None else parse_int(raw, "--rank", minimum=0)
 
 
 def add_parsers(commands: Any) -> None:
