@@ -27,17 +27,10 @@ _EXPORTS = {
     "reason_hint": "ddpkit.cluster.slurmtools.chains",
     "cancel": "ddpkit.cluster.slurmtools.commands",
     "poll_until_finished": "ddpkit.cluster.slurmtools.commands",
-    "requeue": "ddpkit.cluster.slurmtools.commands",
     "submit_script": "ddpkit.cluster.slurmtools.commands",
-    "Row": "ddpkit.cluster.slurmtools.query",
-    "covers": "ddpkit.cluster.slurmtools.query",
-    "job_fields": "ddpkit.cluster.slurmtools.query",
     "job_restarts": "ddpkit.cluster.slurmtools.query",
     "parse_job_id": "ddpkit.cluster.slurmtools.query",
     "query_state": "ddpkit.cluster.slurmtools.query",
-    "row_status": "ddpkit.cluster.slurmtools.query",
-    "scontrol_fields": "ddpkit.cluster.slurmtools.query",
-    "tool_rows": "ddpkit.cluster.slurmtools.query",
     "CommandResult": "ddpkit.cluster.slurmtools.runner",
     "Runner": "ddpkit.cluster.slurmtools.runner",
     "SlurmError": "ddpkit.cluster.slurmtools.runner",
@@ -45,7 +38,6 @@ _EXPORTS = {
     "SLURM_STATES": "ddpkit.cluster.slurmtools.states",
     "JobState": "ddpkit.cluster.slurmtools.states",
     "JobStatus": "ddpkit.cluster.slurmtools.states",
-    "Source": "ddpkit.cluster.slurmtools.states",
     "state_from_slurm": "ddpkit.cluster.slurmtools.states",
 }
 
@@ -54,13 +46,9 @@ __all__ = [
     "CommandResult",
     "JobState",
     "JobStatus",
-    "Row",
     "Runner",
     "SlurmError",
-    "Source",
     "cancel",
-    "covers",
-    "job_fields",
     "job_restarts",
     "jobs_named",
     "parse_job_id",
@@ -68,13 +56,9 @@ __all__ = [
     "poll_until_finished",
     "query_state",
     "reason_hint",
-    "requeue",
-    "row_status",
-    "scontrol_fields",
     "state_from_slurm",
     "submit_script",
     "subprocess_runner",
-    "tool_rows",
 ]
 
 if TYPE_CHECKING:
@@ -82,19 +66,12 @@ if TYPE_CHECKING:
     from ddpkit.cluster.slurmtools.commands import (
         cancel,
         poll_until_finished,
-        requeue,
         submit_script,
     )
     from ddpkit.cluster.slurmtools.query import (
-        Row,
-        covers,
-        job_fields,
         job_restarts,
         parse_job_id,
         query_state,
-        row_status,
-        scontrol_fields,
-        tool_rows,
     )
     from ddpkit.cluster.slurmtools.runner import (
         CommandResult,
@@ -106,7 +83,6 @@ if TYPE_CHECKING:
         SLURM_STATES,
         JobState,
         JobStatus,
-        Source,
         state_from_slurm,
     )
 
