@@ -144,6 +144,4 @@ def test_numa_binding_refused_where_nothing_carries_it(
     line: str,
     words: str,
 ) -> None:
-    test_a_bad_value_is_one_line_exit_2_and_nothing_is_submitted(
-        tmp_path, monkeypatch, capsys, line, words
-    )
+    assert words in submit_refused(tmp_path, monkeypatch, capsys, line)

@@ -14,7 +14,7 @@ from ddpkit.jobs.bind_cpus import format_cpus, node_cpus, rank_items
 from ddpkit.jobs.layout import format_plan
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.jobs.spec_bind import _CPU_KEYWORDS
-from tests.jobs.test_bind import test_a_bad_value_is_one_line_exit_2_and_nothing_is_submitted
+from tests.support.jobcli import submit_refused
 
 BASE: dict[str, Any] = {"name": "b", "command": ["t.py"], "python": "/py", "workdir": "/w"}
 
@@ -206,9 +206,7 @@ def test_a_list_srun_would_refuse_or_misread_is_refused(
     line: str,
     words: str,
 ) -> None:
-    test_a_bad_value_is_one_line_exit_2_and_nothing_is_submitted(
-        tmp_path, monkeypatch, capsys, line, words
-    )
+    assert words in submit_refused(tmp_path, monkeypatch, capsys, line)
 
 
 def test_the_profiles_cpus_per_node_bounds_the_map(
@@ -218,9 +216,7 @@ def test_the_profiles_cpus_per_node_bounds_the_map(
     (tmp_path / "profiles" / "site.yaml").write_text("name: site\ncpus_per_node: 4\n")
     line = "profile: site\ncpu_bind: map_cpu:0,4"
     words = "names CPU 4, but a node has cpus_per_node=4 (CPUs 0-3)"
-    test_a_bad_value_is_one_line_exit_2_and_nothing_is_submitted(
-        tmp_path, monkeypatch, capsys, line, words
-    )
+    assert words in submit_refused(tmp_path, monkeypatch, capsys, line)
 
 
 def test_a_map_within_the_nodes_cpus_is_taken() -> None:
