@@ -16,6 +16,7 @@ line to the script; the renderer shell-quotes them besides.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field
@@ -35,23 +36,31 @@ _PYTHON = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./+~@%=-]*")
 _FLAGS = ("ro", "rw")
 
 
-def _check_image(value: str) -> str:
-    if not _IMAGE.fullmatch(value):
-        raise invalid(
-            f"has {shown(value)}, not an image path or reference (no spaces, ',' or leading '-')",
-            "e.g. image: /images/torch.sqsh, nvcr.io#nvidia/pytorch:24.01-py3 or "
-            "docker://pytorch/pytorch",
-        )
-    return value
+def _matching(pattern: re.Pattern[str], what: str, example: str) -> Callable[[str], str]:
+    """A validator: the value matches ``pattern`` whole, else a one-line error saying ``what``
+    it is not, with ``example`` as the hint."""
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise invalid(f"has {shown(value)}, {what}", example)
+        return value
+
+    return check
 
 
-def _check_path(value: str) -> str:
-    if not _PATH.fullmatch(value):
-        raise invalid(
-            f"has {shown(value)}, not an absolute path without spaces, ',' or ':'",
-            "e.g. workdir: /workspace",
-        )
-    return value
+_check_image = _matching(
+    _IMAGE,
+    "not an image path or reference (no spaces, ',' or leading '-')",
+    "e.g. image: /images/torch.sqsh, nvcr.io#nvidia/pytorch:24.01-py3 or docker://pytorch/pytorch",
+)
+_check_path = _matching(
+    _PATH, "not an absolute path without spaces, ',' or ':'", "e.g. workdir: /workspace"
+)
+_check_python = _matching(
+    _PYTHON,
+    "not an interpreter's path or name (no spaces or leading '-')",
+    "e.g. python: /usr/bin/python3, or python: python",
+)
 
 
 def _check_mount(value: str) -> str:
@@ -70,15 +79,6 @@ def _check_mount(value: str) -> str:
 
 def _listed(value: object) -> object:
     return [value] if isinstance(value, str) else value
-
-
-def _check_python(value: str) -> str:
-    if not _PYTHON.fullmatch(value):
-        raise invalid(
-            f"has {shown(value)}, not an interpreter's path or name (no spaces or leading '-')",
-            "e.g. python: /usr/bin/python3, or python: python",
-        )
-    return value
 
 
 Mount = Annotated[str, AfterValidator(_check_mount)]
