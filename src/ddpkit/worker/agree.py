@@ -7,7 +7,7 @@
     raise_failures    raise :class:`~ddpkit.errors.CheckpointError` on every rank when any
                       failed, the ranks that failed alike named together
 
-Used by the checkpoints (:mod:`ddpkit.worker.checkpoint`, :mod:`ddpkit.worker.shardio`).
+Used by the checkpoints (:mod:`ddpkit.worker.checkpoint`, :mod:`ddpkit.worker.sharded`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import torch
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.worker import inflight
 from ddpkit.worker.agree import broadcast, describe, world
-from ddpkit.worker.checkpoint import collect, save_payload
+from ddpkit.worker.checkpoint import collect, save_payload, sharded_parts
 from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["PendingCheckpoint", "async_save_checkpoint", "snapshot", "wait_for_checkpoint"]
@@ -85,6 +85,11 @@ def async_save_checkpoint(
     ``timeout_s`` bounds every later wait for this write.
     """
     _check_timeout(timeout_s)
+    if found := sharded_parts(state):
+        raise ConfigError(
+            f"sharded (FSDP2) state in {sorted(found)} cannot be saved in the background",
+            hint="use ddpkit.save_checkpoint for a model wrapped with strategy='fsdp'",
+        )
     world_size, rank = world()
     payload = collect(directory, state, step=step, keep_last=keep_last)
     folder = Path(directory)

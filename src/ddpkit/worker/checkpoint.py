@@ -36,6 +36,8 @@ import contextlib
 import hashlib
 import os
 import random
+import shutil
+import sys
 import warnings
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
@@ -45,14 +47,13 @@ import torch
 
 from ddpkit.cluster.runid import run_identity
 from ddpkit.errors import CheckpointError, ConfigError
-from ddpkit.worker import ckptfiles, inflight, shardio
+from ddpkit.worker import ckptfiles, inflight
 from ddpkit.worker.agree import _Failure, all_gather, broadcast, describe, raise_failures, world
 from ddpkit.worker.context import current_or_none
-from ddpkit.worker.durable import drop_cache, write_atomically
+from ddpkit.worker.durable import drop_cache, fsync_directory, write_atomically
 from ddpkit.worker.precision import restore_scalers, scalers
 from ddpkit.worker.rankzero import seed_everything
 from ddpkit.worker.safeload import check_trusted, read_checkpoint
-from ddpkit.worker.shardio import read_shards, sharded_keys, write_shards
 from ddpkit.worker.state_dict import load_state_dict, unwrap
 from ddpkit.worker.watchdog.flight import patient
 
@@ -60,6 +61,10 @@ __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 _FORMAT = 3  # 3: the write order and the origin are in the file's name (2: in the pickle)
 _SHARDED_FORMAT = 4  # 3 with a sharded folder next to the file (older ddpkits refuse it)
+# A sharded model is an FSDPModule (torch.distributed.fsdp) or has DTensor parameters
+# (torch.distributed.tensor): without either imported no value is one, and a plain save or load
+# never imports :mod:`ddpkit.worker.sharded` (torch.distributed.checkpoint: a CPU second).
+_SHARDING_MODULES = ("torch.distributed.fsdp", "torch.distributed.tensor")
 
 
 @patient()  # its waits are for disk writes and copies, maybe minutes: not hangs
@@ -81,10 +86,15 @@ def save_checkpoint(
     waited for first, and its failure raised here.
     """
     world_size, rank = world()
-    found = shardio.parts(state)  # the FSDP2 models and their optimizers: saved by every rank
-    rest = {key: value for key, value in state.items() if key not in sharded_keys(found)}
+    found = sharded_parts(state)  # the FSDP2 models and their optimizers: saved by every rank
+    keys = {key for model, optimizers in found.items() for key in (model, *optimizers)}
+    rest = {key: value for key, value in state.items() if key not in keys}
     payload = collect(directory, rest, step=step, keep_last=keep_last)  # after any pending
-    shards = write_shards(Path(directory), state, found, step) if found else None
+    shards = None
+    if found:
+        from ddpkit.worker import sharded
+
+        shards = sharded.write_shards(Path(directory), state, found, step)
     path: Path | None = None
     failure: Exception | None = None
     if rank == 0:
@@ -94,7 +104,7 @@ def save_checkpoint(
         except Exception as error:
             failure = error
             if shards is not None:
-                shardio.discard(shards)
+                shutil.rmtree(shards, ignore_errors=True)
     # Instead of a bare barrier: nobody moves on (or loads) before the file is in place, and
     # everybody learns whether it is.
     outcome: _Failure = broadcast(world_size, describe(failure))
@@ -123,12 +133,6 @@ def collect(
     _check_count("step", step, minimum=0, hint="pass the global training step, e.g. step=1000")
     _check_count("keep_last", keep_last, minimum=1, hint="keep at least one checkpoint")
     world_size, rank = world()
-    if shardio.parts(state):  # save_checkpoint passes the rest only
-        raise ConfigError(
-            f"sharded (FSDP2) state in {sorted(shardio.parts(state))} cannot be saved in the "
-            "background",
-            hint="use ddpkit.save_checkpoint for a model wrapped with strategy='fsdp'",
-        )
     inflight.finish(world_size)  # at most one write in flight, and numbered after the last
     saved: dict[str, Any] = {}
     mine: dict[str, Any] | None = None
@@ -211,7 +215,9 @@ def load_checkpoint(
     path, payload = read
     step: int = payload["step"]
     if "sharded" in payload:  # the same file on every rank: all of them take this branch
-        read_shards(path, payload, state)
+        from ddpkit.worker import sharded
+
+        sharded.read_shards(path, payload, state)
     try:
         _restore(payload["state"], state)
         restore_scalers(payload.get("scalers", {}), state)
@@ -226,6 +232,16 @@ def load_checkpoint(
     )
     _restore_rng(payload, world_size, rank)
     return step
+
+
+def sharded_parts(state: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The sharded models in ``state`` and the optimizers of each
+    (:func:`ddpkit.worker.sharded.parts`); {} at once where no value can be sharded."""
+    if not any(name in sys.modules for name in _SHARDING_MODULES):
+        return {}
+    from ddpkit.worker import sharded
+
+    return sharded.parts(state)
 
 
 def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -283,12 +299,13 @@ def save_payload(
     name = ckptfiles.file_name(step, sequence, run)
     if shards is None:
         path = write_atomically(folder, name, {"format": _FORMAT, **payload})
-    else:  # the folder first: a checkpoint whose file exists is complete
-        shardio.commit(shards, ckptfiles.shards_of(folder / name))
+    else:  # the folder first, durably: a checkpoint whose file exists is complete
+        os.replace(shards, ckptfiles.shards_of(folder / name))
+        fsync_directory(folder)
         try:
             path = write_atomically(folder, name, {"format": _SHARDED_FORMAT, **payload})
         except BaseException:
-            shardio.discard(ckptfiles.shards_of(folder / name))
+            shutil.rmtree(ckptfiles.shards_of(folder / name), ignore_errors=True)
             raise
     # The older files of the same step go once this one, newer, is in place.
     _prune_or_warn(folder, [entry.path for entry in doomed], step)

@@ -17,7 +17,8 @@ fsyncs the parent, and only then writes the ``.pt`` file (itself atomically): a 
 exists when its ``.pt`` does, and a load never looks at a ``.dcp`` folder without one. A dead
 writer's temporary folder, and a ``.dcp`` folder whose ``.pt`` never came, are removed by a
 later save once untouched for :data:`~ddpkit.worker.durable.STALE_AFTER_S` (a live writer's
-files keep changing); a pruned checkpoint takes its folder with it.
+files keep changing); a pruned checkpoint takes its folder with it. Any rank's failure to write
+or read its shards raises on every rank (:mod:`ddpkit.worker.agree`), none left in a collective.
 
 Resharding is DCP's: a checkpoint saved at 2 ranks loads at 3 (or 1), each rank reading the
 pieces of its new shards.
@@ -35,8 +36,8 @@ wrote of what that load built. Tensors DCP already reads weights-only.
 
 from __future__ import annotations
 
+import contextlib
 import io
-import os
 import pickle
 import secrets
 import shutil
@@ -59,11 +60,13 @@ from torch.distributed.tensor import DTensor
 
 from ddpkit import compat
 from ddpkit.errors import CheckpointError, ConfigError, DdpkitError
-from ddpkit.worker.durable import fsync_directory, open_regular
+from ddpkit.worker.agree import all_gather, broadcast, describe, raise_failures, world
+from ddpkit.worker.ckptfiles import shards_of
+from ddpkit.worker.durable import open_regular
 from ddpkit.worker.fsdp import is_sharded
 from ddpkit.worker.state_dict import unwrap
 
-__all__ = ["Parts", "check_parts", "commit", "new_temp", "parts", "read", "write"]
+__all__ = ["Parts", "check_parts", "parts", "read_shards", "write_shards"]
 
 Parts = dict[str, list[str]]  # a sharded model's key in the state -> its optimizers' keys
 _METADATA = ".metadata"
@@ -128,38 +131,62 @@ def check_parts(saved: object, state: Mapping[str, Any]) -> Parts:
     return found
 
 
-def new_temp(folder: Path, step: int) -> Path:
-    """A new hidden temporary folder in ``folder`` for a save of ``step`` (rank 0 makes it)."""
-    while True:
-        temp = folder / f".ckpt-{step:09d}-{secrets.token_hex(4)}.dcp.tmp"
+def write_shards(folder: Path, state: Mapping[str, Any], found: Parts, step: int) -> Path:
+    """Every rank's shards of ``found`` in a temporary folder rank 0 made (a collective);
+    returns that folder. Any rank's failure raises on every rank, and the folder is removed."""
+    world_size, rank = world()
+    temp: Path | None = None
+    failure: Exception | None = None
+    if rank == 0:
         try:
-            temp.mkdir(mode=0o777)  # less the umask, as the checkpoint files
-            return temp
-        except FileExistsError:  # drawn before: draw again
-            continue
+            folder.mkdir(parents=True, exist_ok=True)
+            while temp is None:  # a hidden temporary folder of a fresh name
+                drawn = folder / f".ckpt-{step:09d}-{secrets.token_hex(4)}.dcp.tmp"
+                with contextlib.suppress(FileExistsError):  # drawn before: draw again
+                    drawn.mkdir(mode=0o777)  # less the umask, as the checkpoint files
+                    temp = drawn
+        except Exception as error:
+            failure = error
+    name, made = broadcast(world_size, (temp and temp.name, describe(failure)))
+    where = f"checkpoint step {step} in {folder}"
+    hint = f"check that {folder} is a writable directory with enough free space on every rank"
+    raise_failures([made], f"could not make the sharded folder of {where}", hint=hint, own=failure)
+    temp = folder / name
+    try:
+        with _unwrapped():
+            writer = FileSystemWriter(temp, sync_files=True)
+            dcp_save(_state_dicts(state, found), storage_writer=writer)
+    except Exception as error:  # DCP raises on every rank when one fails; shared all the same
+        failure = error
+    failures = all_gather(world_size, describe(failure))
+    if any(failures) and rank == 0:
+        shutil.rmtree(temp, ignore_errors=True)
+    raise_failures(failures, f"could not write its shards of {where}", hint=hint, own=failure)
+    return temp
 
 
-def write(temp: Path, state: Mapping[str, Any], found: Parts) -> None:
-    """Every rank's shards of the sharded models and their optimizers into ``temp`` (a
-    collective)."""
-    with _unwrapped():
-        writer = FileSystemWriter(temp, sync_files=True)
-        dcp_save(_state_dicts(state, found), storage_writer=writer)
+def read_shards(path: Path, payload: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Restore the sharded models and optimizers from checkpoint ``path``'s folder (a
+    collective); the targets are checked on every rank before DCP's collectives start."""
+    world_size, _ = world()
+    found: Parts = {}
+    failure: Exception | None = None
+    try:
+        found = check_parts(payload["sharded"], state)
+    except Exception as error:
+        failure = error
+    what = f"could not restore the sharded state of checkpoint step {payload['step']} from {path}"
+    hint = "pass the sharded model and its optimizers under the keys they were saved with"
+    raise_failures(all_gather(world_size, describe(failure)), what, hint=hint, own=failure)
+    try:
+        _read(shards_of(path), state, found)
+    except Exception as error:  # DCP raises on every rank when one fails; shared all the same
+        failure = error
+    hint = f"the folder {shards_of(path).name} next to it must be complete"
+    raise_failures(all_gather(world_size, describe(failure)), what, hint=hint, own=failure)
 
 
-def commit(temp: Path, final: Path) -> None:
-    """``temp``, written by every rank, renamed to ``final`` durably (rank 0)."""
-    os.replace(temp, final)
-    fsync_directory(final.parent)
-
-
-def discard(path: Path) -> None:
-    """Remove a sharded folder (a failed save's, or a pruned checkpoint's)."""
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def read(folder: Path, state: Mapping[str, Any], found: Parts) -> None:
-    """Restore the sharded models and optimizers in ``state`` from ``folder`` (a collective)."""
+def _read(folder: Path, state: Mapping[str, Any], found: Parts) -> None:
     metadata = read_metadata(folder)  # refused here, before DCP reads anything
     target = _state_dicts(state, found)
     reader = _TrustedReader(folder, metadata)
