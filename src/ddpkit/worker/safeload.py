@@ -37,12 +37,31 @@ _Read = tuple[Path, dict[str, Any]]  # a checkpoint's file and its payload
 
 
 def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> _Read | None:
-    """The checkpoint to restore and its file: the file ``path``, or the newest loadable one in
-    the folder ``path``; None for an empty or missing folder."""
+    """The checkpoint to restore and its file: the file ``path`` (one that does not load is an
+    error: asked for by name, it is not swapped for another one), or the newest loadable one
+    in the folder ``path``, every file skipped on the way warned of; None for an empty or
+    missing folder. A file that holds a type the load refuses is never skipped: it raises."""
     if path.is_file():
-        return _load_exactly(path, map_location, trusted)
+        payload, why = _load(path, map_location, trusted)
+        if payload is None:
+            raise CheckpointError(
+                f"checkpoint file {path} {why}",
+                hint=f"pass a file that save_checkpoint wrote, or its folder {path.parent} to "
+                "resume from the newest checkpoint there that loads",
+            )
+        return path, payload
     if path.is_dir():
-        return _load_newest(path, map_location, trusted)
+        for entry in reversed(ckptfiles.written(path)):
+            payload, why = _load(entry.path, map_location, trusted)
+            if payload is not None:
+                return entry.path, payload
+            warnings.warn(
+                f"skipping checkpoint {entry.path}: it {why}; the newest loadable one is used "
+                "instead",
+                RuntimeWarning,
+                stacklevel=4,  # load_checkpoint's caller
+            )
+        return None
     if path.exists():
         raise CheckpointError(
             f"{path} is neither a checkpoint folder nor a checkpoint file",
@@ -57,45 +76,17 @@ def read_checkpoint(path: Path, map_location: Any, trusted: list[Any]) -> _Read 
     return None  # a fresh run: save_checkpoint creates the folder
 
 
-def _load_exactly(path: Path, map_location: Any, trusted: list[Any]) -> _Read:
-    """The checkpoint in the file ``path``; a file that does not load is an error (asked
-    for by name, it is not swapped for another one)."""
-    damaged = (
-        f"it is damaged or unreadable; pass its folder {path.parent} to resume from the "
-        "newest checkpoint there that loads"
-    )
+def _load(path: Path, map_location: Any, trusted: list[Any]) -> tuple[dict[str, Any] | None, str]:
+    """The payload in ``path``, or None and why not."""
     try:
         payload = load_file(path, map_location, trusted)
     except CheckpointError:
         raise
-    except Exception as error:
-        raise CheckpointError(
-            f"checkpoint file {path} cannot be loaded ({brief(error)})", hint=damaged
-        ) from error
+    except Exception as error:  # damaged (truncated, not a zip, a bad pickle)
+        return None, f"cannot be loaded ({brief(error)})"
     if not _valid(payload):
-        raise CheckpointError(
-            f"{path} was not written by ddpkit.save_checkpoint",
-            hint="pass a ckpt-<step>-<sequence>.pt file that save_checkpoint wrote, or its folder",
-        )
-    return path, dict(payload)
-
-
-def _load_newest(folder: Path, map_location: Any, trusted: list[Any]) -> _Read | None:
-    """The newest written checkpoint that loads; every file skipped on the way is warned of.
-    A file that holds a type the load refuses is not skipped: it raises."""
-    for entry in reversed(ckptfiles.written(folder)):
-        try:
-            payload = load_file(entry.path, map_location, trusted)
-        except CheckpointError:
-            raise
-        except Exception as error:  # damaged past the header: fall back to the previous one
-            _warn_skipped(entry.path, f"it cannot be loaded ({brief(error)})")
-            continue
-        if not _valid(payload):
-            _warn_skipped(entry.path, "not written by ddpkit.save_checkpoint")
-            continue
-        return entry.path, dict(payload)
-    return None
+        return None, "was not written by ddpkit.save_checkpoint"
+    return dict(payload), ""
 
 
 def _valid(payload: object) -> bool:
@@ -123,14 +114,6 @@ def brief(error: BaseException) -> str:
 
 
 _BRIEF_CHARS = 300  # a file's own words can be long: a bound for a one-line error
-
-
-def _warn_skipped(path: Path, why: str) -> None:
-    warnings.warn(
-        f"skipping checkpoint {path}: {why}; the newest loadable one is used instead",
-        RuntimeWarning,
-        stacklevel=5,  # load_checkpoint's caller
-    )
 
 
 def load_file(path: Path, map_location: Any, trusted: Sequence[Any]) -> Any:
