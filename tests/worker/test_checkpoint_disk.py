@@ -344,9 +344,9 @@ def test_a_clock_ahead_of_the_file_servers_takes_no_live_writers_file(
 
 
 def test_which_temporary_files_are_stale(tmp_path: Path) -> None:
-    """The rule of durable.stale_temps, file by file: by age alone, whoever wrote it: minutes
-    for a writer that touches its file while it writes (".hb"), a quarter of an hour for any
-    other name (an older ddpkit's, a hand-made one)."""
+    """The rule of ckptfiles.remove_stale_temps, file by file: by age alone, whoever wrote it:
+    minutes for a writer that touches its file while it writes (".hb"), a quarter of an hour
+    for any other name (an older ddpkit's, a hand-made one)."""
     now = time.time()
     fresh, old = now - durable.STALE_AFTER_S + 120, now - durable.STALE_AFTER_S - 120
     fresh_beat = now - durable.BEAT_STALE_AFTER_S + 60

@@ -7,24 +7,26 @@ the run that wrote it. A name can lie (anyone can rename a file): that only chan
 load tries first, or the origin reported. Older names, ``ckpt-<step:09d>.pt``, count as older
 than any newer save, by step among themselves, and have no origin.
 
-Pruning deletes the files a save replaces or no longer keeps, the temporary files of dead
-writers (:func:`ddpkit.worker.durable.stale_temps`, never a live writer's) and, with them, the
-sharded ``ckpt-<...>.dcp`` folder next to a file (:func:`shards_of`); a save also removes a
-``.dcp`` folder whose file never came, once untouched for
-:data:`~ddpkit.worker.durable.STALE_AFTER_S`.
+Pruning deletes the files a save replaces or no longer keeps and, with them, the sharded
+``ckpt-<...>.dcp`` folder next to a file (:func:`shards_of`), and what dead writers left
+(:func:`remove_stale_temps`, by the rule of :mod:`ddpkit.worker.durable`, never a live
+writer's): temporary files and folders, and a ``.dcp`` folder whose file never came, once
+untouched for :data:`~ddpkit.worker.durable.STALE_AFTER_S`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import NamedTuple
 
 from ddpkit.contract import RUN_ID_MAX_CHARS
 from ddpkit.errors import CheckpointError
-from ddpkit.worker.durable import STALE_AFTER_S, newest_mtime, older_than, stale_temps
+from ddpkit.worker.durable import BEAT_STALE_AFTER_S, STALE_AFTER_S, Clock
 
 __all__ = [
     "COMPLETE",
@@ -35,6 +37,7 @@ __all__ = [
     "file_name",
     "next_sequence",
     "prune",
+    "remove_stale_temps",
     "shards_of",
     "written",
 ]
@@ -48,7 +51,6 @@ COMPLETE = re.compile(
     r"-a(?P<attempt>\d{1,18}))?)?"
     r"\.pt"
 )
-_TEMP_PREFIX = "ckpt-"  # temporary files are ".ckpt-<...>.pt.<token>.hb.tmp"
 
 
 class Found(NamedTuple):
@@ -143,21 +145,40 @@ def shards_of(path: Path) -> Path:
 
 
 def remove_stale_temps(folder: Path) -> None:
-    """Delete the temporary files and folders that dead writers left in ``folder``, and the
-    sharded folders whose checkpoint file was never written (both untouched for long)."""
-    for temp in stale_temps(folder, _TEMP_PREFIX):
-        temp.unlink(missing_ok=True)
-    for temp in stale_temps(folder, _TEMP_PREFIX, directories=True):
-        shutil.rmtree(temp, ignore_errors=True)
+    """Delete what dead writers left in ``folder``: temporary files (``.ckpt-<...>.tmp``,
+    regular files only, never a link), temporary sharded folders and the sharded folders whose
+    checkpoint file never came, these dated by their newest entry (the ranks' files grow while
+    they write)."""
+    clock = Clock(folder)
     for entry in folder.iterdir():
-        if entry.suffix != ".dcp" or not COMPLETE.fullmatch(entry.with_suffix(".pt").name):
+        name = entry.name
+        temp = name.startswith(".ckpt-") and name.endswith(".tmp")
+        sharded = entry.suffix == ".dcp" and COMPLETE.fullmatch(entry.with_suffix(".pt").name)
+        if not (temp or sharded):
             continue
         try:
-            orphan = entry.is_dir() and not entry.with_suffix(".pt").exists()
-            if orphan and older_than(folder, newest_mtime(entry), STALE_AFTER_S):
+            info = entry.lstat()
+            if temp and stat.S_ISREG(info.st_mode):
+                bound = BEAT_STALE_AFTER_S if name.endswith(".hb.tmp") else STALE_AFTER_S
+                if clock.older(info.st_mtime, bound):
+                    entry.unlink(missing_ok=True)
+            elif (
+                stat.S_ISDIR(info.st_mode)
+                and (temp or not entry.with_suffix(".pt").exists())
+                and clock.older(_newest_mtime(entry), STALE_AFTER_S)
+            ):
                 shutil.rmtree(entry, ignore_errors=True)
-        except FileNotFoundError:  # removed meanwhile
+        except FileNotFoundError:  # renamed or removed meanwhile
             continue
+
+
+def _newest_mtime(directory: Path) -> float:
+    """The newest modification time of ``directory`` and the entries in it (not recursive)."""
+    times = [directory.lstat().st_mtime]
+    for entry in directory.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            times.append(entry.lstat().st_mtime)
+    return max(times)
 
 
 def prune(folder: Path, old: list[Path]) -> None:

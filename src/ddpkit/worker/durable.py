@@ -5,10 +5,11 @@ would create it), streamed with writeback started every 16 MB (the final fsync t
 left to flush), fsynced, renamed over the final name, and the folder fsynced.
 
 A ``kill -9`` mid-write leaves its temporary file ``.<final>.<token>.hb.tmp``, which its writer
-touches every :data:`HEARTBEAT_S`. :func:`stale_temps` takes a writer for dead when its file
-was not touched for :data:`BEAT_STALE_AFTER_S`, by this node's clock and by the filesystem's
-(a file server's may lag), a rule that holds for writers on any host sharing the folder; a name
-without ``hb`` (an older ddpkit's) gets :data:`STALE_AFTER_S`.
+touches every :data:`HEARTBEAT_S`. A writer is dead when its file was not touched for
+:data:`BEAT_STALE_AFTER_S`, by this node's clock and by the filesystem's (:class:`Clock`: a
+file server's may lag), a rule that holds for writers on any host sharing the folder; a name
+without ``hb`` (an older ddpkit's) gets :data:`STALE_AFTER_S`
+(:func:`ddpkit.worker.ckptfiles.remove_stale_temps` applies it).
 
 A write that runs out of space (ENOSPC, EDQUOT, also as torch's "unexpected pos") raises
 :class:`CheckpointError` saying how many MB the file needs and how many are free.
@@ -16,7 +17,6 @@ A write that runs out of space (ENOSPC, EDQUOT, also as torch's "unexpected pos"
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import functools
@@ -40,12 +40,10 @@ __all__ = [
     "BEAT_STALE_AFTER_S",
     "HEARTBEAT_S",
     "STALE_AFTER_S",
+    "Clock",
     "drop_cache",
     "fsync_directory",
-    "newest_mtime",
-    "older_than",
     "open_regular",
-    "stale_temps",
     "write_atomically",
 ]
 
@@ -175,50 +173,10 @@ def _payload_bytes(payload: Any) -> int:
     return total
 
 
-def stale_temps(folder: Path, prefix: str, *, directories: bool = False) -> list[Path]:
-    """The temporary files ``.<prefix>*.tmp`` in ``folder`` whose writer is dead; regular files
-    only, never a link. ``directories``: the temporary folders instead (a sharded checkpoint's),
-    dated by their newest entry (the files grow while the ranks write)."""
-    found = []
-    clock = _Clock(folder)
-    for entry in folder.iterdir():
-        name = entry.name
-        if not (name.startswith(f".{prefix}") and name.endswith(".tmp")):
-            continue
-        try:
-            info = entry.lstat()
-            kind = stat.S_ISDIR(info.st_mode) if directories else stat.S_ISREG(info.st_mode)
-            modified = newest_mtime(entry) if kind and directories else info.st_mtime
-        except FileNotFoundError:  # renamed or removed meanwhile
-            continue
-        if kind and _stale(name, modified, clock):
-            found.append(entry)
-    return found
-
-
-def newest_mtime(directory: Path) -> float:
-    """The newest modification time of ``directory`` and the entries in it (not recursive)."""
-    times = [directory.lstat().st_mtime]
-    for entry in directory.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            times.append(entry.lstat().st_mtime)
-    return max(times)
-
-
-def older_than(folder: Path, modified: float, bound_s: float) -> bool:
-    """Whether a time read in ``folder`` is older than ``bound_s`` by both clocks (this node's
-    and the folder's filesystem's, see :class:`_Clock`)."""
-    return _Clock(folder).older(modified, bound_s)
-
-
-def _stale(name: str, modified: float, clock: _Clock) -> bool:
-    return clock.older(modified, BEAT_STALE_AFTER_S if name.endswith(".hb.tmp") else STALE_AFTER_S)
-
-
-class _Clock:
-    """Whether a file's time is older than a bound by this node's clock and by the filesystem's
-    (the time of a file created in the folder, read once when needed); where none can be
-    created, only the quarter-hour bound is trusted."""
+class Clock:
+    """Whether a time read in ``folder`` is older than a bound by this node's clock and by the
+    filesystem's (the time of a file created in the folder, read once when needed); where none
+    can be created, only the quarter-hour bound is trusted."""
 
     def __init__(self, folder: Path) -> None:
         self._folder = folder
