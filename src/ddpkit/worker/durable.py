@@ -219,28 +219,21 @@ class _StreamingFile:
         view = memoryview(data).cast("B")
         size = len(view)
         while view:
-            room = len(view)
-            if self._start_writeback is not None:
-                room = min(room, _WRITEBACK_CHUNK - (self.written - self._requested))
-            written = self._write(view[:room])
+            room = _WRITEBACK_CHUNK - (self.written - self._requested)
+            try:
+                written = os.write(self._descriptor, view[:room])
+                if written == 0:  # a regular file takes at least a byte unless it has no room
+                    raise OSError(errno.ENOSPC, "a write wrote nothing")
+            except OSError as error:
+                self.failure = error
+                raise
             view = view[written:]
             self.written += written
-            if self._start_writeback is not None and (
-                self.written - self._requested >= _WRITEBACK_CHUNK
-            ):
-                self._start_writeback(self._descriptor, self._requested, self.written)
+            if self.written - self._requested >= _WRITEBACK_CHUNK:
+                if self._start_writeback is not None:
+                    self._start_writeback(self._descriptor, self._requested, self.written)
                 self._requested = self.written
         return size
-
-    def _write(self, data: memoryview) -> int:
-        try:
-            written = os.write(self._descriptor, data)
-            if written == 0:  # a regular file takes at least a byte unless it has no room
-                raise OSError(errno.ENOSPC, "a write wrote nothing")
-        except OSError as error:
-            self.failure = error
-            raise
-        return written
 
     def flush(self) -> None:
         """Nothing is buffered here: every write went straight to the kernel."""
