@@ -42,9 +42,8 @@ _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, to
 class PendingCheckpoint:
     """A checkpoint being written in the background; ``wait()`` ends it (a collective)."""
 
-    def __init__(self, write: inflight._Write, world_size: int) -> None:
+    def __init__(self, write: inflight._Write) -> None:
         self._write = write
-        self._world_size = world_size
 
     @property
     def step(self) -> int:
@@ -64,7 +63,7 @@ class PendingCheckpoint:
         if timeout_s is not None:
             _check_timeout(timeout_s)
         if inflight._STATE.pending is self._write:
-            return inflight.finish(self._world_size, timeout_s=timeout_s)
+            return inflight.finish(self._write.world_size, timeout_s=timeout_s)
         return self._write.path
 
 
@@ -123,7 +122,7 @@ def async_save_checkpoint(
         timeout_s=timeout_s,
         write=write if rank == 0 else None,
     )
-    return PendingCheckpoint(pending, world_size)
+    return PendingCheckpoint(pending)
 
 
 def wait_for_checkpoint(timeout_s: float | None = None) -> Path | None:

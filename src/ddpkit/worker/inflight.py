@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ddpkit import compat
 from ddpkit.errors import CheckpointError
 from ddpkit.worker import exit as process_exit
-from ddpkit.worker.agree import describe
+from ddpkit.worker.agree import broadcast, describe
 from ddpkit.worker.watchdog.flight import patient
 
 __all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
@@ -132,11 +132,8 @@ def finish(world_size: int, *, timeout_s: float | None = None) -> Path | None:
     if pending is None:
         return None
     outcome = _outcome(pending, timeout_s) if pending.thread is not None else None
-    if world_size > 1:
-        box = [outcome]
-        with patient():  # the others wait while rank 0 finishes the write: not a hang
-            dist.broadcast_object_list(box, src=0)
-        outcome = box[0]
+    with patient():  # the others wait while rank 0 finishes the write: not a hang
+        outcome = broadcast(world_size, outcome)
     if outcome is None or outcome[0] == "failed":
         _STATE.pending = None
     if outcome is None:
