@@ -186,6 +186,5 @@ def prune(folder: Path, old: list[Path]) -> None:
     job, or another host, may be saving into the same folder)."""
     for path in old:
         path.unlink(missing_ok=True)
-        if shards_of(path).is_dir():
-            shutil.rmtree(shards_of(path), ignore_errors=True)
+        shutil.rmtree(shards_of(path), ignore_errors=True)  # if it has one
     remove_stale_temps(folder)
