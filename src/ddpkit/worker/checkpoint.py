@@ -109,14 +109,7 @@ def save_checkpoint(
     # everybody learns whether it is.
     outcome: _Failure = broadcast(world_size, describe(failure))
     if outcome is not None:
-        text, hint = outcome
-        raise CheckpointError(
-            f"the main rank (rank 0) failed to write checkpoint step {step} to {directory}: {text}",
-            hint=hint
-            or f"check that {directory} is (or can be created as) a writable directory with "
-            "enough free space, and that every value in the state can be pickled; the "
-            "checkpoints already there are untouched",
-        ) from failure
+        raise inflight.write_failed(step, directory, *outcome) from failure
     return path
 
 

@@ -33,7 +33,7 @@ from ddpkit.worker import exit as process_exit
 from ddpkit.worker.agree import broadcast, describe
 from ddpkit.worker.watchdog.flight import patient
 
-__all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start"]
+__all__ = ["WAIT_TIMEOUT_S", "finish", "in_flight", "start", "write_failed"]
 
 # The default bound of a wait for the write in flight: below the collective timeouts, as the
 # other ranks wait in a collective meanwhile.
@@ -157,16 +157,21 @@ def _outcome(pending: _Write, timeout_s: float | None, *, said_s: float | None =
     return None if failure is None else ("failed", *failure)
 
 
-def _error(pending: _Write, outcome: tuple[str, str, str | None]) -> CheckpointError:
-    _, text, hint = outcome
+def write_failed(
+    step: int, folder: object, text: str, hint: str | None, *, how: str = ""
+) -> CheckpointError:
+    """The error every rank raises when the main rank failed to write checkpoint ``step``."""
     return CheckpointError(
-        f"the main rank (rank 0) failed to write checkpoint step {pending.step} to "
-        f"{pending.folder} in the background: {text}",
+        f"the main rank (rank 0) failed to write checkpoint step {step} to {folder}{how}: {text}",
         hint=hint
-        or f"check that {pending.folder} is (or can be created as) a writable directory with "
-        "enough free space, and that every value in the state can be pickled; the "
-        "checkpoints written before it are untouched",
+        or f"check that {folder} is (or can be created as) a writable directory with enough "
+        "free space, and that every value in the state can be pickled; the checkpoints "
+        "already there are untouched",
     )
+
+
+def _error(pending: _Write, outcome: tuple[str, str, str | None]) -> CheckpointError:
+    return write_failed(pending.step, pending.folder, *outcome[1:], how=" in the background")
 
 
 # --- at exit -----------------------------------------------------------------------------------
