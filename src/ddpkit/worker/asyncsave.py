@@ -17,6 +17,7 @@ copy costs host memory the size of the state while the write runs.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -110,10 +111,7 @@ def async_save_checkpoint(
             or "every value in the state must be copyable (copy.deepcopy) and "
             "picklable; the checkpoints already there are untouched",
         ) from failure
-
-    def write() -> Path:
-        return save_payload(folder, copied, step, keep_last)
-
+    write = functools.partial(save_payload, folder, copied, step, keep_last)
     pending = inflight.start(
         step,
         folder,
@@ -187,19 +185,14 @@ class _Copier:
         ):
             self.used.add(id(spare))
             return spare.copy_(source, non_blocking=spare.is_pinned())
-        return _copy_tensor(tensor)
-
-
-def _copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    source = tensor.detach()
-    if source.device.type == "cuda" and source.layout == torch.strided:
-        host = torch.empty(source.size(), dtype=source.dtype, pin_memory=True)
-        host.copy_(source, non_blocking=True)  # synchronized once, after the last one
-    else:
-        host = source.to("cpu", copy=True)  # keeps the strides, sparse and quantized too
-    if isinstance(tensor, torch.nn.Parameter):
-        return torch.nn.Parameter(host, requires_grad=tensor.requires_grad)
-    return host.requires_grad_() if tensor.requires_grad and tensor.is_leaf else host
+        if source.device.type == "cuda" and source.layout == torch.strided:
+            host = torch.empty(source.size(), dtype=source.dtype, pin_memory=True)
+            host.copy_(source, non_blocking=True)  # synchronized once, after the last one
+        else:
+            host = source.to("cpu", copy=True)  # keeps the strides, sparse and quantized too
+        if isinstance(tensor, torch.nn.Parameter):
+            return torch.nn.Parameter(host, requires_grad=tensor.requires_grad)
+        return host.requires_grad_() if tensor.requires_grad and tensor.is_leaf else host
 
 
 def _check_timeout(timeout_s: object) -> None:
