@@ -178,27 +178,23 @@ def read_shards(path: Path, payload: Mapping[str, Any], state: Mapping[str, Any]
     what = f"could not restore the sharded state of checkpoint step {payload['step']} from {path}"
     hint = "pass the sharded model and its optimizers under the keys they were saved with"
     raise_failures(all_gather(world_size, describe(failure)), what, hint=hint, own=failure)
+    folder = shards_of(path)
     try:
-        _read(shards_of(path), state, found)
+        reader = _TrustedReader(folder, read_metadata(folder))  # refused before DCP reads
+        target = _state_dicts(state, found)
+        with _unwrapped():
+            dcp_load(target, storage_reader=reader, planner=_WeightsOnlyPlanner())
+        for key, optimizers in found.items():
+            set_state_dict(
+                unwrap(state[key]),
+                [state[name] for name in optimizers],
+                model_state_dict=target[key]["model"],
+                optim_state_dict=target[key]["optim"],
+            )
     except Exception as error:  # DCP raises on every rank when one fails; shared all the same
         failure = error
-    hint = f"the folder {shards_of(path).name} next to it must be complete"
+    hint = f"the folder {folder.name} next to it must be complete"
     raise_failures(all_gather(world_size, describe(failure)), what, hint=hint, own=failure)
-
-
-def _read(folder: Path, state: Mapping[str, Any], found: Parts) -> None:
-    metadata = read_metadata(folder)  # refused here, before DCP reads anything
-    target = _state_dicts(state, found)
-    reader = _TrustedReader(folder, metadata)
-    with _unwrapped():
-        dcp_load(target, storage_reader=reader, planner=_WeightsOnlyPlanner())
-    for key, optimizers in found.items():
-        set_state_dict(
-            unwrap(state[key]),
-            [state[name] for name in optimizers],
-            model_state_dict=target[key]["model"],
-            optim_state_dict=target[key]["optim"],
-        )
 
 
 @contextmanager
