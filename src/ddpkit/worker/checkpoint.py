@@ -1,33 +1,26 @@
 """Checkpoints that survive being killed mid-write: ``save_checkpoint`` / ``load_checkpoint``.
 
-Layout: ``<directory>/ckpt-<step:09d>-<sequence:09d>[-<run id>-a<attempt>].pt``, one file per
-checkpoint, written only by the main rank, atomically (:mod:`ddpkit.worker.durable`: a temporary
-file fsynced and renamed into place, so a ``kill -9`` mid-write leaves the previous checkpoints
-untouched; a dead writer's temporary file is removed by a later save). Names are read by
-:mod:`ddpkit.worker.ckptfiles`, which never opens a file.
+One file per checkpoint, ``<directory>/ckpt-<step:09d>-<sequence:09d>[-<run id>-a<attempt>].pt``
+(:mod:`ddpkit.worker.ckptfiles`, which reads names and never opens a file), written by the main
+rank alone and atomically (:mod:`ddpkit.worker.durable`: a ``kill -9`` mid-write leaves the
+previous checkpoints untouched). FSDP2 state is written by every rank into a ``.dcp`` folder
+next to it, complete before the file is (:mod:`ddpkit.worker.sharded`).
 
-Order: the newest checkpoint is the one written last (its name's ``sequence``), not the one
-with the highest step, so that a run restarted in a used folder or a fine-tune that resets the
-step resumes from its own latest save and ``keep_last`` never deletes the file just written (the
-save warns of higher steps). A file that does not load is skipped by a folder's load with a
-warning.
+The newest checkpoint is the one written last, not the one with the highest step, so that a
+run restarted in a used folder, or a fine-tune that resets the step, resumes from its own
+latest save and ``keep_last`` never deletes the file just written (the save warns of higher
+steps).
 
 Values with ``state_dict()`` are stored as their state dict, models unwrapped first
-(:mod:`ddpkit.worker.state_dict`), so a checkpoint saved under single, dp, ddp or a compiled
-model loads into any of them. Every rank's RNG states are saved and each rank gets its own back;
-a load at another world size re-seeds each rank deterministically instead (the saved streams
-belong to ranks that no longer exist).
-
-Trust: saving never unpickles; a load unpickles only the checkpoint it restores, weights-only
-with an allow-list (:mod:`ddpkit.worker.safeload`), plus the caller's ``trusted_types``.
+(:mod:`ddpkit.worker.state_dict`: any mode loads into any other). Every rank gets its own RNG
+states back; a load at another world size re-seeds each rank deterministically instead (the
+saved streams belong to ranks that no longer exist). Saving never unpickles; a load unpickles
+only the checkpoint it restores, weights-only with an allow-list
+(:mod:`ddpkit.worker.safeload`).
 
 Failures are shared, never left to a collective timeout: a failing ``state_dict()``, write or
-``load_state_dict`` makes every rank raise :class:`CheckpointError` naming the step, the
-directory, the rank and the cause; nothing half-written is left behind.
-
-Sharded (FSDP2) state is written by every rank into ``ckpt-<...>.dcp`` next to the file, complete
-before the file is written (:mod:`ddpkit.worker.sharded`). :mod:`ddpkit.worker.asyncsave` runs
-:func:`collect` in the loop and :func:`save_payload` in a thread.
+``load_state_dict`` makes every rank raise :class:`CheckpointError`. :mod:`ddpkit.worker.asyncsave`
+runs :func:`collect` in the loop and :func:`save_payload` in a thread.
 """
 
 from __future__ import annotations
