@@ -263,10 +263,6 @@ def _sync_file_range() -> Callable[[int, int, int], None] | None:
 def open_regular(path: Path) -> IO[bytes]:
     """``path`` open for reading if it is a regular file (through a link too), else OSError;
     never waits (a plain open of a FIFO planted there would wait for ever)."""
-    return os.fdopen(_open_regular(path), "rb")
-
-
-def _open_regular(path: Path) -> int:
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
@@ -274,7 +270,7 @@ def _open_regular(path: Path) -> int:
     except BaseException:
         os.close(descriptor)
         raise
-    return descriptor
+    return os.fdopen(descriptor, "rb")
 
 
 def drop_cache(paths: list[Path]) -> None:
@@ -284,15 +280,10 @@ def drop_cache(paths: list[Path]) -> None:
         return
     for path in paths:
         try:
-            descriptor = _open_regular(path)
+            with open_regular(path) as file:
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         except OSError:
             continue
-        try:
-            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(descriptor)
 
 
 def fsync_directory(folder: Path) -> None:
