@@ -270,16 +270,12 @@ def read_metadata(folder: Path) -> Metadata:
         )
     for info in (metadata.storage_data or {}).values():
         name = getattr(info, "relative_path", None)
-        if not isinstance(name, str) or not _plain_name(name):
+        if not isinstance(name, str) or name in {"", ".", ".."} or "/" in name or "\\" in name:
             raise CheckpointError(
                 f"{path} names the file {name!r}, outside its folder",
                 hint=f"remove {folder}: it was not written by ddpkit.save_checkpoint",
             )
     return metadata
-
-
-def _plain_name(name: str) -> bool:
-    return bool(name) and "/" not in name and "\\" not in name and name not in {".", ".."}
 
 
 class _Refused(pickle.UnpicklingError):
@@ -290,16 +286,13 @@ class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP's metadata classes, torch.Size and dtypes; refuses every other global."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in compat.DCP_METADATA_GLOBALS or _is_dtype(module, name):
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) in compat.DCP_METADATA_GLOBALS or dtype:
             return super().find_class(module, name)
         raise _Refused(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
         raise _Refused(f"persistent id {pid!r}")
-
-
-def _is_dtype(module: str, name: str) -> bool:
-    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
 
 
 class _WeightsOnlyPlanner(DefaultLoadPlanner):
