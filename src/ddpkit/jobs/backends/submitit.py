@@ -42,7 +42,7 @@ from ddpkit.compat import (
 )
 from ddpkit.contract import SUBMITIT_SIGNAL_VAR, SUBMITIT_TASK_MODULE
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.backends import Request
+from ddpkit.jobs.backends import Request, refuse_sbatch_only
 from ddpkit.jobs.backends.sbatch import SlurmJobs, check_array_size, log_dir_made
 from ddpkit.jobs.chain import resolve_after
 from ddpkit.jobs.exports import exports as contract_exports
@@ -122,24 +122,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
             "per process (as launch: srun does)",
             hint="submit it with --via sbatch, or set launch: srun",
         )
-    if spec.health_check is not None:
-        raise ConfigError(
-            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
-            "through submitit",
-            hint="submit with --via sbatch, or remove health_check",
-        )
-    if spec.snapshot:
-        raise ConfigError(
-            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through submitit",
-            hint="submit with --via sbatch, or set snapshot: false",
-        )
-    if spec.min_nodes is not None:
-        # submitit writes --ntasks-per-node, with which SLURM starts a node range on MIN nodes
-        raise ConfigError(
-            f"nodes={spec.node_range!r} (a range) cannot go through submitit, whose executor "
-            "asks for tasks per node: SLURM would start every attempt on its MIN nodes",
-            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
-        )
+    # submitit writes --ntasks-per-node, with which SLURM starts a node range on MIN nodes
+    why = "executor asks for tasks per node: SLURM would start every attempt on its MIN nodes"
+    refuse_sbatch_only(spec, "submitit", why)
     # False means "leave the option out" for an #SBATCH switch; submitit would write "=False".
     extras: dict[str, Any] = {k: v for k, v in spec.sbatch.items() if v is not False}
     extras.setdefault("chdir", spec.workdir)

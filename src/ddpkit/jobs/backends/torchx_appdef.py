@@ -52,6 +52,7 @@ from ddpkit.cluster.envvars import number_hint
 from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
 from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends import refuse_sbatch_only
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.render import sbatch_extras, sbatch_quote
 from ddpkit.jobs.spec_bind import numa_flag
@@ -288,9 +289,9 @@ def refuse_sweep(spec: JobSpec) -> None:
     """Refuse, before anything is submitted, what torchx cannot carry rather than half-do it:
     a sweep (torchx has no job arrays: its slurm scheduler submits one heterogeneous job per
     AppDef, local_cwd runs one app in the foreground, so N unrelated jobs would lack the
-    array's one id, throttle and per-task requeue), a ``health_check`` (ddpkit's sbatch
-    scripts run it), ``nodes: MIN-MAX`` (one het component per node is a fixed count, and no
-    AppDef role honours a range) and a chain (torchx has no dependency between apps)."""
+    array's one id, throttle and per-task requeue), what only ddpkit's sbatch scripts carry
+    (``refuse_sbatch_only``; no AppDef role honours a node range), srun's binding, a container
+    and a chain (torchx has no dependency between apps)."""
     if spec.sweep is not None:
         raise ConfigError(
             f"sweep ({spec.sweep.count} runs) cannot go through torchx, which has no job "
@@ -298,18 +299,8 @@ def refuse_sweep(spec: JobSpec) -> None:
             hint="submit the sweep with --via sbatch (one SLURM array) or --via submitit "
             "(map_array)",
         )
-    if spec.health_check is not None:
-        raise ConfigError(
-            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
-            "through torchx",
-            hint="submit with --via sbatch, or remove health_check",
-        )
-    if spec.min_nodes is not None:
-        raise ConfigError(
-            f"nodes={spec.node_range!r} (a range) cannot go through torchx, whose slurm "
-            "scheduler submits one job component per node: a fixed count",
-            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
-        )
+    why = "slurm scheduler submits one job component per node: a fixed count"
+    refuse_sbatch_only(spec, "torchx", why, " (its workdir is its own)")
     if spec.cpu_bind is not None or spec.gpu_bind is not None:
         bind = "cpu_bind" if spec.cpu_bind is not None else "gpu_bind"
         raise ConfigError(
@@ -322,12 +313,6 @@ def refuse_sweep(spec: JobSpec) -> None:
             f"container (runtime {spec.container.runtime}) runs ddpkit's job step in an image, "
             "which torchx's scheduler does not pass on",
             hint="submit with --via sbatch or --via submitit, or remove container",
-        )
-    if spec.snapshot:
-        raise ConfigError(
-            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through "
-            "torchx (its workdir is its own)",
-            hint="submit with --via sbatch, or set snapshot: false",
         )
     if spec.after or spec.singleton:
         chain = f"after={spec.after!r}" if spec.after else "singleton=true"
