@@ -159,7 +159,7 @@ def submit_function(
 
     with held_stop_signals():  # no job without its record (see schedule)
         job = submitit_backend.make_executor(spec).submit(fn, *args, **kwargs)
-        save_record(submitit_backend.record_of_function(spec, job))
+        save_record(submitit_backend.job_record(spec, job))
     return job
 
 

@@ -65,13 +65,11 @@ __all__ = [
     "BACKEND",
     "SubmititBackend",
     "command_line",
-    "dry_run",
     "executor_parameters",
     "import_submitit",
+    "job_record",
     "make_executor",
     "map_function",
-    "record_of_function",
-    "submit_command",
     "submitted_script",
     "sweep_record",
     "sweep_runs",
@@ -193,31 +191,6 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
     return executor
 
 
-def dry_run(spec: JobSpec) -> str:
-    """The executor folder, parameters and command, plus the sbatch text submitit would write
-    (its own renderer, reachable only where ``srun`` exists; elsewhere a comment says so)."""
-    import_submitit()
-    shown: dict[str, Any] = {
-        "folder": spec.log_path,  # the executor's folder
-        "python": submitit_python(spec),
-        "parameters": executor_parameters(spec),
-        "command": command_line(spec),
-        "cwd": spec.workdir,
-    }
-    if spec.sweep is not None:
-        shown["map_array"] = [
-            {"task": task.index, "command": command.command, "env": command.env}
-            for task, command in zip(spec.sweep.tasks, sweep_runs(spec), strict=True)
-        ]
-    head = yaml.safe_dump(shown, sort_keys=False, default_flow_style=False)
-    count = None if spec.sweep is None else spec.sweep.count
-    try:
-        script = submitit_sbatch_text(make_executor(spec), map_count=count)
-    except ConfigError as exc:
-        return f"{head}# sbatch script: not shown ({exc.message})\n"
-    return f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
-
-
 def run_command(command: list[str], *, cwd: str, env: dict[str, str] | None = None) -> Any:
     """The picklable task runner for ``command`` (``RunCommand`` of the module
     ``SUBMITIT_TASK_MODULE`` names: launch/, above jobs/, so not imported by name)."""
@@ -248,14 +221,10 @@ def _run(command: Callable[[], int]) -> int:
     return command()
 
 
-def submit_command(spec: JobSpec) -> JobRecord:
-    """Submit the spec's command (a sweep: one array through ``map_array``); its record."""
-    executor = make_executor(spec)
-    # records say launch "srun", whatever the spec's: submitit starts one task per process
-    if spec.sweep is None:
-        job = executor.submit(run_command(command_line(spec), cwd=spec.workdir))
-        return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
-    return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
+def job_record(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
+    """The record of a plain job, the spec's command or a function (``submit_function``);
+    launch "srun" whatever the spec's: submitit starts one task per process."""
+    return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
 
 
 def sweep_record(spec: JobSpec, jobs: Sequence[submitit.Job[Any]]) -> JobRecord:
@@ -305,14 +274,42 @@ class SubmititBackend(SlurmJobs):
     via: Via = "submitit"
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        """The executor folder, parameters and command, plus the sbatch text submitit would
+        write (its own renderer, reachable only where ``srun`` exists; elsewhere a comment
+        says so)."""
         spec = resolve_after(spec)  # after: names -> job ids, before anything is shown
-        return Request(self.via, spec, dry_run(spec))
+        import_submitit()
+        shown: dict[str, Any] = {
+            "folder": spec.log_path,  # the executor's folder
+            "python": submitit_python(spec),
+            "parameters": executor_parameters(spec),
+            "command": command_line(spec),
+            "cwd": spec.workdir,
+        }
+        if spec.sweep is not None:
+            shown["map_array"] = [
+                {"task": task.index, "command": command.command, "env": command.env}
+                for task, command in zip(spec.sweep.tasks, sweep_runs(spec), strict=True)
+            ]
+        head = yaml.safe_dump(shown, sort_keys=False, default_flow_style=False)
+        count = None if spec.sweep is None else spec.sweep.count
+        try:
+            script = submitit_sbatch_text(make_executor(spec), map_count=count)
+            text = f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
+        except ConfigError as exc:
+            text = f"{head}# sbatch script: not shown ({exc.message})\n"
+        return Request(self.via, spec, text)
 
     def schedule(self, request: Request) -> JobRecord:
+        """The spec's command (a sweep: one array through ``map_array``)."""
         spec = request.spec
         check_array_size(spec)
         with log_dir_made(spec):
-            return submit_command(spec)
+            executor = make_executor(spec)
+            if spec.sweep is not None:
+                return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
+            job = executor.submit(run_command(command_line(spec), cwd=spec.workdir))
+        return job_record(spec, job)
 
     def stem(self, job: str, record: JobRecord) -> str:
         """submitit names its files by the job id alone."""
@@ -336,11 +333,6 @@ class SubmititBackend(SlurmJobs):
 
         pattern = f"{record.log_dir}/{job.partition('_')[0]}_<task>_<N>_log.out"
         return sweep_log_files(job, record, rank, task_files, pattern)
-
-
-def record_of_function(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
-    """The record of a function job (:func:`ddpkit.jobs.submit_function`)."""
-    return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
 
 
 BACKEND = SubmititBackend()
