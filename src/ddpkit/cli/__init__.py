@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from ddpkit import __version__
 from ddpkit.cli import run as run_cmd
 from ddpkit.contract import RUN_COMMAND
 from ddpkit.errors import DdpkitError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["add_command", "build_parser", "main"]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -42,6 +44,26 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         jobs_cmd.add_parsers(commands)
         tools_cmd.add_parsers(commands)
+    return parser
+
+
+def add_command(
+    commands: Any,
+    name: str,
+    text: str,
+    handler: Callable[[argparse.Namespace], int],
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Register subcommand ``name`` of the job and tool commands: ``text`` its line in
+    ``ddpkit --help``, ``description`` its own help's (default: ``text`` as a sentence)."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=text,
+        description=description or text[0].upper() + text[1:] + ".",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.set_defaults(handler=handler)
     return parser
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.cli import add_command
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.jobs.backends import BACKENDS, check_scheduler
 from ddpkit.jobs.interrupts import held_stop_signals
@@ -42,6 +43,10 @@ _SWEEP_HELP = (
     "run the job once per value (repeatable: a grid; --set sweep.mode=zip pairs them up), "
     "e.g. --sweep lr=0.1,0.01 --sweep seed=1,2; replaces the spec's sweep params; the command "
     "reads {lr}, every rank DDPKIT_SWEEP_LR"
+)
+_AFTER_HELP = (
+    "wait for this job (a name or job id; repeatable): the spec's after: list, which it "
+    "replaces; --set after_type=afterany to start once they ended, whatever their state"
 )
 
 _SUBMIT_EPILOG = """\
@@ -122,6 +127,10 @@ def _rank(raw: str | None) -> int | None:
     return None if raw is None else parse_int(raw, "--rank", minimum=0)
 
 
+def _add(commands: Any, name: str, text: str) -> argparse.ArgumentParser:
+    return add_command(commands, name, text, run_jobs_command)
+
+
 def add_parsers(commands: Any) -> None:
     """Register the job subcommands on the top-level ``add_subparsers()`` object."""
     plan = _add(commands, "plan", "show the resolved job spec and its rank layout")
@@ -164,44 +173,16 @@ def add_parsers(commands: Any) -> None:
     _job_argument(cancel)
 
 
-def _add(commands: Any, name: str, text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        name,
-        help=text,
-        description=text[0].upper() + text[1:] + ".",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    parser.set_defaults(handler=run_jobs_command)
-    return parser
-
-
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help=_SPEC_HELP)
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=_SET_HELP,
-    )
-    parser.add_argument(
-        "--sweep",
-        dest="sweeps",
-        action="append",
-        default=[],
-        metavar="NAME=V1,V2",
-        help=_SWEEP_HELP,
-    )
-    parser.add_argument(
-        "--after",
-        action="append",
-        default=[],
-        metavar="JOB",
-        help="wait for this job (a name or job id; repeatable): the spec's after: list, which "
-        "it replaces; --set after_type=afterany to start once they ended, whatever their state",
-    )
+    for flag, dest, metavar, text in (
+        ("--set", "overrides", "KEY=VALUE", _SET_HELP),
+        ("--sweep", "sweeps", "NAME=V1,V2", _SWEEP_HELP),
+        ("--after", "after", "JOB", _AFTER_HELP),
+    ):
+        parser.add_argument(
+            flag, dest=dest, action="append", default=[], metavar=metavar, help=text
+        )
     parser.add_argument(
         "--singleton",
         action="store_true",
