@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,18 +77,7 @@ __all__ = [
 ]
 
 
-def load(
-    path: str | Path,
-    overrides: Sequence[str] = (),
-    *,
-    sweeps: Sequence[str] = (),
-    cwd: Path | None = None,
-) -> JobSpec:
-    """Read a YAML job spec with ``--set key=value`` and ``--sweep name=v1,v2`` overrides
-    (see ``load_spec``)."""
-    return load_spec(path, overrides, sweeps=sweeps, cwd=cwd)
-
-
+load = load_spec  # the spec file with its --set and --sweep overrides, validated
 resolve = resolve_spec  # load, and the profile file merged into the spec (.profile_path)
 
 
