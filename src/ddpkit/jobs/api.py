@@ -51,11 +51,7 @@ if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
-    "JobLogs",
-    "JobRecord",
-    "LogFile",
     "RunOfJob",
-    "SweepTask",
     "cancel",
     "check_sweep_environment",
     "dry_run",

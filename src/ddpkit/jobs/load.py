@@ -56,7 +56,6 @@ __all__ = [
     "parse_sweeps",
     "profile_search_path",
     "read_profile",
-    "read_yaml_mapping",
     "resolve_spec",
 ]
 

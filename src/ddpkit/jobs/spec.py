@@ -22,18 +22,12 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ddpkit.cluster.stop.signals import JobSignal
-from ddpkit.contract import (
-    DEFAULT_MAX_REQUEUES,
-    DEFAULT_SIGNAL,
-    RESERVED_ENV,
-    RUN_ID_VAR,
-    reserved_env_hint,
-)
+from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RUN_ID_VAR, reserved_env_hint
 from ddpkit.jobs import spec_checks
 from ddpkit.jobs.snapshot import SNAPSHOT_DOC
 from ddpkit.jobs.spec_bind import BIND_DOCS, CpuBind, GpuBind, NumaBinding, check_binding
 from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
-from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
+from ddpkit.jobs.spec_checks import Model, invalid, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.spec_container import CONTAINER_DOC, Container
 from ddpkit.jobs.sweep_spec import (
     SHARED_RUN_ID,
@@ -43,16 +37,7 @@ from ddpkit.jobs.sweep_spec import (
     check_placeholders,
 )
 
-__all__ = [
-    "ERROR_TYPE",
-    "RESERVED_ENV",
-    "RESERVED_SBATCH",
-    "ClusterProfile",
-    "JobSpec",
-    "Launch",
-    "Sweep",
-    "invalid",
-]
+__all__ = ["RESERVED_SBATCH", "ClusterProfile", "JobSpec", "Launch"]
 
 Launch = Literal["srun", "torchrun"]
 DEFAULT_SIGNAL_DELAY_S = 120
