@@ -167,16 +167,12 @@ def ddp_appdef(
 ) -> AppDef:
     """One role of ``nodes`` replicas, each running ``ddpkit run`` for ``procs`` processes.
 
-    ``command`` is a script and its arguments, or ``-m module ...``. ``env`` is copied, never
-    modified (torchx's local scheduler writes PATH into ``Role.env``). ``sbatch``: more
-    ``#SBATCH`` options for each node under torchx's slurm scheduler (see :class:`SlurmRole`).
+    ``nodes`` and ``procs`` are at least 1 (checked by ``parse_j`` and the spec). ``command`` is
+    a script and its arguments, or ``-m module ...``. ``env`` is copied, never modified
+    (torchx's local scheduler writes PATH into ``Role.env``). ``sbatch``: more ``#SBATCH``
+    options for each node under torchx's slurm scheduler (see :class:`SlurmRole`).
     """
     specs = import_torchx()
-    if nodes < 1 or procs < 1:
-        raise ConfigError(
-            f"nodes={nodes}, procs per node={procs}: both must be at least 1",
-            hint="e.g. -j 2x4 (2 nodes, 4 processes each)",
-        )
     # the bash -c text each replica runs (torchx macros still in it; see the module doc)
     argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
     argv += ["--nproc-per-node", str(procs)]
