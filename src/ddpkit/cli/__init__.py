@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         code: int = args.handler(args)
     except SystemExit as stop:  # argparse: --help/--version (0) and usage errors (2)
-        return _exit_code(stop.code)
+        status = stop.code  # argparse's int; None or text from elsewhere: 0 or 1
+        return status if isinstance(status, int) else 0 if status is None else 1
     except DdpkitError as exc:
         print(f"ddpkit: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
@@ -83,9 +84,3 @@ def main(argv: list[str] | None = None) -> int:
         print("ddpkit: interrupted", file=sys.stderr)
         return 130
     return code
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
