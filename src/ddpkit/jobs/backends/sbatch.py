@@ -37,8 +37,6 @@ __all__ = ["BACKEND", "SbatchBackend", "SlurmJobs", "check_array_size", "log_dir
 class SlurmJobs:
     """Following a job that SLURM runs: by its SLURM job id, with or without a record."""
 
-    via: Via = "sbatch"
-
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
         return waiting_explained(slurm.query_state(slurm.parse_job_id(job_id)), job_id)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import os
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -90,10 +90,11 @@ def import_submitit() -> ModuleType:
     return submitit
 
 
-def command_line(spec: JobSpec) -> list[str]:
+def command_line(spec: JobSpec, values: Mapping[str, str] | None = None) -> list[str]:
     """What every task runs: the spec's python (the image's in a container), unbuffered, then
-    its command."""
-    return [task_python(spec), "-u", *spec.command]
+    its command (with a sweep task's placeholder ``values`` substituted, as words: no shell)."""
+    words = spec.command if values is None else [substitute(w, values) for w in spec.command]
+    return [task_python(spec), "-u", *words]
 
 
 def submitit_python(spec: JobSpec) -> str:
@@ -204,13 +205,7 @@ def sweep_runs(spec: JobSpec) -> list[Any]:
         return []
     return [
         run_command(
-            [
-                task_python(spec),
-                "-u",
-                *(substitute(word, task.placeholder_values()) for word in spec.command),
-            ],
-            cwd=spec.workdir,
-            env=sweep_exports(task),
+            command_line(spec, task.placeholder_values()), cwd=spec.workdir, env=sweep_exports(task)
         )
         for task in spec.sweep.tasks
     ]
