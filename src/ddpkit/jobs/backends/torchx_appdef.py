@@ -265,11 +265,6 @@ def _role_name(command: Sequence[str], fallback: str) -> str:
     return _ROLE_NAME.sub("-", stem).strip("-") or fallback
 
 
-def _mem_mb(mem_gb: float | None) -> int:
-    # 0: no memory request (torchx's slurm scheduler then leaves out --mem)
-    return 0 if mem_gb is None else math.ceil(mem_gb * 1024)
-
-
 def _check_scheduler(scheduler: str) -> None:
     from torchx.schedulers import get_scheduler_factories  # type: ignore[import-untyped]
 
@@ -337,7 +332,8 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
         python=spec.python,
         cpu=spec.procs * spec.cpus_per_task,
         gpu=spec.gpus_per_node,
-        mem_mb=_mem_mb(spec.mem_gb),
+        # 0: no memory request (torchx's slurm scheduler then leaves out --mem)
+        mem_mb=0 if spec.mem_gb is None else math.ceil(spec.mem_gb * 1024),
         env=env,
         max_retries=0,
         rdzv_port=port,
