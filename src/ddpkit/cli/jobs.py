@@ -95,8 +95,9 @@ class JobsRequest:
 
 def request_from_args(args: argparse.Namespace) -> JobsRequest:
     """The only place where argparse values become a request (job id and rank are checked)."""
-    job = getattr(args, "job", None)
-    rank = _rank(getattr(args, "rank", None))
+    job, rank = getattr(args, "job", None), getattr(args, "rank", None)
+    # --rank: ASCII digits (argparse's int read ٣ as 3 and 1_0 as 10)
+    rank = None if rank is None else parse_int(rank, "--rank", minimum=0)
     via: Via = getattr(args, "via", None) or "sbatch"
     scheduler = getattr(args, "scheduler", None)
     check_scheduler(via, scheduler, flags=True)
@@ -120,11 +121,6 @@ def _chain_overrides(args: argparse.Namespace) -> tuple[str, ...]:
     after: list[str] = getattr(args, "after", None) or []
     chain = (f"after={json.dumps(after)}",) if after else ()
     return chain + (("singleton=true",) if getattr(args, "singleton", False) else ())
-
-
-def _rank(raw: str | None) -> int | None:
-    """``--rank``: ASCII digits (argparse's ``int`` read ``٣`` as 3 and ``1_0`` as 10)."""
-    return None if raw is None else parse_int(raw, "--rank", minimum=0)
 
 
 def _add(commands: Any, name: str, text: str) -> argparse.ArgumentParser:
