@@ -23,7 +23,6 @@ from ddpkit.jobs.records import Via, parse_job
 from ddpkit.launch.config import parse_int
 
 if TYPE_CHECKING:
-    from ddpkit.jobs.api import RunOfJob
     from ddpkit.jobs.backends import SweepTask
     from ddpkit.jobs.load import ResolvedSpec
     from ddpkit.jobs.spec import JobSpec
@@ -212,8 +211,8 @@ def run_jobs_command(args: argparse.Namespace) -> int:
     status = api.status(job_id)
     print(describe_status(status))
     run = api.run_of(job_id)
-    if run is not None:
-        print(describe_run(run))
+    if run is not None:  # the ranks' run id, and SLURM's requeue count while it knows the job
+        print(f"run {run.run_id}" + ("" if run.attempt is None else f" attempt {run.attempt}"))
     if status.hint:
         print(f"ddpkit: {status.hint}", file=sys.stderr)
     return 1 if status.state is JobState.UNKNOWN else 0
@@ -283,17 +282,10 @@ def describe_status(status: JobStatus) -> str:
     return f"{status.state.name} ({', '.join(ending)})" if ending else status.state.name
 
 
-def describe_run(run: RunOfJob) -> str:
-    """``run slurm-1234 attempt 1``: the run id the ranks have and SLURM's requeue count (no
-    attempt once the controller has forgotten the job)."""
-    attempt = "" if run.attempt is None else f" attempt {run.attempt}"
-    return f"run {run.run_id}{attempt}"
-
-
 def describe_sweep(tasks: list[SweepTask]) -> str:
     """A sweep's runs, one line each (task id, state and how it ended, attempt, run id, run
-    name; ``-`` where not known, as :func:`describe_run` leaves them out), and a count of runs
-    per state: readable for a thousand tasks as for four."""
+    name; ``-`` where not known), and a count of runs per state: readable for a thousand tasks
+    as for four."""
     from ddpkit.jobs.layout import format_table
 
     rows = [
