@@ -248,7 +248,7 @@ def test_log_files_skip_replica_files_numbered_in_another_scripts_digits(
     tmp_path: Path, digit: str
 ) -> None:
     """torchx's file names in a shared folder: ``²`` made ``int()`` raise, ``٣`` read as 3."""
-    from ddpkit.jobs.backends.torchx import log_files
+    from ddpkit.jobs.backends.torchx import BACKEND
     from ddpkit.jobs.records import JobRecord
 
     for handle, good, planted in [
@@ -263,7 +263,7 @@ def test_log_files_skip_replica_files_numbered_in_another_scripts_digits(
             job_id="55", via="torchx", name="demo", log_dir=str(folder), launch="torchrun",
             nodes=1, procs_per_node=1, workdir=str(tmp_path), handle=handle,
         )  # fmt: skip
-        files, _ = log_files(record, rank=0)
+        files, _ = BACKEND.log_files(handle, record, rank=0)
         assert [file.path for file in files] == [folder / good], handle
 
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from ddpkit import __version__
 from ddpkit.cli import run as run_cmd
 from ddpkit.contract import RUN_COMMAND
 from ddpkit.errors import DdpkitError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["add_command", "build_parser", "main"]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -45,6 +47,26 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def add_command(
+    commands: Any,
+    name: str,
+    text: str,
+    handler: Callable[[argparse.Namespace], int],
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Register subcommand ``name`` of the job and tool commands: ``text`` its line in
+    ``ddpkit --help``, ``description`` its own help's (default: ``text`` as a sentence)."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=text,
+        description=description or text[0].upper() + text[1:] + ".",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ddpkit`` command line (``argv`` defaults to ``sys.argv[1:]``); return the code."""
     argv = sys.argv[1:] if argv is None else argv
@@ -53,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         code: int = args.handler(args)
     except SystemExit as stop:  # argparse: --help/--version (0) and usage errors (2)
-        return _exit_code(stop.code)
+        status = stop.code  # argparse's int; None or text from elsewhere: 0 or 1
+        return status if isinstance(status, int) else 0 if status is None else 1
     except DdpkitError as exc:
         print(f"ddpkit: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
@@ -61,9 +84,3 @@ def main(argv: list[str] | None = None) -> int:
         print("ddpkit: interrupted", file=sys.stderr)
         return 130
     return code
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.cli import add_command
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.jobs.backends import BACKENDS, check_scheduler
 from ddpkit.jobs.interrupts import held_stop_signals
@@ -22,7 +23,6 @@ from ddpkit.jobs.records import Via, parse_job
 from ddpkit.launch.config import parse_int
 
 if TYPE_CHECKING:
-    from ddpkit.jobs.api import RunOfJob
     from ddpkit.jobs.backends import SweepTask
     from ddpkit.jobs.load import ResolvedSpec
     from ddpkit.jobs.spec import JobSpec
@@ -42,6 +42,10 @@ _SWEEP_HELP = (
     "run the job once per value (repeatable: a grid; --set sweep.mode=zip pairs them up), "
     "e.g. --sweep lr=0.1,0.01 --sweep seed=1,2; replaces the spec's sweep params; the command "
     "reads {lr}, every rank DDPKIT_SWEEP_LR"
+)
+_AFTER_HELP = (
+    "wait for this job (a name or job id; repeatable): the spec's after: list, which it "
+    "replaces; --set after_type=afterany to start once they ended, whatever their state"
 )
 
 _SUBMIT_EPILOG = """\
@@ -90,8 +94,9 @@ class JobsRequest:
 
 def request_from_args(args: argparse.Namespace) -> JobsRequest:
     """The only place where argparse values become a request (job id and rank are checked)."""
-    job = getattr(args, "job", None)
-    rank = _rank(getattr(args, "rank", None))
+    job, rank = getattr(args, "job", None), getattr(args, "rank", None)
+    # --rank: ASCII digits (argparse's int read ٣ as 3 and 1_0 as 10)
+    rank = None if rank is None else parse_int(rank, "--rank", minimum=0)
     via: Via = getattr(args, "via", None) or "sbatch"
     scheduler = getattr(args, "scheduler", None)
     check_scheduler(via, scheduler, flags=True)
@@ -117,9 +122,8 @@ def _chain_overrides(args: argparse.Namespace) -> tuple[str, ...]:
     return chain + (("singleton=true",) if getattr(args, "singleton", False) else ())
 
 
-def _rank(raw: str | None) -> int | None:
-    """``--rank``: ASCII digits (argparse's ``int`` read ``٣`` as 3 and ``1_0`` as 10)."""
-    return None if raw is None else parse_int(raw, "--rank", minimum=0)
+def _add(commands: Any, name: str, text: str) -> argparse.ArgumentParser:
+    return add_command(commands, name, text, run_jobs_command)
 
 
 def add_parsers(commands: Any) -> None:
@@ -164,44 +168,16 @@ def add_parsers(commands: Any) -> None:
     _job_argument(cancel)
 
 
-def _add(commands: Any, name: str, text: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        name,
-        help=text,
-        description=text[0].upper() + text[1:] + ".",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    parser.set_defaults(handler=run_jobs_command)
-    return parser
-
-
 def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help=_SPEC_HELP)
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=_SET_HELP,
-    )
-    parser.add_argument(
-        "--sweep",
-        dest="sweeps",
-        action="append",
-        default=[],
-        metavar="NAME=V1,V2",
-        help=_SWEEP_HELP,
-    )
-    parser.add_argument(
-        "--after",
-        action="append",
-        default=[],
-        metavar="JOB",
-        help="wait for this job (a name or job id; repeatable): the spec's after: list, which "
-        "it replaces; --set after_type=afterany to start once they ended, whatever their state",
-    )
+    for flag, dest, metavar, text in (
+        ("--set", "overrides", "KEY=VALUE", _SET_HELP),
+        ("--sweep", "sweeps", "NAME=V1,V2", _SWEEP_HELP),
+        ("--after", "after", "JOB", _AFTER_HELP),
+    ):
+        parser.add_argument(
+            flag, dest=dest, action="append", default=[], metavar=metavar, help=text
+        )
     parser.add_argument(
         "--singleton",
         action="store_true",
@@ -235,8 +211,8 @@ def run_jobs_command(args: argparse.Namespace) -> int:
     status = api.status(job_id)
     print(describe_status(status))
     run = api.run_of(job_id)
-    if run is not None:
-        print(describe_run(run))
+    if run is not None:  # the ranks' run id, and SLURM's requeue count while it knows the job
+        print(f"run {run.run_id}" + ("" if run.attempt is None else f" attempt {run.attempt}"))
     if status.hint:
         print(f"ddpkit: {status.hint}", file=sys.stderr)
     return 1 if status.state is JobState.UNKNOWN else 0
@@ -306,17 +282,10 @@ def describe_status(status: JobStatus) -> str:
     return f"{status.state.name} ({', '.join(ending)})" if ending else status.state.name
 
 
-def describe_run(run: RunOfJob) -> str:
-    """``run slurm-1234 attempt 1``: the run id the ranks have and SLURM's requeue count (no
-    attempt once the controller has forgotten the job)."""
-    attempt = "" if run.attempt is None else f" attempt {run.attempt}"
-    return f"run {run.run_id}{attempt}"
-
-
 def describe_sweep(tasks: list[SweepTask]) -> str:
     """A sweep's runs, one line each (task id, state and how it ended, attempt, run id, run
-    name; ``-`` where not known, as :func:`describe_run` leaves them out), and a count of runs
-    per state: readable for a thousand tasks as for four."""
+    name; ``-`` where not known), and a count of runs per state: readable for a thousand tasks
+    as for four."""
     from ddpkit.jobs.layout import format_table
 
     rows = [

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from ddpkit.cli import add_command
 from ddpkit.launch.config import parse_int, parse_positive_float
 
 __all__ = ["add_parsers"]
@@ -34,15 +35,14 @@ Exit code: 0 when nothing failed, 1 when a check failed, 2 for bad flags.
 
 def add_parsers(commands: Any) -> None:
     """Register ``env`` and ``doctor`` on the top-level ``add_subparsers()`` object."""
-    env = _add(commands, "env", "print the distributed setup for a bug report", _ENV_DESCRIPTION)
+    env_help = "print the distributed setup for a bug report"
+    env = add_command(commands, "env", env_help, env_command, _ENV_DESCRIPTION)
     env.add_argument("--json", action="store_true", help="one JSON object instead of text")
     env.add_argument(
         "--no-torch", action="store_true", help="skip the backends section (no torch import)"
     )
-    env.set_defaults(handler=env_command)
-    doctor = _add(
-        commands, "doctor", "check that the job can start and communicate", _DOCTOR_DESCRIPTION
-    )
+    doctor_help = "check that the job can start and communicate"
+    doctor = add_command(commands, "doctor", doctor_help, doctor_command, _DOCTOR_DESCRIPTION)
     doctor.add_argument(
         "--timeout", default="30", metavar="SECONDS", help="bound of every step (default 30)"
     )
@@ -67,18 +67,6 @@ def add_parsers(commands: Any) -> None:
         "(default: this job's world size)",
     )
     doctor.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    doctor.set_defaults(handler=doctor_command)
-
-
-def _add(commands: Any, name: str, text: str, description: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        name,
-        help=text,
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    return parser
 
 
 def env_command(args: argparse.Namespace) -> int:

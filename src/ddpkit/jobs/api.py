@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,11 +51,7 @@ if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = [
-    "JobLogs",
-    "JobRecord",
-    "LogFile",
     "RunOfJob",
-    "SweepTask",
     "cancel",
     "check_sweep_environment",
     "dry_run",
@@ -77,18 +73,7 @@ __all__ = [
 ]
 
 
-def load(
-    path: str | Path,
-    overrides: Sequence[str] = (),
-    *,
-    sweeps: Sequence[str] = (),
-    cwd: Path | None = None,
-) -> JobSpec:
-    """Read a YAML job spec with ``--set key=value`` and ``--sweep name=v1,v2`` overrides
-    (see ``load_spec``)."""
-    return load_spec(path, overrides, sweeps=sweeps, cwd=cwd)
-
-
+load = load_spec  # the spec file with its --set and --sweep overrides, validated
 resolve = resolve_spec  # load, and the profile file merged into the spec (.profile_path)
 
 
@@ -159,7 +144,7 @@ def submit_function(
 
     with held_stop_signals():  # no job without its record (see schedule)
         job = submitit_backend.make_executor(spec).submit(fn, *args, **kwargs)
-        save_record(submitit_backend.record_of_function(spec, job))
+        save_record(submitit_backend.job_record(spec, job))
     return job
 
 

@@ -56,7 +56,6 @@ __all__ = [
     "parse_sweeps",
     "profile_search_path",
     "read_profile",
-    "read_yaml_mapping",
     "resolve_spec",
 ]
 
@@ -256,7 +255,8 @@ def load_spec(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> JobSpec:
-    """:func:`resolve_spec`'s spec."""
+    """Read a YAML job spec with ``--set key=value`` and ``--sweep name=v1,v2`` overrides:
+    :func:`resolve_spec`'s spec."""
     return resolve_spec(path, overrides, sweeps=sweeps, cwd=cwd, env=env).spec
 
 

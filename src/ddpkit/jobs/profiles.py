@@ -28,7 +28,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.hints import closest
 from ddpkit.jobs.spec_checks import shown
 
-__all__ = ["PROFILE_EXTENSIONS", "find_profile", "is_profile_path", "profile_search_path"]
+__all__ = ["PROFILE_EXTENSIONS", "find_profile", "profile_search_path"]
 
 PROFILE_EXTENSIONS = (".yaml", ".yml")
 
@@ -47,15 +47,10 @@ def profile_search_path(spec_dir: Path, cwd: Path, env: Mapping[str, str]) -> li
     return list(dict.fromkeys(Path(os.path.normpath(d)) for d in dirs))
 
 
-def is_profile_path(ref: str) -> bool:
-    """True when ``profile:`` names a file rather than a profile name."""
-    return "/" in ref or ref.endswith(PROFILE_EXTENSIONS) or ref.startswith("~")
-
-
 def find_profile(ref: str, search: Sequence[Path], base_dir: Path, origin: str) -> Path:
     """The profile file ``ref`` names (see the module), or a ConfigError labelled ``origin``
     (the file or ``--set`` that named it)."""
-    if is_profile_path(ref):
+    if "/" in ref or ref.endswith(PROFILE_EXTENSIONS) or ref.startswith("~"):  # a file's path
         path = Path(os.path.normpath(base_dir / os.path.expanduser(ref)))
         if path.is_file():
             return path

@@ -259,36 +259,17 @@ def _read_record(job_id: str, home: Path | None) -> JobRecord | None:
     return JobRecord(**data)
 
 
-def _is_text(value: object) -> bool:
-    return isinstance(value, str)
-
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0  # not bool, which is an int too
-
-
-def _text_or_none(value: object) -> bool:
-    return value is None or isinstance(value, str)
-
-
-# What each field of a record holds as JSON (a record is ddpkit's file, but folders get
+# What a field holds as JSON, by its annotation (a record is ddpkit's file, but folders get
 # shared and files damaged: a wrong type made a traceback far from the file).
-_RECORD_TYPES: dict[str, Callable[[object], bool]] = {
-    "job_id": _is_text,
-    "via": lambda value: value in get_args(Via),
-    "name": _is_text,
-    "log_dir": _is_text,
-    "launch": _is_text,
-    "nodes": _is_count,
-    "procs_per_node": _is_count,
-    "workdir": _is_text,
-    "script": _text_or_none,
-    "submitted_at": lambda value: type(value) in (int, float),
-    "handle": _text_or_none,
-    "final_state": _text_or_none,
-    "sweep_runs": lambda value: (
+_JSON_TYPES: dict[str, Callable[[object], bool]] = {
+    "str": lambda value: isinstance(value, str),
+    "str | None": lambda value: value is None or isinstance(value, str),
+    "Via": lambda value: value in get_args(Via),
+    "int": lambda value: type(value) is int and value >= 0,  # not bool, which is an int too
+    "int | None": lambda value: value is None or (type(value) is int and value >= 1),
+    "float": lambda value: type(value) in (int, float),
+    "tuple[str, ...] | None": lambda value: (
         value is None or (isinstance(value, list) and all(isinstance(run, str) for run in value))
     ),
-    "run_id": _text_or_none,
-    "min_nodes": lambda value: value is None or (type(value) is int and value >= 1),
 }
+_RECORD_TYPES = {f.name: _JSON_TYPES[str(f.type)] for f in fields(JobRecord)}

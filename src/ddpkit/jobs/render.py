@@ -431,14 +431,6 @@ def _template_path(spec: JobSpec) -> Path | None:
     return path if path.is_absolute() else Path(spec.workdir) / path
 
 
-def _environment(user_path: Path | None) -> jinja2.Environment:
-    """The sandbox every template renders in, ddpkit's own too (:mod:`ddpkit.jobs.sandbox`);
-    a user's template reads files of its own folder only."""
-    filters = {"q": shell_quote, "sbatch_q": sbatch_quote}
-    top = None if user_path is None else str(user_path)
-    return sandbox.sandbox_environment(_BUILTIN_NAMES, filters, top)
-
-
 def _template_error(err: Exception, filename: str, names: list[str]) -> ConfigError:
     """A ConfigError naming the template file and line of ``err``."""
     hint = _TEMPLATE_HINT.format(names=", ".join(names))
@@ -472,7 +464,9 @@ def render_sbatch(spec: JobSpec) -> str:
     names = sorted(context)
     # a user's template may fail in any way Python code can; ddpkit's own only as Jinja2 does
     caught = Exception if user_path is not None else jinja2.TemplateError
-    environment = _environment(user_path)
+    filters = {"q": shell_quote, "sbatch_q": sbatch_quote}
+    top = None if user_path is None else str(user_path)  # reads files of its own folder only
+    environment = sandbox.sandbox_environment(_BUILTIN_NAMES, filters, top)
     try:
         template = environment.get_template(name)
     except jinja2.TemplateError as err:

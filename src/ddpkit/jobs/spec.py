@@ -22,18 +22,12 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ddpkit.cluster.stop.signals import JobSignal
-from ddpkit.contract import (
-    DEFAULT_MAX_REQUEUES,
-    DEFAULT_SIGNAL,
-    RESERVED_ENV,
-    RUN_ID_VAR,
-    reserved_env_hint,
-)
+from ddpkit.contract import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, RUN_ID_VAR, reserved_env_hint
 from ddpkit.jobs import spec_checks
 from ddpkit.jobs.snapshot import SNAPSHOT_DOC
 from ddpkit.jobs.spec_bind import BIND_DOCS, CpuBind, GpuBind, NumaBinding, check_binding
 from ddpkit.jobs.spec_chain import CHAIN_DOCS, AfterList, AfterType, LogRanks, check_log_ranks
-from ddpkit.jobs.spec_checks import ERROR_TYPE, Model, invalid, no_nul, number_to_str, stripped_hint
+from ddpkit.jobs.spec_checks import Model, invalid, listed, no_nul, number_to_str, stripped_hint
 from ddpkit.jobs.spec_container import CONTAINER_DOC, Container
 from ddpkit.jobs.sweep_spec import (
     SHARED_RUN_ID,
@@ -43,16 +37,7 @@ from ddpkit.jobs.sweep_spec import (
     check_placeholders,
 )
 
-__all__ = [
-    "ERROR_TYPE",
-    "RESERVED_ENV",
-    "RESERVED_SBATCH",
-    "ClusterProfile",
-    "JobSpec",
-    "Launch",
-    "Sweep",
-    "invalid",
-]
+__all__ = ["RESERVED_SBATCH", "ClusterProfile", "JobSpec", "Launch"]
 
 Launch = Literal["srun", "torchrun"]
 DEFAULT_SIGNAL_DELAY_S = 120
@@ -148,10 +133,6 @@ def _check_command(words: list[str]) -> list[str]:
     return words
 
 
-def _one_line_list(value: object) -> object:
-    return [value] if isinstance(value, str) else value
-
-
 def _check_env_key(key: str) -> str:
     if not _ENV_KEY.fullmatch(key):
         fixed = re.sub(r"[^A-Za-z0-9_]", "_", key)
@@ -224,7 +205,7 @@ Text = Annotated[str, AfterValidator(no_nul)]
 Line = Annotated[str, AfterValidator(_one_line)]
 Name = Annotated[str, AfterValidator(_check_name)]
 Command = Annotated[list[Text], BeforeValidator(_split_command), AfterValidator(_check_command)]
-Setup = Annotated[list[Text], BeforeValidator(_one_line_list)]
+Setup = Annotated[list[Text], BeforeValidator(listed)]
 EnvMap = dict[
     Annotated[str, AfterValidator(_check_env_key)],
     Annotated[Text, BeforeValidator(number_to_str)],

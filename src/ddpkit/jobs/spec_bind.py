@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator
 
-from ddpkit.jobs.bind_cpus import PREFIXES, check_list, check_node_cpus
+from ddpkit.jobs.bind_cpus import check_list, check_node_cpus, split_value
 from ddpkit.jobs.spec_checks import invalid, shown
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "GpuBind",
     "NumaBinding",
     "check_binding",
-    "check_numa",
     "numa_flag",
     "srun_binding",
 ]
@@ -52,12 +51,9 @@ _VALUE = re.compile(r"[a-z_]+(?::[0-9A-Fa-fx,*]+)?")
 
 
 def _checked(value: str, keywords: frozenset[str], example: str) -> str:
-    rest = value
-    while rest.startswith(PREFIXES):
-        rest = rest.partition(",")[2]
-    if not _VALUE.fullmatch(rest):
+    keyword, items = split_value(value)
+    if not _VALUE.fullmatch(keyword if items is None else f"{keyword}:{items}"):
         raise invalid(f"has {shown(value)}, not a value srun takes", example)
-    keyword = rest.partition(":")[0]
     if keyword not in keywords:
         known = ", ".join(sorted(keywords))
         raise invalid(f"has {shown(keyword)}, which srun does not know ({known})", example)
@@ -84,9 +80,12 @@ def srun_binding(cpu_bind: str | None, gpu_bind: str | None) -> list[str]:
     return options + ([] if gpu_bind is None else [f"--gpu-bind={gpu_bind}"])
 
 
-def check_numa(numa_binding: str | None, launch: str) -> None:
-    """``numa_binding`` is torchrun's (``ddpkit run``'s) flag: under ``launch: srun`` nothing
-    would carry it, and srun's own binding is ``cpu_bind``."""
+def check_binding(
+    cpu_bind: str | None, cpus_per_node: int | None, numa_binding: str | None, launch: str
+) -> None:
+    """The binding fields against the rest of the spec: ``numa_binding`` is torchrun's (``ddpkit
+    run``'s) flag, which nothing carries under ``launch: srun`` (srun's own binding is
+    ``cpu_bind``); a map or mask names only CPUs a node has."""
     if numa_binding is not None and launch != "torchrun":
         raise invalid(
             "is torchrun's --numa-binding, for launch: torchrun; under launch: srun each task "
@@ -95,14 +94,6 @@ def check_numa(numa_binding: str | None, launch: str) -> None:
             field="numa_binding",
             value=numa_binding,
         )
-
-
-def check_binding(
-    cpu_bind: str | None, cpus_per_node: int | None, numa_binding: str | None, launch: str
-) -> None:
-    """The binding fields against the rest of the spec: ``numa_binding`` under ``launch:
-    torchrun`` only (:func:`check_numa`), a map or mask naming only CPUs a node has."""
-    check_numa(numa_binding, launch)
     check_node_cpus(cpu_bind, cpus_per_node)
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "SHOWN_CHARS",
     "Model",
     "invalid",
+    "listed",
     "no_nul",
     "node_range",
     "number_to_str",
@@ -135,6 +136,11 @@ def no_nul(text: str) -> str:
     if "\x00" in text:
         raise invalid("contains a NUL character", "remove it: no shell or file name can hold it")
     return text
+
+
+def listed(value: object) -> object:
+    """One string where a list of them is meant (``setup: 'module load x'``) as that list."""
+    return [value] if isinstance(value, str) else value
 
 
 def number_to_str(value: object) -> object:

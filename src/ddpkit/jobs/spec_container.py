@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from ddpkit.jobs.spec_checks import Model, invalid, shown
+from ddpkit.jobs.spec_checks import Model, invalid, listed, shown
 
 __all__ = ["CONTAINER_DOC", "Container", "apptainer_prefix", "plan_line", "pyxis_options"]
 
@@ -77,10 +77,6 @@ def _check_mount(value: str) -> str:
     return ":".join([paths[0], paths[-1], *flags])  # SRC:DST[:FLAGS], as both runtimes read it
 
 
-def _listed(value: object) -> object:
-    return [value] if isinstance(value, str) else value
-
-
 Mount = Annotated[str, AfterValidator(_check_mount)]
 
 
@@ -93,7 +89,7 @@ class Container(Model):
     image: Annotated[str, AfterValidator(_check_image)] = Field(
         description="a path, registry reference or URI, e.g. image: docker://pytorch/pytorch"
     )
-    mounts: Annotated[list[Mount], BeforeValidator(_listed)] = Field(
+    mounts: Annotated[list[Mount], BeforeValidator(listed)] = Field(
         default_factory=list, description="SRC[:DST][:ro|rw], e.g. mounts: [/data:/data:ro]"
     )
     workdir: Annotated[str, AfterValidator(_check_path)] | None = Field(

@@ -13,8 +13,8 @@ from pydantic import BaseModel, ValidationError
 
 from ddpkit.errors import ConfigError
 from ddpkit.hints import closest, did_you_mean
-from ddpkit.jobs.spec import ERROR_TYPE, ClusterProfile, JobSpec
-from ddpkit.jobs.spec_checks import LIMIT_HINTS, shown
+from ddpkit.jobs.spec import ClusterProfile, JobSpec
+from ddpkit.jobs.spec_checks import ERROR_TYPE, LIMIT_HINTS, shown
 from ddpkit.masking import MASKED, mask_text, secret_name
 
 __all__ = ["config_error", "field_path"]

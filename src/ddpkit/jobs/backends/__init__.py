@@ -32,6 +32,7 @@ __all__ = [
     "check_scheduler",
     "follower",
     "get_backend",
+    "refuse_sbatch_only",
 ]
 
 # backend name -> the module whose BACKEND implements it (imported on first use)
@@ -126,6 +127,29 @@ def check_scheduler(via: str, scheduler: str | None, *, flags: bool = False) -> 
     else:
         message = f"scheduler={scheduler!r} is for via {takers!r}, not via {via!r}"
     raise ConfigError(message, hint=f"add --via {takers}, or drop --scheduler")
+
+
+def refuse_sbatch_only(spec: JobSpec, via: Via, range_why: str, snapshot_why: str = "") -> None:
+    """Refuse, before anything is submitted, what only ddpkit's sbatch scripts carry: a
+    ``health_check`` (they run it), ``nodes: MIN-MAX`` (``range_why``: why ``via`` cannot) and
+    ``snapshot: true`` (they run from the copy)."""
+    if spec.health_check is not None:
+        raise ConfigError(
+            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
+            f"through {via}",
+            hint="submit with --via sbatch, or remove health_check",
+        )
+    if spec.min_nodes is not None:
+        raise ConfigError(
+            f"nodes={spec.node_range!r} (a range) cannot go through {via}, whose {range_why}",
+            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
+        )
+    if spec.snapshot:
+        raise ConfigError(
+            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through "
+            f"{via}{snapshot_why}",
+            hint="submit with --via sbatch, or set snapshot: false",
+        )
 
 
 def follower(job: str, record: JobRecord | None) -> Backend:

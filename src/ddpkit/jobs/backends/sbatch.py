@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +36,6 @@ __all__ = ["BACKEND", "SbatchBackend", "SlurmJobs", "check_array_size", "log_dir
 
 class SlurmJobs:
     """Following a job that SLURM runs: by its SLURM job id, with or without a record."""
-
-    via: Via = "sbatch"
 
     def status(self, job_id: str, record: JobRecord | None) -> JobStatus:
         return waiting_explained(slurm.query_state(slurm.parse_job_id(job_id)), job_id)
@@ -154,38 +152,29 @@ class SbatchBackend(SlurmJobs):
     via: Via = "sbatch"
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        """The text is the script; the payload, under ``snapshot: true``, the workdir whose
+        files are copied at submission (the spec's workdir is the copy's folder by then)."""
         spec = resolve_after(spec)  # after: names -> job ids, before anything is shown
-        source = spec.workdir
+        source = spec.workdir if spec.snapshot else None
         spec = snapshotted(spec)  # snapshot: true: the job's workdir is the copy to be made
-        script = render_sbatch(spec)
-        payload = _Snapshot(script, source) if spec.snapshot else script
-        return Request(self.via, spec, script, payload=payload)
+        return Request(self.via, spec, render_sbatch(spec), payload=source)
 
     def schedule(self, request: Request) -> JobRecord:
-        spec, payload = request.spec, request.payload
-        script = payload.script if isinstance(payload, _Snapshot) else str(payload)
-        with log_dir_made(spec), array_refusal_explained(spec), snapshot_made(spec, payload):
+        spec, script, source = request.spec, request.text, request.payload
+        with log_dir_made(spec), array_refusal_explained(spec), snapshot_made(spec, source):
             job_id = slurm.submit_script(script, cwd=Path(spec.workdir))
         return new_record(spec, job_id, self.via, script)
 
 
-@dataclass(frozen=True)
-class _Snapshot:
-    """An sbatch request whose files are copied at submission: the script, and the workdir the
-    files come from (the spec's workdir is the copy's folder by then)."""
-
-    script: str
-    source: str
-
-
 @contextmanager
-def snapshot_made(spec: JobSpec, payload: object) -> Iterator[None]:
-    """Copy the tracked files into the spec's workdir before the submission inside; if it
-    fails, remove the copy again (a job that was never submitted has no snapshot)."""
-    if not isinstance(payload, _Snapshot):
+def snapshot_made(spec: JobSpec, source: str | None) -> Iterator[None]:
+    """Copy the tracked files of ``source`` (None: no snapshot) into the spec's workdir before
+    the submission inside; if it fails, remove the copy again (a job that was never submitted
+    has no snapshot)."""
+    if source is None:
         yield
         return
-    copy_tracked(payload.source, spec.workdir)
+    copy_tracked(source, spec.workdir)
     try:
         yield
     except BaseException:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import os
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -42,7 +42,7 @@ from ddpkit.compat import (
 )
 from ddpkit.contract import SUBMITIT_SIGNAL_VAR, SUBMITIT_TASK_MODULE
 from ddpkit.errors import ConfigError
-from ddpkit.jobs.backends import Request
+from ddpkit.jobs.backends import Request, refuse_sbatch_only
 from ddpkit.jobs.backends.sbatch import SlurmJobs, check_array_size, log_dir_made
 from ddpkit.jobs.chain import resolve_after
 from ddpkit.jobs.exports import exports as contract_exports
@@ -65,13 +65,11 @@ __all__ = [
     "BACKEND",
     "SubmititBackend",
     "command_line",
-    "dry_run",
     "executor_parameters",
     "import_submitit",
+    "job_record",
     "make_executor",
     "map_function",
-    "record_of_function",
-    "submit_command",
     "submitted_script",
     "sweep_record",
     "sweep_runs",
@@ -92,10 +90,11 @@ def import_submitit() -> ModuleType:
     return submitit
 
 
-def command_line(spec: JobSpec) -> list[str]:
+def command_line(spec: JobSpec, values: Mapping[str, str] | None = None) -> list[str]:
     """What every task runs: the spec's python (the image's in a container), unbuffered, then
-    its command."""
-    return [task_python(spec), "-u", *spec.command]
+    its command (with a sweep task's placeholder ``values`` substituted, as words: no shell)."""
+    words = spec.command if values is None else [substitute(w, values) for w in spec.command]
+    return [task_python(spec), "-u", *words]
 
 
 def submitit_python(spec: JobSpec) -> str:
@@ -122,24 +121,9 @@ def executor_parameters(spec: JobSpec) -> dict[str, Any]:
             "per process (as launch: srun does)",
             hint="submit it with --via sbatch, or set launch: srun",
         )
-    if spec.health_check is not None:
-        raise ConfigError(
-            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
-            "through submitit",
-            hint="submit with --via sbatch, or remove health_check",
-        )
-    if spec.snapshot:
-        raise ConfigError(
-            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through submitit",
-            hint="submit with --via sbatch, or set snapshot: false",
-        )
-    if spec.min_nodes is not None:
-        # submitit writes --ntasks-per-node, with which SLURM starts a node range on MIN nodes
-        raise ConfigError(
-            f"nodes={spec.node_range!r} (a range) cannot go through submitit, whose executor "
-            "asks for tasks per node: SLURM would start every attempt on its MIN nodes",
-            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
-        )
+    # submitit writes --ntasks-per-node, with which SLURM starts a node range on MIN nodes
+    why = "executor asks for tasks per node: SLURM would start every attempt on its MIN nodes"
+    refuse_sbatch_only(spec, "submitit", why)
     # False means "leave the option out" for an #SBATCH switch; submitit would write "=False".
     extras: dict[str, Any] = {k: v for k, v in spec.sbatch.items() if v is not False}
     extras.setdefault("chdir", spec.workdir)
@@ -208,31 +192,6 @@ def make_executor(spec: JobSpec) -> submitit.AutoExecutor:
     return executor
 
 
-def dry_run(spec: JobSpec) -> str:
-    """The executor folder, parameters and command, plus the sbatch text submitit would write
-    (its own renderer, reachable only where ``srun`` exists; elsewhere a comment says so)."""
-    import_submitit()
-    shown: dict[str, Any] = {
-        "folder": spec.log_path,  # the executor's folder
-        "python": submitit_python(spec),
-        "parameters": executor_parameters(spec),
-        "command": command_line(spec),
-        "cwd": spec.workdir,
-    }
-    if spec.sweep is not None:
-        shown["map_array"] = [
-            {"task": task.index, "command": command.command, "env": command.env}
-            for task, command in zip(spec.sweep.tasks, sweep_runs(spec), strict=True)
-        ]
-    head = yaml.safe_dump(shown, sort_keys=False, default_flow_style=False)
-    count = None if spec.sweep is None else spec.sweep.count
-    try:
-        script = submitit_sbatch_text(make_executor(spec), map_count=count)
-    except ConfigError as exc:
-        return f"{head}# sbatch script: not shown ({exc.message})\n"
-    return f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
-
-
 def run_command(command: list[str], *, cwd: str, env: dict[str, str] | None = None) -> Any:
     """The picklable task runner for ``command`` (``RunCommand`` of the module
     ``SUBMITIT_TASK_MODULE`` names: launch/, above jobs/, so not imported by name)."""
@@ -246,13 +205,7 @@ def sweep_runs(spec: JobSpec) -> list[Any]:
         return []
     return [
         run_command(
-            [
-                task_python(spec),
-                "-u",
-                *(substitute(word, task.placeholder_values()) for word in spec.command),
-            ],
-            cwd=spec.workdir,
-            env=sweep_exports(task),
+            command_line(spec, task.placeholder_values()), cwd=spec.workdir, env=sweep_exports(task)
         )
         for task in spec.sweep.tasks
     ]
@@ -263,14 +216,10 @@ def _run(command: Callable[[], int]) -> int:
     return command()
 
 
-def submit_command(spec: JobSpec) -> JobRecord:
-    """Submit the spec's command (a sweep: one array through ``map_array``); its record."""
-    executor = make_executor(spec)
-    # records say launch "srun", whatever the spec's: submitit starts one task per process
-    if spec.sweep is None:
-        job = executor.submit(run_command(command_line(spec), cwd=spec.workdir))
-        return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
-    return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
+def job_record(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
+    """The record of a plain job, the spec's command or a function (``submit_function``);
+    launch "srun" whatever the spec's: submitit starts one task per process."""
+    return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
 
 
 def sweep_record(spec: JobSpec, jobs: Sequence[submitit.Job[Any]]) -> JobRecord:
@@ -320,14 +269,42 @@ class SubmititBackend(SlurmJobs):
     via: Via = "submitit"
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
+        """The executor folder, parameters and command, plus the sbatch text submitit would
+        write (its own renderer, reachable only where ``srun`` exists; elsewhere a comment
+        says so)."""
         spec = resolve_after(spec)  # after: names -> job ids, before anything is shown
-        return Request(self.via, spec, dry_run(spec))
+        import_submitit()
+        shown: dict[str, Any] = {
+            "folder": spec.log_path,  # the executor's folder
+            "python": submitit_python(spec),
+            "parameters": executor_parameters(spec),
+            "command": command_line(spec),
+            "cwd": spec.workdir,
+        }
+        if spec.sweep is not None:
+            shown["map_array"] = [
+                {"task": task.index, "command": command.command, "env": command.env}
+                for task, command in zip(spec.sweep.tasks, sweep_runs(spec), strict=True)
+            ]
+        head = yaml.safe_dump(shown, sort_keys=False, default_flow_style=False)
+        count = None if spec.sweep is None else spec.sweep.count
+        try:
+            script = submitit_sbatch_text(make_executor(spec), map_count=count)
+            text = f"{head}# sbatch script submitit would write:\n{script.rstrip()}\n"
+        except ConfigError as exc:
+            text = f"{head}# sbatch script: not shown ({exc.message})\n"
+        return Request(self.via, spec, text)
 
     def schedule(self, request: Request) -> JobRecord:
+        """The spec's command (a sweep: one array through ``map_array``)."""
         spec = request.spec
         check_array_size(spec)
         with log_dir_made(spec):
-            return submit_command(spec)
+            executor = make_executor(spec)
+            if spec.sweep is not None:
+                return sweep_record(spec, executor.map_array(_run, sweep_runs(spec)))
+            job = executor.submit(run_command(command_line(spec), cwd=spec.workdir))
+        return job_record(spec, job)
 
     def stem(self, job: str, record: JobRecord) -> str:
         """submitit names its files by the job id alone."""
@@ -351,11 +328,6 @@ class SubmititBackend(SlurmJobs):
 
         pattern = f"{record.log_dir}/{job.partition('_')[0]}_<task>_<N>_log.out"
         return sweep_log_files(job, record, rank, task_files, pattern)
-
-
-def record_of_function(spec: JobSpec, job: submitit.Job[Any]) -> JobRecord:
-    """The record of a function job (:func:`ddpkit.jobs.submit_function`)."""
-    return new_record(spec, str(job.job_id), "submitit", submitted_script(job), launch="srun")
 
 
 BACKEND = SubmititBackend()

@@ -36,7 +36,7 @@ from ddpkit.cluster import slurmtools as slurm
 from ddpkit.cluster.slurmtools import JobState, JobStatus
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.jobs.backends import Request, SweepTask
-from ddpkit.jobs.backends.torchx_appdef import import_torchx, refuse_sweep, scheduler_cfg
+from ddpkit.jobs.backends.torchx_appdef import import_torchx, scheduler_cfg, spec_to_appdef
 from ddpkit.jobs.interrupts import HELD_SIGNALS, held_stop_signals
 from ddpkit.jobs.logs import LogFile
 from ddpkit.jobs.records import (
@@ -57,7 +57,6 @@ __all__ = [
     "SCHEDULERS",
     "TORCHX_STATES",
     "TorchxBackend",
-    "log_files",
     "record_for",
     "state_from_torchx",
 ]
@@ -66,6 +65,8 @@ SCHEDULERS = ("local_cwd", "slurm")
 # local_cwd works anywhere (no cluster needed); `--scheduler slurm` asks for the cluster explicitly
 DEFAULT_SCHEDULER = "local_cwd"
 SESSION = "torchx"  # get_runner()'s session name: the middle part of every handle it makes
+# a replica's output file under torchx's slurm scheduler
+_REPLICA_FILE = re.compile(r"slurm-(?P<id>[0-9]+)-(?P<role>.+)-(?P<k>[0-9]+)\.(?P<ext>out|err)")
 
 # torchx.specs.AppState names -> JobState. Names, not the enum, so records and tests need no torchx.
 TORCHX_STATES: Mapping[str, JobState] = {
@@ -83,24 +84,6 @@ TORCHX_STATES: Mapping[str, JobState] = {
 def state_from_torchx(name: str) -> JobState:
     """Map a torchx ``AppState`` name (``SUCCEEDED``) to a :class:`JobState`; else UNKNOWN."""
     return TORCHX_STATES.get(name.upper(), JobState.UNKNOWN)
-
-
-def _prepare(spec: JobSpec, scheduler: str) -> tuple[Any, dict[str, str]]:
-    """(the spec's AppDef, the run config), after checking the request. The run config (torchx
-    ``cfg``) is the spec's SLURM options, and for local_cwd the spec's ``log_dir``, so the
-    output files outlive the submitting process."""
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(
-            f"scheduler={scheduler!r} is not supported by ddpkit's torchx jobs",
-            hint=f"use one of {', '.join(SCHEDULERS)}",
-        )
-    import_torchx("runner")
-    from ddpkit.jobs.backends.torchx_appdef import spec_to_appdef
-
-    app, cfg = spec_to_appdef(spec, scheduler=scheduler), scheduler_cfg(spec, scheduler)
-    if scheduler == "local_cwd":
-        cfg["log_dir"] = spec.log_path
-    return app, cfg
 
 
 # --- the runner, and the caller's signals -----------------------------------------------------
@@ -152,9 +135,18 @@ class TorchxBackend:
     via: Via = "torchx"
 
     def dry_run(self, spec: JobSpec, scheduler: str | None = None) -> Request:
-        refuse_sweep(spec)
+        """torchx's dry run of the spec's AppDef. The run config (torchx ``cfg``) is the spec's
+        SLURM options, and for local_cwd the spec's ``log_dir``, so the output files outlive
+        the submitting process."""
         scheduler = scheduler or DEFAULT_SCHEDULER
-        app, cfg = _prepare(spec, scheduler)
+        if scheduler not in SCHEDULERS:
+            raise ConfigError(
+                f"scheduler={scheduler!r} is not supported by ddpkit's torchx jobs",
+                hint=f"use one of {', '.join(SCHEDULERS)}",
+            )
+        app, cfg = spec_to_appdef(spec, scheduler=scheduler), scheduler_cfg(spec, scheduler)
+        if scheduler == "local_cwd":
+            cfg["log_dir"] = spec.log_path
         with _runner() as runner:
             info = runner.dryrun(app, scheduler, cfg=cfg)
         head = f"# torchx dryrun: scheduler={scheduler} cfg={json.dumps(cfg, sort_keys=True)}"
@@ -214,12 +206,41 @@ class TorchxBackend:
         # a local app that ended: nothing to do, as scancel leaves an ended job alone
 
     def sweep_status(self, job_id: str, record: JobRecord | None) -> list[SweepTask] | None:
-        return None  # torchx has no job arrays: refuse_sweep keeps sweeps away from it
+        return None  # torchx has no job arrays: spec_to_appdef refuses a sweep
 
     def log_files(
         self, job_id: str, record: JobRecord | None, rank: int | None
     ) -> tuple[list[LogFile], str]:
-        return log_files(record or record_for(job_id), rank)
+        """The job's output files that exist (torchx's own files) and where they were looked for.
+
+        Files come per replica (one replica per node, each running ``ddpkit run``, whose output
+        lines start with ``[rankN]: ``). Replica k gets node k's ranks when the replicas'
+        SLURM_NODEID number them (``ddpkit.launch.node_order``), else the rendezvous decides, so
+        ``rank`` keeps that rank's lines of every replica's files.
+        """
+        record = record or record_for(job_id)
+        scheduler, app_id = split_handle(record.handle or "")
+        directory = Path(record.log_dir)
+        replicas: list[tuple[int, str, Path]] = []  # (replica, label, path)
+        batch: list[LogFile] = []
+        if scheduler == "slurm":
+            looked = f"{directory}/slurm-{app_id}{{,-<role>-<k>.out,-<role>-<k>.err}}"
+            batch = [LogFile(p, "batch") for p in sorted(directory.glob(f"slurm-{app_id}.out"))]
+            for path in directory.glob(f"slurm-{app_id}-*-*.*"):
+                match = _REPLICA_FILE.fullmatch(path.name)
+                if match is not None and match["id"] == app_id:
+                    k = int(match["k"])
+                    replicas.append((k, f"{match['role']} replica {k} std{match['ext']}", path))
+        else:
+            looked = f"{directory}/<role>/<k>/combined.log"
+            for path in directory.glob("*/*/combined.log"):
+                if path.parent.name.isascii() and path.parent.name.isdigit():
+                    k = int(path.parent.name)
+                    replicas.append((k, f"{path.parent.parent.name} replica {k}", path))
+        replicas.sort(key=lambda item: (item[0], item[1]))
+        if rank is None:
+            return batch + [LogFile(path, label) for _, label, path in replicas], looked
+        return [LogFile(path, label, rank) for _, label, path in replicas], looked
 
 
 BACKEND = TorchxBackend()
@@ -316,40 +337,3 @@ def _local_exit_code(record: JobRecord) -> int | None:
     if not all(isinstance(code, int) for code in codes):
         return None
     return next((code for code in codes if code != 0), 0)
-
-
-# --- logs -------------------------------------------------------------------------------------
-
-_REPLICA_FILE = re.compile(r"slurm-(?P<id>[0-9]+)-(?P<role>.+)-(?P<k>[0-9]+)\.(?P<ext>out|err)")
-
-
-def log_files(record: JobRecord, rank: int | None = None) -> tuple[list[LogFile], str]:
-    """The job's output files that exist (torchx's own files) and where they were looked for.
-
-    Files come per replica (one replica per node, each running ``ddpkit run``, whose output
-    lines start with ``[rankN]: ``). Replica k gets node k's ranks when the replicas'
-    SLURM_NODEID number them (``ddpkit.launch.node_order``), else the rendezvous decides, so
-    ``rank`` keeps that rank's lines of every replica's files.
-    """
-    scheduler, app_id = split_handle(record.handle or "")
-    directory = Path(record.log_dir)
-    replicas: list[tuple[int, str, Path]] = []  # (replica, label, path)
-    batch: list[LogFile] = []
-    if scheduler == "slurm":
-        looked = f"{directory}/slurm-{app_id}{{,-<role>-<k>.out,-<role>-<k>.err}}"
-        batch = [LogFile(p, "batch") for p in sorted(directory.glob(f"slurm-{app_id}.out"))]
-        for path in directory.glob(f"slurm-{app_id}-*-*.*"):
-            match = _REPLICA_FILE.fullmatch(path.name)
-            if match is not None and match["id"] == app_id:
-                k = int(match["k"])
-                replicas.append((k, f"{match['role']} replica {k} std{match['ext']}", path))
-    else:
-        looked = f"{directory}/<role>/<k>/combined.log"
-        for path in directory.glob("*/*/combined.log"):
-            if path.parent.name.isascii() and path.parent.name.isdigit():
-                k = int(path.parent.name)
-                replicas.append((k, f"{path.parent.parent.name} replica {k}", path))
-    replicas.sort(key=lambda item: (item[0], item[1]))
-    if rank is None:
-        return batch + [LogFile(path, label) for _, label, path in replicas], looked
-    return [LogFile(path, label, rank) for _, label, path in replicas], looked

@@ -52,6 +52,7 @@ from ddpkit.cluster.envvars import number_hint
 from ddpkit.cluster.rendezvous.endpoint import RDZV_STEP
 from ddpkit.contract import CLI_MODULE, RUN_COMMAND
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.backends import refuse_sbatch_only
 from ddpkit.jobs.exports import exports as contract_exports
 from ddpkit.jobs.render import sbatch_extras, sbatch_quote
 from ddpkit.jobs.spec_bind import numa_flag
@@ -166,16 +167,12 @@ def ddp_appdef(
 ) -> AppDef:
     """One role of ``nodes`` replicas, each running ``ddpkit run`` for ``procs`` processes.
 
-    ``command`` is a script and its arguments, or ``-m module ...``. ``env`` is copied, never
-    modified (torchx's local scheduler writes PATH into ``Role.env``). ``sbatch``: more
-    ``#SBATCH`` options for each node under torchx's slurm scheduler (see :class:`SlurmRole`).
+    ``nodes`` and ``procs`` are at least 1 (checked by ``parse_j`` and the spec). ``command`` is
+    a script and its arguments, or ``-m module ...``. ``env`` is copied, never modified
+    (torchx's local scheduler writes PATH into ``Role.env``). ``sbatch``: more ``#SBATCH``
+    options for each node under torchx's slurm scheduler (see :class:`SlurmRole`).
     """
     specs = import_torchx()
-    if nodes < 1 or procs < 1:
-        raise ConfigError(
-            f"nodes={nodes}, procs per node={procs}: both must be at least 1",
-            hint="e.g. -j 2x4 (2 nodes, 4 processes each)",
-        )
     # the bash -c text each replica runs (torchx macros still in it; see the module doc)
     argv: list[str] = [python, "-u", "-m", CLI_MODULE, RUN_COMMAND, "--nnodes", str(nodes)]
     argv += ["--nproc-per-node", str(procs)]
@@ -268,11 +265,6 @@ def _role_name(command: Sequence[str], fallback: str) -> str:
     return _ROLE_NAME.sub("-", stem).strip("-") or fallback
 
 
-def _mem_mb(mem_gb: float | None) -> int:
-    # 0: no memory request (torchx's slurm scheduler then leaves out --mem)
-    return 0 if mem_gb is None else math.ceil(mem_gb * 1024)
-
-
 def _check_scheduler(scheduler: str) -> None:
     from torchx.schedulers import get_scheduler_factories  # type: ignore[import-untyped]
 
@@ -288,9 +280,9 @@ def refuse_sweep(spec: JobSpec) -> None:
     """Refuse, before anything is submitted, what torchx cannot carry rather than half-do it:
     a sweep (torchx has no job arrays: its slurm scheduler submits one heterogeneous job per
     AppDef, local_cwd runs one app in the foreground, so N unrelated jobs would lack the
-    array's one id, throttle and per-task requeue), a ``health_check`` (ddpkit's sbatch
-    scripts run it), ``nodes: MIN-MAX`` (one het component per node is a fixed count, and no
-    AppDef role honours a range) and a chain (torchx has no dependency between apps)."""
+    array's one id, throttle and per-task requeue), what only ddpkit's sbatch scripts carry
+    (``refuse_sbatch_only``; no AppDef role honours a node range), srun's binding, a container
+    and a chain (torchx has no dependency between apps)."""
     if spec.sweep is not None:
         raise ConfigError(
             f"sweep ({spec.sweep.count} runs) cannot go through torchx, which has no job "
@@ -298,18 +290,8 @@ def refuse_sweep(spec: JobSpec) -> None:
             hint="submit the sweep with --via sbatch (one SLURM array) or --via submitit "
             "(map_array)",
         )
-    if spec.health_check is not None:
-        raise ConfigError(
-            f"health_check={spec.health_check!r} runs only in ddpkit's sbatch scripts, not "
-            "through torchx",
-            hint="submit with --via sbatch, or remove health_check",
-        )
-    if spec.min_nodes is not None:
-        raise ConfigError(
-            f"nodes={spec.node_range!r} (a range) cannot go through torchx, whose slurm "
-            "scheduler submits one job component per node: a fixed count",
-            hint=f"submit it with --via sbatch, or set nodes: {spec.nodes}",
-        )
+    why = "slurm scheduler submits one job component per node: a fixed count"
+    refuse_sbatch_only(spec, "torchx", why, " (its workdir is its own)")
     if spec.cpu_bind is not None or spec.gpu_bind is not None:
         bind = "cpu_bind" if spec.cpu_bind is not None else "gpu_bind"
         raise ConfigError(
@@ -322,12 +304,6 @@ def refuse_sweep(spec: JobSpec) -> None:
             f"container (runtime {spec.container.runtime}) runs ddpkit's job step in an image, "
             "which torchx's scheduler does not pass on",
             hint="submit with --via sbatch or --via submitit, or remove container",
-        )
-    if spec.snapshot:
-        raise ConfigError(
-            "snapshot=true copies the files for ddpkit's sbatch scripts only, not through "
-            "torchx (its workdir is its own)",
-            hint="submit with --via sbatch, or set snapshot: false",
         )
     if spec.after or spec.singleton:
         chain = f"after={spec.after!r}" if spec.after else "singleton=true"
@@ -356,7 +332,8 @@ def spec_to_appdef(spec: JobSpec, *, scheduler: str = "local_cwd") -> AppDef:
         python=spec.python,
         cpu=spec.procs * spec.cpus_per_task,
         gpu=spec.gpus_per_node,
-        mem_mb=_mem_mb(spec.mem_gb),
+        # 0: no memory request (torchx's slurm scheduler then leaves out --mem)
+        mem_mb=0 if spec.mem_gb is None else math.ceil(spec.mem_gb * 1024),
         env=env,
         max_retries=0,
         rdzv_port=port,
