@@ -18,8 +18,7 @@ from torch.distributed.distributed_c10d import Store
 
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.tools import commtest
-from ddpkit.tools.doctor_checks import Check
-from ddpkit.tools.doctor_report import DoctorOptions, Report
+from ddpkit.tools.doctor_checks import Check, DoctorOptions, Report
 
 __all__ = ["run"]
 
