@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, cast
 
-from ddpkit.cluster.envvars import number_hint, to_float, to_int
+from ddpkit.cluster.envvars import number_hint, parse_port, to_float, to_int
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.hints import did_you_mean
 from ddpkit.masking import assignment, mask_text
@@ -179,7 +179,8 @@ def resolve_run_config(flags: Mapping[str, object], env: Mapping[str, str]) -> R
     get = _Lookup(flags, env)
     min_nodes, max_nodes = parse_nnodes(*get("nnodes"))
     port_text, port_label = get.optional("master_port")
-    master_port = None if port_text is None else parse_port(port_text, port_label)
+    free = "use 1..65535, or leave it out on one node to get a free port"
+    master_port = None if port_text is None else parse_port(port_label, port_text.strip(), free)
     backend = parse_choice(*get("rdzv_backend"), RDZV_BACKENDS)
     endpoint = parse_endpoint(*get("rdzv_endpoint"))
     implied = backend == "static" and not endpoint and master_port is None and max_nodes == 1
@@ -270,17 +271,6 @@ def parse_int(text: str, label: str, *, minimum: int) -> int:
         hint = number_hint(text, f"e.g. {label}={minimum}")
         raise ConfigError(f"{assignment(label, text)} is not an integer >= {minimum}", hint=hint)
     return value
-
-
-def parse_port(text: str, label: str = "--master-port") -> int:
-    """A TCP port, 1..65535."""
-    port = to_int(text.strip())
-    if port is None or not 0 < port < 65536:
-        hint = "use 1..65535, or leave it out on one node to get a free port"
-        raise ConfigError(
-            f"{assignment(label, text)} is not a TCP port", hint=number_hint(text, hint)
-        )
-    return port
 
 
 def parse_positive_float(text: str, label: str, example: str = "0.1") -> float:
