@@ -210,9 +210,9 @@ def _together(
         )
     report = Report(info.rank, checks, [], {})
     if ok and options.comm:
-        from ddpkit.tools import commrun  # imports torch: only when the sweep runs
+        from ddpkit.tools import commtest  # imports torch: only when the sweep runs
 
-        commrun.run(report, info, met.store, options)
+        commtest.run(report, info, met.store, options)
     return report
 
 

@@ -1,6 +1,6 @@
 """The doctor's checks: pure functions over facts, each returning one :class:`Check`, and
 what a run is asked (:class:`DoctorOptions`) and produces (:class:`Report`), shared by the
-doctor and its communication step (:mod:`.commrun`) so neither imports the other.
+doctor and its communication step (:mod:`.commtest`) so neither imports the other.
 
 A check never does I/O: :mod:`ddpkit.tools.doctor` gathers the facts (per rank, then across
 ranks through the store) and hands them here, so every verdict is table-tested without a
