@@ -164,7 +164,7 @@ def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
     says which node hosts the c10d store (``hosts_store``); an ``is_host`` given wins."""
     if config.rdzv_backend != "c10d" or any(key == "is_host" for key, _ in config.rdzv_conf):
         return config
-    hosts = hosts_store(env, config.rdzv_endpoint)
+    hosts = hosts_store(env, parse_rendezvous_endpoint(config.rdzv_endpoint, 0)[0])
     if hosts is None:
         return config
     return replace(config, rdzv_conf=(*config.rdzv_conf, ("is_host", "1" if hosts else "0")))
