@@ -85,8 +85,6 @@ HOST_MACRO = "${host}"
 def with_host(template: str) -> str:
     """The prefix template with ddpkit's ``${host}`` macro replaced by this node's short host
     name (which node a line came from); torch's substitution leaves unknown macros alone."""
-    if HOST_MACRO not in template:
-        return template
     return template.replace(HOST_MACRO, socket.gethostname().split(".")[0])
 
 
