@@ -39,7 +39,6 @@ from ddpkit.cluster.rendezvous.ifname import IFNAME_VARS, job_interface, unset_v
 from ddpkit.cluster.rendezvous.interfaces import Interface, is_this_host, route_interface
 from ddpkit.cluster.runid import launch_run_id
 from ddpkit.cluster.stop import forward as stop_forward
-from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
     launch_config_from_args,
     rdzv_shared_store_made_by,
@@ -50,17 +49,9 @@ from ddpkit.contract import RUN_ID_VAR
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.launch import deathsig, node_order, rdzv_port, relay, tee
 from ddpkit.launch.config import RunConfig
-from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
+from ddpkit.launch.report import LaunchOutcome, attempt_dir, failed_outcome
 
-__all__ = [
-    "LaunchOutcome",
-    "LaunchPlan",
-    "WorkerFailure",
-    "build_launch_config",
-    "child_pids",
-    "ifname_env",
-    "launch",
-]
+__all__ = ["LaunchPlan", "build_launch_config", "ifname_env", "launch"]
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
