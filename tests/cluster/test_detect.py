@@ -15,15 +15,13 @@ import ddpkit
 from ddpkit.cluster import detect as detect_from_package
 from ddpkit.cluster import detect_environment as detect_environment_from_package
 from ddpkit.cluster.detect import DETECTION_ORDER, detect, detect_environment
-from ddpkit.cluster.environments import (
-    MpiEnvironment,
-    SingleEnvironment,
-    SlurmEnvironment,
-    SubmititEnvironment,
-    TorchEnvEnvironment,
-    TorchrunEnvironment,
-)
 from ddpkit.cluster.environments.base import ClusterEnvironment
+from ddpkit.cluster.environments.mpi import MpiEnvironment
+from ddpkit.cluster.environments.single import SingleEnvironment
+from ddpkit.cluster.environments.slurm import SlurmEnvironment
+from ddpkit.cluster.environments.submitit import SubmititEnvironment
+from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
+from ddpkit.cluster.environments.torchrun import TorchrunEnvironment
 from ddpkit.cluster.rankinfo import ANY_PORT
 from tests.cluster.test_env_mpi import hydra_env, openmpi_env
 from tests.cluster.test_env_slurm import BATCH_ENV, srun_env

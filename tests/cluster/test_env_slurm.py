@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ddpkit.cluster.detect import detect, detect_environment
-from ddpkit.cluster.environments.slurm import SlurmEnvironment
+from ddpkit.cluster.environments.slurm import SlurmEnvironment, in_slurm_step
 from ddpkit.cluster.nodelist import expand_tasks_per_node
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.cluster.rendezvous.ports import PORT_RANGE_END, PORT_RANGE_START, port_for_job
@@ -236,7 +236,7 @@ def test_batch_script_is_a_single_process_with_a_note(step: str | None) -> None:
     env = BATCH_ENV if step is None else BATCH_ENV | {"SLURM_STEP_ID": step}
     environment = detect_environment(env)
     assert isinstance(environment, SlurmEnvironment)
-    assert not environment.in_step
+    assert not in_slurm_step(env)
     info = detect(env)
     assert (info.rank, info.world_size, info.local_world_size, info.num_nodes) == (0, 1, 1, 1)
     assert (info.launcher, info.master_addr) == ("single", "127.0.0.1")

@@ -16,7 +16,7 @@ import pytest
 
 import ddpkit
 from ddpkit.cluster.detect import detect
-from ddpkit.cluster.environments import TorchEnvEnvironment
+from ddpkit.cluster.environments.torchenv import TorchEnvEnvironment
 from ddpkit.errors import ConfigError, TopologyError, UsageError
 from tests.cluster.test_env_slurm import BATCH_ENV
 from tests.support.distutil import free_port, run_workers

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from ddpkit.cluster import validate
+from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.errors import TopologyError
 
 NAMES = {
@@ -27,9 +28,15 @@ GOOD_RANKS = {
 }
 
 
+def check_ranks(names: dict[str, str], **ranks: int) -> RankInfo:
+    info = RankInfo(**ranks, master_addr="127.0.0.1", master_port=29500, launcher="env")
+    return validate.check_rank_info(info, names)
+
+
 def test_consistent_ranks_pass() -> None:
-    validate.check_rank_ranges(names=NAMES, **GOOD_RANKS)
-    validate.check_rank_ranges(names={}, **GOOD_RANKS)
+    info = check_ranks(NAMES, **GOOD_RANKS)
+    assert (info.rank, info.world_size) == (5, 8)
+    check_ranks({}, **GOOD_RANKS)
 
 
 @pytest.mark.parametrize(
@@ -47,7 +54,7 @@ def test_consistent_ranks_pass() -> None:
 )
 def test_rank_range_errors(changes: dict[str, int], fragments: list[str]) -> None:
     with pytest.raises(TopologyError) as caught:
-        validate.check_rank_ranges(names=NAMES, **(GOOD_RANKS | changes))
+        check_ranks(NAMES, **(GOOD_RANKS | changes))
     for fragment in fragments:
         assert fragment in str(caught.value)
     assert caught.value.hint
@@ -55,7 +62,7 @@ def test_rank_range_errors(changes: dict[str, int], fragments: list[str]) -> Non
 
 def test_field_names_are_used_when_no_variable_is_known() -> None:
     with pytest.raises(TopologyError, match=r"rank=9 is outside \[0, world_size=8\)"):
-        validate.check_rank_ranges(names={}, **(GOOD_RANKS | {"rank": 9}))
+        check_ranks({}, **(GOOD_RANKS | {"rank": 9}))
 
 
 GOOD_LAYOUT: dict[str, Any] = {

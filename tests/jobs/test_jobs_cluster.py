@@ -310,5 +310,5 @@ def test_torchrun_with_a_host_template_rendezvous_on_the_first_nodes_fast_name(
     assert [(r["rank"], r["launcher"], r["sum"]) for r in rows] == expected
     assert sorted(r["node"] for r in rows) == sorted(nodes)
     # each node's agent named the interface of its route to nI-ib, eth0 in each node's
-    # namespace, for gloo and NCCL (ddpkit.launch.ifname): neither was set by the job
+    # namespace, for gloo and NCCL (ddpkit.launch.local.ifname_env): neither was set by the job
     assert [r["env"] for r in rows] == [dict.fromkeys(IFNAMES, "eth0")] * 2, rows

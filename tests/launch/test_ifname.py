@@ -1,5 +1,6 @@
 """gloo's and NCCL's interface on a multi-node ``ddpkit run``: the one of the route to the
-rendezvous host, per node, unless the user set the variable (:mod:`ddpkit.launch.ifname`)."""
+rendezvous host, per node, unless the user set the variable
+(:func:`ddpkit.launch.local.ifname_env`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import os
 import pytest
 
 from ddpkit.cli.run import config_from_argv
+from ddpkit.cluster.rendezvous.ifname import IFNAME_VARS
 from ddpkit.cluster.rendezvous.interfaces import (
     Interface,
     interfaces,
     is_this_host,
     route_interface,
 )
-from ddpkit.launch.ifname import IFNAME_VARS, ifname_env
-from ddpkit.launch.local import build_launch_config
+from ddpkit.launch.local import build_launch_config, ifname_env
 from tests.support.needs import missing
 
 IB0 = Interface("ib0", True, False, ("10.1.0.5",))

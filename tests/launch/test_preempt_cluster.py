@@ -45,8 +45,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.contract import STOP_HOLD_MODULE
-from ddpkit.launch.local import child_pids
 from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

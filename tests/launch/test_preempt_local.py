@@ -35,8 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.contract import STOP_HOLD_MODULE
-from ddpkit.launch.local import child_pids
 from tests.support.distutil import run_workers, torchrun_env
 from tests.support.pids import signal_if_same, start_ticks
 

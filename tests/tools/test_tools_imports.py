@@ -1,6 +1,6 @@
-"""The doctor and its communication step depend on ``tools/doctor_report.py`` (options and
-report), not on each other: no import of ``tools/doctor.py`` from ``tools/commrun.py``, not even
-one hidden under ``TYPE_CHECKING`` (a cycle that type checking alone still needs)."""
+"""The doctor and its communication step depend on ``tools/doctor_checks.py`` (checks, options
+and report), not on each other: no import of ``tools/doctor.py`` from ``tools/commtest.py``,
+not even one hidden under ``TYPE_CHECKING`` (a cycle that type checking alone still needs)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def imported(path: Path) -> set[str]:
     return {name for name in found if name.startswith("ddpkit")}
 
 
-def test_commrun_does_not_import_the_doctor() -> None:
-    assert "ddpkit.tools.doctor" not in imported(TOOLS / "commrun.py")
-    assert "ddpkit.tools.doctor_report" in imported(TOOLS / "commrun.py")
+def test_commtest_does_not_import_the_doctor() -> None:
+    assert "ddpkit.tools.doctor" not in imported(TOOLS / "commtest.py")
+    assert "ddpkit.tools.doctor_checks" in imported(TOOLS / "commtest.py")
 
 
-def test_doctor_report_imports_neither() -> None:
-    names = imported(TOOLS / "doctor_report.py")
-    assert not names & {"ddpkit.tools.doctor", "ddpkit.tools.commrun"}, names
+def test_doctor_checks_imports_neither() -> None:
+    names = imported(TOOLS / "doctor_checks.py")
+    assert not names & {"ddpkit.tools.doctor", "ddpkit.tools.commtest"}, names

@@ -49,10 +49,7 @@ def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironme
     the returned environment. Nothing is written, printed or warned.
     """
     snapshot = dict(os.environ if env is None else env)
-    for environment in DETECTION_ORDER:
-        if environment.detect(snapshot):
-            return environment(snapshot)
-    return SingleEnvironment(snapshot)
+    return next(found(snapshot) for found in DETECTION_ORDER if found.detect(snapshot))
 
 
 def detect(env: Mapping[str, str] | None = None) -> RankInfo:

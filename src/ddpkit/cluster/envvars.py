@@ -108,9 +108,9 @@ def require_int(env: Mapping[str, str], names: str | Sequence[str], *, hint: str
     return parse_int(name, value, hint=hint)
 
 
-def parse_port(name: str, value: str) -> int:
-    """A TCP port from variable ``name``: an integer in 1..65535."""
-    hint = f"set {name} to a free TCP port between 1 and 65535, e.g. 29500"
+def parse_port(name: str, value: str, hint: str | None = None) -> int:
+    """A TCP port from variable (or flag) ``name``: an integer in 1..65535."""
+    hint = hint or f"set {name} to a free TCP port between 1 and 65535, e.g. 29500"
     port = parse_int(name, value, hint=hint)
     if not 1 <= port <= 65535:
         raise ConfigError(f"{assignment(name, value)} is not a TCP port (1..65535)", hint=hint)

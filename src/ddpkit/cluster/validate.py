@@ -14,7 +14,7 @@ from ddpkit.errors import TopologyError
 __all__ = [
     "check_expected_world_size",
     "check_index",
-    "check_rank_ranges",
+    "check_rank_info",
     "check_sizes",
     "check_slurm_layout",
     "check_stray_torch_vars",
@@ -42,41 +42,28 @@ def check_index(name: str, value: int, size_name: str, size: int) -> None:
         raise TopologyError(f"{name}={value} is outside [0, {size_name}={size})", hint=_HINT)
 
 
-def check_rank_ranges(
-    *,
-    names: dict[str, str],
-    rank: int,
-    world_size: int,
-    local_rank: int,
-    local_world_size: int,
-    node_rank: int,
-    num_nodes: int,
-) -> None:
-    """Every size is positive and every index lies inside its size (see :func:`check_sizes`)."""
+def check_rank_info(info: RankInfo, names: dict[str, str]) -> RankInfo:
+    """``info`` when every size is positive and every index lies inside its size; ``names``
+    maps its fields to the variables they were read from (see :func:`check_sizes`)."""
     check_sizes(
         names=names,
-        world_size=world_size,
-        local_world_size=local_world_size,
-        num_nodes=num_nodes,
+        world_size=info.world_size,
+        local_world_size=info.local_world_size,
+        num_nodes=info.num_nodes,
     )
-    if local_world_size > world_size:
+    if info.local_world_size > info.world_size:
         raise TopologyError(
-            f"{names.get('local_world_size', 'local_world_size')}={local_world_size} exceeds "
-            f"{names.get('world_size', 'world_size')}={world_size}",
+            f"{names.get('local_world_size', 'local_world_size')}={info.local_world_size} "
+            f"exceeds {names.get('world_size', 'world_size')}={info.world_size}",
             hint=_HINT,
         )
-    for field, value, size_field, size in (
-        ("rank", rank, "world_size", world_size),
-        ("local_rank", local_rank, "local_world_size", local_world_size),
-        ("node_rank", node_rank, "num_nodes", num_nodes),
+    for field, size_field in (
+        ("rank", "world_size"),
+        ("local_rank", "local_world_size"),
+        ("node_rank", "num_nodes"),
     ):
+        value, size = getattr(info, field), getattr(info, size_field)
         check_index(names.get(field, field), value, names.get(size_field, size_field), size)
-
-
-def check_rank_info(info: RankInfo, names: dict[str, str]) -> RankInfo:
-    """:func:`check_rank_ranges` over a built record (``names`` maps fields to variables)."""
-    fields = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes")
-    check_rank_ranges(names=names, **{field: getattr(info, field) for field in fields})
     return info
 
 

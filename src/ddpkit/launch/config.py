@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, cast
 
-from ddpkit.cluster.envvars import number_hint, to_float, to_int
-from ddpkit.errors import ConfigError, UsageError
+from ddpkit.cluster.envvars import number_hint, parse_port, to_float, to_int
+from ddpkit.errors import ConfigError
 from ddpkit.hints import did_you_mean
 from ddpkit.masking import assignment, mask_text
 
@@ -58,7 +58,6 @@ DEFAULTS: dict[str, str | None] = {
 }
 # On/off flags; PET_<NAME>=1 turns one on, as torchrun's check_env does.
 SWITCHES = ("standalone", "module", "no_python", "run_path")
-_POSITIONAL = ("script", "script_args")
 
 # Used with fullmatch: ``$`` also matches before a final newline ("3\n" is no stream spec).
 # [0-9], not \d: \d matches every script's digits ("٣"), which int() then reads silently.
@@ -175,11 +174,11 @@ def resolve_run_config(flags: Mapping[str, object], env: Mapping[str, str]) -> R
     """Turn parsed flags (argparse dests, None when not given) into a validated ``RunConfig``.
     Each flag: the flag, else ``PET_<FLAG>`` in ``env`` (torchrun's convention), else
     ``DEFAULTS``. Raises ``ConfigError`` naming the flag (or variable), its value and a hint."""
-    _reject_unknown(flags)
     get = _Lookup(flags, env)
     min_nodes, max_nodes = parse_nnodes(*get("nnodes"))
     port_text, port_label = get.optional("master_port")
-    master_port = None if port_text is None else parse_port(port_text, port_label)
+    free = "use 1..65535, or leave it out on one node to get a free port"
+    master_port = None if port_text is None else parse_port(port_label, port_text.strip(), free)
     backend = parse_choice(*get("rdzv_backend"), RDZV_BACKENDS)
     endpoint = parse_endpoint(*get("rdzv_endpoint"))
     implied = backend == "static" and not endpoint and master_port is None and max_nodes == 1
@@ -220,12 +219,6 @@ def resolve_run_config(flags: Mapping[str, object], env: Mapping[str, str]) -> R
 def _numa_binding(get: _Lookup) -> str | None:
     text, label = get.optional("numa_binding")
     return None if text is None else parse_choice(text, label, NUMA_BINDINGS)
-
-
-def _reject_unknown(flags: Mapping[str, object]) -> None:
-    unknown = sorted(set(flags) - set(DEFAULTS) - set(SWITCHES) - set(_POSITIONAL))
-    if unknown:
-        raise UsageError(f"unknown run flags {unknown}", hint="see DEFAULTS and SWITCHES")
 
 
 def _streams(get: _Lookup) -> tuple[str, str]:
@@ -270,17 +263,6 @@ def parse_int(text: str, label: str, *, minimum: int) -> int:
         hint = number_hint(text, f"e.g. {label}={minimum}")
         raise ConfigError(f"{assignment(label, text)} is not an integer >= {minimum}", hint=hint)
     return value
-
-
-def parse_port(text: str, label: str = "--master-port") -> int:
-    """A TCP port, 1..65535."""
-    port = to_int(text.strip())
-    if port is None or not 0 < port < 65536:
-        hint = "use 1..65535, or leave it out on one node to get a free port"
-        raise ConfigError(
-            f"{assignment(label, text)} is not a TCP port", hint=number_hint(text, hint)
-        )
-    return port
 
 
 def parse_positive_float(text: str, label: str, example: str = "0.1") -> float:

@@ -2,7 +2,7 @@
 
 ``build_launch_config`` goes through torch's own parser, so every flag means what it means
 under torchrun, then sets ddpkit's defaults (on several nodes, gloo's and NCCL's interface:
-:mod:`.ifname`). ``launch`` runs ``elastic_launch`` with torch's
+:func:`ifname_env`). ``launch`` runs ``elastic_launch`` with torch's
 process-wide side effects (``os.environ``, signal handlers) undone afterwards, the signals
 passed on (:mod:`.relay`), the workers tied to the launcher (:mod:`.deathsig`), and returns a
 ``LaunchOutcome`` (:mod:`.report`) instead of torch's ``ChildFailedError`` box.
@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
@@ -28,14 +29,16 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsSpec
 from torch.distributed.elastic.multiprocessing.api import LogsDest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError as TorchRendezvousError
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ddpkit.cluster.durations import scaled_bound
 from ddpkit.cluster.limits import open_files_needed, raise_open_files
 from ddpkit.cluster.rendezvous.endpoint import hosts_store
+from ddpkit.cluster.rendezvous.ifname import IFNAME_VARS, job_interface, unset_vars
+from ddpkit.cluster.rendezvous.interfaces import Interface, is_this_host, route_interface
 from ddpkit.cluster.runid import launch_run_id
 from ddpkit.cluster.stop import forward as stop_forward
-from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.compat import (
     launch_config_from_args,
     rdzv_shared_store_made_by,
@@ -44,18 +47,11 @@ from ddpkit.compat import (
 )
 from ddpkit.contract import RUN_ID_VAR
 from ddpkit.errors import ConfigError, RendezvousError
-from ddpkit.launch import deathsig, ifname, node_order, rdzv_port, relay, tee
+from ddpkit.launch import deathsig, node_order, rdzv_port, relay, tee
 from ddpkit.launch.config import RunConfig
-from ddpkit.launch.report import LaunchOutcome, WorkerFailure, attempt_dir, failed_outcome
+from ddpkit.launch.report import LaunchOutcome, attempt_dir, failed_outcome
 
-__all__ = [
-    "LaunchOutcome",
-    "LaunchPlan",
-    "WorkerFailure",
-    "build_launch_config",
-    "child_pids",
-    "launch",
-]
+__all__ = ["LaunchPlan", "build_launch_config", "ifname_env", "launch"]
 
 STATIC_MASTER_PORT = 29500  # torch's run() default when --master-port is not given
 _SHARED_RDZV_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -80,8 +76,6 @@ HOST_MACRO = "${host}"
 def with_host(template: str) -> str:
     """The prefix template with ddpkit's ``${host}`` macro replaced by this node's short host
     name (which node a line came from); torch's substitution leaves unknown macros alone."""
-    if HOST_MACRO not in template:
-        return template
     return template.replace(HOST_MACRO, socket.gethostname().split(".")[0])
 
 
@@ -117,15 +111,31 @@ def build_launch_config(config: RunConfig) -> LaunchPlan:
     if run_id is not None:
         worker_env[RUN_ID_VAR] = run_id
     # gloo's and NCCL's interface on several nodes: the one that reaches the rendezvous host
-    worker_env |= ifname.ifname_env(
-        os.environ, launch_config.max_nodes, launch_config.rdzv_endpoint
-    )
+    worker_env |= ifname_env(os.environ, launch_config.max_nodes, launch_config.rdzv_endpoint)
     launch_config.log_line_prefix_template = with_host(config.log_line_prefix_template)
     _scale_read_timeout(launch_config, config)
     bind = rdzv_port.shared_store_bind(launch_config)
     if bind is not None and not launch_config.local_addr:
         launch_config.local_addr = bind  # the workers' MASTER_ADDR: where the store listens
     return LaunchPlan(launch_config, entrypoint, tuple(cmd_args), worker_env, bind)
+
+
+def ifname_env(
+    env: Mapping[str, str],
+    max_nodes: int,
+    rdzv_endpoint: str,
+    route: Callable[[str], Interface | None] = route_interface,
+    this_host: Callable[[str], bool] = is_this_host,
+) -> dict[str, str]:
+    """On several nodes, the variables of :data:`IFNAME_VARS` the user has not set, each
+    naming the interface of this node's route to the rendezvous host (the rule and why:
+    :mod:`ddpkit.cluster.rendezvous.ifname`); none known leaves both to the backends."""
+    unset = unset_vars(env)
+    if max_nodes <= 1 or not unset or not rdzv_endpoint:
+        return {}
+    host, _ = parse_rendezvous_endpoint(rdzv_endpoint, 0)  # only the host is used
+    name = job_interface(host, env, route, this_host)
+    return {} if name is None else dict.fromkeys(unset, name)
 
 
 def _scale_read_timeout(launch_config: LaunchConfig, config: RunConfig) -> None:
@@ -143,7 +153,7 @@ def _store_host_decided(config: RunConfig, env: Mapping[str, str]) -> RunConfig:
     says which node hosts the c10d store (``hosts_store``); an ``is_host`` given wins."""
     if config.rdzv_backend != "c10d" or any(key == "is_host" for key, _ in config.rdzv_conf):
         return config
-    hosts = hosts_store(env, config.rdzv_endpoint)
+    hosts = hosts_store(env, parse_rendezvous_endpoint(config.rdzv_endpoint, 0)[0])
     if hosts is None:
         return config
     return replace(config, rdzv_conf=(*config.rdzv_conf, ("is_host", "1" if hosts else "0")))
@@ -154,8 +164,12 @@ def launch(config: RunConfig) -> LaunchOutcome:
     The stop signal is passed on to them from here (:func:`.relay.relay_stop_signal`)."""
     relay.relay_stop_signal(os.environ)
     plan = build_launch_config(config)
-    chosen = {key: plan.worker_env[key] for key in ifname.IFNAME_VARS if key in plan.worker_env}
-    ifname.tell(chosen)
+    chosen = " ".join(
+        f"{key}={plan.worker_env[key]}" for key in IFNAME_VARS if key in plan.worker_env
+    )
+    if chosen:
+        why = "the interface of this node's route to the others"
+        print(f"ddpkit run: workers get {chosen} ({why})", file=sys.stderr, flush=True)
     # The agent may host the store every worker connects to (2 connections a worker): raised
     # as ddpkit.init raises a rank's, and inherited by the workers (ddpkit.cluster.limits)
     largest = plan.launch_config.max_nodes * plan.launch_config.nproc_per_node

@@ -37,8 +37,14 @@ from ddpkit.cluster.rendezvous.ports import free_port
 from ddpkit.errors import DdpkitError
 from ddpkit.tools import doctor_checks as verdicts
 from ddpkit.tools import netinfo
-from ddpkit.tools.doctor_checks import Check, RankFacts, from_error
-from ddpkit.tools.doctor_report import DEFAULT_TIMEOUT_S, DoctorOptions, Report
+from ddpkit.tools.doctor_checks import (
+    DEFAULT_TIMEOUT_S,
+    Check,
+    DoctorOptions,
+    RankFacts,
+    Report,
+    from_error,
+)
 from ddpkit.worker.rendezvous import batched
 
 if TYPE_CHECKING:
@@ -204,9 +210,9 @@ def _together(
         )
     report = Report(info.rank, checks, [], {})
     if ok and options.comm:
-        from ddpkit.tools import commrun  # imports torch: only when the sweep runs
+        from ddpkit.tools import commtest  # imports torch: only when the sweep runs
 
-        commrun.run(report, info, met.store, options)
+        commtest.run(report, info, met.store, options)
     return report
 
 

@@ -1,4 +1,6 @@
-"""The doctor's checks: pure functions over facts, each returning one :class:`Check`.
+"""The doctor's checks: pure functions over facts, each returning one :class:`Check`, and
+what a run is asked (:class:`DoctorOptions`) and produces (:class:`Report`), shared by the
+doctor and its communication step (:mod:`.commtest`) so neither imports the other.
 
 A check never does I/O: :mod:`ddpkit.tools.doctor` gathers the facts (per rank, then across
 ranks through the store) and hands them here, so every verdict is table-tested without a
@@ -8,8 +10,9 @@ calls the runtime's own function and turns its ``TopologyError`` into a FAIL lin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ddpkit.cluster.devices import check_distinct_gpus, parse_visible_devices
@@ -23,11 +26,15 @@ from ddpkit.cluster.limits import (
 from ddpkit.cluster.rankinfo import RankInfo
 from ddpkit.cluster.rendezvous.lookup import SLOW_LOOKUP_S
 from ddpkit.errors import DdpkitError
+from ddpkit.masking import mask_text, mask_tree
 from ddpkit.tools.netinfo import Choice, is_loopback
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "Check",
+    "DoctorOptions",
     "RankFacts",
+    "Report",
     "check_arrivals",
     "check_free_space",
     "check_gpus",
@@ -72,6 +79,63 @@ class RankFacts:
     cuda_visible_devices: str | None
     gpu_uuids: list[str] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)  # its own checks, as dicts
+
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What ``ddpkit doctor``'s flags ask for."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    quick: bool = False
+    comm: bool = True
+    folders: tuple[str, ...] = ()
+    min_free_gb: float = 1.0
+    world_size: int | None = None  # size the limits for this many ranks (default: the job's)
+
+
+@dataclass
+class Report:
+    """The checks (one line each), the sweep rows and the references (rank 0's view)."""
+
+    rank: int
+    checks: list[Check]
+    allreduce: list[dict[str, Any]]
+    references: dict[str, float | None]
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "FAIL" for c in self.checks)
+
+    def text(self, *, problems_only: bool = False) -> str:
+        """The check lines (only WARN/FAIL with ``problems_only``), then the sweep's table."""
+        lines = [
+            mask_text(c.line()) for c in self.checks if c.status != "PASS" or not problems_only
+        ]
+        if self.allreduce:
+            lines.append(
+                f"{'backend':>8} {'size (B)':>10} {'time (us)':>11} "
+                f"{'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+            )
+            lines += [
+                f"{r['backend']:>8} {r['size_bytes']:>10} {r['time_us']:>11.1f} "
+                f"{r['algbw_gbps']:>13.3f} {r['busbw_gbps']:>13.3f}"
+                for r in self.allreduce
+            ]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "rank": self.rank,
+                "ok": not self.failed,
+                "checks": [mask_tree(asdict(c)) for c in self.checks],
+                "allreduce": self.allreduce,
+                "references": self.references,
+            }
+        )
 
 
 def from_error(name: str, error: DdpkitError) -> Check:

@@ -9,18 +9,16 @@ Which interface a backend would use, as the backends decide it:
 * NCCL's socket transport: ``NCCL_SOCKET_IFNAME`` (prefixes; ``^`` excludes, ``=`` exact)
   when set; otherwise the first interface that is up, has an address and is neither ``lo``
   nor ``docker*``, InfiniBand (``ib*``) first. An approximation of NCCL's own search, said so.
-
-Name resolution can block for long on a broken resolver, so it runs in a thread with a bound.
 """
 
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ddpkit.cluster.rendezvous.interfaces import Interface, interface_of, interfaces, is_loopback
+from ddpkit.cluster.rendezvous.lookup import resolve
 
 __all__ = [
     "Choice",
@@ -45,23 +43,6 @@ class Choice:
     @property
     def loopback(self) -> bool:
         return self.address is not None and is_loopback(self.address)
-
-
-def resolve(host: str, bound_s: float = 5.0) -> list[str]:
-    """The addresses ``host`` resolves to (IPv4 first), or [] when it does not within bound_s."""
-    found: list[str] = []
-
-    def lookup() -> None:
-        try:
-            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except OSError:
-            return
-        found.extend(dict.fromkeys(str(info[4][0]) for info in infos))
-
-    thread = threading.Thread(target=lookup, name="ddpkit-resolve", daemon=True)
-    thread.start()
-    thread.join(bound_s)
-    return sorted(found, key=lambda a: ":" in a) if not thread.is_alive() else []
 
 
 def _bindable(address: str) -> bool:

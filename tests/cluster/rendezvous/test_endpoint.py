@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from ddpkit.cluster.rendezvous.endpoint import endpoint, hosts_store, main
 from ddpkit.cluster.rendezvous.ports import port_for_job
@@ -61,7 +62,8 @@ HOSTS_STORE: list[tuple[dict[str, str], str, bool | None]] = [
 
 @pytest.mark.parametrize(("env", "rdzv_endpoint", "expected"), HOSTS_STORE)
 def test_hosts_store(env: dict[str, str], rdzv_endpoint: str, expected: bool | None) -> None:
-    assert hosts_store(env, rdzv_endpoint) is expected
+    host, _ = parse_rendezvous_endpoint(rdzv_endpoint, 0)  # as ddpkit run reads its endpoint
+    assert hosts_store(env, host) is expected
 
 
 @pytest.mark.parametrize(

@@ -92,8 +92,15 @@ def test_the_hint_names_the_mapped_address_only_when_its_lookup_is_slow(
     hint = lookup.slow_lookup_hint("127.0.0.1")
     assert hint is not None and "took 0.7 s to name ::ffff:127.0.0.1" in hint
     assert lookup.slow_lookup_hint("not an address") is None  # no route: nothing to say
-    hang, routed = threading.Event(), []
-    monkeypatch.setattr(lookup, "route_to", lambda address: hang.wait(60) and routed.append(1))
+    hang, asked_dns, answered = threading.Event(), [], []
+
+    def slow_dns(host: str, *args: object, **kwargs: object) -> list[object]:
+        asked_dns.append(host)
+        hang.wait(60)
+        answered.append(host)
+        return []
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_dns)
     assert lookup.slow_lookup_hint("n1", 0.2) is None  # a name DNS cannot resolve in time
-    assert routed == []  # at its bound, the route still being looked for
+    assert asked_dns == ["n1"] and answered == []  # at its bound, the name still resolving
     hang.set()

@@ -287,10 +287,5 @@ class SlurmEnvironment(ClusterEnvironment):
         # are an "env" job, not a single process each.
         return not TorchEnvEnvironment.detect(env) or _in_step_or_unreadable(env)
 
-    @property
-    def in_step(self) -> bool:
-        """False in a batch script or salloc shell, where ``rank_info`` is a single process."""
-        return in_slurm_step(self.env)
-
     def rank_info(self) -> RankInfo:
         return slurm_rank_info(self.env, self.launcher)

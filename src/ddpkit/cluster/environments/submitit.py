@@ -57,30 +57,21 @@ class SubmititEnvironment(ClusterEnvironment):
             require_int(env, names[field], hint=_HINT)
             for field in ("rank", "local_rank", "world_size", "node_rank", "num_nodes")
         )
-        # One machine: every task of the job is local.
-        validate.check_rank_ranges(
-            names={**names, "local_world_size": names["world_size"]},
-            rank=rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=world_size,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
-        )
         addr, port = master_from_env(env)
         if port is None:
             job_id = env.get(names["job_id"])
             if job_id is None:
                 raise ConfigError(f"{names['job_id']} is not set", hint=_HINT)
             port = port_for_job(job_id)
-        return RankInfo(
+        info = RankInfo(
             rank=rank,
             local_rank=local_rank,
             world_size=world_size,
-            local_world_size=world_size,
+            local_world_size=world_size,  # one machine: every task of the job is local
             node_rank=node_rank,
             num_nodes=num_nodes,
             master_addr=addr or "127.0.0.1",
             master_port=port,
             launcher=self.launcher,
         )
+        return validate.check_rank_info(info, {**names, "local_world_size": names["world_size"]})

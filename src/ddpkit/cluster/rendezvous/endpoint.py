@@ -57,21 +57,15 @@ def endpoint(env: Mapping[str, str], port: str = "auto") -> str:
     return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
 
 
-def _endpoint_host(rdzv_endpoint: str) -> str:
-    """The host of ``host``, ``host:port`` or ``[v6]:port`` (torch's own parsing rules)."""
-    text = rdzv_endpoint.strip()
-    host = text if text.startswith("[") and text.endswith("]") else text.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def hosts_store(env: Mapping[str, str], rdzv_endpoint: str) -> bool | None:
-    """Whether this node hosts the c10d store of ``rdzv_endpoint``: True on the job's first
-    node, False on the others, when it is :func:`endpoint`'s; None (torch decides) otherwise."""
+def hosts_store(env: Mapping[str, str], rdzv_host: str) -> bool | None:
+    """Whether this node hosts the c10d store at ``rdzv_host`` (the host of the endpoint): True
+    on the job's first node, False on the others, when it is :func:`endpoint`'s host; None
+    (torch decides) otherwise."""
     node = env.get("SLURMD_NODENAME")
     if node is None or not any(name in env for name in _NODELIST_VARS):
         return None
     first = _first_node(env)
-    if _endpoint_host(rdzv_endpoint) != apply_host_template(env, first):
+    if rdzv_host != apply_host_template(env, first):
         return None
     return node == first
 

@@ -9,8 +9,9 @@ it, unless the user set either (their choice, kept as is). The node hosting the 
 takes the route to another node of the job instead (its route to itself says nothing). A route
 over loopback (a host name that resolves to 127.0.1.1, or every "node" on one host) names
 nothing: the backends' own choice is no worse there, and loopback would be wrong for NCCL's
-other nodes. ``ddpkit run`` gives its workers the variables (:mod:`ddpkit.launch.ifname`);
-under ``launch: srun``, ``ddpkit.init`` sets them for its one ``init_process_group`` call.
+other nodes. ``ddpkit run`` gives its workers the variables
+(:func:`ddpkit.launch.local.ifname_env`); under ``launch: srun``, ``ddpkit.init`` sets them for
+its one ``init_process_group`` call.
 """
 
 from __future__ import annotations

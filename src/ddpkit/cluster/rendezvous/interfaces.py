@@ -2,7 +2,7 @@
 
 Read from the kernel (``if_nameindex``, ``SIOCGIFADDR``, ``/proc/net/if_inet6``,
 ``/sys/class/net``): ``ddpkit doctor`` shows them, and ``ddpkit run`` names the interface of the
-route to the rendezvous for its workers' gloo and NCCL (:mod:`ddpkit.launch.ifname`).
+route to the rendezvous for its workers' gloo and NCCL (:func:`ddpkit.launch.local.ifname_env`).
 """
 
 from __future__ import annotations

@@ -19,12 +19,31 @@ import time
 __all__ = [
     "SLOW_LOOKUP_S",
     "name_lookups_s",
+    "resolve",
     "route_to",
     "slow_lookup_hint",
     "torch_socket_address",
 ]
 
 SLOW_LOOKUP_S = 0.5  # a lookup this slow is the resolver's timeout, not its work
+
+
+def resolve(host: str, bound_s: float = 5.0) -> list[str]:
+    """The addresses ``host`` resolves to (IPv4 first), or [] when it does not within bound_s
+    (a broken resolver can block for long: the lookup runs in a thread)."""
+    found: list[str] = []
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return
+        found.extend(dict.fromkeys(str(info[4][0]) for info in infos))
+
+    thread = threading.Thread(target=lookup, name="ddpkit-resolve", daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    return sorted(found, key=lambda a: ":" in a) if not thread.is_alive() else []
 
 
 def route_to(address: str) -> str | None:
@@ -74,13 +93,8 @@ def slow_lookup_hint(master_addr: str, bound_s: float = 1.0) -> str | None:
     torch's client names it, takes :data:`SLOW_LOOKUP_S` or more; None when it is answered
     sooner, or when the route cannot be told within ``bound_s`` (a host name resolved first).
     At most 2 x ``bound_s``."""
-    routed: list[str | None] = []  # a host name is resolved first: that waits on DNS too
-    finding = threading.Thread(
-        target=lambda: routed.append(route_to(master_addr)), name="ddpkit-route", daemon=True
-    )
-    finding.start()
-    finding.join(bound_s)
-    local = routed[0] if routed else None
+    resolved = resolve(master_addr, bound_s)
+    local = route_to(resolved[0]) if resolved else None
     if local is None:
         return None
     named = torch_socket_address(local)

@@ -42,11 +42,7 @@ class ArrayTasks:
 
 
 def query_array(
-    job_id: str | int,
-    count: int | None = None,
-    *,
-    runner: Runner = subprocess_runner,
-    env: Mapping[str, str] | None = None,
+    job_id: str | int, count: int | None = None, *, runner: Runner = subprocess_runner
 ) -> ArrayTasks:
     """The state of every task of the job array ``job_id`` (tasks 0..count-1, or those the
     tools list), each tool asked once for the whole array, in :func:`query_state`'s order:
@@ -63,7 +59,7 @@ def query_array(
         )
     answers: dict[Source, tuple[list[Row], dict[int, JobStatus]]] = {}
     for source in ("squeue", "sacct", "scontrol"):
-        rows, _ = tool_rows(source, array, runner, env)
+        rows, _ = tool_rows(source, array, runner, None)
         answers[source] = (rows, _task_statuses(rows, array, source))
     known = set() if count is None else set(range(count))
     for _, explicit in answers.values():

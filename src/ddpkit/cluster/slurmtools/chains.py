@@ -11,7 +11,6 @@ this one waits for ended in a way its dependency does not accept", and such a jo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 from ddpkit.cluster.slurmtools.query import job_fields
 from ddpkit.cluster.slurmtools.runner import Runner, SlurmError, lines, subprocess_runner
@@ -39,9 +38,7 @@ def _ids(stdout: str) -> list[str]:
     return [str(job) for job in sorted(ids, reverse=True)]
 
 
-def jobs_named(
-    name: str, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
-) -> list[str]:
+def jobs_named(name: str, *, runner: Runner = subprocess_runner) -> list[str]:
     """The current user's job ids of job name ``name``, newest first: squeue's live ones, else
     those sacct remembers; [] when neither knows one (or neither can be asked)."""
     asks = [
@@ -50,7 +47,7 @@ def jobs_named(
     ]
     for argv in asks:
         try:
-            done = runner(argv, env=env)
+            done = runner(argv)
         except SlurmError:
             continue
         if done.returncode == 0 and _ids(done.stdout):
@@ -58,12 +55,10 @@ def jobs_named(
     return []
 
 
-def pending_reason(
-    job_id: str, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
-) -> str | None:
+def pending_reason(job_id: str, *, runner: Runner = subprocess_runner) -> str | None:
     """scontrol's ``Reason=`` of the job (``Dependency``, ``DependencyNeverSatisfied``, ...),
     None when the controller does not know the job or gives none."""
-    reason = (job_fields(job_id, runner=runner, env=env) or {}).get("Reason", "")
+    reason = (job_fields(job_id, runner=runner) or {}).get("Reason", "")
     return reason if reason and reason != "None" else None
 
 

@@ -83,14 +83,12 @@ def cancel(
         )
 
 
-def requeue(
-    target: str, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
-) -> str | None:
+def requeue(target: str, *, runner: Runner = subprocess_runner) -> str | None:
     """``scontrol requeue <target>``: None on success, else why it failed (never raises: the
     caller, a stopping job, reports it and exits with its own code)."""
     argv = ["scontrol", "requeue", target]
     try:
-        done = runner(argv, env=env)
+        done = runner(argv)
     except SlurmError as error:
         return f"{shlex.join(argv)} could not run ({error.message})"
     if done.returncode != 0:

@@ -230,23 +230,19 @@ def query_state(
     return JobStatus(JobState.UNKNOWN, "", None, "none", hint=hint)
 
 
-def job_fields(
-    job_id: str, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
-) -> dict[str, str] | None:
+def job_fields(job_id: str, *, runner: Runner = subprocess_runner) -> dict[str, str] | None:
     """``scontrol show job``'s fields of the job (its first line), or None when the controller
     does not know it or SLURM is not there at all."""
     try:
-        done = runner(["scontrol", "show", "job", "--oneliner", parse_job_id(job_id)], env=env)
+        done = runner(["scontrol", "show", "job", "--oneliner", parse_job_id(job_id)])
     except SlurmError:
         return None
     found = lines(done.stdout) if done.returncode == 0 else []
     return scontrol_fields(found[0]) if found else None
 
 
-def job_restarts(
-    job_id: str, *, runner: Runner = subprocess_runner, env: Mapping[str, str] | None = None
-) -> int | None:
+def job_restarts(job_id: str, *, runner: Runner = subprocess_runner) -> int | None:
     """How many times SLURM requeued the job (``scontrol show job``'s ``Restarts=``, which the
     job sees as ``SLURM_RESTART_COUNT``); None when the controller no longer knows the job."""
-    value = (job_fields(job_id, runner=runner, env=env) or {}).get("Restarts", "")
+    value = (job_fields(job_id, runner=runner) or {}).get("Restarts", "")
     return int(value) if value.isdigit() else None
