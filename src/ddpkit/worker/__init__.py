@@ -10,8 +10,7 @@
     parallel       the dp engine: slices to devices, replicas, threads with the caller's state
     structure      split / concat / combine for any structure (pure, tested on CPU)
     state_dict     unwrap, clean_state_dict, load_state_dict: one format across modes
-    loader         per-rank shards whose epoch advances by itself; resumable position
-    active         which loader pass yielded the latest batch (what gather reads)
+    loader         per-rank shards whose epoch advances by itself; resumable; the active pass
     gather         every rank's rows of an evaluation step, padding duplicates removed
     accumulate     gradient accumulation windows: the sync skipped but on the last micro-step
     clip           clip_grad_norm_: the norm of the gradient the optimizer takes, global

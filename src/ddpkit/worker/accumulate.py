@@ -56,7 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit import compat
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.worker.loader import ACTIVE
+from ddpkit.worker.loader import active_pass
 from ddpkit.worker.state_dict import unwrap
 
 __all__ = ["SKIP_SYNC", "MicroStep", "SkipSync", "accumulate", "window_progress"]
@@ -235,7 +235,7 @@ def _uniform(window: _Window, every: int) -> bool:
     """Whether every micro-step of the window opening now weighs the same: the loader's rows
     from this batch to the window's end (``every`` batches on, or the pass's end), else 1.0
     each (no loader, or a loop that splits its batches: see :func:`_loader_batch`)."""
-    iterator = ACTIVE.get()
+    iterator = active_pass()
     if iterator is None or window.batch is None or not window.follows_loader:
         return True
     layout = iterator.loader.layout
@@ -246,7 +246,7 @@ def _uniform(window: _Window, every: int) -> bool:
 def _loader_batch(window: _Window) -> tuple[float, bool]:
     """(this micro-step's weight, whether its batch is its pass's last): a ``ddpkit.loader``'s
     rows and end when one yielded a batch since the previous micro-step, else (1.0, False)."""
-    iterator = ACTIVE.get()
+    iterator = active_pass()
     if iterator is None or not window.follows_loader:
         window.batch = None
         return 1.0, False
