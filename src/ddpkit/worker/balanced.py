@@ -63,54 +63,47 @@ def balanced_loss(
     CPU devices share the one module (a CPU run of the same path). ``first_device_batch``: at
     most that many samples on the first device (default: the DataParallel's setting).
     """
+    if not callable(criterion):
+        raise ConfigError(
+            f"criterion={criterion!r} is not callable",
+            hint="pass a loss module or function, e.g. nn.CrossEntropyLoss()",
+        )
+    wrapper = model if isinstance(model, nn.DataParallel) else None
+    ids: list[int] = list(wrapper.device_ids) if wrapper is not None else []
+    chosen: list[torch.device] | None = None
+    if devices is not None:
+        chosen = [torch.device(device) for device in devices]
+        if not chosen:
+            raise ConfigError("devices=[] is empty", hint="name a device or more, or None")
+    elif ids:
+        chosen = [torch.device("cuda", index) for index in ids]
+    if output_device is None and devices is None and wrapper is not None and ids:
+        output_device = device_of(wrapper.output_device)
+    if first_device_batch is None and wrapper is not None:
+        first_device_batch = getattr(wrapper, "first_device_batch", None)
+    split_sizes(1, 1, first=first_device_batch)  # validates it: one line naming the value
     return BalancedLoss(
         model,
+        wrapper.module if wrapper is not None else model,
         criterion,
-        reduction=reduction,
-        devices=devices,
-        output_device=output_device,
-        first_device_batch=first_device_batch,
+        _reduction(criterion, reduction),
+        chosen,
+        torch.device(output_device) if output_device is not None else None,
+        first_device_batch,
     )
 
 
+@dataclass(frozen=True)
 class BalancedLoss:
     """See :func:`balanced_loss`; ``step(inputs, *targets, **kwargs)`` returns the loss."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        criterion: Callable[..., Any],
-        *,
-        reduction: str = "auto",
-        devices: Sequence[str | torch.device] | None = None,
-        output_device: str | torch.device | None = None,
-        first_device_batch: int | None = None,
-    ) -> None:
-        if not callable(criterion):
-            raise ConfigError(
-                f"criterion={criterion!r} is not callable",
-                hint="pass a loss module or function, e.g. nn.CrossEntropyLoss()",
-            )
-        self.model = model
-        self.criterion = criterion
-        self.reduction = _reduction(criterion, reduction)
-        wrapper = model if isinstance(model, nn.DataParallel) else None
-        self.module: nn.Module = wrapper.module if wrapper is not None else model
-        ids: list[int] = list(wrapper.device_ids) if wrapper is not None else []
-        self.devices: list[torch.device] | None = None
-        if devices is not None:
-            self.devices = [torch.device(device) for device in devices]
-            if not self.devices:
-                raise ConfigError("devices=[] is empty", hint="name a device or more, or None")
-        elif ids:
-            self.devices = [torch.device("cuda", index) for index in ids]
-        if output_device is None and devices is None and wrapper is not None and ids:
-            output_device = device_of(wrapper.output_device)
-        self.output_device = torch.device(output_device) if output_device is not None else None
-        if first_device_batch is None and wrapper is not None:
-            first_device_batch = getattr(wrapper, "first_device_batch", None)
-        split_sizes(1, 1, first=first_device_batch)  # validates it: one line naming the value
-        self.first_device_batch = first_device_batch
+    model: nn.Module
+    module: nn.Module  # the model under its DataParallel
+    criterion: Callable[..., Any]
+    reduction: str
+    devices: list[torch.device] | None  # None: the plain call
+    output_device: torch.device | None
+    first_device_batch: int | None
 
     def __call__(self, inputs: Any, *targets: Any, **kwargs: Any) -> Any:
         if self.devices is None:
