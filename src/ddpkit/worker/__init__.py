@@ -5,9 +5,7 @@
     rendezvous/    the store: where it listens, the port search, every connect bounded
     wrap           DDP, DataParallel or the plain model
     placement      the pure decision for a model split across devices (kept, never moved)
-    dataparallel   nn.DataParallel with ddpkit's scatter, threads and gather
-    balanced       balanced_loss: the loss beside each slice under dp, plain elsewhere
-    parallel       the dp engine: slices to devices, replicas, threads with the caller's state
+    dataparallel   nn.DataParallel with ddpkit's scatter, threads and gather; balanced_loss
     structure      split / concat / combine for any structure (pure, tested on CPU)
     state_dict     unwrap, clean_state_dict, load_state_dict: one format across modes
     loader         per-rank shards whose epoch advances by itself; resumable; the active pass

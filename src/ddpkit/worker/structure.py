@@ -1,10 +1,10 @@
 """Splitting a batch of any structure into per-device slices, and putting results back together.
 
-Pure functions over nested values, used by :mod:`ddpkit.worker.dataparallel` and
-:mod:`ddpkit.worker.balanced`. Structures are tensors, tuples, lists, dicts, namedtuples and
-dataclasses, nested to any depth; any other value is a leaf passed to every slice as it is.
-torch's ``scatter`` passes a dataclass whole and its ``gather`` fails on one; here a dataclass
-is rebuilt field by field (``copy.copy``, then each field set: frozen ones work too).
+Pure functions over nested values, used by :mod:`ddpkit.worker.dataparallel`. Structures are
+tensors, tuples, lists, dicts, namedtuples and dataclasses, nested to any depth; any other value
+is a leaf passed to every slice as it is. torch's ``scatter`` passes a dataclass whole and its
+``gather`` fails on one; here a dataclass is rebuilt field by field (``copy.copy``, then each
+field set: frozen ones work too).
 
 A tensor is split when its leading size is the batch's; a 0-dim tensor goes to every slice
 whole; another leading size is an error naming where it is, not a silent mis-split.
