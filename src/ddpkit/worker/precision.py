@@ -116,10 +116,9 @@ def check_precision(precision: object, device_type: str) -> torch.dtype | None:
     return PRECISIONS[precision]
 
 
-def apply_precision(model: nn.Module, precision: str | None, device_type: str) -> nn.Module:
-    """``model`` (bare, on its device) with its forward under ``precision``'s autocast, its
-    float16/bfloat16 outputs cast to float32, and its scaler registered; ``model`` itself."""
-    dtype = check_precision(precision, device_type)
+def apply_precision(model: nn.Module, dtype: torch.dtype | None, device_type: str) -> nn.Module:
+    """``model`` (bare, on its device) with its forward under autocast to ``dtype`` (checked by
+    :func:`check_precision`), those outputs cast to float32, its scaler registered; ``model``."""
     if dtype is None:
         return model
     if model in _SCALERS:

@@ -123,7 +123,7 @@ def wrap(
     if chosen == "fsdp":
         policy = fsdp_policy(precision)
     else:
-        check_precision(precision, context.device.type)
+        autocast_dtype = check_precision(precision, context.device.type)
     compile_options = check_compile(compile)
     if compile_options is not None and chosen == "ddp":
         check_buckets(ddp_kwargs)
@@ -152,7 +152,7 @@ def wrap(
         return shard_model(model, blocks, policy, compile_options)
     if chosen == "ddp":
         model = _sync_batchnorm(model, context, sync_batchnorm)
-    model = apply_precision(model, precision, context.device.type)
+    model = apply_precision(model, autocast_dtype, context.device.type)
     if compile_options is not None:
         model = compiled(model, compile_options, chosen)
     if chosen == "ddp":
