@@ -251,12 +251,8 @@ def _loader_batch(window: _Window) -> tuple[float, bool]:
     return float(layout.rows(step)), step == layout.steps - 1
 
 
-def _grads(model: nn.Module) -> list[torch.Tensor]:
-    return [p.grad for p in model.parameters() if p.grad is not None]
-
-
 def _scale(model: nn.Module, factor: float) -> None:
-    grads = _grads(model)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
     if grads:
         compat.foreach_mul_(grads, factor)
 
