@@ -37,6 +37,7 @@ accumulates the same sum of per-slice gradients as on GPUs, so the path is teste
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -147,7 +148,7 @@ def replicas_for(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.
     """One module per entry of ``devices``: ``module`` itself where it lives (and for CPU
     devices), a replica from torch's ``replicate`` (gradients flow back to ``module``) elsewhere.
     """
-    home = _home(module)
+    home = next((t.device for t in itertools.chain(module.parameters(), module.buffers())), None)
     if home is None or all(device == home or device.type == "cpu" for device in devices):
         return [module] * len(devices)
     if home.type != "cuda" or devices[0] != home:
@@ -160,12 +161,6 @@ def replicas_for(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.
     copies = replicate(module, [home, *others], not torch.is_grad_enabled())
     by_device = {home: module, **dict(zip(others, copies[1:], strict=True))}
     return [by_device[device] for device in devices]
-
-
-def _home(module: nn.Module) -> torch.device | None:
-    for tensor in [*module.parameters(), *module.buffers()]:
-        return tensor.device
-    return None
 
 
 def run_parallel(fn: Callable[[int], T], devices: Sequence[torch.device]) -> list[T]:
