@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import ddpkit
-from ddpkit.worker.parallel import replicas_for, run_parallel, scatter_to
+from ddpkit.worker.dataparallel import replicas_for, run_parallel, scatter_to
 from ddpkit.worker.structure import concat
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

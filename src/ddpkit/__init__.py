@@ -39,8 +39,8 @@ _EXPORTS: dict[str, str] = {
     "current": "ddpkit.worker.context",
     "shutdown": "ddpkit.worker.context",
     "wrap": "ddpkit.worker.wrap",
-    "balanced_loss": "ddpkit.worker.balanced",
-    "Args": "ddpkit.worker.balanced",
+    "balanced_loss": "ddpkit.worker.dataparallel",
+    "Args": "ddpkit.worker.dataparallel",
     "unwrap": "ddpkit.worker.state_dict",
     "clean_state_dict": "ddpkit.worker.state_dict",
     "load_state_dict": "ddpkit.worker.state_dict",
@@ -113,11 +113,11 @@ if TYPE_CHECKING:
         async_save_checkpoint,
         wait_for_checkpoint,
     )
-    from ddpkit.worker.balanced import Args, balanced_loss
     from ddpkit.worker.checkpoint import load_checkpoint, save_checkpoint
     from ddpkit.worker.ckptfiles import checkpoint_origin
     from ddpkit.worker.clip import clip_grad_norm_
     from ddpkit.worker.context import Context, current, init, shutdown
+    from ddpkit.worker.dataparallel import Args, balanced_loss
     from ddpkit.worker.gather import gather
     from ddpkit.worker.loader import loader
     from ddpkit.worker.metrics import Mean, reduce

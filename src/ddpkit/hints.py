@@ -20,12 +20,14 @@ def closest(value: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str |
     return by_lower[found[0]] if found else None
 
 
-def did_you_mean(value: str, choices: Iterable[str], *, hint: str | None = None) -> str:
+def did_you_mean(
+    value: str, choices: Iterable[str], *, hint: str | None = None, cutoff: float = 0.6
+) -> str:
     """``did you mean 'x'? (hint)`` when a choice is close, else the hint.
 
     Without ``hint`` the fallback lists the choices: ``choose 'a', 'b'``.
     """
     listed = [str(choice) for choice in choices]
     hint = hint or "choose " + ", ".join(repr(choice) for choice in listed)
-    match = closest(value, listed)
+    match = closest(value, listed, cutoff=cutoff)
     return f"did you mean {match!r}? ({hint})" if match else hint

@@ -17,8 +17,7 @@ from torch import nn
 
 import ddpkit
 from ddpkit.errors import ConfigError
-from ddpkit.worker.dataparallel import DataParallel
-from ddpkit.worker.parallel import ThreadState, run_parallel
+from ddpkit.worker.dataparallel import DataParallel, ThreadState, run_parallel
 
 CPU4 = ["cpu"] * 4  # 10 samples on 4 devices: 3/3/3/1
 

@@ -63,7 +63,7 @@ def test_the_size_rule_takes_modules_of_an_eighth_bottom_up() -> None:
         ({"fsdp_blocks": ()}, "fsdp_blocks=() names no class", "None for the size rule"),
         ({"fsdp_blocks": (nn.Conv1d,)}, "(Conv1d,) matches no submodule", "print(model)"),
         ({"precision": "bf61"}, "precision='bf61'", "did you mean 'bf16'?"),
-        ({"precision": "fp8"}, "precision='fp8'", "(choices: 'bf16', None)"),
+        ({"precision": "fp8"}, "precision='fp8'", "choices: 'bf16', None"),
         ({"precision": "fp16"}, "precision='fp16' with strategy='fsdp'", "precision='bf16'"),
         ({"compile": {"mdoe": "default"}}, "{'mdoe': ...} is not a torch.compile", "'mode'"),
     ],

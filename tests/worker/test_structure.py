@@ -125,5 +125,3 @@ def test_combine_weights_scalars_by_slice_size() -> None:
     assert metrics["per_sample"].tolist() == [1.0, 1.0, 1.0, 0.0]
     total, _ = combine(results, [3, 1], reduction="sum")
     assert total.item() == 5.0
-    with pytest.raises(ConfigError, match="reduction='avg'"):
-        combine(results, [3, 1], reduction="avg")

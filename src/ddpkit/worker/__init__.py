@@ -5,13 +5,10 @@
     rendezvous/    the store: where it listens, the port search, every connect bounded
     wrap           DDP, DataParallel or the plain model
     placement      the pure decision for a model split across devices (kept, never moved)
-    dataparallel   nn.DataParallel with ddpkit's scatter, threads and gather
-    balanced       balanced_loss: the loss beside each slice under dp, plain elsewhere
-    parallel       the dp engine: slices to devices, replicas, threads with the caller's state
+    dataparallel   nn.DataParallel with ddpkit's scatter, threads and gather; balanced_loss
     structure      split / concat / combine for any structure (pure, tested on CPU)
     state_dict     unwrap, clean_state_dict, load_state_dict: one format across modes
-    loader         per-rank shards whose epoch advances by itself; resumable position
-    active         which loader pass yielded the latest batch (what gather reads)
+    loader         per-rank shards whose epoch advances by itself; resumable; the active pass
     gather         every rank's rows of an evaluation step, padding duplicates removed
     accumulate     gradient accumulation windows: the sync skipped but on the last micro-step
     clip           clip_grad_norm_: the norm of the gradient the optimizer takes, global

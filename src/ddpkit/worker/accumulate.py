@@ -27,7 +27,7 @@ sync (torch asserts otherwise): the model's first micro-step syncs, whatever its
 window. The window's gradients are the same (the all-reduce's mean of a synced part adds up
 with the others to the same mean), one all-reduce more.
 
-How a wrapper skips its sync is one table, :data:`SKIP_SYNC`: DDP's ``no_sync()`` and FSDP2's
+A wrapper skips its sync as :func:`_skipper` says: DDP's ``no_sync()``, FSDP2's
 ``set_requires_gradient_sync(False)``. A skipped DDP micro-step leaves its gradients in
 ``.grad``, where a micro-step of another size rescales them. A skipped FSDP2 micro-step leaves
 them unsharded in FSDP2's own buffers until the synced one reduce-scatters them into the
@@ -56,10 +56,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit import compat
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.worker.loader import ACTIVE
+from ddpkit.worker.loader import active_pass
 from ddpkit.worker.state_dict import unwrap
 
-__all__ = ["SKIP_SYNC", "MicroStep", "SkipSync", "accumulate", "window_progress"]
+__all__ = ["MicroStep", "accumulate", "window_progress"]
 
 
 @contextmanager
@@ -71,27 +71,6 @@ def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         root.set_requires_gradient_sync(True)
-
-
-@dataclass(frozen=True)
-class SkipSync:
-    """How one wrapper skips its gradient sync: ``matches`` (is it this wrapper?), ``skip`` (a
-    context in which its backward does not sync), ``hidden`` (a skipped micro-step's gradients
-    stay outside ``.grad`` until the window's synced one: its window skips only if uniform)."""
-
-    matches: Callable[[nn.Module], bool]
-    skip: Callable[[nn.Module], AbstractContextManager[Any]]
-    hidden: bool = False
-
-
-# The first match wins; a model that matches none (plain, DataParallel) has nothing to skip.
-SKIP_SYNC: list[SkipSync] = [
-    SkipSync(
-        lambda model: isinstance(model, DistributedDataParallel),
-        lambda model: model.no_sync(),  # type: ignore[operator]
-    ),
-    SkipSync(lambda model: isinstance(unwrap(model), FSDPModule), _fsdp_no_sync, hidden=True),
-]
 
 
 @dataclass(frozen=True)
@@ -143,9 +122,9 @@ def accumulate(model: nn.Module, every: int, *, last: bool = False) -> Iterator[
     window = _WINDOWS.setdefault(unwrap(model), _Window())
     weight, ends_pass = _loader_batch(window)
     sync = last or ends_pass or window.micro_steps + 1 >= every
-    skipper = _skipper(model)
+    skipper, hidden = _skipper(model)
     if not window.micro_steps:  # a new window: does it skip? (FSDP2's only if uniform)
-        window.skips = skipper is not None and (not skipper.hidden or _uniform(window, every))
+        window.skips = skipper is not None and (not hidden or _uniform(window, every))
     if window.micro_steps and weight != window.latest:
         if window.hidden:
             raise UsageError(
@@ -161,12 +140,12 @@ def accumulate(model: nn.Module, every: int, *, last: bool = False) -> Iterator[
     # DDP(static_graph=True) records its graph at its first backward, which must sync;
     # an extra sync inside a window changes no gradient (a mean of means is the mean)
     skip = window.skips and not sync and (window.synced or not compat.ddp_static_graph(model))
-    hides = skip and skipper is not None and skipper.hidden  # .grad stays as it was
+    hides = skip and hidden  # .grad stays as it was
     marks = None if window.checked or hides else _grad_marks(model)
     step = MicroStep(sync=sync, index=window.micro_steps, every=every)
     window.inside = True
     try:
-        with skipper.skip(model) if skip and skipper is not None else nullcontext():
+        with skipper() if skip and skipper is not None else nullcontext():
             yield step
     finally:
         window.inside = False
@@ -227,15 +206,22 @@ def _check(model: object, every: object) -> None:
         )
 
 
-def _skipper(model: nn.Module) -> SkipSync | None:
-    return next((entry for entry in SKIP_SYNC if entry.matches(model)), None)
+def _skipper(model: nn.Module) -> tuple[Callable[[], AbstractContextManager[Any]] | None, bool]:
+    """(a context in which ``model``'s backward does not sync, or None: a plain model or
+    DataParallel has nothing to skip; whether a skipped micro-step's gradients stay outside
+    ``.grad`` until the window's synced one, so that its window skips only if uniform)."""
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync, False
+    if isinstance(unwrap(model), FSDPModule):
+        return lambda: _fsdp_no_sync(model), True
+    return None, False
 
 
 def _uniform(window: _Window, every: int) -> bool:
     """Whether every micro-step of the window opening now weighs the same: the loader's rows
     from this batch to the window's end (``every`` batches on, or the pass's end), else 1.0
     each (no loader, or a loop that splits its batches: see :func:`_loader_batch`)."""
-    iterator = ACTIVE.get()
+    iterator = active_pass()
     if iterator is None or window.batch is None or not window.follows_loader:
         return True
     layout = iterator.loader.layout
@@ -246,7 +232,7 @@ def _uniform(window: _Window, every: int) -> bool:
 def _loader_batch(window: _Window) -> tuple[float, bool]:
     """(this micro-step's weight, whether its batch is its pass's last): a ``ddpkit.loader``'s
     rows and end when one yielded a batch since the previous micro-step, else (1.0, False)."""
-    iterator = ACTIVE.get()
+    iterator = active_pass()
     if iterator is None or not window.follows_loader:
         window.batch = None
         return 1.0, False
@@ -265,12 +251,8 @@ def _loader_batch(window: _Window) -> tuple[float, bool]:
     return float(layout.rows(step)), step == layout.steps - 1
 
 
-def _grads(model: nn.Module) -> list[torch.Tensor]:
-    return [p.grad for p in model.parameters() if p.grad is not None]
-
-
 def _scale(model: nn.Module, factor: float) -> None:
-    grads = _grads(model)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
     if grads:
         compat.foreach_mul_(grads, factor)
 

@@ -44,7 +44,7 @@ from torch import nn
 
 from ddpkit import compat
 from ddpkit.errors import ConfigError
-from ddpkit.hints import closest
+from ddpkit.hints import did_you_mean
 
 __all__ = ["check_buckets", "check_compile", "compiled"]
 
@@ -63,10 +63,11 @@ def check_compile(value: object) -> dict[str, Any] | None:
     known = [name for name in inspect.signature(torch.compile).parameters if name != "model"]
     for name in value:
         if name not in known:
-            match = closest(str(name), known, cutoff=0.5)
             raise ConfigError(
                 f"compile={{{name!r}: ...}} is not a torch.compile option",
-                hint=f"did you mean {match!r}?" if match else f"choose among {', '.join(known)}",
+                hint=did_you_mean(
+                    str(name), known, hint=f"choose among {', '.join(known)}", cutoff=0.5
+                ),
             )
     return dict(value)
 

@@ -85,7 +85,6 @@ class _State:
     owns_group: bool = False  # True only when ddpkit called init_process_group itself
     # A group adopted by current_or_none(), not remembered as the context: a later init() runs.
     implicit: tuple[weakref.ref[object], Context] | None = None
-    peer_watchdog: watchdog.Watchdog | None = None  # in a group ddpkit owns, of world size > 1
     warned: set[str] = field(default_factory=set)
 
 
@@ -136,7 +135,7 @@ def init(
     if _STATE.context is not None:
         if _lives(_STATE.group):
             return _STATE.context
-        _stop_watchdog("destroyed the process group")  # it was destroyed (or replaced) behind us
+        watchdog.stop("destroyed the process group")  # it was destroyed (or replaced) behind us
         _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     snapshot = dict(os.environ if env is None else env)
     # first: a stop signal sent during start-up (blocked until here) is not lost
@@ -198,11 +197,11 @@ def _start_watchdog(
 ) -> None:
     """Start the watchdog and the straggler report; if it cannot start, warn and go on."""
     try:
-        _STATE.peer_watchdog = watchdog.start(
+        dog = watchdog.start(
             rank=info.rank, world_size=info.world_size, bound_s=bound_s, hangs=hangs
         )
         if stragglers is not None:
-            straggler.attach(_STATE.peer_watchdog, stragglers)
+            straggler.attach(dog, stragglers)
     except Exception as exc:
         warnings.warn(
             f"ddpkit: the peer watchdog could not start ({type(exc).__name__}: {exc}); a rank "
@@ -210,12 +209,6 @@ def _start_watchdog(
             RuntimeWarning,
             stacklevel=3,
         )
-
-
-def _stop_watchdog(how: str) -> None:
-    dog, _STATE.peer_watchdog = _STATE.peer_watchdog, None
-    if dog is not None:
-        watchdog.stop(how)
 
 
 def current() -> Context:
@@ -264,7 +257,7 @@ def shutdown() -> None:
     A DDP model may outlive it: a gloo group it still refers to is kept until the next
     ``init()`` (see :func:`~ddpkit.worker.process_group.destroy`).
     """
-    _stop_watchdog("left the job (ddpkit.shutdown())")
+    watchdog.stop("left the job (ddpkit.shutdown())")
     owned = _STATE.owns_group and _lives(_STATE.group)  # not a group that replaced ours
     _STATE.context, _STATE.group, _STATE.owns_group = None, None, False
     if owned:

@@ -53,7 +53,9 @@ def run() -> None:
         try:
             asked = step()
         except Exception as error:  # never skip the later steps
-            _say(f"ddpkit: the exit step {name!r} failed ({type(error).__name__}: {error})")
+            with contextlib.suppress(Exception):
+                text = f"ddpkit: the exit step {name!r} failed ({type(error).__name__}: {error})"
+                print(text, file=sys.stderr, flush=True)
             continue
         if asked is not None and code is None:
             code = asked
@@ -69,8 +71,3 @@ def hard_exit(code: int) -> None:
             if stream is not None:
                 stream.flush()
     os._exit(code)
-
-
-def _say(text: str) -> None:
-    with contextlib.suppress(Exception):
-        print(text, file=sys.stderr, flush=True)

@@ -47,7 +47,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ddpkit.errors import ConfigError
-from ddpkit.hints import closest
+from ddpkit.hints import did_you_mean
 
 __all__ = ["FSDP_PRECISIONS", "choose_blocks", "fsdp_policy", "is_sharded", "shard_model"]
 
@@ -103,10 +103,9 @@ def fsdp_policy(precision: object) -> MixedPrecisionPolicy:
             hint="use precision='bf16' (no scaler needed), or strategy='ddp' for fp16",
         )
     listed = ", ".join(repr(choice) for choice in (*FSDP_PRECISIONS, None))
-    match = closest(str(precision), FSDP_PRECISIONS, cutoff=0.5)
     raise ConfigError(
         f"precision={precision!r} is not a known precision for strategy='fsdp'",
-        hint=(f"did you mean {match!r}? " if match else "") + f"(choices: {listed})",
+        hint=did_you_mean(str(precision), FSDP_PRECISIONS, hint=f"choices: {listed}", cutoff=0.5),
     )
 
 

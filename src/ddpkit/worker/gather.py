@@ -15,7 +15,9 @@ naming every rank's shape instead of an abort, at the cost of one collective a s
 from __future__ import annotations
 
 import functools
+import weakref
 import zlib
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar, cast, overload
 
 import torch
@@ -23,11 +25,34 @@ import torch.distributed as dist
 
 from ddpkit.errors import ConfigError, UsageError
 from ddpkit.worker.context import Context, current
-from ddpkit.worker.loader import GatherMemo, ShardLayout, active_gather_memo, active_step
+from ddpkit.worker.loader import ShardLayout, active_pass
 
 __all__ = ["comm_device", "gather"]
 
 T = TypeVar("T")
+
+
+@dataclass
+class GatherMemo:
+    """What ``gather`` has agreed with the other ranks during one pass: the same on every rank,
+    because every rank makes the same calls in the same order (SPMD). ``calls`` counts the
+    gathers of step ``step``; ``agreed[i]`` is the (dtype, trailing shape) that the i-th gather
+    of a step had on every rank when last checked."""
+
+    step: int = -1
+    calls: int = 0
+    agreed: dict[int, tuple[torch.dtype, tuple[int, ...]]] = field(default_factory=dict)
+
+    def ordinal(self, step: int) -> int:
+        """The index of this gather among the calls of ``step`` (counting it)."""
+        if step != self.step:
+            self.step, self.calls = step, 0
+        self.calls += 1
+        return self.calls - 1
+
+
+# each live loader pass's memo, dropped with the pass
+_MEMOS: weakref.WeakKeyDictionary[object, GatherMemo] = weakref.WeakKeyDictionary()
 
 
 @overload
@@ -44,18 +69,19 @@ def gather(x: Any) -> Any:
     world size 1, ``x`` comes back unchanged (a tuple as a list), after the same checks.
     """
     context = current()
-    found = active_step()
+    found = active_pass()
     if found is None:
         raise UsageError(
             "ddpkit.gather() was called outside a loop over a ddpkit.loader",
             hint="call it inside `for batch in ddpkit.loader(...)`, once per batch, so it "
             "knows which samples of the epoch the rows belong to",
         )
-    owner, step = found
-    layout = owner.layout
+    layout, step = found.loader.layout, found.step
     _check_rows(x, layout, step)
     if isinstance(x, torch.Tensor):
-        return x if context.world_size == 1 else _gather_tensor(x, context, layout, step)
+        if context.world_size == 1:
+            return x
+        return _gather_tensor(x, context, layout, step, _MEMOS.setdefault(found, GatherMemo()))
     if context.world_size == 1:
         return x if isinstance(x, list) else list(x)
     return _gather_objects(list(x), context, layout, step)
@@ -194,10 +220,10 @@ def _gather_parts(
 
 
 def _gather_tensor(
-    x: torch.Tensor, context: Context, layout: ShardLayout, step: int
+    x: torch.Tensor, context: Context, layout: ShardLayout, step: int, memo: GatherMemo
 ) -> torch.Tensor:
     local = x.detach().to(comm_device(context.backend, context.device, x.device)).contiguous()
-    parts = _gather_parts(local, context, active_gather_memo() or GatherMemo(), step)
+    parts = _gather_parts(local, context, memo, step)
     # (W, rows, ...) → row j of rank r lands at j * W + r: the sampler's position order.
     merged = parts.transpose(0, 1).reshape(-1, *local.shape[1:])
     return merged[: layout.real_rows(step)].to(x.device)

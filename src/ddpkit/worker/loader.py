@@ -9,7 +9,7 @@ A pass counts once it yields its second batch or runs to its end. A pass abandon
 second batch (``next(iter(loader))`` as a peek, an ``iter()`` never consumed) does not: the
 next pass starts where it started. A ``break`` after two or more batches counts.
 
-Each batch marks its iterator active (:mod:`ddpkit.worker.active`) with its step number, so
+Each batch makes its pass the active one (:func:`active_pass`) at its step number, so
 ``gather`` knows how many rows each rank holds at that step and which are padding.
 
 ``state_dict()``/``load_state_dict()`` save and restore the position; a restored loader skips
@@ -21,6 +21,7 @@ still read once. ``len(loader)`` counts the batches of the current (or next) pas
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -29,19 +30,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from ddpkit.errors import ConfigError
 from ddpkit.worker import reshard
-from ddpkit.worker.active import ActiveSlot, GatherMemo
 from ddpkit.worker.context import current
 from ddpkit.worker.straggler import TIMES
 
-__all__ = [
-    "DistributedLoader",
-    "EpochSampler",
-    "GatherMemo",
-    "ShardLayout",
-    "active_gather_memo",
-    "active_step",
-    "loader",
-]
+__all__ = ["DistributedLoader", "EpochSampler", "ShardLayout", "active_pass", "loader"]
 
 
 @dataclass(frozen=True)
@@ -308,7 +300,7 @@ _MUST_MATCH = {
 
 
 class _TrackedIterator(Iterator[Any]):
-    """Counts the batches of one pass and marks itself active on each one."""
+    """Counts the batches of one pass and makes itself the active pass on each one."""
 
     def __init__(
         self,
@@ -327,7 +319,6 @@ class _TrackedIterator(Iterator[Any]):
         self.yielded = 0  # batches this pass yielded (a resumed pass's skipped ones not)
         self._inner = inner
         self._length = length
-        self.gather_memo = GatherMemo()
 
     def __iter__(self) -> _TrackedIterator:
         return self
@@ -338,34 +329,43 @@ class _TrackedIterator(Iterator[Any]):
             batch = next(self._inner)
         except StopIteration:
             TIMES.pass_ended()
-            ACTIVE.finish(self)
+            _mark(self, finished=True)
             self.loader._finish(self)
             raise
         TIMES.batch(started, time.perf_counter())
         self.step += 1
         self.yielded += 1
         self.loader._advance(self)
-        ACTIVE.mark(self)
+        _mark(self)
         return batch
 
     def __len__(self) -> int:
         return self._length
 
 
-# the pass that yielded the latest batch (ddpkit.worker.active)
-ACTIVE: ActiveSlot[_TrackedIterator] = ActiveSlot()
+# The live passes by weak reference (a finished or abandoned loop, its loader and dataset are
+# never kept alive), the one that yielded the latest batch last: when an inner loop (evaluation
+# inside training) ends or is left with `break`, the outer loop's pass is the active one again.
+_LIVE: list[weakref.ref[_TrackedIterator]] = []
 
 
-def active_step() -> tuple[DistributedLoader, int] | None:
-    """The loader whose iterator yielded the latest batch, and that batch's step; or None."""
-    iterator = ACTIVE.get()
-    return None if iterator is None else (iterator.loader, iterator.step)
+def _mark(iterator: _TrackedIterator, *, finished: bool = False) -> None:
+    """Put ``iterator`` on top of the live passes (it yielded a batch), or take it off."""
+    if not finished and _LIVE and _LIVE[-1]() is iterator:  # every batch of a loop: no change
+        return
+    _LIVE[:] = [ref for ref in _LIVE if ref() is not None and ref() is not iterator]
+    if not finished:
+        _LIVE.append(weakref.ref(iterator))
 
 
-def active_gather_memo() -> GatherMemo | None:
-    """The :class:`GatherMemo` of the pass whose latest batch is the active step, or None."""
-    iterator = ACTIVE.get()
-    return None if iterator is None else iterator.gather_memo
+def active_pass() -> _TrackedIterator | None:
+    """The pass whose iterator yielded the latest batch (its ``loader`` and ``step``), or None."""
+    while _LIVE:
+        top = _LIVE[-1]()
+        if top is not None:
+            return top
+        _LIVE.pop()  # collected: fall back to a live one
+    return None
 
 
 def _check_epoch(epoch: int) -> int:

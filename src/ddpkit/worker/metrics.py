@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ddpkit.errors import ConfigError
 from ddpkit.worker.context import current
 from ddpkit.worker.gather import comm_device
-from ddpkit.worker.loader import active_step
+from ddpkit.worker.loader import active_pass
 
 __all__ = ["OPS", "Mean", "reduce"]
 
@@ -161,11 +161,11 @@ class Mean:
         self.total, self.count = 0.0, 0.0
 
     def _real_rows(self, rows: int) -> int:
-        found = active_step()
+        found = active_pass()
         if found is None:
             return rows
-        owner, step = found
-        expected = owner.layout.rows(step)
+        layout, step = found.loader.layout, found.step
+        expected = layout.rows(step)
         if rows != expected:
             raise ConfigError(
                 f"Mean.update got {rows} values for step {step} of a ddpkit.loader pass, whose "
@@ -173,14 +173,13 @@ class Mean:
                 hint="pass one value per sample of the batch (e.g. the loss with "
                 "reduction='none'), or update(batch_mean, weight=len(batch))",
             )
-        return owner.layout.rank_real_rows(step, current().rank)
+        return layout.rank_real_rows(step, current().rank)
 
     def _warn_if_padded(self) -> None:
-        found = active_step()
+        found = active_pass()
         if found is None or self._warned:
             return
-        owner, step = found
-        layout = owner.layout
+        layout, step = found.loader.layout, found.step
         if layout.rank_real_rows(step, current().rank) < layout.rows(step):
             self._warned = True
             warnings.warn(

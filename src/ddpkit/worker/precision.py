@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ddpkit.errors import ConfigError, UsageError
-from ddpkit.hints import closest
+from ddpkit.hints import did_you_mean
 from ddpkit.worker.accumulate import window_progress
 from ddpkit.worker.state_dict import unwrap
 from ddpkit.worker.structure import map_tensors
@@ -102,11 +102,10 @@ def check_precision(precision: object, device_type: str) -> torch.dtype | None:
     """The autocast dtype of ``precision`` on ``device_type``; ConfigError when there is none."""
     if not (precision is None or isinstance(precision, str)) or precision not in PRECISIONS:
         names = [name for name in PRECISIONS if name is not None]
-        match = closest(str(precision), names, cutoff=0.4)
         listed = ", ".join(repr(name) for name in [*names, None])
         raise ConfigError(
             f"precision={precision!r} is not a known precision",
-            hint=f"did you mean {match!r}? (choices: {listed})" if match else f"choose {listed}",
+            hint=did_you_mean(str(precision), names, hint=f"choose {listed}", cutoff=0.4),
         )
     if precision is not None and device_type not in _AUTOCAST_DEVICES:
         raise ConfigError(
@@ -117,10 +116,9 @@ def check_precision(precision: object, device_type: str) -> torch.dtype | None:
     return PRECISIONS[precision]
 
 
-def apply_precision(model: nn.Module, precision: str | None, device_type: str) -> nn.Module:
-    """``model`` (bare, on its device) with its forward under ``precision``'s autocast, its
-    float16/bfloat16 outputs cast to float32, and its scaler registered; ``model`` itself."""
-    dtype = check_precision(precision, device_type)
+def apply_precision(model: nn.Module, dtype: torch.dtype | None, device_type: str) -> nn.Module:
+    """``model`` (bare, on its device) with its forward under autocast to ``dtype`` (checked by
+    :func:`check_precision`), those outputs cast to float32, its scaler registered; ``model``."""
     if dtype is None:
         return model
     if model in _SCALERS:

@@ -116,9 +116,8 @@ def join(
     Returns ``info`` with the address and port of the store actually used (another port than
     ``master_port`` only after a port search; 127.0.0.1 when every rank is on one node). A gloo
     group of several ranks is formed on every rank by then (:func:`_formed_everywhere`).
+    ``timeout_s`` is :func:`collective_timeout`'s, checked there.
     """
-    if timeout_s is not None:
-        positive_seconds(timeout_s, "timeout_s")
     _RETIRED.clear()  # a group destroyed before: its store may listen on the port wanted now
     store, info = make_store(info, env, connect_timeout_s, store_timeout(backend, timeout_s))
     one_host = info.world_size == 1 or loopback_address(info.master_addr) is not None

@@ -48,28 +48,6 @@ def print(*args: Any, all_ranks: bool = False, **kwargs: Any) -> None:
         builtins.print(*args, **kwargs)
 
 
-class _RankFilter(logging.Filter):
-    """Stamps the rank on each record; drops records off the main rank unless all ranks log."""
-
-    def __init__(self, all_ranks: bool) -> None:
-        super().__init__()
-        self.all_ranks = all_ranks
-        self._detected: int | None = None  # detect() result, cached: the env does not change
-
-    def rank(self) -> int:
-        known = _known_rank()
-        if known is not None:
-            return known
-        if self._detected is None:
-            self._detected = detect().rank
-        return self._detected
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        rank = self.rank()
-        record.rank = rank
-        return self.all_ranks or rank == 0
-
-
 def _env_all_ranks() -> bool:
     return os.environ.get(LOG_ALL_RANKS_VAR, "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -87,7 +65,7 @@ def get_logger(name: str = "ddpkit", all_ranks: bool | None = None) -> logging.L
     if handler is None:
         handler = _RankHandler()
         logger.addHandler(handler)
-    handler.rank_filter.all_ranks = every_rank
+    handler.all_ranks = every_rank
     if every_rank:
         logger.setLevel(logging.DEBUG)
     elif logger.level == logging.NOTSET:
@@ -97,13 +75,23 @@ def get_logger(name: str = "ddpkit", all_ranks: bool | None = None) -> logging.L
 
 
 class _RankHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """stderr handler carrying the rank filter (so records of child loggers are filtered too)."""
+    """stderr handler that stamps the rank on each record and drops records off the main rank
+    unless all ranks log (a handler's filter: records of child loggers are filtered too)."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
-        self.rank_filter = _RankFilter(all_ranks=False)
-        self.addFilter(self.rank_filter)
+        self.all_ranks = False
+        self._detected: int | None = None  # detect() result, cached: the env does not change
         self.setFormatter(logging.Formatter(_FORMAT))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rank = _known_rank()
+        if rank is None:
+            if self._detected is None:
+                self._detected = detect().rank
+            rank = self._detected
+        record.rank = rank
+        return (self.all_ranks or rank == 0) and bool(super().filter(record))  # and any added
 
 
 def seed_everything(seed: int, per_rank: bool = True) -> int:

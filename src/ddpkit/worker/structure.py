@@ -1,10 +1,10 @@
 """Splitting a batch of any structure into per-device slices, and putting results back together.
 
-Pure functions over nested values, used by :mod:`ddpkit.worker.dataparallel` and
-:mod:`ddpkit.worker.balanced`. Structures are tensors, tuples, lists, dicts, namedtuples and
-dataclasses, nested to any depth; any other value is a leaf passed to every slice as it is.
-torch's ``scatter`` passes a dataclass whole and its ``gather`` fails on one; here a dataclass
-is rebuilt field by field (``copy.copy``, then each field set: frozen ones work too).
+Pure functions over nested values, used by :mod:`ddpkit.worker.dataparallel`. Structures are
+tensors, tuples, lists, dicts, namedtuples and dataclasses, nested to any depth; any other value
+is a leaf passed to every slice as it is. torch's ``scatter`` passes a dataclass whole and its
+``gather`` fails on one; here a dataclass is rebuilt field by field (``copy.copy``, then each
+field set: frozen ones work too).
 
 A tensor is split when its leading size is the batch's; a 0-dim tensor goes to every slice
 whole; another leading size is an error naming where it is, not a silent mis-split.
@@ -106,19 +106,12 @@ def concat(parts: Sequence[Any], *, where: str = "output") -> Any:
     return _merge_children(parts, where, lambda same, at: concat(same, where=at))
 
 
-def combine(results: Sequence[Any], sizes: Sequence[int], *, reduction: str) -> Any:
+def combine(
+    results: Sequence[Any], sizes: Sequence[int], *, reduction: str, where: str = "loss"
+) -> Any:
     """Per-slice losses and metrics as one: every scalar (0-dim tensor or number) is the mean
     weighted by slice size, ``sum(n_i * l_i) / N`` (``reduction="mean"``) or the plain sum
-    (``"sum"``); tensors with rows (per-sample losses) are joined in order."""
-    if reduction not in REDUCTIONS:
-        raise ConfigError(
-            f"reduction={reduction!r} is not a known reduction",
-            hint="'mean' (a mean-reduced loss: weighted by slice size) or 'sum'",
-        )
-    return _combine(list(results), list(sizes), reduction, "loss")
-
-
-def _combine(results: list[Any], sizes: list[int], reduction: str, where: str) -> Any:
+    (``"sum"``; :func:`ddpkit.balanced_loss` checks it); tensors with rows are joined in order."""
     head = results[0]
     total = sum(sizes)
     if isinstance(head, torch.Tensor) and head.dim() == 0:
@@ -133,7 +126,9 @@ def _combine(results: list[Any], sizes: list[int], reduction: str, where: str) -
         if reduction == "sum":
             return sum(results)
         return sum(size * value for size, value in zip(sizes, results, strict=True)) / total
-    return _merge_children(results, where, lambda same, at: _combine(same, sizes, reduction, at))
+    return _merge_children(
+        results, where, lambda same, at: combine(same, sizes, reduction=reduction, where=at)
+    )
 
 
 def _merge_children(

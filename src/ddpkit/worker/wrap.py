@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
-from ddpkit.hints import closest
+from ddpkit.hints import did_you_mean
 from ddpkit.worker.compiling import check_buckets, check_compile, compiled
 from ddpkit.worker.context import Context, current
 from ddpkit.worker.dataparallel import DataParallel
@@ -41,12 +41,6 @@ _DDP_OPTIONS = frozenset(inspect.signature(DistributedDataParallel.__init__).par
 }
 
 
-def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
-    listed = ", ".join(repr(choice) for choice in choices)
-    match = closest(value, choices, cutoff=0.5)
-    return f"did you mean {match!r}? (choices: {listed})" if match else f"choose {listed}"
-
-
 def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device_count: int) -> str:
     """The concrete strategy (``ddp``, ``dp`` or ``single``) for ``strategy`` in this job.
 
@@ -55,7 +49,7 @@ def resolve_strategy(strategy: str, *, world_size: int, device_type: str, device
     if strategy not in STRATEGIES:
         raise ConfigError(
             f"strategy={strategy!r} is not a known strategy",
-            hint=_did_you_mean(str(strategy), STRATEGIES),
+            hint=did_you_mean(str(strategy), STRATEGIES, cutoff=0.5),
         )
     if strategy == "dp" and world_size > 1:
         raise ConfigError(
@@ -129,7 +123,7 @@ def wrap(
     if chosen == "fsdp":
         policy = fsdp_policy(precision)
     else:
-        check_precision(precision, context.device.type)
+        autocast_dtype = check_precision(precision, context.device.type)
     compile_options = check_compile(compile)
     if compile_options is not None and chosen == "ddp":
         check_buckets(ddp_kwargs)
@@ -158,7 +152,7 @@ def wrap(
         return shard_model(model, blocks, policy, compile_options)
     if chosen == "ddp":
         model = _sync_batchnorm(model, context, sync_batchnorm)
-    model = apply_precision(model, precision, context.device.type)
+    model = apply_precision(model, autocast_dtype, context.device.type)
     if compile_options is not None:
         model = compiled(model, compile_options, chosen)
     if chosen == "ddp":
@@ -180,7 +174,7 @@ def _check_ddp_kwargs(ddp_kwargs: dict[str, Any], strategy: str, chosen: str) ->
         if name not in _DDP_OPTIONS:
             raise ConfigError(
                 f"{name}={value!r} is not a DistributedDataParallel option",
-                hint=_did_you_mean(name, sorted(_DDP_OPTIONS)),
+                hint=did_you_mean(name, sorted(_DDP_OPTIONS), cutoff=0.5),
             )
     if ddp_kwargs and chosen != "ddp" and strategy != "auto":
         # (under "fsdp" too: fully_shard takes none of DDP's options)

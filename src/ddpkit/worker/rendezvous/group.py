@@ -43,13 +43,7 @@ from ddpkit.worker.rendezvous.store import (
     store_endpoint,
 )
 
-__all__ = [
-    "AGENT_STORE_VAR",
-    "fit_open_files",
-    "make_store",
-    "uses_agent_store",
-    "warn_launcher_open_files",
-]
+__all__ = ["AGENT_STORE_VAR", "make_store", "uses_agent_store"]
 
 # Set by torchrun's agent for its workers: "True" when the agent hosts the store they share.
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
@@ -74,25 +68,19 @@ def make_store(
     started = time.monotonic()
     made = _make_store(info, env, connect_timeout_s, timeout)
     took_s = time.monotonic() - started
-    if info.local_rank == 0 and took_s >= SLOW_STORE_S:
-        _warn_slow_lookup(info, took_s)
+    if info.local_rank == 0 and took_s >= SLOW_STORE_S:  # one warning a node: the resolver?
+        hint = slow_lookup_hint(info.master_addr)
+        if hint is not None:
+            text = f"ddpkit: rank {info.rank}'s rendezvous store took {took_s:.1f} s: {hint}"
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
     return made
-
-
-def _warn_slow_lookup(info: RankInfo, took_s: float) -> None:
-    """One warning a node when a rank's store took long and the resolver is why."""
-    hint = slow_lookup_hint(info.master_addr)
-    if hint is not None:
-        text = f"ddpkit: rank {info.rank}'s rendezvous store took {took_s:.1f} s: {hint}"
-        warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 def _make_store(
     info: RankInfo, env: Mapping[str, str], connect_timeout_s: float, timeout: timedelta
 ) -> tuple[Store, RankInfo]:
     hosts = info.rank == 0 and not uses_agent_store(info, env)
-    fit_open_files(info, hosts_store=hosts)
-    warn_launcher_open_files(info, env)
+    _fit_open_files(info, env, hosts_store=hosts)
     addr, bind = store_endpoint(info)
     info = dataclasses.replace(info, master_addr=addr)
     search = info.port_search
@@ -108,18 +96,14 @@ def _make_store(
     return connect_client(info, connect_timeout_s, timeout), info
 
 
-def fit_open_files(info: RankInfo, *, hosts_store: bool) -> None:
+def _fit_open_files(info: RankInfo, env: Mapping[str, str], *, hosts_store: bool) -> None:
     """Raise this rank's open-files limit to what its job's size needs
     (:mod:`ddpkit.cluster.limits`); one warning a node (and on the store's host) when the hard
-    limit stops it short."""
+    limit stops it short. Under torchrun's agent store, rank 0 warns when its parent (the agent
+    of its node, which hosts the store every rank connects to) has fewer than a host needs."""
     limits = raise_open_files(open_files_needed(info.world_size, hosts_store))
     if limits.short and (hosts_store or info.local_rank == 0):
         warnings.warn(limits.warning(info.world_size), RuntimeWarning, stacklevel=3)
-
-
-def warn_launcher_open_files(info: RankInfo, env: Mapping[str, str]) -> None:
-    """Under torchrun's agent store, rank 0 warns when its parent (the agent of its node, which
-    hosts the store every rank connects to) has fewer open files than a store host needs."""
     if info.rank != 0 or not uses_agent_store(info, env):
         return
     launcher = os.getppid()
