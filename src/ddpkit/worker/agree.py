@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from ddpkit.errors import CheckpointError, DdpkitError
 from ddpkit.worker.context import current_or_none
-from ddpkit.worker.watchdog.hang import ranks_text
 
 __all__ = ["all_gather", "broadcast", "describe", "raise_failures", "world"]
 
@@ -73,7 +72,12 @@ def raise_failures(
     by_text: dict[str, list[int]] = {}
     for number, (text, _) in failed:
         by_text.setdefault(text, []).append(number)
-    causes = "; ".join(f"{ranks_text(numbers)}: {text}" for text, numbers in by_text.items())
+    causes = "; ".join(f"{ranks_named(numbers)}: {text}" for text, numbers in by_text.items())
     own_hint = next((given for _, (_, given) in failed if given), None)
-    ranks = ranks_text([number for number, _ in failed])
+    ranks = ranks_named([number for number, _ in failed])
     raise CheckpointError(f"{ranks} {what}: {causes}", hint=own_hint or hint) from own
+
+
+def ranks_named(numbers: list[int]) -> str:
+    label = "rank" if len(numbers) == 1 else "ranks"
+    return f"{label} {', '.join(str(number) for number in numbers)}"
