@@ -55,7 +55,7 @@ import ddpkit
 # report-launcher: ddpkit run --nproc-per-node 2
 
 MODELS = {  # name: (layer widths, samples per epoch, quick samples)
-    "small": ([32, 128, 128, 4], 16384, 4096),
+    "small": ([32, 128, 128, 4], 65536, 4096),
     "large": ([256, 1024, 1024, 1024, 4], 4096, 512),
 }
 CNN_SAMPLES = (16384, 1024)  # samples per epoch, quick samples
