@@ -146,7 +146,20 @@ finish() { # however the run ends: no background job left, the cluster down, the
   fi
   phase_table
   bg_table
+  failure_digest "$work/others.log" "$work/slurm-tests.log"
   rm -rf "$work"
+}
+# The last lines of the run: each pytest run's "short test summary info" (one line a failed
+# test, with the first line of its error), whose full tracebacks sit far above. A CI page that
+# keeps only the start and the end of the output (stop 59's) then still names each failure's
+# cause; nothing is printed when no test failed.
+failure_digest() {
+  local log
+  for log in "$@"; do
+    [ -f "$log" ] && grep -q '^FAILED \|^ERROR ' "$log" || continue
+    echo "== failures in $(basename "$log" .log) (the tracebacks are above)"
+    grep '^FAILED \|^ERROR ' "$log" | head -n 20 | cut -c 1-400
+  done
 }
 trap finish EXIT
 trap 'exit 130' INT # so that the EXIT trap runs on Ctrl-C and on kill too
@@ -250,7 +263,7 @@ parallel=()
 [ "$workers" = 1 ] || parallel=(-n "$workers" --dist worksteal)
 rc=0
 in_test_hosts python3 -m pytest -m "not slurm and not sidecar" "${parallel[@]}" \
-  --times-file "$work/times-others.jsonl" || rc=$?
+  --times-file "$work/times-others.jsonl" 2>&1 | tee "$work/others.log" || rc=$?
 slurm_rc=0
 wait "$slurm_pid" || slurm_rc=$?
 echo "== pytest -m slurm (exit $slurm_rc)"
