@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ import pytest
 
 from ddpkit.cluster.stop.forward import child_pids
 from ddpkit.contract import STOP_HOLD_MODULE
+from tests.support.ports import free_port
 from tests.support.slurm_cluster import FINISHED, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -144,9 +144,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[],
     started with torch's env:// variables, as a launcher would set them: no launcher is under
     test here, and ``ddpkit run``'s agent would import torch a third time."""
     where = tmp_path_factory.mktemp("reference")
-    with socket.socket() as sock:  # a port free a moment ago, for rank 0's store
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # for rank 0's store
     procs = []
     for rank in range(2):
         ranks = {

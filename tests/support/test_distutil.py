@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import distutil
-from tests.support.distutil import free_port, run_workers
+from tests.support.distutil import run_workers
 
 
 def _what_the_worker_sees(rank: int, world_size: int, port: int) -> tuple[str | None, bool]:
@@ -79,36 +78,3 @@ def test_a_failed_rank_comes_with_what_the_others_did_then(other: str, tmp_path:
         assert "_one_fails_the_other_waits" in text.split("rank 0 running, its threads:")[1]
     else:
         assert "rank 0 raised:" in text and "rank 0 saw it first" in text
-
-
-def _ephemeral() -> tuple[int, int]:
-    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-    return int(low), int(high)
-
-
-def test_free_ports_are_outside_the_kernels_range_and_never_handed_out_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(distutil, "_CLAIMS", tmp_path / "claims")
-    monkeypatch.setattr(distutil.random, "randrange", lambda span: 0)  # every pick starts low
-    low, high = _ephemeral()
-    ports = [free_port() for _ in range(3)]
-    assert ports == [high + 1, high + 2, high + 3]  # the claimed ones are skipped
-    assert not low <= min(ports) <= high
-    with socket.create_server(("127.0.0.1", high + 4)):  # a listener's port is skipped too
-        assert free_port() == high + 5
-
-
-def test_a_claim_lapses_after_its_time_and_a_bad_line_is_ignored(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    claims = tmp_path / "claims"
-    monkeypatch.setattr(distutil, "_CLAIMS", claims)
-    monkeypatch.setattr(distutil.random, "randrange", lambda span: 0)
-    first = _ephemeral()[1] + 1
-    claims.write_text(f"{first}@{time.time() - distutil._CLAIM_S - 1:.0f}\nnot-a-claim\n")
-    assert free_port() == first
-    (line,) = claims.read_text().splitlines()  # the lapsed claim and the bad line gone
-    port, when = line.split("@")
-    assert int(port) == first and time.time() - float(when) < 60
-    assert free_port() == first + 1
