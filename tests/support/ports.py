@@ -28,10 +28,10 @@ def free_port() -> int:
     Not a port the kernel picks (bind to port 0): those come from its ephemeral range, from
     which it also picks every other port-0 bind on the machine (gloo's listeners, stores on
     port 0, another test's pick), and one of those took a test's port between the pick and
-    rank 0's bind, seconds later on the loaded CI machine (EADDRINUSE, CI of stop 59, twice in
-    one run). So the port comes from above the ephemeral range (61000-65535 on a default Linux;
-    nothing there is handed out by the kernel), and each is claimed in a file shared by every
-    pytest process here (both CI sessions, all xdist workers), so two tests never get the same.
+    rank 0's bind, seconds later on the loaded CI machine (EADDRINUSE in CI). So the port comes
+    from above the ephemeral range (61000-65535 on a default Linux; the kernel hands out nothing
+    there), and each is claimed in a file shared by every pytest process here (both CI
+    sessions, all xdist workers), so that two tests never get the same one.
     """
     low, high = _ports_above_ephemeral()
     with open(_CLAIMS, "a+", encoding="ascii") as claims:
