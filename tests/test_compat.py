@@ -267,6 +267,55 @@ def test_the_flight_recorder_gives_each_groups_status_and_collectives() -> None:
     assert last[0]["process_group"][1] == "default_pg" and "time_created_ns" in last[0], last
 
 
+def _recorder(status: dict[str, tuple[int, int]], entries: list[tuple[str, int, int]]) -> str:
+    """A recorder's JSON dump as torch writes it: status by group, (group, seq, time) entries."""
+    import json
+
+    return json.dumps({
+        "version": "2.10",
+        "pg_status": {
+            group: {"last_enqueued_collective": str(e), "last_completed_collective": str(c)}
+            for group, (e, c) in status.items()
+        },
+        "entries": [
+            {"pg_id": int(group), "collective_seq_id": seq, "time_created_ns": when,
+             "profiling_name": "nccl:all_reduce" if when % 2 else "gloo:all_reduce"}
+            for group, seq, when in entries
+        ],
+    })  # fmt: skip
+
+
+def test_the_nccl_recorder_is_read_beside_the_generic_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA build keeps NCCL's collectives in a recorder of their own (an H200 showed the
+    generic one empty after NCCL all_reduces); this CPU wheel has none, so torch's two dump
+    functions are stood in for here: the merge is ddpkit's."""
+    from torch._C import _distributed_c10d as c10d
+
+    from ddpkit.worker.watchdog import flight
+
+    # group 0 in both (one group over cpu:gloo,cuda:nccl: sequence numbers count per backend);
+    # group 1 in the NCCL recorder alone. Odd times: NCCL's entries.
+    generic = _recorder({"0": (4, 4)}, [("0", 3, 10), ("0", 4, 30)])
+    nccl = _recorder({"0": (7, 6), "1": (2, 2)}, [("0", 6, 21), ("1", 2, 25), ("0", 7, 41)])
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda *a: generic, raising=False)
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *a: nccl, raising=False)
+    dump = compat.flight_recorder(True)
+    assert dump is not None
+    assert set(dump["pg_status"]) == {"0", "nccl:0", "1"}, dump["pg_status"]
+    order = [(e["pg_id"], e["collective_seq_id"]) for e in dump["entries"]]
+    assert order == [(0, 3), ("nccl:0", 6), (1, 2), (0, 4), ("nccl:0", 7)], order
+    status = flight._status(dump)
+    in_flight = [e["collective_seq_id"] for e in dump["entries"] if flight._in_flight(e, status)]
+    assert in_flight == [7], "NCCL's seq 7 (group 0: 7 enqueued, 6 completed) alone is running"
+
+    # a recorder that fails leaves the other one's dump; none left: None
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *a: 1 / 0, raising=False)
+    alone = compat.flight_recorder(True)
+    assert alone is not None and set(alone["pg_status"]) == {"0"}, alone
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda *a: "not json", raising=False)
+    assert compat.flight_recorder(True) is None
+
+
 @reach
 def test_submitit_renders_a_script_without_submitting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

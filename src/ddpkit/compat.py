@@ -180,22 +180,65 @@ def first_bucket_bytes() -> int:
 
 
 def flight_recorder(collectives: bool) -> dict[str, Any] | None:
-    """torch's flight recorder, from its JSON dump: each group's last enqueued and completed
+    """torch's flight recorders, from their JSON dumps: each group's last enqueued and completed
     collective (``pg_status``) and, with ``collectives``, its entries (a dump of them all takes
     time: the status alone is what a frequent reader asks for). None where torch has no
-    recorder (or it fails). JSON, not the default dump: that is a pickle, which ddpkit never
-    loads."""
+    recorder (or every one fails). JSON, not the default dump: that is a pickle, which ddpkit
+    never loads.
+
+    torch keeps two recorders: ``_dump_fr_trace_json``, the generic one (gloo, CPU), and
+    ``_dump_nccl_trace_json``, ProcessGroupNCCL's own (a CUDA build's only: an NCCL collective
+    is never in the generic one, which an H200 showed: empty there after NCCL all_reduces).
+    Both are read and merged into one dump: the entries by creation time, and each group's
+    status. A group's sequence numbers count per backend, so where the two name the same group
+    (one group over ``cpu:gloo,cuda:nccl``), the NCCL recorder's group id becomes
+    ``nccl:<id>``, in its status and in its entries alike.
+    """
     try:
         import json
 
-        from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
-            _dump_fr_trace_json,
-        )
-
-        dump = json.loads(_dump_fr_trace_json(collectives, False))
+        from torch._C import _distributed_c10d as c10d
     except Exception:
         return None
-    return dump if isinstance(dump, dict) else None
+    dumps = []
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        dump_json = getattr(c10d, name, None)
+        if dump_json is None:
+            continue
+        try:
+            dump = json.loads(dump_json(collectives, False))
+        except Exception:
+            continue
+        if isinstance(dump, dict):
+            dumps.append((name, dump))
+    if not dumps:
+        return None
+    if len(dumps) == 1:
+        return dumps[0][1]
+    return _merged_recorders(dumps[0][1], dumps[1][1])
+
+
+def _merged_recorders(generic: dict[str, Any], nccl: dict[str, Any]) -> dict[str, Any]:
+    """One dump out of the generic recorder's and the NCCL recorder's (``flight_recorder``)."""
+    status = dict(generic.get("pg_status") or {})
+    taken = set(status)
+    renamed = {}  # the NCCL recorder's group ids that the generic one names too
+    for group, numbers in (nccl.get("pg_status") or {}).items():
+        key = f"nccl:{group}" if str(group) in taken else str(group)
+        if key != str(group):
+            renamed[str(group)] = key
+        status[key] = numbers
+    merged = {**generic, **{k: v for k, v in nccl.items() if k not in generic}}
+    merged["pg_status"] = status
+    if "entries" in generic or "entries" in nccl:
+        entries = [e for e in generic.get("entries") or [] if isinstance(e, dict)]
+        for entry in nccl.get("entries") or []:
+            if isinstance(entry, dict):
+                group = renamed.get(str(entry.get("pg_id")))
+                entries.append({**entry, "pg_id": group} if group else entry)
+        entries.sort(key=lambda e: int(e.get("time_created_ns") or 0))
+        merged["entries"] = entries
+    return merged
 
 
 def matches_machine_hostname(host: str) -> bool:
