@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -79,9 +80,39 @@ def main() -> int:
         results.append(check("flight recorder on NCCL", recorded, repr(ops[-4:])[:300]))
     except Exception as error:  # report, do not hide
         results.append(check("flight recorder on NCCL", False, repr(error)))
+    results += mixed_group_recorders(ctx)
     results += explicit_ddp_syncbn(ctx) + split_model(ctx) + dataparallel_two_replicas_one_gpu()
     ddpkit.shutdown()
     return 0 if all(results) else 1
+
+
+def mixed_group_recorders(ctx: ddpkit.Context) -> list[bool]:
+    """One group over ``cpu:gloo,cuda:nccl``: its CPU collective lands in torch's generic
+    recorder, its CUDA one in NCCL's, each recorder numbering groups its own way;
+    ``compat.flight_recorder`` merges the two (renaming the NCCL side of a group id both use),
+    and once both collectives completed the watchdog's test sees neither in flight."""
+    from ddpkit.worker.watchdog import flight
+
+    name = "flight recorders: one group over cpu:gloo,cuda:nccl, merged"
+    try:
+        group = dist.new_group(ranks=list(range(ctx.world_size)), backend="cpu:gloo,cuda:nccl")
+        dist.all_reduce(torch.ones(3), group=group)
+        dist.all_reduce(torch.ones(5, device=ctx.device), group=group)
+        torch.cuda.synchronize()
+        time.sleep(1.0)  # torch's NCCL watchdog marks the work completed in its status
+        dump = compat.flight_recorder(True) or {}
+        status = flight._status(dump)
+        mine = [
+            (str(e.get("pg_id")), e.get("profiling_name"), e.get("collective_seq_id"),
+             e.get("input_sizes"), flight._in_flight(e, status))
+            for e in dump.get("entries") or []
+            if e.get("input_sizes") in ([[3]], [[5]])
+        ]  # fmt: skip
+        names = {row[1] for row in mine}
+        ok = {"gloo:all_reduce", "nccl:all_reduce"} <= names and not any(r[4] for r in mine)
+        return [check(name, ok, f"status {sorted(status.items())}, entries {mine}"[:600])]
+    except Exception as error:  # report, do not hide
+        return [check(name, False, repr(error)[:300])]
 
 
 def explicit_ddp_syncbn(ctx: ddpkit.Context) -> list[bool]:

@@ -293,8 +293,8 @@ def test_the_nccl_recorder_is_read_beside_the_generic_one(monkeypatch: pytest.Mo
 
     from ddpkit.worker.watchdog import flight
 
-    # group 0 in both (one group over cpu:gloo,cuda:nccl: sequence numbers count per backend);
-    # group 1 in the NCCL recorder alone. Odd times: NCCL's entries.
+    # group 0 in both (the recorders number groups apart: not even the same group), group 1 in
+    # the NCCL recorder alone. Odd times: NCCL's entries.
     generic = _recorder({"0": (4, 4)}, [("0", 3, 10), ("0", 4, 30)])
     nccl = _recorder({"0": (7, 6), "1": (2, 2)}, [("0", 6, 21), ("1", 2, 25), ("0", 7, 41)])
     monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda *a: generic, raising=False)

@@ -190,9 +190,10 @@ def flight_recorder(collectives: bool) -> dict[str, Any] | None:
     ``_dump_nccl_trace_json``, ProcessGroupNCCL's own (a CUDA build's only: an NCCL collective
     is never in the generic one, which an H200 showed: empty there after NCCL all_reduces).
     Both are read and merged into one dump: the entries by creation time, and each group's
-    status. A group's sequence numbers count per backend, so where the two name the same group
-    (one group over ``cpu:gloo,cuda:nccl``), the NCCL recorder's group id becomes
-    ``nccl:<id>``, in its status and in its entries alike.
+    status. The two recorders number their groups and their sequence numbers apart (on an H200
+    the gloo half of a second group over ``cpu:gloo,cuda:nccl`` was group 0 in the generic
+    recorder, where NCCL's recorder had the default group as 0), so a group id that both use
+    becomes ``nccl:<id>`` on the NCCL side, in its status and in its entries alike.
     """
     try:
         import json
