@@ -5,7 +5,7 @@
 
 Each world size runs twice on gloo over 127.0.0.1, CPU processes: a model of ``--blocks``
 residual blocks (``Linear(width, width)``) wrapped with ``ddpkit.wrap(model, "ddp")`` and with
-``ddpkit.wrap(model, "fsdp", fsdp_blocks=(Block,))``, one Adam step. Then each rank counts the
+``ddpkit.wrap(model, "fsdp", fsdp_blocks=(Block,))``, two Adam steps. Then each rank counts the
 bytes of the tensors it holds, by their local shard (``DTensor.to_local()``): the parameters,
 their gradients and the optimizer's state (Adam: two moments and a step per parameter).
 Not counted: DDP's gradient buckets (another gradient-sized copy under DDP), FSDP2's
@@ -166,10 +166,10 @@ def main() -> None:
             out.append(benchjson.row(figure, name, total, "MiB", False, x=world))
             if strategy == "ddp":
                 out[-1]["baseline"] = True
-    where = f"peak CUDA memory allocated on {torch.cuda.get_device_name()}" if peaks else ""
     for (world, strategy), peak in sorted(peaks.items()):
         name = "DDP" if strategy == "ddp" else "ddpkit FSDP2"
-        row = benchjson.row(f"{figure}, {where}", name, peak / mib, "MiB", False, x=world)
+        where = f"{figure}, peak CUDA memory allocated on {torch.cuda.get_device_name()}"
+        row = benchjson.row(where, name, peak / mib, "MiB", False, x=world)
         row["baseline"] = strategy == "ddp"
         out.append(row)
     title = "FSDP2 memory per rank (parameters, gradients, optimizer state) against DDP"

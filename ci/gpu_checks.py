@@ -99,15 +99,19 @@ def mixed_group_recorders(ctx: ddpkit.Context) -> list[bool]:
         dist.all_reduce(torch.ones(3), group=group)
         dist.all_reduce(torch.ones(5, device=ctx.device), group=group)
         torch.cuda.synchronize()
-        time.sleep(1.0)  # torch's NCCL watchdog marks the work completed in its status
-        dump = compat.flight_recorder(True) or {}
-        status = flight._status(dump)
-        mine = [
-            (str(e.get("pg_id")), e.get("profiling_name"), e.get("collective_seq_id"),
-             e.get("input_sizes"), flight._in_flight(e, status))
-            for e in dump.get("entries") or []
-            if e.get("input_sizes") in ([[3]], [[5]])
-        ]  # fmt: skip
+        deadline = time.monotonic() + 10  # torch's NCCL watchdog marks the work completed
+        while True:
+            dump = compat.flight_recorder(True) or {}
+            status = flight._status(dump)
+            mine = [
+                (str(e.get("pg_id")), e.get("profiling_name"), e.get("collective_seq_id"),
+                 e.get("input_sizes"), flight._in_flight(e, status))
+                for e in dump.get("entries") or []
+                if e.get("input_sizes") in ([[3]], [[5]])
+            ]  # fmt: skip
+            if not any(row[4] for row in mine) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         names = {row[1] for row in mine}
         ok = {"gloo:all_reduce", "nccl:all_reduce"} <= names and not any(r[4] for r in mine)
         return [check(name, ok, f"status {sorted(status.items())}, entries {mine}"[:600])]

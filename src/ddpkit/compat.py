@@ -202,43 +202,35 @@ def flight_recorder(collectives: bool) -> dict[str, Any] | None:
     except Exception:
         return None
     dumps = []
-    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):  # the generic one first
         dump_json = getattr(c10d, name, None)
-        if dump_json is None:
-            continue
-        try:
-            dump = json.loads(dump_json(collectives, False))
-        except Exception:
-            continue
-        if isinstance(dump, dict):
-            dumps.append((name, dump))
-    if not dumps:
-        return None
-    if len(dumps) == 1:
-        return dumps[0][1]
-    return _merged_recorders(dumps[0][1], dumps[1][1])
+        with contextlib.suppress(Exception):
+            dump = json.loads(dump_json(collectives, False)) if dump_json else None
+            if isinstance(dump, dict):
+                dumps.append(dump)
+    if len(dumps) < 2:
+        return dumps[0] if dumps else None
+    return _merged_recorders(*dumps)
 
 
 def _merged_recorders(generic: dict[str, Any], nccl: dict[str, Any]) -> dict[str, Any]:
     """One dump out of the generic recorder's and the NCCL recorder's (``flight_recorder``)."""
-    status = dict(generic.get("pg_status") or {})
-    taken = set(status)
-    renamed = {}  # the NCCL recorder's group ids that the generic one names too
-    for group, numbers in (nccl.get("pg_status") or {}).items():
-        key = f"nccl:{group}" if str(group) in taken else str(group)
-        if key != str(group):
-            renamed[str(group)] = key
-        status[key] = numbers
-    merged = {**generic, **{k: v for k, v in nccl.items() if k not in generic}}
-    merged["pg_status"] = status
-    if "entries" in generic or "entries" in nccl:
+    generic_status, nccl_status = generic.get("pg_status") or {}, nccl.get("pg_status") or {}
+    shared = {str(group) for group in generic_status} & {str(group) for group in nccl_status}
+
+    def renamed(group: object) -> str:
+        return f"nccl:{group}" if str(group) in shared else str(group)
+
+    merged = {**nccl, **generic}
+    merged["pg_status"] = {**generic_status, **{renamed(g): n for g, n in nccl_status.items()}}
+    if "entries" in merged:
         entries = [e for e in generic.get("entries") or [] if isinstance(e, dict)]
-        for entry in nccl.get("entries") or []:
-            if isinstance(entry, dict):
-                group = renamed.get(str(entry.get("pg_id")))
-                entries.append({**entry, "pg_id": group} if group else entry)
-        entries.sort(key=lambda e: int(e.get("time_created_ns") or 0))
-        merged["entries"] = entries
+        entries += [
+            {**e, "pg_id": renamed(e.get("pg_id"))} if str(e.get("pg_id")) in shared else e
+            for e in nccl.get("entries") or []
+            if isinstance(e, dict)
+        ]
+        merged["entries"] = sorted(entries, key=lambda e: int(e.get("time_created_ns") or 0))
     return merged
 
 
